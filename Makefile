@@ -1,0 +1,39 @@
+# Set-up is part of every target: a fresh machine needs only `make demo` or `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# torch/torchvision are pinned: these versions install from the local disk.
+TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+DEMO_OUT ?= demo_out
+PYTEST_ARGS ?=
+
+.PHONY: install test demo docs-cli check-docs bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH_PINS)
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(PY) -m dab_pipeline.demo --out $(DEMO_OUT)
+
+docs-cli: $(STAMP)
+	$(PY) -m dab_pipeline.cli.docgen > docs/cli.md
+
+check-docs: $(STAMP)
+	$(PY) -m dab_pipeline.cli.docgen --check docs/cli.md
+
+bench: $(STAMP)
+	$(PY) benchmarks/extract.py
+	$(PY) benchmarks/scoring.py
+
+clean:
+	rm -rf $(DEMO_OUT) .pytest_cache
