@@ -1,0 +1,57 @@
+"""The ``dab`` command line: click commands over the stages.
+
+Configs are resolved here, at the edge, from options and ``--set key=value``;
+library errors (:class:`~dab_pipeline.errors.DabError`) become a one-line
+message and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import click
+
+from .. import __version__
+from ..errors import DabError
+
+
+class UserError(click.ClickException):
+    """A DabError surfaced by click as ``Error: <message>`` with the error's exit code."""
+
+    def __init__(self, err: DabError) -> None:
+        super().__init__(str(err))
+        self.exit_code = err.exit_code
+
+
+class DabGroup(click.Group):
+    def invoke(self, ctx: click.Context):  # type: ignore[override]
+        try:
+            return super().invoke(ctx)
+        except DabError as err:
+            raise UserError(err) from None
+
+
+@click.group(cls=DabGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="dab")
+def cli() -> None:
+    """dab: Distribution-Alignment Bridge for uncertainty-aware text-to-video retrieval.
+
+    \b
+    dab extract   decode videos, encode frames and captions with CLIP, cache them in a store
+    dab inspect   print a store's manifest, counts and sizes
+    dab train     train DAB (or an ablation variant) on a store; writes a run folder
+    dab evaluate  retrieval metrics, uncertainty diagnostics and reports for a run
+    dab compare   one table for several runs
+    dab search    top-k videos of a store for a free-text query
+    """
+
+
+def _register() -> None:
+    # Command modules import the stages lazily, so `dab --help` never loads torch.
+    from . import commands  # noqa: F401
+
+
+def main() -> None:
+    _register()
+    cli(prog_name="dab")
+
+
+_register()

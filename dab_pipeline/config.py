@@ -1,0 +1,187 @@
+"""Frozen config dataclasses: ``--set key=value`` overrides and JSON round trips.
+
+Each stage has one frozen dataclass config (possibly nesting others, e.g.
+``TrainConfig.model``).  It is resolved once at the CLI edge and written next
+to every artifact, so a result can be traced and rebuilt from that file alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+import types
+import typing
+from pathlib import Path
+from typing import Any, Iterable, TypeVar, Union
+
+from .errors import ConfigError
+
+C = TypeVar("C")
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _strip_optional(tp: Any) -> tuple[Any, bool]:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(tp)) == 2:
+            return args[0], True
+    return tp, False
+
+
+def parse_value(raw: str, tp: Any, key: str) -> Any:
+    """Parse the string ``raw`` as a value of type ``tp`` (used for ``--set``)."""
+    inner, optional = _strip_optional(tp)
+    if optional and raw.strip().lower() in {"none", "null"}:
+        return None
+    origin = typing.get_origin(inner)
+    try:
+        if inner is bool:
+            low = raw.strip().lower()
+            if low in _TRUE:
+                return True
+            if low in _FALSE:
+                return False
+            raise ValueError(raw)
+        if inner is int:
+            return int(raw)
+        if inner is float:
+            return float(raw)
+        if inner is str or inner is Any:
+            return raw
+        if inner is Path:
+            return Path(raw)
+        if origin in (tuple, list):
+            args = typing.get_args(inner)
+            elem = args[0] if args else str
+            parts = [p for p in raw.strip("()[] ").split(",") if p.strip()]
+            vals = [parse_value(p.strip(), elem, key) for p in parts]
+            return tuple(vals) if origin is tuple else vals
+        if origin is typing.Literal:
+            choices = typing.get_args(inner)
+            if raw not in choices:
+                raise ValueError(raw)
+            return raw
+    except ValueError:
+        raise ConfigError(f"--set {key}={raw}: expected a value of type {_type_name(tp)}") from None
+    raise ConfigError(f"--set {key}: fields of type {_type_name(tp)} cannot be set from the command line")
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def apply_overrides(cfg: C, overrides: Iterable[str]) -> C:
+    """Return a copy of ``cfg`` with ``key=value`` strings applied.
+
+    Nested configs use dots (``model.dropout=0.4``).  Unknown keys raise
+    :class:`ConfigError` listing the valid ones, so typos never pass silently.
+    """
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected key=value")
+        key, raw = item.split("=", 1)
+        cfg = _set_path(cfg, key.strip().split("."), raw.strip(), key.strip())
+    return cfg
+
+
+def _set_path(cfg: Any, parts: list[str], raw: str, full_key: str) -> Any:
+    if not dataclasses.is_dataclass(cfg):
+        raise ConfigError(f"--set {full_key}: {'.'.join(parts)} is not a config section")
+    names = [f.name for f in dataclasses.fields(cfg)]
+    head = parts[0]
+    if head not in names:
+        raise ConfigError(f"--set {full_key}: unknown key {head!r}; valid: {', '.join(names)}")
+    current = getattr(cfg, head)
+    if len(parts) > 1:
+        return dataclasses.replace(cfg, **{head: _set_path(current, parts[1:], raw, full_key)})
+    if dataclasses.is_dataclass(current):
+        raise ConfigError(f"--set {full_key}: {head} is a section; set one of its keys ({head}.KEY=VALUE)")
+    value = parse_value(raw, _field_types(type(cfg))[head], full_key)
+    try:
+        return dataclasses.replace(cfg, **{head: value})
+    except (ValueError, TypeError) as exc:  # __post_init__ validation
+        raise ConfigError(f"--set {full_key}={raw}: {exc}") from None
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """A JSON-able dict of a (nested) config dataclass."""
+
+    def conv(v: Any) -> Any:
+        if dataclasses.is_dataclass(v):
+            return {f.name: conv(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        if isinstance(v, Path):
+            return str(v)
+        if isinstance(v, (tuple, list)):
+            return [conv(x) for x in v]
+        if isinstance(v, dict):
+            return {str(k): conv(x) for k, x in v.items()}
+        return v
+
+    return conv(cfg)
+
+
+def from_dict(cls: type[C], data: dict[str, Any]) -> C:
+    """Rebuild a config dataclass from :func:`to_dict` output (unknown keys are an error)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"expected a mapping for {cls.__name__}, got {type(data).__name__}")
+    hints = _field_types(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"unknown {cls.__name__} keys {unknown}; valid: {', '.join(sorted(names))}")
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        tp, _ = _strip_optional(hints[name])
+        if dataclasses.is_dataclass(tp) and isinstance(value, dict):
+            kwargs[name] = from_dict(tp, value)
+        elif value is not None and tp is Path:
+            kwargs[name] = Path(value)
+        elif value is not None and typing.get_origin(tp) is tuple:
+            kwargs[name] = tuple(value)
+        else:
+            kwargs[name] = value
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"invalid {cls.__name__}: {exc}") from None
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temp file + rename, so readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def save_config(cfg: Any, path: Path) -> None:
+    atomic_write_text(Path(path), json.dumps(to_dict(cfg), indent=2, sort_keys=True) + "\n")
+
+
+def load_config(cls: type[C], path: Path) -> C:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid JSON: {exc}") from None
+    return from_dict(cls, data)

@@ -1,0 +1,452 @@
+"""Stage two: train DAB (or an ablation variant) on a cached feature store.
+
+A run folder holds everything needed to trace and rebuild a result:
+
+    runs/NAME/
+      config.json            resolved TrainConfig
+      store_manifest.json    the manifest of the store the run read
+      metrics.jsonl          one line per epoch (train loss, validation metrics)
+      checkpoints/last.pt    resumable state (model, heads, optimiser, scheduler, RNG, position)
+      checkpoints/best.pt    best validation checkpoint (model selection never looks at test)
+      costs_test.h5|.zarr    test cost matrix, rankings, per-query variances (read by `dab evaluate`)
+      status.json            running / complete, with the final numbers
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from ..config import atomic_write_text, from_dict, save_config, to_dict
+from ..errors import ConfigError, StoreError, TrainingError
+from ..events import Event, ProgressCallback, null_progress
+from ..model import ModelConfig
+from .extract import resolve_device
+
+SELECT_METRICS = ("R@1", "R@5", "R@10", "RSum", "MnR", "MdR")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that decides what `dab train` does (paper §4.1 defaults)."""
+
+    features: Path
+    out: Path
+    model: ModelConfig = field(default_factory=ModelConfig)
+    epochs: int = 10
+    batch_size: int = 32
+    lr: float = 1e-4  # new modules (pooling, probabilistic heads, bridge)
+    clip_lr: float = 1e-6  # fine-tuned CLIP blocks, final LayerNorms and projections
+    weight_decay: float = 0.02
+    warmup_ratio: float = 0.1
+    grad_clip: Optional[float] = 1.0
+    seed: int = 24
+    trainable_blocks: Optional[int] = None  # None: CLIP frozen; K: fine-tune the store's last K blocks
+    train_split: str = "train"
+    val_split: str = "val"
+    test_split: str = "test"
+    select_metric: str = "R@1"  # text-to-video metric on the validation split that picks best.pt
+    text_chunk: int = 128
+    video_chunk: int = 512
+    device: str = "auto"
+    amp: str = "auto"  # auto: bf16 autocast on CUDA, none on CPU; or "bf16" | "none"
+    checkpoint_every: int = 0  # steps; 0: at the end of each epoch only
+    max_steps_per_epoch: Optional[int] = None  # cut epochs short (smoke runs)
+    cost_format: str = "auto"  # auto: same backend as the store (h5 / zarr)
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1:
+            raise ValueError(f"epochs must be >= 1, got {self.epochs}")
+        if self.batch_size < 2:
+            raise ValueError(f"batch_size must be >= 2 (contrastive loss), got {self.batch_size}")
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.select_metric not in SELECT_METRICS:
+            raise ValueError(f"select_metric must be one of {', '.join(SELECT_METRICS)}, got {self.select_metric!r}")
+        if self.amp not in ("auto", "bf16", "none"):
+            raise ValueError(f"amp must be auto, bf16 or none, got {self.amp!r}")
+        if self.cost_format not in ("auto", "h5", "zarr"):
+            raise ValueError(f"cost_format must be auto, h5 or zarr, got {self.cost_format!r}")
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    epochs_done: int
+    best_epoch: Optional[int]
+    best_value: Optional[float]
+    val_metrics: Optional[dict]
+    test_metrics: Optional[dict]
+    costs_path: Optional[Path]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def resolve_train_config(cfg: TrainConfig, manifest: dict, explicit: set[str] = frozenset()) -> TrainConfig:
+    """Fill dataset-dependent defaults once, at the edge, from the store manifest.
+
+    ``explicit`` names the ``model.*`` keys the user set; only unset ones change.
+    """
+    model = cfg.model
+    dim = manifest.get("clip", {}).get("embed_dim") or manifest.get("embed_dim")
+    if dim is not None and model.embed_dim != int(dim):
+        if "model.embed_dim" in explicit:
+            raise ConfigError(f"model.embed_dim={model.embed_dim} but the store's features have D={dim}")
+        model = dataclasses.replace(model, embed_dim=int(dim))
+    # Paper §4.1: dropout 0.3 for MSR-VTT/VATEX, 0.4 for MSVD.
+    if manifest.get("dataset") == "msvd" and "model.dropout" not in explicit:
+        model = dataclasses.replace(model, dropout=0.4)
+    if cfg.trainable_blocks is not None:
+        k_store = manifest.get("trainable_blocks")
+        if k_store is None:
+            raise ConfigError(
+                f"--trainable-blocks {cfg.trainable_blocks} needs a store extracted with --trainable-blocks; "
+                f"{cfg.features} holds projected features only"
+            )
+        if int(k_store) != cfg.trainable_blocks:
+            raise ConfigError(
+                f"--trainable-blocks {cfg.trainable_blocks} does not match the store's {k_store} "
+                "(the store keeps the states entering exactly its last K blocks)"
+            )
+    return dataclasses.replace(cfg, model=model)
+
+
+def _seed_everything(seed: int) -> None:
+    import random
+
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def lr_lambda(total_steps: int, warmup_ratio: float):
+    """Linear warm-up over ``warmup_ratio`` of the steps, then cosine decay to zero."""
+    warmup = int(round(total_steps * warmup_ratio))
+
+    def f(step: int) -> float:
+        if warmup > 0 and step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total_steps - warmup)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return f
+
+
+class _Features:
+    """One split's inputs in RAM, on the training device, frozen or with CLIP states."""
+
+    def __init__(self, split, device: torch.device, with_states: bool) -> None:
+        self.split = split
+        self.video_ids = split.video_ids
+        self.caption_ids = split.caption_ids
+        self.caption_video = torch.as_tensor(np.asarray(split.caption_video), dtype=torch.long)  # (Q,)
+        self.text = torch.as_tensor(np.asarray(split.text), dtype=torch.float32)  # (Q, D)
+        self.frames = torch.as_tensor(np.asarray(split.frames), dtype=torch.float32)  # (V, F, D)
+        self.mask = torch.as_tensor(np.asarray(split.frame_mask), dtype=torch.bool)  # (V, F)
+        self.with_states = with_states
+        if with_states:
+            self.vision_states = torch.as_tensor(np.asarray(split.vision_states), dtype=torch.float32)
+            self.text_states = split.text_states
+            self.text_lengths = getattr(split, "text_lengths", None)
+        self.device = device
+
+    @property
+    def num_queries(self) -> int:
+        return int(self.text.shape[0])
+
+    @property
+    def num_videos(self) -> int:
+        return int(self.frames.shape[0])
+
+
+class _Heads(torch.nn.Module):
+    """The fine-tuned tails of both CLIP towers (partial fine-tuning), or nothing."""
+
+    def __init__(self, manifest: dict, k: int, device: torch.device) -> None:
+        super().__init__()
+        from ..clip_models import TextHead, VisionHead, load_clip
+
+        bundle = load_clip(manifest["model"], manifest.get("pretrained"), device="cpu", dtype="float32")
+        if manifest.get("weights_sha256") and bundle.weights_sha256 and bundle.weights_sha256 != manifest["weights_sha256"]:
+            raise ConfigError(
+                f"CLIP weights {bundle.pretrained} (sha256 {bundle.weights_sha256[:12]}...) differ from the ones "
+                f"the store was built with ({manifest['weights_sha256'][:12]}...)"
+            )
+        self.vision = VisionHead.from_bundle(bundle, k)
+        self.text = TextHead.from_bundle(bundle, k)
+
+    def encode_text(self, states, lengths) -> torch.Tensor:
+        return self.text(states, lengths)
+
+    def encode_frames(self, states: torch.Tensor) -> torch.Tensor:
+        B, F = states.shape[:2]
+        out = self.vision(states.flatten(0, 1))  # (B*F, D)
+        return out.reshape(B, F, -1)  # (B, F, D)
+
+
+def _text_state_batch(feats: _Features, qidx: torch.Tensor, device: torch.device):
+    from ..clip_models import pad_text_states
+
+    st = feats.text_states
+    if isinstance(st, (list, tuple)):
+        items = [torch.as_tensor(np.asarray(st[int(i)]), dtype=torch.float32) for i in qidx]
+        states, lengths = pad_text_states(items)
+    else:
+        states = torch.as_tensor(np.asarray(st[qidx.numpy()]), dtype=torch.float32)
+        lengths = None
+    return states.to(device), (lengths.to(device) if lengths is not None else None)
+
+
+# --------------------------------------------------------------------------- run folder
+
+
+def _write_status(run_dir: Path, **data: Any) -> None:
+    atomic_write_text(run_dir / "status.json", json.dumps(data, indent=2, default=str) + "\n")
+
+
+def _save_checkpoint(path: Path, state: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)  # atomic: a killed run leaves the previous checkpoint intact
+
+
+def _rng_state() -> dict:
+    import random
+
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def _set_rng_state(st: dict) -> None:
+    import random
+
+    torch.set_rng_state(st["torch"])
+    np.random.set_state(st["numpy"])
+    random.setstate(st["python"])
+    if st.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+# --------------------------------------------------------------------------- scoring a split
+
+
+def score_split(model, heads: Optional[_Heads], feats: _Features, cfg: TrainConfig, device: torch.device,
+                progress: ProgressCallback = null_progress, with_diagnostics: bool = False):
+    """Cost matrix of every (caption, video) pair of a split (bounded memory)."""
+    from ..scoring import score_all
+
+    model.eval()
+    with torch.no_grad():
+        if heads is not None:
+            heads.eval()
+            text = []
+            for s in range(0, feats.num_queries, 256):
+                q = torch.arange(s, min(s + 256, feats.num_queries))
+                st, ln = _text_state_batch(feats, q, device)
+                text.append(heads.encode_text(st, ln).float().cpu())
+            text_t = torch.cat(text)  # (Q, D)
+            frames = []
+            for s in range(0, feats.num_videos, 32):
+                frames.append(heads.encode_frames(feats.vision_states[s : s + 32].to(device)).float().cpu())
+            frames_t = torch.cat(frames)  # (V, F, D)
+        else:
+            text_t, frames_t = feats.text, feats.frames
+        res = score_all(model, text_t, frames_t, feats.mask, text_chunk=cfg.text_chunk, video_chunk=cfg.video_chunk,
+                        device=device, gt=feats.caption_video if with_diagnostics else None, progress=progress)
+    return res
+
+
+# --------------------------------------------------------------------------- the stage
+
+
+def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resume: bool = False) -> TrainResult:
+    """Train on ``cfg.features``; write the run folder ``cfg.out``. ``resume`` continues a stopped run."""
+    from ..costfile import CostMatrix, write_costs
+    from ..losses import contrastive_loss
+    from ..metrics import t2v_metrics
+    from ..model import DABModel
+    from ..store import open_store
+
+    run_dir = Path(cfg.out)
+    ckpt_dir = run_dir / "checkpoints"
+    if resume:
+        if not (run_dir / "config.json").exists():
+            raise TrainingError(f"--resume: {run_dir} is not a run folder (no config.json)")
+        saved = from_dict(TrainConfig, json.loads((run_dir / "config.json").read_text()))
+        if to_dict(saved) != to_dict(cfg):
+            diff = sorted(k for k, v in to_dict(cfg).items() if to_dict(saved).get(k) != v)
+            raise TrainingError(f"--resume: {run_dir} was started with another configuration ({', '.join(diff)} differ)")
+    elif (run_dir / "config.json").exists():
+        raise TrainingError(f"{run_dir} already holds a run; use --resume to continue it or choose another --out")
+
+    device = resolve_device(cfg.device)
+    use_amp = cfg.amp == "bf16" or (cfg.amp == "auto" and device.type == "cuda")
+
+    store = open_store(cfg.features)
+    manifest = store.manifest
+    with_states = cfg.trainable_blocks is not None
+    try:
+        train = _Features(store.load_split(cfg.train_split, with_states=with_states), device, with_states)
+        val = None
+        val_split = store.load_split(cfg.val_split, with_states=with_states)
+        if len(val_split.caption_ids) > 0 and len(val_split.video_ids) > 0:
+            val = _Features(val_split, device, with_states)
+        test_split = store.load_split(cfg.test_split, with_states=with_states)
+        test = _Features(test_split, device, with_states) if len(test_split.caption_ids) > 0 else None
+    finally:
+        store.close()
+    if train.num_queries < 2:
+        raise StoreError(f"{cfg.features}: the {cfg.train_split!r} split has {train.num_queries} usable captions; need >= 2")
+    if val is None:
+        progress(Event("warning", message=f"no {cfg.val_split!r} split in the store: best.pt is the last epoch"))
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt_dir.mkdir(exist_ok=True)
+    if not resume:
+        save_config(cfg, run_dir / "config.json")
+        atomic_write_text(run_dir / "store_manifest.json", json.dumps(manifest, indent=2, default=str) + "\n")
+    _write_status(run_dir, state="running", features=str(cfg.features))
+
+    _seed_everything(cfg.seed)
+    model = DABModel(cfg.model).to(device)
+    heads = _Heads(manifest, cfg.trainable_blocks, device).to(device) if with_states else None
+    groups = [{"params": [p for p in model.parameters() if p.requires_grad], "lr": cfg.lr}]
+    if heads is not None:
+        groups.append({"params": list(heads.parameters()), "lr": cfg.clip_lr})
+    optim = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
+    steps_per_epoch = train.num_queries // cfg.batch_size
+    if steps_per_epoch == 0:
+        raise ConfigError(f"batch_size {cfg.batch_size} exceeds the {train.num_queries} training captions")
+    if cfg.max_steps_per_epoch:
+        steps_per_epoch = min(steps_per_epoch, cfg.max_steps_per_epoch)
+    total = steps_per_epoch * cfg.epochs
+    sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_lambda(total, cfg.warmup_ratio))
+
+    start_epoch, start_step, best_value, best_epoch = 0, 0, None, None
+    if resume and (ckpt_dir / "last.pt").exists():
+        ck = torch.load(ckpt_dir / "last.pt", map_location=device, weights_only=False)
+        model.load_state_dict(ck["model"])
+        if heads is not None:
+            heads.load_state_dict(ck["heads"])
+        optim.load_state_dict(ck["optim"])
+        sched.load_state_dict(ck["sched"])
+        start_epoch, start_step = ck["epoch"], ck["step_in_epoch"]
+        best_value, best_epoch = ck.get("best_value"), ck.get("best_epoch")
+        _set_rng_state(ck["rng"])
+        progress(Event("info", message=f"resuming {run_dir} at epoch {start_epoch + 1}, step {start_step}"))
+
+    def checkpoint(epoch: int, step_in_epoch: int, path: Path) -> None:
+        _save_checkpoint(path, {
+            "model": model.state_dict(), "heads": heads.state_dict() if heads is not None else None,
+            "optim": optim.state_dict(), "sched": sched.state_dict(), "epoch": epoch,
+            "step_in_epoch": step_in_epoch, "best_value": best_value, "best_epoch": best_epoch,
+            "rng": _rng_state(), "config": to_dict(cfg),
+        })
+
+    higher_better = cfg.select_metric not in ("MnR", "MdR")
+    val_metrics = None
+    global_step = start_epoch * steps_per_epoch + start_step
+    for epoch in range(start_epoch, cfg.epochs):
+        # The order of an epoch depends only on (seed, epoch): resuming mid-run replays it exactly.
+        gen = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
+        order = torch.randperm(train.num_queries, generator=gen)
+        first = start_step if epoch == start_epoch else 0
+        model.train()
+        if heads is not None:
+            heads.train()
+        progress(Event("start", task=f"epoch {epoch + 1}/{cfg.epochs}", total=steps_per_epoch - first))
+        t0, loss_sum, n = time.time(), 0.0, 0
+        for step in range(first, steps_per_epoch):
+            q = order[step * cfg.batch_size : (step + 1) * cfg.batch_size]  # (B,) caption indices
+            v = train.caption_video[q]  # (B,) their videos
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_amp):
+                if heads is not None:
+                    st, ln = _text_state_batch(train, q, device)
+                    text = heads.encode_text(st, ln)
+                    frames = heads.encode_frames(train.vision_states[v].to(device))
+                else:
+                    text = train.text[q].to(device)
+                    frames = train.frames[v].to(device)
+                out = model(text, frames, train.mask[v].to(device))
+                loss = contrastive_loss(out, model)
+            if not torch.isfinite(loss):
+                _write_status(run_dir, state="failed", error=f"non-finite loss at epoch {epoch + 1} step {step + 1}")
+                raise TrainingError(
+                    f"loss became {loss.item()} at epoch {epoch + 1}, step {step + 1} (global step {global_step + 1}); "
+                    f"the last good checkpoint is {ckpt_dir / 'last.pt'}. Try a lower --set lr=..."
+                )
+            optim.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip:
+                params = [p for g in optim.param_groups for p in g["params"]]
+                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            optim.step()
+            sched.step()
+            global_step += 1
+            loss_sum += float(loss.item())
+            n += 1
+            progress(Event("advance", task=f"epoch {epoch + 1}/{cfg.epochs}", n=1, data={"unit": "it"},
+                           message=f"loss {loss_sum / n:.4f}"))
+            if cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0 and step + 1 < steps_per_epoch:
+                checkpoint(epoch, step + 1, ckpt_dir / "last.pt")
+        progress(Event("end", task=f"epoch {epoch + 1}/{cfg.epochs}"))
+        record: dict[str, Any] = {"epoch": epoch + 1, "step": global_step,
+                                  "train_loss": loss_sum / max(1, n), "lr": sched.get_last_lr()[0],
+                                  "epoch_seconds": round(time.time() - t0, 3)}
+        improved = True
+        if val is not None:
+            res = score_split(model, heads, val, cfg, device)
+            val_metrics = t2v_metrics(res.cost, val.caption_video.numpy())
+            record["val"] = val_metrics
+            value = float(val_metrics[cfg.select_metric])
+            improved = best_value is None or (value > best_value if higher_better else value < best_value)
+            if improved:
+                best_value, best_epoch = value, epoch + 1
+        else:
+            best_epoch = epoch + 1
+        with open(run_dir / "metrics.jsonl", "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        checkpoint(epoch + 1, 0, ckpt_dir / "last.pt")
+        if improved:
+            checkpoint(epoch + 1, 0, ckpt_dir / "best.pt")
+        msg = f"epoch {epoch + 1}: loss {record['train_loss']:.4f}"
+        if val_metrics is not None:
+            msg += f"  val R@1 {val_metrics['R@1']:.1f} R@5 {val_metrics['R@5']:.1f} MnR {val_metrics['MnR']:.1f}"
+        progress(Event("metrics", message=msg, data=record))
+
+    costs_path = None
+    test_metrics = None
+    if test is not None:
+        best = torch.load(ckpt_dir / "best.pt", map_location=device, weights_only=False)
+        model.load_state_dict(best["model"])
+        if heads is not None:
+            heads.load_state_dict(best["heads"])
+        res = score_split(model, heads, test, cfg, device, progress=progress, with_diagnostics=True)
+        gt = test.caption_video.numpy()
+        test_metrics = t2v_metrics(res.cost, gt)
+        extras = {k: np.asarray(v) for k, v in (res.diagnostics or {}).items()}
+        fmt = cfg.cost_format
+        if fmt == "auto":
+            fmt = "zarr" if str(cfg.features).rstrip("/").endswith(".zarr") else "h5"
+        costs_path = run_dir / f"costs_{cfg.test_split}.{fmt}"
+        write_costs(costs_path, CostMatrix(
+            cost=np.asarray(res.cost, dtype=np.float32),
+            query_ids=np.asarray(test.caption_ids), video_ids=np.asarray(test.video_ids), gt=gt.astype(np.int64),
+            kind="cost", extras=extras,
+            attrs={"config": json.dumps(to_dict(cfg)), "split": cfg.test_split, "best_epoch": best_epoch,
+                   "variant": cfg.model.variant, "store": str(cfg.features)},
+        ))
+    _write_status(run_dir, state="complete", epochs=cfg.epochs, best_epoch=best_epoch,
+                  best_value=best_value, select_metric=cfg.select_metric, val=val_metrics,
+                  test_t2v=test_metrics, costs=str(costs_path) if costs_path else None)
+    return TrainResult(run_dir=run_dir, epochs_done=cfg.epochs, best_epoch=best_epoch, best_value=best_value,
+                       val_metrics=val_metrics, test_metrics=test_metrics, costs_path=costs_path)
