@@ -1,0 +1,685 @@
+"""Retrieval metrics and uncertainty diagnostics, as pure numpy functions.
+
+Conventions (see docs/metrics.md for the full discussion):
+
+* ``cost`` is a ``(Q, V)`` matrix, lower is better; ``gt`` is ``(Q,)`` int, the
+  index of each query's ground-truth video.  Several queries may share a video
+  (MSVD, VATEX): every caption is one text-to-video query.
+* Ranks are 1-based and ties are broken **pessimistically**: the ground truth
+  is placed after every competitor whose cost is ``<=`` its own.  A constant
+  cost matrix therefore scores R@1 = 0, never 100.
+* Recalls are percentages; AURC and risks are fractions in ``[0, 1]``.
+* Post-processing (dual softmax, inverted softmax) is off by default and, when
+  used through :func:`evaluate_all`, is always named in the output.
+
+Nothing here imports torch: the evaluation stage converts once and the
+functions stay testable on hand-written matrices.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from .errors import ConfigError
+
+__all__ = [
+    "RECALL_KS",
+    "t2v_ranks",
+    "v2t_ranks",
+    "retrieval_metrics",
+    "t2v_metrics",
+    "v2t_metrics",
+    "evaluate_all",
+    "dual_softmax",
+    "inverted_softmax",
+    "POSTPROCESS_NAMES",
+    "kl_margin",
+    "risk_coverage",
+    "aurc",
+    "aurc_random",
+    "aurc_random_mc",
+    "aurc_optimal",
+    "accuracy_at_coverage",
+    "selective_report",
+    "variance_asymmetry",
+    "semantic_neighbourhood",
+]
+
+RECALL_KS: tuple[int, ...] = (1, 5, 10, 50)
+POSTPROCESS_NAMES: tuple[str, ...] = ("none", "dsl", "is")
+
+# Rows (or columns) handled per block: bounds temporaries to a few tens of MB
+# even for 30K x 1.5K matrices, while keeping numpy's per-call overhead small.
+_BLOCK_ELEMS = 1 << 22
+
+
+# --------------------------------------------------------------------------
+# validation helpers
+# --------------------------------------------------------------------------
+
+
+def _as_cost(cost: Any, name: str = "cost") -> np.ndarray:
+    arr = np.asarray(cost)
+    if arr.ndim != 2:
+        raise ConfigError(f"{name} must be a 2-D (Q, V) matrix, got shape {arr.shape}")
+    if arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise ConfigError(f"{name} is empty (shape {arr.shape})")
+    if not np.issubdtype(arr.dtype, np.floating):
+        arr = arr.astype(np.float64)
+    if np.isnan(arr).any():
+        # A NaN compares false with everything, which would silently rank it
+        # best or worst depending on the comparison; refuse instead.
+        raise ConfigError(f"{name} contains {int(np.isnan(arr).sum())} NaN entries")
+    return arr
+
+
+def _as_gt(gt: Any, num_queries: int, num_videos: int) -> np.ndarray:
+    arr = np.asarray(gt)
+    if arr.ndim != 1 or arr.shape[0] != num_queries:
+        raise ConfigError(
+            f"gt must have shape ({num_queries},) to match cost ({num_queries}, {num_videos}), "
+            f"got {arr.shape}"
+        )
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        if np.issubdtype(arr.dtype, np.floating) and np.all(arr == np.round(arr)):
+            arr = arr.astype(np.int64)
+        else:
+            raise ConfigError(f"gt must hold integer video indices, got dtype {arr.dtype}")
+    arr = arr.astype(np.int64, copy=False)
+    if arr.size and (arr.min() < 0 or arr.max() >= num_videos):
+        raise ConfigError(
+            f"gt indices must lie in [0, {num_videos}), got range [{arr.min()}, {arr.max()}]"
+        )
+    return arr
+
+
+def _as_1d(values: Any, name: str, dtype: Any = np.float64) -> np.ndarray:
+    arr = np.asarray(values, dtype=dtype)
+    if arr.ndim != 1:
+        raise ConfigError(f"{name} must be 1-D, got shape {arr.shape}")
+    if arr.shape[0] == 0:
+        raise ConfigError(f"{name} is empty")
+    return arr
+
+
+def _blocks(n: int, width: int) -> Iterator[slice]:
+    step = max(1, _BLOCK_ELEMS // max(1, width))
+    for start in range(0, n, step):
+        yield slice(start, min(n, start + step))
+
+
+# --------------------------------------------------------------------------
+# ranks and recall metrics
+# --------------------------------------------------------------------------
+
+
+def t2v_ranks(cost: Any, gt: Any) -> np.ndarray:
+    """1-based text-to-video rank of each query's ground-truth video.
+
+    ``rank[q] = 1 + #{v != gt[q] : cost[q, v] <= cost[q, gt[q]]}``: ties are
+    broken pessimistically, so a query whose ground truth ties with another
+    video does not get credit for an order the model did not express.
+
+    cost (Q, V), gt (Q,) -> (Q,) int64 in [1, V].
+    """
+    c = _as_cost(cost)
+    q_count, v_count = c.shape
+    g = _as_gt(gt, q_count, v_count)
+    ranks = np.empty(q_count, dtype=np.int64)
+    for rows in _blocks(q_count, v_count):
+        block = c[rows]  # (b, V)
+        gt_cost = block[np.arange(block.shape[0]), g[rows]]  # (b,)
+        # The ground truth itself always satisfies <=, so the count is already 1-based.
+        ranks[rows] = np.count_nonzero(block <= gt_cost[:, None], axis=1)
+    return ranks
+
+
+def v2t_ranks(cost: Any, gt: Any) -> np.ndarray:
+    """1-based video-to-text rank of each video that has at least one caption.
+
+    Each video ranks all ``Q`` queries by its column of ``cost``; its rank is
+    the best rank of any of its own captions.  With pessimistic ties this is
+    ``1 + #{q : gt[q] != v and cost[q, v] <= min_{gt[q'] = v} cost[q', v]}``:
+    captions of other videos that tie with the best own caption go first, ties
+    between two own captions cost nothing (either order puts a positive first).
+
+    cost (Q, V), gt (Q,) -> (V',) int64, V' = number of captioned videos, in
+    video-index order (V' == V when every video has a caption).
+    """
+    c = _as_cost(cost)
+    q_count, v_count = c.shape
+    g = _as_gt(gt, q_count, v_count)
+    best_own = np.full(v_count, np.inf, dtype=np.float64)  # (V,)
+    own_cost = c[np.arange(q_count), g].astype(np.float64)  # (Q,)
+    np.minimum.at(best_own, g, own_cost)
+    has_caption = np.bincount(g, minlength=v_count) > 0  # (V,)
+
+    ahead = np.zeros(v_count, dtype=np.int64)  # (V,) queries with cost <= best own
+    own_ahead = np.zeros(v_count, dtype=np.int64)  # (V,) of which own captions
+    for rows in _blocks(q_count, v_count):
+        le = c[rows] <= best_own[None, :]  # (b, V)
+        ahead += np.count_nonzero(le, axis=0)
+        rows_idx = np.arange(le.shape[0])
+        np.add.at(own_ahead, g[rows], le[rows_idx, g[rows]].astype(np.int64))
+    ranks = 1 + ahead - own_ahead
+    return ranks[has_caption]
+
+
+def retrieval_metrics(ranks: Any) -> dict[str, float]:
+    """Recall@{1,5,10,50} (percent), median and mean rank, and RSum.
+
+    ranks: (N,) 1-based ranks.  RSum = R@1 + R@5 + R@10 as in the paper's
+    tables.  ``n`` is the number of ranked items.
+    """
+    r = _as_1d(ranks, "ranks")
+    if np.any(r < 1):
+        raise ConfigError("ranks must be 1-based (all >= 1)")
+    out: dict[str, float] = {}
+    for k in RECALL_KS:
+        out[f"R@{k}"] = 100.0 * float(np.mean(r <= k))
+    out["MdR"] = float(np.median(r))
+    out["MnR"] = float(np.mean(r))
+    out["RSum"] = out["R@1"] + out["R@5"] + out["R@10"]
+    out["n"] = int(r.shape[0])
+    return out
+
+
+def t2v_metrics(cost: Any, gt: Any) -> dict[str, float]:
+    """Text-to-video metrics of a (Q, V) cost matrix."""
+    return retrieval_metrics(t2v_ranks(cost, gt))
+
+
+def v2t_metrics(cost: Any, gt: Any) -> dict[str, float]:
+    """Video-to-text metrics of a (Q, V) cost matrix (captionless videos skipped)."""
+    return retrieval_metrics(v2t_ranks(cost, gt))
+
+
+# --------------------------------------------------------------------------
+# post-processing
+# --------------------------------------------------------------------------
+
+
+def _check_temperature(temperature: float) -> float:
+    t = float(temperature)
+    if not math.isfinite(t) or t <= 0:
+        raise ConfigError(f"temperature must be a positive finite number, got {temperature!r}")
+    return t
+
+
+def _check_axis(axis: int) -> int:
+    if axis not in (0, 1):
+        raise ConfigError(f"axis must be 0 or 1, got {axis!r}")
+    return axis
+
+
+class _LazyScaled:
+    """View of ``-cost / T`` that materialises only the block being sliced."""
+
+    def __init__(self, cost: np.ndarray, temperature: float) -> None:
+        self._cost = cost
+        self._t = temperature
+        self.shape = cost.shape
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        return -self._cost[key].astype(np.float64) / self._t
+
+
+def _log_normaliser(neg_scaled: _LazyScaled, axis: int) -> np.ndarray:
+    """logsumexp of a (Q, V) matrix along ``axis``, computed in blocks of the other axis."""
+    other = 1 - axis
+    n_other = neg_scaled.shape[other]
+    out = np.empty(n_other, dtype=np.float64)
+    for sl in _blocks(n_other, neg_scaled.shape[axis]):
+        block = neg_scaled[:, sl] if axis == 0 else neg_scaled[sl, :]
+        peak = np.max(block, axis=axis, keepdims=True)
+        peak = np.where(np.isfinite(peak), peak, 0.0)
+        lse = np.log(np.sum(np.exp(block - peak), axis=axis, keepdims=True)) + peak
+        out[sl] = lse.reshape(-1)
+    return out
+
+
+def _apply_log_prior(
+    c: np.ndarray, normaliser: np.ndarray, temperature: float, weight: float, axis: int
+) -> np.ndarray:
+    """cost' = weight * cost + T * logsumexp, broadcast along ``axis``; blockwise, input dtype."""
+    out_dtype = c.dtype if c.dtype in (np.float32, np.float64) else np.float64
+    out = np.empty(c.shape, dtype=out_dtype)
+    norm = temperature * normaliser
+    if axis == 0:
+        for sl in _blocks(c.shape[0], c.shape[1]):
+            out[sl] = weight * c[sl].astype(np.float64) + norm[None, :]
+    else:
+        for sl in _blocks(c.shape[0], c.shape[1]):
+            out[sl] = weight * c[sl].astype(np.float64) + norm[sl, None]
+    return out
+
+
+def dual_softmax(cost: Any, temperature: float = 1.0, axis: int = 0) -> np.ndarray:
+    """Dual-softmax (DSL) re-scoring; returns a cost of the same shape.
+
+    With similarities ``s = -cost`` and ``axis=0`` (for text-to-video ranking)
+    each video's column is turned into a prior over queries,
+    ``p(q | v) = softmax_q(s / T)``, and every pair is re-scored by
+    ``p(v | q) * p(q | v)``.  A "hub" video that is close to many queries
+    spreads its prior thin and drops in every row that is not its own.
+
+    CAMoE multiplies the raw similarity by the prior, which only works for
+    positive similarities; ours are negative KL costs, so the product of the
+    two softmaxes is used in log space.  Within a row this ranks exactly like
+    ``s / T + log p(q | v)``, and the returned cost is
+    ``2 * cost + T * logsumexp_q(-cost / T)`` (shift-invariant in ``cost``).
+
+    ``axis=1`` normalises over videos instead, for video-to-text ranking.
+    Memory: one output matrix plus blocks of a few MB.
+    """
+    c = _as_cost(cost)
+    t = _check_temperature(temperature)
+    ax = _check_axis(axis)
+    normaliser = _log_normaliser(_LazyScaled(c, t), ax)
+    return _apply_log_prior(c, normaliser, t, 2.0, ax)
+
+
+def inverted_softmax(
+    cost: Any, temperature: float = 1.0, bank_cost: Any | None = None, axis: int = 0
+) -> np.ndarray:
+    """Querybank-normalised inverted softmax (QB-Norm style); returns a cost.
+
+    Each gallery item (a video for ``axis=0``) is normalised by how strongly it
+    attracts a bank of queries: ``s'(q, v) = s(q, v) / T - logsumexp_b(s(b, v) / T)``.
+    ``bank_cost`` is the (B, V) cost of bank queries (e.g. training captions)
+    against the same videos; without it the evaluated queries themselves are
+    the bank, which is transductive and must be labelled as such (see
+    :func:`evaluate_all`).  For ``axis=1`` the bank is (Q, B) bank videos.
+    Returned cost: ``cost + T * logsumexp_b(-bank_cost / T)``.
+    """
+    c = _as_cost(cost)
+    t = _check_temperature(temperature)
+    ax = _check_axis(axis)
+    bank = c if bank_cost is None else _as_cost(bank_cost, "bank_cost")
+    if bank.shape[1 - ax] != c.shape[1 - ax]:
+        raise ConfigError(
+            f"bank_cost shape {bank.shape} does not match cost shape {c.shape} "
+            f"along axis {1 - ax}"
+        )
+    normaliser = _log_normaliser(_LazyScaled(bank, t), ax)
+    return _apply_log_prior(c, normaliser, t, 1.0, ax)
+
+
+def _postprocess(
+    cost: np.ndarray, name: str, temperature: float, bank_cost: Any | None, axis: int
+) -> np.ndarray:
+    if name == "none":
+        return cost
+    if name == "dsl":
+        return dual_softmax(cost, temperature, axis=axis)
+    if name == "is":
+        return inverted_softmax(cost, temperature, bank_cost=bank_cost, axis=axis)
+    raise ConfigError(f"unknown post-processing {name!r}; valid: {', '.join(POSTPROCESS_NAMES)}")
+
+
+def evaluate_all(
+    cost: Any,
+    gt: Any,
+    *,
+    postprocess: str = "none",
+    temperature: float = 1.0,
+    bank_cost: Any | None = None,
+) -> dict[str, Any]:
+    """Text-to-video and video-to-text metrics, with the post-processing named.
+
+    ``postprocess``: ``"none"`` (default, what the paper reports), ``"dsl"``
+    (:func:`dual_softmax`, normalised over the other axis for each direction)
+    or ``"is"`` (:func:`inverted_softmax`; ``bank_cost`` (B, V) applies to
+    text-to-video only, video-to-text then uses the evaluated videos as bank).
+    Returns ``{"t2v": {...}, "v2t": {...}, "postprocess": {...}}``.
+    """
+    c = _as_cost(cost)
+    g = _as_gt(gt, *c.shape)
+    if postprocess not in POSTPROCESS_NAMES:
+        raise ConfigError(
+            f"unknown post-processing {postprocess!r}; valid: {', '.join(POSTPROCESS_NAMES)}"
+        )
+    label: dict[str, Any] = {"name": postprocess}
+    if postprocess != "none":
+        label["temperature"] = float(_check_temperature(temperature))
+    if postprocess == "is":
+        label["bank"] = "queries (transductive)" if bank_cost is None else "external"
+    t2v_cost = _postprocess(c, postprocess, temperature, bank_cost, axis=0)
+    v2t_cost = _postprocess(c, postprocess, temperature, None, axis=1)
+    return {
+        "t2v": t2v_metrics(t2v_cost, g),
+        "v2t": v2t_metrics(v2t_cost, g),
+        "postprocess": label,
+    }
+
+
+# --------------------------------------------------------------------------
+# selective prediction (paper section 4.4, Figure 4)
+# --------------------------------------------------------------------------
+
+
+def kl_margin(cost: Any) -> np.ndarray:
+    """Confidence of each query: cost of its second-best video minus its best.
+
+    With KL costs this is the paper's "top-1 / top-2 KL margin"; larger means
+    more confident, 0 when the two best videos tie.  cost (Q, V), V >= 2 -> (Q,).
+    """
+    c = _as_cost(cost)
+    q_count, v_count = c.shape
+    if v_count < 2:
+        raise ConfigError(f"kl_margin needs at least 2 videos, cost has shape {c.shape}")
+    out = np.empty(q_count, dtype=np.float64)
+    for rows in _blocks(q_count, v_count):
+        two = np.partition(c[rows], 1, axis=1)[:, :2].astype(np.float64)  # (b, 2)
+        out[rows] = two[:, 1] - two[:, 0]
+    return out
+
+
+def _check_pair(confidence: Any, correct: Any) -> tuple[np.ndarray, np.ndarray]:
+    conf = _as_1d(confidence, "confidence")
+    corr = _as_1d(correct, "correct")
+    if conf.shape != corr.shape:
+        raise ConfigError(
+            f"confidence {conf.shape} and correct {corr.shape} must have the same shape"
+        )
+    if np.isnan(conf).any():
+        raise ConfigError("confidence contains NaN")
+    return conf, corr
+
+
+def risk_coverage(
+    confidence: Any, correct: Any, *, ties: str = "average"
+) -> tuple[np.ndarray, np.ndarray]:
+    """Risk-coverage curve of selective prediction.
+
+    Queries are kept from the most to the least confident; at coverage
+    ``k / Q`` the risk is ``1 - accuracy`` of the ``k`` kept queries.
+    ``correct`` is bool or a 0/1 (or fractional) score per query.
+
+    Ties: queries are sorted with a stable sort on descending confidence.
+    With ``ties="average"`` (default) every query of a block of equal
+    confidence contributes the block's mean correctness, which is the
+    expected curve under uniformly random tie-breaking; a constant confidence
+    therefore gives exactly the random-ordering curve.  ``ties="stable"``
+    keeps the input order inside a block instead.
+
+    -> coverage (Q,) = (1..Q)/Q, risk (Q,).
+    """
+    conf, corr = _check_pair(confidence, correct)
+    if ties not in ("average", "stable"):
+        raise ConfigError(f"ties must be 'average' or 'stable', got {ties!r}")
+    n = conf.shape[0]
+    order = np.argsort(-conf, kind="stable")  # (Q,)
+    sorted_conf = conf[order]
+    sorted_corr = corr[order]
+    if ties == "average":
+        starts = np.flatnonzero(np.r_[True, sorted_conf[1:] != sorted_conf[:-1]])
+        lengths = np.diff(np.r_[starts, n])
+        block_mean = np.add.reduceat(sorted_corr, starts) / lengths
+        sorted_corr = np.repeat(block_mean, lengths)
+    kept = np.arange(1, n + 1, dtype=np.float64)
+    risk = 1.0 - np.cumsum(sorted_corr) / kept
+    # Cumulative sums of exact 0/1 values can land a hair below 0.
+    risk = np.clip(risk, 0.0, 1.0)
+    return kept / n, risk
+
+
+def aurc(confidence: Any, correct: Any, *, ties: str = "average") -> float:
+    """Area under the risk-coverage curve: the mean risk over coverages 1/Q..Q/Q."""
+    _, risk = risk_coverage(confidence, correct, ties=ties)
+    return float(np.mean(risk))
+
+
+def aurc_random(correct: Any) -> float:
+    """Expected AURC of a random ordering: ``1 - mean(correct)``.
+
+    Under a uniformly random order the expected accuracy of any ``k`` kept
+    queries is the overall accuracy, so the expected risk is flat.
+    """
+    corr = _as_1d(correct, "correct")
+    return float(1.0 - np.mean(corr))
+
+
+def aurc_random_mc(correct: Any, *, trials: int = 200, seed: int = 0) -> float:
+    """Monte-Carlo estimate of :func:`aurc_random` from ``trials`` seeded permutations."""
+    corr = _as_1d(correct, "correct")
+    if trials < 1:
+        raise ConfigError(f"trials must be >= 1, got {trials}")
+    rng = np.random.default_rng(seed)
+    n = corr.shape[0]
+    kept = np.arange(1, n + 1, dtype=np.float64)
+    total = 0.0
+    for _ in range(trials):
+        perm = corr[rng.permutation(n)]
+        total += float(np.mean(1.0 - np.cumsum(perm) / kept))
+    return total / trials
+
+
+def aurc_optimal(correct: Any) -> float:
+    """AURC of an oracle confidence that ranks every correct query first.
+
+    With ``c`` correct out of ``Q`` the risk is 0 up to coverage c/Q and
+    ``1 - c/k`` after, so AURC* = ``(Q - c - c * (H_Q - H_c)) / Q`` (``H`` the
+    harmonic numbers).  Binary ``correct`` only.
+    """
+    corr = _as_1d(correct, "correct")
+    n = corr.shape[0]
+    c = int(np.count_nonzero(corr))
+    k = np.arange(c + 1, n + 1, dtype=np.float64)
+    return float(np.sum(1.0 - c / k) / n)
+
+
+def accuracy_at_coverage(
+    confidence: Any, correct: Any, coverage: float, *, ties: str = "average"
+) -> float:
+    """Accuracy (fraction in [0, 1]) of the ``ceil(coverage * Q)`` most confident queries."""
+    cov = float(coverage)
+    if not (0.0 < cov <= 1.0):
+        raise ConfigError(f"coverage must be in (0, 1], got {coverage!r}")
+    _, risk = risk_coverage(confidence, correct, ties=ties)
+    n = risk.shape[0]
+    return float(1.0 - risk[_keep_count(cov, n) - 1])
+
+
+def _keep_count(coverage: float, n: int) -> int:
+    # The epsilon keeps 0.25 * 1000 at 250 despite float error in the product.
+    return min(n, max(1, math.ceil(coverage * n - 1e-9)))
+
+
+def _coverage_key(coverage: float) -> str:
+    return f"{100.0 * coverage:g}%"
+
+
+def selective_report(
+    cost: Any,
+    gt: Any,
+    *,
+    confidence: Any | None = None,
+    confidence_name: str = "kl_margin",
+    coverages: Sequence[float] = (0.25, 0.10),
+    ks: Sequence[int] = (1, 5),
+) -> dict[str, Any]:
+    """Selective-prediction summary of a cost matrix (paper Figure 4).
+
+    Confidence defaults to :func:`kl_margin`.  For each ``k`` in ``ks`` a
+    query is correct when its t2v rank is <= k.  Returns::
+
+        {"confidence": name, "n": Q,
+         "R@1": {"accuracy": %, "aurc": f, "aurc_random": f, "aurc_optimal": f,
+                 "at_coverage": {"25%": %, "10%": %}},
+         "R@5": {...},
+         "curves": {"coverage": (Q,), "risk": {"R@1": (Q,), ...},
+                    "random": {"R@1": f, ...}}}
+
+    Accuracies are percentages (like recalls), AURCs fractions (like the paper).
+    ``curves`` holds numpy arrays for plotting; :mod:`dab_pipeline.report`
+    keeps them out of metrics.json.
+    """
+    c = _as_cost(cost)
+    ranks = t2v_ranks(c, gt)
+    if confidence is None:
+        conf = kl_margin(c)
+    else:
+        conf = _as_1d(confidence, "confidence")
+        if conf.shape[0] != c.shape[0]:
+            raise ConfigError(
+                f"confidence has shape {conf.shape}, expected ({c.shape[0]},) for cost {c.shape}"
+            )
+    for cov in coverages:
+        if not (0.0 < float(cov) <= 1.0):
+            raise ConfigError(f"coverage must be in (0, 1], got {cov!r}")
+    out: dict[str, Any] = {"confidence": confidence_name, "n": int(c.shape[0])}
+    curves: dict[str, Any] = {"coverage": None, "risk": {}, "random": {}}
+    for k in ks:
+        key = f"R@{int(k)}"
+        correct = (ranks <= k).astype(np.float64)
+        coverage, risk = risk_coverage(conf, correct)
+        curves["coverage"] = coverage
+        curves["risk"][key] = risk
+        curves["random"][key] = aurc_random(correct)
+        at: dict[str, float] = {}
+        for cov in coverages:
+            k_keep = _keep_count(float(cov), risk.shape[0])
+            at[_coverage_key(cov)] = 100.0 * float(1.0 - risk[k_keep - 1])
+        out[key] = {
+            "accuracy": 100.0 * float(np.mean(correct)),
+            "aurc": float(np.mean(risk)),
+            "aurc_random": aurc_random(correct),
+            "aurc_optimal": aurc_optimal(correct),
+            "at_coverage": at,
+        }
+    out["curves"] = curves
+    return out
+
+
+# --------------------------------------------------------------------------
+# variance asymmetry (Table 6)
+# --------------------------------------------------------------------------
+
+
+def variance_asymmetry(
+    text_var: Any, bridged_var: Any | None, video_var: Any
+) -> dict[str, Any]:
+    """Mean sigma^2 of text, bridged and video distributions and their ratios to text.
+
+    Inputs are arrays of variances of any shape (e.g. the per-query mean
+    sigma^2 of the ground-truth pair, (Q,)); ``bridged_var`` may be None for
+    variants without a bridge.  Returns ``{"mean": {...}, "ratio": {...}}``
+    keyed ``text``, ``bridge``, ``video``.
+    """
+    means: dict[str, float] = {}
+    for name, values in (("text", text_var), ("bridge", bridged_var), ("video", video_var)):
+        if values is None:
+            continue
+        arr = np.asarray(values, dtype=np.float64)
+        if arr.size == 0:
+            raise ConfigError(f"{name} variances are empty")
+        if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+            raise ConfigError(f"{name} variances must be finite and non-negative")
+        means[name] = float(np.mean(arr))
+    if means["text"] <= 0:
+        raise ConfigError("mean text variance is 0; ratios to text are undefined")
+    ratios = {name: value / means["text"] for name, value in means.items()}
+    return {"mean": means, "ratio": ratios}
+
+
+# --------------------------------------------------------------------------
+# local semantic neighbourhood (Table 7)
+# --------------------------------------------------------------------------
+
+
+def _topk_mask(block: np.ndarray, k: int) -> np.ndarray:
+    """(b, V) bool mask of each row's k lowest costs, ties at the cut broken by index."""
+    kth = np.partition(block, k - 1, axis=1)[:, k - 1 : k]  # (b, 1)
+    below = block < kth
+    at_cut = block == kth
+    room = k - np.count_nonzero(below, axis=1, keepdims=True)  # (b, 1)
+    return below | (at_cut & (np.cumsum(at_cut, axis=1) <= room))
+
+
+def semantic_neighbourhood(
+    cost: Any,
+    gt: Any,
+    video_features: Any,
+    taus: Sequence[float] = (0.6, 0.7, 0.8, 0.9),
+    topk: int = 10,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Semantic positives among each query's top-k videos, versus random ranking.
+
+    A *semantic positive* of query ``q`` at threshold ``tau`` is a video
+    ``v != gt[q]`` whose feature has cosine ``>= tau`` with the ground-truth
+    video's feature.  The ground truth itself is never counted (its cosine is
+    1; counting it would add R@k / 100 to every row and mix recall into a
+    neighbourhood measure), but it does occupy its slot in the top-k list.
+    Top-k is by lowest cost, ties broken by video index.
+
+    Random baseline: under a uniformly random ranking each video is in the
+    top-k with probability ``k / V``, so the expected count is exactly
+    ``k / V * #positives(q)``, averaged over queries.  ``random_sampled`` draws
+    one seeded random top-k per query as a check on that formula.
+
+    cost (Q, V), gt (Q,), video_features (V, D) (frame-mean CLIP features).
+    Returns ``{"topk": k, "counts_gt": False, "rows": [{"tau", "model",
+    "random", "random_sampled", "ratio"}, ...]}``.
+    """
+    c = _as_cost(cost)
+    q_count, v_count = c.shape
+    g = _as_gt(gt, q_count, v_count)
+    feats = np.asarray(video_features, dtype=np.float64)
+    if feats.ndim != 2 or feats.shape[0] != v_count:
+        raise ConfigError(
+            f"video_features must have shape ({v_count}, D) to match cost {c.shape}, "
+            f"got {feats.shape}"
+        )
+    if not np.all(np.isfinite(feats)):
+        raise ConfigError("video_features contain non-finite values")
+    k = int(topk)
+    if not 1 <= k <= v_count:
+        raise ConfigError(f"topk must be in [1, {v_count}], got {topk}")
+    tau_arr = np.asarray([float(t) for t in taus], dtype=np.float64)  # (T,)
+    if tau_arr.size == 0:
+        raise ConfigError("taus is empty")
+
+    norms = np.linalg.norm(feats, axis=1, keepdims=True)
+    unit = feats / np.maximum(norms, 1e-12)  # (V, D)
+    rng = np.random.default_rng(seed)
+
+    model_sum = np.zeros(tau_arr.size)
+    random_sum = np.zeros(tau_arr.size)
+    sampled_sum = np.zeros(tau_arr.size)
+    # Blocks are sized by the (b, V) cosine matrix, the largest temporary.
+    for rows in _blocks(q_count, v_count):
+        block = c[rows]  # (b, V)
+        b = block.shape[0]
+        gt_b = g[rows]  # (b,)
+        cos = unit[gt_b] @ unit.T  # (b, V) cosine of every video to the gt video
+        not_gt = np.ones((b, v_count), dtype=bool)
+        not_gt[np.arange(b), gt_b] = False
+        chosen = _topk_mask(block, k)  # (b, V), exactly k True per row
+        # A random ranking's top-k is a uniform k-subset: the k smallest of iid uniforms.
+        noise = rng.random((b, v_count))
+        sampled = noise <= np.partition(noise, k - 1, axis=1)[:, k - 1 : k]  # (b, V)
+        for i, tau in enumerate(tau_arr):
+            positive = (cos >= tau) & not_gt  # (b, V)
+            model_sum[i] += np.count_nonzero(positive & chosen)
+            random_sum[i] += np.count_nonzero(positive) * k / v_count
+            sampled_sum[i] += np.count_nonzero(positive & sampled)
+
+    rows_out = []
+    for i, tau in enumerate(tau_arr):
+        model = model_sum[i] / q_count
+        rand = random_sum[i] / q_count
+        rows_out.append(
+            {
+                "tau": float(tau),
+                "model": float(model),
+                "random": float(rand),
+                "random_sampled": float(sampled_sum[i] / q_count),
+                "ratio": float(model / rand) if rand > 0 else None,
+            }
+        )
+    return {"topk": k, "counts_gt": False, "seed": int(seed), "rows": rows_out}

@@ -1,0 +1,401 @@
+"""Evaluation outputs: metrics.json, report.md and the diagnostic plots.
+
+The results dict is the one the evaluation stage assembles from
+:mod:`dab_pipeline.metrics`; every section is optional except ``t2v``::
+
+    {"t2v": {...}, "v2t": {...},              # retrieval_metrics() dicts
+     "postprocess": {"name": "none", ...},    # evaluate_all() label
+     "selective": selective_report(...),      # its "curves" arrays are plotted, not stored
+     "variance": variance_asymmetry(...),
+     "neighbourhood": semantic_neighbourhood(...),
+     ...}                                     # any other JSON-able keys are kept as is
+
+Plots use matplotlib's object API on an Agg canvas, so no display and no
+global pyplot state.  Every file is written to a temporary name in the run
+folder and renamed into place, so a crash never leaves a half-written report.
+No click or rich here: :func:`compare_table` hands the CLI plain strings.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from .errors import ConfigError
+
+__all__ = [
+    "TABLE_COLUMNS",
+    "write_report",
+    "compare_table",
+    "compare_markdown",
+    "format_metric",
+    "to_jsonable",
+]
+
+# The paper's column order (Tables 1-4); R@50 is extra and goes last.
+TABLE_COLUMNS: tuple[str, ...] = ("R@1", "R@5", "R@10", "MdR", "MnR", "RSum")
+_REPORT_COLUMNS: tuple[str, ...] = TABLE_COLUMNS + ("R@50",)
+_MISSING = "–"
+
+
+# --------------------------------------------------------------------------
+# serialisation helpers
+# --------------------------------------------------------------------------
+
+
+def to_jsonable(value: Any) -> Any:
+    """Convert numpy scalars/arrays, paths and tuples to plain JSON types; NaN/inf -> None."""
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return [to_jsonable(v) for v in value.tolist()]
+    if isinstance(value, (np.bool_, bool)):
+        return bool(value)
+    if isinstance(value, (np.integer, int)):
+        return int(value)
+    if isinstance(value, (np.floating, float)):
+        f = float(value)
+        # JSON has no NaN/inf; a null is honest and every reader accepts it.
+        return f if math.isfinite(f) else None
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def _strip_curves(results: dict[str, Any]) -> dict[str, Any]:
+    """Drop per-query curve arrays: they are plotted, and would bloat metrics.json."""
+    out = dict(results)
+    selective = out.get("selective")
+    if isinstance(selective, dict) and "curves" in selective:
+        out["selective"] = {k: v for k, v in selective.items() if k != "curves"}
+    return out
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+# --------------------------------------------------------------------------
+# formatting
+# --------------------------------------------------------------------------
+
+
+def format_metric(name: str, value: Any) -> str:
+    """Format one metric the way the paper prints it (recalls 1 decimal, MdR as is)."""
+    if value is None:
+        return _MISSING
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if not math.isfinite(f):
+        return _MISSING
+    if name == "MdR":
+        return f"{f:g}"
+    if name == "MnR":
+        return f"{f:.2f}"
+    return f"{f:.1f}"
+
+
+def _md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join("---" for _ in headers) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _postprocess_label(results: dict[str, Any]) -> str:
+    label = results.get("postprocess")
+    if isinstance(label, str) and label.strip():
+        return label.strip()  # a caller's free-text label is shown as given
+    if not isinstance(label, dict) or label.get("name", "none") == "none":
+        return "none"
+    parts = [str(label["name"])]
+    parts += [f"{k}={v}" for k, v in label.items() if k != "name"]
+    return parts[0] + " (" + ", ".join(parts[1:]) + ")" if len(parts) > 1 else parts[0]
+
+
+def _render_markdown(title: str, results: dict[str, Any], plots: dict[str, Path]) -> str:
+    out: list[str] = [f"# {title}", ""]
+    out.append(f"Post-processing: **{_postprocess_label(results)}**")
+    out.append("")
+    for key, heading in (("t2v", "Text-to-video"), ("v2t", "Video-to-text")):
+        metrics = results.get(key)
+        if not isinstance(metrics, dict):
+            continue
+        n = metrics.get("n")
+        suffix = f" ({n} {'queries' if key == 't2v' else 'videos'})" if n is not None else ""
+        out += [f"## {heading}{suffix}", ""]
+        out.append(
+            _md_table(
+                list(_REPORT_COLUMNS),
+                [[format_metric(c, metrics.get(c)) for c in _REPORT_COLUMNS]],
+            )
+        )
+        out.append("")
+
+    selective = results.get("selective")
+    if isinstance(selective, dict):
+        out += ["## Selective prediction", ""]
+        out.append(
+            f"Confidence: `{selective.get('confidence', '?')}` (larger = more confident); "
+            "AURC is the mean risk over coverages 1/Q..1, random = 1 - accuracy."
+        )
+        out.append("")
+        rec_keys = [k for k in selective if k.startswith("R@") and isinstance(selective[k], dict)]
+        cov_keys: list[str] = []
+        for k in rec_keys:
+            for c in selective[k].get("at_coverage", {}):
+                if c not in cov_keys:
+                    cov_keys.append(c)
+        headers = ["Correct if", "Accuracy", "AURC", "AURC random", "AURC oracle"]
+        headers += [f"Acc @ {c} cov." for c in cov_keys]
+        rows = []
+        for k in rec_keys:
+            s = selective[k]
+            row = [
+                f"rank <= {k[2:]}",
+                format_metric(k, s.get("accuracy")),
+                _fmt_fraction(s.get("aurc")),
+                _fmt_fraction(s.get("aurc_random")),
+                _fmt_fraction(s.get("aurc_optimal")),
+            ]
+            row += [format_metric(k, s.get("at_coverage", {}).get(c)) for c in cov_keys]
+            rows.append(row)
+        out.append(_md_table(headers, rows))
+        out.append("")
+
+    variance = results.get("variance")
+    if isinstance(variance, dict) and isinstance(variance.get("mean"), dict):
+        out += ["## Variance asymmetry", ""]
+        names = [n for n in ("text", "bridge", "video") if n in variance["mean"]]
+        headers = [""] + [n.capitalize() for n in names]
+        rows = [
+            ["Avg. sigma^2"] + [f"{variance['mean'][n]:.3f}" for n in names],
+            ["Ratio"] + [f"{variance['ratio'][n]:.2f}" for n in names],
+        ]
+        out.append(_md_table(headers, rows))
+        out.append("")
+
+    neighbourhood = results.get("neighbourhood")
+    if isinstance(neighbourhood, dict) and neighbourhood.get("rows"):
+        k = neighbourhood.get("topk", "?")
+        out += ["## Local semantic neighbourhood", ""]
+        gt_note = "counted" if neighbourhood.get("counts_gt") else "not counted"
+        out.append(
+            f"Mean number of top-{k} videos with cosine >= tau to the ground-truth video "
+            f"(ground truth itself {gt_note}); random = exact expectation under random ranking."
+        )
+        out.append("")
+        headers = ["tau", "Model", "Random", "Random (sampled)", "Model / random"]
+        rows = []
+        for r in neighbourhood["rows"]:
+            ratio = r.get("ratio")
+            rows.append(
+                [
+                    f"{r['tau']:g}",
+                    f"{r['model']:.3f}",
+                    f"{r['random']:.3f}",
+                    _fmt_opt(r.get("random_sampled"), ".3f"),
+                    _fmt_opt(ratio, ".2f"),
+                ]
+            )
+        out.append(_md_table(headers, rows))
+        out.append("")
+
+    if plots:
+        out += ["## Plots", ""]
+        for name, path in plots.items():
+            out.append(f"![{name}]({path.name})")
+        out.append("")
+    return "\n".join(out)
+
+
+def _fmt_fraction(value: Any) -> str:
+    return _fmt_opt(value, ".3f")
+
+
+def _fmt_opt(value: Any, spec: str) -> str:
+    if value is None:
+        return _MISSING
+    f = float(value)
+    return format(f, spec) if math.isfinite(f) else _MISSING
+
+
+# --------------------------------------------------------------------------
+# plots
+# --------------------------------------------------------------------------
+
+
+def _new_figure(width: float = 6.0, height: float = 4.0) -> Any:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save_png(fig: Any, path: Path) -> None:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    _atomic_write_bytes(path, buf.getvalue())
+
+
+def _plot_risk_coverage(curves: dict[str, Any], path: Path) -> None:
+    coverage = np.asarray(curves["coverage"], dtype=np.float64)  # (Q,)
+    fig = _new_figure()
+    ax = fig.add_subplot(1, 1, 1)
+    colours = ["tab:blue", "tab:orange", "tab:green", "tab:red"]
+    for i, (key, risk) in enumerate(curves.get("risk", {}).items()):
+        risk = np.asarray(risk, dtype=np.float64)
+        colour = colours[i % len(colours)]
+        area = float(np.mean(risk))
+        ax.plot(coverage, risk, color=colour, label=f"{key}, by confidence (AURC {area:.3f})")
+        rand = curves.get("random", {}).get(key)
+        if rand is not None:
+            ax.axhline(
+                float(rand),
+                color=colour,
+                linestyle="--",
+                label=f"{key}, random order (AURC {rand:.3f})",
+            )
+    ax.set_xlabel("coverage")
+    ax.set_ylabel("risk (1 - accuracy)")
+    ax.set_xlim(0.0, 1.0)
+    ax.set_ylim(bottom=0.0)
+    ax.set_title("Risk-coverage")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    _save_png(fig, path)
+
+
+def _plot_rank_hist(ranks: np.ndarray, path: Path) -> None:
+    r = np.asarray(ranks, dtype=np.int64).reshape(-1)  # (Q,)
+    fig = _new_figure()
+    ax = fig.add_subplot(1, 1, 1)
+    top = int(r.max()) if r.size else 1
+    # Ranks are heavy-tailed (most at 1, a long tail up to V): log-spaced bins
+    # on a log axis once the range spans more than a decade.
+    if top > 20:
+        edges = np.unique(np.round(np.logspace(0, math.log10(top + 1), 40)))
+        edges = np.r_[edges, edges[-1] + 1] if edges[-1] <= top else edges
+        ax.hist(r, bins=edges - 0.5, color="tab:blue")
+        ax.set_xscale("log")
+    else:
+        ax.hist(r, bins=np.arange(0.5, top + 1.5), color="tab:blue")
+    ax.set_xlabel("text-to-video rank of the ground truth")
+    ax.set_ylabel("queries per bin" + (" (log-spaced bins)" if top > 20 else ""))
+    ax.set_title(f"Rank histogram ({r.size} queries)")
+    _save_png(fig, path)
+
+
+# --------------------------------------------------------------------------
+# public API
+# --------------------------------------------------------------------------
+
+
+def write_report(
+    run_dir: Path,
+    results: dict[str, Any],
+    *,
+    title: str,
+    curves: dict[str, Any] | None = None,
+    ranks: np.ndarray | None = None,
+) -> dict[str, Path]:
+    """Write metrics.json, report.md and the plots into ``run_dir``.
+
+    ``curves`` is a ``selective_report()["curves"]`` dict; when None the one
+    inside ``results["selective"]`` is used, and without either the
+    risk-coverage plot is skipped.  ``ranks`` (Q,) are text-to-video ranks for
+    ``rank_hist.png`` (skipped when None).  metrics.json holds every number
+    of ``results`` except the per-query curve arrays, plus the title.
+    Returns ``{"metrics": ..., "report": ..., "risk_coverage": ..., "rank_hist": ...}``
+    (only the files written).
+    """
+    if not isinstance(results, dict) or "t2v" not in results:
+        raise ConfigError("results must be a dict with at least a 't2v' section")
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if curves is None and isinstance(results.get("selective"), dict):
+        curves = results["selective"].get("curves")
+
+    written: dict[str, Path] = {}
+    plots: dict[str, Path] = {}
+    if curves is not None and curves.get("coverage") is not None and curves.get("risk"):
+        path = run_dir / "risk_coverage.png"
+        _plot_risk_coverage(curves, path)
+        plots["risk_coverage"] = path
+    if ranks is not None and np.asarray(ranks).size > 0:
+        path = run_dir / "rank_hist.png"
+        _plot_rank_hist(np.asarray(ranks), path)
+        plots["rank_hist"] = path
+
+    payload = {"title": title, **_strip_curves(results)}
+    payload.setdefault("postprocess", {"name": "none"})
+    metrics_path = run_dir / "metrics.json"
+    # default=str: an odd attribute (bytes, a datetime) must not lose the whole report.
+    text = json.dumps(to_jsonable(payload), indent=2, allow_nan=False, default=str)
+    _atomic_write_bytes(metrics_path, (text + "\n").encode("utf-8"))
+    written["metrics"] = metrics_path
+
+    report_path = run_dir / "report.md"
+    _atomic_write_bytes(report_path, _render_markdown(title, payload, plots).encode("utf-8"))
+    written["report"] = report_path
+    written.update(plots)
+    return written
+
+
+def compare_table(
+    runs: list[tuple[str, dict[str, Any]]], *, direction: str = "t2v"
+) -> tuple[list[str], list[list[str]]]:
+    """Headers and formatted rows comparing several runs (the ablation tables).
+
+    Each run is ``(name, metrics_json_dict)``; the ``direction`` section is
+    read (``"t2v"`` or ``"v2t"``), or the dict itself when it is already a
+    flat metrics dict.  A post-processed run gets its label after its name so
+    it cannot be mistaken for a plain one.  Missing values print as "–".
+    """
+    if direction not in ("t2v", "v2t"):
+        raise ConfigError(f"direction must be 't2v' or 'v2t', got {direction!r}")
+    headers = ["Method", *TABLE_COLUMNS]
+    rows: list[list[str]] = []
+    for name, data in runs:
+        if not isinstance(data, dict):
+            raise ConfigError(f"run {name!r}: metrics must be a dict, got {type(data).__name__}")
+        section = data.get(direction, data if "R@1" in data else None)
+        label = _postprocess_label(data)
+        shown = name if label == "none" else f"{name} [{label}]"
+        if not isinstance(section, dict):
+            rows.append([shown] + [_MISSING] * len(TABLE_COLUMNS))
+            continue
+        rows.append([shown] + [format_metric(c, section.get(c)) for c in TABLE_COLUMNS])
+    return headers, rows
+
+
+def compare_markdown(
+    runs: list[tuple[str, dict[str, Any]]], *, direction: str = "t2v"
+) -> str:
+    """:func:`compare_table` rendered as a markdown table."""
+    headers, rows = compare_table(runs, direction=direction)
+    return _md_table(headers, rows) + "\n"

@@ -1,0 +1,388 @@
+"""Tests of dab_pipeline.metrics on hand-worked matrices and naive references."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dab_pipeline import metrics as M
+from dab_pipeline.errors import ConfigError
+
+# --------------------------------------------------------------------------
+# naive references (loops, written independently of the vectorised code)
+# --------------------------------------------------------------------------
+
+
+def naive_t2v(cost: np.ndarray, gt: np.ndarray) -> np.ndarray:
+    ranks = []
+    for q in range(cost.shape[0]):
+        own = cost[q, gt[q]]
+        ahead = sum(1 for v in range(cost.shape[1]) if v != gt[q] and cost[q, v] <= own)
+        ranks.append(1 + ahead)
+    return np.array(ranks)
+
+
+def naive_v2t(cost: np.ndarray, gt: np.ndarray) -> np.ndarray:
+    """Sort each column with negatives ahead of positives on ties; first positive's position."""
+    ranks = []
+    for v in range(cost.shape[1]):
+        positive = gt == v
+        if not positive.any():
+            continue
+        # lexsort: last key is primary -> by cost, then negatives (0) before positives (1).
+        order = np.lexsort((positive.astype(int), cost[:, v]))
+        ranks.append(1 + int(np.flatnonzero(positive[order])[0]))
+    return np.array(ranks)
+
+
+# --------------------------------------------------------------------------
+# ranks
+# --------------------------------------------------------------------------
+
+HAND_COST = np.array(
+    [
+        [0.1, 0.5, 0.3, 0.9],  # gt 0: clear winner -> rank 1
+        [0.2, 0.2, 0.8, 0.1],  # gt 1: v3 better, v0 ties -> pessimistic rank 3
+        [0.4, 0.3, 0.4, 0.4],  # gt 2: v1 better, v0 and v3 tie -> rank 4
+    ]
+)
+HAND_GT = np.array([0, 1, 2])
+
+
+def test_t2v_ranks_hand_case_pessimistic_ties():
+    np.testing.assert_array_equal(M.t2v_ranks(HAND_COST, HAND_GT), [1, 3, 4])
+
+
+def test_constant_cost_ranks_last_not_first():
+    cost = np.zeros((5, 5))
+    np.testing.assert_array_equal(M.t2v_ranks(cost, np.arange(5)), [5] * 5)
+    assert M.t2v_metrics(cost, np.arange(5))["R@1"] == 0.0
+
+
+def test_retrieval_metrics_hand_case():
+    m = M.retrieval_metrics(np.array([1, 3, 4]))
+    assert m["R@1"] == pytest.approx(100 / 3)
+    assert m["R@5"] == pytest.approx(100.0)
+    assert m["R@10"] == pytest.approx(100.0)
+    assert m["R@50"] == pytest.approx(100.0)
+    assert m["MdR"] == 3.0
+    assert m["MnR"] == pytest.approx(8 / 3)
+    assert m["RSum"] == pytest.approx(100 / 3 + 200)
+    assert m["n"] == 3
+
+
+def test_retrieval_metrics_median_of_even_count_and_cutoffs():
+    m = M.retrieval_metrics(np.array([1, 2, 5, 6, 10, 11, 50, 51]))
+    assert m["MdR"] == 8.0  # (6 + 10) / 2
+    assert m["R@1"] == pytest.approx(12.5)
+    assert m["R@5"] == pytest.approx(37.5)  # rank 5 counts as within top 5
+    assert m["R@10"] == pytest.approx(62.5)
+    assert m["R@50"] == pytest.approx(87.5)
+
+
+def test_v2t_multi_caption_hand_case():
+    # 4 captions, 3 videos; video 2 has no caption and is skipped.
+    cost = np.array(
+        [
+            [0.5, 0.1, 0.0],  # caption of v0
+            [0.3, 0.9, 0.0],  # caption of v0
+            [0.3, 0.4, 0.0],  # caption of v1
+            [0.2, 0.4, 0.0],  # caption of v1
+        ]
+    )
+    gt = np.array([0, 0, 1, 1])
+    # v0: best own 0.3; q3 (0.2) better, q2 ties at 0.3 -> pessimistic rank 3.
+    # v1: own captions tie at 0.4 with each other (no penalty); q0 (0.1) better -> rank 2.
+    np.testing.assert_array_equal(M.v2t_ranks(cost, gt), [3, 2])
+    np.testing.assert_array_equal(naive_v2t(cost, gt), [3, 2])
+    m = M.v2t_metrics(cost, gt)
+    assert m["n"] == 2
+    assert m["R@1"] == 0.0 and m["MnR"] == 2.5
+
+
+def test_t2v_multi_caption_every_caption_is_a_query():
+    cost = np.array([[0.1, 0.9], [0.8, 0.2], [0.3, 0.2]])
+    gt = np.array([0, 0, 1])
+    np.testing.assert_array_equal(M.t2v_ranks(cost, gt), [1, 2, 1])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_ranks_match_naive_on_random_matrices_with_ties(seed):
+    rng = np.random.default_rng(seed)
+    q, v = 40, 9
+    cost = rng.integers(0, 4, size=(q, v)).astype(np.float32)  # few values -> many ties
+    gt = rng.integers(0, v - 1, size=q)  # the last video never has a caption
+    np.testing.assert_array_equal(M.t2v_ranks(cost, gt), naive_t2v(cost, gt))
+    np.testing.assert_array_equal(M.v2t_ranks(cost, gt), naive_v2t(cost, gt))
+
+
+def test_ranks_blockwise_path(monkeypatch):
+    # Force many tiny blocks so the chunking code is exercised.
+    monkeypatch.setattr(M, "_BLOCK_ELEMS", 7)
+    rng = np.random.default_rng(5)
+    cost = rng.random((23, 6))
+    gt = rng.integers(0, 6, size=23)
+    np.testing.assert_array_equal(M.t2v_ranks(cost, gt), naive_t2v(cost, gt))
+    np.testing.assert_array_equal(M.v2t_ranks(cost, gt), naive_v2t(cost, gt))
+    np.testing.assert_allclose(
+        M.kl_margin(cost), np.diff(np.sort(cost, axis=1)[:, :2], axis=1)[:, 0]
+    )
+
+
+def test_evaluate_all_sections_and_label():
+    out = M.evaluate_all(HAND_COST, HAND_GT)
+    assert set(out) == {"t2v", "v2t", "postprocess"}
+    assert out["postprocess"] == {"name": "none"}
+    assert out["t2v"]["MnR"] == pytest.approx(8 / 3)
+    assert out["v2t"]["n"] == 4 - 1  # video 3 has no caption
+
+
+def test_shape_errors_name_the_shapes():
+    with pytest.raises(ConfigError, match=r"\(3, 4\).*\(2,\)"):
+        M.t2v_ranks(HAND_COST, np.array([0, 1]))
+    with pytest.raises(ConfigError, match="2-D"):
+        M.t2v_ranks(np.zeros(4), np.array([0]))
+    with pytest.raises(ConfigError, match="range"):
+        M.t2v_ranks(HAND_COST, np.array([0, 1, 4]))
+    with pytest.raises(ConfigError, match="NaN"):
+        M.t2v_ranks(np.array([[np.nan, 1.0]]), np.array([0]))
+    with pytest.raises(ConfigError):
+        M.retrieval_metrics(np.array([0, 1]))
+
+
+# --------------------------------------------------------------------------
+# post-processing
+# --------------------------------------------------------------------------
+
+# Video 0 is a hub: the cheapest video for every query.
+HUB_COST = np.array(
+    [
+        [0.10, 0.50, 0.60],
+        [0.20, 0.25, 0.90],
+        [0.20, 0.90, 0.30],
+    ]
+)
+
+
+def test_dual_softmax_demotes_the_hub():
+    gt = np.arange(3)
+    np.testing.assert_array_equal(M.t2v_ranks(HUB_COST, gt), [1, 2, 2])
+    out = M.dual_softmax(HUB_COST, temperature=0.1)
+    assert out.shape == HUB_COST.shape
+    np.testing.assert_array_equal(M.t2v_ranks(out, gt), [1, 1, 1])
+    labelled = M.evaluate_all(HUB_COST, gt, postprocess="dsl", temperature=0.1)
+    assert labelled["postprocess"] == {"name": "dsl", "temperature": 0.1}
+    assert labelled["t2v"]["R@1"] == pytest.approx(100.0)
+
+
+def test_dual_softmax_ranks_like_product_of_softmaxes():
+    rng = np.random.default_rng(3)
+    cost = rng.random((12, 7)) * 5
+    t = 0.7
+    s = -cost / t
+    p_v_given_q = np.exp(s) / np.exp(s).sum(axis=1, keepdims=True)
+    p_q_given_v = np.exp(s) / np.exp(s).sum(axis=0, keepdims=True)
+    product = p_v_given_q * p_q_given_v
+    out = M.dual_softmax(cost, temperature=t)
+    np.testing.assert_array_equal(np.argsort(out, axis=1), np.argsort(-product, axis=1))
+    # axis=1 is the same operation on the transpose.
+    np.testing.assert_allclose(M.dual_softmax(cost, t, axis=1), M.dual_softmax(cost.T, t).T)
+
+
+def test_dual_softmax_is_shift_invariant_and_keeps_float32():
+    rng = np.random.default_rng(4)
+    cost = rng.random((10, 6)).astype(np.float32)
+    a = M.dual_softmax(cost, 0.2)
+    b = M.dual_softmax(cost + 100.0, 0.2)
+    assert a.dtype == np.float32
+    np.testing.assert_array_equal(np.argsort(a, axis=1), np.argsort(b, axis=1))
+
+
+def test_inverted_softmax_with_bank_matches_formula(monkeypatch):
+    monkeypatch.setattr(M, "_BLOCK_ELEMS", 5)  # blockwise normaliser
+    rng = np.random.default_rng(6)
+    cost = rng.random((8, 5))
+    bank = rng.random((20, 5))
+    t = 0.3
+    expected = cost + t * np.log(np.exp(-bank / t).sum(axis=0))[None, :]
+    np.testing.assert_allclose(M.inverted_softmax(cost, t, bank_cost=bank), expected)
+    with pytest.raises(ConfigError, match="bank_cost"):
+        M.inverted_softmax(cost, t, bank_cost=rng.random((20, 4)))
+    label = M.evaluate_all(cost, np.arange(8) % 5, postprocess="is", temperature=t)
+    assert label["postprocess"]["bank"].startswith("queries")
+
+
+def test_postprocess_rejects_bad_arguments():
+    with pytest.raises(ConfigError, match="temperature"):
+        M.dual_softmax(HUB_COST, temperature=0.0)
+    with pytest.raises(ConfigError, match="valid"):
+        M.evaluate_all(HUB_COST, np.arange(3), postprocess="qbnorm")
+
+
+# --------------------------------------------------------------------------
+# selective prediction
+# --------------------------------------------------------------------------
+
+
+def test_kl_margin_hand_case():
+    cost = np.array([[0.1, 0.5, 0.3], [0.2, 0.2, 0.9], [3.0, 1.0, 2.5]])
+    np.testing.assert_allclose(M.kl_margin(cost), [0.2, 0.0, 1.5])
+    with pytest.raises(ConfigError):
+        M.kl_margin(np.zeros((3, 1)))
+
+
+def test_risk_coverage_hand_case():
+    coverage, risk = M.risk_coverage([0.9, 0.8, 0.7, 0.6], [1, 0, 1, 0])
+    np.testing.assert_allclose(coverage, [0.25, 0.5, 0.75, 1.0])
+    np.testing.assert_allclose(risk, [0.0, 0.5, 1 / 3, 0.5])
+    assert M.aurc([0.9, 0.8, 0.7, 0.6], [1, 0, 1, 0]) == pytest.approx((0.5 + 1 / 3 + 0.5) / 4)
+    # Input order does not matter, only confidence does.
+    _, risk2 = M.risk_coverage([0.6, 0.7, 0.8, 0.9], [0, 1, 0, 1])
+    np.testing.assert_allclose(risk2, risk)
+
+
+def test_risk_coverage_tie_handling():
+    conf, correct = [1.0, 1.0, 0.0], [0, 1, 1]
+    _, averaged = M.risk_coverage(conf, correct)
+    np.testing.assert_allclose(averaged, [0.5, 0.5, 1 / 3])
+    _, stable = M.risk_coverage(conf, correct, ties="stable")
+    np.testing.assert_allclose(stable, [1.0, 0.5, 1 / 3])
+
+
+def test_constant_confidence_equals_random_exactly():
+    rng = np.random.default_rng(7)
+    correct = rng.random(101) < 0.4
+    assert M.aurc(np.ones(101), correct) == pytest.approx(M.aurc_random(correct), abs=1e-12)
+
+
+def test_aurc_optimal_hand_value_and_perfect_confidence():
+    # 2 of 4 correct: risks 0, 0, 1/3, 1/2.
+    assert M.aurc_optimal([1, 1, 0, 0]) == pytest.approx((1 / 3 + 1 / 2) / 4)
+    rng = np.random.default_rng(8)
+    correct = rng.random(500) < 0.55
+    c, n = int(correct.sum()), correct.size
+    harmonic = lambda m: sum(1.0 / i for i in range(1, m + 1))  # noqa: E731
+    analytic = (n - c - c * (harmonic(n) - harmonic(c))) / n
+    assert M.aurc_optimal(correct) == pytest.approx(analytic)
+    # Errors all at the lowest confidence -> the oracle value.
+    perfect_conf = correct + rng.random(n) * 0.5
+    assert M.aurc(perfect_conf, correct) == pytest.approx(analytic)
+    # Any other confidence can only do worse.
+    assert M.aurc(rng.random(n), correct) > analytic
+
+
+def test_random_confidence_matches_aurc_random():
+    rng = np.random.default_rng(9)
+    correct = rng.random(400) < 0.5
+    expected = M.aurc_random(correct)
+    assert expected == pytest.approx(1 - correct.mean())
+    trials = [M.aurc(rng.random(400), correct) for _ in range(300)]
+    assert np.mean(trials) == pytest.approx(expected, abs=0.01)
+    assert M.aurc_random_mc(correct, trials=300, seed=1) == pytest.approx(expected, abs=0.01)
+
+
+def test_accuracy_at_coverage():
+    conf = np.arange(10)[::-1].astype(float)
+    correct = [1, 1, 1, 0, 1, 0, 0, 1, 0, 0]
+    assert M.accuracy_at_coverage(conf, correct, 0.25) == 1.0  # ceil(2.5) = 3 kept
+    assert M.accuracy_at_coverage(conf, correct, 0.10) == 1.0
+    assert M.accuracy_at_coverage(conf, correct, 0.5) == pytest.approx(0.8)
+    assert M.accuracy_at_coverage(conf, correct, 1.0) == pytest.approx(0.5)
+    with pytest.raises(ConfigError):
+        M.accuracy_at_coverage(conf, correct, 0.0)
+
+
+def test_selective_report_hand_case():
+    # Margins: q0 0.4 (rank 1), q1 0.05 (rank 2), q2 0.3 (rank 1), q3 0.1 (rank 3).
+    cost = np.array(
+        [
+            [0.1, 0.5, 0.9],
+            [0.30, 0.35, 0.9],
+            [0.9, 0.2, 0.5],
+            [0.1, 0.2, 0.3],
+        ]
+    )
+    gt = np.array([0, 1, 1, 2])
+    rep = M.selective_report(cost, gt, coverages=(0.5, 0.25))
+    assert rep["confidence"] == "kl_margin" and rep["n"] == 4
+    r1 = rep["R@1"]
+    # Order by margin: q0 (ok), q2 (ok), q3 (miss), q1 (miss).
+    assert r1["accuracy"] == pytest.approx(50.0)
+    assert r1["aurc"] == pytest.approx((0 + 0 + 1 / 3 + 1 / 2) / 4)
+    assert r1["aurc_random"] == pytest.approx(0.5)
+    assert r1["aurc_optimal"] == pytest.approx(r1["aurc"])
+    assert r1["at_coverage"] == {"50%": 100.0, "25%": 100.0}
+    assert rep["R@5"]["aurc"] == 0.0 and rep["R@5"]["accuracy"] == 100.0
+    curves = rep["curves"]
+    np.testing.assert_allclose(curves["coverage"], [0.25, 0.5, 0.75, 1.0])
+    np.testing.assert_allclose(curves["risk"]["R@1"], [0, 0, 1 / 3, 1 / 2])
+    assert curves["random"]["R@1"] == pytest.approx(0.5)
+
+
+# --------------------------------------------------------------------------
+# variance asymmetry and neighbourhood
+# --------------------------------------------------------------------------
+
+
+def test_variance_asymmetry():
+    out = M.variance_asymmetry([0.4, 0.6], [1.0, 1.0, 1.0], np.full((2, 3), 3.0))
+    assert out["mean"] == pytest.approx({"text": 0.5, "bridge": 1.0, "video": 3.0})
+    assert out["ratio"] == pytest.approx({"text": 1.0, "bridge": 2.0, "video": 6.0})
+    no_bridge = M.variance_asymmetry([1.0], None, [2.0])
+    assert set(no_bridge["mean"]) == {"text", "video"}
+    with pytest.raises(ConfigError):
+        M.variance_asymmetry([0.0], None, [1.0])
+    with pytest.raises(ConfigError):
+        M.variance_asymmetry([-1.0, 2.0], None, [1.0])
+
+
+def _unit(deg: float, norm: float = 1.0) -> list[float]:
+    return [norm * math.cos(math.radians(deg)), norm * math.sin(math.radians(deg))]
+
+
+def test_semantic_neighbourhood_hand_case():
+    # Angles: v0 0 deg, v1 15, v2 36.87, v3 90, v4 180 (norms differ: cosine must normalise).
+    feats = np.array([_unit(0), _unit(15, 3.0), _unit(36.87), _unit(90, 5.0), _unit(180)])
+    # cos to v0: v1 .966, v2 .8, v3 0, v4 -1;  cos to v2: v0 .8, v1 .928, v3 .6, v4 -.8
+    cost = np.array(
+        [
+            [0.0, 0.1, 0.3, 0.2, 0.4],  # gt v0; top-3 = {v0, v1, v3}
+            [0.4, 0.5, 0.2, 0.0, 0.1],  # gt v2; top-3 = {v3, v4, v2}
+        ]
+    )
+    gt = np.array([0, 2])
+    out = M.semantic_neighbourhood(cost, gt, feats, taus=(0.7, 0.9), topk=3, seed=0)
+    assert out["topk"] == 3 and out["counts_gt"] is False
+    rows = {r["tau"]: r for r in out["rows"]}
+    # q0: positives {v1, v2} at .7, {v1} at .9; only v1 is retrieved (gt v0 is not counted).
+    # q1: positives {v0, v1} at .7, {v1} at .9; none retrieved.
+    assert rows[0.7]["model"] == pytest.approx(0.5)
+    assert rows[0.9]["model"] == pytest.approx(0.5)
+    # Random: k / V * #positives, averaged: 3/5 * (2 + 2) / 2 and 3/5 * (1 + 1) / 2.
+    assert rows[0.7]["random"] == pytest.approx(1.2)
+    assert rows[0.9]["random"] == pytest.approx(0.6)
+    assert rows[0.7]["ratio"] == pytest.approx(0.5 / 1.2)
+
+
+def test_semantic_neighbourhood_ties_by_index_and_sampling_check():
+    rng = np.random.default_rng(11)
+    v = 30
+    feats = rng.normal(size=(v, 4))
+    gt = rng.integers(0, v, size=300)
+    flat = np.zeros((300, v))  # every video ties: top-k = the first k indices
+    out = M.semantic_neighbourhood(flat, gt, feats, taus=(0.0, 0.5), topk=5)
+    unit = feats / np.linalg.norm(feats, axis=1, keepdims=True)
+    cos = unit[gt] @ unit.T
+    for row in out["rows"]:
+        pos = (cos >= row["tau"]) & (np.arange(v)[None, :] != gt[:, None])
+        assert row["model"] == pytest.approx(pos[:, :5].sum(axis=1).mean())
+        assert row["random"] == pytest.approx(pos.sum(axis=1).mean() * 5 / v)
+        # One sampled random top-k per query: close to the exact expectation.
+        assert row["random_sampled"] == pytest.approx(row["random"], rel=0.15)
+
+
+def test_semantic_neighbourhood_rejects_wrong_feature_shape():
+    with pytest.raises(ConfigError, match=r"\(3, D\)"):
+        M.semantic_neighbourhood(np.zeros((2, 3)), np.array([0, 1]), np.zeros((4, 8)))
