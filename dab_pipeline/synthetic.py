@@ -1,0 +1,281 @@
+"""Synthetic videos: index-encoding test clips and the embedded demo dataset.
+
+Index videos let tests check *which* frames a decoder returned: frame ``i`` is a
+grid of black/white blocks spelling ``i`` in binary. Blocks of flat gray survive
+YUV 4:2:0 and lossy coding, and reading the centre of each block at relative
+positions still works after an aspect-preserving resize.
+
+The demo dataset is a retrieval task that a frame-set model can solve: each
+video flashes a set of 2 or 3 named colours in random order, and its captions
+name that set (in varying word orders), so answering needs only the unordered
+set of frames.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .errors import ConfigError
+
+# 4 x 4 blocks = 16 bits, enough for 65536 frames.
+_GRID_ROWS, _GRID_COLS = 4, 4
+_BIT_ON, _BIT_OFF = 235, 20  # away from 0/255 so that coding overshoot cannot wrap
+
+
+def _pick_codec() -> tuple[str, dict[str, str]]:
+    """The best encoder the bundled FFmpeg offers, with a near-lossless setting."""
+    import av
+
+    available = av.codecs_available
+    if "libx264" in available:
+        return "libx264", {"crf": "0", "preset": "veryfast"}
+    if "mpeg4" in available:
+        return "mpeg4", {"qscale": "1"}
+    raise RuntimeError("PyAV's FFmpeg has neither libx264 nor mpeg4 encoders")
+
+
+def write_video(path: Path, frames: np.ndarray, fps: int = 25) -> Path:
+    """Encode ``frames`` (N, H, W, 3) uint8 RGB as an mp4; H and W must be even."""
+    import av
+
+    path = Path(path)
+    frames = np.asarray(frames)
+    if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
+        raise ValueError(f"frames must be (N, H, W, 3) uint8, got {frames.shape} {frames.dtype}")
+    _, h, w, _ = frames.shape
+    if h % 2 or w % 2:
+        raise ValueError(f"frame size {w}x{h} must be even for yuv420p")
+    codec, options = _pick_codec()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream(codec, rate=fps)
+        stream.width, stream.height = w, h
+        stream.pix_fmt = "yuv420p"
+        stream.options = options
+        # One encoder thread: callers may write many small files in parallel.
+        stream.codec_context.thread_count = 1
+        for img in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+def index_frame(index: int, size: tuple[int, int] = (32, 24)) -> np.ndarray:
+    """The (H, W, 3) uint8 image that encodes ``index``; ``size`` is (W, H)."""
+    w, h = size
+    if not 0 <= index < 2 ** (_GRID_ROWS * _GRID_COLS):
+        raise ValueError(f"index {index} does not fit in {_GRID_ROWS * _GRID_COLS} bits")
+    if w < 2 * _GRID_COLS or h < 2 * _GRID_ROWS:
+        raise ValueError(f"frame size {w}x{h} too small for a {_GRID_COLS}x{_GRID_ROWS} grid")
+    img = np.empty((h, w, 3), dtype=np.uint8)  # (H, W, 3)
+    rows = np.linspace(0, h, _GRID_ROWS + 1).astype(int)
+    cols = np.linspace(0, w, _GRID_COLS + 1).astype(int)
+    for bit in range(_GRID_ROWS * _GRID_COLS):
+        r, c = divmod(bit, _GRID_COLS)
+        on = (index >> (_GRID_ROWS * _GRID_COLS - 1 - bit)) & 1  # most significant bit first
+        img[rows[r] : rows[r + 1], cols[c] : cols[c + 1]] = _BIT_ON if on else _BIT_OFF
+    return img
+
+
+def read_frame_index(frame: np.ndarray) -> int:
+    """Read back the index written by :func:`index_frame` from a decoded (H, W, 3) frame."""
+    frame = np.asarray(frame)
+    if frame.ndim != 3:
+        raise ValueError(f"expected an (H, W, 3) frame, got shape {frame.shape}")
+    h, w = frame.shape[:2]
+    value = 0
+    for bit in range(_GRID_ROWS * _GRID_COLS):
+        r, c = divmod(bit, _GRID_COLS)
+        # Centre half of the block: its edges blur into the neighbours after coding/resizing.
+        y0, y1 = int((r + 0.25) * h / _GRID_ROWS), int(np.ceil((r + 0.75) * h / _GRID_ROWS))
+        x0, x1 = int((c + 0.25) * w / _GRID_COLS), int(np.ceil((c + 0.75) * w / _GRID_COLS))
+        level = float(frame[y0:y1, x0:x1].mean())
+        value = (value << 1) | int(level > (_BIT_ON + _BIT_OFF) / 2)
+    return value
+
+
+def write_index_video(path: Path, num_frames: int, size: tuple[int, int] = (32, 24), fps: int = 25) -> Path:
+    """Write an mp4 of ``num_frames`` frames where frame i encodes i (``size`` is (W, H))."""
+    frames = np.stack([index_frame(i, size) for i in range(num_frames)])  # (N, H, W, 3)
+    return write_video(path, frames, fps=fps)
+
+
+def write_corrupt_video(path: Path, kind: str = "garbage", seed: int = 0) -> Path:
+    """A file with a video suffix that no decoder can read.
+
+    kind "garbage": 4 KiB of random bytes; kind "empty": a zero-byte file.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "garbage":
+        path.write_bytes(np.random.default_rng(seed).integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    elif kind == "empty":
+        path.write_bytes(b"")
+    else:
+        raise ValueError(f"unknown corrupt-video kind {kind!r}; valid: garbage, empty")
+    return path
+
+
+# ----------------------------------------------------------------------------
+# The demo dataset
+
+PALETTE: dict[str, tuple[int, int, int]] = {
+    "red": (220, 30, 30),
+    "green": (40, 170, 60),
+    "blue": (30, 60, 220),
+    "yellow": (240, 220, 40),
+    "orange": (245, 140, 20),
+    "purple": (130, 40, 170),
+    "white": (245, 245, 245),
+    "black": (15, 15, 15),
+}
+
+# Each caption names the colour set once; "{c}" is the colours in some order.
+_TEMPLATES = (
+    "a clip showing {c}",
+    "{c} colours flash on screen",
+    "the screen switches between {c}",
+    "a video of {c} frames",
+    "flashes of {c} one after another",
+    "{c} fill the picture in turns",
+)
+
+
+def _join_colours(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _split_sizes(num_videos: int, splits: Sequence[float]) -> tuple[int, int, int]:
+    if len(splits) != 3 or any(s < 0 for s in splits) or abs(sum(splits) - 1.0) > 1e-6:
+        raise ConfigError(f"splits must be three non-negative fractions summing to 1, got {tuple(splits)}")
+    n_val = int(round(num_videos * splits[1]))
+    n_test = int(round(num_videos * splits[2]))
+    n_train = num_videos - n_val - n_test
+    if n_train < 1:
+        raise ConfigError(f"splits {tuple(splits)} leave no training video out of {num_videos}")
+    return n_train, n_val, n_test
+
+
+def _colour_sets(count: int, rng: np.random.Generator) -> list[tuple[str, ...]]:
+    """``count`` distinct colour sets, about two thirds pairs and one third triples."""
+    names = list(PALETTE)
+    pairs = list(itertools.combinations(names, 2))
+    triples = list(itertools.combinations(names, 3))
+    pairs = [pairs[i] for i in rng.permutation(len(pairs))]
+    triples = [triples[i] for i in rng.permutation(len(triples))]
+    n_pairs = min(len(pairs), -(-2 * count // 3))
+    chosen = pairs[:n_pairs] + triples[: count - n_pairs]
+    return [chosen[i] for i in rng.permutation(len(chosen))]
+
+
+def _colour_schedule(colours: Sequence[str], num_frames: int, rng: np.random.Generator) -> list[str]:
+    """Per-frame dominant colour: contiguous runs, each colour in at least one run.
+
+    Runs (rather than a colour per frame) make uniform sampling of F >= 2k frames
+    see every colour of the set (checked exhaustively for n < 64, F <= 16).
+    """
+    k = len(colours)
+    num_runs = min(num_frames, 2 * k)
+    # Every colour once, then random extra runs; no two neighbouring runs share a colour.
+    order = list(rng.permutation(k))
+    while len(order) < num_runs:
+        choices = [c for c in range(k) if c != order[-1]]
+        order.append(int(rng.choice(choices)))
+    bounds = np.linspace(0, num_frames, num_runs + 1).astype(int)
+    schedule: list[str] = []
+    for run, colour in enumerate(order[:num_runs]):
+        schedule.extend([colours[colour]] * int(bounds[run + 1] - bounds[run]))
+    return schedule
+
+
+def _demo_frames(schedule: Sequence[str], size: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
+    w, h = size
+    n = len(schedule)
+    base = np.array([PALETTE[c] for c in schedule], dtype=np.float32)  # (N, 3)
+    frames = np.broadcast_to(base[:, None, None, :], (n, h, w, 3)).copy()  # (N, H, W, 3)
+    frames += rng.normal(0.0, 6.0, size=frames.shape).astype(np.float32)
+    # A small gray square drifting across the frame, so that frames differ in more than colour.
+    side = max(2, min(w, h) // 6)
+    x0, y0 = rng.integers(0, w - side), rng.integers(0, h - side)
+    vx, vy = rng.choice([-2, -1, 1, 2], size=2)
+    for i in range(n):
+        x = int((x0 + vx * i) % (w - side))
+        y = int((y0 + vy * i) % (h - side))
+        frames[i, y : y + side, x : x + side] = 128.0
+    return np.clip(frames, 0, 255).astype(np.uint8)
+
+
+def make_demo_dataset(
+    root: Path,
+    num_videos: int = 120,
+    num_frames: int = 16,
+    size: tuple[int, int] = (64, 48),
+    seed: int = 0,
+    splits: tuple[float, float, float] = (0.6, 0.2, 0.2),
+) -> Path:
+    """Write the colour-set demo dataset under ``root`` and return its captions CSV.
+
+    Layout: ``root/videos/demo_NNN.mp4`` and ``root/captions.csv`` with columns
+    ``video_id, video, caption, split``; ``video`` is relative to the videos
+    folder (e.g. ``demo_000.mp4``), so load it with
+    ``load_dataset("folder", root / "videos", root / "captions.csv")``.
+    ``size`` is (W, H).
+
+    Colour sets: one distinct set per test video (as many as there are val or
+    test videos, at most the 84 pairs and triples of the 8-colour palette), each
+    set used once in val, once in test and cyclically in train, so every set
+    seen at test time was trained on, through different videos and captions.
+    Each video has two captions from different templates, each listing its
+    colours in its own random order. Deterministic for a given ``seed``.
+    """
+    root = Path(root)
+    if num_videos < 1 or num_frames < 1:
+        raise ConfigError(f"num_videos and num_frames must be >= 1, got {num_videos}, {num_frames}")
+    w, h = size
+    if w % 2 or h % 2 or w < 8 or h < 8:
+        raise ConfigError(f"size must be (W, H) with even sides >= 8, got {size}")
+    n_train, n_val, n_test = _split_sizes(num_videos, splits)
+    rng = np.random.default_rng(seed)
+
+    num_sets = max(1, min(max(n_val, n_test), n_train, 84))
+    sets = _colour_sets(num_sets, rng)
+    assignment = (
+        [("train", sets[i % num_sets]) for i in range(n_train)]
+        + [("val", sets[i % num_sets]) for i in range(n_val)]
+        + [("test", sets[i % num_sets]) for i in range(n_test)]
+    )
+    # Shuffle so that ids do not give the split or colour set away.
+    assignment = [assignment[i] for i in rng.permutation(len(assignment))]
+
+    video_dir = root / "videos"
+    video_dir.mkdir(parents=True, exist_ok=True)
+    width = max(3, len(str(num_videos - 1)))
+    rows: list[dict[str, str]] = []
+    for i, (split, colours) in enumerate(assignment):
+        video_id = f"demo_{i:0{width}d}"
+        rel = f"{video_id}.mp4"
+        schedule = _colour_schedule(colours, num_frames, rng)
+        write_video(video_dir / rel, _demo_frames(schedule, (w, h), rng))
+        for template in rng.choice(len(_TEMPLATES), size=2, replace=False):
+            names = [colours[j] for j in rng.permutation(len(colours))]
+            rows.append(
+                {
+                    "video_id": video_id,
+                    "video": rel,
+                    "caption": _TEMPLATES[int(template)].format(c=_join_colours(names)),
+                    "split": split,
+                }
+            )
+    captions = root / "captions.csv"
+    with open(captions, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=["video_id", "video", "caption", "split"])
+        writer.writeheader()
+        writer.writerows(rows)
+    return captions
