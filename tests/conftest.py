@@ -49,3 +49,33 @@ def demo_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from dab_pipeline.synthetic import make_demo_dataset
 
     return make_demo_dataset(tmp_path_factory.mktemp("demo"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Keep dab-tiny's generated weights out of the user's ~/.cache during tests."""
+    import os
+
+    os.environ["DAB_CACHE"] = str(tmp_path_factory.mktemp("dab_cache"))
+
+
+@pytest.fixture(scope="session")
+def tiny_folder_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A `folder` dataset of 6 index videos (5 to 37 frames), 2 captions each; returns captions.csv."""
+    import csv
+
+    from dab_pipeline.synthetic import write_index_video
+
+    root = tmp_path_factory.mktemp("tiny_folder")
+    (root / "videos").mkdir()
+    rows = []
+    for i, n in enumerate([5, 12, 13, 20, 30, 37]):
+        write_index_video(root / "videos" / f"clip{i}.mp4", n, (32, 24))
+        split = "train" if i < 4 else ("val" if i == 4 else "test")
+        rows += [(f"clip{i}.mp4", f"clip number {i} with {n} frames", split),
+                 (f"clip{i}.mp4", f"another caption of clip {i}", split)]
+    with open(root / "captions.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["video", "caption", "split"])
+        w.writerows(rows)
+    return root / "captions.csv"

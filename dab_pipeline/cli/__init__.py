@@ -47,6 +47,7 @@ def cli() -> None:
 def _register() -> None:
     # Command modules import the stages lazily, so `dab --help` never loads torch.
     from . import commands  # noqa: F401
+    from . import search  # noqa: F401
 
 
 def main() -> None:

@@ -21,6 +21,12 @@ def _console():
     return Console()
 
 
+def _resolve_pretrained(model: str, pretrained: Optional[str]) -> Optional[str]:
+    if pretrained is None:
+        return None if model.startswith("dab-tiny") else "openai"
+    return None if pretrained.lower() in ("none", "") else pretrained
+
+
 @cli.command()
 @click.option("--dataset", required=True, help="Dataset format: msrvtt, msvd, vatex or folder.")
 @click.option("--videos", type=_PATH, default=None, help="Folder holding the video files.")
@@ -28,8 +34,8 @@ def _console():
 @click.option("--out", type=_PATH, default=Path("store.h5"), show_default=True,
               help="Store to write: *.h5 (HDF5) or *.zarr (Zarr v3).")
 @click.option("--model", default="ViT-B-32", show_default=True, help="open_clip architecture (or dab-tiny).")
-@click.option("--pretrained", default="openai", show_default=True,
-              help="open_clip pretrained tag or a local weights file; 'none' for dab-tiny's random weights.")
+@click.option("--pretrained", default=None,
+              help="open_clip pretrained tag or a local weights file (default: openai; dab-tiny: its random weights).")
 @click.option("--frames", type=int, default=12, show_default=True, help="Frames sampled per video.")
 @click.option("--trainable-blocks", type=int, default=None,
               help="Also store the states entering the last K transformer blocks (partial fine-tuning in stage two).")
@@ -58,7 +64,7 @@ def extract(dataset, videos, annotations, out, model, pretrained, frames, traina
         cfg = ExtractConfig(
             dataset=dataset, out=out, videos=videos, annotations=annotations,
             dataset_options=tuple(dataset_options), model=model,
-            pretrained=None if pretrained in ("none", "None", "") else pretrained,
+            pretrained=_resolve_pretrained(model, pretrained),
             frames=frames, trainable_blocks=trainable_blocks, compute_dtype=compute_dtype,
             store_dtype=store_dtype, batch_size=batch_size, workers=workers, device=device,
             limit=limit, overwrite=overwrite,
@@ -104,3 +110,137 @@ def inspect(store: Path, as_json: bool) -> None:
     for key, val in summary.items():
         s.add_row(str(key), json.dumps(val, default=str) if isinstance(val, (dict, list)) else str(val))
     con.print(s)
+
+
+@cli.command()
+@click.option("--features", type=_EXISTING, required=False, help="Feature store written by `dab extract`.")
+@click.option("--out", type=_PATH, default=None, help="Run folder (default: runs/<store>-<variant>).")
+@click.option("--variant", type=click.Choice(["xpool", "prob", "bridge", "dab"]), default=None,
+              help="Model variant (paper Table 5): xpool baseline, prob, bridge or the full dab (default).")
+@click.option("--cost", type=click.Choice(["kl", "w2"]), default=None, help="Distributional cost (default kl).")
+@click.option("--steps", type=int, default=None, help="Truncated bridge steps T' (default 32).")
+@click.option("--epochs", type=int, default=None, help="Epochs (default 10).")
+@click.option("--batch-size", type=int, default=None, help="Batch size (default 32).")
+@click.option("--trainable-blocks", type=int, default=None,
+              help="Fine-tune the last K CLIP blocks (the store must have been extracted with the same K).")
+@click.option("--device", default=None, help="cpu, cuda, cuda:N or auto (default).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override any TrainConfig field, e.g. --set lr=5e-5 --set model.dropout=0.4.")
+@click.option("--resume", is_flag=True, help="Continue the stopped run in --out with its saved configuration.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def train(features, out, variant, cost, steps, epochs, batch_size, trainable_blocks, device, overrides, resume,
+          quiet) -> None:
+    """Train DAB (or an ablation variant) on a cached store and write the test cost matrix."""
+    from ..config import apply_overrides, load_config
+    from ..stages.train import TrainConfig, resolve_train_config, run_train
+    from ..store import open_store
+
+    if resume:
+        if out is None:
+            raise click.UsageError("--resume needs --out RUN_FOLDER")
+        cfg = load_config(TrainConfig, Path(out) / "config.json")
+    else:
+        if features is None:
+            raise click.UsageError("--features STORE is required")
+        opts: list[str] = []
+        for key, val in (("model.variant", variant), ("model.cost", cost), ("model.steps", steps),
+                         ("epochs", epochs), ("batch_size", batch_size), ("trainable_blocks", trainable_blocks),
+                         ("device", device)):
+            if val is not None:
+                opts.append(f"{key}={val}")
+        opts.extend(overrides)
+        var = variant or "dab"
+        out = out or Path("runs") / f"{Path(features).name.split('.')[0]}-{var}"
+        cfg = apply_overrides(TrainConfig(features=Path(features), out=Path(out)), opts)
+        explicit = {o.split("=", 1)[0].strip() for o in opts}
+        with open_store(cfg.features) as st:
+            cfg = resolve_train_config(cfg, st.manifest, explicit)
+    with RichProgress(quiet=quiet) as prog:
+        res = run_train(cfg, progress=prog, resume=resume)
+    click.echo(f"run folder: {res.run_dir}")
+    if res.test_metrics:
+        m = res.test_metrics
+        click.echo(f"test t2v: R@1 {m['R@1']:.1f}  R@5 {m['R@5']:.1f}  R@10 {m['R@10']:.1f}  "
+                   f"MdR {m['MdR']:.1f}  MnR {m['MnR']:.1f}  (best epoch {res.best_epoch})")
+
+
+def _metric_table(title: str, rows: list[tuple[str, dict]]):
+    from rich.table import Table
+
+    cols = ["R@1", "R@5", "R@10", "R@50", "MdR", "MnR", "RSum"]
+    t = Table(title=title)
+    t.add_column("")
+    for c in cols:
+        t.add_column(c, justify="right")
+    for name, m in rows:
+        t.add_row(name, *[("-" if m.get(c) is None else f"{m[c]:.1f}") for c in cols])
+    return t
+
+
+@cli.command()
+@click.option("--run", type=_EXISTING, default=None, help="Run folder written by `dab train`.")
+@click.option("--costs", type=_EXISTING, default=None,
+              help="Any cost/similarity file of the documented layout (h5, zarr, npz) instead of a run.")
+@click.option("--features", type=_EXISTING, default=None, help="Store for the neighbourhood diagnostic.")
+@click.option("--out", type=_PATH, default=None, help="Where to write metrics.json, report.md and plots.")
+@click.option("--postprocess", type=click.Choice(["none", "dsl", "is"]), default="none", show_default=True,
+              help="Optional post-processing: dual softmax (dsl) or inverted softmax (is); labelled in outputs.")
+@click.option("--temperature", type=float, default=0.01, show_default=True, help="Post-processing temperature.")
+@click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
+@click.option("--json", "as_json", is_flag=True, help="Print metrics.json to stdout instead of tables.")
+def evaluate(run, costs, features, out, postprocess, temperature, no_plots, as_json) -> None:
+    """Retrieval metrics, uncertainty diagnostics and reports for a run (or any cost file)."""
+    from ..stages.evaluate import EvaluateConfig, run_evaluate
+
+    try:
+        cfg = EvaluateConfig(run=run, costs=costs, features=features, out=out, postprocess=postprocess,
+                             temperature=temperature, plots=not no_plots)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    with RichProgress(quiet=True) as prog:
+        res = run_evaluate(cfg, progress=prog)
+    if as_json:
+        click.echo(json.dumps(res, indent=2, default=str))
+        return
+    con = _console()
+    pp = res.get("postprocess", {})
+    pp_name = pp.get("label") or pp.get("name", "none") if isinstance(pp, dict) else str(pp)
+    con.print(_metric_table(f"{res['source']}  (postprocess: {pp_name})",
+                            [("text-to-video", res["t2v"]), ("video-to-text", res["v2t"])]))
+    sel = res.get("selective", {})
+    if sel:
+        con.print("selective prediction (KL margin): " + ", ".join(
+            f"{k} {v:.3f}" for k, v in sel.items() if isinstance(v, (int, float))))
+    if "variance" in res:
+        con.print("variance asymmetry: " + ", ".join(
+            f"{k} {v:.3f}" for k, v in res["variance"].items() if isinstance(v, (int, float))))
+    con.print("wrote " + ", ".join(res.get("files", {}).values()))
+
+
+@cli.command()
+@click.argument("runs", nargs=-1, required=True, type=_EXISTING)
+@click.option("--out", type=_PATH, default=None, help="Also write the table as markdown to this file.")
+def compare(runs, out) -> None:
+    """One table of several evaluated runs (the paper's ablation tables)."""
+    from rich.table import Table
+
+    from ..config import atomic_write_text
+    from ..errors import StoreError
+    from ..report import compare_markdown, compare_table
+
+    loaded = []
+    for r in runs:
+        p = Path(r) / "metrics.json" if Path(r).is_dir() else Path(r)
+        if not p.exists():
+            raise StoreError(f"{r}: no metrics.json; run `dab evaluate --run {r}` first")
+        loaded.append((Path(r).name if Path(r).is_dir() else Path(r).parent.name, json.loads(p.read_text())))
+    headers, rows = compare_table(loaded)
+    t = Table(title="comparison (text-to-video)")
+    for h in headers:
+        t.add_column(h, justify="left" if h == headers[0] else "right")
+    for row in rows:
+        t.add_row(*row)
+    _console().print(t)
+    if out:
+        atomic_write_text(Path(out), compare_markdown(loaded))
+        click.echo(f"wrote {out}")

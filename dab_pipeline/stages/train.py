@@ -271,7 +271,7 @@ def score_split(model, heads: Optional[_Heads], feats: _Features, cfg: TrainConf
 def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resume: bool = False) -> TrainResult:
     """Train on ``cfg.features``; write the run folder ``cfg.out``. ``resume`` continues a stopped run."""
     from ..costfile import CostMatrix, write_costs
-    from ..losses import contrastive_loss
+    from ..losses import model_loss
     from ..metrics import t2v_metrics
     from ..model import DABModel
     from ..store import open_store
@@ -377,7 +377,7 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
                     text = train.text[q].to(device)
                     frames = train.frames[v].to(device)
                 out = model(text, frames, train.mask[v].to(device))
-                loss = contrastive_loss(out, model)
+                loss = model_loss(model, out)
             if not torch.isfinite(loss):
                 _write_status(run_dir, state="failed", error=f"non-finite loss at epoch {epoch + 1} step {step + 1}")
                 raise TrainingError(
@@ -433,7 +433,8 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
         res = score_split(model, heads, test, cfg, device, progress=progress, with_diagnostics=True)
         gt = test.caption_video.numpy()
         test_metrics = t2v_metrics(res.cost, gt)
-        extras = {k: np.asarray(v) for k, v in (res.diagnostics or {}).items()}
+        extras = {k: np.asarray(getattr(res, k)) for k in ("text_var", "bridged_var", "video_var")
+                  if getattr(res, k, None) is not None}
         fmt = cfg.cost_format
         if fmt == "auto":
             fmt = "zarr" if str(cfg.features).rstrip("/").endswith(".zarr") else "h5"

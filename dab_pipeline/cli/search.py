@@ -1,0 +1,1 @@
+"""`dab search` (placeholder module replaced by the scoring-engine work)."""

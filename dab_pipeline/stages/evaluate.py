@@ -1,0 +1,124 @@
+"""Evaluation: everything the paper reports, from a run's cost file (or any cost file).
+
+Reads the cost matrix `dab train` wrote (or a user's own cost/similarity file),
+computes text-to-video and video-to-text retrieval metrics, the uncertainty
+diagnostics of paper §4.4, and writes ``metrics.json``, ``report.md`` and plots.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from ..errors import ConfigError, StoreError
+from ..events import Event, ProgressCallback, null_progress
+
+POSTPROCESS = ("none", "dsl", "is")
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    run: Optional[Path] = None  # a run folder written by `dab train`
+    costs: Optional[Path] = None  # or any cost file of the documented layout
+    features: Optional[Path] = None  # store for the neighbourhood diagnostic (default: the run's store)
+    out: Optional[Path] = None  # where reports go (default: the run folder / the cost file's folder)
+    postprocess: str = "none"  # none | dsl (dual softmax) | is (inverted softmax); always labelled
+    temperature: float = 0.01  # of the post-processing softmax, on similarities = -cost
+    taus: tuple[float, ...] = (0.6, 0.7, 0.8, 0.9)
+    topk: int = 10
+    seed: int = 0
+    plots: bool = True
+
+    def __post_init__(self) -> None:
+        if self.run is None and self.costs is None:
+            raise ValueError("give a run folder (--run) or a cost file (--costs)")
+        if self.postprocess not in POSTPROCESS:
+            raise ValueError(f"postprocess must be one of {', '.join(POSTPROCESS)}, got {self.postprocess!r}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.topk < 1:
+            raise ValueError(f"topk must be >= 1, got {self.topk}")
+
+
+def find_costs(run: Path) -> Path:
+    """The cost file inside a run folder (costs_test.h5 / .zarr)."""
+    run = Path(run)
+    if not run.is_dir():
+        raise ConfigError(f"--run {run}: not a folder (expected a run folder written by `dab train`)")
+    cands = sorted(p for p in run.iterdir() if p.name.startswith("costs_") and p.suffix in (".h5", ".zarr"))
+    if not cands:
+        status = run / "status.json"
+        state = json.loads(status.read_text()).get("state") if status.exists() else "unknown"
+        raise StoreError(f"{run} holds no cost file (costs_<split>.h5|.zarr); the run's state is {state!r}")
+    return cands[0]
+
+
+def _frame_mean_features(store_path: Path, video_ids: np.ndarray) -> Optional[np.ndarray]:
+    """Frame-mean CLIP features of the given videos (paper Table 7 uses visual features)."""
+    from ..store import open_store
+
+    with open_store(store_path) as st:
+        pos = {str(v): i for i, v in enumerate(st.video_ids)}
+        try:
+            idx = np.array([pos[str(v)] for v in video_ids], dtype=np.int64)
+        except KeyError as exc:
+            raise StoreError(f"{store_path} has no video {exc.args[0]!r} of the cost file") from None
+        frames, mask = st.read_videos(idx)  # (V, F, D), (V, F)
+    m = mask.astype(np.float32)[..., None]  # (V, F, 1)
+    return (frames * m).sum(1) / np.maximum(m.sum(1), 1.0)  # (V, D)
+
+
+def run_evaluate(cfg: EvaluateConfig, progress: ProgressCallback = null_progress) -> dict[str, Any]:
+    """Compute every metric and diagnostic; write metrics.json, report.md and plots."""
+    from .. import metrics as M
+    from ..costfile import read_costs
+    from ..report import write_report
+
+    costs_path = Path(cfg.costs) if cfg.costs is not None else find_costs(Path(cfg.run))
+    cm = read_costs(costs_path)
+    cost = cm.to_cost() if hasattr(cm, "to_cost") else cm.cost  # (Q, V), lower is better
+    gt = np.asarray(cm.gt, dtype=np.int64)  # (Q,)
+    if (gt < 0).any():
+        raise StoreError(f"{costs_path}: {int((gt < 0).sum())} queries have no ground-truth video (gt = -1)")
+    out_dir = Path(cfg.out) if cfg.out else (Path(cfg.run) if cfg.run else costs_path.parent)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    results: dict[str, Any] = {
+        "source": str(costs_path),
+        "queries": int(cost.shape[0]),
+        "videos": int(cost.shape[1]),
+    }
+    # Post-processing changes the retrieval metrics only (and is labelled there);
+    # the uncertainty diagnostics always read the model's own costs.
+    results.update(M.evaluate_all(cost, gt, postprocess=cfg.postprocess, temperature=cfg.temperature))
+    sel = M.selective_report(cost, gt)
+    curves = sel.pop("curves", None) if isinstance(sel, dict) else None
+    results["selective"] = sel
+    ex = cm.extras or {}
+    if all(k in ex for k in ("text_var", "bridged_var", "video_var")):
+        results["variance"] = M.variance_asymmetry(ex["text_var"], ex["bridged_var"], ex["video_var"])
+
+    store_path = cfg.features
+    if store_path is None:
+        attr_store = (cm.attrs or {}).get("store")
+        if attr_store:
+            store_path = Path(attr_store)
+    if store_path is not None and Path(store_path).exists():
+        feats = _frame_mean_features(Path(store_path), cm.video_ids)
+        results["neighbourhood"] = M.semantic_neighbourhood(cost, gt, feats, taus=cfg.taus, topk=cfg.topk, seed=cfg.seed)
+    elif store_path is not None:
+        progress(Event("warning", message=f"store {store_path} not found: skipping the neighbourhood diagnostic"))
+
+    if cm.attrs:
+        results["run"] = {k: v for k, v in cm.attrs.items() if k != "config"}
+    title = f"dab evaluation: {Path(cfg.run).name if cfg.run else costs_path.name}"
+    ranks = M.t2v_ranks(cost, gt)
+    files = write_report(out_dir, results, title=title, curves=curves if cfg.plots else None,
+                         ranks=ranks if cfg.plots else None)
+    results["files"] = {k: str(v) for k, v in files.items()}
+    progress(Event("info", message=f"wrote {', '.join(str(p) for p in files.values())}"))
+    return results
