@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("demo_out"), help="working folder (rebuilt each time)")
     ap.add_argument("--videos", type=int, default=120, help="number of synthetic videos")
-    ap.add_argument("--epochs", type=int, default=12)
+    ap.add_argument("--epochs", type=int, default=60)
     ap.add_argument("--steps", type=int, default=8, help="bridge steps T' for the dab run")
     ap.add_argument("--backend", choices=["h5", "zarr"], default="h5")
     ap.add_argument("--quiet", action="store_true")
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = ["--steps", str(args.steps)] if variant == "dab" else []
         sets = [x for s in DEMO_MODEL_SETTINGS for x in ("--set", s)]
         _run(["train", "--features", str(store), "--variant", variant, *extra, "--epochs", str(args.epochs),
-              "--batch-size", "16", "--set", "lr=1e-3", *sets, "--out", str(run), *q])
+              "--batch-size", "16", "--set", "lr=5e-3", *sets, "--out", str(run), *q])
         _run(["evaluate", "--run", str(run)])
         runs.append(str(run))
     _run(["compare", *runs, "--out", str(out / "comparison.md")])

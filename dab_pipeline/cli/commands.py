@@ -106,10 +106,35 @@ def inspect(store: Path, as_json: bool) -> None:
         if key in manifest:
             t.add_row(key, str(manifest[key]))
     con.print(t)
-    s = Table(title="contents", show_header=False)
-    for key, val in summary.items():
-        s.add_row(str(key), json.dumps(val, default=str) if isinstance(val, (dict, list)) else str(val))
+    s = Table(title="videos and captions per split")
+    for col in ("split", "videos", "ok", "failed", "missing", "pending", "captions", "captions done"):
+        s.add_column(col, justify="left" if col == "split" else "right")
+    for split, c in summary.get("splits", {}).items():
+        s.add_row(split, *[str(c.get(k, "")) for k in ("videos", "ok", "failed", "missing", "pending", "captions",
+                                                        "captions_done")])
     con.print(s)
+    arrays = summary.get("arrays", {})
+    if arrays:
+        a = Table(title="arrays")
+        for col in ("name", "shape", "dtype", "bytes on disk"):
+            a.add_column(col, justify="left" if col in ("name", "dtype") else "right")
+        for name, info in arrays.items():
+            a.add_row(name, "x".join(map(str, info.get("shape", []))), str(info.get("dtype", "")),
+                      _human_bytes(info.get("stored_bytes")))
+        con.print(a)
+    state = "complete" if summary.get("complete") else "incomplete (run the same extract command to resume)"
+    con.print(f"{summary.get('backend')} store, {state}; file size {_human_bytes(summary.get('file_bytes'))}")
+
+
+def _human_bytes(n) -> str:
+    if n is None:
+        return "-"
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
 
 
 @cli.command()
@@ -208,12 +233,20 @@ def evaluate(run, costs, features, out, postprocess, temperature, no_plots, as_j
     con.print(_metric_table(f"{res['source']}  (postprocess: {pp_name})",
                             [("text-to-video", res["t2v"]), ("video-to-text", res["v2t"])]))
     sel = res.get("selective", {})
-    if sel:
-        con.print("selective prediction (KL margin): " + ", ".join(
-            f"{k} {v:.3f}" for k, v in sel.items() if isinstance(v, (int, float))))
-    if "variance" in res:
-        con.print("variance asymmetry: " + ", ".join(
-            f"{k} {v:.3f}" for k, v in res["variance"].items() if isinstance(v, (int, float))))
+    for k in ("R@1", "R@5"):
+        r = sel.get(k)
+        if isinstance(r, dict):
+            cov = ", ".join(f"{c} {v:.1f}" for c, v in r.get("at_coverage", {}).items())
+            con.print(f"selective {k} by {sel.get('confidence', 'margin')}: AURC {r['aurc']:.3f} "
+                      f"(random {r['aurc_random']:.3f}, optimal {r['aurc_optimal']:.3f}); {k} at coverage {cov}")
+    var = res.get("variance")
+    if var:
+        con.print("mean sigma^2: " + ", ".join(f"{k} {v:.3f} (x{var['ratio'].get(k, float('nan')):.2f})"
+                                               for k, v in var["mean"].items() if v is not None))
+    nb = res.get("neighbourhood")
+    if nb:
+        con.print(f"semantic positives in top-{nb['topk']} (model / random): " + ", ".join(
+            f"tau {r['tau']}: {r['model']:.2f} / {r['random']:.2f}" for r in nb["rows"]))
     con.print("wrote " + ", ".join(res.get("files", {}).values()))
 
 

@@ -154,9 +154,8 @@ class _Features:
         self.mask = torch.as_tensor(np.asarray(split.frame_mask), dtype=torch.bool)  # (V, F)
         self.with_states = with_states
         if with_states:
-            self.vision_states = torch.as_tensor(np.asarray(split.vision_states), dtype=torch.float32)
-            self.text_states = split.text_states
-            self.text_lengths = getattr(split, "text_lengths", None)
+            # Kept in the store dtype (float16 token grids are large); cast per batch.
+            self.vision_states = torch.as_tensor(np.asarray(split.vision_states))  # (V, F, [L,] W)
         self.device = device
 
     @property
@@ -194,16 +193,15 @@ class _Heads(torch.nn.Module):
 
 
 def _text_state_batch(feats: _Features, qidx: torch.Tensor, device: torch.device):
-    from ..clip_models import pad_text_states
-
-    st = feats.text_states
-    if isinstance(st, (list, tuple)):
-        items = [torch.as_tensor(np.asarray(st[int(i)]), dtype=torch.float32) for i in qidx]
-        states, lengths = pad_text_states(items)
-    else:
-        states = torch.as_tensor(np.asarray(st[qidx.numpy()]), dtype=torch.float32)
-        lengths = None
-    return states.to(device), (lengths.to(device) if lengths is not None else None)
+    """CLIP text states of some captions: (B, W) pooled for K=0, or padded (B, T, W) + lengths for K>0."""
+    split = feats.split
+    rows = qidx.numpy()
+    if split.text_offsets is not None:
+        states, lengths = split.text_state_batch(rows)  # (B, T, W), (B,)
+        return (torch.as_tensor(states, dtype=torch.float32, device=device),
+                torch.as_tensor(lengths, dtype=torch.long, device=device))
+    states = np.asarray(split.text_states[rows], dtype=np.float32)  # (B, W)
+    return torch.as_tensor(states, device=device), None
 
 
 # --------------------------------------------------------------------------- run folder
@@ -256,7 +254,7 @@ def score_split(model, heads: Optional[_Heads], feats: _Features, cfg: TrainConf
             text_t = torch.cat(text)  # (Q, D)
             frames = []
             for s in range(0, feats.num_videos, 32):
-                frames.append(heads.encode_frames(feats.vision_states[s : s + 32].to(device)).float().cpu())
+                frames.append(heads.encode_frames(feats.vision_states[s : s + 32].to(device, torch.float32)).float().cpu())
             frames_t = torch.cat(frames)  # (V, F, D)
         else:
             text_t, frames_t = feats.text, feats.frames
@@ -332,6 +330,7 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_lambda(total, cfg.warmup_ratio))
 
     start_epoch, start_step, best_value, best_epoch = 0, 0, None, None
+    resumed_loss = (0.0, 0)  # running loss sum and count of a partly done epoch
     if resume and (ckpt_dir / "last.pt").exists():
         ck = torch.load(ckpt_dir / "last.pt", map_location=device, weights_only=False)
         model.load_state_dict(ck["model"])
@@ -341,15 +340,16 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
         sched.load_state_dict(ck["sched"])
         start_epoch, start_step = ck["epoch"], ck["step_in_epoch"]
         best_value, best_epoch = ck.get("best_value"), ck.get("best_epoch")
+        resumed_loss = tuple(ck.get("epoch_loss", (0.0, 0)))
         _set_rng_state(ck["rng"])
         progress(Event("info", message=f"resuming {run_dir} at epoch {start_epoch + 1}, step {start_step}"))
 
-    def checkpoint(epoch: int, step_in_epoch: int, path: Path) -> None:
+    def checkpoint(epoch: int, step_in_epoch: int, path: Path, epoch_loss: tuple[float, int] = (0.0, 0)) -> None:
         _save_checkpoint(path, {
             "model": model.state_dict(), "heads": heads.state_dict() if heads is not None else None,
             "optim": optim.state_dict(), "sched": sched.state_dict(), "epoch": epoch,
             "step_in_epoch": step_in_epoch, "best_value": best_value, "best_epoch": best_epoch,
-            "rng": _rng_state(), "config": to_dict(cfg),
+            "rng": _rng_state(), "config": to_dict(cfg), "epoch_loss": epoch_loss,
         })
 
     higher_better = cfg.select_metric not in ("MnR", "MdR")
@@ -364,7 +364,8 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
         if heads is not None:
             heads.train()
         progress(Event("start", task=f"epoch {epoch + 1}/{cfg.epochs}", total=steps_per_epoch - first))
-        t0, loss_sum, n = time.time(), 0.0, 0
+        t0 = time.time()
+        loss_sum, n = resumed_loss if (epoch == start_epoch and first > 0) else (0.0, 0)
         for step in range(first, steps_per_epoch):
             q = order[step * cfg.batch_size : (step + 1) * cfg.batch_size]  # (B,) caption indices
             v = train.caption_video[q]  # (B,) their videos
@@ -372,7 +373,7 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
                 if heads is not None:
                     st, ln = _text_state_batch(train, q, device)
                     text = heads.encode_text(st, ln)
-                    frames = heads.encode_frames(train.vision_states[v].to(device))
+                    frames = heads.encode_frames(train.vision_states[v].to(device, torch.float32))
                 else:
                     text = train.text[q].to(device)
                     frames = train.frames[v].to(device)
@@ -397,7 +398,7 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
             progress(Event("advance", task=f"epoch {epoch + 1}/{cfg.epochs}", n=1, data={"unit": "it"},
                            message=f"loss {loss_sum / n:.4f}"))
             if cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0 and step + 1 < steps_per_epoch:
-                checkpoint(epoch, step + 1, ckpt_dir / "last.pt")
+                checkpoint(epoch, step + 1, ckpt_dir / "last.pt", (loss_sum, n))
         progress(Event("end", task=f"epoch {epoch + 1}/{cfg.epochs}"))
         record: dict[str, Any] = {"epoch": epoch + 1, "step": global_step,
                                   "train_loss": loss_sum / max(1, n), "lr": sched.get_last_lr()[0],

@@ -1,0 +1,204 @@
+"""Stage two: `dab train` on cached stores (frozen and partial fine-tuning)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from dab_pipeline.cli import cli
+from dab_pipeline.config import apply_overrides
+from dab_pipeline.costfile import read_costs
+from dab_pipeline.errors import ConfigError, TrainingError
+from dab_pipeline.stages.train import TrainConfig, resolve_train_config, run_train
+from dab_pipeline.store import create_store, open_store
+
+SMALL = ["model.drift_hidden=16", "model.time_embed_dim=8", "model.steps=2", "batch_size=8", "lr=3e-3"]
+
+
+def _random_store(path: Path, n_videos: int = 30, caps_per_video: int = 2, dim: int = 16, frames: int = 4,
+                  seed: int = 0) -> Path:
+    """A store of random features with clustered text/video pairs (no decoding needed)."""
+    rng = np.random.default_rng(seed)
+    splits = np.array(["train"] * 20 + ["val"] * 5 + ["test"] * 5)[:n_videos]
+    vids = np.array([f"v{i}" for i in range(n_videos)])
+    cap_video = np.repeat(np.arange(n_videos), caps_per_video)
+    manifest = {"model": "random", "frames": frames, "dataset": "random", "clip": {"embed_dim": dim}}
+    st = create_store(path, manifest=manifest, video_ids=vids, video_split=splits,
+                      caption_ids=np.array([f"v{v}#{k}" for v, k in zip(cap_video, np.tile(np.arange(caps_per_video), n_videos))]),
+                      caption_video_index=cap_video, caption_text=np.array(["x"] * len(cap_video)),
+                      caption_split=splits[cap_video], num_frames=frames, dim=dim, dtype="float32")
+    centres = rng.normal(size=(n_videos, dim)).astype(np.float32)  # (V, D)
+    fr = centres[:, None] + 0.3 * rng.normal(size=(n_videos, frames, dim)).astype(np.float32)  # (V, F, D)
+    st.write_videos(np.arange(n_videos), fr, np.ones((n_videos, frames), bool), np.full(n_videos, 20))
+    st.write_captions(np.arange(len(cap_video)), centres[cap_video] + 0.3 * rng.normal(size=(len(cap_video), dim)).astype(np.float32))
+    st.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def random_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _random_store(tmp_path_factory.mktemp("rs") / "store.h5")
+
+
+def _cfg(store: Path, out: Path, *sets: str) -> TrainConfig:
+    cfg = apply_overrides(TrainConfig(features=store, out=out), [*SMALL, *sets])
+    with open_store(store) as st:
+        return resolve_train_config(cfg, st.manifest)
+
+
+@pytest.mark.parametrize("variant", ["xpool", "prob", "bridge", "dab"])
+def test_each_variant_writes_a_complete_run(random_store: Path, tmp_path: Path, variant: str) -> None:
+    out = tmp_path / variant
+    res = run_train(_cfg(random_store, out, f"model.variant={variant}", "epochs=2"))
+    assert (out / "config.json").exists() and (out / "store_manifest.json").exists()
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [x["epoch"] for x in lines] == [1, 2] and all("val" in x for x in lines)
+    assert (out / "checkpoints" / "best.pt").exists() and (out / "checkpoints" / "last.pt").exists()
+    cm = read_costs(res.costs_path)
+    assert cm.cost.shape == (10, 5) and cm.cost.dtype == np.float32
+    assert list(cm.video_ids) == ["v25", "v26", "v27", "v28", "v29"]
+    np.testing.assert_array_equal(cm.gt, np.repeat(np.arange(5), 2))
+    np.testing.assert_array_equal(cm.ranking[:, 0], cm.cost.argmin(1))
+    if variant in ("prob", "dab"):
+        assert {"text_var", "bridged_var", "video_var"} <= set(cm.extras)
+        assert np.all(cm.extras["video_var"] > 0)
+    status = json.loads((out / "status.json").read_text())
+    assert status["state"] == "complete"
+    # clustered features are easy: training must beat chance (R@1 = 20%) clearly
+    assert res.test_metrics["R@1"] > 40.0
+
+
+def test_resume_equals_uninterrupted(random_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dab_pipeline.losses as losses
+
+    sets = ["model.variant=dab", "epochs=3", "checkpoint_every=1"]
+    a = run_train(_cfg(random_store, tmp_path / "a", *sets))
+
+    real = losses.model_loss
+    calls = {"n": 0}
+
+    def dying(model, out):
+        calls["n"] += 1
+        if calls["n"] == 4:  # second step of the second epoch (2 steps per epoch)
+            raise KeyboardInterrupt
+        return real(model, out)
+
+    monkeypatch.setattr(losses, "model_loss", dying)
+    with pytest.raises(KeyboardInterrupt):
+        run_train(_cfg(random_store, tmp_path / "b", *sets))
+    monkeypatch.setattr(losses, "model_loss", real)
+    b = run_train(_cfg(random_store, tmp_path / "b", *sets), resume=True)
+
+    sa = torch.load(tmp_path / "a" / "checkpoints" / "last.pt", weights_only=False)["model"]
+    sb = torch.load(tmp_path / "b" / "checkpoints" / "last.pt", weights_only=False)["model"]
+    for k in sa:
+        torch.testing.assert_close(sa[k], sb[k], rtol=0, atol=0, msg=k)
+    np.testing.assert_array_equal(read_costs(a.costs_path).cost, read_costs(b.costs_path).cost)
+    la = (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
+    lb = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["train_loss"] for x in la] == [json.loads(x)["train_loss"] for x in lb]
+
+
+def test_nan_loss_stops_with_a_clear_message(random_store: Path, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import dab_pipeline.losses as losses
+
+    real = losses.model_loss
+    calls = {"n": 0}
+
+    def poisoned(model, out):
+        calls["n"] += 1
+        loss = real(model, out)
+        return loss * float("nan") if calls["n"] == 6 else loss  # 5 steps an epoch
+
+    monkeypatch.setattr(losses, "model_loss", poisoned)
+    out = tmp_path / "nan"
+    with pytest.raises(TrainingError, match=r"epoch 2, step 1 \(global step 6\)"):
+        run_train(_cfg(random_store, out, "epochs=3"))
+    ck = torch.load(out / "checkpoints" / "last.pt", weights_only=False)
+    assert ck["epoch"] == 1 and all(torch.isfinite(v).all() for v in ck["model"].values() if v.is_floating_point())
+    assert json.loads((out / "status.json").read_text())["state"] == "failed"
+
+
+def test_existing_run_needs_resume(random_store: Path, tmp_path: Path) -> None:
+    run_train(_cfg(random_store, tmp_path / "r", "epochs=1"))
+    with pytest.raises(TrainingError, match="--resume"):
+        run_train(_cfg(random_store, tmp_path / "r", "epochs=1"))
+
+
+def test_trainable_blocks_need_a_store_with_states(random_store: Path, tmp_path: Path) -> None:
+    cfg = apply_overrides(TrainConfig(features=random_store, out=tmp_path / "x"), ["trainable_blocks=1"])
+    with open_store(random_store) as st, pytest.raises(ConfigError, match="needs a store extracted with"):
+        resolve_train_config(cfg, st.manifest)
+
+
+def test_msvd_dropout_default(random_store: Path, tmp_path: Path) -> None:
+    cfg = TrainConfig(features=random_store, out=tmp_path / "x")
+    assert resolve_train_config(cfg, {"dataset": "msvd"}).model.dropout == 0.4
+    assert resolve_train_config(cfg, {"dataset": "msvd"}, {"model.dropout"}).model.dropout == cfg.model.dropout
+    assert resolve_train_config(cfg, {"dataset": "msrvtt"}).model.dropout == 0.3
+
+
+@pytest.fixture(scope="module")
+def states_store(tiny_folder_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from dab_pipeline.stages.extract import ExtractConfig, run_extract
+
+    out = tmp_path_factory.mktemp("k1") / "store.h5"
+    run_extract(ExtractConfig(dataset="folder", out=out, annotations=tiny_folder_dataset,
+                              videos=tiny_folder_dataset.parent / "videos", model="dab-tiny", pretrained=None,
+                              trainable_blocks=1, store_dtype="float32", workers=0, batch_size=3))
+    return out
+
+
+def test_partial_heads_reproduce_stored_features_at_init(states_store: Path) -> None:
+    from dab_pipeline.stages.train import _Features, _Heads, _text_state_batch
+
+    with open_store(states_store) as st:
+        manifest = st.manifest
+        split = st.load_split("train", with_states=True)
+    feats = _Features(split, torch.device("cpu"), True)
+    heads = _Heads(manifest, 1, torch.device("cpu")).eval()
+    with torch.no_grad():
+        frames = heads.encode_frames(feats.vision_states.float())  # (V, F, D)
+        states, lengths = _text_state_batch(feats, torch.arange(feats.num_queries), torch.device("cpu"))
+        text = heads.encode_text(states, lengths)  # (Q, D)
+    torch.testing.assert_close(frames, feats.frames, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(text, feats.text, rtol=1e-4, atol=1e-4)
+
+
+def test_partial_finetuning_trains_clip_blocks(states_store: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ft"
+    cfg = _cfg(states_store, out, "trainable_blocks=1", "epochs=2", "batch_size=4", "clip_lr=1e-3")
+    assert cfg.model.embed_dim == 32
+    res = run_train(cfg)
+    ck = torch.load(out / "checkpoints" / "last.pt", weights_only=False)
+    assert ck["heads"] is not None
+    from dab_pipeline.stages.train import _Heads
+
+    with open_store(states_store) as st:
+        init = _Heads(st.manifest, 1, torch.device("cpu")).state_dict()
+    changed = [k for k, v in ck["heads"].items() if not torch.equal(v, init[k])]
+    assert any(k.startswith("vision.") for k in changed) and any(k.startswith("text.") for k in changed)
+    assert read_costs(res.costs_path).cost.shape == (2, 1)
+
+
+def test_cli_train_and_resume(random_store: Path, tmp_path: Path) -> None:
+    out = tmp_path / "cli"
+    args = ["train", "--features", str(random_store), "--variant", "prob", "--epochs", "1", "--out", str(out),
+            "--quiet", *[x for s in SMALL for x in ("--set", s)]]
+    res = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert "test t2v: R@1" in res.output
+    assert json.loads((out / "config.json").read_text())["model"]["variant"] == "prob"
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code != 0 and "--resume" in res.output and "Traceback" not in res.output
+    res = CliRunner().invoke(cli, ["train", "--resume", "--out", str(out), "--quiet"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(cli, ["train", "--features", str(random_store), "--set", "model.variant=nope",
+                                   "--out", str(tmp_path / "bad")])
+    assert res.exit_code != 0 and "xpool" in res.output and "Traceback" not in res.output
