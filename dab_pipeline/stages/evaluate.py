@@ -109,7 +109,10 @@ def run_evaluate(cfg: EvaluateConfig, progress: ProgressCallback = null_progress
             store_path = Path(attr_store)
     if store_path is not None and Path(store_path).exists():
         feats = _frame_mean_features(Path(store_path), cm.video_ids)
-        results["neighbourhood"] = M.semantic_neighbourhood(cost, gt, feats, taus=cfg.taus, topk=cfg.topk, seed=cfg.seed)
+        topk = min(cfg.topk, cost.shape[1])
+        if topk < cfg.topk:
+            progress(Event("warning", message=f"neighbourhood: only {cost.shape[1]} videos, using top-{topk}"))
+        results["neighbourhood"] = M.semantic_neighbourhood(cost, gt, feats, taus=cfg.taus, topk=topk, seed=cfg.seed)
     elif store_path is not None:
         progress(Event("warning", message=f"store {store_path} not found: skipping the neighbourhood diagnostic"))
 
