@@ -12,7 +12,6 @@ PYTEST_ARGS ?=
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_PINS)
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
