@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import tempfile
 import types
 import typing
 from pathlib import Path
 from typing import Any, Iterable, TypeVar, Union
 
 from .errors import ConfigError
+from .fsutil import atomic_write_text
 
 C = TypeVar("C")
 
@@ -153,23 +152,6 @@ def from_dict(cls: type[C], data: dict[str, Any]) -> C:
         return cls(**kwargs)
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"invalid {cls.__name__}: {exc}") from None
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temp file + rename, so readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def save_config(cfg: Any, path: Path) -> None:

@@ -21,14 +21,13 @@ from __future__ import annotations
 import io
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from .errors import ConfigError
+from .fsutil import atomic_write_bytes
 
 __all__ = [
     "TABLE_COLUMNS",
@@ -78,22 +77,6 @@ def _strip_curves(results: dict[str, Any]) -> dict[str, Any]:
     if isinstance(selective, dict) and "curves" in selective:
         out["selective"] = {k: v for k, v in selective.items() if k != "curves"}
     return out
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 # --------------------------------------------------------------------------
@@ -259,7 +242,7 @@ def _new_figure(width: float = 6.0, height: float = 4.0) -> Any:
 def _save_png(fig: Any, path: Path) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", bbox_inches="tight")
-    _atomic_write_bytes(path, buf.getvalue())
+    atomic_write_bytes(path, buf.getvalue())
 
 
 def _plot_risk_coverage(curves: dict[str, Any], path: Path) -> None:
@@ -356,11 +339,11 @@ def write_report(
     metrics_path = run_dir / "metrics.json"
     # default=str: an odd attribute (bytes, a datetime) must not lose the whole report.
     text = json.dumps(to_jsonable(payload), indent=2, allow_nan=False, default=str)
-    _atomic_write_bytes(metrics_path, (text + "\n").encode("utf-8"))
+    atomic_write_bytes(metrics_path, (text + "\n").encode("utf-8"))
     written["metrics"] = metrics_path
 
     report_path = run_dir / "report.md"
-    _atomic_write_bytes(report_path, _render_markdown(title, payload, plots).encode("utf-8"))
+    atomic_write_bytes(report_path, _render_markdown(title, payload, plots).encode("utf-8"))
     written["report"] = report_path
     written.update(plots)
     return written
