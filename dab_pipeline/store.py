@@ -49,6 +49,9 @@ __all__ = [
     "open_store",
     "manifest_compatible",
     "store_backend",
+    "default_share_rows",
+    "video_share",
+    "merge_parts",
 ]
 
 FORMAT_VERSION = 1
@@ -75,6 +78,12 @@ _ZARR_CHUNK_BYTES = 1 << 20
 
 _STRING_ARRAYS = frozenset({"videos/ids", "videos/split", "captions/ids", "captions/split", "captions/text"})
 _WRITER_LOCK = ".dab-writer.lock"
+# Multi-writer mode (distributed extraction into one zarr store): every writer holds
+# the main lock *shared* (so a single writer, which takes it exclusively, is kept
+# out) and its own per-share lock exclusively (so one share has one writer).
+_SHARE_LOCK = ".dab-writer-{rank:05d}-of-{world:05d}.lock"
+# Largest share unit default_share_rows picks: a status chunk of 4 KiB.
+_MAX_SHARE_ROWS = 4096
 # Arrays read before they are written (all-pending flags): HDF5 writes real zeros into them.
 _ZERO_INIT = frozenset({"videos/status", "videos/num_video_frames", "videos/frame_mask", "captions/done"})
 
@@ -113,6 +122,42 @@ def manifest_compatible(existing: dict, new: dict, keys: Iterable[str]) -> list[
         return v if v is missing else json.loads(json.dumps(v, sort_keys=True, default=str))
 
     return [k for k in keys if norm(lookup(existing, k)) != norm(lookup(new, k))]
+
+
+def default_share_rows(num_videos: int, world_size: int) -> int:
+    """Rows of one share unit for ``world_size`` writers: a power of two, about 16 units per writer.
+
+    Writers own whole units, so zarr chunks that never straddle a unit boundary
+    are each written by one process. 16 units per writer keeps the shares within
+    ~1/16 of each other; the power of two lets every array pick a chunk size that
+    divides the unit (see ``create_store(share_rows=...)``).
+    """
+    if num_videos < 0 or world_size < 1:
+        raise ValueError(f"need num_videos >= 0 and world_size >= 1, got {num_videos} and {world_size}")
+    target = max(1, num_videos // (16 * world_size))
+    return int(min(_MAX_SHARE_ROWS, 1 << (target.bit_length() - 1)))
+
+
+def video_share(num_videos: int, share_rows: int, rank: int, world_size: int) -> np.ndarray:
+    """Sorted video rows of writer ``rank``: the units ``u`` (of ``share_rows`` rows) with ``u % world_size == rank``.
+
+    Deterministic in its arguments only, so a rerun with the same world size hands
+    every writer the same videos; round robin over units keeps the shares within
+    one unit of each other and spreads every split over all writers.
+    """
+    if share_rows < 1 or world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"bad share: rows={share_rows}, rank={rank}, world_size={world_size}")
+    units = np.arange(rank, -(-num_videos // share_rows), world_size, dtype=np.int64)  # (U_r,)
+    rows = (units[:, None] * share_rows + np.arange(share_rows, dtype=np.int64)[None, :]).reshape(-1)
+    return rows[rows < num_videos]
+
+
+def _chunk_rows_in_unit(default_rows: int, share_rows: int) -> int:
+    """Largest divisor of ``share_rows`` not above ``default_rows``: such chunks never straddle a unit."""
+    for d in range(min(default_rows, share_rows), 0, -1):
+        if share_rows % d == 0:
+            return d
+    return 1
 
 
 # --------------------------------------------------------------------------- layout
@@ -333,14 +378,17 @@ class _RawChunks:
 class _ZarrBackend(_Backend):
     kind = "zarr"
 
-    def __init__(self, path: Path, mode: str) -> None:
+    def __init__(self, path: Path, mode: str, writer: tuple[int, int] | None = None) -> None:
         import zarr
 
         self.path = path
         self._lock_fd: int | None = None
+        self._share_lock_fd: int | None = None
         if mode == "a":
-            self._take_writer_lock()
-            self._remove_partials()
+            self._take_writer_lock(writer)
+            if writer is None:
+                # Not in multi-writer mode: another writer's temporary file may be in flight.
+                self._remove_partials()
         try:
             self.g = zarr.open_group(str(path), mode="r" if mode == "r" else "r+")
         except Exception as e:  # zarr raises FileNotFoundError / ValueError / JSONDecodeError
@@ -349,20 +397,36 @@ class _ZarrBackend(_Backend):
         self._arr: dict[str, Any] = {}
         self._raw: dict[str, _RawChunks | None] = {}
 
-    def _take_writer_lock(self) -> None:
+    def _take_writer_lock(self, writer: tuple[int, int] | None = None) -> None:
         lock = self.path / _WRITER_LOCK
         if not self.path.is_dir():
             return  # open_group reports the real problem
         # flock dies with its process, so a SIGKILLed writer never leaves a stale lock.
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_EX if writer is None else fcntl.LOCK_SH) | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)
             raise StoreError(f"{self.path} is locked: another process has it open for writing") from None
         self._lock_fd = fd
+        if writer is not None:
+            rank, world = writer
+            share_lock = self.path / _SHARE_LOCK.format(rank=rank, world=world)
+            sfd = os.open(share_lock, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(sfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(sfd)
+                self._release_writer_lock()
+                raise StoreError(
+                    f"{self.path} is locked: another process is already writer {rank} of {world}"
+                ) from None
+            self._share_lock_fd = sfd
 
     def _release_writer_lock(self) -> None:
+        if self._share_lock_fd is not None:
+            os.close(self._share_lock_fd)
+            self._share_lock_fd = None
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -520,6 +584,7 @@ class _ZarrBackend(_Backend):
 
         g = zarr.open_group(str(tmp), mode="w-")
         g.attrs.update(attrs)
+        share_rows = layout.get("share_rows")
         for spec in _array_specs(layout):
             n = spec.shape[0]
             if spec.dtype is None:
@@ -529,6 +594,13 @@ class _ZarrBackend(_Backend):
                 continue
             row_bytes = int(np.prod(spec.shape[1:], dtype=np.int64)) * spec.dtype.itemsize
             rows = int(min(max(n, 1), max(1, _ZARR_CHUNK_BYTES // max(row_bytes, 1))))
+            if share_rows and spec.name.startswith("videos/"):
+                # Multi-writer layout: no per-video chunk may straddle a share unit,
+                # or two writers would rewrite the same chunk file (zarr rewrites
+                # whole chunks) and one of them would lose its rows. Small arrays
+                # (status, masks) get one unit a chunk; big ones keep ~1 MiB chunks
+                # cut to a divisor of the unit.
+                rows = _chunk_rows_in_unit(rows, int(share_rows))
             # No sharding and no compression: a shard rewrite per batch costs a
             # whole shard, shard reads need an index lookup (measured 35-50 ms per
             # 32 random rows), and compression saved ~7% on float16 features.
@@ -660,15 +732,33 @@ class SplitFeatures:
 class FeatureStore:
     """An open feature store; use :func:`create_store` / :func:`open_store` to get one."""
 
-    def __init__(self, path: Path, backend: _Backend, mode: str) -> None:
+    def __init__(self, path: Path, backend: _Backend, mode: str, writer: tuple[int, int] | None = None) -> None:
         self.path = path
         self._b = backend
         self.mode = mode
+        self.writer = writer
+        # Multi-writer mode: the rows this writer may touch (None: all of them).
+        self._own_videos: np.ndarray | None = None
         try:
             self._load_header()
+            if writer is not None:
+                self._init_writer_share(*writer)
         except Exception:
             backend.close()
             raise
+
+    def _init_writer_share(self, rank: int, world: int) -> None:
+        if not (isinstance(rank, int) and isinstance(world, int) and 0 <= rank < world):
+            raise ValueError(f"writer must be (rank, world_size) with 0 <= rank < world_size, got {(rank, world)}")
+        rows = self.share_rows
+        if rows is None and world > 1:
+            raise StoreError(
+                f"{self.path} was created for a single writer (its chunks are not aligned to shares); "
+                f"it cannot take {world} concurrent writers: finish it with one process, or pass --overwrite"
+            )
+        own = np.zeros(self.num_videos, bool)
+        own[video_share(self.num_videos, rows or max(1, self.num_videos), rank, world)] = True
+        self._own_videos = own
 
     # -- opening ---------------------------------------------------------------
 
@@ -761,6 +851,17 @@ class FeatureStore:
         """(M,) int64 token count per caption (token layout), else None."""
         return self._token_lengths if self.state_layout == "tokens" else None
 
+    @property
+    def share_rows(self) -> int | None:
+        """Rows of one writer share unit (multi-writer layouts), else None."""
+        r = self.layout.get("share_rows")
+        return int(r) if r is not None else None
+
+    def video_share(self, rank: int, world_size: int) -> np.ndarray:
+        """Sorted rows of writer ``rank`` of ``world_size`` (see :func:`video_share`)."""
+        rows = self.share_rows or default_share_rows(self.num_videos, world_size)
+        return video_share(self.num_videos, rows, rank, world_size)
+
     @cached_property
     def caption_text(self) -> np.ndarray:
         """(M,) str, read on first use (training never needs it)."""
@@ -819,6 +920,19 @@ class FeatureStore:
         if self.mode != "a":
             raise StoreError(f"{self.path} is open read-only; open it with mode='a' to write")
 
+    def _require_own_videos(self, idx: np.ndarray) -> None:
+        """Multi-writer mode: a writer touches only its share (other rows' chunks belong to other processes)."""
+        if self._own_videos is not None and len(idx) and not self._own_videos[idx].all():
+            bad = idx[~self._own_videos[idx]]
+            raise ValueError(
+                f"writer {self.writer[0]} of {self.writer[1]} may not write videos outside its share: "
+                f"{self.video_ids[bad[:5]].tolist()}"
+            )
+
+    def _require_caption_writer(self) -> None:
+        if self.writer is not None and self.writer[0] != 0:
+            raise ValueError(f"captions are written by writer 0 only (this is writer {self.writer[0]} of {self.writer[1]})")
+
     def _indices(self, indices: Iterable[int] | np.ndarray, n: int, what: str) -> np.ndarray:
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         if len(idx) and (idx.min() < 0 or idx.max() >= n):
@@ -866,6 +980,7 @@ class FeatureStore:
         """
         self._require_writable()
         idx = self._indices(indices, self.num_videos, "video")
+        self._require_own_videos(idx)
         b, f, d = len(idx), self.num_frames, self.dim
         ids = self.video_ids[idx]
         feats = self._cast(frames, (b, f, d), "frames", ids)  # (B, F, D)
@@ -898,6 +1013,7 @@ class FeatureStore:
         """Record that video ``index`` failed, with its error message (truncated to 1 KiB of UTF-8)."""
         self._require_writable()
         idx = self._indices([index], self.num_videos, "video")
+        self._require_own_videos(idx)
         msg = str(error).encode("utf-8")[:ERROR_BYTES]
         row = np.zeros((1, ERROR_BYTES), np.uint8)
         row[0, : len(msg)] = np.frombuffer(msg, np.uint8)
@@ -909,6 +1025,7 @@ class FeatureStore:
         """Record that these videos are listed by the dataset but absent on disk."""
         self._require_writable()
         idx = self._indices(indices, self.num_videos, "video")
+        self._require_own_videos(idx)
         self._set_status(idx, STATUS_MISSING)
 
     def write_captions(
@@ -923,6 +1040,7 @@ class FeatureStore:
         arrays (T_i, W) with T_i the length given at creation, for token states.
         """
         self._require_writable()
+        self._require_caption_writer()
         idx = self._indices(indices, self.num_captions, "caption")
         b = len(idx)
         ids = self.caption_ids[idx]
@@ -1135,8 +1253,17 @@ class FeatureStore:
 # ------------------------------------------------------------------- create / open
 
 
-def open_store(path: str | os.PathLike, mode: str = "r") -> FeatureStore:
-    """Open an existing store; ``mode`` is ``"r"`` (read) or ``"a"`` (resume writing)."""
+def open_store(path: str | os.PathLike, mode: str = "r", *, writer: tuple[int, int] | None = None) -> FeatureStore:
+    """Open an existing store; ``mode`` is ``"r"`` (read) or ``"a"`` (resume writing).
+
+    ``writer=(rank, world_size)`` (mode "a", zarr only) opens it as one of
+    ``world_size`` concurrent writers: it may write only the videos of its share
+    (:meth:`FeatureStore.video_share`) and, for rank 0, the captions. The store
+    must have been created with ``share_rows`` (chunks aligned to shares) unless
+    ``world_size`` is 1. Stale ``.partial`` files are not cleaned in this mode
+    (another writer's may be in flight): open the store once with plain mode "a"
+    before the writers start.
+    """
     if mode not in ("r", "a"):
         raise ValueError(f"mode must be 'r' or 'a', got {mode!r}")
     p = Path(path)
@@ -1147,6 +1274,15 @@ def open_store(path: str | os.PathLike, mode: str = "r") -> FeatureStore:
         raise StoreError(f"{p} is a folder, expected an HDF5 file")
     if kind == "zarr" and not p.is_dir():
         raise StoreError(f"{p} is a file, expected a zarr folder")
+    if writer is not None:
+        if mode != "a":
+            raise ValueError("writer=(rank, world_size) needs mode='a'")
+        if kind != "zarr":
+            raise StoreError(
+                f"{p}: HDF5 allows one writer per file; concurrent writers need a .zarr store "
+                "(distributed extraction into HDF5 writes one part file per process and merges them)"
+            )
+        return FeatureStore(p, _ZarrBackend(p, mode, writer=tuple(writer)), mode, writer=tuple(writer))
     return FeatureStore(p, _backend_class(kind)(p, mode), mode)
 
 
@@ -1180,8 +1316,15 @@ def create_store(
     text_state_width: int | None = None,
     text_state_lengths: Sequence[int] | np.ndarray | None = None,
     overwrite: bool = False,
+    share_rows: int | None = None,
 ) -> FeatureStore:
     """Build a fully preallocated store atomically and return it open for writing (mode "a").
+
+    share_rows: lay the store out for several concurrent writers (zarr): every
+    per-video array is chunked so that no chunk crosses a multiple of
+    ``share_rows``, and the value is recorded in the layout; writers then own
+    whole units (:func:`video_share`, ``open_store(..., writer=...)``). None
+    (default) keeps the single-writer layout. HDF5 records it and ignores it.
 
     vision_state_shape: None (no states), (W,) pooled pre-LN states (K=0) or
     (L, W) tokens entering the last K blocks (K>0). text_state_width is required
@@ -1228,6 +1371,10 @@ def create_store(
         "num_text_tokens": None,
         "error_bytes": ERROR_BYTES,
     }
+    if share_rows is not None:
+        if int(share_rows) < 1:
+            raise ValueError(f"share_rows must be >= 1, got {share_rows}")
+        layout["share_rows"] = int(share_rows)
     init: dict[str, np.ndarray] = {
         "videos/ids": vids,
         "videos/split": vsplit,
@@ -1270,3 +1417,118 @@ def create_store(
         raise
     _fsync_dir(p.parent)
     return open_store(p, "a")
+
+
+# ------------------------------------------------------------------------ merging
+
+
+# Bytes copied per read/write while merging (bounds memory for token-state grids).
+_MERGE_BLOCK_BYTES = 64 << 20
+
+
+def _copy_rows(src: _Backend, dst: _Backend, name: str, runs: Sequence[tuple[int, int]], row_shape: tuple[int, ...],
+               dtype: np.dtype) -> None:
+    row_bytes = max(1, int(np.prod(row_shape, dtype=np.int64)) * dtype.itemsize)
+    step = max(1, _MERGE_BLOCK_BYTES // row_bytes)
+    for a, b in runs:
+        for s in range(a, b, step):
+            e = min(b, s + step)
+            buf = np.empty((e - s, *row_shape), dtype)
+            src.read_range(name, s, e, buf)
+            dst.write_range(name, s, buf)
+
+
+def merge_parts(
+    dest: str | os.PathLike,
+    parts: Sequence[str | os.PathLike],
+    shares: Sequence[np.ndarray],
+    *,
+    overwrite: bool = False,
+) -> Path:
+    """Combine part stores into one store at ``dest``, atomically.
+
+    Every part has the same layout and index arrays (the full dataset); part
+    ``i`` contributes the video rows ``shares[i]`` (all of them done there:
+    ok, failed or missing), part 0 the captions (all done there). The shares must
+    cover every video exactly once. The merged store is built under a hidden
+    temporary name next to ``dest`` and renamed into place only when complete, so
+    a kill during the merge leaves the parts untouched and no half store (rerun
+    to merge again). Root attributes (layout, manifest) come from part 0. The
+    parts are left in place; the caller deletes them after this returns.
+    """
+    d = Path(dest)
+    kind = store_backend(d)
+    if len(parts) != len(shares) or not parts:
+        raise ValueError(f"need one share per part, got {len(parts)} parts and {len(shares)} shares")
+    # A kill during an earlier merge leaves its hidden temporary (a whole store's
+    # worth of bytes); only one process merges a store, so it is safe to clear.
+    for stale in d.parent.glob(f".{d.name}.merging-*"):
+        _remove_path(stale)
+    opened: list[FeatureStore] = []
+    tmp = _temp_sibling(d, "merging")
+    try:
+        for p in parts:
+            opened.append(open_store(p, "r"))
+        ref = opened[0]
+        n = ref.num_videos
+        cover = np.zeros(n, np.int64)
+        for st, share in zip(opened, shares):
+            if st.layout != ref.layout or not (
+                np.array_equal(st.video_ids, ref.video_ids) and np.array_equal(st.caption_ids, ref.caption_ids)
+            ):
+                raise StoreError(f"{st.path} does not hold the same videos/captions/layout as {ref.path}; cannot merge")
+            share = np.asarray(share, np.int64)
+            cover[share] += 1
+            pending = int((st.status()[share] == STATUS_PENDING).sum())
+            if pending:
+                raise StoreError(f"{st.path} still has {pending} pending videos in its share; finish it before merging")
+        if (cover != 1).any():
+            raise ValueError(f"the shares must cover each of the {n} videos exactly once")
+        if not ref.captions_done():
+            raise StoreError(f"{ref.path} has {len(ref.pending_captions())} captions without features; cannot merge")
+
+        init: dict[str, np.ndarray] = {
+            "videos/ids": ref.video_ids,
+            "videos/split": ref.video_split,
+            "captions/ids": ref.caption_ids,
+            "captions/split": ref.caption_split,
+            "captions/text": ref.caption_text,
+            "captions/video_index": ref.caption_video_index,
+        }
+        if ref.state_layout == "tokens":
+            init["captions/token_offsets"] = ref._token_offsets
+        attrs = {"dab_store_format": FORMAT_VERSION, "layout": ref.layout, "manifest": ref.manifest}
+        cls = _backend_class(kind)
+        cls.create(tmp, ref.layout, attrs, init)
+        out = cls(tmp, "a")
+        try:
+            for spec in _array_specs(ref.layout):
+                if spec.dtype is None or spec.name in init:
+                    continue
+                if spec.name.startswith("videos/"):
+                    for st, share in zip(opened, shares):
+                        _copy_rows(st._b, out, spec.name, _runs(np.sort(np.asarray(share, np.int64))),
+                                   spec.shape[1:], spec.dtype)
+                else:  # caption arrays (features, done, states, token rows): all from part 0
+                    _copy_rows(ref._b, out, spec.name, [(0, spec.shape[0])], spec.shape[1:], spec.dtype)
+            out.flush()
+        finally:
+            out.close()
+        for st in opened:
+            st.close()
+        opened.clear()
+        if tmp.is_file():
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _publish(tmp, d, overwrite)
+    except BaseException:
+        _remove_path(tmp)
+        raise
+    finally:
+        for st in opened:
+            st.close()
+    _fsync_dir(d.parent)
+    return d

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -19,6 +21,33 @@ def _console():
     from rich.console import Console
 
     return Console()
+
+
+# How long a rank of `dab extract --distributed` waits in a collective: a rank that
+# finished its share waits for the slowest one and for rank 0's HDF5 merge.
+_EXTRACT_TIMEOUT = _dt.timedelta(hours=6)
+
+
+@contextmanager
+def _quiet_shared_errors(ctx):
+    """An error that every rank raised is printed once, by rank 0, and every rank exits with its code.
+
+    Rank 0 prints *before* the ranks leave together: torchrun stops the whole job
+    as soon as one rank ends with an error, which could cut rank 0 short.
+    """
+    from ..distributed import is_shared_error
+    from ..errors import DabError
+    from . import UserError
+
+    try:
+        yield
+    except DabError as err:
+        if not is_shared_error(err):
+            raise
+        if ctx.is_main:
+            UserError(err).show()
+        ctx.barrier()
+        raise SystemExit(err.exit_code) from None
 
 
 def _resolve_pretrained(model: str, pretrained: Optional[str]) -> Optional[str]:
@@ -50,12 +79,17 @@ def _resolve_pretrained(model: str, pretrained: Optional[str]) -> Optional[str]:
 @click.option("--limit", type=int, default=None, help="Only the first N videos (a quick trial).")
 @click.option("--overwrite", is_flag=True, help="Rebuild the store even if one exists with another configuration.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override any ExtractConfig field.")
+@click.option("--distributed/--no-distributed", default=None,
+              help="One rank of a torchrun job: each process encodes its share of the videos "
+                   "(default: on when launched by torchrun). See docs/distributed.md.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def extract(dataset, videos, annotations, out, model, pretrained, frames, trainable_blocks, compute_dtype,
-            store_dtype, batch_size, workers, device, dataset_options, limit, overwrite, overrides, quiet) -> None:
+            store_dtype, batch_size, workers, device, dataset_options, limit, overwrite, overrides, distributed,
+            quiet) -> None:
     """Decode videos, encode frames and captions with CLIP, and cache the features in a store.
 
     Running the same command again resumes: finished videos are skipped.
+    Several processes: `torchrun --nproc-per-node N -m dab_pipeline.cli extract ...`.
     """
     from ..config import apply_overrides
     from ..stages.extract import ExtractConfig, run_extract
@@ -72,8 +106,22 @@ def extract(dataset, videos, annotations, out, model, pretrained, frames, traina
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     cfg = apply_overrides(cfg, overrides)
-    with RichProgress(quiet=quiet) as prog:
-        res = run_extract(cfg, progress=prog)
+    from ..distributed import want_distributed
+
+    if want_distributed(distributed):
+        from ..distributed import distributed_session
+
+        # gloo even on GPUs: extraction exchanges only small control messages (the
+        # features go to the store), and gloo's long timeout covers ranks that
+        # wait for a slower share or for rank 0's HDF5 merge.
+        with distributed_session(cfg.device, backend="gloo", timeout=_EXTRACT_TIMEOUT) as ctx:
+            with _quiet_shared_errors(ctx), RichProgress(quiet=quiet or not ctx.is_main) as prog:
+                res = run_extract(cfg, progress=prog, dist=ctx)
+            if not ctx.is_main:
+                return
+    else:
+        with RichProgress(quiet=quiet) as prog:
+            res = run_extract(cfg, progress=prog)
     msg = (f"{res.store}: {res.videos_ok} videos encoded, {res.videos_skipped} already done, "
            f"{res.videos_failed} failed, {res.videos_missing} missing; {res.captions} captions")
     click.echo(msg)
@@ -152,41 +200,66 @@ def _human_bytes(n) -> str:
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override any TrainConfig field, e.g. --set lr=5e-5 --set model.dropout=0.4.")
 @click.option("--resume", is_flag=True, help="Continue the stopped run in --out with its saved configuration.")
+@click.option("--distributed/--no-distributed", default=None,
+              help="One rank of a torchrun job (DistributedDataParallel; --batch-size is the global batch). "
+                   "Default: on when launched by torchrun. See docs/distributed.md.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def train(features, out, variant, cost, steps, epochs, batch_size, trainable_blocks, device, overrides, resume,
-          quiet) -> None:
-    """Train DAB (or an ablation variant) on a cached store and write the test cost matrix."""
-    from ..config import apply_overrides, load_config
-    from ..stages.train import TrainConfig, resolve_train_config, run_train
-    from ..store import open_store
+          distributed, quiet) -> None:
+    """Train DAB (or an ablation variant) on a cached store and write the test cost matrix.
 
-    if resume:
-        if out is None:
-            raise click.UsageError("--resume needs --out RUN_FOLDER")
-        cfg = load_config(TrainConfig, Path(out) / "config.json")
+    Several processes / GPUs: `torchrun --nproc-per-node N -m dab_pipeline.cli train ...`.
+    """
+    from ..distributed import want_distributed
+    from ..stages.train import run_train
+
+    use_dist = want_distributed(distributed)
+    # Resolved on every rank alike (each reads the store manifest, or config.json on --resume).
+    cfg = _train_config(features, out, variant, cost, steps, epochs, batch_size, trainable_blocks, device,
+                        overrides, resume)
+    if use_dist:
+        from ..distributed import distributed_session
+
+        with distributed_session(cfg.device) as ctx:  # nccl on CUDA, gloo on CPU
+            with _quiet_shared_errors(ctx), RichProgress(quiet=quiet or not ctx.is_main) as prog:
+                res = run_train(cfg, progress=prog, resume=resume, dist=ctx)
+            if not ctx.is_main:
+                return
     else:
-        if features is None:
-            raise click.UsageError("--features STORE is required")
-        opts: list[str] = []
-        for key, val in (("model.variant", variant), ("model.cost", cost), ("model.steps", steps),
-                         ("epochs", epochs), ("batch_size", batch_size), ("trainable_blocks", trainable_blocks),
-                         ("device", device)):
-            if val is not None:
-                opts.append(f"{key}={val}")
-        opts.extend(overrides)
-        var = variant or "dab"
-        out = out or Path("runs") / f"{Path(features).name.split('.')[0]}-{var}"
-        cfg = apply_overrides(TrainConfig(features=Path(features), out=Path(out)), opts)
-        explicit = {o.split("=", 1)[0].strip() for o in opts}
-        with open_store(cfg.features) as st:
-            cfg = resolve_train_config(cfg, st.manifest, explicit)
-    with RichProgress(quiet=quiet) as prog:
-        res = run_train(cfg, progress=prog, resume=resume)
+        with RichProgress(quiet=quiet) as prog:
+            res = run_train(cfg, progress=prog, resume=resume)
     click.echo(f"run folder: {res.run_dir}")
     if res.test_metrics:
         m = res.test_metrics
         click.echo(f"test t2v: R@1 {m['R@1']:.1f}  R@5 {m['R@5']:.1f}  R@10 {m['R@10']:.1f}  "
                    f"MdR {m['MdR']:.1f}  MnR {m['MnR']:.1f}  (best epoch {res.best_epoch})")
+
+
+def _train_config(features, out, variant, cost, steps, epochs, batch_size, trainable_blocks, device, overrides,
+                  resume):
+    from ..config import apply_overrides, load_config
+    from ..stages.train import TrainConfig, resolve_train_config
+    from ..store import open_store
+
+    if resume:
+        if out is None:
+            raise click.UsageError("--resume needs --out RUN_FOLDER")
+        return load_config(TrainConfig, Path(out) / "config.json")
+    if features is None:
+        raise click.UsageError("--features STORE is required")
+    opts: list[str] = []
+    for key, val in (("model.variant", variant), ("model.cost", cost), ("model.steps", steps),
+                     ("epochs", epochs), ("batch_size", batch_size), ("trainable_blocks", trainable_blocks),
+                     ("device", device)):
+        if val is not None:
+            opts.append(f"{key}={val}")
+    opts.extend(overrides)
+    var = variant or "dab"
+    out = out or Path("runs") / f"{Path(features).name.split('.')[0]}-{var}"
+    cfg = apply_overrides(TrainConfig(features=Path(features), out=Path(out)), opts)
+    explicit = {o.split("=", 1)[0].strip() for o in opts}
+    with open_store(cfg.features) as st:
+        return resolve_train_config(cfg, st.manifest, explicit)
 
 
 def _metric_table(title: str, rows: list[tuple[str, dict]]):

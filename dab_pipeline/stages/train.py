@@ -217,14 +217,21 @@ def _save_checkpoint(path: Path, state: dict) -> None:
     tmp.replace(path)  # atomic: a killed run leaves the previous checkpoint intact
 
 
-def _rng_state() -> dict:
+def _rng_state(device: Optional[torch.device] = None) -> dict:
+    """Every RNG this process draws from. ``device`` (distributed runs): only that GPU's CUDA state,
+    so a rank never touches (and allocates a context on) the other ranks' GPUs."""
     import random
 
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+    st = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if device is not None:
+        st["cuda"] = None
+        st["cuda_device"] = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    else:
+        st["cuda"] = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    return st
 
 
-def _set_rng_state(st: dict) -> None:
+def _set_rng_state(st: dict, device: Optional[torch.device] = None) -> None:
     import random
 
     torch.set_rng_state(st["torch"])
@@ -232,15 +239,138 @@ def _set_rng_state(st: dict) -> None:
     random.setstate(st["python"])
     if st.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(st["cuda"])
+    if st.get("cuda_device") is not None and device is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(st["cuda_device"], device)
+
+
+# --------------------------------------------------------------------------- distributed step
+
+
+class _TrainStep(torch.nn.Module):
+    """DAB (and the CLIP heads) as one module, so DistributedDataParallel averages the gradients of both.
+
+    forward: this rank's slice of the global batch -> its rows of the global cost
+    matrix: its b texts against the B = world * b videos of every rank (DAB pools
+    every video per text, so a cost is per pair). The frames are gathered with
+    gradients: the rows of rank r depend on rank k's videos, and rank k's heads
+    must receive that gradient.
+    """
+
+    def __init__(self, model: torch.nn.Module, heads: Optional[_Heads]) -> None:
+        super().__init__()
+        self.model = model
+        self.heads = heads
+
+    def forward(self, text_in: torch.Tensor, lengths: Optional[torch.Tensor], video_in: torch.Tensor,
+                mask: torch.Tensor) -> torch.Tensor:
+        from ..distributed import all_gather_with_grad
+
+        if self.heads is not None:
+            text = self.heads.encode_text(text_in, lengths)  # (b, D)
+            frames = self.heads.encode_frames(video_in)  # (b, F, D)
+        else:
+            text, frames = text_in, video_in  # (b, D), (b, F, D)
+        frames_all = all_gather_with_grad(frames)  # (B, F, D), rank order = global batch order
+        mask_all = all_gather_with_grad(mask)  # (B, F)
+        ts = self.model.encode_text(text)
+        vs = self.model.encode_video(frames_all, mask_all)
+        return self.model.pair_costs(ts, vs)  # (b, B)
+
+
+def distributed_batch_loss(step: torch.nn.Module, model, text_in: torch.Tensor, lengths: Optional[torch.Tensor],
+                           video_in: torch.Tensor, mask: torch.Tensor, loss_fn=None) -> torch.Tensor:
+    """The loss of one global batch from this rank's slice; gradients match one process with the whole batch.
+
+    ``step`` is the DistributedDataParallel-wrapped :class:`_TrainStep`. Each
+    rank computes its b rows (texts) of the (B, B) cost against all B videos;
+    the rows are all-gathered with gradients, so every rank holds the whole
+    matrix and evaluates the *whole* loss L (both directions: the video->text
+    terms need the columns, which span every rank's rows). Why the gradients
+    are exact: rank r's rows C_r enter the loss of all N ranks, so the gather's
+    backward sums N identical partials, N * dL/dC_r; back through C_r that is N
+    times rank r's share of dL/dtheta, and DDP's average (1/N) sum_r of it is
+    sum_r dL/dC_r dC_r/dtheta = dL/dtheta. The same holds for the heads through
+    the gathered frames. The temperature / logit scale enter L directly on every
+    rank: each rank gets the full dL/dtau and the average keeps it. Every pair
+    is computed once (by its text's rank), so per-pair dropout noise is shared by
+    both loss directions as in one process, and the per-rank work is b * B pairs
+    rather than the 2 * b * B of computing rows and columns separately.
+    """
+    from ..distributed import all_gather_with_grad
+    from ..model import ModelOutput
+
+    if loss_fn is None:
+        from ..losses import model_loss as loss_fn
+    rows = step(text_in, lengths, video_in, mask)  # (b, B)
+    cost = all_gather_with_grad(rows)  # (B, B): row i = text i of the global batch, diagonal = matched pairs
+    # model_loss reads only the cost (and the model's temperature); the other outputs are per-pair extras.
+    return loss_fn(model, ModelOutput(cost=cost))
+
+
+def _batch_inputs(feats: _Features, q: torch.Tensor, heads: Optional[_Heads], device: torch.device):
+    """Inputs of captions ``q`` (b,) and their videos: (text or text states, lengths, frames or states, mask)."""
+    v = feats.caption_video[q]  # (b,)
+    mask = feats.mask[v].to(device)  # (b, F)
+    if heads is not None:
+        st, ln = _text_state_batch(feats, q, device)
+        return st, ln, feats.vision_states[v].to(device, torch.float32), mask
+    return feats.text[q].to(device), None, feats.frames[v].to(device), mask
 
 
 # --------------------------------------------------------------------------- scoring a split
 
 
+def _score_inputs(heads: Optional[_Heads], feats: _Features, device: torch.device, lo: int, hi: int):
+    """Texts ``lo:hi`` (Q', D) and all frames (V, F, D) of a split, through the heads when fine-tuning."""
+    if heads is None:
+        return feats.text[lo:hi], feats.frames
+    heads.eval()
+    text = []
+    for s in range(lo, hi, 256):
+        q = torch.arange(s, min(s + 256, hi))
+        st, ln = _text_state_batch(feats, q, device)
+        text.append(heads.encode_text(st, ln).float().cpu())
+    text_t = torch.cat(text) if text else torch.zeros((0, feats.text.shape[1]))  # (Q', D)
+    frames = []
+    for s in range(0, feats.num_videos, 32):
+        frames.append(heads.encode_frames(feats.vision_states[s : s + 32].to(device, torch.float32)).float().cpu())
+    return text_t, torch.cat(frames)  # (V, F, D)
+
+
 def score_split(model, heads: Optional[_Heads], feats: _Features, cfg: TrainConfig, device: torch.device,
-                progress: ProgressCallback = null_progress, with_diagnostics: bool = False):
-    """Cost matrix of every (caption, video) pair of a split (bounded memory)."""
-    from ..scoring import score_all
+                progress: ProgressCallback = null_progress, with_diagnostics: bool = False, dist=None):
+    """Cost matrix of every (caption, video) pair of a split (bounded memory).
+
+    ``dist`` (a several-process run): each rank scores a contiguous chunk of the
+    queries against every video; the rows are gathered so every rank returns
+    the whole matrix (and takes the same model-selection decision).
+    """
+    from ..scoring import ScoreResult, score_all
+
+    if dist is not None and dist.world_size > 1:
+        from ..distributed import shard_range
+
+        n_q, world = feats.num_queries, dist.world_size
+        bounds = [shard_range(n_q, r, world) for r in range(world)]
+        lo, hi = bounds[dist.rank]
+        counts = [b - a for a, b in bounds]
+        model.eval()
+        diag = with_diagnostics and model.cfg.probabilistic
+        local = None
+        with torch.no_grad():
+            text_t, frames_t = _score_inputs(heads, feats, device, lo, hi)
+            if hi > lo:
+                local = score_all(model, text_t, frames_t, feats.mask, text_chunk=cfg.text_chunk,
+                                  video_chunk=cfg.video_chunk, device=device,
+                                  gt=feats.caption_video[lo:hi] if with_diagnostics else None, progress=progress)
+        cost = np.asarray(local.cost, np.float32) if local is not None else np.zeros((0, feats.num_videos), np.float32)
+        res = ScoreResult(cost=dist.gather_rows(cost, counts))  # (Q, V)
+        if diag:
+            for name in ("text_var", "bridged_var", "video_var"):
+                part = getattr(local, name, None) if local is not None else None
+                part = np.zeros(0, np.float32) if part is None else np.asarray(part, np.float32)
+                setattr(res, name, dist.gather_rows(part, counts))  # (Q,)
+        return res
 
     model.eval()
     with torch.no_grad():
@@ -266,27 +396,56 @@ def score_split(model, heads: Optional[_Heads], feats: _Features, cfg: TrainConf
 # --------------------------------------------------------------------------- the stage
 
 
-def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resume: bool = False) -> TrainResult:
-    """Train on ``cfg.features``; write the run folder ``cfg.out``. ``resume`` continues a stopped run."""
+def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resume: bool = False,
+              dist=None) -> TrainResult:
+    """Train on ``cfg.features``; write the run folder ``cfg.out``. ``resume`` continues a stopped run.
+
+    ``dist`` (a :class:`dab_pipeline.distributed.DistContext` of a torchrun job
+    with several processes): DistributedDataParallel training; ``batch_size``
+    is the *global* batch, split evenly over the ranks, so a run gives the same
+    updates whatever the number of processes (dropout noise aside). Only rank 0
+    writes the run folder; every rank reads the store.
+    """
     from ..costfile import CostMatrix, write_costs
     from ..losses import model_loss
     from ..metrics import t2v_metrics
     from ..model import DABModel
     from ..store import open_store
 
+    multi = dist is not None and dist.world_size > 1
+    is_main = not multi or dist.is_main
+    world = dist.world_size if dist is not None else 1
+    if multi and not is_main:
+        progress = null_progress  # one progress display: rank 0's
+
+    def shared(exc: Exception) -> Exception:
+        """An error every rank raises at the same point: rank 0 alone reports it."""
+        if multi:
+            from ..distributed import mark_shared
+
+            mark_shared(exc)
+        return exc
+
     run_dir = Path(cfg.out)
     ckpt_dir = run_dir / "checkpoints"
-    if resume:
-        if not (run_dir / "config.json").exists():
-            raise TrainingError(f"--resume: {run_dir} is not a run folder (no config.json)")
-        saved = from_dict(TrainConfig, json.loads((run_dir / "config.json").read_text()))
-        if to_dict(saved) != to_dict(cfg):
-            diff = sorted(k for k, v in to_dict(cfg).items() if to_dict(saved).get(k) != v)
-            raise TrainingError(f"--resume: {run_dir} was started with another configuration ({', '.join(diff)} differ)")
-    elif (run_dir / "config.json").exists():
-        raise TrainingError(f"{run_dir} already holds a run; use --resume to continue it or choose another --out")
 
-    device = resolve_device(cfg.device)
+    def check_run_folder() -> None:
+        if resume:
+            if not (run_dir / "config.json").exists():
+                raise TrainingError(f"--resume: {run_dir} is not a run folder (no config.json)")
+            saved = from_dict(TrainConfig, json.loads((run_dir / "config.json").read_text()))
+            if to_dict(saved) != to_dict(cfg):
+                diff = sorted(k for k, v in to_dict(cfg).items() if to_dict(saved).get(k) != v)
+                raise TrainingError(f"--resume: {run_dir} was started with another configuration ({', '.join(diff)} differ)")
+        elif (run_dir / "config.json").exists():
+            raise TrainingError(f"{run_dir} already holds a run; use --resume to continue it or choose another --out")
+
+    if multi:
+        dist.run_on_main(check_run_folder)  # the run folder is rank 0's
+    else:
+        check_run_folder()
+
+    device = dist.device if multi else resolve_device(cfg.device)
     use_amp = cfg.amp == "bf16" or (cfg.amp == "auto" and device.type == "cuda")
 
     store = open_store(cfg.features)
@@ -303,27 +462,39 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
     finally:
         store.close()
     if train.num_queries < 2:
-        raise StoreError(f"{cfg.features}: the {cfg.train_split!r} split has {train.num_queries} usable captions; need >= 2")
+        raise shared(StoreError(f"{cfg.features}: the {cfg.train_split!r} split has {train.num_queries} usable captions; need >= 2"))
     if val is None:
         progress(Event("warning", message=f"no {cfg.val_split!r} split in the store: best.pt is the last epoch"))
+    if multi and cfg.batch_size % world:
+        raise shared(ConfigError(
+            f"batch_size {cfg.batch_size} is the global batch and must split evenly over the {world} processes "
+            f"(e.g. {max(world, cfg.batch_size // world * world)})"
+        ))
 
-    run_dir.mkdir(parents=True, exist_ok=True)
-    ckpt_dir.mkdir(exist_ok=True)
-    if not resume:
-        save_config(cfg, run_dir / "config.json")
-        atomic_write_text(run_dir / "store_manifest.json", json.dumps(manifest, indent=2, default=str) + "\n")
-    _write_status(run_dir, state="running", features=str(cfg.features))
+    if is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        ckpt_dir.mkdir(exist_ok=True)
+        if not resume:
+            save_config(cfg, run_dir / "config.json")
+            atomic_write_text(run_dir / "store_manifest.json", json.dumps(manifest, indent=2, default=str) + "\n")
+        _write_status(run_dir, state="running", features=str(cfg.features))
 
     _seed_everything(cfg.seed)
     model = DABModel(cfg.model).to(device)
-    heads = _Heads(manifest, cfg.trainable_blocks, device).to(device) if with_states else None
+    heads = None
+    if with_states:
+        def make_heads() -> _Heads:
+            return _Heads(manifest, cfg.trainable_blocks, device)
+
+        # Rank 0 first: it fills the CLIP weights cache that the others then read.
+        heads = (dist.main_first(make_heads) if multi else make_heads()).to(device)
     groups = [{"params": [p for p in model.parameters() if p.requires_grad], "lr": cfg.lr}]
     if heads is not None:
         groups.append({"params": list(heads.parameters()), "lr": cfg.clip_lr})
     optim = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
     steps_per_epoch = train.num_queries // cfg.batch_size
     if steps_per_epoch == 0:
-        raise ConfigError(f"batch_size {cfg.batch_size} exceeds the {train.num_queries} training captions")
+        raise shared(ConfigError(f"batch_size {cfg.batch_size} exceeds the {train.num_queries} training captions"))
     if cfg.max_steps_per_epoch:
         steps_per_epoch = min(steps_per_epoch, cfg.max_steps_per_epoch)
     total = steps_per_epoch * cfg.epochs
@@ -331,8 +502,21 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
 
     start_epoch, start_step, best_value, best_epoch = 0, 0, None, None
     resumed_loss = (0.0, 0)  # running loss sum and count of a partly done epoch
-    if resume and (ckpt_dir / "last.pt").exists():
-        ck = torch.load(ckpt_dir / "last.pt", map_location=device, weights_only=False)
+    ck = None
+    if resume:
+        last = ckpt_dir / "last.pt"
+        if multi:
+            # Rank 0 reads its run folder and sends the checkpoint: the others need no access to it.
+            ck = dist.run_on_main(lambda: torch.load(last, map_location="cpu", weights_only=False) if last.exists() else None)
+        elif last.exists():
+            ck = torch.load(last, map_location=device, weights_only=False)
+    if ck is not None:
+        saved_world = int(ck.get("world_size") or 1)
+        if saved_world != world:
+            raise shared(TrainingError(
+                f"--resume: {run_dir} was trained with {saved_world} process(es), this run has {world}; "
+                f"resume it with {saved_world} (the per-process random streams are saved for that many)"
+            ))
         model.load_state_dict(ck["model"])
         if heads is not None:
             heads.load_state_dict(ck["heads"])
@@ -341,22 +525,48 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
         start_epoch, start_step = ck["epoch"], ck["step_in_epoch"]
         best_value, best_epoch = ck.get("best_value"), ck.get("best_epoch")
         resumed_loss = tuple(ck.get("epoch_loss", (0.0, 0)))
-        _set_rng_state(ck["rng"])
+        if multi:
+            _set_rng_state(ck["rng_ranks"][dist.rank], device)
+        else:
+            _set_rng_state(ck["rng"])
         progress(Event("info", message=f"resuming {run_dir} at epoch {start_epoch + 1}, step {start_step}"))
+    elif multi and dist.rank > 0:
+        # Own dropout noise per rank (identical streams would correlate the masks of the
+        # ranks' pairs); rank 0 keeps the single-process stream.
+        torch.manual_seed(cfg.seed + 1_000_003 * dist.rank)
+
+    step_module = None
+    if multi:
+        from torch.nn.parallel import DistributedDataParallel
+
+        step_module = DistributedDataParallel(
+            _TrainStep(model, heads), device_ids=[device.index] if device.type == "cuda" else None)
+        progress(Event("info", message=f"distributed training: {world} processes, "
+                                       f"{cfg.batch_size // world} of each global batch of {cfg.batch_size} per process"))
 
     def checkpoint(epoch: int, step_in_epoch: int, path: Path, epoch_loss: tuple[float, int] = (0.0, 0)) -> None:
-        _save_checkpoint(path, {
+        if multi:
+            rngs = dist.all_gather_object(_rng_state(device))  # every rank's streams, for an exact resume
+        if not is_main:
+            return
+        state = {
             "model": model.state_dict(), "heads": heads.state_dict() if heads is not None else None,
             "optim": optim.state_dict(), "sched": sched.state_dict(), "epoch": epoch,
             "step_in_epoch": step_in_epoch, "best_value": best_value, "best_epoch": best_epoch,
-            "rng": _rng_state(), "config": to_dict(cfg), "epoch_loss": epoch_loss,
-        })
+            "rng": rngs[0] if multi else _rng_state(), "config": to_dict(cfg), "epoch_loss": epoch_loss,
+            "world_size": world,
+        }
+        if multi:
+            state["rng_ranks"] = rngs
+        _save_checkpoint(path, state)
 
     higher_better = cfg.select_metric not in ("MnR", "MdR")
     val_metrics = None
     global_step = start_epoch * steps_per_epoch + start_step
+    local_b = cfg.batch_size // world
     for epoch in range(start_epoch, cfg.epochs):
-        # The order of an epoch depends only on (seed, epoch): resuming mid-run replays it exactly.
+        # The order of an epoch depends only on (seed, epoch): resuming mid-run replays it
+        # exactly, and every rank of a distributed run draws the same order.
         gen = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
         order = torch.randperm(train.num_queries, generator=gen)
         first = start_step if epoch == start_epoch else 0
@@ -368,25 +578,33 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
         loss_sum, n = resumed_loss if (epoch == start_epoch and first > 0) else (0.0, 0)
         for step in range(first, steps_per_epoch):
             q = order[step * cfg.batch_size : (step + 1) * cfg.batch_size]  # (B,) caption indices
-            v = train.caption_video[q]  # (B,) their videos
-            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_amp):
-                if heads is not None:
-                    st, ln = _text_state_batch(train, q, device)
-                    text = heads.encode_text(st, ln)
-                    frames = heads.encode_frames(train.vision_states[v].to(device, torch.float32))
-                else:
-                    text = train.text[q].to(device)
-                    frames = train.frames[v].to(device)
-                out = model(text, frames, train.mask[v].to(device))
-                loss = model_loss(model, out)
+            if multi:
+                q_local = q[dist.rank * local_b : (dist.rank + 1) * local_b]  # (b,) this rank's slice
+                with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_amp):
+                    text_in, lengths, video_in, mask = _batch_inputs(train, q_local, heads, device)
+                    loss = distributed_batch_loss(step_module, model, text_in, lengths, video_in, mask, model_loss)
+            else:
+                v = train.caption_video[q]  # (B,) their videos
+                with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_amp):
+                    if heads is not None:
+                        st, ln = _text_state_batch(train, q, device)
+                        text = heads.encode_text(st, ln)
+                        frames = heads.encode_frames(train.vision_states[v].to(device, torch.float32))
+                    else:
+                        text = train.text[q].to(device)
+                        frames = train.frames[v].to(device)
+                    out = model(text, frames, train.mask[v].to(device))
+                    loss = model_loss(model, out)
             if not torch.isfinite(loss):
-                _write_status(run_dir, state="failed", error=f"non-finite loss at epoch {epoch + 1} step {step + 1}")
-                raise TrainingError(
+                # Every rank holds the same (gathered) loss, so all stop here together.
+                if is_main:
+                    _write_status(run_dir, state="failed", error=f"non-finite loss at epoch {epoch + 1} step {step + 1}")
+                raise shared(TrainingError(
                     f"loss became {loss.item()} at epoch {epoch + 1}, step {step + 1} (global step {global_step + 1}); "
                     f"the last good checkpoint is {ckpt_dir / 'last.pt'}. Try a lower --set lr=..."
-                )
+                ))
             optim.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.backward()  # distributed: DDP has averaged the gradients across ranks when this returns
             if cfg.grad_clip:
                 params = [p for g in optim.param_groups for p in g["params"]]
                 torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
@@ -405,7 +623,7 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
                                   "epoch_seconds": round(time.time() - t0, 3)}
         improved = True
         if val is not None:
-            res = score_split(model, heads, val, cfg, device)
+            res = score_split(model, heads, val, cfg, device, dist=dist if multi else None)
             val_metrics = t2v_metrics(res.cost, val.caption_video.numpy())
             record["val"] = val_metrics
             value = float(val_metrics[cfg.select_metric])
@@ -414,8 +632,9 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
                 best_value, best_epoch = value, epoch + 1
         else:
             best_epoch = epoch + 1
-        with open(run_dir / "metrics.jsonl", "a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        if is_main:
+            with open(run_dir / "metrics.jsonl", "a") as fh:
+                fh.write(json.dumps(record) + "\n")
         checkpoint(epoch + 1, 0, ckpt_dir / "last.pt")
         if improved:
             checkpoint(epoch + 1, 0, ckpt_dir / "best.pt")
@@ -427,11 +646,15 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
     costs_path = None
     test_metrics = None
     if test is not None:
-        best = torch.load(ckpt_dir / "best.pt", map_location=device, weights_only=False)
+        if multi:
+            best = dist.run_on_main(lambda: torch.load(ckpt_dir / "best.pt", map_location="cpu", weights_only=False))
+        else:
+            best = torch.load(ckpt_dir / "best.pt", map_location=device, weights_only=False)
         model.load_state_dict(best["model"])
         if heads is not None:
             heads.load_state_dict(best["heads"])
-        res = score_split(model, heads, test, cfg, device, progress=progress, with_diagnostics=True)
+        res = score_split(model, heads, test, cfg, device, progress=progress, with_diagnostics=True,
+                          dist=dist if multi else None)
         gt = test.caption_video.numpy()
         test_metrics = t2v_metrics(res.cost, gt)
         extras = {k: np.asarray(getattr(res, k)) for k in ("text_var", "bridged_var", "video_var")
@@ -440,15 +663,19 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
         if fmt == "auto":
             fmt = "zarr" if str(cfg.features).rstrip("/").endswith(".zarr") else "h5"
         costs_path = run_dir / f"costs_{cfg.test_split}.{fmt}"
-        write_costs(costs_path, CostMatrix(
-            cost=np.asarray(res.cost, dtype=np.float32),
-            query_ids=np.asarray(test.caption_ids), video_ids=np.asarray(test.video_ids), gt=gt.astype(np.int64),
-            kind="cost", extras=extras,
-            attrs={"config": json.dumps(to_dict(cfg)), "split": cfg.test_split, "best_epoch": best_epoch,
-                   "variant": cfg.model.variant, "store": str(cfg.features)},
-        ))
-    _write_status(run_dir, state="complete", epochs=cfg.epochs, best_epoch=best_epoch,
-                  best_value=best_value, select_metric=cfg.select_metric, val=val_metrics,
-                  test_t2v=test_metrics, costs=str(costs_path) if costs_path else None)
+        if is_main:
+            write_costs(costs_path, CostMatrix(
+                cost=np.asarray(res.cost, dtype=np.float32),
+                query_ids=np.asarray(test.caption_ids), video_ids=np.asarray(test.video_ids), gt=gt.astype(np.int64),
+                kind="cost", extras=extras,
+                attrs={"config": json.dumps(to_dict(cfg)), "split": cfg.test_split, "best_epoch": best_epoch,
+                       "variant": cfg.model.variant, "store": str(cfg.features)},
+            ))
+    if is_main:
+        _write_status(run_dir, state="complete", epochs=cfg.epochs, best_epoch=best_epoch,
+                      best_value=best_value, select_metric=cfg.select_metric, val=val_metrics,
+                      test_t2v=test_metrics, costs=str(costs_path) if costs_path else None)
+    if multi:
+        dist.barrier()  # nobody leaves (and tears the group down) before rank 0 has written everything
     return TrainResult(run_dir=run_dir, epochs_done=cfg.epochs, best_epoch=best_epoch, best_value=best_value,
                        val_metrics=val_metrics, test_metrics=test_metrics, costs_path=costs_path)
