@@ -56,6 +56,7 @@ def test_extract_h5_matches_open_clip(tiny_folder_dataset: Path, tmp_path: Path)
     with open_store(out) as st:
         assert st.manifest["model"] == "dab-tiny" and st.manifest["frames"] == 12
         assert st.manifest["weights_sha256"] == bundle.weights_sha256
+        assert st.manifest["compute_dtype"] == "float32"  # --dtype auto on CPU
         vids = list(st.video_ids)
         frames, mask = st.read_videos(np.arange(len(vids)))
         split = st.load_split("train")
@@ -179,3 +180,16 @@ def test_inspect_prints_manifest(tiny_folder_dataset: Path, tmp_path: Path) -> N
 
     data = json.loads(res.output)
     assert data["manifest"]["frames"] == 12
+
+
+def test_dtype_auto_resolution() -> None:
+    from dab_pipeline.errors import ConfigError
+    from dab_pipeline.stages.extract import resolve_compute_dtype
+
+    assert resolve_compute_dtype("auto", "cpu") == "float32"
+    assert resolve_compute_dtype("bfloat16", "cpu") == "bfloat16"
+    if torch.cuda.is_available():
+        assert resolve_compute_dtype("auto", "cuda") == "autocast-bf16"
+    else:
+        with pytest.raises(ConfigError, match="CUDA is not available"):
+            resolve_compute_dtype("auto", "cuda")

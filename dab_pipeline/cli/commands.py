@@ -68,8 +68,10 @@ def _resolve_pretrained(model: str, pretrained: Optional[str]) -> Optional[str]:
 @click.option("--frames", type=int, default=12, show_default=True, help="Frames sampled per video.")
 @click.option("--trainable-blocks", type=int, default=None,
               help="Also store the states entering the last K transformer blocks (partial fine-tuning in stage two).")
-@click.option("--dtype", "compute_dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
-              show_default=True, help="CLIP's dtype while encoding (bfloat16 is ~2x faster on AVX-512 bf16 CPUs).")
+@click.option("--dtype", "compute_dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16", "autocast-bf16"]),
+              default="auto", show_default=True,
+              help="CLIP's dtype while encoding; auto: bf16 autocast on CUDA, float32 on CPU "
+                   "(bfloat16 converts the model: ~2x faster on AVX-512 bf16 CPUs). Recorded in the manifest.")
 @click.option("--store-dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True)
 @click.option("--batch-size", type=int, default=16, show_default=True, help="Videos per encoding batch.")
 @click.option("--workers", type=int, default=2, show_default=True, help="Decoding worker processes.")
@@ -92,14 +94,15 @@ def extract(dataset, videos, annotations, out, model, pretrained, frames, traina
     Several processes: `torchrun --nproc-per-node N -m dab_pipeline.cli extract ...`.
     """
     from ..config import apply_overrides
-    from ..stages.extract import ExtractConfig, run_extract
+    from ..stages.extract import ExtractConfig, resolve_compute_dtype, run_extract
 
     try:
         cfg = ExtractConfig(
             dataset=dataset, out=out, videos=videos, annotations=annotations,
             dataset_options=tuple(dataset_options), model=model,
             pretrained=_resolve_pretrained(model, pretrained),
-            frames=frames, trainable_blocks=trainable_blocks, compute_dtype=compute_dtype,
+            frames=frames, trainable_blocks=trainable_blocks,
+            compute_dtype=resolve_compute_dtype(compute_dtype, device),
             store_dtype=store_dtype, batch_size=batch_size, workers=workers, device=device,
             limit=limit, overwrite=overwrite,
         )

@@ -58,7 +58,7 @@ class ExtractConfig:
     pretrained: Optional[str] = "openai"
     frames: int = 12
     trainable_blocks: Optional[int] = None
-    compute_dtype: str = "float32"  # CLIP's dtype while encoding: float32 | bfloat16 | float16 (CUDA)
+    compute_dtype: str = "float32"  # CLIP's dtype: float32 | bfloat16 | float16, autocast-bf16 (CUDA)
     store_dtype: str = "float16"
     batch_size: int = 16  # videos per encoding batch
     text_batch_size: int = 256
@@ -124,6 +124,17 @@ def resolve_device(device: str) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device {device!r} requested but CUDA is not available here")
     return dev
+
+
+def resolve_compute_dtype(dtype: str, device: str) -> str:
+    """``auto`` -> bf16 autocast on CUDA (fast, float32 weights), float32 on CPU.
+
+    On CPU, autocast is slower than converting the model (measured), so bf16 there
+    is an explicit choice (``--dtype bfloat16``) rather than the default.
+    """
+    if dtype != "auto":
+        return dtype
+    return "autocast-bf16" if resolve_device(device).type == "cuda" else "float32"
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
