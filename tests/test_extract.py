@@ -193,3 +193,15 @@ def test_dtype_auto_resolution() -> None:
     else:
         with pytest.raises(ConfigError, match="CUDA is not available"):
             resolve_compute_dtype("auto", "cuda")
+
+
+def test_worker_processes_give_the_same_store(tiny_folder_dataset: Path, tmp_path: Path) -> None:
+    a, b = tmp_path / "w0.h5", tmp_path / "w2.h5"
+    assert _invoke(_args(tiny_folder_dataset, a)).exit_code == 0
+    threads = torch.get_num_threads()
+    args = [x if x != "0" else "2" for x in _args(tiny_folder_dataset, b)]  # --workers 2
+    assert "--workers" in args and args[args.index("--workers") + 1] == "2"
+    assert _invoke(args).exit_code == 0
+    assert torch.get_num_threads() == threads  # the encoder's thread budget is restored
+    with open_store(a) as sa, open_store(b) as sb:
+        np.testing.assert_array_equal(sa.load_split("train").frames, sb.load_split("train").frames)
