@@ -564,6 +564,8 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
     val_metrics = None
     global_step = start_epoch * steps_per_epoch + start_step
     local_b = cfg.batch_size // world
+    # One bar for the whole run (epochs x steps), labelled with the epoch and running loss.
+    progress(Event("start", task="train", total=total - global_step))
     for epoch in range(start_epoch, cfg.epochs):
         # The order of an epoch depends only on (seed, epoch): resuming mid-run replays it
         # exactly, and every rank of a distributed run draws the same order.
@@ -573,7 +575,6 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
         model.train()
         if heads is not None:
             heads.train()
-        progress(Event("start", task=f"epoch {epoch + 1}/{cfg.epochs}", total=steps_per_epoch - first))
         t0 = time.time()
         loss_sum, n = resumed_loss if (epoch == start_epoch and first > 0) else (0.0, 0)
         for step in range(first, steps_per_epoch):
@@ -613,11 +614,10 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
             global_step += 1
             loss_sum += float(loss.item())
             n += 1
-            progress(Event("advance", task=f"epoch {epoch + 1}/{cfg.epochs}", n=1, data={"unit": "it"},
-                           message=f"loss {loss_sum / n:.4f}"))
+            progress(Event("advance", task="train", n=1, data={"unit": "it"},
+                           message=f"epoch {epoch + 1}/{cfg.epochs} loss {loss_sum / n:.4f}"))
             if cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0 and step + 1 < steps_per_epoch:
                 checkpoint(epoch, step + 1, ckpt_dir / "last.pt", (loss_sum, n))
-        progress(Event("end", task=f"epoch {epoch + 1}/{cfg.epochs}"))
         record: dict[str, Any] = {"epoch": epoch + 1, "step": global_step,
                                   "train_loss": loss_sum / max(1, n), "lr": sched.get_last_lr()[0],
                                   "epoch_seconds": round(time.time() - t0, 3)}
@@ -642,6 +642,7 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
         if val_metrics is not None:
             msg += f"  val R@1 {val_metrics['R@1']:.1f} R@5 {val_metrics['R@5']:.1f} MnR {val_metrics['MnR']:.1f}"
         progress(Event("metrics", message=msg, data=record))
+    progress(Event("end", task="train", message=f"best epoch {best_epoch}"))
 
     costs_path = None
     test_metrics = None
