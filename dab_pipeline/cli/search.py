@@ -1,1 +1,56 @@
-"""`dab search` (placeholder module replaced by the scoring-engine work)."""
+"""`dab search`: the top-k videos of a store for free-text queries, with a trained run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from . import cli
+
+_EXISTING = click.Path(path_type=Path, exists=True)
+
+
+@cli.command()
+@click.argument("queries", nargs=-1, required=True)
+@click.option("--run", "run_dir", type=_EXISTING, required=True, help="Run folder written by `dab train` (its best.pt is used).")
+@click.option("--features", type=_EXISTING, required=True, help="Feature store whose videos are searched.")
+@click.option("--split", default="test", show_default=True, help="Split of the store to search.")
+@click.option("--topk", "-k", type=int, default=10, show_default=True, help="Videos listed per query.")
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True,
+              help="Precision of the bridge's matrix products (bfloat16: faster, costs within ~1e-3).")
+@click.option("--shortlist", type=int, default=None,
+              help="Score only each query's K best videos by a cheap cosine first stage (large galleries).")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+def search(queries, run_dir, features, split, topk, device, dtype, shortlist, as_json) -> None:
+    """Top-k videos of a store for each QUERY, with costs and the top-1/top-2 margin.
+
+    The query is encoded with the store's own CLIP model, so its weights must be
+    available here (the open_clip cache or the local file the store recorded).
+    """
+    from ..search import search as run_search
+
+    results = run_search(run_dir, features, list(queries), topk=topk, split=split, device=device,
+                         dtype=dtype, shortlist=shortlist)
+    if as_json:
+        payload = [{"query": r.query, "margin": r.margin,
+                    "hits": [{"rank": h.rank, "video_id": h.video_id, "cost": h.cost} for h in r.hits]}
+                   for r in results]
+        click.echo(json.dumps(payload, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for r in results:
+        margin = "n/a (fewer than 2 videos)" if r.margin is None else f"{r.margin:.4g}"
+        table = Table(title=f"{r.query}", caption=f"confidence (2nd - 1st cost margin): {margin}",
+                      title_justify="left", caption_justify="left")
+        table.add_column("rank", justify="right")
+        table.add_column("video")
+        table.add_column("cost", justify="right")
+        for h in r.hits:
+            table.add_row(str(h.rank), h.video_id, f"{h.cost:.4f}")
+        console.print(table)

@@ -1,0 +1,329 @@
+"""All-pairs scoring speed: the plain reference against the engine, in one process.
+
+Builds the paper's default model (D = 512, drift 1024, F = 12 frames) with random
+weights (every parameter perturbed, so the zero-initialised drift output really
+moves the bridge) and random CLIP-like features, then for each T' prints
+
+* pairs/s of ``score_all_reference`` (paper chunks 128 x 512) and of ``score_all``
+  in float32 and bfloat16, and the engine's speed-up over the reference;
+* GFLOP/s two ways: **exec**, the multiply-adds each implementation actually runs
+  (``reference_macs`` / ``engine_macs``: per text + per video + per pair), and
+  **model**, the paper's count (``bridge_macs_per_pair_step`` x T' per pair plus
+  pooling and heads), the same numerator for every row;
+* exec GFLOP/s as a percentage (%peak) of this machine's matmul rate in the dtype
+  used, measured here: the best of several ``(4096, 1024) x (1024, 1024)``
+  products (the bridge's own shape) at the start and again next to each run;
+* peak memory (CPU: growth of the peak resident set over the pre-run one; CUDA: peak
+  allocated) -- every measurement runs in a fresh child process, so no row inherits
+  another's allocator or cache state;
+* max relative cost error against the reference and the share of queries whose
+  top-1 video agrees;
+* shortlist mode (``--shortlist K``, default V/10): the share of exact top-1 /
+  top-10 videos it keeps and its speed-up over exact mode.  On a random model the
+  cosine first stage knows nothing of the DAB cost, so expect ~K/V there; use
+  ``--run`` for a meaningful figure.
+
+Sizes: 256 x 256 pairs at T' = 8 and 32 on CPU (``--large``: 1000 x 1000); on a
+CUDA device 1000 x 1000 at T' = 32.  ``--run RUN --features STORE`` scores a
+trained run's split in float32 and bfloat16 and prints the retrieval metrics and
+their differences (the bf16 target: R@1 / R@5 / MnR within 0.3).
+
+    python benchmarks/scoring.py [--large] [--steps 8 32] [--pairs Q V] [--device auto] [--repeats 3]
+        [--no-reference] [--shortlist K] [--run RUN --features STORE [--split test]]
+
+The CPU of a shared machine is noisy: ``--repeats N`` runs every row N times,
+interleaved, and keeps the fastest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from dab_pipeline.model import DABModel, ModelConfig
+from dab_pipeline.scoring import engine_macs, reference_macs, score_all, score_all_reference
+
+NUM_FRAMES = 12
+
+
+def cpu_name() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_rate(dtype: torch.dtype, device: torch.device, repeats: int = 5) -> float:
+    """Best GFLOP/s of (rows, 1024) x (1024, 1024) products, the bridge's own shape."""
+    rows = 65536 if device.type == "cuda" else 4096
+    a = torch.randn(rows, 1024, device=device).to(dtype)
+    w = torch.randn(1024, 1024, device=device).to(dtype)
+    out = torch.empty(rows, 1024, device=device, dtype=dtype)
+    n = 50 if device.type == "cuda" else 10
+    for _ in range(3):
+        torch.mm(a, w, out=out)
+    best = float("inf")
+    for _ in range(repeats):
+        sync(device)
+        t = time.perf_counter()
+        for _ in range(n):
+            torch.mm(a, w, out=out)
+        sync(device)
+        best = min(best, (time.perf_counter() - t) / n)
+    return 2.0 * rows * 1024 * 1024 / best / 1e9
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def random_model(steps: int, seed: int = 0) -> DABModel:
+    torch.manual_seed(seed)
+    model = DABModel(ModelConfig(steps=steps))
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.02)
+    return model.eval()
+
+
+def random_features(n_q: int, n_v: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """CLIP-like features: a shared direction (the modality gap) plus noise; 10% of videos are short (padded)."""
+    gen = torch.Generator().manual_seed(seed)
+    d = 512
+    common = torch.randn(d, generator=gen)
+    text = 0.3 * common + torch.randn(n_q, d, generator=gen)  # (Q, D)
+    frames = 0.3 * common + torch.randn(n_v, NUM_FRAMES, d, generator=gen)  # (V, F, D)
+    mask = torch.ones(n_v, NUM_FRAMES, dtype=torch.bool)
+    short = torch.randperm(n_v, generator=gen)[: max(1, n_v // 10)]
+    lengths = torch.randint(3, NUM_FRAMES, (len(short),), generator=gen)
+    for v, n in zip(short.tolist(), lengths.tolist()):
+        mask[v, n:] = False
+    return text, frames, mask
+
+
+def measure(impl: str, dtype: str, steps: int, n_q: int, n_v: int, device: torch.device,
+            shortlist: int | None = None, out: str | None = None) -> dict:
+    """One timed run in this (fresh) process: seconds, peak memory growth, the dtype's matmul rate next to it."""
+    model = random_model(steps)
+    text, frames, mask = random_features(n_q, n_v)
+    if impl == "reference":
+        def fn() -> Any:
+            return score_all_reference(model, text, frames, mask, device=device)
+    else:
+        def fn() -> Any:
+            return score_all(model, text, frames, mask, device=device, dtype=dtype, shortlist=shortlist)
+    # warm-up: kernels, thread pools
+    warm = slice(0, 8)
+    if impl == "reference":
+        score_all_reference(model, text[warm], frames[warm], mask[warm], device=device)
+    else:
+        score_all(model, text[warm], frames[warm], mask[warm], device=device, dtype=dtype)
+    rate = matmul_rate(getattr(torch, dtype), device, repeats=3)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        base = rss_bytes()
+    sync(device)
+    t = time.perf_counter()
+    res = fn()
+    sync(device)
+    seconds = time.perf_counter() - t
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device) - base
+    else:
+        import resource
+
+        # ru_maxrss (KiB on Linux) is the process's lifetime peak; set-up (model, features,
+        # warm-up) is small next to the run, so the growth over the pre-run RSS is the run's
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+    if out:
+        np.save(out, res.cost)
+    return {"seconds": seconds, "peak": max(0, peak), "rate": rate}
+
+
+def in_child(impl: str, dtype: str, steps: int, n_q: int, n_v: int, device: torch.device,
+             shortlist: int | None, out: str) -> dict:
+    """Run :func:`measure` in a fresh interpreter: no allocator or cache history from earlier runs."""
+    import json
+    import sys
+
+    cmd = [sys.executable, __file__, "--child", impl, dtype, str(steps), str(n_q), str(n_v), str(device),
+           str(shortlist or 0), out]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"benchmark child failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def total_macs(counts: dict[str, int], n_q: int, n_v: int, key: str = "per_pair") -> int:
+    return counts[key] * n_q * n_v + counts.get("per_text", 0) * n_q + counts.get("per_video", 0) * n_v
+
+
+def row(name: str, seconds: float, peak: int, pairs: int, exec_macs: int, model_macs: int, rate: float,
+        ref_seconds: float | None, err: float | None, top1: float | None) -> str:
+    gf_exec = 2 * exec_macs / seconds / 1e9
+    gf_model = 2 * model_macs / seconds / 1e9
+    speed = f"{ref_seconds / seconds:6.2f}x" if ref_seconds else "      -"
+    err_s = f"{err:9.2e}" if err is not None else "        -"
+    top = f"{100 * top1:6.1f}%" if top1 is not None else "      -"
+    return (f"  {name:<22} {pairs / seconds:10.1f} {speed} {gf_exec:9.1f} {100 * gf_exec / rate:6.1f}% "
+            f"{gf_model:9.1f} {peak / 2**20:9.1f} {err_s} {top}")
+
+
+HEADER = (f"  {'implementation':<22} {'pairs/s':>10} {'speed':>7} {'exec GF/s':>9} {'%peak':>7} "
+          f"{'model GF/s':>9} {'peak MiB':>9} {'max relerr':>9} {'top-1 =':>7}")
+
+
+def bench_size(n_q: int, n_v: int, steps: int, device: torch.device, dtypes: list[str], reference: bool,
+               shortlist: int | None, repeats: int, tmp: str) -> None:
+    cfg = random_model(steps).cfg
+    rm, em = reference_macs(cfg, NUM_FRAMES), engine_macs(cfg, NUM_FRAMES)
+    pairs = n_q * n_v
+    model_macs = rm["paper_per_pair"] * pairs
+    print(f"\n{n_q} x {n_v} pairs, T'={steps}, D={cfg.embed_dim}, drift {cfg.drift_hidden}, F={NUM_FRAMES}: "
+          f"per pair {rm['per_pair'] / 1e6:.2f} M MACs (reference), {em['per_pair'] / 1e6:.2f} M (engine), "
+          f"{rm['paper_per_pair'] / 1e6:.2f} M (paper count); best of {repeats}")
+    print(HEADER, flush=True)
+    runs = [("reference", "float32")] if reference else []
+    runs += [("engine", dt) for dt in dtypes]
+    best: dict[tuple[str, str], dict] = {}
+    for _ in range(repeats):  # interleaved, so a burst of load on the machine hits every row alike
+        for impl, dt in runs:
+            r = in_child(impl, dt, steps, n_q, n_v, device, None, os.path.join(tmp, f"{impl}-{dt}.npy"))
+            key = (impl, dt)
+            if key not in best or r["seconds"] < best[key]["seconds"]:
+                best[key] = r
+    ref_cost = np.load(os.path.join(tmp, "reference-float32.npy")) if reference else None
+    ref_s = best[("reference", "float32")]["seconds"] if reference else None
+    for impl, dt in runs:
+        r = best[(impl, dt)]
+        err = top1 = None
+        if impl == "engine" and ref_cost is not None:
+            cost = np.load(os.path.join(tmp, f"{impl}-{dt}.npy"))
+            err = float(np.max(np.abs(cost - ref_cost) / np.abs(ref_cost)))
+            top1 = float(np.mean(cost.argmin(1) == ref_cost.argmin(1)))
+        macs = total_macs(rm if impl == "reference" else em, n_q, n_v)
+        print(row(f"{impl} {dt}", r["seconds"], r["peak"], pairs, macs, model_macs, r["rate"],
+                  ref_s if impl == "engine" else None, err, top1))
+    if shortlist and ("engine", "float32") in best:
+        k = min(shortlist, n_v)
+        r = in_child("engine", "float32", steps, n_q, n_v, device, k, os.path.join(tmp, "shortlist.npy"))
+        exact = np.load(os.path.join(tmp, "engine-float32.npy"))
+        print(f"  shortlist K={k}: {best[('engine', 'float32')]['seconds'] / r['seconds']:.2f}x faster than exact "
+              f"float32, " + recall_kept(exact, np.load(os.path.join(tmp, "shortlist.npy")))
+              + f"  (random model: ~{100 * k / n_v:.0f}% expected)")
+
+
+def recall_kept(exact_cost: np.ndarray, approx_cost: np.ndarray) -> str:
+    ex = np.argsort(exact_cost, axis=1, kind="stable")[:, :10]
+    ap = np.argsort(approx_cost, axis=1, kind="stable")[:, :10]
+    top1 = float(np.mean(ex[:, 0] == ap[:, 0]))
+    top10 = float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ex, ap)]))
+    return f"exact top-1 kept {100 * top1:.1f}%, exact top-10 kept {100 * top10:.1f}%"
+
+
+def bench_run(run_dir: str, store: str, split: str, device: torch.device, shortlist: int | None) -> None:
+    from dab_pipeline.metrics import t2v_metrics
+    from dab_pipeline.search import load_run
+    from dab_pipeline.store import open_store
+
+    run = load_run(run_dir, device)
+    with open_store(store) as s:
+        feats = s.load_split(split)
+    gt = np.asarray(feats.caption_video)
+    n_q, n_v = len(feats.caption_ids), len(feats.video_ids)
+    print(f"\ntrained run {run_dir} on {store} [{split}]: {n_q} queries x {n_v} videos, "
+          f"variant {run.model.cfg.variant}, T'={run.model.cfg.steps}")
+    out = {}
+    for dt in ("float32", "bfloat16"):
+        t = time.perf_counter()
+        res = score_all(run.model, feats.text, feats.frames, feats.frame_mask, device=device, dtype=dt)
+        sync(device)
+        out[dt] = (time.perf_counter() - t, res, t2v_metrics(res.cost, gt))
+    m32, m16 = out["float32"][2], out["bfloat16"][2]
+    c32, c16 = out["float32"][1].cost, out["bfloat16"][1].cost
+    print(f"  {'metric':<6} {'float32':>9} {'bfloat16':>9} {'delta':>8}")
+    for key in ("R@1", "R@5", "R@10", "MdR", "MnR"):
+        print(f"  {key:<6} {m32[key]:9.2f} {m16[key]:9.2f} {m16[key] - m32[key]:+8.2f}")
+    worst = max(abs(m16[k] - m32[k]) for k in ("R@1", "R@5", "MnR"))
+    print(f"  bf16 max relative cost error {np.max(np.abs(c16 - c32) / np.abs(c32)):.2e}; "
+          f"largest |delta| of R@1/R@5/MnR {worst:.2f} ({'within' if worst <= 0.3 else 'OUTSIDE'} the 0.3 target); "
+          f"time {out['float32'][0]:.1f} s float32, {out['bfloat16'][0]:.1f} s bf16")
+    k = min(shortlist or max(1, n_v // 10), n_v)
+    t = time.perf_counter()
+    res = score_all(run.model, feats.text, feats.frames, feats.frame_mask, device=device, shortlist=k)
+    sync(device)
+    sec = time.perf_counter() - t
+    msl = t2v_metrics(res.cost, gt)
+    print(f"  shortlist K={k}: {out['float32'][0] / sec:.2f}x faster; " + recall_kept(c32, res.cost)
+          + f"; R@1 {msl['R@1']:.2f} (exact {m32['R@1']:.2f}), R@5 {msl['R@5']:.2f} (exact {m32['R@5']:.2f})")
+
+
+def main() -> None:
+    import sys
+    import tempfile
+
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        import json
+
+        impl, dtype, steps, n_q, n_v, dev, k, out = sys.argv[2:10]
+        r = measure(impl, dtype, int(steps), int(n_q), int(n_v), torch.device(dev), int(k) or None, out)
+        print(json.dumps(r))
+        return
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--large", action="store_true", help="1000 x 1000 pairs on CPU (default 256 x 256)")
+    ap.add_argument("--pairs", type=int, nargs=2, metavar=("Q", "V"), default=None, help="explicit sizes")
+    ap.add_argument("--steps", type=int, nargs="+", default=None, help="T' values (CPU: 8 32; CUDA: 32)")
+    ap.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    ap.add_argument("--repeats", type=int, default=1, help="runs per row (interleaved); the fastest is shown")
+    ap.add_argument("--no-reference", action="store_true", help="skip the reference (no speed-up / error columns)")
+    ap.add_argument("--shortlist", type=int, default=None, help="K of the shortlist row (default V/10; 0: skip)")
+    ap.add_argument("--run", default=None, help="trained run folder: float32 vs bf16 metrics on its split")
+    ap.add_argument("--features", default=None, help="feature store of --run")
+    ap.add_argument("--split", default="test")
+    args = ap.parse_args()
+
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if args.device == "auto" else args.device))
+    cuda = device.type == "cuda"
+    where = torch.cuda.get_device_name(device) if cuda else f"{cpu_name()}, {os.cpu_count()} cores"
+    print(f"device: {device} ({where}); torch {torch.__version__}, {torch.get_num_threads()} CPU threads")
+    if args.run:
+        if not args.features:
+            ap.error("--run needs --features STORE")
+        bench_run(args.run, args.features, args.split, device, args.shortlist)
+        return
+    rates = {dt: matmul_rate(getattr(torch, dt), device) for dt in ("float32", "bfloat16")}
+    print("matmul rate: " + ", ".join(f"{dt} {r:.0f} GFLOP/s" for dt, r in rates.items())
+          + " (each row's %peak uses the rate measured next to it, in its own process)")
+    n_q, n_v = args.pairs or ((1000, 1000) if (args.large or cuda) else (256, 256))
+    steps = args.steps or ([32] if cuda else [8, 32])
+    shortlist = None if args.shortlist == 0 else (args.shortlist or max(1, n_v // 10))
+    with tempfile.TemporaryDirectory() as tmp:
+        for t in steps:
+            bench_size(n_q, n_v, t, device, args.dtypes, not args.no_reference, shortlist, args.repeats, tmp)
+
+
+if __name__ == "__main__":
+    main()

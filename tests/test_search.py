@@ -1,0 +1,136 @@
+"""dab search end to end: a tiny store encoded with dab-tiny, a hand-written run folder, the library and the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from dab_pipeline.cli import cli
+from dab_pipeline.clip_models import encode_texts, load_clip
+from dab_pipeline.config import save_config
+from dab_pipeline.errors import ConfigError, TrainingError, WeightsError
+from dab_pipeline.model import DABModel, ModelConfig
+from dab_pipeline.scoring import score_all
+from dab_pipeline.search import search
+from dab_pipeline.stages.train import TrainConfig
+from dab_pipeline.store import create_store, open_store
+
+F_ = 4
+CAPTIONS = ["a red ball rolls", "a dog runs on grass", "two people talk", "a car at night",
+            "waves on a beach", "a cat sleeps", "someone cooks pasta", "a train passes"]
+TEST_VIDEOS = 6  # videos 0..5 are "test", 6..7 "train"
+
+
+def build_store(path: Path, pretrained: str | None = None) -> Path:
+    """One caption per video; caption features from dab-tiny, so a query string re-encodes to them."""
+    bundle = load_clip("dab-tiny", None)
+    d = bundle.embed_dim
+    n = len(CAPTIONS)
+    manifest = {"model": "dab-tiny", "pretrained": pretrained, "weights_sha256": bundle.weights_sha256,
+                "clip": {"embed_dim": d}, "frames": F_}
+    split = ["test"] * TEST_VIDEOS + ["train"] * (n - TEST_VIDEOS)
+    store = create_store(path, manifest=manifest, video_ids=[f"vid{i}" for i in range(n)], video_split=split,
+                         caption_ids=[f"vid{i}#0" for i in range(n)], caption_video_index=list(range(n)),
+                         caption_text=CAPTIONS, caption_split=split, num_frames=F_, dim=d, dtype="float32")
+    gen = np.random.default_rng(0)
+    frames = gen.standard_normal((n, F_, d)).astype(np.float32)
+    mask = np.ones((n, F_), bool)
+    mask[1, 2:] = False  # a short video
+    with store:
+        store.write_videos(np.arange(n), frames, mask, mask.sum(1))
+        store.write_captions(np.arange(n), encode_texts(bundle, CAPTIONS).features.numpy())
+    return path
+
+
+def build_run(path: Path, store: Path, variant: str = "dab", **train) -> tuple[Path, DABModel]:
+    cfg = TrainConfig(features=store, out=path, model=ModelConfig(embed_dim=32, variant=variant, steps=3,
+                                                                  drift_hidden=24, time_embed_dim=8), **train)
+    torch.manual_seed(0)
+    model = DABModel(cfg.model)
+    with torch.no_grad():  # a "trained" model: every parameter off its init
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    (path / "checkpoints").mkdir(parents=True)
+    save_config(cfg, path / "config.json")
+    torch.save({"model": model.state_dict(), "heads": None, "epoch": 1}, path / "checkpoints" / "best.pt")
+    return path, model.eval()
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_store(tmp_path_factory.mktemp("search") / "store.h5")
+
+
+@pytest.mark.parametrize("variant", ["dab", "xpool"])
+def test_search_ranks_like_score_all(store: Path, tmp_path: Path, variant: str) -> None:
+    run, model = build_run(tmp_path / "run", store, variant)
+    queries = [CAPTIONS[0], CAPTIONS[3]]
+    results = search(run, store, queries, topk=4, device="cpu")
+    with open_store(store) as s:
+        feats = s.load_split("test")
+    assert len(feats.video_ids) == TEST_VIDEOS
+    ref = score_all(model, feats.text[[0, 3]], feats.frames, feats.frame_mask).cost  # the stored caption features
+    for r, q, row in zip(results, queries, ref):
+        order = np.argsort(row, kind="stable")
+        assert r.query == q
+        assert [h.video_id for h in r.hits] == [str(feats.video_ids[j]) for j in order[:4]]
+        assert [h.rank for h in r.hits] == [1, 2, 3, 4]
+        np.testing.assert_allclose([h.cost for h in r.hits], row[order[:4]], rtol=1e-4, atol=1e-6)
+        assert r.margin == pytest.approx(row[order[1]] - row[order[0]], rel=1e-3, abs=1e-5)
+        assert r.margin >= 0
+
+
+def test_search_topk_larger_than_the_split(store: Path, tmp_path: Path) -> None:
+    run, _ = build_run(tmp_path / "run", store)
+    (res,) = search(run, store, ["anything at all"], topk=50, device="cpu", dtype="bfloat16")
+    assert len(res.hits) == TEST_VIDEOS and len({h.video_id for h in res.hits}) == TEST_VIDEOS
+    costs = [h.cost for h in res.hits]
+    assert costs == sorted(costs)
+
+
+def test_cli_prints_the_table_and_json(store: Path, tmp_path: Path) -> None:
+    run, _ = build_run(tmp_path / "run", store)
+    expected = search(run, store, [CAPTIONS[2]], topk=3, device="cpu")[0]
+    runner = CliRunner()
+    out = runner.invoke(cli, ["search", "--run", str(run), "--features", str(store), "-k", "3", "--device", "cpu",
+                              CAPTIONS[2]])
+    assert out.exit_code == 0, out.output
+    assert expected.hits[0].video_id in out.output and "confidence" in out.output and CAPTIONS[2] in out.output
+    out = runner.invoke(cli, ["search", "--run", str(run), "--features", str(store), "-k", "3", "--device", "cpu",
+                              "--json", CAPTIONS[2], CAPTIONS[5]])
+    assert out.exit_code == 0, out.output
+    payload = json.loads(out.output)
+    assert [p["query"] for p in payload] == [CAPTIONS[2], CAPTIONS[5]]
+    assert [h["video_id"] for h in payload[0]["hits"]] == [h.video_id for h in expected.hits]
+    assert payload[0]["margin"] == pytest.approx(expected.margin, rel=1e-4)  # batch of 2 vs 1: last bits
+
+
+def test_missing_clip_weights_are_a_one_line_error(tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store.h5", pretrained=str(tmp_path / "gone" / "dab-tiny.pt"))
+    run, _ = build_run(tmp_path / "run", store)
+    with pytest.raises(WeightsError, match="needs its weights, which are not available here"):
+        search(run, store, ["a red ball"], device="cpu")
+    out = CliRunner().invoke(cli, ["search", "--run", str(run), "--features", str(store), "--device", "cpu", "a red ball"])
+    assert out.exit_code != 0
+    assert out.output.startswith("Error: dab search encodes the query with the store's CLIP model dab-tiny")
+    assert "Traceback" not in out.output and len(out.output.strip().splitlines()) == 1
+
+
+def test_run_folder_errors(store: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not a run folder"):
+        search(tmp_path, store, ["x"], device="cpu")
+    run, _ = build_run(tmp_path / "ft", store, trainable_blocks=1)
+    with pytest.raises(ConfigError, match="frozen"):
+        search(run, store, ["x"], device="cpu")
+    run, _ = build_run(tmp_path / "nock", store)
+    (run / "checkpoints" / "best.pt").unlink()
+    with pytest.raises(TrainingError, match="best.pt"):
+        search(run, store, ["x"], device="cpu")
+    run, _ = build_run(tmp_path / "ok", store)
+    with pytest.raises(ConfigError, match="non-empty query"):
+        search(run, store, [" "], device="cpu")
