@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .devices import resolve_device
 from .events import Event, ProgressCallback, null_progress
 from .model import DABModel, ModelConfig, _masked_softmax
 
@@ -317,12 +318,6 @@ def default_memory_budget(device: str | torch.device = "cpu") -> int:
     avail = _available_ram()
     cap = 64 * _MiB
     return int(cap if avail is None else max(16 * _MiB, min(0.25 * avail, cap)))
-
-
-def _resolve_device(device: str | torch.device) -> torch.device:
-    if isinstance(device, str) and device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 @dataclass
@@ -794,7 +789,7 @@ def score_all(
     mask_t = _as_tensor(mask).to(torch.bool)
     gt_t = None if gt is None else _as_tensor(gt).to(torch.long)
     _check_inputs(model, text_t, frames_t, mask_t, text_chunk, video_chunk, gt_t)
-    dev = _resolve_device(device)
+    dev = resolve_device(device)
     mm_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
 
     cfg = model.cfg

@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from .devices import resolve_device
 from .errors import ConfigError, StoreError, TrainingError, UnknownNameError, WeightsError
 from .model import DABModel
 
@@ -55,18 +56,6 @@ class LoadedRun:
     config: "object"  # TrainConfig (kept untyped here so this module does not import the stage)
     model: DABModel
     checkpoint: Path
-
-
-def _resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise ConfigError(f"device {device!r} is not a torch device (cpu, cuda, cuda:1, auto)") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r} requested but CUDA is not available here")
-    return dev
 
 
 def load_run(run_dir: str | Path, device: str | torch.device = "cpu", checkpoint: str = "best.pt") -> LoadedRun:
@@ -153,7 +142,7 @@ def search(
         raise ConfigError("dab search needs at least one non-empty query")
     if topk < 1:
         raise ConfigError(f"topk must be a positive integer, got {topk}")
-    dev = _resolve_device(device)
+    dev = resolve_device(device)
     run = load_run(run_dir, dev)
     with open_store(store_path) as store:
         manifest = store.manifest

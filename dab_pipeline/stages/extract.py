@@ -22,6 +22,7 @@ import torch
 
 from .. import __version__
 from ..events import Event, ProgressCallback, null_progress
+from ..devices import resolve_device
 from ..errors import ConfigError, DabError, ExtractionFailed, StoreError, StoreMismatchError, VideoDecodeError
 
 if TYPE_CHECKING:
@@ -113,18 +114,6 @@ def parse_options(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
                 continue
         out[key.strip()] = val
     return out
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise ConfigError(f"device {device!r} is not a torch device (cpu, cuda, cuda:1, auto)") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r} requested but CUDA is not available here")
-    return dev
 
 
 def resolve_compute_dtype(dtype: str, device: str) -> str:

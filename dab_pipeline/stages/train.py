@@ -29,7 +29,7 @@ from ..config import atomic_write_text, from_dict, save_config, to_dict
 from ..errors import ConfigError, StoreError, TrainingError
 from ..events import Event, ProgressCallback, null_progress
 from ..model import ModelConfig
-from .extract import resolve_device
+from ..devices import resolve_device
 
 SELECT_METRICS = ("R@1", "R@5", "R@10", "RSum", "MnR", "MdR")
 
