@@ -83,6 +83,17 @@ def _as_tensor(x: np.ndarray | Tensor) -> Tensor:
     return torch.from_numpy(a if a.flags.writeable else a.copy())
 
 
+def _prepare_inputs(model: DABModel, text, frames, mask, gt, text_chunk: Optional[int],
+                    video_chunk: Optional[int]) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+    """Inputs as float32 / bool / long tensors, checked against the model: text (Q, D), frames (V, F, D), mask (V, F), gt (Q,)."""
+    text_t = _as_tensor(text).to(torch.float32)
+    frames_t = _as_tensor(frames).to(torch.float32)
+    mask_t = _as_tensor(mask).to(torch.bool)
+    gt_t = None if gt is None else _as_tensor(gt).to(torch.long)
+    _check_inputs(model, text_t, frames_t, mask_t, text_chunk, video_chunk, gt_t)
+    return text_t, frames_t, mask_t, gt_t
+
+
 def _check_inputs(model: DABModel, text: Tensor, frames: Tensor, mask: Tensor,
                   text_chunk: Optional[int], video_chunk: Optional[int], gt: Optional[Tensor]) -> None:
     d = model.cfg.embed_dim
@@ -122,11 +133,7 @@ def score_all_reference(
     Emits "start" / "advance" (one per block) / "end" events for task "score".
     """
     progress = progress or null_progress
-    text_t = _as_tensor(text).to(torch.float32)
-    frames_t = _as_tensor(frames).to(torch.float32)
-    mask_t = _as_tensor(mask).to(torch.bool)
-    gt_t = None if gt is None else _as_tensor(gt).to(torch.long)
-    _check_inputs(model, text_t, frames_t, mask_t, text_chunk, video_chunk, gt_t)
+    text_t, frames_t, mask_t, gt_t = _prepare_inputs(model, text, frames, mask, gt, text_chunk, video_chunk)
 
     was_training = model.training
     model.eval()
@@ -784,11 +791,7 @@ def score_all(
     if memory_budget is not None and memory_budget < 1:
         raise ConfigError(f"memory_budget must be a positive number of bytes, got {memory_budget}")
     progress = progress or null_progress
-    text_t = _as_tensor(text).to(torch.float32)
-    frames_t = _as_tensor(frames).to(torch.float32)
-    mask_t = _as_tensor(mask).to(torch.bool)
-    gt_t = None if gt is None else _as_tensor(gt).to(torch.long)
-    _check_inputs(model, text_t, frames_t, mask_t, text_chunk, video_chunk, gt_t)
+    text_t, frames_t, mask_t, gt_t = _prepare_inputs(model, text, frames, mask, gt, text_chunk, video_chunk)
     dev = resolve_device(device)
     mm_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
 
