@@ -82,11 +82,9 @@ def test_engine_equals_reference_across_configs(variant: str, kw: dict) -> None:
     assert_matches(score_all(model, text, frames, mask, text_chunk=3, video_chunk=4).cost, ref, variant)
 
 
-@pytest.mark.parametrize("variant", ["xpool", "prob", "bridge", "dab"])
-def test_tiny_memory_budget_splits_into_many_sub_blocks(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    model = make(variant, "w2" if variant == "dab" else "kl")
-    text, frames, mask, _ = data(q=13, v=9)
-    budget = 5 * pair_bytes(model.cfg, F_)  # at most 5 pairs of work at a time
+@pytest.fixture()
+def pair_blocks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of pairs in every sub-block the engine runs (a spy on _Engine.pairs)."""
     seen: list[int] = []
     original = _Engine.pairs
 
@@ -95,6 +93,15 @@ def test_tiny_memory_budget_splits_into_many_sub_blocks(variant: str, monkeypatc
         return original(self, ts, vs, keep, want_var)
 
     monkeypatch.setattr(_Engine, "pairs", spy)
+    return seen
+
+
+@pytest.mark.parametrize("variant", ["xpool", "prob", "bridge", "dab"])
+def test_tiny_memory_budget_splits_into_many_sub_blocks(variant: str, pair_blocks: list[int]) -> None:
+    model = make(variant, "w2" if variant == "dab" else "kl")
+    text, frames, mask, _ = data(q=13, v=9)
+    budget = 5 * pair_bytes(model.cfg, F_)  # at most 5 pairs of work at a time
+    seen = pair_blocks
     res = score_all(model, text, frames, mask, memory_budget=budget)
     assert max(seen) <= 5 and sum(seen) == 13 * 9  # every pair exactly once, never a bigger block
     assert res.info["sub_blocks"] == len(seen)
@@ -285,23 +292,15 @@ def test_cuda_engine_equals_cpu_reference(variant: str) -> None:
 
 
 @pytest.mark.parametrize("budget_pairs", [None, 1, 7])
-def test_shortlist_rows_with_uneven_candidates(budget_pairs, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shortlist_rows_with_uneven_candidates(budget_pairs, pair_blocks: list[int]) -> None:
     model = make("dab", "w2", seed=5)
     text, frames, mask, _ = data(seed=6, q=12, v=10)
     text[:6] = text[0]  # six identical queries: their candidates pile onto the same videos
     k = 4
-    seen: list[int] = []
-    original = _Engine.pairs
-
-    def spy(self, ts, vs, keep=None, want_var=False):
-        seen.append(len(vs) * ts.q.shape[1] if keep is None else len(keep))
-        return original(self, ts, vs, keep, want_var)
-
-    monkeypatch.setattr(_Engine, "pairs", spy)
+    seen = pair_blocks
     budget = None if budget_pairs is None else budget_pairs * pair_bytes(model.cfg, F_, aligned=True)
     res = score_all(model, text, frames, mask, shortlist=k, memory_budget=budget, video_chunk=3)
     assert sum(seen) == 12 * k  # every candidate pair exactly once, padding never scored
-    monkeypatch.undo()
     ref = score_all_reference(model, text, frames, mask).cost
     cand = first_stage(text, frames, mask, k)
     for qi in range(12):
