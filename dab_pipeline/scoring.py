@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .cpu_kernels import Kernels, get_kernels
 from .devices import resolve_device
 from .events import Event, ProgressCallback, null_progress
 from .model import DABModel, ModelConfig, _masked_softmax
@@ -354,10 +355,16 @@ class _Videos:
     g_heads: Optional[Tensor] = None  # (V, R + 3, 2D): [mu | logvar] heads of the video Gaussian
     g_target: Optional[Tensor] = None  # (V, R + 3, H): the bridge's mu_v block (dab)
     tok: Optional[Tensor] = None  # (V, D) W1 h_bar + b1 (prob/dab)
+    # prob/dab: the per-pair LayerNorm statistics as quadratic forms in the attention weights
+    quad1: Optional[Tensor] = None  # (V, R, R): var of LN_attn's input = w^T quad1 w
+    quad2: Optional[Tensor] = None  # (V, R + 1, R + 1): var of LN_out's input = z^T quad2 z, z = [rs1 w, 1]
+    quad3: Optional[Tensor] = None  # (V, R + 1, R + 3): [M3 | k3 | k4], moments of v_c (see videos())
+    g_all: Optional[Tensor] = None  # (V, R + 3, D + 2D [+ H]): [token term / g | heads | mu_v block]
 
     def take(self, idx: slice | Tensor) -> "_Videos":
         return _Videos(*(None if t is None else t[idx] for t in (
-            self.mask, self.key_t, self.ur, self.c_basis, self.g_heads, self.g_target, self.tok)))
+            self.mask, self.key_t, self.ur, self.c_basis, self.g_heads, self.g_target, self.tok,
+            self.quad1, self.quad2, self.quad3, self.g_all)))
 
     def __len__(self) -> int:
         return self.mask.shape[0]
@@ -366,7 +373,7 @@ class _Videos:
 class _Engine:
     """The model's function, re-associated; built once per :func:`score_all` call."""
 
-    def __init__(self, model: DABModel, device: torch.device, mm_dtype: torch.dtype) -> None:
+    def __init__(self, model: DABModel, device: torch.device, mm_dtype: torch.dtype, batch_hint: int = 1024) -> None:
         cfg = model.cfg
         self.model, self.cfg, self.device, self.mm_dtype = model, cfg, device, mm_dtype
         pool = model.pool
@@ -388,7 +395,15 @@ class _Engine:
         # a's constant (b1) passes through the residual and linear_proj
         self.r0 = b1 + b1 @ self.wl_t + f32(pool.linear_proj.bias)  # (D,)
         v_a, v_b = self.g2 * _center(self.r0), self.b2  # v_c's constant rows (coefficients rs2 and 1)
+        self.c0 = _center(self.r0)  # (D,) C(r0), the constant row of C(o)
+        self.m0 = float(self.b2.mean())  # v_c's moments are taken around mean(b2)
+        self.b2c = _center(self.b2)  # (D,)
+        self.b2c_sq = float(self.b2c.square().sum())
         self.lo, self.hi = cfg.logvar_min, cfg.logvar_max
+        # bf16 on CPU: the bridge's products as oneDNN linears on pre-packed weights, the
+        # elementwise work between them in the fused kernels (cpu_kernels.py)
+        self.onednn: Optional[_OneDNN] = None
+        self.kernels: Optional[Kernels] = None
 
         # c basis: a linear map of v_c (coefficients w rs1 rs2, rs2, 1)
         self.c_w: Optional[Tensor] = None  # (D, Cc)
@@ -428,6 +443,14 @@ class _Engine:
             else:
                 self.c_w = w_target.T.contiguous()  # (D, H): the point bridge's target x_v = v_c / |v_c|
                 self.c_rows = torch.stack([v_a @ self.c_w, v_b @ self.c_w])
+            if mm_dtype == torch.bfloat16 and device.type == "cpu":
+                linears = [(w_first[:, :width], None)] + [(f32(m.weight), f32(m.bias)) for m in lins[1:-1]]
+                linears += [(w_last, b_last)]
+                if self.variant == "dab":
+                    linears.append((w_tsig, None))
+                self.onednn = _OneDNN.pack(linears, batch_hint)
+                if self.onednn is not None:
+                    self.kernels = get_kernels()
         if cfg.probabilistic:
             assert model.prob is not None and model.token_unc is not None
             pr = model.prob
@@ -496,6 +519,23 @@ class _Engine:
             if self.gt_w is not None:
                 out.g_target = basis(hb, self.gt_w, self.gt_rows)  # (V, R + 3, H)
             out.tok = m.token_unc.video_term(frames, mask)  # (V, D)
+            # LN_attn's input is y = w @ U, so C(y) = w @ C(U) and var = w^T (C(U) C(U)^T / D) w.
+            uc = _center(u)  # (V, R, D)
+            out.quad1 = uc @ uc.transpose(1, 2) / d  # (V, R, R)
+            # C(o) = z @ A with z = [rs1 w, 1] and A = [C(Rm); C(r0)], so LN_out's variance is
+            # z^T (A A^T / D) z, and v_c - m0 = rs2 (z @ A) * g2 + C(b2) (m0 = mean(b2)) gives
+            # |v_c - m0|^2 = rs2^2 z^T M3 z + 2 rs2 z.k3 + |C(b2)|^2 and sum(v_c - m0) = rs2 z.k4,
+            # with M3 = A diag(g2^2) A^T, k3 = A (g2 C(b2)), k4 = A g2.  Centering around m0
+            # keeps the variance of v_c free of cancellation.
+            a = torch.cat([_center(rm), self.c0.expand(n_v, 1, d)], dim=1)  # (V, R + 1, D)
+            out.quad2 = a @ a.transpose(1, 2) / d  # (V, R + 1, R + 1)
+            ag = a * self.g2  # (V, R + 1, D)
+            out.quad3 = torch.cat([ag @ ag.transpose(1, 2), ag @ self.b2c[:, None], a @ self.g2[:, None]], dim=2)
+            # one product per pair block: coefficients [wr g, rs2 g, g, 1] against the token basis
+            # (its coefficients are these over g: a zero row for the last), the heads and mu_v's block
+            tok_basis = torch.cat([out.c_basis, out.c_basis.new_zeros(n_v, 1, out.c_basis.shape[2])], dim=1)
+            parts = [tok_basis, out.g_heads] + ([out.g_target] if out.g_target is not None else [])
+            out.g_all = torch.cat(parts, dim=2)  # (V, R + 3, D + 2D [+ H])
         return out
 
     # ------------------------------------------------------------------ per pair
@@ -518,6 +558,8 @@ class _Engine:
         logits = torch.matmul(q4, vs.key_t)  # (B, Hh, M, F)
         w = _masked_softmax(logits, vs.mask[:, None, None, :], dim=-1)  # (B, Hh, M, F)
         w = w.permute(0, 2, 1, 3).reshape(n_b, n_m, -1)  # (B, M, R)
+        if self.cfg.probabilistic:
+            return self._pairs_gaussian(ts, vs, w, keep, want_var)
         yr = torch.bmm(w, vs.ur)  # (B, M, 2D)
         var1, _ = torch.var_mean(yr[..., :d], dim=-1, unbiased=False, keepdim=True)  # (B, M, 1)
         rs1 = torch.rsqrt(var1 + self.eps1)
@@ -552,30 +594,81 @@ class _Engine:
             cost = -(F.normalize(x, dim=-1, eps=1e-8) * F.normalize(v_c, dim=-1, eps=1e-8)).sum(dim=-1)
             return (cost[:, 0] if keep is not None else cost), None, None
 
-        # prob / dab: the video Gaussian
-        assert vs.c_basis is not None and vs.g_heads is not None and vs.tok is not None
-        assert ts.mu is not None and ts.logvar is not None
-        var_v, _ = torch.var_mean(v_c, dim=-1, unbiased=False, keepdim=True)  # (B, M, 1)
-        den = nv.clamp_min(1e-12)  # F.normalize's clamp
+        raise AssertionError(f"unhandled variant {self.variant!r}")
+
+    def _pairs_gaussian(self, ts: _Texts, vs: _Videos, w: Tensor, keep: Optional[Tensor], want_var: bool
+                        ) -> tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+        """:meth:`pairs` for prob / dab, from the attention weights w (B, M, R).
+
+        The three LayerNorm statistics of a pair (LN_attn, LN_out, and the probabilistic
+        encoder's LN of v_c / |v_c|) come from small quadratic forms in w against per-video
+        matrices (:meth:`videos`), so no (B, M, D) tensor is made before the heads; one
+        product against the merged basis then gives the token term, both heads and the
+        bridge's mu_v block.
+        """
+        d, n_b, n_m = self.d, w.shape[0], w.shape[1]
+        assert vs.quad1 is not None and vs.quad2 is not None and vs.quad3 is not None and vs.g_all is not None
+        assert vs.tok is not None and ts.mu is not None and ts.logvar is not None
+        var1 = (torch.bmm(w, vs.quad1) * w).sum(dim=-1, keepdim=True)  # (B, M, 1)
+        rs1 = torch.rsqrt(var1.clamp_min_(0.0) + self.eps1)
+        one = torch.ones_like(rs1)
+        z = torch.cat([w * rs1, one], dim=-1)  # (B, M, R + 1)
+        var2 = (torch.bmm(z, vs.quad2) * z).sum(dim=-1, keepdim=True)  # (B, M, 1)
+        rs2 = torch.rsqrt(var2.clamp_min_(0.0) + self.eps2)
+        zq = torch.bmm(z, vs.quad3)  # (B, M, R + 3)
+        r = z.shape[-1]
+        s1 = rs2 * zq[..., r + 1: r + 2]  # sum(v_c - m0), (B, M, 1)
+        s2 = (rs2.square() * (zq[..., :r] * z).sum(dim=-1, keepdim=True) + 2.0 * rs2 * zq[..., r: r + 1]
+              + self.b2c_sq).clamp_min_(0.0)  # |v_c - m0|^2
+        var_v = (s2 / d - (s1 / d).square()).clamp_min_(0.0)  # (B, M, 1)
+        nv2 = (s2 + 2.0 * self.m0 * s1 + d * self.m0 * self.m0).clamp_min_(0.0)  # |v_c|^2
+        den = nv2.sqrt().clamp_min_(1e-12)  # F.normalize's clamp
         g = torch.rsqrt(var_v / den.square() + self.eps_p) / den  # (B, M, 1)
-        del v_c, o
-        tok = torch.bmm(torch.cat([wr, rs2, one], dim=-1), vs.c_basis)  # (B, M, D): W2 v_c + b2
+        wr = w * (rs1 * rs2)  # (B, M, R)
         coef_g = torch.cat([wr * g, rs2 * g, g, one], dim=-1)  # (B, M, R + 3)
-        heads = torch.bmm(coef_g, vs.g_heads)  # (B, M, 2D)
-        mu_v = heads[..., :d]  # (B, M, D)
-        lv_v = heads[..., d:].clamp_(self.lo, self.hi).add_(tok).add_(vs.tok[:, None])  # (B, M, D)
-        lv_v = lv_v.mul_(0.5).clamp_(self.lo, self.hi)
-        del tok
+        out = torch.bmm(coef_g, vs.g_all)  # (B, M, D + 2D [+ H]): [g (W2 v_c + b2) | mu | logvar | target]
+        mu_v = out[..., d: 2 * d]  # (B, M, D)
+        lv_raw, tok_g = out[..., 2 * d: 3 * d], out[..., :d]
+
+        def pack(x: Tensor) -> Tensor:
+            """(1 | B, M, ...) -> the kept slots as (P, 1, ...), so the bridge never sees padding."""
+            if keep is None:
+                return x
+            x = x.expand(n_b, n_m, *x.shape[2:])
+            return x.reshape(n_b * n_m, *x.shape[2:])[keep][:, None]
+
+        if self.kernels is not None:  # bf16 on CPU (dab): lv_v in place of the raw head and bf16 sigma_v, one pass
+            rows = out.view(n_b * n_m, -1)  # (B*M, D + 2D + H)
+            sigma_v: Optional[Tensor] = torch.empty(n_b * n_m, d, dtype=torch.bfloat16)  # (B*M, D)
+            self.kernels.video_gaussian_(rows[:, 2 * d: 3 * d], rows[:, :d], g.reshape(-1), vs.tok, sigma_v,
+                                         self.lo, self.hi, n_m)
+            lv_v = lv_raw
+        else:
+            lv_v = lv_raw.clamp_(self.lo, self.hi).add_(tok_g / g).add_(vs.tok[:, None])  # (B, M, D)
+            lv_v = lv_v.mul_(0.5).clamp_(self.lo, self.hi)
+            sigma_v = None
         if self.variant == "prob":
             mu_t, lv_t = ts.mu, ts.logvar  # (1 | B, M, D)
             if keep is not None:
                 mu_v, lv_v, mu_t, lv_t = pack(mu_v), pack(lv_v), pack(mu_t), pack(lv_t)
         else:
-            target = torch.bmm(coef_g, vs.g_target).to(self.mm_dtype)  # (B, M, H): mu_v block
+            target = out[..., 3 * d:].to(self.mm_dtype)  # (B, M, H): mu_v block
             mu_v, lv_v, target = pack(mu_v), pack(lv_v), pack(target)  # (B, M, .) | (P, 1, .)
-            sigma_v = torch.exp(0.5 * lv_v).reshape(-1, d).to(self.mm_dtype)  # (P, D)
-            target.view(-1, target.shape[-1]).addmm_(sigma_v, self.wsig_t)  # + sigma_v block
+            if sigma_v is None:
+                sigma_v = torch.exp(0.5 * lv_v).reshape(-1, d).to(self.mm_dtype)  # (P, D)
+            elif keep is not None:
+                sigma_v = sigma_v[keep]
+            if self.onednn is not None:
+                shape = target.shape
+                target = self.onednn.add(sigma_v, target.reshape(-1, shape[-1]), -1).view(shape)  # + sigma_v block
+            else:
+                target.view(-1, target.shape[-1]).addmm_(sigma_v, self.wsig_t)  # + sigma_v block
             del sigma_v
+            if self.onednn is not None and self.cfg.cost == "kl" and not want_var:
+                # KL straight from the float32 state [mu_t, logvar_t / 2], one pass
+                st = self._trajectory_onednn([pack(ts.mu), pack(ts.logvar)], target, pack(ts.first), raw=True)
+                cost = self.kernels.kl_rows(mu_v.reshape(-1, d), lv_v.reshape(-1, d), st)  # (P,)
+                return (cost if keep is not None else cost.view(n_b, n_m)), None, None
             mu_t, lv_t = self._trajectory([pack(ts.mu), pack(ts.logvar)], target, pack(ts.first))
         cost = self.model._cost_fn(mu_v, lv_v, mu_t, lv_t)  # (B, M) | (P, 1)
         bridged_var = video_var = None
@@ -596,6 +689,10 @@ class _Engine:
         into preallocated buffers plus in-place elementwise work.  Returns the final
         state as float32 (B, M, D) tensors.
         """
+        if self.onednn is not None:
+            out = self._trajectory_onednn(state, target, first)
+            assert isinstance(out, list)
+            return out
         n_b, n_m, hidden = target.shape
         d, p = self.d, n_b * n_m
         dab = self.variant == "dab"
@@ -656,6 +753,90 @@ class _Engine:
         if hv is not None:
             out.append((hv * 2.0).view(n_b, n_m, d))
         return out
+
+    def _trajectory_onednn(self, state: list[Tensor], target: Tensor, first: Tensor, raw: bool = False
+                           ) -> list[Tensor] | Tensor:
+        """:meth:`_trajectory` for bf16 on CPU: oneDNN linears and the fused kernels.
+
+        Each step: the first layer as one linear whose epilogue adds the time feature
+        (its bias) and the pair's target block (a binary post-op), SiLU in place; the
+        hidden layers likewise; the output layer; then one fused pass updates the
+        float32 state ``[mu, logvar / 2]`` and writes the next step's bf16 input
+        ``[mu, sigma]``.  Same arithmetic as the generic bf16 path: bf16 products with
+        float32 accumulation, the state in float32.
+        """
+        assert self.onednn is not None and self.kernels is not None
+        n_b, n_m, hidden = target.shape
+        d, p = self.d, n_b * n_m
+        dab = self.variant == "dab"
+        width = 2 * d if dab else d
+        kern, lin = self.kernels, self.onednn
+        target = target.reshape(p, hidden).contiguous()  # (P, H) bf16
+        st = torch.empty(p, width, dtype=torch.float32)  # (P, n*D): [mu, logvar / 2] | [x]
+        s = torch.empty(p, width, dtype=torch.bfloat16)  # (P, n*D): the first layer's input
+        st[:, :d].view(n_b, n_m, d).copy_(state[0])
+        if dab:
+            torch.mul(state[1].expand(n_b, n_m, d), 0.5, out=st[:, d:].view(n_b, n_m, d))
+        lo, hi = 0.5 * self.lo, 0.5 * self.hi
+        steps = len(self.chi)
+        for k in range(steps):
+            if k == 0:
+                # the first step's state is the text's: its block was projected once per text
+                h = torch.empty(p, hidden, dtype=torch.bfloat16)  # (P, H)
+                torch.add(target.view(n_b, n_m, hidden), first, out=h.view(n_b, n_m, hidden))
+            else:
+                h = lin.add(s, target, 0, bias=self.time_mm[k])  # (P, H) = s W_s^T + time_k + target
+            kern.silu_bf16_(h)
+            for i in range(1, len(self.mids) + 1):
+                h = lin.linear(h, i)  # (P, H)
+                kern.silu_bf16_(h)
+            delta = lin.linear(h, len(self.mids) + 1)  # (P, n*D) bf16
+            kern.bridge_update_(st, delta, s, self.chi[k], lo, hi, d, k + 1 < steps)
+        if raw:
+            return st  # (P, n*D) float32: [mu, logvar / 2] | [x]
+        out = [st[:, :d].view(n_b, n_m, d)]  # float32 (B, M, D)
+        if dab:
+            out.append((st[:, d:] * 2.0).view(n_b, n_m, d))
+        return out
+
+
+class _OneDNN:
+    """bf16 linears on weights pre-packed for oneDNN (its AMX / AVX512-BF16 kernels on CPU).
+
+    ``torch.ops.mkldnn._linear_pointwise`` is what torch.compile's CPU backend emits for
+    a linear; called directly it skips the per-call weight reorder of ``torch.mm`` and
+    fuses the bias and an elementwise add into the product's epilogue.
+    """
+
+    def __init__(self, weights: list[Tensor], biases: list[Optional[Tensor]]) -> None:
+        self.weights, self.biases = weights, biases
+
+    @staticmethod
+    def pack(linears: list[tuple[Tensor, Optional[Tensor]]], batch_hint: int) -> Optional["_OneDNN"]:
+        """(weight (out, in) float32, bias (out,) | None) each -> packed bf16, or None where unsupported."""
+        try:
+            if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+                return None
+            weights, biases = [], []
+            for w, b in linears:
+                weights.append(torch.ops.mkldnn._reorder_linear_weight(w.contiguous().to(torch.bfloat16),
+                                                                       max(1, batch_hint)))
+                biases.append(None if b is None else b.to(torch.bfloat16))
+            eng = _OneDNN(weights, biases)
+            x = torch.zeros(2, linears[0][0].shape[1], dtype=torch.bfloat16)
+            eng.linear(x, 0)  # a build without these ops fails here, not mid-run
+            return eng
+        except (RuntimeError, AttributeError):
+            return None
+
+    def linear(self, x: Tensor, i: int) -> Tensor:
+        """x (P, in) bf16 -> x W_i^T + b_i (P, out) bf16."""
+        return torch.ops.mkldnn._linear_pointwise(x, self.weights[i], self.biases[i], "none", [], "")
+
+    def add(self, x: Tensor, other: Tensor, i: int, bias: Optional[Tensor] = None) -> Tensor:
+        """x W_i^T + bias + other, the add fused into the product; other (P, out) bf16."""
+        b = bias if bias is not None else self.biases[i]
+        return torch.ops.mkldnn._linear_pointwise.binary(x, other, self.weights[i], b, "add")
 
 
 # =========================================================================== driver
@@ -816,7 +997,10 @@ def score_all(
     model.to(dev)
     try:
         with torch.no_grad():
-            eng = _Engine(model, dev, mm_dtype)
+            eng = _Engine(model, dev, mm_dtype, batch_hint=min(p_max, max(1, n_q * n_v)))
+            if eng.onednn is not None and eng.kernels is not None:
+                info["products"] = "onednn"
+                info["kernels"] = eng.kernels.name if eng.kernels.fused else f"eager ({eng.kernels.reason})"
             ts = eng.texts(text_t.to(dev))
             if shortlist is not None:
                 cost = np.full((n_q, n_v), np.inf, dtype=np.float32)

@@ -1,0 +1,260 @@
+"""Fused CPU kernels for the bf16 scoring engine, built on first use, with eager fallbacks.
+
+The bf16 bridge on CPU runs its products on the bf16 matrix units (AMX / AVX512-BF16)
+several times faster than in float32, so the elementwise work between them -- SiLU and the
+state update, each several ATen passes over memory -- becomes a third of a step.
+``csrc/dab_cpu.cpp`` does each of those stretches in one pass.  It is compiled on the
+machine that runs it (``-march=native``; a C++ compiler and ``ninja`` are needed) the first
+time :func:`get_kernels` is called, and the build is cached:
+
+* in ``$DAB_KERNEL_CACHE``, else ``<dab cache>/kernels`` (``$DAB_CACHE`` or ``~/.cache/dab``);
+* under a key of the source, the flags, torch, Python and the CPU's feature flags, so a
+  home folder shared by different machines never loads a binary built for another CPU.
+
+``DAB_CPU_KERNELS=0`` (or ``off``/``false``) turns the build off.  Whenever the kernels are
+unavailable -- turned off, no compiler, a failed build -- :func:`get_kernels` returns the
+eager ATen versions below, which compute the same thing (they are the reference the
+tests hold the compiled kernels to), and :attr:`Kernels.reason` says why.
+``python -m dab_pipeline.cpu_kernels`` builds them now and prints the outcome.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = [
+    "Kernels",
+    "get_kernels",
+    "eager_kernels",
+    "kernel_cache_dir",
+    "silu_bf16_eager",
+    "bridge_update_eager",
+    "video_gaussian_eager",
+    "kl_rows_eager",
+]
+
+SOURCE = Path(__file__).parent / "csrc" / "dab_cpu.cpp"
+_ENV_SWITCH = "DAB_CPU_KERNELS"
+
+
+# --------------------------------------------------------------------------- eager versions (the spec)
+
+
+def silu_bf16_eager(x: Tensor) -> None:
+    """``x <- silu(x)`` in place; x (P, H) bfloat16."""
+    F.silu(x, inplace=True)
+
+
+def bridge_update_eager(st: Tensor, delta: Tensor, s: Tensor, chi: float, lo: float, hi: float, d: int,
+                        write_s: bool) -> None:
+    """One bridge step's state update, in place.
+
+    st (P, W) float32 holds ``[mu, logvar / 2]`` (W = 2D) or ``[x]`` (W = D); delta (P, W)
+    bfloat16 is the drift.  ``st -= chi * delta``; the logvar half is clamped to
+    ``[lo, hi]``; with ``write_s`` the next product's input s (P, W) bfloat16 gets
+    ``[mu, exp(logvar / 2)]`` (or ``[x]``).
+    """
+    st.add_(delta, alpha=-chi)  # (P, W) float32 += bf16, promoted
+    if st.shape[1] > d:
+        st[:, d:].clamp_(lo, hi)
+    if write_s:
+        s[:, :d].copy_(st[:, :d])
+        if st.shape[1] > d:
+            torch.exp(st[:, d:], out=s[:, d:])
+
+
+def video_gaussian_eager(lv: Tensor, tok_g: Tensor, g: Tensor, vtok: Tensor, sigma: Tensor, lo: float, hi: float,
+                         group: int) -> None:
+    """The video Gaussian's log-variance and sigma, in place.
+
+    lv (P, D) float32 holds the raw logvar head and receives
+    ``clamp((clamp(lv, lo, hi) + tok_g / g + vtok[p // group]) / 2, lo, hi)``; tok_g (P, D)
+    is the token term times g (P,); vtok (P / group, D) the per-video token term; sigma
+    (P, D) bfloat16 receives ``exp(lv / 2)``.
+    """
+    rows = lv.shape[0]
+    per_video = vtok.repeat_interleave(group, dim=0)[:rows]  # (P, D)
+    lv.clamp_(lo, hi).add_(tok_g / g[:, None]).add_(per_video).mul_(0.5).clamp_(lo, hi)
+    torch.exp(lv * 0.5, out=sigma)
+
+
+def kl_rows_eager(mu_v: Tensor, lv_v: Tensor, st: Tensor) -> Tensor:
+    """``KL(N(mu_v, e^lv_v) || N(mu_t, e^(2 hv_t)))`` per row -> (P,) float32; st (P, 2D) = [mu_t, hv_t]."""
+    d = mu_v.shape[1]
+    lv_t = st[:, d:] * 2.0
+    inv = torch.exp(-lv_t)
+    terms = (st[:, :d] - mu_v).square() * inv + torch.exp(lv_v - lv_t) - 1.0 + (lv_t - lv_v)
+    return 0.5 * terms.sum(dim=1)
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The kernels in use: compiled (``fused``) or the eager fallbacks, with the reason."""
+
+    silu_bf16_: Callable[[Tensor], None]
+    bridge_update_: Callable[[Tensor, Tensor, Tensor, float, float, float, int, bool], None]
+    video_gaussian_: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, float, float, int], None]
+    kl_rows: Callable[[Tensor, Tensor, Tensor], Tensor]
+    fused: bool
+    reason: str
+
+    @property
+    def name(self) -> str:
+        return "fused" if self.fused else "eager"
+
+
+def eager_kernels(reason: str = "eager requested") -> Kernels:
+    return Kernels(silu_bf16_eager, bridge_update_eager, video_gaussian_eager, kl_rows_eager, False, reason)
+
+
+# --------------------------------------------------------------------------- build and load
+
+
+def kernel_cache_dir() -> Path:
+    env = os.environ.get("DAB_KERNEL_CACHE")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("DAB_CACHE")
+    return (Path(base).expanduser() if base else Path.home() / ".cache" / "dab") / "kernels"
+
+
+def _cflags() -> list[str]:
+    # -ffast-math's parts, for vector min/max in the clamps and reciprocal estimates (one
+    # Newton step: ~1e-7 relative) in place of divides; the source tests NaN on the bits, so it
+    # still passes NaN through.  Not -ffast-math itself: at link time that can pull in
+    # crtfastmath.o, which would flush denormals for the whole process.
+    flags = ["-O3", "-fopenmp", "-fno-math-errno", "-funsafe-math-optimizations", "-ffinite-math-only",
+             "-fno-trapping-math", "-fno-signed-zeros"]
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64"):
+        flags += ["-march=native", "-mprefer-vector-width=512", "-mrecip"]
+    elif machine in ("aarch64", "arm64"):
+        flags += ["-mcpu=native"]
+    return flags
+
+
+def _cpu_signature() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith(("flags", "Features")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _build_key() -> str:
+    h = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), " ".join(_cflags()).encode(), torch.__version__.encode(),
+                 sys.version.encode(), _cpu_signature().encode()):
+        h.update(part)
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def _disabled() -> bool:
+    return os.environ.get(_ENV_SWITCH, "auto").strip().lower() in ("0", "off", "false", "no", "eager")
+
+
+_lock = threading.Lock()
+_cached: Optional[Kernels] = None
+
+
+def get_kernels(build: bool = True) -> Kernels:
+    """The fused kernels, building them on first use; the eager ones when that is not possible.
+
+    The outcome is cached for the process.  ``build=False`` only loads a build that is
+    already in the cache.
+    """
+    global _cached
+    if _disabled():
+        return eager_kernels(f"turned off by {_ENV_SWITCH}={os.environ.get(_ENV_SWITCH)}")
+    with _lock:
+        if _cached is None:
+            kernels = _load(build)
+            if kernels.fused or build:  # a failed build is not retried in this process
+                _cached = kernels
+            return kernels
+        return _cached
+
+
+def _compiled() -> Kernels:
+    ops = torch.ops.dab_cpu
+    return Kernels(ops.silu_bf16_, ops.bridge_update_, ops.video_gaussian_, ops.kl_rows, True, "compiled")
+
+
+def _loaded() -> bool:
+    try:
+        return all(hasattr(torch.ops.dab_cpu, op) for op in ("silu_bf16_", "bridge_update_", "video_gaussian_",
+                                                               "kl_rows"))
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _load(build: bool) -> Kernels:
+    if _loaded():
+        return _compiled()  # already loaded in this process
+    key = _build_key()
+    name = f"dab_cpu_{key}"
+    folder = kernel_cache_dir() / name
+    library = folder / f"{name}.so"
+    if library.exists():
+        try:
+            torch.ops.load_library(str(library))
+            return _compiled()
+        except (OSError, RuntimeError) as exc:  # a truncated or foreign file: rebuild it
+            if not build:
+                return eager_kernels(f"could not load {library}: {exc}")
+    if not build:
+        return eager_kernels("not built yet")
+    import logging
+
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)  # its CUDA_HOME notice
+    from torch.utils import cpp_extension
+
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        return eager_kernels(f"no C++ compiler ({compiler!r} not on PATH)")
+    if not cpp_extension.is_ninja_available():
+        return eager_kernels("ninja is not installed (pip install ninja)")
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        # cpp_extension locks the folder while it builds, so concurrent ranks build once
+        cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=_cflags(), extra_ldflags=["-fopenmp"],
+                           build_directory=str(folder), is_python_module=False, verbose=False)
+    except Exception as exc:  # noqa: BLE001 - any build failure falls back to the eager kernels
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        errors = [ln for ln in lines if "error" in ln.lower() and not ln.startswith("[")]
+        detail = (errors or lines or [type(exc).__name__])[0]
+        return eager_kernels(f"build failed in {folder}: {detail[:300]}")
+    return _compiled()
+
+
+def main() -> None:
+    t = time.perf_counter()
+    k = get_kernels()
+    took = time.perf_counter() - t
+    where = kernel_cache_dir()
+    if k.fused:
+        print(f"dab CPU kernels: compiled ({took:.1f} s), cache {where}")
+    else:
+        print(f"dab CPU kernels: not available, the eager fallback is used ({k.reason})")
+        raise SystemExit(1 if not _disabled() else 0)
+
+
+if __name__ == "__main__":
+    main()
