@@ -238,7 +238,8 @@ def _load(build: bool) -> Kernels:
                            build_directory=str(folder), is_python_module=False, verbose=False)
     except Exception as exc:  # noqa: BLE001 - any build failure falls back to the eager kernels
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-        errors = [ln for ln in lines if "error" in ln.lower() and not ln.startswith("[")]
+        errors = [ln for ln in lines if ": error" in ln or ": fatal error" in ln]
+        errors += [ln for ln in lines if "error" in ln.lower() and not ln.startswith("[")]
         detail = (errors or lines or [type(exc).__name__])[0]
         return eager_kernels(f"build failed in {folder}: {detail[:300]}")
     return _compiled()

@@ -247,16 +247,20 @@ def engine_macs(cfg: ModelConfig, num_frames: int) -> dict[str, int]:
     d, h, r, n, _ = _dims(cfg, num_frames)
     f = num_frames
     state, rest = _step_macs(cfg)
-    per_pair = f * d + r * 2 * d  # logits; y and (w @ Rm)
+    per_pair = f * d  # attention logits
     per_video = 3 * f * d * d + r * d * d  # k, v (+ out_proj folded into U), linear_proj on U's rows
     per_text = d * d  # q_proj
     c_cols = d if cfg.probabilistic else (h if cfg.variant == "bridge" else 0)
     g_cols = (2 * d + (h if cfg.variant == "dab" else 0)) if cfg.probabilistic else 0
-    per_pair += (r + 2) * c_cols + (r + 3) * g_cols
     per_video += r * d * c_cols + r * d * g_cols
     if cfg.probabilistic:
+        # LayerNorm statistics as quadratic forms in w, then one product with the merged basis
+        per_pair += r * r + (r + 1) * (r + 1) + (r + 1) * (r + 3) + (r + 3) * (c_cols + g_cols)
+        per_video += r * r * d + 2 * (r + 1) * (r + 1) * d + 2 * (r + 1) * d  # quad1, quad2, quad3
         per_text += 2 * d * d
         per_video += 4 * f * d * d + 2 * f * f * d + d * d  # token branch
+    else:
+        per_pair += r * 2 * d + (r + 2) * c_cols  # y and (w @ Rm); the point bridge's target
     bridge = 0
     if cfg.uses_bridge:
         per_text += n * d * h  # the first step's state block
@@ -288,6 +292,8 @@ def _video_bytes(cfg: ModelConfig, num_frames: int, transient: bool = True) -> i
     c_cols = d if cfg.probabilistic else (h if cfg.variant == "bridge" else 0)
     g_cols = (2 * d + (h if cfg.variant == "dab" else 0)) if cfg.probabilistic else 0
     n = num_frames * d + 2 * r * d + (r + 2) * c_cols + (r + 3) * g_cols + d + num_frames
+    if cfg.probabilistic:  # the quadratic forms and the merged copy of the bases
+        n += 3 * (r + 3) ** 2 + (r + 3) * (c_cols + g_cols)
     if transient:  # U, A1, Rm, V1, Hb and the token branch while the bases are built
         n += 6 * r * d + 6 * num_frames * d + num_frames * num_frames
     return 4 * n
@@ -536,6 +542,7 @@ class _Engine:
             tok_basis = torch.cat([out.c_basis, out.c_basis.new_zeros(n_v, 1, out.c_basis.shape[2])], dim=1)
             parts = [tok_basis, out.g_heads] + ([out.g_target] if out.g_target is not None else [])
             out.g_all = torch.cat(parts, dim=2)  # (V, R + 3, D + 2D [+ H])
+            out.c_basis = out.g_heads = out.g_target = None  # merged: not kept twice
         return out
 
     # ------------------------------------------------------------------ per pair
@@ -666,6 +673,7 @@ class _Engine:
             del sigma_v
             if self.onednn is not None and self.cfg.cost == "kl" and not want_var:
                 # KL straight from the float32 state [mu_t, logvar_t / 2], one pass
+                assert self.kernels is not None
                 st = self._trajectory_onednn([pack(ts.mu), pack(ts.logvar)], target, pack(ts.first), raw=True)
                 cost = self.kernels.kl_rows(mu_v.reshape(-1, d), lv_v.reshape(-1, d), st)  # (P,)
                 return (cost if keep is not None else cost.view(n_b, n_m)), None, None
@@ -908,7 +916,9 @@ def _inner_tiles(n_text: int, n_video: int, p_max: int) -> tuple[int, int]:
     tq = min(n_text, max(1, math.isqrt(p_max)))
     tv = min(n_video, max(1, p_max // tq))
     tq = min(n_text, max(1, p_max // tv))
-    return tq, tv
+    # equal tiles instead of full ones and a thin remainder: the products run at full rate
+    # only from a few hundred rows, and a remainder block of a few dozen pairs does not
+    return -(-n_text // -(-n_text // tq)), -(-n_video // -(-n_video // tv))
 
 
 def _shortlist(text: Tensor, frames: Tensor, mask: Tensor, k: int, device: torch.device, p_max: int) -> np.ndarray:

@@ -57,6 +57,9 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     import os
 
     os.environ["DAB_CACHE"] = str(tmp_path_factory.mktemp("dab_cache"))
+    # the compiled CPU kernels are kept across sessions (a build takes ~10 s), keyed by their source
+    os.environ.setdefault("DAB_KERNEL_CACHE", str(Path(__file__).resolve().parent.parent / ".pytest_cache"
+                                                  / "dab-kernels"))
 
 
 @pytest.fixture(scope="session")

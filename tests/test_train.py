@@ -73,6 +73,19 @@ def test_each_variant_writes_a_complete_run(random_store: Path, tmp_path: Path, 
     assert res.test_metrics["R@1"] > 40.0
 
 
+def test_bf16_scoring_gives_the_float32_ranking(random_store: Path, tmp_path: Path) -> None:
+    # score_dtype only changes how val / test are scored: one epoch (no selection), near-equal costs
+    runs = {dt: run_train(_cfg(random_store, tmp_path / dt, "model.variant=dab", "epochs=1", f"score_dtype={dt}"))
+            for dt in ("float32", "bfloat16")}
+    c32, c16 = (read_costs(runs[dt].costs_path).cost for dt in ("float32", "bfloat16"))
+    assert np.max(np.abs(c16 - c32) / np.abs(c32)) < 2e-2
+    assert np.mean(c16.argmin(1) == c32.argmin(1)) >= 0.9
+    saved = json.loads((tmp_path / "bfloat16" / "config.json").read_text())
+    assert saved["score_dtype"] == "bfloat16"
+    with pytest.raises(ConfigError, match="score_dtype"):
+        _cfg(random_store, tmp_path / "x", "score_dtype=float16")
+
+
 def test_resume_equals_uninterrupted(random_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import dab_pipeline.losses as losses
 

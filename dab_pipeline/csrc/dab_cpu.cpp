@@ -20,6 +20,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 constexpr int64_t kGrain = 16;  // rows per task: at H = 1024 a task is >= 16k elements
@@ -85,14 +89,52 @@ inline float exp_poly(float x) {
   return p * scale;
 }
 
-// silu(v) = v / (1 + exp(-v)).  exp's argument is capped at 20: beyond it 1 + exp(-v)
-// rounds to 1 in float32 anyway, and the cap keeps exp's result normal.
+// silu(v) = v / (1 + exp(-v)); exp_poly's clamp keeps a very negative v's result a tiny
+// normal number (or zero) instead of inf / inf.
 inline float silu(float v) {
-  float a = -v;
-  a = a > 20.0f ? 20.0f : a;
-  float y = v / (1.0f + exp_poly(a));
+  float y = v / (1.0f + exp_poly(-v));
   return is_nan(v) ? v : y;
 }
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+// SiLU on 16 bf16 values at a time, written out for AVX-512: a reciprocal estimate (2^-14
+// relative, well under one bf16 step) in place of the divide, and the hardware's
+// round-to-nearest-even bf16 conversion.  Same exp_poly as the portable loop.  Returns
+// how many leading elements it did; the portable loop does the rest.
+inline int64_t silu_row_simd(uint16_t* row, int64_t n) {
+  const __m512 lo = _mm512_set1_ps(-87.0f), hi = _mm512_set1_ps(88.0f), one = _mm512_set1_ps(1.0f);
+  const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
+  const __m512 ln2_hi = _mm512_set1_ps(0.693359375f), ln2_lo = _mm512_set1_ps(-2.12194440e-4f);
+  const __m512 c5 = _mm512_set1_ps(1.9875691500e-4f), c4 = _mm512_set1_ps(1.3981999507e-3f);
+  const __m512 c3 = _mm512_set1_ps(8.3334519073e-3f), c2 = _mm512_set1_ps(4.1665795894e-2f);
+  const __m512 c1 = _mm512_set1_ps(1.6666665459e-1f), c0 = _mm512_set1_ps(5.0000001201e-1f);
+  const __m512i bias = _mm512_set1_epi32(127);
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + j));
+    const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    __m512 x = _mm512_sub_ps(_mm512_setzero_ps(), v);  // exp(-v)
+    x = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
+    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(k, ln2_hi, x);
+    r = _mm512_fnmadd_ps(k, ln2_lo, r);
+    __m512 p = _mm512_fmadd_ps(c5, r, c4);
+    p = _mm512_fmadd_ps(p, r, c3);
+    p = _mm512_fmadd_ps(p, r, c2);
+    p = _mm512_fmadd_ps(p, r, c1);
+    p = _mm512_fmadd_ps(p, r, c0);
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, one));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), bias), 23);
+    const __m512 ex = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+    __m512 y = _mm512_mul_ps(v, _mm512_rcp14_ps(_mm512_add_ps(one, ex)));
+    y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), v);  // NaN stays NaN
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + j), (__m256i)_mm512_cvtneps_pbh(y));
+  }
+  return j;
+}
+#else
+inline int64_t silu_row_simd(uint16_t*, int64_t) { return 0; }
+#endif
 
 void check_rows(const at::Tensor& t, const char* name, at::ScalarType dtype) {
   TORCH_CHECK(t.dim() == 2, name, " must be 2-D, got ", t.dim(), "-D");
@@ -109,8 +151,9 @@ void silu_bf16_(at::Tensor x) {
   at::parallel_for(0, rows, kGrain, [=](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       uint16_t* row = base + r * ld;
+      const int64_t done = silu_row_simd(row, cols);
 #pragma omp simd
-      for (int64_t j = 0; j < cols; ++j) row[j] = float_to_bf16(silu(bf16_to_float(row[j])));
+      for (int64_t j = done; j < cols; ++j) row[j] = float_to_bf16(silu(bf16_to_float(row[j])));
     }
   });
 }

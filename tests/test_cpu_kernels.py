@@ -1,0 +1,193 @@
+"""The compiled CPU kernels (cpu_kernels.py, csrc/dab_cpu.cpp) against their eager specs, and the fallback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dab_pipeline import cpu_kernels
+from dab_pipeline.cpu_kernels import (
+    bridge_update_eager,
+    eager_kernels,
+    get_kernels,
+    kl_rows_eager,
+    video_gaussian_eager,
+)
+from dab_pipeline.model import DABModel, ModelConfig
+from dab_pipeline.scoring import _Engine, score_all, score_all_reference
+
+BF16_REL = 2 ** -8  # one bf16 rounding step, relative
+
+
+@pytest.fixture(scope="module")
+def fused() -> cpu_kernels.Kernels:
+    k = get_kernels()
+    if not k.fused:
+        # say why, so a CI log shows a missing compiler instead of a silent skip
+        pytest.skip(f"compiled kernels unavailable here: {k.reason}")
+    return k
+
+
+def rows_view(t: torch.Tensor, pad: int) -> torch.Tensor:
+    """The same values as rows of a wider buffer: row stride > row length, as in the engine."""
+    buf = torch.full((t.shape[0], t.shape[1] + pad), float("nan"), dtype=t.dtype)
+    buf[:, : t.shape[1]] = t
+    return buf[:, : t.shape[1]]
+
+
+def test_silu_matches_aten_to_bf16_rounding(fused: cpu_kernels.Kernels) -> None:
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(37, 100, generator=gen) * 6).to(torch.bfloat16)
+    x[0, :6] = torch.tensor([0.0, -0.0, 30.0, -30.0, 200.0, -200.0]).to(torch.bfloat16)
+    ref = F.silu(x.float())
+    got = rows_view(x.clone(), 13)
+    fused.silu_bf16_(got)
+    err = (got.float() - ref).abs() / ref.abs().clamp_min(1e-3)
+    assert err.max() <= 2 * BF16_REL
+    assert got[0, 5].float().abs() < 1e-30  # silu(-200) ~ -3e-85: no garbage from exp's range limits
+
+
+def test_bridge_update_matches_the_eager_spec(fused: cpu_kernels.Kernels) -> None:
+    gen = torch.Generator().manual_seed(1)
+    p, d = 29, 40
+    for width in (2 * d, d):  # the Gaussian bridge ([mu, logvar / 2]) and the point bridge ([x])
+        st = torch.randn(p, width, generator=gen) * 3
+        delta = (torch.randn(p, width, generator=gen) * 4).to(torch.bfloat16)
+        for write_s in (True, False):
+            st_ref, st_got = st.clone(), rows_view(st.clone(), 5)
+            s_ref = torch.zeros(p, width, dtype=torch.bfloat16)
+            s_got = rows_view(s_ref.clone(), 7)
+            bridge_update_eager(st_ref, delta, s_ref, 0.37, -2.5, 2.0, d, write_s)
+            fused.bridge_update_(st_got, rows_view(delta, 3), s_got, 0.37, -2.5, 2.0, d, write_s)
+            torch.testing.assert_close(st_got, st_ref, rtol=1e-6, atol=1e-6)
+            if write_s:
+                torch.testing.assert_close(s_got.float(), s_ref.float(), rtol=2 * BF16_REL, atol=0)
+
+
+def test_video_gaussian_matches_the_eager_spec(fused: cpu_kernels.Kernels) -> None:
+    gen = torch.Generator().manual_seed(2)
+    n_v, group, d = 5, 3, 24
+    p = n_v * group - 1  # a last group that is not full
+    lv = torch.randn(p, d, generator=gen) * 8
+    tok_g = torch.randn(p, d, generator=gen)
+    g = torch.rand(p, generator=gen) + 0.2
+    vtok = torch.randn(n_v, d, generator=gen)
+    lv_ref, sig_ref = lv.clone(), torch.empty(p, d, dtype=torch.bfloat16)
+    video_gaussian_eager(lv_ref, tok_g, g, vtok, sig_ref, -4.0, 3.0, group)
+    lv_got, sig_got = rows_view(lv.clone(), 9), torch.empty(p, d, dtype=torch.bfloat16)
+    fused.video_gaussian_(lv_got, rows_view(tok_g, 4), g, vtok, sig_got, -4.0, 3.0, group)
+    torch.testing.assert_close(lv_got, lv_ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(sig_got.float(), sig_ref.float(), rtol=2 * BF16_REL, atol=0)
+    assert lv_got.min() >= -4.0 and lv_got.max() <= 3.0
+
+
+def test_kl_rows_matches_the_eager_spec_and_torch_distributions(fused: cpu_kernels.Kernels) -> None:
+    gen = torch.Generator().manual_seed(3)
+    p, d = 17, 33
+    mu_v, lv_v = torch.randn(p, d, generator=gen), torch.randn(p, d, generator=gen)
+    st = torch.cat([torch.randn(p, d, generator=gen), 0.5 * torch.randn(p, d, generator=gen)], dim=1)
+    got = fused.kl_rows(rows_view(mu_v, 2), rows_view(lv_v, 6), rows_view(st, 1))
+    ref = kl_rows_eager(mu_v, lv_v, st)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    dist = torch.distributions
+    q = dist.Normal(mu_v.double(), torch.exp(0.5 * lv_v.double()))
+    pt = dist.Normal(st[:, :d].double(), torch.exp(st[:, d:].double()))
+    torch.testing.assert_close(got.double(), dist.kl_divergence(q, pt).sum(dim=1), rtol=1e-5, atol=1e-5)
+
+
+def test_nan_passes_through_every_kernel(fused: cpu_kernels.Kernels) -> None:
+    nan = float("nan")
+    x = torch.tensor([[nan, 1.0] + [0.5] * 14]).to(torch.bfloat16)
+    fused.silu_bf16_(x)
+    assert torch.isnan(x[0, 0]) and not torch.isnan(x[0, 1:]).any()
+    st = torch.tensor([[nan, 1.0, nan, 9.0]])
+    s = torch.zeros(1, 4, dtype=torch.bfloat16)
+    fused.bridge_update_(st, torch.zeros(1, 4, dtype=torch.bfloat16), s, 0.5, -2.0, 2.0, 2, True)
+    assert torch.isnan(st[0, 0]) and torch.isnan(st[0, 2]) and torch.isnan(s[0, 0]) and torch.isnan(s[0, 2])
+    assert st[0, 3] == 2.0  # the finite logvar entry is still clamped
+    lv = torch.tensor([[nan, 0.0]])
+    sig = torch.zeros(1, 2, dtype=torch.bfloat16)
+    fused.video_gaussian_(lv, torch.zeros(1, 2), torch.ones(1), torch.zeros(1, 2), sig, -1.0, 1.0, 1)
+    assert torch.isnan(lv[0, 0]) and torch.isnan(sig[0, 0]) and lv[0, 1] == 0.0
+    cost = fused.kl_rows(torch.tensor([[nan, 0.0]]), torch.zeros(1, 2), torch.zeros(1, 4))
+    assert torch.isnan(cost).all()
+
+
+def test_kernels_reject_wrong_dtypes(fused: cpu_kernels.Kernels) -> None:
+    with pytest.raises(RuntimeError, match="bfloat16|BFloat16"):
+        fused.silu_bf16_(torch.zeros(2, 4))
+
+
+def test_turned_off_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DAB_CPU_KERNELS", "0")
+    k = get_kernels()
+    assert not k.fused and "DAB_CPU_KERNELS" in k.reason
+    assert k.silu_bf16_ is cpu_kernels.silu_bf16_eager
+
+
+def test_no_compiler_falls_back_with_the_reason(tmp_path) -> None:
+    # a fresh process, an empty cache and no compiler: the eager kernels, and why
+    env = {**os.environ, "DAB_KERNEL_CACHE": str(tmp_path), "CXX": "/nonexistent/c++", "DAB_CPU_KERNELS": "auto"}
+    code = ("from dab_pipeline.cpu_kernels import get_kernels; k = get_kernels(); "
+            "print(k.fused, '|', k.reason)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    fused_flag, reason = out.stdout.strip().split(" | ", 1)
+    assert fused_flag == "False" and "no C++ compiler" in reason and "/nonexistent/c++" in reason
+
+
+def _model(variant: str, steps: int = 3) -> DABModel:
+    torch.manual_seed(0)
+    model = DABModel(ModelConfig(embed_dim=32, variant=variant, steps=steps, drift_hidden=48, time_embed_dim=8))
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.1)
+    return model.eval()
+
+
+def _data(q: int = 13, v: int = 9) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(4)
+    mask = torch.ones(v, 6, dtype=torch.bool)
+    mask[1, 2:] = False
+    return torch.randn(q, 32, generator=gen), torch.randn(v, 6, 32, generator=gen), mask
+
+
+@pytest.mark.parametrize("variant", ["dab", "bridge"])
+def test_bf16_engine_with_fused_and_eager_kernels_agree(variant: str, fused: cpu_kernels.Kernels,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _model(variant)
+    text, frames, mask = _data()
+    eng = _Engine(model, torch.device("cpu"), torch.bfloat16)
+    if eng.onednn is None:
+        pytest.skip("this torch build has no oneDNN bf16 linears")
+    res_fused = score_all(model, text, frames, mask, dtype="bfloat16", memory_budget=1 << 16)
+    assert res_fused.info["products"] == "onednn" and res_fused.info["kernels"] == "fused"
+    monkeypatch.setattr(cpu_kernels, "_cached", eager_kernels("test"))
+    res_eager = score_all(model, text, frames, mask, dtype="bfloat16", memory_budget=1 << 16)
+    assert res_eager.info["kernels"].startswith("eager")
+    ref = score_all_reference(model, text, frames, mask).cost
+    floor = 0.5 if variant == "bridge" else 1e-12
+    for res in (res_fused, res_eager):
+        rel = np.abs(res.cost - ref) / np.maximum(np.abs(ref), floor)
+        assert rel.max() < 2e-2
+    rel = np.abs(res_fused.cost - res_eager.cost) / np.maximum(np.abs(ref), floor)
+    assert rel.max() < 2e-2
+    assert res_fused.info["sub_blocks"] > 1  # the budget really split the grid
+
+
+def test_bf16_shortlist_and_diagnostics_use_the_same_path(fused: cpu_kernels.Kernels) -> None:
+    model = _model("dab")
+    text, frames, mask = _data()
+    gt = torch.arange(13) % 9
+    exact = score_all(model, text, frames, mask, dtype="bfloat16", gt=gt)
+    short = score_all(model, text, frames, mask, dtype="bfloat16", shortlist=4)
+    kept = np.isfinite(short.cost)
+    assert kept.sum(axis=1).tolist() == [4] * 13
+    np.testing.assert_allclose(short.cost[kept], exact.cost[kept], rtol=1e-5)
+    assert exact.bridged_var is not None and np.isfinite(exact.bridged_var).all()
