@@ -909,13 +909,16 @@ def _to_device(x: Tensor, device: torch.device) -> Tensor:
     return x.to(device)
 
 
-def _inner_tiles(n_text: int, n_video: int, p_max: int) -> tuple[int, int]:
-    """Largest near-square (texts, videos) tile of at most ``p_max`` pairs inside an n_text x n_video block."""
-    if n_text * n_video <= p_max:
-        return n_text, n_video
-    tq = min(n_text, max(1, math.isqrt(p_max)))
-    tv = min(n_video, max(1, p_max // tq))
-    tq = min(n_text, max(1, p_max // tv))
+def _inner_tiles(n_text: int, n_video: int, p_max: int, video_cap: Optional[int] = None) -> tuple[int, int]:
+    """A near-square (texts, videos) tile of at most ``p_max`` pairs (and ``video_cap`` videos)
+    that cuts an n_text x n_video block into equal tiles."""
+    cap = min(n_video, video_cap) if video_cap is not None else n_video
+    if n_text * cap <= p_max:
+        tq, tv = n_text, cap
+    else:
+        tq = min(n_text, max(1, math.isqrt(p_max)))
+        tv = min(cap, max(1, p_max // tq))
+        tq = min(n_text, max(1, p_max // tv))
     # equal tiles instead of full ones and a thin remainder: the products run at full rate
     # only from a few hundred rows, and a remainder block of a few dozen pairs does not
     return -(-n_text // -(-n_text // tq)), -(-n_video // -(-n_video // tv))
@@ -995,7 +998,7 @@ def score_all(
     # one video chunk's bases take at most half the budget
     v_cap = max(1, min(n_v, (budget // 2) // per_video))
     if text_chunk is None and video_chunk is None:
-        tc, vc = _inner_tiles(max(n_q, 1), max(v_cap, 1), p_max)
+        tc, vc = _inner_tiles(max(n_q, 1), max(n_v, 1), p_max, video_cap=max(v_cap, 1))
     else:
         vc = video_chunk if video_chunk is not None else v_cap
         tc = text_chunk if text_chunk is not None else max(1, min(max(n_q, 1), p_max // max(1, min(vc, n_v))))

@@ -307,3 +307,21 @@ def test_shortlist_rows_with_uneven_candidates(budget_pairs, pair_blocks: list[i
         row = res.cost[qi]
         assert np.isfinite(row).sum() == k and set(np.flatnonzero(np.isfinite(row))) == set(cand[qi])
         np.testing.assert_allclose(row[cand[qi]], ref[qi, cand[qi]], rtol=1e-4)
+
+
+def test_tiles_are_equal_bounded_and_respect_the_video_cap() -> None:
+    from dab_pipeline.scoring import _inner_tiles
+
+    # the default plan of a 256 x 256 split at the 64 MiB bf16 budget: 7 x 7 tiles of 37 x 37,
+    # not 41 x 41 with a 10-wide remainder, and the cap on videos per chunk does not thin them
+    assert _inner_tiles(256, 256, 1718, video_cap=45) == (37, 37)
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n_t, n_v, p_max = (int(x) for x in rng.integers(1, 400, 3))
+        cap = int(rng.integers(1, 400))
+        tq, tv = _inner_tiles(n_t, n_v, p_max, video_cap=cap)
+        assert 1 <= tq <= n_t and 1 <= tv <= min(n_v, cap)
+        assert tq * tv <= p_max
+        for n, t in ((n_t, tq), (n_v, tv)):
+            k = -(-n // t)  # tiles along this axis: all of size t but the last, which is >= t - k + 1
+            assert n - (k - 1) * t >= t - k + 1
