@@ -40,27 +40,17 @@ inline uint32_t float_to_bits(float f) {
   return u;
 }
 
-inline float bf16_to_float(uint16_t h) {
-  uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
+inline float bf16_to_float(uint16_t h) { return bits_to_float(uint32_t(h) << 16); }
 
 // Built with -ffinite-math-only (it lets the compiler use the vector min/max for the
 // clamps), under which a comparison may not see a NaN.  NaN is tested on the bits
 // instead, and every kernel passes a NaN input through to its output, as ATen would.
-inline bool is_nan(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return (u & 0x7FFFFFFFu) > 0x7F800000u;
-}
+inline bool is_nan(float f) { return (float_to_bits(f) & 0x7FFFFFFFu) > 0x7F800000u; }
 
 // Round to nearest even, as torch's float -> bfloat16 conversion; NaN stays NaN.
 inline uint16_t float_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t u = float_to_bits(f);
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
   return is_nan(f) ? uint16_t(0x7FC0) : uint16_t(rounded);
 }
 
