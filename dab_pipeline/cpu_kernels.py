@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .costs import kl_diag_gaussian
+
 __all__ = [
     "Kernels",
     "get_kernels",
@@ -94,10 +96,7 @@ def video_gaussian_eager(lv: Tensor, tok_g: Tensor, g: Tensor, vtok: Tensor, sig
 def kl_rows_eager(mu_v: Tensor, lv_v: Tensor, st: Tensor) -> Tensor:
     """``KL(N(mu_v, e^lv_v) || N(mu_t, e^(2 hv_t)))`` per row -> (P,) float32; st (P, 2D) = [mu_t, hv_t]."""
     d = mu_v.shape[1]
-    lv_t = st[:, d:] * 2.0
-    inv = torch.exp(-lv_t)
-    terms = (st[:, :d] - mu_v).square() * inv + torch.exp(lv_v - lv_t) - 1.0 + (lv_t - lv_v)
-    return 0.5 * terms.sum(dim=1)
+    return kl_diag_gaussian(mu_v, lv_v, st[:, :d], st[:, d:] * 2.0)
 
 
 @dataclass(frozen=True)

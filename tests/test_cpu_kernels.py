@@ -191,3 +191,11 @@ def test_bf16_shortlist_and_diagnostics_use_the_same_path(fused: cpu_kernels.Ker
     assert kept.sum(axis=1).tolist() == [4] * 13
     np.testing.assert_allclose(short.cost[kept], exact.cost[kept], rtol=1e-5)
     assert exact.bridged_var is not None and np.isfinite(exact.bridged_var).all()
+
+
+def test_kernels_reject_mismatched_shapes(fused: cpu_kernels.Kernels) -> None:
+    with pytest.raises(RuntimeError, match=r"st must be \(3, 8\), got \(3, 6\)"):
+        fused.kl_rows(torch.zeros(3, 4), torch.zeros(3, 4), torch.zeros(3, 6))
+    with pytest.raises(RuntimeError, match=r"delta must be \(2, 4\)"):
+        fused.bridge_update_(torch.zeros(2, 4), torch.zeros(2, 5, dtype=torch.bfloat16),
+                             torch.zeros(2, 4, dtype=torch.bfloat16), 0.1, -1.0, 1.0, 2, True)

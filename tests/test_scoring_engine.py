@@ -139,9 +139,10 @@ def test_diagnostics_equal_the_reference(variant: str) -> None:
         assert getattr(res, name).shape == (Q,)
 
 
-def test_cosine_variants_have_no_diagnostics() -> None:
+@pytest.mark.parametrize("variant", ["xpool", "bridge"])
+def test_cosine_variants_have_no_diagnostics(variant: str) -> None:
     text, frames, mask, gt = data()
-    res = score_all(make("bridge"), text, frames, mask, gt=gt)
+    res = score_all(make(variant), text, frames, mask, gt=gt)
     assert res.text_var is None and res.bridged_var is None and res.video_var is None
 
 

@@ -126,11 +126,16 @@ inline int64_t silu_row_simd(uint16_t* row, int64_t n) {
 inline int64_t silu_row_simd(uint16_t*, int64_t) { return 0; }
 #endif
 
-void check_rows(const at::Tensor& t, const char* name, at::ScalarType dtype) {
+// t must be a 2-D CPU tensor of dtype with unit inner stride, and of shape (rows, cols)
+// where those are given (-1: any).
+void check_rows(const at::Tensor& t, const char* name, at::ScalarType dtype, int64_t rows = -1,
+                int64_t cols = -1) {
   TORCH_CHECK(t.dim() == 2, name, " must be 2-D, got ", t.dim(), "-D");
   TORCH_CHECK(t.scalar_type() == dtype, name, " must be ", dtype, ", got ", t.scalar_type());
   TORCH_CHECK(t.stride(1) == 1, name, " must have unit inner stride");
   TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
+  TORCH_CHECK((rows < 0 || t.size(0) == rows) && (cols < 0 || t.size(1) == cols), name, " must be (",
+              rows, ", ", cols, "), got (", t.size(0), ", ", t.size(1), ")");
 }
 
 // x <- silu(x), in place; x (P, H) bfloat16.
@@ -155,11 +160,9 @@ void silu_bf16_(at::Tensor x) {
 void bridge_update_(at::Tensor st, const at::Tensor& delta, at::Tensor s, double chi, double lo, double hi,
                     int64_t d, bool write_s) {
   check_rows(st, "st", at::kFloat);
-  check_rows(delta, "delta", at::kBFloat16);
-  check_rows(s, "s", at::kBFloat16);
   const int64_t rows = st.size(0), width = st.size(1);
-  TORCH_CHECK(delta.size(0) == rows && delta.size(1) == width, "delta must match st");
-  TORCH_CHECK(s.size(0) == rows && s.size(1) == width, "s must match st");
+  check_rows(delta, "delta", at::kBFloat16, rows, width);
+  check_rows(s, "s", at::kBFloat16, rows, width);
   TORCH_CHECK(d > 0 && d <= width, "d out of range");
   float* sp = st.data_ptr<float>();
   const uint16_t* dp = reinterpret_cast<const uint16_t*>(delta.data_ptr());
@@ -209,14 +212,12 @@ void bridge_update_(at::Tensor st, const at::Tensor& delta, at::Tensor s, double
 void video_gaussian_(at::Tensor lv, const at::Tensor& tok_g, const at::Tensor& g, const at::Tensor& vtok,
                      at::Tensor sigma, double lo, double hi, int64_t group) {
   check_rows(lv, "lv", at::kFloat);
-  check_rows(tok_g, "tok_g", at::kFloat);
-  check_rows(vtok, "vtok", at::kFloat);
-  check_rows(sigma, "sigma", at::kBFloat16);
   const int64_t rows = lv.size(0), d = lv.size(1);
-  TORCH_CHECK(tok_g.size(0) == rows && tok_g.size(1) == d, "tok_g must match lv");
-  TORCH_CHECK(sigma.size(0) == rows && sigma.size(1) == d, "sigma must match lv");
+  check_rows(tok_g, "tok_g", at::kFloat, rows, d);
+  check_rows(vtok, "vtok", at::kFloat, -1, d);
+  check_rows(sigma, "sigma", at::kBFloat16, rows, d);
   TORCH_CHECK(g.dim() == 1 && g.size(0) == rows && g.scalar_type() == at::kFloat, "g must be (P,) float32");
-  TORCH_CHECK(group > 0 && vtok.size(1) == d && vtok.size(0) * group >= rows, "vtok must hold a row per group");
+  TORCH_CHECK(group > 0 && vtok.size(0) * group >= rows, "vtok must hold a row per group");
   float* lp = lv.data_ptr<float>();
   const float* tp = tok_g.data_ptr<float>();
   const float* gp = g.data_ptr<float>();
@@ -255,11 +256,9 @@ void video_gaussian_(at::Tensor lv, const at::Tensor& tok_g, const at::Tensor& g
 // -> (P,) float32 (cpu_kernels.kl_rows_eager is the spec).
 at::Tensor kl_rows(const at::Tensor& mu_v, const at::Tensor& lv_v, const at::Tensor& st) {
   check_rows(mu_v, "mu_v", at::kFloat);
-  check_rows(lv_v, "lv_v", at::kFloat);
-  check_rows(st, "st", at::kFloat);
   const int64_t rows = mu_v.size(0), d = mu_v.size(1);
-  TORCH_CHECK(lv_v.size(0) == rows && lv_v.size(1) == d, "lv_v must match mu_v");
-  TORCH_CHECK(st.size(0) == rows && st.size(1) == 2 * d, "st must be (P, 2D)");
+  check_rows(lv_v, "lv_v", at::kFloat, rows, d);
+  check_rows(st, "st", at::kFloat, rows, 2 * d);
   at::Tensor out = at::empty({rows}, mu_v.options());
   const float* mp = mu_v.data_ptr<float>();
   const float* lp = lv_v.data_ptr<float>();
