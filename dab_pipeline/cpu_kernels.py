@@ -43,8 +43,9 @@ __all__ = [
     "eager_kernels",
     "kernel_cache_dir",
     "silu_bf16_eager",
+    "add_silu_bf16_eager",
     "bridge_update_eager",
-    "video_gaussian_eager",
+    "pair_heads_eager",
     "kl_rows_eager",
 ]
 
@@ -58,6 +59,15 @@ _ENV_SWITCH = "DAB_CPU_KERNELS"
 def silu_bf16_eager(x: Tensor) -> None:
     """``x <- silu(x)`` in place; x (P, H) bfloat16."""
     F.silu(x, inplace=True)
+
+
+def add_silu_bf16_eager(out: Tensor, a: Tensor, b: Tensor) -> None:
+    """``out[r] <- silu(bf16(a[r] + b[r % Mb]))``; out, a (P, H) bfloat16, b (Mb, H) float32."""
+    rows, mb = a.shape[0], b.shape[0]
+    reps = -(-rows // mb)
+    b_rows = b.expand(reps, *b.shape).reshape(reps * mb, -1)[:rows]  # (P, H): row r is b[r % Mb]
+    torch.add(a, b_rows, out=out)  # float32 sum, rounded once into out
+    F.silu(out, inplace=True)
 
 
 def bridge_update_eager(st: Tensor, delta: Tensor, s: Tensor, chi: float, lo: float, hi: float, d: int,
@@ -78,19 +88,30 @@ def bridge_update_eager(st: Tensor, delta: Tensor, s: Tensor, chi: float, lo: fl
             torch.exp(st[:, d:], out=s[:, d:])
 
 
-def video_gaussian_eager(lv: Tensor, tok_g: Tensor, g: Tensor, vtok: Tensor, sigma: Tensor, lo: float, hi: float,
-                         group: int) -> None:
-    """The video Gaussian's log-variance and sigma, in place.
+def pair_heads_eager(coef: Tensor, g: Tensor, basis: Tensor, vidx: Tensor, vtok: Tensor, lo: float, hi: float,
+                     mu: Tensor, lv: Tensor, sigma: Tensor, target: Tensor) -> None:
+    """The video side of a block of pairs, from each video's merged basis; writes the four outputs.
 
-    lv (P, D) float32 holds the raw logvar head and receives
-    ``clamp((clamp(lv, lo, hi) + tok_g / g + vtok[p // group]) / 2, lo, hi)``; tok_g (P, D)
-    is the token term times g (P,); vtok (P / group, D) the per-video token term; sigma
-    (P, D) bfloat16 receives ``exp(lv / 2)``.
+    coef (P, K) float32 holds each pair's coefficients and vidx (P,) int64 its video,
+    nondecreasing (rows come grouped by video); basis (V, K, 3D + H) gives
+    ``out = coef[r] @ basis[vidx[r]]``, read as ``[tok_g | mu | lv_raw | target]``.  Then
+    mu (P, D) float32 <- ``out[D:2D]``; lv (P, D) float32 <-
+    ``clamp((clamp(lv_raw, lo, hi) + tok_g / g + vtok[vidx]) / 2, lo, hi)`` with g (P,) the
+    token term's scale and vtok (V, D) the per-video token term; sigma (P, D) bfloat16 <-
+    ``exp(lv / 2)``; target (P, H) bfloat16 <- ``out[3D:]``.
     """
-    rows = lv.shape[0]
-    per_video = vtok.repeat_interleave(group, dim=0)[:rows]  # (P, D)
-    lv.clamp_(lo, hi).add_(tok_g / g[:, None]).add_(per_video).mul_(0.5).clamp_(lo, hi)
+    d = mu.shape[1]
+    out = torch.empty(coef.shape[0], basis.shape[2], dtype=torch.float32)  # (P, 3D + H)
+    videos, counts = torch.unique_consecutive(vidx, return_counts=True)
+    r0 = 0
+    for v, n in zip(videos.tolist(), counts.tolist()):
+        torch.mm(coef[r0: r0 + n], basis[v], out=out[r0: r0 + n])
+        r0 += n
+    mu.copy_(out[:, d: 2 * d])
+    lv.copy_(out[:, 2 * d: 3 * d]).clamp_(lo, hi).add_(out[:, :d] / g[:, None]).add_(vtok[vidx])
+    lv.mul_(0.5).clamp_(lo, hi)
     torch.exp(lv * 0.5, out=sigma)
+    target.copy_(out[:, 3 * d:])
 
 
 def kl_rows_eager(mu_v: Tensor, lv_v: Tensor, st: Tensor) -> Tensor:
@@ -104,8 +125,9 @@ class Kernels:
     """The kernels in use: compiled (``fused``) or the eager fallbacks, with the reason."""
 
     silu_bf16_: Callable[[Tensor], None]
+    add_silu_bf16_: Callable[[Tensor, Tensor, Tensor], None]
     bridge_update_: Callable[[Tensor, Tensor, Tensor, float, float, float, int, bool], None]
-    video_gaussian_: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, float, float, int], None]
+    pair_heads_: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, float, float, Tensor, Tensor, Tensor, Tensor], None]
     kl_rows: Callable[[Tensor, Tensor, Tensor], Tensor]
     fused: bool
     reason: str
@@ -116,7 +138,7 @@ class Kernels:
 
 
 def eager_kernels(reason: str = "eager requested") -> Kernels:
-    return Kernels(silu_bf16_eager, bridge_update_eager, video_gaussian_eager, kl_rows_eager, False, reason)
+    return Kernels(silu_bf16_eager, add_silu_bf16_eager, bridge_update_eager, pair_heads_eager, kl_rows_eager, False, reason)
 
 
 # --------------------------------------------------------------------------- build and load
@@ -193,13 +215,13 @@ def get_kernels(build: bool = True) -> Kernels:
 
 def _compiled() -> Kernels:
     ops = torch.ops.dab_cpu
-    return Kernels(ops.silu_bf16_, ops.bridge_update_, ops.video_gaussian_, ops.kl_rows, True, "compiled")
+    return Kernels(ops.silu_bf16_, ops.add_silu_bf16_, ops.bridge_update_, ops.pair_heads_, ops.kl_rows, True, "compiled")
 
 
 def _loaded() -> bool:
     try:
-        return all(hasattr(torch.ops.dab_cpu, op) for op in ("silu_bf16_", "bridge_update_", "video_gaussian_",
-                                                               "kl_rows"))
+        ops = ("silu_bf16_", "add_silu_bf16_", "bridge_update_", "pair_heads_", "kl_rows")
+        return all(hasattr(torch.ops.dab_cpu, op) for op in ops)
     except (AttributeError, RuntimeError):
         return False
 

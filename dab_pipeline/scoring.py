@@ -633,9 +633,6 @@ class _Engine:
         g = torch.rsqrt(var_v / den.square() + self.eps_p) / den  # (B, M, 1)
         wr = w * (rs1 * rs2)  # (B, M, R)
         coef_g = torch.cat([wr * g, rs2 * g, g, one], dim=-1)  # (B, M, R + 3)
-        out = torch.bmm(coef_g, vs.g_all)  # (B, M, D + 2D [+ H]): [g (W2 v_c + b2) | mu | logvar | target]
-        mu_v = out[..., d: 2 * d]  # (B, M, D)
-        lv_raw, tok_g = out[..., 2 * d: 3 * d], out[..., :d]
 
         def pack(x: Tensor) -> Tensor:
             """(1 | B, M, ...) -> the kept slots as (P, 1, ...), so the bridge never sees padding."""
@@ -644,27 +641,39 @@ class _Engine:
             x = x.expand(n_b, n_m, *x.shape[2:])
             return x.reshape(n_b * n_m, *x.shape[2:])[keep][:, None]
 
-        if self.kernels is not None:  # bf16 on CPU (dab): lv_v in place of the raw head and bf16 sigma_v, one pass
-            rows = out.view(n_b * n_m, -1)  # (B*M, D + 2D + H)
-            sigma_v: Optional[Tensor] = torch.empty(n_b * n_m, d, dtype=torch.bfloat16)  # (B*M, D)
-            self.kernels.video_gaussian_(rows[:, 2 * d: 3 * d], rows[:, :d], g.reshape(-1), vs.tok, sigma_v,
-                                         self.lo, self.hi, n_m)
-            lv_v = lv_raw
+        sigma_v: Optional[Tensor] = None
+        if self.kernels is not None:
+            # bf16 on CPU (dab): one pass from the coefficients to mu_v, lv_v, bf16 sigma_v and the
+            # bf16 target block, without the (B, M, 3D + H) float32 product
+            assert self.variant == "dab"
+            coef_rows, g_rows = coef_g.view(n_b * n_m, -1), g.view(n_b * n_m)  # (B*M, R + 3), (B*M,)
+            vidx = torch.arange(n_b).repeat_interleave(n_m)  # (B*M,) each row's video
+            if keep is not None:
+                coef_rows, g_rows, vidx = coef_rows[keep], g_rows[keep], vidx[keep]
+            p, hidden = coef_rows.shape[0], vs.g_all.shape[2] - 3 * d
+            mu_v, lv_v = torch.empty(p, d), torch.empty(p, d)  # (P, D) float32
+            sigma_v = torch.empty(p, d, dtype=torch.bfloat16)  # (P, D)
+            target = torch.empty(p, hidden, dtype=torch.bfloat16)  # (P, H)
+            self.kernels.pair_heads_(coef_rows, g_rows, vs.g_all, vidx, vs.tok, self.lo, self.hi, mu_v, lv_v,
+                                     sigma_v, target)
+            shape = (n_b, n_m) if keep is None else (p, 1)
+            mu_v, lv_v, target = mu_v.view(*shape, d), lv_v.view(*shape, d), target.view(*shape, hidden)
         else:
+            out = torch.bmm(coef_g, vs.g_all)  # (B, M, D + 2D [+ H]): [g (W2 v_c + b2) | mu | logvar | target]
+            mu_v = out[..., d: 2 * d]  # (B, M, D)
+            lv_raw, tok_g = out[..., 2 * d: 3 * d], out[..., :d]
             lv_v = lv_raw.clamp_(self.lo, self.hi).add_(tok_g / g).add_(vs.tok[:, None])  # (B, M, D)
             lv_v = lv_v.mul_(0.5).clamp_(self.lo, self.hi)
-            sigma_v = None
+            if self.variant == "dab":
+                target = out[..., 3 * d:].to(self.mm_dtype)  # (B, M, H): mu_v block
+                mu_v, lv_v, target = pack(mu_v), pack(lv_v), pack(target)  # (B, M, .) | (P, 1, .)
         if self.variant == "prob":
             mu_t, lv_t = ts.mu, ts.logvar  # (1 | B, M, D)
             if keep is not None:
                 mu_v, lv_v, mu_t, lv_t = pack(mu_v), pack(lv_v), pack(mu_t), pack(lv_t)
         else:
-            target = out[..., 3 * d:].to(self.mm_dtype)  # (B, M, H): mu_v block
-            mu_v, lv_v, target = pack(mu_v), pack(lv_v), pack(target)  # (B, M, .) | (P, 1, .)
             if sigma_v is None:
                 sigma_v = torch.exp(0.5 * lv_v).reshape(-1, d).to(self.mm_dtype)  # (P, D)
-            elif keep is not None:
-                sigma_v = sigma_v[keep]
             if self.onednn is not None:
                 shape = target.shape
                 target = self.onednn.add(sigma_v, target.reshape(-1, shape[-1]), -1).view(shape)  # + sigma_v block
@@ -785,16 +794,18 @@ class _Engine:
         st[:, :d].view(n_b, n_m, d).copy_(state[0])
         if dab:
             torch.mul(state[1].expand(n_b, n_m, d), 0.5, out=st[:, d:].view(n_b, n_m, d))
+        # the first step's state is the text's: its block was projected once per text, and
+        # a grid's M texts repeat for every video (row r takes text r % M)
+        first_rows = first[0] if first.shape[0] == 1 else first.expand(n_b, n_m, hidden).reshape(p, hidden)
         lo, hi = 0.5 * self.lo, 0.5 * self.hi
         steps = len(self.chi)
         for k in range(steps):
             if k == 0:
-                # the first step's state is the text's: its block was projected once per text
                 h = torch.empty(p, hidden, dtype=torch.bfloat16)  # (P, H)
-                torch.add(target.view(n_b, n_m, hidden), first, out=h.view(n_b, n_m, hidden))
+                kern.add_silu_bf16_(h, target, first_rows.float().contiguous())  # silu(target + first)
             else:
                 h = lin.add(s, target, 0, bias=self.time_mm[k])  # (P, H) = s W_s^T + time_k + target
-            kern.silu_bf16_(h)
+                kern.silu_bf16_(h)
             for i in range(1, len(self.mids) + 1):
                 h = lin.linear(h, i)  # (P, H)
                 kern.silu_bf16_(h)

@@ -13,11 +13,12 @@ import torch.nn.functional as F
 
 from dab_pipeline import cpu_kernels
 from dab_pipeline.cpu_kernels import (
+    add_silu_bf16_eager,
     bridge_update_eager,
     eager_kernels,
     get_kernels,
     kl_rows_eager,
-    video_gaussian_eager,
+    pair_heads_eager,
 )
 from dab_pipeline.model import DABModel, ModelConfig
 from dab_pipeline.scoring import _Engine, score_all, score_all_reference
@@ -53,6 +54,21 @@ def test_silu_matches_aten_to_bf16_rounding(fused: cpu_kernels.Kernels) -> None:
     assert got[0, 5].float().abs() < 1e-30  # silu(-200) ~ -3e-85: no garbage from exp's range limits
 
 
+@pytest.mark.parametrize("mb", [1, 5, 37])  # one text for all rows, a grid's M texts, one text a row
+def test_add_silu_matches_the_eager_spec(fused: cpu_kernels.Kernels, mb: int) -> None:
+    gen = torch.Generator().manual_seed(6)
+    a = (torch.randn(37, 100, generator=gen) * 4).to(torch.bfloat16)
+    b = torch.randn(mb, 100, generator=gen) * 4
+    want = torch.empty(37, 100, dtype=torch.bfloat16)
+    add_silu_bf16_eager(want, a, b)
+    by_hand = F.silu((a.float() + b.repeat(-(-37 // mb), 1)[:37]).to(torch.bfloat16).float())
+    torch.testing.assert_close(want.float(), by_hand, rtol=BF16_REL, atol=1e-6)
+    got = rows_view(torch.zeros(37, 100, dtype=torch.bfloat16), 11)
+    fused.add_silu_bf16_(got, rows_view(a, 3), rows_view(b, 2))
+    err = (got.float() - want.float()).abs() / want.float().abs().clamp_min(1e-3)
+    assert err.max() <= 2 * BF16_REL
+
+
 def test_bridge_update_matches_the_eager_spec(fused: cpu_kernels.Kernels) -> None:
     gen = torch.Generator().manual_seed(1)
     p, d = 29, 40
@@ -70,21 +86,63 @@ def test_bridge_update_matches_the_eager_spec(fused: cpu_kernels.Kernels) -> Non
                 torch.testing.assert_close(s_got.float(), s_ref.float(), rtol=2 * BF16_REL, atol=0)
 
 
-def test_video_gaussian_matches_the_eager_spec(fused: cpu_kernels.Kernels) -> None:
-    gen = torch.Generator().manual_seed(2)
-    n_v, group, d = 5, 3, 24
-    p = n_v * group - 1  # a last group that is not full
-    lv = torch.randn(p, d, generator=gen) * 8
-    tok_g = torch.randn(p, d, generator=gen)
+def heads_case(d: int, h: int, seed: int, runs: tuple[int, ...]) -> tuple:
+    """A pair_heads_ input: rows grouped by video with the given run lengths (a video may have none)."""
+    gen = torch.Generator().manual_seed(seed)
+    n_v, k = len(runs), 7
+    vidx = torch.cat([torch.full((n,), v, dtype=torch.long) for v, n in enumerate(runs)])
+    p = vidx.shape[0]
+    coef = torch.randn(p, k, generator=gen)
     g = torch.rand(p, generator=gen) + 0.2
+    basis = torch.randn(n_v, k, 3 * d + h, generator=gen) * 2
     vtok = torch.randn(n_v, d, generator=gen)
-    lv_ref, sig_ref = lv.clone(), torch.empty(p, d, dtype=torch.bfloat16)
-    video_gaussian_eager(lv_ref, tok_g, g, vtok, sig_ref, -4.0, 3.0, group)
-    lv_got, sig_got = rows_view(lv.clone(), 9), torch.empty(p, d, dtype=torch.bfloat16)
-    fused.video_gaussian_(lv_got, rows_view(tok_g, 4), g, vtok, sig_got, -4.0, 3.0, group)
-    torch.testing.assert_close(lv_got, lv_ref, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(sig_got.float(), sig_ref.float(), rtol=2 * BF16_REL, atol=0)
-    assert lv_got.min() >= -4.0 and lv_got.max() <= 3.0
+    return coef, g, basis, vidx, vtok
+
+
+def run_heads(fn, case: tuple, lo: float, hi: float, pad: int = 0) -> tuple[torch.Tensor, ...]:
+    coef, g, basis, vidx, vtok = case
+    p, d, h = coef.shape[0], vtok.shape[1], basis.shape[2] - 3 * vtok.shape[1]
+    outs = [torch.full((p, d), 7.0), torch.full((p, d), 7.0), torch.zeros(p, d, dtype=torch.bfloat16),
+            torch.zeros(p, h, dtype=torch.bfloat16)]
+    if pad:
+        outs = [rows_view(o, pad) for o in outs]
+    fn(rows_view(coef, pad) if pad else coef, g, basis, vidx, vtok, lo, hi, *outs)
+    return tuple(outs)
+
+
+@pytest.mark.parametrize("d,h", [(32, 48), (24, 40)])  # the vector path, and the portable one (not multiples of 16)
+def test_pair_heads_matches_the_eager_spec(fused: cpu_kernels.Kernels, d: int, h: int) -> None:
+    # runs of 1 to 6 rows per video cover every row-block size, and a video with no rows
+    case = heads_case(d, h, seed=2, runs=(5, 1, 0, 6, 2, 3, 4))
+    mu_ref, lv_ref, sig_ref, tgt_ref = run_heads(pair_heads_eager, case, -4.0, 3.0)
+    mu, lv, sig, tgt = run_heads(fused.pair_heads_, case, -4.0, 3.0, pad=5)
+    torch.testing.assert_close(mu, mu_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lv, lv_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(sig.float(), sig_ref.float(), rtol=2 * BF16_REL, atol=0)
+    torch.testing.assert_close(tgt.float(), tgt_ref.float(), rtol=2 * BF16_REL, atol=1e-5)
+    assert lv.min() >= -4.0 and lv.max() <= 3.0 and (lv == -4.0).any() and (lv == 3.0).any()  # both clamps bite
+
+
+def test_pair_heads_eager_is_the_model_function() -> None:
+    # the spec itself, against one video's product done by hand
+    case = heads_case(8, 16, seed=5, runs=(3, 2))
+    coef, g, basis, vidx, vtok = case
+    mu, lv, sig, tgt = run_heads(pair_heads_eager, case, -2.0, 2.0)
+    out = torch.einsum("pk,pkn->pn", coef, basis[vidx])  # (P, 3D + H)
+    d = 8
+    want_lv = ((out[:, 2 * d: 3 * d].clamp(-2, 2) + out[:, :d] / g[:, None] + vtok[vidx]) / 2).clamp(-2, 2)
+    torch.testing.assert_close(mu, out[:, d: 2 * d])
+    torch.testing.assert_close(lv, want_lv)
+    torch.testing.assert_close(sig, torch.exp(want_lv / 2).to(torch.bfloat16))
+    torch.testing.assert_close(tgt, out[:, 3 * d:].to(torch.bfloat16))
+
+
+def test_pair_heads_rejects_a_video_out_of_range(fused: cpu_kernels.Kernels) -> None:
+    coef, g, basis, vidx, vtok = heads_case(16, 16, seed=0, runs=(2, 2))
+    vidx = vidx.clone()
+    vidx[-1] = 2
+    with pytest.raises(RuntimeError, match="vidx out of range"):
+        run_heads(fused.pair_heads_, (coef, g, basis, vidx, vtok), -1.0, 1.0)
 
 
 def test_kl_rows_matches_the_eager_spec_and_torch_distributions(fused: cpu_kernels.Kernels) -> None:
@@ -103,18 +161,24 @@ def test_kl_rows_matches_the_eager_spec_and_torch_distributions(fused: cpu_kerne
 
 def test_nan_passes_through_every_kernel(fused: cpu_kernels.Kernels) -> None:
     nan = float("nan")
-    x = torch.tensor([[nan, 1.0] + [0.5] * 14]).to(torch.bfloat16)
+    inf = float("inf")
+    x = torch.tensor([[nan, 1.0, inf] + [0.5] * 13]).to(torch.bfloat16)
     fused.silu_bf16_(x)
-    assert torch.isnan(x[0, 0]) and not torch.isnan(x[0, 1:]).any()
+    assert torch.isnan(x[0, 0]) and not torch.isnan(x[0, 1:]).any() and x[0, 2] == inf  # silu(inf) = inf
     st = torch.tensor([[nan, 1.0, nan, 9.0]])
     s = torch.zeros(1, 4, dtype=torch.bfloat16)
     fused.bridge_update_(st, torch.zeros(1, 4, dtype=torch.bfloat16), s, 0.5, -2.0, 2.0, 2, True)
     assert torch.isnan(st[0, 0]) and torch.isnan(st[0, 2]) and torch.isnan(s[0, 0]) and torch.isnan(s[0, 2])
     assert st[0, 3] == 2.0  # the finite logvar entry is still clamped
-    lv = torch.tensor([[nan, 0.0]])
-    sig = torch.zeros(1, 2, dtype=torch.bfloat16)
-    fused.video_gaussian_(lv, torch.zeros(1, 2), torch.ones(1), torch.zeros(1, 2), sig, -1.0, 1.0, 1)
-    assert torch.isnan(lv[0, 0]) and torch.isnan(sig[0, 0]) and lv[0, 1] == 0.0
+    for d in (16, 3):  # the vector path and the portable one
+        coef = torch.ones(2, 1)
+        basis = torch.zeros(1, 1, 3 * d + 16)
+        basis[0, 0, 2 * d] = nan  # row 0's raw logvar, column 0
+        g = torch.tensor([1.0, nan])  # row 1: every logvar through tok_g / g
+        mu, lv, sig, tgt = run_heads(fused.pair_heads_, (coef, g, basis, torch.zeros(2, dtype=torch.long),
+                                                         torch.zeros(1, d)), -1.0, 1.0)
+        assert torch.isnan(lv[0, 0]) and torch.isnan(sig[0, 0].float()) and (lv[0, 1:] == 0.0).all()
+        assert torch.isnan(lv[1]).all() and torch.isnan(sig[1].float()).all() and not torch.isnan(mu).any()
     cost = fused.kl_rows(torch.tensor([[nan, 0.0]]), torch.zeros(1, 2), torch.zeros(1, 4))
     assert torch.isnan(cost).all()
 
