@@ -92,8 +92,8 @@ def pair_heads_eager(coef: Tensor, g: Tensor, basis: Tensor, vidx: Tensor, vtok:
                      mu: Tensor, lv: Tensor, sigma: Tensor, target: Tensor) -> None:
     """The video side of a block of pairs, from each video's merged basis; writes the four outputs.
 
-    coef (P, K) float32 holds each pair's coefficients and vidx (P,) int64 its video,
-    nondecreasing (rows come grouped by video); basis (V, K, 3D + H) gives
+    coef (P, K) float32 holds each pair's coefficients and vidx (P,) int64 its video (any
+    order; the engine's rows come grouped by video, one product per run); basis (V, K, 3D + H) gives
     ``out = coef[r] @ basis[vidx[r]]``, read as ``[tok_g | mu | lv_raw | target]``.  Then
     mu (P, D) float32 <- ``out[D:2D]``; lv (P, D) float32 <-
     ``clamp((clamp(lv_raw, lo, hi) + tok_g / g + vtok[vidx]) / 2, lo, hi)`` with g (P,) the
