@@ -137,8 +137,13 @@ class Kernels:
         return "fused" if self.fused else "eager"
 
 
+# the kernels' names, in the order of Kernels' fields: torch.ops.dab_cpu.<name> and <name>_eager
+_NAMES = ("silu_bf16_", "add_silu_bf16_", "bridge_update_", "pair_heads_", "kl_rows")
+
+
 def eager_kernels(reason: str = "eager requested") -> Kernels:
-    return Kernels(silu_bf16_eager, add_silu_bf16_eager, bridge_update_eager, pair_heads_eager, kl_rows_eager, False, reason)
+    eager = (silu_bf16_eager, add_silu_bf16_eager, bridge_update_eager, pair_heads_eager, kl_rows_eager)
+    return Kernels(*eager, False, reason)
 
 
 # --------------------------------------------------------------------------- build and load
@@ -214,14 +219,12 @@ def get_kernels(build: bool = True) -> Kernels:
 
 
 def _compiled() -> Kernels:
-    ops = torch.ops.dab_cpu
-    return Kernels(ops.silu_bf16_, ops.add_silu_bf16_, ops.bridge_update_, ops.pair_heads_, ops.kl_rows, True, "compiled")
+    return Kernels(*(getattr(torch.ops.dab_cpu, name) for name in _NAMES), True, "compiled")
 
 
 def _loaded() -> bool:
     try:
-        ops = ("silu_bf16_", "add_silu_bf16_", "bridge_update_", "pair_heads_", "kl_rows")
-        return all(hasattr(torch.ops.dab_cpu, op) for op in ops)
+        return all(hasattr(torch.ops.dab_cpu, name) for name in _NAMES)
     except (AttributeError, RuntimeError):
         return False
 
