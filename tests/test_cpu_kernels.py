@@ -125,11 +125,11 @@ def test_pair_heads_matches_the_eager_spec(fused: cpu_kernels.Kernels, d: int, h
 
 def test_pair_heads_eager_is_the_model_function() -> None:
     # the spec itself, against one video's product done by hand
-    case = heads_case(8, 16, seed=5, runs=(3, 2))
+    d = 8
+    case = heads_case(d, 16, seed=5, runs=(3, 2))
     coef, g, basis, vidx, vtok = case
     mu, lv, sig, tgt = run_heads(pair_heads_eager, case, -2.0, 2.0)
     out = torch.einsum("pk,pkn->pn", coef, basis[vidx])  # (P, 3D + H)
-    d = 8
     want_lv = ((out[:, 2 * d: 3 * d].clamp(-2, 2) + out[:, :d] / g[:, None] + vtok[vidx]) / 2).clamp(-2, 2)
     torch.testing.assert_close(mu, out[:, d: 2 * d])
     torch.testing.assert_close(lv, want_lv)

@@ -92,9 +92,13 @@ inline float silu(float v) {
 // Sixteen values at a time, for results that are rounded to bf16 (a relative step of 2^-8):
 // they need about 12 bits, not float32's 24, so the exp below is cheaper than exp_poly.
 
-inline __m512 load_bf16_ps(const uint16_t* p) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+// Sixteen bf16 values (their bits) widened to float32: exact, the bits moved up by 16.
+inline __m512 bf16_to_ps(__m256i h) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+inline __m512 load_bf16_ps(const uint16_t* p) {
+  return bf16_to_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
 // The hardware's round-to-nearest-even conversion, as torch's; NaN stays NaN.
@@ -117,16 +121,20 @@ inline __m512 exp2_ps(__m512 t) {
   return _mm512_scalef_ps(p, k);
 }
 
-// SiLU on a row of bf16 values in place: v / (1 + 2^(-v log2 e)), with a reciprocal estimate
-// (2^-14 relative) in place of the divide.  The exponent is floored at -150 so that v = +inf
-// gives inf, not inf - inf; v = -inf gives NaN, as ATen's silu does; a NaN v stays NaN through
-// the final product.  Returns how many leading elements it did; the portable loop does the rest.
+// exp(x) = 2^(x log2 e), with exp2_ps's accuracy: for results rounded to bf16.
+inline __m512 exp_ps(__m512 x) { return exp2_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f))); }
+
+// SiLU: v / (1 + 2^(-v log2 e)), with a reciprocal estimate (2^-14 relative) in place of the
+// divide.  The exponent is floored at -150 so that v = +inf gives inf, not inf - inf; v = -inf
+// gives NaN, as ATen's silu does; a NaN v stays NaN through the final product.
 inline __m512 silu_ps(__m512 v) {
   const __m512 e = exp2_ps(_mm512_max_ps(_mm512_mul_ps(v, _mm512_set1_ps(-1.44269504088896341f)),
                                          _mm512_set1_ps(-150.0f)));  // exp(-v)
   return _mm512_mul_ps(v, _mm512_rcp14_ps(_mm512_add_ps(_mm512_set1_ps(1.0f), e)));
 }
 
+// SiLU on a row of bf16 values in place.  Returns how many leading elements it did; the
+// portable loop does the rest.
 inline int64_t silu_row_simd(uint16_t* row, int64_t n) {
   int64_t j = 0;
   for (; j + 16 <= n; j += 16) store_bf16_ps(row + j, silu_ps(load_bf16_ps(row + j)));
@@ -138,8 +146,8 @@ inline int64_t add_silu_row_simd(uint16_t* out, const uint16_t* a, const float* 
   int64_t j = 0;
   for (; j + 16 <= n; j += 16) {
     const __m512 sum = _mm512_add_ps(load_bf16_ps(a + j), _mm512_loadu_ps(b + j));
-    const __m256i h = (__m256i)_mm512_cvtneps_pbh(sum);  // the sum rounded to bf16, as the eager spec
-    store_bf16_ps(out + j, silu_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))));
+    const __m512 rounded = bf16_to_ps((__m256i)_mm512_cvtneps_pbh(sum));  // the sum in bf16, as the eager spec
+    store_bf16_ps(out + j, silu_ps(rounded));
   }
   return j;
 }
@@ -236,7 +244,6 @@ void bridge_update_(at::Tensor st, const at::Tensor& delta, at::Tensor s, double
         int64_t j0 = 0, j1 = 0;  // where the portable loops start: after the vector part
 #if DAB_BF16_SIMD
         const __m512 cv = _mm512_set1_ps(c), lv = _mm512_set1_ps(l), hv = _mm512_set1_ps(h);
-        const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
         for (; j0 + 16 <= d; j0 += 16) {
           const __m512 v = _mm512_fnmadd_ps(cv, load_bf16_ps(drow + j0), _mm512_loadu_ps(srow + j0));
           _mm512_storeu_ps(srow + j0, v);
@@ -246,7 +253,7 @@ void bridge_update_(at::Tensor st, const at::Tensor& delta, at::Tensor s, double
           __m512 v = _mm512_fnmadd_ps(cv, load_bf16_ps(drow + d + j1), _mm512_loadu_ps(srow + d + j1));
           v = clamp_ps(v, lv, hv);
           _mm512_storeu_ps(srow + d + j1, v);
-          store_bf16_ps(orow + d + j1, exp2_ps(_mm512_mul_ps(v, log2e)));  // sigma: a bf16 result
+          store_bf16_ps(orow + d + j1, exp_ps(v));  // sigma: a bf16 result
         }
 #endif
 #pragma omp simd
@@ -346,7 +353,6 @@ void heads_rows_simd(const HeadsArgs& a, int64_t r) {
     inv_g[i] = _mm512_set1_ps(1.0f / a.g[(r + i) * a.gs]);
   }
   const __m512 lo = _mm512_set1_ps(a.lo), hi = _mm512_set1_ps(a.hi), half = _mm512_set1_ps(0.5f);
-  const __m512 half_log2e = _mm512_set1_ps(0.5f * 1.44269504088896341f);
   for (int64_t j = 0; j < a.d; j += 16) {
     __m512 tok[NR], mu[NR], lv[NR];
     for (int i = 0; i < NR; ++i) tok[i] = mu[i] = lv[i] = _mm512_setzero_ps();
@@ -366,7 +372,7 @@ void heads_rows_simd(const HeadsArgs& a, int64_t r) {
       __m512 x = _mm512_add_ps(_mm512_fmadd_ps(tok[i], inv_g[i], clamp_ps(lv[i], lo, hi)), vtj);
       x = clamp_ps(_mm512_mul_ps(x, half), lo, hi);
       _mm512_storeu_ps(a.lv + (r + i) * a.ldl + j, x);
-      store_bf16_ps(a.sigma + (r + i) * a.lds + j, exp2_ps(_mm512_mul_ps(x, half_log2e)));  // a bf16 result
+      store_bf16_ps(a.sigma + (r + i) * a.lds + j, exp_ps(_mm512_mul_ps(x, half)));  // a bf16 result
     }
   }
   for (int64_t j = 0; j < a.h; j += 16) {
