@@ -6,7 +6,7 @@ lossless libx264 via ``dab_pipeline.synthetic.write_video``) and a
 
 * **decode**: the extract stage's own DataLoader path (``_DecodeDataset``,
   ``_collate``, ``_worker_init`` imported from ``dab_pipeline.stages.extract``):
-  decord decode with resize at decode time + CLIP's PIL preprocessing, in
+  PyAV decode (the default decoder) with resize at decode time + CLIP's PIL preprocessing, in
   ``--workers`` one-thread worker processes; worker start-up included;
 * **encode**: the pre-decoded pixel tensors encoded in batches of
   ``--batch-size`` videos with ``encode_images`` (after one warm-up batch);
@@ -24,8 +24,8 @@ Then the design choices the stage relies on:
 
 * decoder layout, on ``--design-videos`` videos with one video per DataLoader
   item (so both workers get equal work): 2 one-thread worker processes (the
-  stage's layout) vs one process whose decord decoder has 2 threads (and torch
-  2 threads for the preprocessing), plus one process with a 2-thread decord
+  stage's layout) vs one process whose PyAV decoder has 2 threads (and torch
+  2 threads for the preprocessing), plus one process with a 2-thread PyAV
   decoder and 1 torch thread, and one process with one thread;
 * CLIP ``--dtype-model`` (ViT-B-32) with deterministic random weights
   (``load_clip`` refuses ``pretrained=None`` for open_clip architectures, so
@@ -68,7 +68,8 @@ import torch
 from dab_pipeline.clip_models import ClipBundle, encode_images, load_clip, write_tiny_weights
 from dab_pipeline.stages.extract import ExtractConfig, _collate, _DecodeDataset, _worker_init, run_extract
 from dab_pipeline.synthetic import write_video
-from dab_pipeline.video import DecodedVideo, _gather, _probe_size, resized_shape, sample_frame_indices
+from dab_pipeline.video import DecodedVideo
+from dab_pipeline.video.pyav_decoder import decode_sequential
 
 _QUIET = False
 
@@ -171,9 +172,9 @@ def random_weights(model: str, where: Path) -> str:
 
 
 def decode_pipeline(items, frames: int, short_side: int, preprocess, workers: int, batch_size: int,
-                    keep: Optional[list] = None) -> float:
+                    keep: Optional[list] = None, decoder: str = "pyav") -> float:
     """The extract stage's DataLoader (same dataset, collate, worker init, prefetch); seconds."""
-    ds = _DecodeDataset(items, frames, short_side, "decord", preprocess)
+    ds = _DecodeDataset(items, frames, short_side, decoder, preprocess)
     t0 = time.perf_counter()
     loader = torch.utils.data.DataLoader(
         ds, batch_size=batch_size, shuffle=False, num_workers=workers, collate_fn=_collate,
@@ -194,27 +195,13 @@ def decode_pipeline(items, frames: int, short_side: int, preprocess, workers: in
 
 
 def _decode_threads(path: str, frames: int, short_side: int, threads: int) -> DecodedVideo:
-    """``dab_pipeline.video._decode_decord`` with a configurable decord thread count."""
-    import decord
-
-    size = _probe_size(Path(path))
-    kw = {}
-    if size is not None:
-        nw, nh = resized_shape(size[0], size[1], short_side)
-        if (nw, nh) != size:
-            kw = {"width": nw, "height": nh}
-    reader = decord.VideoReader(path, num_threads=threads, **kw)
-    indices, mask = sample_frame_indices(len(reader), frames)
-    unique = np.unique(indices)
-    decoded = reader.get_batch(unique.tolist()).asnumpy()
-    n = len(reader)
-    del reader
-    return DecodedVideo(_gather(unique, decoded, indices), mask, indices, n)
+    """The stage's PyAV decoder with ``threads`` FFmpeg decoding threads."""
+    return decode_sequential(Path(path), frames, short_side, threads=threads)
 
 
 def decode_in_process(items, frames: int, short_side: int, preprocess, threads: int,
                       torch_threads: Optional[int] = None) -> float:
-    """One process, no workers: decord with ``threads`` threads, torch with ``torch_threads``
+    """One process, no workers: PyAV with ``threads`` decoding threads, torch with ``torch_threads``
     (default: the same) for the preprocessing; seconds."""
     from PIL import Image
 
@@ -433,7 +420,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                 log(f"  decoder layouts   {times['design_2proc_1thread'][-1]:.2f} / "
                     f"{times['design_1proc_2threads'][-1]:.2f} / {times['design_1proc_2dec_1torch'][-1]:.2f} / "
                     f"{times['design_1proc_1thread'][-1]:.2f} s (2 proc x 1 thread / 1 proc x 2 threads / "
-                    "1 proc, decord 2 + torch 1 / 1 proc x 1 thread)")
+                    "1 proc, pyav 2 + torch 1 / 1 proc x 1 thread)")
             # dtypes
             for label, (b, ac) in dtype_bundles.items():
                 times[label].append(encode_batches(b, dtype_x, len(dtype_x), ac))
@@ -517,8 +504,8 @@ def print_table(r: dict[str, Any]) -> None:
         d = r["design_decode"]
         print(f"\ndecoder layout ({d['videos']} videos, one video per DataLoader item)")
         row("2 worker processes x 1 thread (the stage's layout)", d["2proc_1thread"])
-        row("1 process, decord 2 threads + torch 2 threads", d["1proc_2threads"])
-        row("1 process, decord 2 threads + torch 1 thread", d["1proc_2dec_1torch"])
+        row("1 process, PyAV 2 threads + torch 2 threads", d["1proc_2threads"])
+        row("1 process, PyAV 2 threads + torch 1 thread", d["1proc_2dec_1torch"])
         row("1 process, 1 thread", d["1proc_1thread"])
         a, b = d["2proc_1thread"], d["1proc_2threads"]
         print(f"{'  2 processes x 1 thread / 1 process x 2 threads':60} {a['best'] / b['best']:8.2f} "

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import csv
 import itertools
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -27,20 +28,54 @@ _GRID_ROWS, _GRID_COLS = 4, 4
 _BIT_ON, _BIT_OFF = 235, 20  # away from 0/255 so that coding overshoot cannot wrap
 
 
-def _pick_codec() -> tuple[str, dict[str, str]]:
+@dataclass(frozen=True)
+class VideoFormat:
+    """How to encode a generated test video: the codecs and containers real datasets use."""
+
+    suffix: str  # container, chosen by FFmpeg from the suffix
+    codec: str
+    options: tuple[tuple[str, str], ...] = ()
+    codec_tag: Optional[str] = None  # e.g. "XVID": what MSVD's AVIs carry
+    b_frames: int = 0
+    gop: Optional[int] = None
+    pix_fmt: str = "yuv420p"
+
+
+# Lossy settings keep the index blocks (235 / 20) readable; B-frames and short GOPs are
+# what make decoders that seek by index go wrong.
+VIDEO_FORMATS: dict[str, VideoFormat] = {
+    "x264": VideoFormat(".mp4", "libx264", (("crf", "0"), ("preset", "veryfast"))),
+    "x264-bframes": VideoFormat(".mp4", "libx264", (("crf", "12"), ("preset", "medium"), ("bf", "3")), gop=24),
+    "h264-mkv": VideoFormat(".mkv", "libx264", (("crf", "12"), ("preset", "veryfast"), ("bf", "2")), gop=30),
+    "xvid-avi": VideoFormat(".avi", "mpeg4", (("qscale", "2"),), codec_tag="XVID", b_frames=2, gop=25),
+    "mpeg4-avi": VideoFormat(".avi", "mpeg4", (("qscale", "2"),), gop=12),
+    "msmpeg4-avi": VideoFormat(".avi", "msmpeg4", (("qscale", "2"),), gop=12),
+    "vp9-webm": VideoFormat(".webm", "libvpx-vp9", (("crf", "10"), ("b", "0"), ("deadline", "realtime"),
+                                                    ("cpu-used", "8")), gop=30),
+}
+
+
+def _default_format() -> str:
     """The best encoder the bundled FFmpeg offers, with a near-lossless setting."""
     import av
 
     available = av.codecs_available
     if "libx264" in available:
-        return "libx264", {"crf": "0", "preset": "veryfast"}
+        return "x264"
     if "mpeg4" in available:
-        return "mpeg4", {"qscale": "1"}
+        return "mpeg4-avi"
     raise RuntimeError("PyAV's FFmpeg has neither libx264 nor mpeg4 encoders")
 
 
-def write_video(path: Path, frames: np.ndarray, fps: int = 25) -> Path:
-    """Encode ``frames`` (N, H, W, 3) uint8 RGB as an mp4; H and W must be even."""
+def write_video(path: Path, frames: np.ndarray, fps: int = 25, fmt: Optional[str] = None,
+                rotation: int = 0, faststart: bool = False) -> Path:
+    """Encode ``frames`` (N, H, W, 3) uint8 RGB; H and W must be even.
+
+    ``fmt``: a name of :data:`VIDEO_FORMATS` (default: lossless x264 in mp4; the
+    container follows ``path``'s suffix). ``rotation``: a display-matrix rotation in
+    degrees counter-clockwise, as phones write (players turn the picture by it).
+    ``faststart``: mp4 with the index (moov) before the data, as web video is.
+    """
     import av
 
     path = Path(path)
@@ -50,13 +85,25 @@ def write_video(path: Path, frames: np.ndarray, fps: int = 25) -> Path:
     _, h, w, _ = frames.shape
     if h % 2 or w % 2:
         raise ValueError(f"frame size {w}x{h} must be even for yuv420p")
-    codec, options = _pick_codec()
+    name = fmt or _default_format()
+    if name not in VIDEO_FORMATS:
+        raise ValueError(f"unknown video format {name!r}; valid: {', '.join(VIDEO_FORMATS)}")
+    spec = VIDEO_FORMATS[name]
     path.parent.mkdir(parents=True, exist_ok=True)
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream(codec, rate=fps)
+    options = {"movflags": "faststart"} if faststart else {}
+    with av.open(str(path), "w", options=options) as container:
+        stream = container.add_stream(spec.codec, rate=fps)
         stream.width, stream.height = w, h
-        stream.pix_fmt = "yuv420p"
-        stream.options = options
+        stream.pix_fmt = spec.pix_fmt
+        stream.options = dict(spec.options)
+        if spec.codec_tag:
+            stream.codec_tag = spec.codec_tag
+        if spec.b_frames:
+            stream.codec_context.max_b_frames = spec.b_frames
+        if spec.gop:
+            stream.codec_context.gop_size = spec.gop
+        if rotation:
+            stream.set_display_rotation(rotation)
         # One encoder thread: callers may write many small files in parallel.
         stream.codec_context.thread_count = 1
         for img in frames:
@@ -65,6 +112,53 @@ def write_video(path: Path, frames: np.ndarray, fps: int = 25) -> Path:
         for packet in stream.encode():
             container.mux(packet)
     return path
+
+
+# An H.264 access-unit delimiter alone (4-byte length prefix, as in MP4): FFmpeg's decoder
+# rejects a packet holding only this and outputs no frame for it; index-based readers
+# (decord) still count the packet, which is how real files with a broken slice go wrong.
+_H264_AUD_ONLY = b"\x00\x00\x00\x02\x09\xf0"
+DAMAGE_MODES = ("garbage", "no-frame", "drop")
+
+
+def damage_video(src: Path, dst: Path, packets: Sequence[int], mode: str = "garbage", seed: int = 0) -> Path:
+    """Copy ``src`` to ``dst`` (same container) with some packets damaged, as broken real files are.
+
+    ``mode`` "garbage": the packets' bytes after the first 8 are replaced by random
+    bytes; "no-frame" (H.264 in MP4/MKV only): each packet is replaced by an
+    access-unit delimiter, which yields no frame, like the broken slice of
+    opencv-doc's box.mp4; "drop": the packets are left out of the file.
+    Packets are counted in file (decode) order, empty ones skipped.
+    """
+    import av
+
+    if mode not in DAMAGE_MODES:
+        raise ValueError(f"unknown damage mode {mode!r}; valid: {', '.join(DAMAGE_MODES)}")
+    rng = np.random.default_rng(seed)
+    chosen = set(int(p) for p in packets)
+    with av.open(str(src)) as inp, av.open(str(dst), "w") as out:
+        istream = inp.streams.video[0]
+        ostream = out.add_stream_from_template(istream)
+        for k, packet in enumerate(p for p in inp.demux(istream) if p.size):
+            if k in chosen:
+                if mode == "drop":
+                    continue
+                data = bytearray(bytes(packet))
+                data[8:] = rng.integers(0, 256, max(0, len(data) - 8), dtype=np.uint8).tobytes()
+                broken = av.Packet(_H264_AUD_ONLY if mode == "no-frame" else bytes(data))
+                broken.pts, broken.dts, broken.time_base = packet.pts, packet.dts, packet.time_base
+                broken.is_keyframe = packet.is_keyframe
+                packet = broken
+            packet.stream = ostream
+            out.mux(packet)
+    return Path(dst)
+
+
+def truncate_file(src: Path, dst: Path, keep: float) -> Path:
+    """Copy the first ``keep`` fraction of ``src``'s bytes to ``dst``: an interrupted download."""
+    data = Path(src).read_bytes()
+    Path(dst).write_bytes(data[: int(len(data) * keep)])
+    return Path(dst)
 
 
 def index_frame(index: int, size: tuple[int, int] = (32, 24)) -> np.ndarray:
@@ -101,10 +195,19 @@ def read_frame_index(frame: np.ndarray) -> int:
     return value
 
 
-def write_index_video(path: Path, num_frames: int, size: tuple[int, int] = (32, 24), fps: int = 25) -> Path:
-    """Write an mp4 of ``num_frames`` frames where frame i encodes i (``size`` is (W, H))."""
+def write_index_video(path: Path, num_frames: int, size: tuple[int, int] = (32, 24), fps: int = 25,
+                      fmt: Optional[str] = None, rotation: int = 0, noise: int = 0, faststart: bool = False,
+                      seed: int = 0) -> Path:
+    """Write a video of ``num_frames`` frames where frame i encodes i (``size`` is (W, H)).
+
+    ``noise``: uniform pixel noise of that amplitude on top of the blocks, so packets
+    are as large as real video's (a truncated file then keeps most of its frames).
+    """
     frames = np.stack([index_frame(i, size) for i in range(num_frames)])  # (N, H, W, 3)
-    return write_video(path, frames, fps=fps)
+    if noise:
+        rng = np.random.default_rng(seed)
+        frames = np.clip(frames + rng.integers(-noise, noise + 1, frames.shape), 0, 255).astype(np.uint8)
+    return write_video(path, frames, fps=fps, fmt=fmt, rotation=rotation, faststart=faststart)
 
 
 def write_corrupt_video(path: Path, kind: str = "garbage", seed: int = 0) -> Path:

@@ -8,12 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dab_pipeline import video as video_mod
 from dab_pipeline.errors import ConfigError, VideoDecodeError
 from dab_pipeline.synthetic import read_frame_index, write_corrupt_video, write_video
 from dab_pipeline.video import DecodedVideo, decode_video, resized_shape, sample_frame_indices
 
-BACKENDS = ["decord", "pyav"]
+BACKENDS = ["pyav", "pyav-seek", "decord"]
 
 
 def _xpool_uniform(n: int, f: int) -> list[int]:
@@ -103,13 +102,6 @@ def test_short_side_equal_to_size_is_a_no_op(index_video) -> None:
     np.testing.assert_array_equal(plain.frames, same.frames)
 
 
-def test_resize_without_probe_falls_back_to_pil(index_video, monkeypatch) -> None:
-    monkeypatch.setattr(video_mod, "_probe_size", lambda path: None)
-    dec = decode_video(index_video(13, (64, 48)), num_frames=6, short_side=24)
-    assert dec.frames.shape == (6, 24, 32, 3)
-    assert [read_frame_index(f) for f in dec.frames] == sample_frame_indices(13, 6)[0].tolist()
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kind", ["garbage", "empty"])
 def test_corrupt_files_raise_video_decode_error(tmp_path: Path, backend: str, kind: str) -> None:
@@ -151,26 +143,30 @@ def test_file_without_video_stream_raises(tmp_path: Path, backend: str) -> None:
     assert str(path) in str(err.value)
 
 
-def test_falls_back_to_pyav_without_decord(index_video, monkeypatch) -> None:
+def test_decord_backend_falls_back_to_pyav_without_decord(index_video, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "decord", None)  # makes `import decord` raise ImportError
-    dec = decode_video(index_video(13), num_frames=12)
+    dec = decode_video(index_video(13), num_frames=12, backend="decord")
+    assert dec.backend == "pyav"
     assert [read_frame_index(f) for f in dec.frames] == sample_frame_indices(13, 12)[0].tolist()
 
 
-def test_falls_back_to_pyav_when_decord_fails(index_video, monkeypatch) -> None:
+def test_decord_backend_falls_back_to_pyav_when_decord_fails(index_video, monkeypatch) -> None:
+    from dab_pipeline.video import decord_decoder
+
     def broken(*args, **kwargs):
         raise VideoDecodeError("cannot open (simulated)")
 
-    monkeypatch.setattr(video_mod, "_decode_decord", broken)
-    dec = decode_video(index_video(37), num_frames=12)
+    monkeypatch.setattr(decord_decoder, "decode_decord", broken)
+    dec = decode_video(index_video(37), num_frames=12, backend="decord")
+    assert dec.backend == "pyav"
     assert [read_frame_index(f) for f in dec.frames] == sample_frame_indices(37, 12)[0].tolist()
 
 
-def test_both_decoders_fail_message_names_both(tmp_path: Path) -> None:
+def test_failure_message_names_the_file_and_the_decoder(tmp_path: Path) -> None:
     path = write_corrupt_video(tmp_path / "bad.mp4")
     with pytest.raises(VideoDecodeError) as err:
         decode_video(path)
-    assert "decord" in str(err.value) and "pyav" in str(err.value)
+    assert str(path) in str(err.value) and "pyav" in str(err.value)
 
 
 def test_bad_arguments(index_video) -> None:
