@@ -18,12 +18,14 @@ What this module adds to open_clip:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import hashlib
 import logging
 import math
 import os
+import pickle
 import warnings
 import zipfile
 from dataclasses import dataclass, field
@@ -84,7 +86,7 @@ class ClipBundle:
     preprocess: Callable[[Any], Tensor]  # open_clip's eval transform: PIL image -> (3, S, S)
     tokenizer: Callable[..., Tensor]  # list[str] -> (M, context_length) int64
     model_name: str  # the architecture actually built (e.g. "ViT-B-32-quickgelu")
-    pretrained: str  # tag ("openai") or absolute path of the weights file
+    pretrained: Optional[str]  # tag ("openai"), absolute path of the weights file, or None (the model's own)
     weights_path: Optional[Path]  # the local file the weights were read from (cache file for tags)
     weights_sha256: Optional[str]
     weights_format: str  # "openai" or "open_clip"
@@ -200,10 +202,11 @@ def write_tiny_weights(path: Union[str, Path], seed: int = 0, model: str = TINY_
     gen = torch.Generator().manual_seed(int(seed))
     state = {k: _tiny_tensor(k, shapes[k], gen) for k in sorted(shapes)}
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Write then rename: several processes (torchrun ranks) may create the default file at once.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    # Written then renamed (several processes, torchrun ranks, may create the default file at
+    # once), and byte-identical for the same seed, so its sha256 is the same in every cache.
+    from .fsutil import atomic_torch_save
+
+    atomic_torch_save(state, path)
     return path
 
 
@@ -233,16 +236,95 @@ def _openai_release_hashes() -> dict[str, str]:
     return out
 
 
+class _ScriptedModule:
+    """Stands in for a TorchScript class while reading its archive: keeps the attributes, runs nothing."""
+
+    def __setstate__(self, state: Any) -> None:
+        self.attrs = state if isinstance(state, dict) else {}
+
+
+_STORAGE_DTYPES = {
+    "FloatStorage": torch.float32, "HalfStorage": torch.float16, "BFloat16Storage": torch.bfloat16,
+    "DoubleStorage": torch.float64, "LongStorage": torch.int64, "IntStorage": torch.int32,
+    "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8, "BoolStorage": torch.bool,
+}
+
+
+class _TensorsOnly(pickle.Unpickler):
+    """Unpickles a TorchScript archive's data.pkl into plain objects and tensors.
+
+    Only TorchScript's module classes (``__torch__.*``, replaced by an inert
+    holder), the tensor rebuilders and storage types are resolved; any other
+    global is refused, and the archive's code is never compiled or run.
+    """
+
+    _ALLOWED = {
+        ("torch._utils", "_rebuild_tensor_v2"): torch._utils._rebuild_tensor_v2,
+        ("torch._utils", "_rebuild_parameter"): torch._utils._rebuild_parameter,
+        ("collections", "OrderedDict"): collections.OrderedDict,
+    }
+
+    def __init__(self, fh: Any, archive: zipfile.ZipFile, prefix: str) -> None:
+        super().__init__(fh)
+        self.archive, self.prefix = archive, prefix
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "__torch__" or module.startswith("__torch__."):
+            return _ScriptedModule
+        if module == "torch" and name in _STORAGE_DTYPES:
+            return _STORAGE_DTYPES[name]  # the storage's dtype stands in for its legacy class
+        found = self._ALLOWED.get((module, name))
+        if found is None:
+            raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in a weights file")
+        return found
+
+    def persistent_load(self, pid: Any) -> Any:
+        kind, storage_type, key, _location, _numel = pid
+        if kind != "storage":
+            raise pickle.UnpicklingError(f"unknown persistent id {kind!r}")
+        raw = bytearray(self.archive.read(f"{self.prefix}/data/{key}"))
+        untyped = torch.UntypedStorage.from_buffer(raw, dtype=torch.uint8) if raw else torch.UntypedStorage(0)
+        return torch.storage.TypedStorage(wrap_storage=untyped, dtype=storage_type, _internal=True)
+
+
+def read_torchscript_tensors(path: Path) -> dict[str, Tensor]:
+    """The parameters and buffers of a TorchScript archive (OpenAI's CLIP release format), by name.
+
+    A TorchScript file is a program; ``torch.jit.load`` would compile the code it
+    carries. Only the tensors are needed, so its ``data.pkl`` is read with
+    :class:`_TensorsOnly` instead: a file that is not plain TorchScript module
+    state is refused with a :class:`WeightsError`, and nothing in it runs.
+    """
+    with zipfile.ZipFile(path) as zf:
+        names = [n for n in zf.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
+        if not names:
+            raise WeightsError(f"{path}: a TorchScript archive without data.pkl")
+        prefix = names[0].split("/", 1)[0]
+        with zf.open(names[0]) as fh:
+            root = _TensorsOnly(fh, zf, prefix).load()
+    out: dict[str, Tensor] = {}
+
+    def walk(obj: Any, name: str) -> None:
+        for key, value in getattr(obj, "attrs", {}).items():
+            if isinstance(value, Tensor):
+                out[f"{name}{key}"] = value
+            elif isinstance(value, _ScriptedModule):
+                walk(value, f"{name}{key}.")
+
+    walk(root, "")
+    return out
+
+
 def _read_weights(path: Path) -> tuple[dict[str, Tensor], Optional[str]]:
     """Load a weights file -> (state dict, why its format says OpenAI or None)."""
     torchscript = _is_torchscript(path)
     try:
         if torchscript:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)  # torch.jit.load is deprecated, still the only reader
-                state = dict(torch.jit.load(str(path), map_location="cpu").state_dict())
+            state = read_torchscript_tensors(path)
         else:
             state = dict(oc_load_state_dict(str(path), device="cpu", weights_only=True))
+    except WeightsError:
+        raise
     except Exception as exc:  # pickle, zip or safetensors errors all mean the same thing here
         raise WeightsError(f"cannot read weights file {path}: {type(exc).__name__}: {_first_line(exc)}") from None
     has_openai_keys = any(k in state for k in _OPENAI_EXTRA_KEYS)
@@ -362,10 +444,41 @@ def _cached_tag_file(cfg: dict, cache_dir: Optional[str]) -> Optional[str]:
     return None
 
 
+def _offline_reason(cfg: dict) -> Optional[str]:
+    """Why a download of the tag's weights cannot work from here, found in a few ms; None if it may.
+
+    Without this, an offline machine spends about a minute in huggingface_hub's
+    retries before the same answer. A proxy in the environment is trusted (the
+    host itself is then not reachable directly, and need not be).
+    """
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on") and cfg.get("hf_hub"):
+        return "HF_HUB_OFFLINE is set"
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    url = (os.environ.get("HF_ENDPOINT") or "https://huggingface.co") if cfg.get("hf_hub") else cfg.get("url", "")
+    host = urlparse(url).hostname
+    if not host:
+        return None
+    try:
+        with socket.create_connection((host, urlparse(url).port or 443), timeout=3):
+            return None
+    except OSError as exc:
+        return f"{host} is not reachable ({exc.strerror or type(exc).__name__})"
+
+
 def _fetch_tag(name: str, tag: str, cfg: dict, cache_dir: Optional[str]) -> Path:
     cached = _cached_tag_file(cfg, cache_dir)
     if cached:
         return Path(cached).absolute()
+    offline = _offline_reason(cfg)
+    if offline:
+        raise WeightsError(
+            f"the CLIP weights {name} pretrained={tag!r} are not in the local cache and cannot be downloaded: "
+            f"{offline}. Pass a local weights file instead, e.g. --pretrained /path/to/{name.replace('-quickgelu', '')}.pt"
+        )
     try:
         got = oc_pretrained.download_pretrained(cfg, cache_dir=cache_dir)
     except Exception as exc:
@@ -472,7 +585,9 @@ def load_clip(
         weights_path = default_tiny_weights() if name.startswith(TINY_MODEL) else None
         if weights_path is None:
             raise WeightsError(f"no default weights for {name}; pass a local weights file")
-        pretrained_str = str(weights_path)
+        # The model's own weights: recorded as None, not as the cache path, which differs
+        # between machines and cache folders (the sha256 identifies the bytes).
+        pretrained_str = None
     elif os.path.exists(os.path.expanduser(str(pretrained))):
         weights_path = Path(os.path.expanduser(str(pretrained))).absolute()
         if not weights_path.is_file():

@@ -228,7 +228,9 @@ def _holdout(ids: Sequence[str], val_size: int, seed: int, source: Path) -> tupl
     if val_size == 0:
         return list(ids), []
     if val_size < 0 or val_size >= len(ids):
-        raise ConfigError(f"val_size must be in [0, {len(ids) - 1}] for the {len(ids)} training videos of {source}, got {val_size}")
+        raise ConfigError(
+            f"val_size must be in [0, {len(ids) - 1}] for the {len(ids)} training videos of {source}, got {val_size}; "
+            f"set it with --option val_size=N (0: no validation split)")
     ordered = sorted(ids)
     chosen = set(ordered[i] for i in np.random.default_rng(seed).permutation(len(ordered))[:val_size])
     return [i for i in ids if i not in chosen], [i for i in ordered if i in chosen]

@@ -48,5 +48,9 @@ class TrainingError(DabError):
     """Training cannot go on (non-finite loss, incompatible run folder...)."""
 
 
+class CheckpointError(DabError):
+    """A checkpoint cannot be read, or holds objects that loading would have to execute."""
+
+
 class ExtractionFailed(DabError):
     """Every video of an extraction failed."""

@@ -2,29 +2,68 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
+from typing import Any, BinaryIO, Iterator
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a hidden temp file in the same folder, fsync, rename."""
+def _umask() -> int:
+    # os.umask can only be read by setting it; set it back at once (module-level use, no threads yet).
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path) -> Iterator[BinaryIO]:
+    """A binary file object whose contents replace ``path`` in one rename when the block ends.
+
+    Written via a hidden temp file in the same folder and fsynced; on an error the temp
+    file is removed and ``path`` is untouched. The file gets the mode an ordinary
+    ``open(path, "w")`` would (0666 less the umask), not mkstemp's private 0600: run
+    folders are shared between people.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            yield fh
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
             os.unlink(tmp)
-        except FileNotFoundError:
+        except OSError:
             pass
         raise
 
 
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (see :func:`atomic_file`)."""
+    with atomic_file(path) as fh:
+        fh.write(data)
+
+
+_UMASK = _umask()
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    """``torch.save`` through :func:`atomic_file`.
+
+    Saving to a file object (not a path) also makes the bytes depend on ``obj`` alone:
+    torch names the archive inside the file after the path it is given, and the
+    temporary path differs on every write.
+    """
+    import torch
+
+    with atomic_file(path) as fh:
+        torch.save(obj, fh)

@@ -74,7 +74,9 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu", checkpoint
     ck_path = run / "checkpoints" / checkpoint
     if not ck_path.is_file():
         raise TrainingError(f"{ck_path} does not exist: the run has no {checkpoint} checkpoint yet (did it finish an epoch?)")
-    ck = torch.load(ck_path, map_location="cpu", weights_only=False)
+    from .checkpoint import load_checkpoint
+
+    ck = load_checkpoint(ck_path)
     if cfg.trainable_blocks is not None or ck.get("heads") is not None:
         raise ConfigError(
             f"{run} fine-tunes the last {cfg.trainable_blocks} CLIP blocks; dab search supports runs on frozen "

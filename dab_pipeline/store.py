@@ -62,9 +62,10 @@ STATUS_FAILED = 2
 STATUS_MISSING = 3
 STATUS_NAMES = {STATUS_PENDING: "pending", STATUS_OK: "ok", STATUS_FAILED: "failed", STATUS_MISSING: "missing"}
 
-# Failure messages live in a preallocated fixed-width byte row per video: a
-# growing table of variable-length strings would rewrite HDF5 metadata (heap,
-# B-tree, dataspace) on every append, which a SIGKILL can tear.
+# Messages live in a preallocated fixed-width byte row per video (videos/error): the
+# reason of a failed video, or the decoder's warnings for an ok one (truncated file,
+# damaged packets). A growing table of variable-length strings would rewrite HDF5
+# metadata (heap, B-tree, dataspace) on every append, which a SIGKILL can tear.
 ERROR_BYTES = 1024
 
 HDF5_SUFFIXES = (".h5", ".hdf5")
@@ -77,11 +78,13 @@ _ALL_SUFFIXES = HDF5_SUFFIXES + ZARR_SUFFIXES
 _ZARR_CHUNK_BYTES = 1 << 20
 
 _STRING_ARRAYS = frozenset({"videos/ids", "videos/split", "captions/ids", "captions/split", "captions/text"})
-_WRITER_LOCK = ".dab-writer.lock"
+# Writers lock the store folder itself (flock on a directory needs no file, so nothing
+# foreign sits inside the zarr hierarchy: plain zarr readers would warn about it).
 # Multi-writer mode (distributed extraction into one zarr store): every writer holds
-# the main lock *shared* (so a single writer, which takes it exclusively, is kept
-# out) and its own per-share lock exclusively (so one share has one writer).
-_SHARE_LOCK = ".dab-writer-{rank:05d}-of-{world:05d}.lock"
+# the folder's lock *shared* (so a single writer, which takes it exclusively, is kept
+# out) and its own per-share lock file, next to the store, exclusively (one writer per share).
+_SHARE_LOCK = ".{store}.writer-{rank:05d}-of-{world:05d}.lock"
+_LEGACY_LOCK = ".dab-writer.lock"  # inside the store, written by dab before the folder lock
 # Largest share unit default_share_rows picks: a status chunk of 4 KiB.
 _MAX_SHARE_ROWS = 4096
 # Arrays read before they are written (all-pending flags): HDF5 writes real zeros into them.
@@ -384,6 +387,7 @@ class _ZarrBackend(_Backend):
         self.path = path
         self._lock_fd: int | None = None
         self._share_lock_fd: int | None = None
+        self._share_lock_path: Path | None = None
         if mode == "a":
             self._take_writer_lock(writer)
             if writer is None:
@@ -398,20 +402,21 @@ class _ZarrBackend(_Backend):
         self._raw: dict[str, _RawChunks | None] = {}
 
     def _take_writer_lock(self, writer: tuple[int, int] | None = None) -> None:
-        lock = self.path / _WRITER_LOCK
         if not self.path.is_dir():
             return  # open_group reports the real problem
         # flock dies with its process, so a SIGKILLed writer never leaves a stale lock.
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_RDONLY)
         try:
             fcntl.flock(fd, (fcntl.LOCK_EX if writer is None else fcntl.LOCK_SH) | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)
             raise StoreError(f"{self.path} is locked: another process has it open for writing") from None
         self._lock_fd = fd
-        if writer is not None:
+        if writer is None:
+            (self.path / _LEGACY_LOCK).unlink(missing_ok=True)
+        else:
             rank, world = writer
-            share_lock = self.path / _SHARE_LOCK.format(rank=rank, world=world)
+            share_lock = self.path.parent / _SHARE_LOCK.format(store=self.path.name, rank=rank, world=world)
             sfd = os.open(share_lock, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(sfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -422,9 +427,13 @@ class _ZarrBackend(_Backend):
                     f"{self.path} is locked: another process is already writer {rank} of {world}"
                 ) from None
             self._share_lock_fd = sfd
+            self._share_lock_path = share_lock
 
     def _release_writer_lock(self) -> None:
         if self._share_lock_fd is not None:
+            # Removed while still held, so no lock files pile up next to the store.
+            if self._share_lock_path is not None:
+                self._share_lock_path.unlink(missing_ok=True)
             os.close(self._share_lock_fd)
             self._share_lock_fd = None
         if self._lock_fd is not None:
@@ -614,6 +623,15 @@ class _ZarrBackend(_Backend):
             )
             if spec.name in init and n:
                 a[...] = init[spec.name]
+
+
+def _message_rows(messages: Sequence[str]) -> np.ndarray:
+    """(B, ERROR_BYTES) uint8: each message as UTF-8, cut at a character boundary, zero padded."""
+    rows = np.zeros((len(messages), ERROR_BYTES), np.uint8)
+    for i, m in enumerate(messages):
+        raw = str(m).encode("utf-8")[:ERROR_BYTES].decode("utf-8", "ignore").encode("utf-8")
+        rows[i, : len(raw)] = np.frombuffer(raw, np.uint8)
+    return rows
 
 
 def _backend_class(kind: str) -> type[_Backend]:
@@ -908,7 +926,13 @@ class FeatureStore:
 
     def failures(self) -> list[tuple[str, str]]:
         """(video_id, error message) of every failed video, in store order."""
-        idx = np.flatnonzero(self.status() == STATUS_FAILED)
+        return self._messages(np.flatnonzero(self.status() == STATUS_FAILED))
+
+    def warnings(self) -> list[tuple[str, str]]:
+        """(video_id, decoder warnings) of every ok video that has some, in store order."""
+        return [m for m in self._messages(np.flatnonzero(self.status() == STATUS_OK)) if m[1]]
+
+    def _messages(self, idx: np.ndarray) -> list[tuple[str, str]]:
         if len(idx) == 0:
             return []
         rows = self._read_rows("videos/error", idx)  # (B, ERROR_BYTES) uint8
@@ -972,11 +996,13 @@ class FeatureStore:
         frame_mask: np.ndarray,
         num_video_frames: Sequence[int] | np.ndarray,
         vision_states: np.ndarray | None = None,
+        warnings: Sequence[str | None] | None = None,
     ) -> None:
         """Write a batch of videos' features, then mark them ok.
 
         frames (B, F, D), frame_mask (B, F), num_video_frames (B,), vision_states
-        (B, F, W) or (B, F, L, W) when the store holds states (required then).
+        (B, F, W) or (B, F, L, W) when the store holds states (required then),
+        warnings (B,) a message per video or None (kept in videos/error, 1 KiB each).
         """
         self._require_writable()
         idx = self._indices(indices, self.num_videos, "video")
@@ -998,8 +1024,14 @@ class FeatureStore:
         elif vision_states is not None:
             raise ValueError(f"{self.path} was created without vision states; vision_states must be None")
 
+        if warnings is not None and len(warnings) != b:
+            raise ValueError(f"warnings has {len(warnings)} entries, expected {b}")
+        notes = _message_rows([w or "" for w in warnings] if warnings is not None else [""] * b)  # (B, E)
+
         order = np.argsort(idx, kind="stable")
         idx = idx[order]
+        # Always written: a retried video that failed before must not keep its old message.
+        self._write_rows("videos/error", idx, notes[order])
         self._write_rows("videos/frames", idx, feats[order])
         self._write_rows("videos/frame_mask", idx, mask[order].astype(bool))
         self._write_rows("videos/num_video_frames", idx, nvf[order].astype(np.int32))
@@ -1014,10 +1046,7 @@ class FeatureStore:
         self._require_writable()
         idx = self._indices([index], self.num_videos, "video")
         self._require_own_videos(idx)
-        msg = str(error).encode("utf-8")[:ERROR_BYTES]
-        row = np.zeros((1, ERROR_BYTES), np.uint8)
-        row[0, : len(msg)] = np.frombuffer(msg, np.uint8)
-        self._write_rows("videos/error", idx, row)
+        self._write_rows("videos/error", idx, _message_rows([error]))
         self._b.flush()
         self._set_status(idx, STATUS_FAILED)
 
@@ -1224,6 +1253,7 @@ class FeatureStore:
             "state_layout": self.state_layout,
             "trainable_blocks": self.trainable_blocks,
             "videos": counts(status),
+            "videos_with_warnings": len(self.warnings()),
             "captions": {"done": int(cdone.sum()), "pending": int((~cdone).sum())},
             "complete": bool((status != STATUS_PENDING).all() and cdone.all()),
             "splits": splits,
@@ -1407,16 +1437,43 @@ def create_store(
         raise ValueError("text_state_width / text_state_lengths need vision_state_shape")
 
     attrs = {"dab_store_format": FORMAT_VERSION, "layout": layout, "manifest": manifest_json}
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temp_sibling(p, "creating")
+    for folder in (p.parent, *p.parent.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise StoreError(f"cannot create {p}: {folder} is a file, not a folder")
+            break
     try:
-        _backend_class(kind).create(tmp, layout, attrs, init)
-        _publish(tmp, p, overwrite)
-    except BaseException:
-        _remove_path(tmp)
-        raise
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _temp_sibling(p, "creating")
+        try:
+            _backend_class(kind).create(tmp, layout, attrs, init)
+            _publish(tmp, p, overwrite)
+        except BaseException:
+            _remove_quietly(tmp)  # its own failure must not hide the one that matters
+            raise
+    except OSError as exc:
+        raise StoreError(f"cannot create {p}: {os_reason(exc)}") from None
     _fsync_dir(p.parent)
     return open_store(p, "a")
+
+
+def os_reason(exc: OSError) -> str:
+    """The operating system's words for ``exc`` (h5py wraps them in a long message)."""
+    text = str(exc)
+    # h5py: "Unable to create file (unable to open file: ..., errno = 30, error message = 'Read-only file system', ...)"
+    marker = "error message = '"
+    if marker in text:
+        return text.split(marker, 1)[1].split("'", 1)[0]
+    if exc.strerror:
+        return f"{exc.strerror} ({exc.filename})" if exc.filename else exc.strerror
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _remove_quietly(p: Path) -> None:
+    try:
+        _remove_path(p)
+    except OSError:
+        pass
 
 
 # ------------------------------------------------------------------------ merging

@@ -122,7 +122,7 @@ def test_default_tiny_weights_are_cached_and_used(tmp_path):
     mtime = path.stat().st_mtime_ns
     assert cm.default_tiny_weights() == path and path.stat().st_mtime_ns == mtime  # not rewritten
     b = cm.load_clip("dab-tiny", None)
-    assert b.pretrained == str(path) and b.weights_sha256 == cm._sha256(path)
+    assert b.pretrained is None and b.weights_path == path and b.weights_sha256 == cm._sha256(path)
 
 
 def test_unknown_model_lists_valid_names():
@@ -171,12 +171,46 @@ def test_openai_tag_offline_is_one_clear_error(tmp_path, monkeypatch):
         raise OSError("[Errno -3] Temporary failure in name resolution")
 
     monkeypatch.setattr(oc_pretrained, "download_pretrained", no_network)
+    monkeypatch.setattr(cm, "_offline_reason", lambda cfg: None)  # the host answers, the download fails
     with pytest.raises(WeightsError) as err:
         cm.load_clip("ViT-B-32", "openai", cache_dir=str(tmp_path / "empty-cache"))
     msg = str(err.value)
     assert len(calls) == 1  # the (empty) cache was checked, then one download attempt
     assert "could not fetch" in msg and "openai" in msg and "--pretrained /path/to/ViT-B-32.pt" in msg
     assert "name resolution" in msg and "\n" not in msg
+
+
+def test_offline_machine_fails_fast_without_retrying(tmp_path, monkeypatch):
+    import socket
+
+    def download(*args, **kwargs):
+        raise AssertionError("no download may be attempted offline (huggingface_hub retries for ~a minute)")
+
+    def unreachable(address, timeout=None):
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr(oc_pretrained, "download_pretrained", download)
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    for key in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HF_HUB_OFFLINE", "HF_ENDPOINT"):
+        monkeypatch.delenv(key, raising=False)
+    with pytest.raises(WeightsError) as err:
+        cm.load_clip("ViT-B-32", "openai", cache_dir=str(tmp_path / "empty-cache"))
+    msg = str(err.value)
+    assert "huggingface.co is not reachable" in msg and "--pretrained /path/to/ViT-B-32.pt" in msg
+    assert "\n" not in msg
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(WeightsError, match="HF_HUB_OFFLINE"):
+        cm.load_clip("ViT-B-32", "openai", cache_dir=str(tmp_path / "empty-cache"))
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")  # behind a proxy the host is not probed
+    assert cm._offline_reason({"hf_hub": "timm/x/"}) is None
+
+
+def test_tiny_weights_file_is_byte_identical_in_any_folder(tmp_path):
+    a = cm.write_tiny_weights(tmp_path / "one" / "w.pt", seed=0)
+    b = cm.write_tiny_weights(tmp_path / "another-folder" / "weights-file.pt", seed=0)
+    assert a.read_bytes() == b.read_bytes()
+    assert cm._sha256(a) == cm._sha256(b)
 
 
 def test_tag_resolved_from_cache_without_download(tmp_path, monkeypatch, tiny_path):
@@ -389,3 +423,40 @@ def test_bfloat16_runs_close_to_float32(bundle, tiny_path, images):
 def test_bad_dtypes_on_cpu(tiny_path, dtype):
     with pytest.raises(ConfigError, match=dtype):
         cm.load_clip("dab-tiny", str(tiny_path), dtype=dtype)
+
+
+def test_torchscript_weights_are_read_without_running_the_archive(tmp_path, tiny_path):
+    """OpenAI's release format is a TorchScript program: dab reads its tensors, never its code."""
+    state = torch.load(tiny_path, weights_only=True)
+    path = _openai_torchscript(state, tmp_path / "oa.pt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = dict(torch.jit.load(str(path), map_location="cpu").state_dict())
+    got = cm.read_torchscript_tensors(path)
+    assert got.keys() == reference.keys()
+    for k in got:
+        assert got[k].dtype == reference[k].dtype and torch.equal(got[k], reference[k]), k
+
+
+def test_torchscript_archive_with_foreign_objects_is_refused(tmp_path, tiny_path):
+    """A data.pkl that names anything but TorchScript module state and tensors is refused, unexecuted."""
+    import pickle
+    import zipfile
+
+    path = _openai_torchscript(torch.load(tiny_path, weights_only=True), tmp_path / "oa.pt")
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self):
+            import os
+
+            return os.system, (f"touch {marker}",)
+
+    bad = tmp_path / "evil.pt"
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(bad, "w") as dst:
+        for item in src.infolist():
+            data = pickle.dumps(Evil(), protocol=2) if item.filename.endswith("/data.pkl") else src.read(item)
+            dst.writestr(item, data)
+    with pytest.raises(WeightsError, match="posix.system is not allowed|os.system is not allowed"):
+        cm.load_clip("dab-tiny", str(bad))
+    assert not marker.exists()

@@ -131,8 +131,9 @@ def test_msrvtt_errors(tmp_path: Path) -> None:
     assert "no_videos" in str(err.value)
     with pytest.raises(ConfigError, match="train_split"):
         load_dataset("msrvtt", tmp_path, ann, train_split="8k")
-    with pytest.raises(ConfigError, match="val_size"):
+    with pytest.raises(ConfigError, match="val_size") as err:
         load_dataset("msrvtt", tmp_path, ann, val_size=50)
+    assert "--option val_size=N" in str(err.value)
     _write_csv(ann / "MSRVTT_JSFUSION_test.csv", ["key", "video", "sentence"], [["a", "video1", "x"]])
     with pytest.raises(DatasetError) as err:
         load_dataset("msrvtt", tmp_path, ann)

@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 import torch
 
+from dab_pipeline.checkpoint import load_checkpoint
+
 REPO = Path(__file__).resolve().parents[1]
 WORLD = 2
 TIMEOUT_S = 240  # per torchrun launch; a normal one takes 10-20 s on 2 busy cores
@@ -340,7 +342,7 @@ def test_distributed_loss_and_gradients_equal_one_process_with_the_global_batch(
     from dab_pipeline.losses import model_loss
 
     _ok(_helper("train-grads", [str(tmp_path / "grads.pt")], tmp_path))
-    got = torch.load(tmp_path / "grads.pt", weights_only=False)
+    got = torch.load(tmp_path / "grads.pt", weights_only=True)
     for name, (variant, with_heads) in GRAD_CASES.items():
         model, heads, (text_in, lengths, video_in, mask) = _grad_case(variant, with_heads)
         text = heads.encode_text(text_in, lengths) if heads is not None else text_in
@@ -379,17 +381,17 @@ def test_distributed_train_run_and_exact_resume(tmp_path: Path) -> None:
     lines = [json.loads(x) for x in (a / "metrics.jsonl").read_text().splitlines()]
     assert [x["epoch"] for x in lines] == [1, 2, 3]  # rank 0 alone writes
     assert json.loads((a / "status.json").read_text())["state"] == "complete"
-    ck = torch.load(a / "checkpoints" / "last.pt", weights_only=False)
+    ck = load_checkpoint(a / "checkpoints" / "last.pt")
     assert ck["world_size"] == WORLD and len(ck["rng_ranks"]) == WORLD
     assert read_costs(a / "costs_test.h5").cost.shape == (10, 5)
 
     # Rank 0 dies in the 2nd step of epoch 2 (5 steps an epoch); --resume continues from the step checkpoint.
     res = _helper("train-rank0-dies", ["7", *base, "--out", str(tmp_path / "b")], tmp_path)
     assert res.returncode != 0
-    assert torch.load(tmp_path / "b" / "checkpoints" / "last.pt", weights_only=False)["step_in_epoch"] == 1
+    assert load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")["step_in_epoch"] == 1
     _ok(_dab(["train", "--resume", "--out", str(tmp_path / "b"), "--quiet"], tmp_path))
-    sa = torch.load(a / "checkpoints" / "last.pt", weights_only=False)
-    sb = torch.load(tmp_path / "b" / "checkpoints" / "last.pt", weights_only=False)
+    sa = load_checkpoint(a / "checkpoints" / "last.pt")
+    sb = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")
     for k in sa["model"]:
         torch.testing.assert_close(sa["model"][k], sb["model"][k], rtol=0, atol=0, msg=k)
     np.testing.assert_array_equal(read_costs(a / "costs_test.h5").cost, read_costs(tmp_path / "b" / "costs_test.h5").cost)

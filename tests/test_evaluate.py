@@ -53,6 +53,20 @@ def test_evaluate_run_writes_reports(two_runs) -> None:
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
 
 
+def test_run_folder_files_follow_the_umask(two_runs) -> None:
+    """Labs share run folders: files are 0666 less the umask, like any other file, not mkstemp's 0600."""
+    import os
+
+    _, _, run = two_runs
+    assert CliRunner().invoke(cli, ["evaluate", "--run", str(run)]).exit_code == 0
+    mask = os.umask(0o022)
+    os.umask(mask)
+    names = ["config.json", "status.json", "metrics.json", "report.md", "risk_coverage.png", "rank_hist.png",
+             "store_manifest.json", "checkpoints/last.pt", "checkpoints/best.pt"]
+    for name in names:
+        assert (run / name).stat().st_mode & 0o777 == 0o666 & ~mask, name
+
+
 def test_postprocessing_is_labelled(two_runs, tmp_path: Path) -> None:
     _, run, _ = two_runs
     res = run_evaluate(EvaluateConfig(run=run, out=tmp_path, postprocess="dsl", temperature=0.1, plots=False))

@@ -205,3 +205,208 @@ def test_worker_processes_give_the_same_store(tiny_folder_dataset: Path, tmp_pat
     assert torch.get_num_threads() == threads  # the encoder's thread budget is restored
     with open_store(a) as sa, open_store(b) as sb:
         np.testing.assert_array_equal(sa.load_split("train").frames, sb.load_split("train").frames)
+
+
+# --------------------------------------------------------------------------- real-world failures
+
+
+def _one_video_dataset(root: Path, write) -> Path:
+    (root / "videos").mkdir(parents=True)
+    write(root / "videos")
+    names = sorted(p.name for p in (root / "videos").iterdir())
+    with open(root / "captions.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["video", "caption", "split"])
+        for i, name in enumerate(names):
+            w.writerow([name, f"caption of {name}", "train" if i % 2 == 0 else "test"])
+    return root / "captions.csv"
+
+
+@pytest.mark.parametrize("setting", ["decode_backend=pyav-seek", "decode_short_side=None", "decode_short_side=64"])
+def test_resume_refuses_decode_settings_that_change_the_features(tiny_folder_dataset: Path, tmp_path: Path,
+                                                                 setting: str) -> None:
+    out = tmp_path / "store.h5"
+    assert _invoke(_args(tiny_folder_dataset, out, "--limit", "3")).exit_code == 0
+    res = CliRunner().invoke(cli, _args(tiny_folder_dataset, out, "--limit", "3", "--set", setting))
+    assert res.exit_code != 0 and "decoder" in res.output and "--overwrite" in res.output, res.output
+    assert "resuming" not in res.output
+
+
+def test_store_of_an_older_decoder_is_not_resumed(tiny_folder_dataset: Path, tmp_path: Path) -> None:
+    """A store written before the decoder rules (decord by default) has no "decoder" entry: refused."""
+    from dab_pipeline.stages.extract import COMPATIBILITY_KEYS
+    from dab_pipeline.store import manifest_compatible
+
+    new = {"decoder": {"backend": "pyav", "short_side": 32, "rules": 2}}
+    old = {"decode_short_side": 32, "config": {"decode_backend": "decord"}}
+    assert "decoder" in COMPATIBILITY_KEYS and manifest_compatible(old, new, ["decoder"]) == ["decoder"]
+
+
+def test_unwritable_out_is_one_line(tiny_folder_dataset: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    for out in (blocker / "store.h5", blocker / "sub" / "store.zarr"):
+        res = CliRunner().invoke(cli, _args(tiny_folder_dataset, out))
+        assert res.exit_code != 0 and "Traceback" not in res.output
+        assert str(blocker) in res.output and "not a folder" in res.output
+        assert len(res.output.strip().splitlines()) == 1, res.output
+
+
+def test_read_only_file_system_is_named_even_when_cleanup_fails(tiny_folder_dataset: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """EROFS at creation, and the cleanup's own unlink fails too: the user still sees the real cause."""
+    import errno
+
+    import dab_pipeline.store as store_mod
+
+    def read_only(tmp, *args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(tmp))
+
+    def cannot_unlink(p):
+        raise OSError(errno.EROFS, "Read-only file system", str(p))
+
+    monkeypatch.setattr(store_mod._H5Backend, "create", staticmethod(read_only))
+    monkeypatch.setattr(store_mod, "_remove_path", cannot_unlink)
+    out = tmp_path / "store.h5"
+    res = CliRunner().invoke(cli, _args(tiny_folder_dataset, out))
+    assert res.exit_code != 0 and "Traceback" not in res.output
+    assert f"cannot create {out}: Read-only file system" in res.output
+
+
+def test_disk_full_during_extraction_is_one_line_and_resumable(tiny_folder_dataset: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from dab_pipeline.store import FeatureStore
+
+    real = FeatureStore.write_videos
+    calls = {"n": 0}
+
+    def full_disk(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(FeatureStore, "write_videos", full_disk)
+    out = tmp_path / "store.h5"
+    res = CliRunner().invoke(cli, _args(tiny_folder_dataset, out))
+    assert res.exit_code != 0 and "Traceback" not in res.output
+    assert "No space left on device" in res.output and "rerun the same command" in res.output
+    monkeypatch.setattr(FeatureStore, "write_videos", real)
+    res = _invoke(_args(tiny_folder_dataset, out))
+    assert res.exit_code == 0 and "2 already done" in res.output, res.output
+
+
+def test_truncated_video_is_stored_with_a_warning(tmp_path: Path) -> None:
+    from dab_pipeline.synthetic import truncate_file, write_index_video
+
+    def write(folder: Path) -> None:
+        full = write_index_video(tmp_path / "full.mp4", 300, (64, 48), noise=12, faststart=True)
+        truncate_file(full, folder / "cut.mp4", keep=0.4)
+        write_index_video(folder / "whole.mp4", 40, (64, 48))
+
+    captions = _one_video_dataset(tmp_path / "data", write)
+    out = tmp_path / "store.h5"
+    res = _invoke(_args(captions, out))
+    assert res.exit_code == 0, res.output
+    assert "2 videos encoded" in res.output and "1 of this run's videos have decoder warnings" in res.output
+    assert "cut: " in res.output and "truncated" in res.output
+    with open_store(out) as st:
+        notes = dict(st.warnings())
+        assert list(notes) == ["cut"] and "header declares 300" in notes["cut"]
+        assert st.summary()["videos_with_warnings"] == 1
+        assert (st.status() == 1).all()
+    res = _invoke(["inspect", str(out)])
+    assert "decoder warnings (1)" in res.output and "truncated" in res.output
+
+
+def test_rerun_of_an_all_failed_extraction_fails_the_same_way(tmp_path: Path) -> None:
+    from dab_pipeline.synthetic import write_corrupt_video
+
+    (tmp_path / "videos").mkdir()
+    for name in ("a", "b", "c", "d"):
+        write_corrupt_video(tmp_path / "videos" / f"{name}.mp4")
+    (tmp_path / "captions.csv").write_text("video,caption,split\n" + "".join(
+        f"{n}.mp4,caption {n},test\n" for n in "abcd"))
+    args = _args(tmp_path / "captions.csv", tmp_path / "s.h5")
+    first = CliRunner().invoke(cli, args)
+    again = CliRunner().invoke(cli, args)
+    for res in (first, again):
+        assert res.exit_code == 1 and "every video failed (4 failed, 0 missing)" in res.output, res.output
+        assert "a.mp4" in res.output  # the first reason, also when it was recorded by an earlier run
+
+
+def test_summary_reports_time_and_rate(tiny_folder_dataset: Path, tmp_path: Path) -> None:
+    import re
+
+    res = _invoke(_args(tiny_folder_dataset, tmp_path / "s.h5"))
+    m = re.search(r"6 videos in ([0-9.]+) s \(([0-9.]+) videos/s\); ([0-9.]+) s in all", res.output)
+    assert m, res.output
+    seconds, rate, total = map(float, m.groups())
+    assert 6 / (seconds + 0.006) <= rate <= 6 / max(seconds - 0.006, 1e-3)  # within the printed rounding
+    assert total >= seconds
+
+
+def test_ctrl_c_says_how_to_resume(tiny_folder_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dab_pipeline.stages.extract as ex
+
+    def interrupted(batch):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ex, "_collate", interrupted)
+    res = CliRunner().invoke(cli, _args(tiny_folder_dataset, tmp_path / "s.h5"))
+    assert res.exit_code == 130
+    assert "rerun the same command to resume" in res.output and "Aborted" not in res.output
+
+
+def test_zarr_store_is_clean_for_plain_zarr_readers(tiny_folder_dataset: Path, tmp_path: Path) -> None:
+    import warnings
+
+    import zarr
+
+    out = tmp_path / "s.zarr"
+    assert _invoke(_args(tiny_folder_dataset, out)).exit_code == 0
+    with open_store(out, "a"):  # a writer holds its lock: still nothing foreign inside the hierarchy
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            members = dict(zarr.open_group(str(out), mode="r").members(max_depth=None))
+    assert "videos/frames" in members
+    assert not [p for p in out.rglob("*") if p.name.endswith(".lock")]
+
+
+@pytest.mark.parametrize("decoder", ["pyav", "decord"])
+def test_no_ffmpeg_console_noise_for_files_dab_handles(tmp_path: Path, capfd: pytest.CaptureFixture,
+                                                       decoder: str) -> None:
+    """FFmpeg and decord print to the process's stderr (fd 2) unless silenced; dab reports what matters."""
+    from dab_pipeline.synthetic import damage_video, truncate_file, write_corrupt_video, write_index_video
+
+    def write(folder: Path) -> None:
+        clean = write_index_video(tmp_path / "clean.mp4", 150, (64, 48), fmt="x264-bframes")
+        damage_video(clean, folder / "damaged.mp4", packets=range(60, 70), mode="garbage")
+        full = write_index_video(tmp_path / "full.mp4", 300, (64, 48), noise=12, faststart=True)
+        truncate_file(full, folder / "cut.mp4", keep=0.4)  # decord cannot open it; PyAV reads it
+        write_corrupt_video(folder / "garbage.mp4")
+        write_index_video(folder / "fine.mp4", 30, (64, 48))
+
+    captions = _one_video_dataset(tmp_path / "data", write)
+    capfd.readouterr()
+    res = _invoke(_args(captions, tmp_path / "s.h5", "--decoder", decoder))
+    assert res.exit_code == 0, res.output
+    err = capfd.readouterr().err
+    for noise in ("decode_slice_header", "ERROR opening", "error while decoding", "concealing", "Invalid data"):
+        assert noise not in err, err[-2000:]
+
+
+def test_store_resumes_with_another_weights_cache(tiny_folder_dataset: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """dab-tiny's weights are generated per cache folder; the same seed must give the same bytes (sha256)."""
+    out = tmp_path / "store.h5"
+    monkeypatch.setenv("DAB_CACHE", str(tmp_path / "cache-a"))
+    assert _invoke(_args(tiny_folder_dataset, out, "--limit", "3")).exit_code == 0
+    with open_store(out, "a") as st:  # make it incomplete: one video pending again
+        st._set_status(np.array([2]), 0)
+    monkeypatch.setenv("DAB_CACHE", str(tmp_path / "cache-b"))
+    res = _invoke(_args(tiny_folder_dataset, out, "--limit", "3"))
+    assert res.exit_code == 0, res.output
+    assert "1 videos encoded, 2 already done" in res.output

@@ -134,3 +134,62 @@ def test_run_folder_errors(store: Path, tmp_path: Path) -> None:
     run, _ = build_run(tmp_path / "ok", store)
     with pytest.raises(ConfigError, match="non-empty query"):
         search(run, store, [" "], device="cpu")
+
+
+class _Payload:
+    """Pickles to a call of os.system: what a hostile checkpoint can run on plain torch.load."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_checkpoint_that_would_run_code_is_refused(store: Path, tmp_path: Path) -> None:
+    run, model = build_run(tmp_path / "shared-run", store)
+    marker = tmp_path / "pwned"
+    ck = run / "checkpoints" / "best.pt"
+    torch.save({"model": model.state_dict(), "heads": None, "epoch": 1, "note": _Payload(marker)}, ck)
+    # The payload is real: a plain unpickling runs it.
+    torch.load(ck, weights_only=False)
+    assert marker.exists()
+    marker.unlink()
+    out = CliRunner().invoke(cli, ["search", "--run", str(run), "--features", str(store), "--device", "cpu", "x"])
+    assert out.exit_code != 0 and "Traceback" not in out.output
+    assert out.output.startswith(f"Error: refused to load {ck}") and len(out.output.strip().splitlines()) == 1
+    assert not marker.exists()  # nothing ran
+
+
+def test_checkpoints_dab_writes_load_with_weights_only(tmp_path: Path) -> None:
+    from dab_pipeline.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+
+    path = tmp_path / "ck.pt"
+    np.random.seed(3)
+    save_checkpoint(path, {"rng": rng_state(), "model": {"w": torch.ones(2)}, "epoch_loss": (1.5, 2)})
+    state = torch.load(path, weights_only=True)  # no allowlist needed
+    expected = np.random.random(4)
+    np.random.seed(99)
+    set_rng_state(state["rng"])
+    np.testing.assert_array_equal(np.random.random(4), expected)
+    assert load_checkpoint(path)["epoch_loss"] == (1.5, 2)
+
+
+def test_checkpoint_of_an_older_dab_still_loads(tmp_path: Path) -> None:
+    """Before the weights-only rule, dab stored NumPy's random state as an array."""
+    import random
+
+    from dab_pipeline.checkpoint import load_checkpoint, set_rng_state
+
+    np.random.seed(5)
+    old = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+           "cuda": None}
+    path = tmp_path / "old.pt"
+    torch.save({"rng": old, "model": {}}, path)
+    expected = np.random.random(3)
+    ck = load_checkpoint(path)
+    np.random.seed(0)
+    set_rng_state(ck["rng"])
+    np.testing.assert_array_equal(np.random.random(3), expected)

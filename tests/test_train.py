@@ -10,6 +10,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from dab_pipeline.checkpoint import load_checkpoint
 from dab_pipeline.cli import cli
 from dab_pipeline.config import apply_overrides
 from dab_pipeline.costfile import read_costs
@@ -107,8 +108,8 @@ def test_resume_equals_uninterrupted(random_store: Path, tmp_path: Path, monkeyp
     monkeypatch.setattr(losses, "model_loss", real)
     b = run_train(_cfg(random_store, tmp_path / "b", *sets), resume=True)
 
-    sa = torch.load(tmp_path / "a" / "checkpoints" / "last.pt", weights_only=False)["model"]
-    sb = torch.load(tmp_path / "b" / "checkpoints" / "last.pt", weights_only=False)["model"]
+    sa = load_checkpoint(tmp_path / "a" / "checkpoints" / "last.pt")["model"]
+    sb = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")["model"]
     for k in sa:
         torch.testing.assert_close(sa[k], sb[k], rtol=0, atol=0, msg=k)
     np.testing.assert_array_equal(read_costs(a.costs_path).cost, read_costs(b.costs_path).cost)
@@ -133,15 +134,69 @@ def test_nan_loss_stops_with_a_clear_message(random_store: Path, tmp_path: Path,
     out = tmp_path / "nan"
     with pytest.raises(TrainingError, match=r"epoch 2, step 1 \(global step 6\)"):
         run_train(_cfg(random_store, out, "epochs=3"))
-    ck = torch.load(out / "checkpoints" / "last.pt", weights_only=False)
+    ck = load_checkpoint(out / "checkpoints" / "last.pt")
     assert ck["epoch"] == 1 and all(torch.isfinite(v).all() for v in ck["model"].values() if v.is_floating_point())
     assert json.loads((out / "status.json").read_text())["state"] == "failed"
 
 
-def test_existing_run_needs_resume(random_store: Path, tmp_path: Path) -> None:
+def test_existing_run_is_not_overwritten(random_store: Path, tmp_path: Path) -> None:
     run_train(_cfg(random_store, tmp_path / "r", "epochs=1"))
-    with pytest.raises(TrainingError, match="--resume"):
+    with pytest.raises(TrainingError, match="state 'complete'.*another --out"):
         run_train(_cfg(random_store, tmp_path / "r", "epochs=1"))
+
+
+def test_interrupted_run_with_a_checkpoint_needs_resume(random_store: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    import dab_pipeline.stages.train as tr
+
+    real = tr.score_split
+
+    def interrupt(*args, **kwargs):  # Ctrl-C during validation, after the first epoch's checkpoint
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tr, "score_split", interrupt)
+    out = tmp_path / "r"
+    with pytest.raises(KeyboardInterrupt):
+        run_train(_cfg(random_store, out, "epochs=2", "checkpoint_every=1"))
+    status = json.loads((out / "status.json").read_text())
+    assert status["state"] == "interrupted" and status["resumable"] is True
+    monkeypatch.setattr(tr, "score_split", real)
+    with pytest.raises(TrainingError, match="state 'interrupted'.*--resume"):
+        run_train(_cfg(random_store, out, "epochs=2", "checkpoint_every=1"))
+    res = run_train(_cfg(random_store, out, "epochs=2", "checkpoint_every=1"), resume=True)
+    assert res.epochs_done == 2
+
+
+def test_run_that_stopped_before_a_checkpoint_starts_over(random_store: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import dab_pipeline.stages.train as tr
+
+    real = tr.score_split
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated failure in validation")
+
+    monkeypatch.setattr(tr, "score_split", broken)
+    out = tmp_path / "r"
+    with pytest.raises(RuntimeError):
+        run_train(_cfg(random_store, out, "epochs=1"))
+    status = json.loads((out / "status.json").read_text())
+    assert status["state"] == "failed" and "simulated failure" in status["error"]
+    assert not (out / "checkpoints" / "last.pt").exists()
+    monkeypatch.setattr(tr, "score_split", real)
+    events = []
+    res = run_train(_cfg(random_store, out, "epochs=1", "batch_size=4"), progress=events.append)
+    assert res.epochs_done == 1 and json.loads((out / "status.json").read_text())["state"] == "complete"
+    assert json.loads((out / "config.json").read_text())["batch_size"] == 4  # the new settings, not the old
+    assert any("starting over" in (e.message or "") for e in events)
+
+
+def test_batch_larger_than_the_split_is_refused_before_the_folder_exists(random_store: Path,
+                                                                        tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    with pytest.raises(ConfigError, match="exceeds the .* training captions.*--batch-size"):
+        run_train(_cfg(random_store, out, "epochs=1", "batch_size=100000"))
+    assert not out.exists()
 
 
 def test_trainable_blocks_need_a_store_with_states(random_store: Path, tmp_path: Path) -> None:
@@ -189,7 +244,7 @@ def test_partial_finetuning_trains_clip_blocks(states_store: Path, tmp_path: Pat
     cfg = _cfg(states_store, out, "trainable_blocks=1", "epochs=2", "batch_size=4", "clip_lr=1e-3")
     assert cfg.model.embed_dim == 32
     res = run_train(cfg)
-    ck = torch.load(out / "checkpoints" / "last.pt", weights_only=False)
+    ck = load_checkpoint(out / "checkpoints" / "last.pt")
     assert ck["heads"] is not None
     from dab_pipeline.stages.train import _Heads
 
@@ -209,9 +264,14 @@ def test_cli_train_and_resume(random_store: Path, tmp_path: Path) -> None:
     assert "test t2v: R@1" in res.output
     assert json.loads((out / "config.json").read_text())["model"]["variant"] == "prob"
     res = CliRunner().invoke(cli, args)
-    assert res.exit_code != 0 and "--resume" in res.output and "Traceback" not in res.output
+    assert res.exit_code != 0 and "another --out" in res.output and "Traceback" not in res.output
     res = CliRunner().invoke(cli, ["train", "--resume", "--out", str(out), "--quiet"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
+    # --resume keeps the saved configuration: an option that would change it is refused, not ignored.
+    res = CliRunner().invoke(cli, ["train", "--resume", "--out", str(out), "--batch-size", "3", "--quiet"])
+    assert res.exit_code != 0 and "batch_size" in res.output and "saved" in res.output
+    res = CliRunner().invoke(cli, ["train", "--resume", "--out", str(out), "--epochs", "1", "--quiet"])
+    assert res.exit_code == 0, res.output  # the same value as saved is fine
     res = CliRunner().invoke(cli, ["train", "--features", str(random_store), "--set", "model.variant=nope",
                                    "--out", str(tmp_path / "bad")])
     assert res.exit_code != 0 and "xpool" in res.output and "Traceback" not in res.output

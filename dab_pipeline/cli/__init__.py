@@ -21,12 +21,29 @@ class UserError(click.ClickException):
         self.exit_code = err.exit_code
 
 
+# What Ctrl-C leaves, per command: everything finished so far is on disk.
+_INTERRUPTED = {
+    "extract": "interrupted; the videos encoded so far are kept: rerun the same command to resume",
+    "train": "interrupted; resume from the last checkpoint with `dab train --resume --out RUN_FOLDER`",
+}
+
+
 class DabGroup(click.Group):
     def invoke(self, ctx: click.Context):  # type: ignore[override]
         try:
             return super().invoke(ctx)
         except DabError as err:
             raise UserError(err) from None
+        except KeyboardInterrupt:
+            click.echo(_INTERRUPTED.get(ctx.invoked_subcommand or "", "interrupted"), err=True)
+            raise SystemExit(130) from None
+        except OSError as err:
+            # The file system said no (full disk, read-only, permissions) outside the places
+            # that turn it into a DabError: one line naming the file, never a traceback.
+            from ..store import os_reason
+
+            where = f" ({err.filename})" if getattr(err, "filename", None) and err.filename not in str(err) else ""
+            raise click.ClickException(f"{os_reason(err)}{where}") from None
 
 
 @click.group(cls=DabGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -10,6 +10,7 @@ from typing import Optional
 
 import click
 
+from ..video import BACKENDS as VIDEO_BACKENDS
 from . import cli
 from .progress import RichProgress
 
@@ -75,6 +76,10 @@ def _resolve_pretrained(model: str, pretrained: Optional[str]) -> Optional[str]:
 @click.option("--store-dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True)
 @click.option("--batch-size", type=int, default=16, show_default=True, help="Videos per encoding batch.")
 @click.option("--workers", type=int, default=2, show_default=True, help="Decoding worker processes.")
+@click.option("--decoder", "decode_backend", type=click.Choice(VIDEO_BACKENDS), default="pyav", show_default=True,
+              help="pyav: exact frames from every container (sequential read); pyav-seek: seek to key frames "
+                   "(long MP4/MKV/WebM videos); decord: decord's reader (clean MP4/MKV only). "
+                   "See docs/extraction.md.")
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
 @click.option("--option", "dataset_options", multiple=True, metavar="KEY=VALUE",
               help="Dataset loader option, e.g. train_split=7k or val_size=0 (repeatable).")
@@ -86,8 +91,8 @@ def _resolve_pretrained(model: str, pretrained: Optional[str]) -> Optional[str]:
                    "(default: on when launched by torchrun). See docs/distributed.md.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def extract(dataset, videos, annotations, out, model, pretrained, frames, trainable_blocks, compute_dtype,
-            store_dtype, batch_size, workers, device, dataset_options, limit, overwrite, overrides, distributed,
-            quiet) -> None:
+            store_dtype, batch_size, workers, decode_backend, device, dataset_options, limit, overwrite, overrides,
+            distributed, quiet) -> None:
     """Decode videos, encode frames and captions with CLIP, and cache the features in a store.
 
     Running the same command again resumes: finished videos are skipped.
@@ -104,7 +109,7 @@ def extract(dataset, videos, annotations, out, model, pretrained, frames, traina
             frames=frames, trainable_blocks=trainable_blocks,
             compute_dtype=resolve_compute_dtype(compute_dtype, device),
             store_dtype=store_dtype, batch_size=batch_size, workers=workers, device=device,
-            limit=limit, overwrite=overwrite,
+            decode_backend=decode_backend, limit=limit, overwrite=overwrite,
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
@@ -125,13 +130,28 @@ def extract(dataset, videos, annotations, out, model, pretrained, frames, traina
     else:
         with RichProgress(quiet=quiet) as prog:
             res = run_extract(cfg, progress=prog)
+    _extract_summary(res)
+
+
+def _extract_summary(res) -> None:
     msg = (f"{res.store}: {res.videos_ok} videos encoded, {res.videos_skipped} already done, "
            f"{res.videos_failed} failed, {res.videos_missing} missing; {res.captions} captions")
-    click.echo(msg)
+    done = res.videos_ok + res.videos_failed
+    if done and res.video_seconds > 0:
+        msg += f"; {done} videos in {res.video_seconds:.2f} s ({done / res.video_seconds:.1f} videos/s)"
+    click.echo(msg + f"; {res.seconds:.2f} s in all")
+    earlier = res.store_failed - res.videos_failed
+    click.echo(f"store: {res.store_ok} ok, {res.store_failed} failed"
+               + (f" ({earlier} in earlier runs)" if earlier > 0 else "")
+               + f", {res.store_missing} missing; {len(res.warnings)} of this run's videos have decoder warnings")
     if res.failures:
         click.echo(f"failures (first {min(5, len(res.failures))}):", err=True)
         for vid, err in res.failures[:5]:
             click.echo(f"  {vid}: {err}", err=True)
+    if res.warnings:
+        click.echo(f"warnings (first {min(5, len(res.warnings))}; `dab inspect` lists all):", err=True)
+        for vid, note in res.warnings[:5]:
+            click.echo(f"  {vid}: {note}", err=True)
 
 
 @cli.command()
@@ -146,14 +166,17 @@ def inspect(store: Path, as_json: bool) -> None:
     with open_store(store) as st:
         manifest = st.manifest
         summary = st.summary()
+        warnings = st.warnings()
+        failures = st.failures()
     if as_json:
-        click.echo(json.dumps({"manifest": manifest, "summary": summary}, indent=2, default=str))
+        click.echo(json.dumps({"manifest": manifest, "summary": summary, "warnings": dict(warnings),
+                               "failures": dict(failures)}, indent=2, default=str))
         return
     con = _console()
     t = Table(title=f"{store}", show_header=False)
     for key in ("model", "pretrained", "weights_sha256", "quick_gelu", "frames", "image_size", "compute_dtype",
-                "store_dtype", "trainable_blocks", "dataset", "dataset_options", "package_version", "created",
-                "world_size"):
+                "store_dtype", "trainable_blocks", "decoder", "dataset", "dataset_options", "package_version",
+                "created", "world_size"):
         if key in manifest:
             t.add_row(key, str(manifest[key]))
     con.print(t)
@@ -173,6 +196,16 @@ def inspect(store: Path, as_json: bool) -> None:
             a.add_row(name, "x".join(map(str, info.get("shape", []))), str(info.get("dtype", "")),
                       _human_bytes(info.get("stored_bytes")))
         con.print(a)
+    for title, rows in (("failed videos", failures), ("decoder warnings", warnings)):
+        if rows:
+            w = Table(title=f"{title} ({len(rows)})")
+            w.add_column("video")
+            w.add_column("message")
+            for vid, text in rows[:50]:
+                w.add_row(vid, text)
+            con.print(w)
+            if len(rows) > 50:
+                con.print(f"... and {len(rows) - 50} more (dab inspect --json lists all)")
     state = "complete" if summary.get("complete") else "incomplete (run the same extract command to resume)"
     con.print(f"{summary.get('backend')} store, {state}; file size {_human_bytes(summary.get('file_bytes'))}")
 
@@ -244,12 +277,6 @@ def _train_config(features, out, variant, cost, steps, epochs, batch_size, train
     from ..stages.train import TrainConfig, resolve_train_config
     from ..store import open_store
 
-    if resume:
-        if out is None:
-            raise click.UsageError("--resume needs --out RUN_FOLDER")
-        return load_config(TrainConfig, Path(out) / "config.json")
-    if features is None:
-        raise click.UsageError("--features STORE is required")
     opts: list[str] = []
     for key, val in (("model.variant", variant), ("model.cost", cost), ("model.steps", steps),
                      ("epochs", epochs), ("batch_size", batch_size), ("trainable_blocks", trainable_blocks),
@@ -257,12 +284,38 @@ def _train_config(features, out, variant, cost, steps, epochs, batch_size, train
         if val is not None:
             opts.append(f"{key}={val}")
     opts.extend(overrides)
+    if resume:
+        if out is None:
+            raise click.UsageError("--resume needs --out RUN_FOLDER")
+        saved = load_config(TrainConfig, Path(out) / "config.json")
+        _refuse_changes_on_resume(saved, apply_overrides(saved, opts), Path(out))
+        return saved
+    if features is None:
+        raise click.UsageError("--features STORE is required")
     var = variant or "dab"
     out = out or Path("runs") / f"{Path(features).name.split('.')[0]}-{var}"
     cfg = apply_overrides(TrainConfig(features=Path(features), out=Path(out)), opts)
     explicit = {o.split("=", 1)[0].strip() for o in opts}
     with open_store(cfg.features) as st:
         return resolve_train_config(cfg, st.manifest, explicit)
+
+
+def _refuse_changes_on_resume(saved, asked, out: Path) -> None:
+    """--resume continues a run as it was configured; options that would change it are an error, not ignored."""
+    from ..config import to_dict
+
+    def flat(d: dict, prefix: str = "") -> dict:
+        items = {}
+        for k, v in d.items():
+            items.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return items
+
+    a, b = flat(to_dict(saved)), flat(to_dict(asked))
+    diff = [f"{k} (saved {a[k]!r}, given {b[k]!r})" for k in sorted(a) if a[k] != b.get(k)]
+    if diff:
+        raise click.UsageError(
+            f"--resume continues {out} with its saved configuration; these options differ from it: "
+            f"{', '.join(diff)}. Drop them, or start a new run with another --out")
 
 
 def _metric_table(title: str, rows: list[tuple[str, dict]]):

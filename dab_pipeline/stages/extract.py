@@ -13,7 +13,8 @@ import datetime as _dt
 import hashlib
 import os
 import platform
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -24,6 +25,7 @@ from .. import __version__
 from ..events import Event, ProgressCallback, null_progress
 from ..devices import resolve_device
 from ..errors import ConfigError, DabError, ExtractionFailed, StoreError, StoreMismatchError, VideoDecodeError
+from ..video import DECODE_RULES
 
 if TYPE_CHECKING:
     from ..distributed import DistContext
@@ -41,6 +43,7 @@ COMPATIBILITY_KEYS = (
     "compute_dtype",
     "store_dtype",
     "trainable_blocks",
+    "decoder",
     "dataset",
     "dataset_options",
     "annotation_sha256",
@@ -67,7 +70,7 @@ class ExtractConfig:
     workers: int = 2
     device: str = "auto"
     decode_short_side: Optional[int] = 0  # 0: CLIP's image size; None: decode at full resolution
-    decode_backend: str = "decord"
+    decode_backend: str = "pyav"  # pyav | pyav-seek | decord (dab_pipeline.video)
     limit: Optional[int] = None  # only the first N videos (and their captions): quick trials
     overwrite: bool = False
 
@@ -84,10 +87,18 @@ class ExtractConfig:
             raise ValueError(f"store_dtype must be float16 or float32, got {self.store_dtype!r}")
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit must be >= 1, got {self.limit}")
+        from ..video import BACKENDS
+
+        if self.decode_backend not in BACKENDS:
+            raise ValueError(f"decode_backend must be one of {', '.join(BACKENDS)}, got {self.decode_backend!r}")
+        if self.decode_short_side is not None and self.decode_short_side < 0:
+            raise ValueError(f"decode_short_side must be >= 0 or None, got {self.decode_short_side}")
 
 
 @dataclass
 class ExtractResult:
+    """What one run did (``videos_*``, for the videos it was given) and where the store stands."""
+
     store: Path
     videos_total: int
     videos_ok: int
@@ -95,7 +106,14 @@ class ExtractResult:
     videos_missing: int
     videos_skipped: int  # already done by an earlier run
     captions: int
-    failures: list[tuple[str, str]]
+    failures: list[tuple[str, str]]  # (video id, reason) of this run's failures
+    warnings: list[tuple[str, str]] = field(default_factory=list)  # (video id, message) of this run's videos
+    # The whole store after the run (earlier runs included): counts by status.
+    store_ok: int = 0
+    store_failed: int = 0
+    store_missing: int = 0
+    video_seconds: float = 0.0  # wall time of the video phase (decoding + encoding)
+    seconds: float = 0.0  # the whole stage
 
 
 def parse_options(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
@@ -162,7 +180,8 @@ class _DecodeDataset(torch.utils.data.Dataset):
             # CLIP's own PIL transform, frame by frame, so features equal open_clip's on these frames.
             pixels = torch.stack([self.preprocess(Image.fromarray(f)) for f in dec.frames])  # (F, 3, S, S)
             return {"index": index, "pixels": pixels, "mask": torch.from_numpy(dec.mask),
-                    "num_video_frames": dec.num_video_frames, "error": None}
+                    "num_video_frames": dec.num_video_frames, "error": None,
+                    "warning": "; ".join(dec.warnings) or None}
         except VideoDecodeError as exc:
             return {"index": index, "error": str(exc)}
         except Exception as exc:  # a codec or PIL failure on one file must not stop the run
@@ -201,7 +220,11 @@ def build_manifest(cfg: ExtractConfig, bundle, index, world_size: int = 1) -> di
             f"centre crop {bundle.image_size}, normalise mean={list(map(float, bundle.mean))} "
             f"std={list(map(float, bundle.std))}; frames sampled at segment midpoints (X-Pool uniform)"
         ),
-        "decode_short_side": cfg.decode_short_side if cfg.decode_short_side != 0 else int(bundle.image_size),
+        "decode_short_side": _short_side(cfg, bundle),
+        # Everything about decoding that changes the pixels a video gets (compared on resume).
+        "decoder": {"backend": cfg.decode_backend, "short_side": _short_side(cfg, bundle), "rules": DECODE_RULES,
+                    "frame_order": "sequential decode order" if cfg.decode_backend == "pyav" else
+                    "timestamps (seeking)", "resize": "bicubic (FFmpeg swscale), display rotation applied"},
         "compute_dtype": cfg.compute_dtype,
         "store_dtype": cfg.store_dtype,
         "trainable_blocks": cfg.trainable_blocks,
@@ -214,6 +237,11 @@ def build_manifest(cfg: ExtractConfig, bundle, index, world_size: int = 1) -> di
         "world_size": world_size,
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(cfg).items()},
     }
+
+
+def _short_side(cfg: ExtractConfig, bundle) -> Optional[int]:
+    """The decode-time resize: 0 means CLIP's image size, None full resolution."""
+    return int(bundle.image_size) if cfg.decode_short_side == 0 else cfg.decode_short_side
 
 
 def run_extract(cfg: ExtractConfig, progress: ProgressCallback = null_progress,
@@ -229,6 +257,7 @@ def run_extract(cfg: ExtractConfig, progress: ProgressCallback = null_progress,
     from ..clip_models import encode_images, encode_texts, load_clip
     from ..store import open_store
 
+    t0 = time.perf_counter()
     out = Path(cfg.out)
     index, videos, captions, missing = _load_index(cfg, progress)
     if out.suffix.lower() in (".h5", ".hdf5"):
@@ -259,22 +288,42 @@ def run_extract(cfg: ExtractConfig, progress: ProgressCallback = null_progress,
         store = _create(out, cfg, bundle, manifest, videos, captions, overwrite=cfg.overwrite)
 
     try:
-        n_caps = _encode_captions(store, bundle, [c.text for c in captions], cfg, progress, encode_texts)
-        result = _encode_videos(store, bundle, videos, missing, cfg, device, progress, encode_images)
+        with _store_errors(out):
+            n_caps = _encode_captions(store, bundle, [c.text for c in captions], cfg, progress, encode_texts)
+            result = _encode_videos(store, bundle, videos, missing, cfg, device, progress, encode_images)
         result.captions = n_caps
         result.store = out
+        if not result.failures and result.store_failed:
+            result.failures = store.failures()[:5]  # the reasons of earlier runs' failures
     finally:
         store.close()
+    result.seconds = time.perf_counter() - t0
     _raise_if_all_failed(result)
     return result
 
 
 def _raise_if_all_failed(result: ExtractResult) -> None:
-    if result.videos_total > 0 and result.videos_ok == 0 and result.videos_skipped == 0:
+    """No video of the store encoded: the same answer on the first run and on every rerun."""
+    if result.videos_total > 0 and result.store_ok == 0:
         raise ExtractionFailed(
-            f"every video failed ({result.videos_failed} failed, {result.videos_missing} missing); "
+            f"every video failed ({result.store_failed} failed, {result.store_missing} missing); "
             f"first error: {result.failures[0][1] if result.failures else 'n/a'}"
         )
+
+
+@contextlib.contextmanager
+def _store_errors(out: Path):
+    """A write that the file system refuses (full disk, read-only, permissions) becomes one line.
+
+    The store stays valid: every video whose status is set was fully written, so the
+    same command resumes once the cause is fixed.
+    """
+    try:
+        yield
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise StoreError(f"cannot write {out}: {reason}; the videos written so far are kept, "
+                         "fix the cause and rerun the same command to resume") from None
 
 
 def _load_index(cfg: ExtractConfig, progress: ProgressCallback):
@@ -390,7 +439,7 @@ def _run_extract_distributed(cfg: ExtractConfig, progress: ProgressCallback, dis
         with open_store(out, "r") as st:
             _check_resumable(st, manifest, videos, captions, out)
             return {"complete": st.is_complete, "world_size": int(st.manifest.get("world_size") or 1),
-                    "share_rows": st.share_rows}
+                    "share_rows": st.share_rows, "status": st.status()}
 
     state = dist.run_on_main(existing_store)
     if state is not None and state["complete"]:
@@ -398,8 +447,13 @@ def _run_extract_distributed(cfg: ExtractConfig, progress: ProgressCallback, dis
         if kind == "hdf5":
             dist.run_on_main(lambda: _remove_parts(out, None))  # left by a merge killed before its cleanup
         share = video_share(n, state["share_rows"] or default_share_rows(n, world), rank, world)
+        from ..store import STATUS_FAILED, STATUS_MISSING, STATUS_OK
+
+        mine = state["status"][share]
         local = ExtractResult(store=out, videos_total=len(share), videos_ok=0, videos_failed=0, videos_missing=0,
-                              videos_skipped=len(share), captions=len(captions), failures=[])
+                              videos_skipped=len(share), captions=len(captions), failures=[],
+                              store_ok=int((mine == STATUS_OK).sum()), store_failed=int((mine == STATUS_FAILED).sum()),
+                              store_missing=int((mine == STATUS_MISSING).sum()))
         return _combine_results(dist, local, videos, len(captions), out)
     if state is not None:
         if state["world_size"] != world:
@@ -454,9 +508,11 @@ def _run_extract_distributed(cfg: ExtractConfig, progress: ProgressCallback, dis
     def encode() -> ExtractResult:
         try:
             n_caps = len(captions)
-            if dist.is_main:
-                _encode_captions(store, bundle, [c.text for c in captions], cfg, progress, encode_texts)
-            res = _encode_videos(store, bundle, videos, missing, cfg, device, progress, encode_images, rows=share)
+            with _store_errors(out):
+                if dist.is_main:
+                    _encode_captions(store, bundle, [c.text for c in captions], cfg, progress, encode_texts)
+                res = _encode_videos(store, bundle, videos, missing, cfg, device, progress, encode_images,
+                                     rows=share)
             res.captions = n_caps
             return res
         finally:
@@ -512,13 +568,15 @@ def _combine_results(dist: "DistContext", local: ExtractResult, videos, n_caps: 
     """Every rank's counts summed (on every rank); failures in dataset order."""
     from ..distributed import mark_shared
 
-    rows = dist.all_gather_object((local.videos_total, local.videos_ok, local.videos_failed, local.videos_missing,
-                                   local.videos_skipped, local.failures))
+    counts = ("videos_total", "videos_ok", "videos_failed", "videos_missing", "videos_skipped", "store_ok",
+              "store_failed", "store_missing")
+    rows = dist.all_gather_object(({k: getattr(local, k) for k in counts}, local.failures, local.warnings,
+                                   local.video_seconds))
     pos = {v.video_id: i for i, v in enumerate(videos)}
-    failures = sorted((f for r in rows for f in r[5]), key=lambda f: pos.get(f[0], -1))
-    result = ExtractResult(store=out, videos_total=sum(r[0] for r in rows), videos_ok=sum(r[1] for r in rows),
-                           videos_failed=sum(r[2] for r in rows), videos_missing=sum(r[3] for r in rows),
-                           videos_skipped=sum(r[4] for r in rows), captions=n_caps, failures=failures)
+    failures = sorted((f for r in rows for f in r[1]), key=lambda f: pos.get(f[0], -1))
+    warnings = sorted((w for r in rows for w in r[2]), key=lambda w: pos.get(w[0], -1))
+    result = ExtractResult(store=out, captions=n_caps, failures=failures, warnings=warnings,
+                           video_seconds=max(r[3] for r in rows), **{k: sum(r[0][k] for r in rows) for k in counts})
     try:
         _raise_if_all_failed(result)
     except ExtractionFailed as exc:
@@ -564,14 +622,23 @@ def _encode_videos(store, bundle, videos, missing: set[str], cfg: ExtractConfig,
         worker_init_fn=_worker_init if cfg.workers > 0 else None,
         prefetch_factor=2 if cfg.workers > 0 else None, persistent_workers=False,
     )
-    ok = failed = 0
     failures: list[tuple[str, str]] = []
+    warnings: list[tuple[str, str]] = []
+    t0 = time.perf_counter()
     progress(Event("start", task="videos", total=len(todo)))
     with _encoder_threads(device, cfg.workers):
-        ok, failed = _consume(loader, store, bundle, videos, cfg, device, progress, encode_images, failures)
+        ok, failed = _consume(loader, store, bundle, videos, cfg, device, progress, encode_images, failures,
+                              warnings)
+    seconds = time.perf_counter() - t0
     progress(Event("end", task="videos", message=f"{ok} ok, {failed} failed, {len(miss_idx)} missing"))
+    status = store.status() if rows is None else store.status()[np.asarray(rows, np.int64)]
+    from ..store import STATUS_FAILED, STATUS_MISSING, STATUS_OK
+
     return ExtractResult(store=Path(cfg.out), videos_total=total, videos_ok=ok, videos_failed=failed,
-                         videos_missing=len(miss_idx), videos_skipped=skipped, captions=0, failures=failures)
+                         videos_missing=len(miss_idx), videos_skipped=skipped, captions=0, failures=failures,
+                         warnings=warnings, store_ok=int((status == STATUS_OK).sum()),
+                         store_failed=int((status == STATUS_FAILED).sum()),
+                         store_missing=int((status == STATUS_MISSING).sum()), video_seconds=seconds)
 
 
 @contextlib.contextmanager
@@ -591,7 +658,7 @@ def _encoder_threads(device: torch.device, workers: int):
 
 
 def _consume(loader, store, bundle, videos, cfg: ExtractConfig, device: torch.device, progress: ProgressCallback,
-             encode_images, failures: list[tuple[str, str]]) -> tuple[int, int]:
+             encode_images, failures: list[tuple[str, str]], warnings: list[tuple[str, str]]) -> tuple[int, int]:
     """Encode and write decoded batches as they arrive; returns (ok, failed)."""
     ok = failed = 0
     for batch in loader:
@@ -614,7 +681,9 @@ def _consume(loader, store, bundle, videos, cfg: ExtractConfig, device: torch.de
                 np.stack([b["mask"].numpy() for b in good]),
                 np.array([b["num_video_frames"] for b in good]),
                 vision_states=states,
+                warnings=[b["warning"] for b in good],
             )
+            warnings.extend((videos[b["index"]].video_id, b["warning"]) for b in good if b["warning"])
             ok += len(good)
         progress(Event("advance", task="videos", n=len(batch), data={"unit": "videos"},
                        message=f"{failed} failed" if failed else ""))

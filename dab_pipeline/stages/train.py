@@ -25,6 +25,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from ..checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from ..config import atomic_write_text, from_dict, save_config, to_dict
 from ..errors import ConfigError, StoreError, TrainingError
 from ..events import Event, ProgressCallback, null_progress
@@ -216,36 +217,11 @@ def _write_status(run_dir: Path, **data: Any) -> None:
     atomic_write_text(run_dir / "status.json", json.dumps(data, indent=2, default=str) + "\n")
 
 
-def _save_checkpoint(path: Path, state: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(state, tmp)
-    tmp.replace(path)  # atomic: a killed run leaves the previous checkpoint intact
-
-
-def _rng_state(device: Optional[torch.device] = None) -> dict:
-    """Every RNG this process draws from. ``device`` (distributed runs): only that GPU's CUDA state,
-    so a rank never touches (and allocates a context on) the other ranks' GPUs."""
-    import random
-
-    st = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if device is not None:
-        st["cuda"] = None
-        st["cuda_device"] = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    else:
-        st["cuda"] = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    return st
-
-
-def _set_rng_state(st: dict, device: Optional[torch.device] = None) -> None:
-    import random
-
-    torch.set_rng_state(st["torch"])
-    np.random.set_state(st["numpy"])
-    random.setstate(st["python"])
-    if st.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(st["cuda"])
-    if st.get("cuda_device") is not None and device is not None and device.type == "cuda":
-        torch.cuda.set_rng_state(st["cuda_device"], device)
+def _read_status(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "status.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 # --------------------------------------------------------------------------- distributed step
@@ -406,6 +382,26 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
               dist=None) -> TrainResult:
     """Train on ``cfg.features``; write the run folder ``cfg.out``. ``resume`` continues a stopped run.
 
+    A run that stops on an error or Ctrl-C after its folder exists records that in
+    status.json ("failed" / "interrupted", with the reason), so `dab evaluate` says
+    so, and a rerun of the same command starts over when there is no checkpoint to
+    resume from.
+    """
+    folder: dict[str, bool] = {}
+    try:
+        return _run_train(cfg, progress, resume, dist, folder)
+    except BaseException as exc:
+        if folder.get("ready"):
+            state = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            _write_status(Path(cfg.out), state=state, error=reason, features=str(cfg.features),
+                          resumable=(Path(cfg.out) / "checkpoints" / "last.pt").exists())
+        raise
+
+
+def _run_train(cfg: TrainConfig, progress: ProgressCallback, resume: bool, dist, folder: dict) -> TrainResult:
+    """The body of :func:`run_train`; sets ``folder["ready"]`` once this process owns a run folder.
+
     ``dist`` (a :class:`dab_pipeline.distributed.DistContext` of a torchrun job
     with several processes): DistributedDataParallel training; ``batch_size``
     is the *global* batch, split evenly over the ranks, so a run gives the same
@@ -444,7 +440,17 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
                 diff = sorted(k for k, v in to_dict(cfg).items() if to_dict(saved).get(k) != v)
                 raise TrainingError(f"--resume: {run_dir} was started with another configuration ({', '.join(diff)} differ)")
         elif (run_dir / "config.json").exists():
-            raise TrainingError(f"{run_dir} already holds a run; use --resume to continue it or choose another --out")
+            status = _read_status(run_dir)
+            if status.get("state") in ("failed", "interrupted") and not (ckpt_dir / "last.pt").exists():
+                # Nothing to resume: the run stopped before its first checkpoint, so start over.
+                progress(Event("info", message=f"{run_dir}: the earlier run {status['state']} before its first "
+                                               f"checkpoint ({status.get('error', 'no reason recorded')}); starting over"))
+                for name in ("config.json", "status.json", "metrics.jsonl", "store_manifest.json"):
+                    (run_dir / name).unlink(missing_ok=True)
+                return
+            state = status.get("state", "unknown")
+            hint = "use --resume to continue it" if state != "complete" else "it is complete"
+            raise TrainingError(f"{run_dir} already holds a run (state {state!r}); {hint}, or choose another --out")
 
     if multi:
         dist.run_on_main(check_run_folder)  # the run folder is rank 0's
@@ -477,9 +483,15 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
             f"(e.g. {max(world, cfg.batch_size // world * world)})"
         ))
 
+    if train.num_queries // cfg.batch_size == 0:
+        raise shared(ConfigError(
+            f"batch_size {cfg.batch_size} exceeds the {train.num_queries} training captions of {cfg.features}; "
+            f"pass a smaller --batch-size (at most {train.num_queries})"))
+
     if is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         ckpt_dir.mkdir(exist_ok=True)
+        folder["ready"] = True
         if not resume:
             save_config(cfg, run_dir / "config.json")
             atomic_write_text(run_dir / "store_manifest.json", json.dumps(manifest, indent=2, default=str) + "\n")
@@ -499,8 +511,6 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
         groups.append({"params": list(heads.parameters()), "lr": cfg.clip_lr})
     optim = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
     steps_per_epoch = train.num_queries // cfg.batch_size
-    if steps_per_epoch == 0:
-        raise shared(ConfigError(f"batch_size {cfg.batch_size} exceeds the {train.num_queries} training captions"))
     if cfg.max_steps_per_epoch:
         steps_per_epoch = min(steps_per_epoch, cfg.max_steps_per_epoch)
     total = steps_per_epoch * cfg.epochs
@@ -513,9 +523,9 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
         last = ckpt_dir / "last.pt"
         if multi:
             # Rank 0 reads its run folder and sends the checkpoint: the others need no access to it.
-            ck = dist.run_on_main(lambda: torch.load(last, map_location="cpu", weights_only=False) if last.exists() else None)
+            ck = dist.run_on_main(lambda: load_checkpoint(last) if last.exists() else None)
         elif last.exists():
-            ck = torch.load(last, map_location=device, weights_only=False)
+            ck = load_checkpoint(last, map_location=device)
     if ck is not None:
         saved_world = int(ck.get("world_size") or 1)
         if saved_world != world:
@@ -532,9 +542,9 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
         best_value, best_epoch = ck.get("best_value"), ck.get("best_epoch")
         resumed_loss = tuple(ck.get("epoch_loss", (0.0, 0)))
         if multi:
-            _set_rng_state(ck["rng_ranks"][dist.rank], device)
+            set_rng_state(ck["rng_ranks"][dist.rank], device)
         else:
-            _set_rng_state(ck["rng"])
+            set_rng_state(ck["rng"])
         progress(Event("info", message=f"resuming {run_dir} at epoch {start_epoch + 1}, step {start_step}"))
     elif multi and dist.rank > 0:
         # Own dropout noise per rank (identical streams would correlate the masks of the
@@ -552,19 +562,19 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
 
     def checkpoint(epoch: int, step_in_epoch: int, path: Path, epoch_loss: tuple[float, int] = (0.0, 0)) -> None:
         if multi:
-            rngs = dist.all_gather_object(_rng_state(device))  # every rank's streams, for an exact resume
+            rngs = dist.all_gather_object(rng_state(device))  # every rank's streams, for an exact resume
         if not is_main:
             return
         state = {
             "model": model.state_dict(), "heads": heads.state_dict() if heads is not None else None,
             "optim": optim.state_dict(), "sched": sched.state_dict(), "epoch": epoch,
             "step_in_epoch": step_in_epoch, "best_value": best_value, "best_epoch": best_epoch,
-            "rng": rngs[0] if multi else _rng_state(), "config": to_dict(cfg), "epoch_loss": epoch_loss,
+            "rng": rngs[0] if multi else rng_state(), "config": to_dict(cfg), "epoch_loss": epoch_loss,
             "world_size": world,
         }
         if multi:
             state["rng_ranks"] = rngs
-        _save_checkpoint(path, state)
+        save_checkpoint(path, state)
 
     higher_better = cfg.select_metric not in ("MnR", "MdR")
     val_metrics = None
@@ -654,9 +664,9 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
     test_metrics = None
     if test is not None:
         if multi:
-            best = dist.run_on_main(lambda: torch.load(ckpt_dir / "best.pt", map_location="cpu", weights_only=False))
+            best = dist.run_on_main(lambda: load_checkpoint(ckpt_dir / "best.pt"))
         else:
-            best = torch.load(ckpt_dir / "best.pt", map_location=device, weights_only=False)
+            best = load_checkpoint(ckpt_dir / "best.pt", map_location=device)
         model.load_state_dict(best["model"])
         if heads is not None:
             heads.load_state_dict(best["heads"])
