@@ -42,11 +42,17 @@ class VideoFormat:
 
 
 # Lossy settings keep the index blocks (235 / 20) readable; B-frames and short GOPs are
-# what make decoders that seek by index go wrong.
+# what make decoders that seek by index go wrong. x264's threaded lookahead makes its
+# output (with macroblock-tree rate control) differ from run to run even with one encoding
+# thread, seen on 64x64 clips: both are switched off, so
+# a generated file is byte-identical for the same frames.
+_X264_DETERMINISTIC = ("x264-params", "threads=1:sync-lookahead=0:mbtree=0")
 VIDEO_FORMATS: dict[str, VideoFormat] = {
-    "x264": VideoFormat(".mp4", "libx264", (("crf", "0"), ("preset", "veryfast"))),
-    "x264-bframes": VideoFormat(".mp4", "libx264", (("crf", "12"), ("preset", "medium"), ("bf", "3")), gop=24),
-    "h264-mkv": VideoFormat(".mkv", "libx264", (("crf", "12"), ("preset", "veryfast"), ("bf", "2")), gop=30),
+    "x264": VideoFormat(".mp4", "libx264", (("crf", "0"), ("preset", "veryfast"), _X264_DETERMINISTIC)),
+    "x264-bframes": VideoFormat(".mp4", "libx264", (("crf", "12"), ("preset", "medium"), ("bf", "3"),
+                                                    _X264_DETERMINISTIC), gop=24),
+    "h264-mkv": VideoFormat(".mkv", "libx264", (("crf", "12"), ("preset", "veryfast"), ("bf", "2"),
+                                                _X264_DETERMINISTIC), gop=30),
     "xvid-avi": VideoFormat(".avi", "mpeg4", (("qscale", "2"),), codec_tag="XVID", b_frames=2, gop=25),
     "mpeg4-avi": VideoFormat(".avi", "mpeg4", (("qscale", "2"),), gop=12),
     "msmpeg4-avi": VideoFormat(".avi", "msmpeg4", (("qscale", "2"),), gop=12),

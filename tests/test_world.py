@@ -1,0 +1,191 @@
+"""The procedural world: deterministic, captions true of their videos, splits disjoint, files decodable."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dab_pipeline.errors import ConfigError
+from dab_pipeline.video import decode_video, sample_frame_indices
+from dab_pipeline.world import (
+    COLOURS,
+    LEVELS,
+    WorldConfig,
+    iter_world,
+    level_weights,
+    make_world,
+    matching_videos,
+    pretrain_frame,
+    satisfies,
+    world_video,
+)
+from dab_pipeline.world.render import render_scene
+from dab_pipeline.world.scene import Scene, Thing
+
+SMALL = WorldConfig(seed=3, train=24, val=6, test=10, frames=24)
+
+
+@pytest.fixture(scope="module")
+def small_world(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("world")
+    make_world(root, SMALL)
+    return root
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_generator_is_deterministic(small_world: Path, tmp_path: Path) -> None:
+    again = tmp_path / "again"
+    make_world(again, SMALL, workers=2)  # other process layout, same bytes
+    for name in ("captions.csv", "captions_all.csv", "descriptions.json", "world.json"):
+        assert (small_world / name).read_bytes() == (again / name).read_bytes(), name
+    for p in sorted((small_world / "videos").iterdir()):
+        assert p.read_bytes() == (again / "videos" / p.name).read_bytes(), p.name
+    other = [v.captions[0].text for v in iter_world(WorldConfig(seed=4, train=24, val=6, test=10, frames=24))]
+    assert other != [v.captions[0].text for v in iter_world(SMALL)]
+
+
+def test_every_caption_is_true_of_its_own_video() -> None:
+    cfg = WorldConfig(seed=1, train=150, val=0, test=0)
+    for video in iter_world(cfg):
+        assert len(video.captions) >= 1 and video.captions[0].level == "video"
+        assert len({c.text for c in video.captions}) == len(video.captions)  # distinct
+        for cap in video.captions:
+            assert cap.level in LEVELS
+            assert satisfies(video.shots, cap.claim), (cap.text, video.description)
+
+
+def test_claims_are_checked_against_other_videos_too() -> None:
+    videos = list(iter_world(WorldConfig(seed=1, train=200, val=0, test=0)))
+    generic = [c for v in videos for c in v.captions if c.level == "generic"]
+    specific = [c for v in videos for c in v.captions if c.level == "video" and "scenes" in c.text]
+    # generic captions are true of many videos, multi-shot video captions of few
+    assert np.mean([len(matching_videos(c, videos)) for c in generic[:60]]) > 10
+    assert np.mean([len(matching_videos(c, videos)) for c in specific[:60]]) < 1.5
+    # a claim about a colour is false for a video without that colour anywhere
+    red = next(c for c in generic if c.text == "something red")
+    for v in videos:
+        has_red = any(t.colour == "red" for s in v.shots for t in s.scene.things)
+        assert satisfies(v.shots, red.claim) == has_red
+
+
+def test_captions_need_no_frame_order() -> None:
+    """The pooling sees frames as a set: no caption may say what comes first, or where things go."""
+    order_words = re.compile(r"\b(then|before|after|first|last|begins|ends|later|left|right|towards|moves)\b")
+    for video in iter_world(WorldConfig(seed=2, train=300, val=0, test=0)):
+        for cap in video.captions:
+            assert not order_words.search(cap.text), cap.text
+
+
+def test_every_shot_is_seen_by_the_sampled_frames() -> None:
+    """Shots are long enough that uniform sampling of 12 frames lands at least twice in each."""
+    for frames in (24, 32, 48):
+        idx, _ = sample_frame_indices(frames, 12)
+        for video in iter_world(WorldConfig(seed=5, train=200, val=0, test=0, frames=frames)):
+            for shot in video.shots:
+                assert ((idx >= shot.start) & (idx < shot.stop)).sum() >= 2, (frames, shot.start, shot.stop)
+
+
+def test_ambiguity_moves_weight_to_partial_captions() -> None:
+    low, high = level_weights(0.0), level_weights(1.0)
+    assert low["generic"] == 0.0 and high["generic"] > 0.3
+    assert high["object"] > low["object"]
+    assert abs(sum(high.values()) - 1.0) < 1e-12
+    with pytest.raises(ValueError):
+        level_weights(1.5)
+
+    def share(a: float) -> float:
+        caps = [c for v in iter_world(WorldConfig(seed=0, train=120, val=0, test=0, ambiguity=a)) for c in v.captions]
+        return np.mean([c.level in ("object", "generic") for c in caps])
+
+    assert share(0.9) > share(0.1) + 0.2
+
+
+def test_splits_are_disjoint_and_sized(small_world: Path) -> None:
+    rows = _rows(small_world / "captions.csv")
+    split_of = {}
+    for r in rows:
+        assert split_of.setdefault(r["video_id"], r["split"]) == r["split"]  # one split per video
+    counts = {s: sum(1 for v in split_of.values() if v == s) for s in ("train", "val", "test")}
+    assert counts == {"train": SMALL.train, "val": SMALL.val, "test": SMALL.test}
+    # 1K-A-like: one caption per test video; the MSVD-like file has all of them
+    per_video = {}
+    for r in rows:
+        per_video[r["video_id"]] = per_video.get(r["video_id"], 0) + 1
+    assert all(per_video[v] == 1 for v, s in split_of.items() if s == "test")
+    assert all(per_video[v] >= SMALL.captions_per_video[0] for v, s in split_of.items() if s != "test")
+    everything = _rows(small_world / "captions_all.csv")
+    test_all = [r for r in everything if r["split"] == "test"]
+    assert len(test_all) >= SMALL.test * SMALL.captions_per_video[0]
+    assert [r for r in everything if r["split"] != "test"] == [r for r in rows if r["split"] != "test"]
+
+
+def test_world_files_hold_the_truth(small_world: Path) -> None:
+    meta = json.loads((small_world / "world.json").read_text())
+    desc = json.loads((small_world / "descriptions.json").read_text())
+    assert meta["config"]["seed"] == SMALL.seed and set(desc) == set(meta["videos"])
+    vid, info = next(iter(meta["videos"].items()))
+    assert info["description"] == desc[vid] and desc[vid].startswith("shot 1 (frames 0-")
+    assert all(c["claim"] for c in info["captions"])
+    rows = {r["video_id"]: r for r in _rows(small_world / "captions.csv") if r["split"] == "test"}
+    for vid, info in meta["videos"].items():
+        if info["split"] == "test":
+            assert rows[vid]["caption"] == info["captions"][info["test_query"]]["text"]
+
+
+def test_videos_decode_through_the_normal_path(small_world: Path) -> None:
+    for i, video in enumerate(list(iter_world(SMALL))[:4]):
+        dec = decode_video(small_world / "videos" / f"{video.video_id}.mp4", num_frames=12)
+        assert dec.num_video_frames == SMALL.frames and dec.frames.shape == (12, 64, 64, 3) and not dec.warnings
+        # the first object of the first shot shows its colour in the first sampled frame (lossy coding aside)
+        shot = video.shots[0]
+        want = np.array(COLOURS[shot.scene.things[-1].colour], float)  # drawn last: never covered
+        dist = np.abs(dec.frames[0].reshape(-1, 3).astype(float) - want).sum(axis=1)
+        assert (dist < 60).sum() > 10
+
+
+def test_rendered_shapes_have_their_colour_and_size() -> None:
+    for size, lo, hi in (("small", 20, 140), ("large", 300, 1300)):
+        thing = Thing(shape="circle", colour="red", size=size, radius=0.08 if size == "small" else 0.2,
+                      x=0.5, y=0.5, vx=0.0, vy=0.0)
+        img = render_scene(Scene("black", (thing,), texture_seed=0), 0, (64, 64), noise_seed=0)
+        red = (np.abs(img.astype(int) - np.array(COLOURS["red"])).sum(axis=-1) < 40).sum()
+        assert lo < red < hi, (size, red)
+
+
+def test_pretraining_frames_are_another_part_of_the_world() -> None:
+    frame, text = pretrain_frame(1000, 0, (64, 64))
+    assert frame.shape == (64, 64, 3) and frame.dtype == np.uint8 and text
+    again, same = pretrain_frame(1000, 0, (64, 64))
+    np.testing.assert_array_equal(frame, again)
+    assert text == same
+    # the benchmark world's videos never come from the pretraining stream
+    assert world_video(SMALL, 0, "train").captions != ()
+
+
+def test_bad_world_configs_are_refused() -> None:
+    with pytest.raises(ConfigError, match="frames"):
+        WorldConfig(frames=4)
+    with pytest.raises(ConfigError, match="size"):
+        WorldConfig(size=(63, 64))
+    with pytest.raises(ConfigError, match="ambiguity"):
+        WorldConfig(ambiguity=2.0)
+
+
+def test_presets_are_named_and_fixed() -> None:
+    from dab_pipeline.errors import UnknownNameError
+    from dab_pipeline.world import PRESETS, world_preset
+
+    bench = world_preset("benchmark")
+    assert (bench.train, bench.val, bench.test, bench.seed) == (2000, 300, 500, 0)
+    assert set(PRESETS.names()) >= {"benchmark", "quick", "demo", "tiny"}
+    with pytest.raises(UnknownNameError, match="benchmark"):
+        world_preset("huge")
