@@ -8,8 +8,10 @@ What this module adds to open_clip:
   whenever the weights are OpenAI's (loading them into a GELU model raises no
   error but silently gives wrong features).
 * ``dab-tiny``: a tiny architecture (config in ``model_configs/``) with
-  deterministic random weights, so tests, the demo and benchmarks run on CPU
-  without downloading anything.
+  deterministic random weights, so tests and speed benchmarks run on CPU
+  without downloading anything; ``dab-world``: a small CLIP pretrained on the
+  procedural world (``dab_pipeline.world``), its weights shipped in ``weights/``,
+  for the demo and the quality benchmark.
 * :func:`encode_images` / :func:`encode_texts` return the projected features and,
   for partial fine-tuning, the token states entering the last K transformer
   blocks; :class:`VisionHead` / :class:`TextHead` replay those K blocks (plus the
@@ -22,6 +24,7 @@ import collections
 import contextlib
 import copy
 import hashlib
+import json
 import logging
 import math
 import os
@@ -117,6 +120,12 @@ class ClipBundle:
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    @property
+    def logit_scale(self) -> Optional[float]:
+        """CLIP's learned multiplier of cosine similarities (100 for OpenAI's weights), if the model has one."""
+        scale = getattr(self.model, "logit_scale", None)
+        return None if scale is None else float(torch.as_tensor(scale).detach().float().exp())
+
     def describe(self) -> dict[str, Any]:
         """JSON-able description for the store manifest."""
         return {
@@ -138,6 +147,7 @@ class ClipBundle:
             "num_text_layers": self.num_text_layers,
             "vision_tokens": self.vision_tokens,
             "context_length": int(self.context_length),
+            "logit_scale": self.logit_scale,
             "open_clip_version": open_clip.__version__,
             "warnings": list(self.warnings),
         }
@@ -216,6 +226,44 @@ def default_tiny_weights() -> Path:
     if not path.is_file():
         write_tiny_weights(path, seed=0)
     return path
+
+
+WEIGHTS_DIR = Path(__file__).parent / "weights"
+
+
+def builtin_weights(name: str) -> Optional[Path]:
+    """The weights file shipped with dab for ``name`` (dab-world), checked against its recorded sha256."""
+    meta_path = WEIGHTS_DIR / f"{name}.json"
+    if not meta_path.is_file():
+        return None
+    meta = json.loads(meta_path.read_text())
+    path = WEIGHTS_DIR / meta["file"]
+    if not path.is_file():
+        raise WeightsError(f"the weights of {name} shipped with dab are missing ({path}); reinstall dab")
+    sha = _sha256(path)
+    if sha != meta["sha256"]:
+        raise WeightsError(f"the weights of {name} shipped with dab are damaged: {path} has sha256 {sha[:12]}..., "
+                           f"{meta_path.name} records {meta['sha256'][:12]}... (a Git LFS pointer or a partial "
+                           "copy?); reinstall dab")
+    return path
+
+
+def expand_compact_state(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Undo :func:`dab_pipeline.world.pretrain.compact_state`: a token embedding stored as a few rows.
+
+    ``token_embedding.rows`` / ``.values`` / ``.vocab_size`` become the full
+    ``token_embedding.weight``, zero for every token outside the stored rows.
+    Any other state dict is returned as it is.
+    """
+    if "token_embedding.rows" not in state:
+        return state
+    rows = state.pop("token_embedding.rows").long()
+    values = state.pop("token_embedding.values")
+    vocab = int(state.pop("token_embedding.vocab_size"))
+    table = torch.zeros((vocab, values.shape[1]), dtype=values.dtype)
+    table[rows] = values
+    state["token_embedding.weight"] = table
+    return state
 
 
 def _is_torchscript(path: Path) -> bool:
@@ -327,6 +375,7 @@ def _read_weights(path: Path) -> tuple[dict[str, Tensor], Optional[str]]:
         raise
     except Exception as exc:  # pickle, zip or safetensors errors all mean the same thing here
         raise WeightsError(f"cannot read weights file {path}: {type(exc).__name__}: {_first_line(exc)}") from None
+    state = expand_compact_state(state)
     has_openai_keys = any(k in state for k in _OPENAI_EXTRA_KEYS)
     for k in _OPENAI_EXTRA_KEYS:
         state.pop(k, None)
@@ -561,7 +610,9 @@ def load_clip(
     ``pretrained`` is an open_clip tag ("openai", "laion2b_s34b_b79k"...) looked up
     in open_clip's cache before any download, or a local weights file (torch state
     dict, open_clip checkpoint, safetensors, or OpenAI's TorchScript ``.pt``).
-    ``None`` is only valid for ``dab-tiny`` (its default random weights).
+    ``None`` is only valid for dab's own models: ``dab-tiny`` (deterministic random
+    weights, generated into the cache) and ``dab-world`` (pretrained on the procedural
+    world, shipped in ``weights/`` and checked against its recorded sha256).
 
     OpenAI weights need QuickGELU; when the weights are OpenAI's and ``model`` is a
     GELU architecture, the ``-quickgelu`` variant is built instead and the switch is
@@ -582,7 +633,7 @@ def load_clip(
             raise WeightsError(
                 f"no weights given for CLIP model {name}; pass a pretrained tag ({tags}) or a local weights file"
             )
-        weights_path = default_tiny_weights() if name.startswith(TINY_MODEL) else None
+        weights_path = default_tiny_weights() if name.startswith(TINY_MODEL) else builtin_weights(name)
         if weights_path is None:
             raise WeightsError(f"no default weights for {name}; pass a local weights file")
         # The model's own weights: recorded as None, not as the cache path, which differs

@@ -24,7 +24,7 @@ from .devices import resolve_device
 from .errors import ConfigError, StoreError, TrainingError, UnknownNameError, WeightsError
 from .model import DABModel
 
-__all__ = ["SearchHit", "SearchResult", "LoadedRun", "load_run", "encode_queries", "search"]
+__all__ = ["SearchHit", "SearchResult", "LoadedRun", "load_run", "encode_queries", "search", "load_descriptions"]
 
 
 @dataclass(frozen=True)
@@ -167,3 +167,25 @@ def search(
                 for r, (j, c) in enumerate(zip(idx[:topk], costs[:topk]))]
         out.append(SearchResult(query=q, hits=hits, margin=margin))
     return out
+
+
+def load_descriptions(path: str | Path) -> dict[str, str]:
+    """Per-video descriptions to show beside search hits: JSON ``{video_id: text}`` or a CSV with
+    columns ``video_id`` and ``description``."""
+    import csv
+    import json
+
+    p = Path(path)
+    try:
+        if p.suffix.lower() == ".json":
+            data = json.loads(p.read_text(encoding="utf-8"))
+            if not isinstance(data, dict):
+                raise ConfigError(f"{p}: expected a JSON object {{video_id: description}}")
+            return {str(k): str(v) for k, v in data.items()}
+        with open(p, newline="", encoding="utf-8") as fh:
+            rows = list(csv.DictReader(fh))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read descriptions {p}: {exc}") from None
+    if rows and not {"video_id", "description"} <= set(rows[0]):
+        raise ConfigError(f"{p}: a descriptions CSV needs the columns video_id and description")
+    return {r["video_id"]: r["description"] for r in rows}

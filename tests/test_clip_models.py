@@ -6,6 +6,7 @@ test touches the network (open_clip's download is monkeypatched where a tag is u
 
 from __future__ import annotations
 
+import hashlib
 import json
 import warnings
 from pathlib import Path
@@ -460,3 +461,48 @@ def test_torchscript_archive_with_foreign_objects_is_refused(tmp_path, tiny_path
     with pytest.raises(WeightsError, match="posix.system is not allowed|os.system is not allowed"):
         cm.load_clip("dab-tiny", str(bad))
     assert not marker.exists()
+
+
+# --------------------------------------------------------------------------- dab-world
+
+
+def test_dab_world_weights_ship_with_their_recorded_hash():
+    meta = json.loads((cm.WEIGHTS_DIR / "dab-world.json").read_text())
+    path = cm.WEIGHTS_DIR / meta["file"]
+    assert path.stat().st_size == meta["bytes"] < 8_000_000  # small enough to live in the repository
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == meta["sha256"]
+    assert meta["config"]["world_seed"] != 0  # pretrained on its own part of the world
+
+
+def test_dab_world_loads_its_own_weights_without_pretrained():
+    b = cm.load_clip("dab-world", None)
+    meta = json.loads((cm.WEIGHTS_DIR / "dab-world.json").read_text())
+    assert b.pretrained is None and b.weights_sha256 == meta["sha256"]
+    assert b.embed_dim == 64 and b.image_size == 64 and not b.quick_gelu
+    # the compact token embedding expands to the full table: the world's words are non-zero, others zero
+    table = b.model.token_embedding.weight
+    ids = b.tokenizer(["a small red circle on grass"])[0]
+    assert table[ids[ids != 0]].abs().sum(dim=1).min() > 0
+    assert table[20000].abs().sum() == 0
+
+
+def test_damaged_dab_world_file_is_one_clear_error(tmp_path, monkeypatch):
+    fake = tmp_path / "weights"
+    fake.mkdir()
+    meta = json.loads((cm.WEIGHTS_DIR / "dab-world.json").read_text())
+    (fake / "dab-world.json").write_text(json.dumps(meta))
+    (fake / meta["file"]).write_text("version https://git-lfs.github.com/spec/v1\n")  # a Git LFS pointer
+    monkeypatch.setattr(cm, "WEIGHTS_DIR", fake)
+    with pytest.raises(WeightsError, match="damaged"):
+        cm.load_clip("dab-world", None)
+
+
+def test_dab_world_sees_the_world():
+    """Zero-shot, dab-world matches held-out world frames to their captions far above chance."""
+    from dab_pipeline.world import frame_caption_pairs
+    from dab_pipeline.world.pretrain import _frame_to_caption, _normalise
+
+    b = cm.load_clip("dab-world", None)
+    frames, texts = frame_caption_pairs(seed=4242, count=200, size=(64, 64))  # a stream it never saw
+    res = _frame_to_caption(b.model.eval(), b.tokenizer, _normalise(frames, b.mean, b.std), texts)
+    assert res["R@1"] > 10 * res["chance_R@1"] and res["R@5"] > 40, res

@@ -121,12 +121,18 @@ def test_cli_reference_is_current() -> None:
 
 
 def test_demo_pipeline_small(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from dab_pipeline.demo import main
+    """The demo end to end on the tiny world: extract with dab-world, train, evaluate, compare, search."""
+    from dab_pipeline.demo import QUERIES, main
 
-    assert main(["--out", str(tmp_path / "demo"), "--videos", "40", "--epochs", "2", "--quiet"]) == 0
+    assert main(["--out", str(tmp_path / "demo"), "--world", "tiny", "--epochs", "2", "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert "$ dab extract" in out and "$ dab compare" in out
+    for command in ("extract", "train", "evaluate", "compare", "search"):
+        assert f"$ dab {command}" in out
     md = (tmp_path / "demo" / "comparison.md").read_text()
     assert "xpool" in md and "dab" in md
     for variant in ("xpool", "dab"):
         assert (tmp_path / "demo" / "runs" / variant / "metrics.json").exists()
+    # search shows each query's hits with what the videos really contain
+    descriptions = json.loads((tmp_path / "demo" / "world" / "descriptions.json").read_text())
+    assert all(q in out for q in QUERIES) and "what the video shows" in out
+    assert any(text[:40] in out for text in descriptions.values())

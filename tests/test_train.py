@@ -87,10 +87,12 @@ def test_bf16_scoring_gives_the_float32_ranking(random_store: Path, tmp_path: Pa
         _cfg(random_store, tmp_path / "x", "score_dtype=float16")
 
 
-def test_resume_equals_uninterrupted(random_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("epoch", ["captions", "videos"])
+def test_resume_equals_uninterrupted(random_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                     epoch: str) -> None:
     import dab_pipeline.losses as losses
 
-    sets = ["model.variant=dab", "epochs=3", "checkpoint_every=1"]
+    sets = ["model.variant=dab", "epochs=3", "checkpoint_every=1", f"epoch={epoch}"]
     a = run_train(_cfg(random_store, tmp_path / "a", *sets))
 
     real = losses.model_loss
@@ -116,6 +118,26 @@ def test_resume_equals_uninterrupted(random_store: Path, tmp_path: Path, monkeyp
     la = (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
     lb = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["train_loss"] for x in la] == [json.loads(x)["train_loss"] for x in lb]
+
+
+def test_epoch_orders() -> None:
+    from dab_pipeline.stages.train import epoch_length, epoch_order
+
+    caption_video = np.repeat(np.arange(7), [1, 3, 2, 5, 1, 4, 2])  # (18,) captions of 7 videos
+    caps = epoch_order(caption_video, "captions", seed=3, epoch=0)
+    assert sorted(caps.tolist()) == list(range(18)) and epoch_length(caption_video, "captions") == 18
+    seen_first = set()
+    for epoch in range(30):
+        vids = epoch_order(caption_video, "videos", seed=3, epoch=epoch)
+        assert len(vids) == 7 == epoch_length(caption_video, "videos")
+        assert sorted(caption_video[vids.numpy()].tolist()) == list(range(7))  # one caption per video
+        seen_first.add(int(vids[0]))
+        assert torch.equal(vids, epoch_order(caption_video, "videos", seed=3, epoch=epoch))  # (seed, epoch) only
+    # every caption of a video gets drawn over epochs, and the video order changes
+    drawn = {int(c) for e in range(30) for c in epoch_order(caption_video, "videos", 3, e)}
+    assert drawn == set(range(18)) and len(seen_first) > 3
+    with pytest.raises(ValueError, match="epoch"):
+        TrainConfig(features=Path("x.h5"), out=Path("r"), epoch="steps")
 
 
 def test_nan_loss_stops_with_a_clear_message(random_store: Path, tmp_path: Path,

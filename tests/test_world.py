@@ -120,12 +120,12 @@ def test_splits_are_disjoint_and_sized(small_world: Path) -> None:
     per_video = {}
     for r in rows:
         per_video[r["video_id"]] = per_video.get(r["video_id"], 0) + 1
-    assert all(per_video[v] == 1 for v, s in split_of.items() if s == "test")
-    assert all(per_video[v] >= SMALL.captions_per_video[0] for v, s in split_of.items() if s != "test")
+    assert all(per_video[v] == 1 for v, s in split_of.items() if s in ("val", "test"))
+    assert all(per_video[v] >= SMALL.captions_per_video[0] for v, s in split_of.items() if s == "train")
     everything = _rows(small_world / "captions_all.csv")
-    test_all = [r for r in everything if r["split"] == "test"]
-    assert len(test_all) >= SMALL.test * SMALL.captions_per_video[0]
-    assert [r for r in everything if r["split"] != "test"] == [r for r in rows if r["split"] != "test"]
+    for split, n in (("val", SMALL.val), ("test", SMALL.test)):
+        assert len([r for r in everything if r["split"] == split]) >= n * SMALL.captions_per_video[0]
+    assert [r for r in everything if r["split"] == "train"] == [r for r in rows if r["split"] == "train"]
 
 
 def test_world_files_hold_the_truth(small_world: Path) -> None:
@@ -135,9 +135,9 @@ def test_world_files_hold_the_truth(small_world: Path) -> None:
     vid, info = next(iter(meta["videos"].items()))
     assert info["description"] == desc[vid] and desc[vid].startswith("shot 1 (frames 0-")
     assert all(c["claim"] for c in info["captions"])
-    rows = {r["video_id"]: r for r in _rows(small_world / "captions.csv") if r["split"] == "test"}
+    rows = {r["video_id"]: r for r in _rows(small_world / "captions.csv") if r["split"] != "train"}
     for vid, info in meta["videos"].items():
-        if info["split"] == "test":
+        if info["split"] != "train":
             assert rows[vid]["caption"] == info["captions"][info["test_query"]]["text"]
 
 

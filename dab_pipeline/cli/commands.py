@@ -51,9 +51,13 @@ def _quiet_shared_errors(ctx):
         raise SystemExit(err.exit_code) from None
 
 
+# Models whose weights come with dab (dab-tiny generated, dab-world shipped): no --pretrained needed.
+OWN_WEIGHTS = ("dab-tiny", "dab-tiny-quickgelu", "dab-world")
+
+
 def _resolve_pretrained(model: str, pretrained: Optional[str]) -> Optional[str]:
     if pretrained is None:
-        return None if model.startswith("dab-tiny") else "openai"
+        return None if model in OWN_WEIGHTS else "openai"
     return None if pretrained.lower() in ("none", "") else pretrained
 
 
@@ -63,9 +67,11 @@ def _resolve_pretrained(model: str, pretrained: Optional[str]) -> Optional[str]:
 @click.option("--annotations", type=_PATH, default=None, help="Annotation folder or file (captions and splits).")
 @click.option("--out", type=_PATH, default=Path("store.h5"), show_default=True,
               help="Store to write: *.h5 (HDF5) or *.zarr (Zarr v3).")
-@click.option("--model", default="ViT-B-32", show_default=True, help="open_clip architecture (or dab-tiny).")
+@click.option("--model", default="ViT-B-32", show_default=True,
+              help="open_clip architecture, or dab-world (the procedural world's CLIP) / dab-tiny (tests).")
 @click.option("--pretrained", default=None,
-              help="open_clip pretrained tag or a local weights file (default: openai; dab-tiny: its random weights).")
+              help="open_clip pretrained tag or a local weights file (default: openai; dab-world and dab-tiny: "
+                   "their own weights).")
 @click.option("--frames", type=int, default=12, show_default=True, help="Frames sampled per video.")
 @click.option("--trainable-blocks", type=int, default=None,
               help="Also store the states entering the last K transformer blocks (partial fine-tuning in stage two).")

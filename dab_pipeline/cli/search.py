@@ -23,8 +23,11 @@ _EXISTING = click.Path(path_type=Path, exists=True)
               help="Precision of the bridge's matrix products (bfloat16: faster, costs within ~1e-3).")
 @click.option("--shortlist", type=int, default=None,
               help="Score only each query's K best videos by a cheap cosine first stage (large galleries).")
+@click.option("--descriptions", type=_EXISTING, default=None,
+              help="JSON {video_id: text} or CSV (video_id, description) shown beside each hit, e.g. the "
+                   "descriptions.json of a procedural world.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-def search(queries, run_dir, features, split, topk, device, dtype, shortlist, as_json) -> None:
+def search(queries, run_dir, features, split, topk, device, dtype, shortlist, descriptions, as_json) -> None:
     """Top-k videos of a store for each QUERY, with costs and the top-1/top-2 margin.
 
     The query is encoded with the store's own CLIP model, so its weights must be
@@ -32,11 +35,15 @@ def search(queries, run_dir, features, split, topk, device, dtype, shortlist, as
     """
     from ..search import search as run_search
 
+    from ..search import load_descriptions
+
+    about = load_descriptions(descriptions) if descriptions else {}
     results = run_search(run_dir, features, list(queries), topk=topk, split=split, device=device,
                          dtype=dtype, shortlist=shortlist)
     if as_json:
         payload = [{"query": r.query, "margin": r.margin,
-                    "hits": [{"rank": h.rank, "video_id": h.video_id, "cost": h.cost} for h in r.hits]}
+                    "hits": [{"rank": h.rank, "video_id": h.video_id, "cost": h.cost,
+                              **({"description": about.get(h.video_id)} if about else {})} for h in r.hits]}
                    for r in results]
         click.echo(json.dumps(payload, indent=2))
         return
@@ -51,6 +58,9 @@ def search(queries, run_dir, features, split, topk, device, dtype, shortlist, as
         table.add_column("rank", justify="right")
         table.add_column("video")
         table.add_column("cost", justify="right")
+        if about:
+            table.add_column("what the video shows")
         for h in r.hits:
-            table.add_row(str(h.rank), h.video_id, f"{h.cost:.4f}")
+            table.add_row(str(h.rank), h.video_id, f"{h.cost:.4f}",
+                          *([about.get(h.video_id, "(no description)")] if about else []))
         console.print(table)

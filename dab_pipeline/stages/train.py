@@ -33,6 +33,7 @@ from ..model import ModelConfig
 from ..devices import resolve_device
 
 SELECT_METRICS = ("R@1", "R@5", "R@10", "RSum", "MnR", "MdR")
+EPOCH_MODES = ("captions", "videos")
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,10 @@ class TrainConfig:
     amp: str = "auto"  # auto: bf16 autocast on CUDA, none on CPU; or "bf16" | "none"
     checkpoint_every: int = 0  # steps; 0: at the end of each epoch only
     max_steps_per_epoch: Optional[int] = None  # cut epochs short (smoke runs)
+    # "captions": an epoch visits every training caption once (X-Pool, CLIP4Clip);
+    # "videos": one caption per training video, drawn anew each epoch (datasets with many
+    # captions per video, where a caption epoch would repeat each video many times)
+    epoch: str = "captions"
     cost_format: str = "auto"  # auto: same backend as the store (h5 / zarr)
     # precision of the bridge's products when scoring val / test (docs/performance.md):
     # "bfloat16" is several times faster on AMX / AVX512-BF16 CPUs and tensor-core GPUs
@@ -79,6 +84,8 @@ class TrainConfig:
             raise ValueError(f"amp must be auto, bf16 or none, got {self.amp!r}")
         if self.cost_format not in ("auto", "h5", "zarr"):
             raise ValueError(f"cost_format must be auto, h5 or zarr, got {self.cost_format!r}")
+        if self.epoch not in EPOCH_MODES:
+            raise ValueError(f"epoch must be one of {', '.join(EPOCH_MODES)}, got {self.epoch!r}")
         if self.score_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"score_dtype must be float32 or bfloat16, got {self.score_dtype!r}")
 
@@ -108,6 +115,11 @@ def resolve_train_config(cfg: TrainConfig, manifest: dict, explicit: set[str] = 
         if "model.embed_dim" in explicit:
             raise ConfigError(f"model.embed_dim={model.embed_dim} but the store's features have D={dim}")
         model = dataclasses.replace(model, embed_dim=int(dim))
+    # X-Pool starts its logit scale from CLIP's own (100 for OpenAI's weights); a store
+    # records the scale of the CLIP that made it (dab-world: 16.9).
+    clip_scale = manifest.get("clip", {}).get("logit_scale")
+    if clip_scale and "model.logit_scale_init" not in explicit and not model.probabilistic:
+        model = dataclasses.replace(model, logit_scale_init=float(clip_scale))
     # Paper §4.1: dropout 0.3 for MSR-VTT/VATEX, 0.4 for MSVD.
     if manifest.get("dataset") == "msvd" and "model.dropout" not in explicit:
         model = dataclasses.replace(model, dropout=0.4)
@@ -132,6 +144,25 @@ def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
+
+
+def epoch_order(caption_video: np.ndarray, mode: str, seed: int, epoch: int) -> torch.Tensor:
+    """The training captions of one epoch, in order; a pure function of (seed, epoch).
+
+    "captions": a permutation of every caption. "videos": one caption per video,
+    uniformly at random, the videos in random order (the first caption of each
+    video in a random permutation of all captions gives both at once).
+    """
+    gen = torch.Generator().manual_seed(seed * 1000 + epoch)
+    perm = torch.randperm(len(caption_video), generator=gen)  # (Q,)
+    if mode == "captions":
+        return perm
+    _, first = np.unique(np.asarray(caption_video)[perm.numpy()], return_index=True)
+    return perm[np.sort(first)]  # (V,)
+
+
+def epoch_length(caption_video: np.ndarray, mode: str) -> int:
+    return len(caption_video) if mode == "captions" else len(np.unique(np.asarray(caption_video)))
 
 
 def lr_lambda(total_steps: int, warmup_ratio: float):
@@ -483,10 +514,12 @@ def _run_train(cfg: TrainConfig, progress: ProgressCallback, resume: bool, dist,
             f"(e.g. {max(world, cfg.batch_size // world * world)})"
         ))
 
-    if train.num_queries // cfg.batch_size == 0:
+    per_epoch = epoch_length(train.caption_video.numpy(), cfg.epoch)
+    if per_epoch // cfg.batch_size == 0:
+        what = "training captions" if cfg.epoch == "captions" else "training videos (epoch=videos)"
         raise shared(ConfigError(
-            f"batch_size {cfg.batch_size} exceeds the {train.num_queries} training captions of {cfg.features}; "
-            f"pass a smaller --batch-size (at most {train.num_queries})"))
+            f"batch_size {cfg.batch_size} exceeds the {per_epoch} {what} of {cfg.features}; "
+            f"pass a smaller --batch-size (at most {per_epoch})"))
 
     if is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -510,7 +543,7 @@ def _run_train(cfg: TrainConfig, progress: ProgressCallback, resume: bool, dist,
     if heads is not None:
         groups.append({"params": list(heads.parameters()), "lr": cfg.clip_lr})
     optim = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
-    steps_per_epoch = train.num_queries // cfg.batch_size
+    steps_per_epoch = epoch_length(train.caption_video.numpy(), cfg.epoch) // cfg.batch_size
     if cfg.max_steps_per_epoch:
         steps_per_epoch = min(steps_per_epoch, cfg.max_steps_per_epoch)
     total = steps_per_epoch * cfg.epochs
@@ -585,8 +618,7 @@ def _run_train(cfg: TrainConfig, progress: ProgressCallback, resume: bool, dist,
     for epoch in range(start_epoch, cfg.epochs):
         # The order of an epoch depends only on (seed, epoch): resuming mid-run replays it
         # exactly, and every rank of a distributed run draws the same order.
-        gen = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
-        order = torch.randperm(train.num_queries, generator=gen)
+        order = epoch_order(train.caption_video.numpy(), cfg.epoch, cfg.seed, epoch)
         first = start_step if epoch == start_epoch else 0
         model.train()
         if heads is not None:

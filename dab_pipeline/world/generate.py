@@ -3,8 +3,9 @@
 Layout of ``make_world(root, cfg)``::
 
     root/videos/w00000.mp4 ...   H.264 (x264 with B-frames), read back by dab's normal decoder
-    root/captions.csv            video_id, video, caption, split, level: 1K-A-like (one caption per test video)
-    root/captions_all.csv        the same with every caption of the test videos (MSVD-like)
+    root/captions.csv            video_id, video, caption, split, level: every caption of a training video,
+                                 one per val and test video (1K-A-like queries)
+    root/captions_all.csv        the same with every caption of the val and test videos (MSVD-like)
     root/descriptions.json       {video_id: what the video really shows, shot by shot}
     root/world.json              the config, and per video its split, shots and captions with their claims
 
@@ -75,7 +76,7 @@ class WorldVideo:
     split: str
     shots: tuple[Shot, ...]
     captions: tuple[Caption, ...]
-    test_query: int  # index of the caption used as the 1K-A-like query (test videos; 0 elsewhere)
+    test_query: int  # index of the caption used as the 1K-A-like query (val and test videos; 0 for train)
 
     @property
     def description(self) -> str:
@@ -100,7 +101,7 @@ def world_video(cfg: WorldConfig, i: int, split: str) -> WorldVideo:
     shots = tuple(random_shots(rng, cfg.frames, cfg.max_shots, cfg.min_shot))
     lo, hi = cfg.captions_per_video
     caps = tuple(make_captions(shots, int(rng.integers(lo, hi + 1)), cfg.ambiguity, rng))
-    query = int(rng.integers(0, len(caps))) if split == "test" else 0
+    query = int(rng.integers(0, len(caps))) if split in ("val", "test") else 0
     return WorldVideo(video_ids(cfg)[i], split, shots, caps, query)
 
 
@@ -137,19 +138,20 @@ def make_world(root: Path, cfg: WorldConfig = WorldConfig(), workers: int = 1) -
     else:
         for job in jobs:
             _write_one(job)
-    for name, all_test in (("captions.csv", False), ("captions_all.csv", True)):
-        _write_captions(root / name, videos, all_test)
+    for name, every in (("captions.csv", False), ("captions_all.csv", True)):
+        _write_captions(root / name, videos, every)
     (root / "descriptions.json").write_text(json.dumps({v.video_id: v.description for v in videos}, indent=1))
     meta_path.write_text(json.dumps(meta, indent=1))  # last: its presence means the world is complete
     return root / "captions.csv"
 
 
-def _write_captions(path: Path, videos: list[WorldVideo], all_test: bool) -> None:
+def _write_captions(path: Path, videos: list[WorldVideo], every: bool) -> None:
+    """Training videos: every caption. Val and test: the query caption only, or every caption."""
     with open(path, "w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
         w.writerow(["video_id", "video", "caption", "split", "level"])
         for v in videos:
-            caps = [v.captions[v.test_query]] if v.split == "test" and not all_test else v.captions
+            caps = [v.captions[v.test_query]] if v.split != "train" and not every else v.captions
             for c in caps:
                 w.writerow([v.video_id, f"{v.video_id}.mp4", c.text, v.split, c.level])
 
