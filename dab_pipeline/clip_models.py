@@ -207,7 +207,7 @@ def _tiny_tensor(key: str, shape: torch.Size, gen: torch.Generator) -> Tensor:
 def write_tiny_weights(path: Union[str, Path], seed: int = 0, model: str = TINY_MODEL) -> Path:
     """Write deterministic random weights for ``dab-tiny`` to ``path`` (a torch state dict)."""
     path = Path(path).expanduser().absolute()
-    with _quiet_open_clip():
+    with quiet_open_clip():
         shapes = {k: v.shape for k, v in open_clip.create_model(model).state_dict().items()}
     gen = torch.Generator().manual_seed(int(seed))
     state = {k: _tiny_tensor(k, shapes[k], gen) for k in sorted(shapes)}
@@ -420,7 +420,7 @@ def _first_line(exc: BaseException, limit: int = 200) -> str:
 
 
 @contextlib.contextmanager
-def _quiet_open_clip() -> Iterator[None]:
+def quiet_open_clip() -> Iterator[None]:
     """Hide open_clip's "initialised randomly" notice: we load the weights ourselves right after."""
 
     def _drop(record: logging.LogRecord) -> bool:
@@ -701,7 +701,7 @@ def load_clip(
     precision = {"bfloat16": "bf16", "float16": "fp16"}.get(dtype_name, "fp32")
     pp_override = {k: tag_cfg[k] for k in ("mean", "std", "interpolation", "resize_mode") if k in tag_cfg}
     try:
-        with _quiet_open_clip():
+        with quiet_open_clip():
             clip = open_clip.create_model(
                 name,
                 pretrained=None,

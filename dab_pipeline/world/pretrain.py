@@ -136,11 +136,12 @@ def pretrain(cfg: PretrainConfig, log: Callable[[str], None] = print) -> tuple[d
     """Train dab-world; returns (compact float16 state dict, report)."""
     import open_clip
 
-    from .. import clip_models  # noqa: F401  (registers dab's model configs with open_clip)
+    from ..clip_models import quiet_open_clip, expand_compact_state  # also registers dab's model configs
 
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
-    model = open_clip.create_model(MODEL)
+    with quiet_open_clip():  # "initialised randomly" is the point here
+        model = open_clip.create_model(MODEL)
     tokenizer = open_clip.get_tokenizer(MODEL)
     mean, std = model.visual.preprocess_cfg["mean"], model.visual.preprocess_cfg["std"]
     t0 = time.time()
@@ -171,9 +172,8 @@ def pretrain(cfg: PretrainConfig, log: Callable[[str], None] = print) -> tuple[d
     rows = world_vocabulary(tokenizer, texts)
     state = compact_state(model.state_dict(), rows)
     # Evaluate what ships: the float16 compact file loaded the way dab loads it.
-    shipped = open_clip.create_model(MODEL)
-    from ..clip_models import expand_compact_state
-
+    with quiet_open_clip():
+        shipped = open_clip.create_model(MODEL)
     shipped.load_state_dict({k: v.float() for k, v in expand_compact_state(dict(state)).items()})
     shipped.eval()
     held = images[cfg.frames:]
