@@ -65,6 +65,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from dab_pipeline.capabilities import capabilities, resolve_clip_dtype
 from dab_pipeline.clip_models import ClipBundle, encode_images, load_clip, write_tiny_weights
 from dab_pipeline.stages.extract import ExtractConfig, _collate, _DecodeDataset, _worker_init, run_extract
 from dab_pipeline.synthetic import write_video
@@ -276,6 +277,7 @@ def machine() -> dict[str, Any]:
         "nproc": os.cpu_count(),
         "avx512_bf16": "avx512_bf16" in flags,
         "amx_bf16": "amx_bf16" in flags,
+        "capabilities": capabilities("cpu").as_dict(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -307,7 +309,10 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     ap.add_argument("--pretrained", default=None,
                     help="weights file or tag; default: dab-tiny's own random weights, or deterministic random "
                          "weights written for any other architecture")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="CLIP compute dtype")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "auto"],
+                    help="CLIP compute dtype (auto: what `dab extract` picks on this CPU)")
+    ap.add_argument("--force-bf16", action="store_true",
+                    help="time bf16 even on a CPU without native bf16 (emulated: very slow)")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch threads of the main (encoding) process; 0 keeps torch's default, as the stage does")
     ap.add_argument("--repeats", type=int, default=3,
@@ -331,6 +336,14 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
 
     info = machine()
+    bf16_ok = info["capabilities"]["bf16"] or args.force_bf16
+    skipped: dict[str, str] = {}
+    why = f"this CPU has no native bf16 ({info['capabilities']['bf16_why']}); --force-bf16 times it anyway"
+    if args.dtype == "auto":
+        args.dtype = resolve_clip_dtype("auto", "cpu").dtype
+    elif args.dtype == "bfloat16" and not bf16_ok:
+        skipped["--dtype bfloat16"] = why + "; the main rows run in float32"
+        args.dtype = "float32"
     results: dict[str, Any] = {"machine": info, "config": {
         "videos": args.videos, "frames_per_video": args.frames_per_video, "size": list(args.size),
         "frames": args.frames, "workers": args.workers, "batch_size": args.batch_size, "model": args.model,
@@ -370,10 +383,14 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                 wpath = pretrained
             else:
                 wpath = None if dm.startswith("dab-tiny") else random_weights(dm, root)
-            log(f"loading {dm} float32 and bfloat16")
+            log(f"loading {dm} float32" + (" and bfloat16" if bf16_ok else ""))
             f32 = load_bundle(dm, wpath, "float32")
-            bf16 = load_bundle(dm, wpath, "bfloat16")
+            bf16 = load_bundle(dm, wpath, "bfloat16") if bf16_ok else f32
             dtype_bundles = {"float32": (f32, False), "bfloat16": (bf16, False), "autocast-bf16": (f32, True)}
+            if not bf16_ok:
+                for label in ("bfloat16", "autocast-bf16"):
+                    dtype_bundles.pop(label)
+                    skipped[f"encode dtype {label}"] = why
             g = torch.Generator().manual_seed(0)
             dtype_x = [torch.randn(args.frames, 3, f32.image_size, f32.image_size, generator=g)
                        for _ in range(args.dtype_videos)]
@@ -461,6 +478,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
             results["design_dtype"] = {"model": dtype_bundles["float32"][0].model_name, "images": n_img,
                                        **{k: summarise(times[k], n_img) for k in dtype_bundles}}
     info["loadavg_end"] = [round(v, 2) for v in os.getloadavg()]
+    results["skipped"] = skipped
     results["wall_seconds"] = round(time.perf_counter() - t_start, 1)
     if args.json:
         print(json.dumps(results, indent=2))
@@ -473,6 +491,9 @@ def print_table(r: dict[str, Any]) -> None:
     m, c = r["machine"], r["config"]
     print(f"\nmachine: {m['cpu']}, {m['nproc']} CPUs (avx512_bf16={m['avx512_bf16']}, amx_bf16={m['amx_bf16']}), "
           f"torch {m['torch']} ({m['torch_threads']} threads), {m['date']}")
+    caps = m["capabilities"]
+    print(f"bf16 {'native' if caps['bf16'] else 'not native'} ({caps['bf16_why']}); `dab extract --dtype auto` "
+          f"picks {resolve_clip_dtype('auto', 'cpu').dtype} here")
     print(f"1-min load average at start / each round / end: {m['loadavg_start'][0]} / "
           f"{m.get('loadavg_rounds')} / {m['loadavg_end'][0]}")
     print(f"data: {c['videos']} videos x {c['frames_per_video']} frames at {c['size'][0]}x{c['size'][1]} "
@@ -513,13 +534,17 @@ def print_table(r: dict[str, Any]) -> None:
     if "design_dtype" in r:
         d = r["design_dtype"]
         print(f"\nencode dtype ({d['model']}, random weights, {d['images']} images per call)")
-        for label in ("float32", "bfloat16", "autocast-bf16"):
-            row(label if label != "autocast-bf16" else "float32 under torch.autocast(cpu, bfloat16)", d[label],
-                "images/s")
+        shown = [label for label in ("float32", "bfloat16", "autocast-bf16") if label in d]
+        for label in shown:
+            path = {"float32": "float32 weights", "bfloat16": "open_clip's bf16 conversion, oneDNN bf16",
+                    "autocast-bf16": "float32 weights under torch.autocast(cpu, bfloat16)"}[label]
+            row(f"{label} ({path})", d[label], "images/s")
         f32 = d["float32"]
-        for label in ("bfloat16", "autocast-bf16"):
+        for label in shown[1:]:
             print(f"{'  ' + label + ' / float32':60} {d[label]['best'] / f32['best']:8.2f} "
                   f"{d[label]['median'] / f32['median']:8.2f}  x")
+    for what, reason in r.get("skipped", {}).items():
+        print(f"skipped {what}: {reason}")
     print(f"\nbenchmark wall time {r['wall_seconds']} s")
 
 

@@ -25,13 +25,22 @@ moves the bridge) and random CLIP-like features, then for each T' prints
   cosine first stage knows nothing of the DAB cost, so expect ~K/V there; use
   ``--run`` for a meaningful figure.
 
-Sizes: 256 x 256 pairs at T' = 8 and 32 on CPU (``--large``: 1000 x 1000); on a
-CUDA device 1000 x 1000 at T' = 32.  ``--run RUN --features STORE`` scores a
+Sizes: 256 x 256 pairs at T' = 8 on CPU (``--full``: T' = 8 and 32; ``--large``: 1000 x
+1000); on a CUDA device 1000 x 1000 at T' = 32.  The default run takes a few minutes on 2
+cores; ``--full`` about 3x longer.
+
+bf16 rows run only where the device multiplies bf16 natively
+(:mod:`dab_pipeline.capabilities`: AMX / AVX512-BF16 with oneDNN on CPU, compute
+capability 8.0+ on CUDA): elsewhere they are skipped with the reason (emulated bf16 ran
+~100x slower than float32 on an AVX2 CPU); ``--force-bf16`` runs them anyway.  The fused
+CPU kernels are built before any timing starts, and every row says which products and
+kernels it used.  ``--run RUN --features STORE`` scores a
 trained run's split in float32 and bfloat16 and prints the retrieval metrics and
 their differences (the bf16 target: R@1 / R@5 / MnR within 0.3).
 
-    python benchmarks/scoring.py [--large] [--steps 8 32] [--pairs Q V] [--device auto] [--repeats 3]
-        [--no-reference] [--shortlist K] [--run RUN --features STORE [--split test]]
+    python benchmarks/scoring.py [--full] [--large] [--steps 8 32] [--pairs Q V] [--device auto] [--repeats 3]
+        [--dtypes float32 bfloat16] [--force-bf16] [--no-reference] [--shortlist K]
+        [--run RUN --features STORE [--split test]]
 
 The CPU of a shared machine is noisy: ``--repeats N`` runs every row N times,
 interleaved, and keeps the fastest.
@@ -167,6 +176,36 @@ class Paired:
     def finish(self) -> None:
         sync(self.device)
         self.run += time.perf_counter() - self.mark
+
+
+def runnable_dtypes(requested: list[str], device: torch.device,
+                    force: bool = False) -> tuple[list[str], dict[str, str]]:
+    """The dtypes to time on ``device``, and why each skipped one is skipped (bf16 where it is emulated)."""
+    from dab_pipeline.capabilities import capabilities
+
+    caps = capabilities(device)
+    keep, skipped = [], {}
+    for dt in requested:
+        if dt == "bfloat16" and not caps.bf16 and not force:
+            skipped[dt] = f"{caps.device} has no native bf16 ({caps.bf16_why}); --force-bf16 runs them anyway"
+        else:
+            keep.append(dt)
+    return keep, skipped
+
+
+def prepare_kernels(device: torch.device, dtypes: list[str]) -> str:
+    """Build the fused CPU kernels now (the timed children load the cached build), and say what is used."""
+    from dab_pipeline.capabilities import capabilities
+
+    line = f"capabilities: {capabilities(device).summary()}"
+    if device.type != "cpu" or "bfloat16" not in dtypes:
+        return line + "; fused CPU kernels not used by these rows"
+    from dab_pipeline.cpu_kernels import get_kernels
+
+    t = time.perf_counter()
+    k = get_kernels()
+    how = f"compiled or loaded in {time.perf_counter() - t:.1f} s, before timing" if k.fused else f"eager: {k.reason}"
+    return line + f"; fused CPU kernels: {how}"
 
 
 def measure(impl: str, dtype: str, steps: int, n_q: int, n_v: int, device: torch.device,
@@ -368,7 +407,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--large", action="store_true", help="1000 x 1000 pairs on CPU (default 256 x 256)")
     ap.add_argument("--pairs", type=int, nargs=2, metavar=("Q", "V"), default=None, help="explicit sizes")
-    ap.add_argument("--steps", type=int, nargs="+", default=None, help="T' values (CPU: 8 32; CUDA: 32)")
+    ap.add_argument("--steps", type=int, nargs="+", default=None, help="T' values (CPU: 8, --full 8 32; CUDA: 32)")
+    ap.add_argument("--full", action="store_true", help="T' = 8 and 32 on CPU (about 3x the default's time)")
+    ap.add_argument("--force-bf16", action="store_true", help="run bf16 rows even where bf16 is emulated (slow)")
     ap.add_argument("--device", default="auto", help="cpu, cuda or auto")
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     ap.add_argument("--repeats", type=int, default=1, help="runs per row (interleaved); the fastest is shown")
@@ -384,22 +425,30 @@ def main() -> None:
     cuda = device.type == "cuda"
     where = torch.cuda.get_device_name(device) if cuda else f"{cpu_name()}, {os.cpu_count()} cores"
     print(f"device: {device} ({where}); torch {torch.__version__}, {torch.get_num_threads()} CPU threads")
+    dtypes, skipped = runnable_dtypes(args.dtypes, device, args.force_bf16)
+    for dt, why in skipped.items():
+        print(f"skipping the {dt} rows: {why}")
+    print(prepare_kernels(device, dtypes), flush=True)
     if args.run:
         if not args.features:
             ap.error("--run needs --features STORE")
+        if "bfloat16" not in dtypes:
+            print("--run compares float32 with bf16, and bf16 is skipped here: nothing to compare")
+            return
         bench_run(args.run, args.features, args.split, device, args.shortlist)
         return
-    rates = {dt: matmul_rate(getattr(torch, dt), device) for dt in ("float32", "bfloat16")}
+    # float32 always: the reference and the shortlist run in it; bf16 only where it is timed
+    rates = {dt: matmul_rate(getattr(torch, dt), device) for dt in dict.fromkeys(["float32", *dtypes])}
     RATES.update(rates)
     print("matmul rate: " + ", ".join(f"{dt} {r:.0f} GFLOP/s" for dt, r in rates.items())
           + " (at start; %best divides by the best rate seen in the whole session, %paired by the rate of "
           "bare products run between the row's own tiles)")
     n_q, n_v = args.pairs or ((1000, 1000) if (args.large or cuda) else (256, 256))
-    steps = args.steps or ([32] if cuda else [8, 32])
+    steps = args.steps or ([32] if cuda else ([8, 32] if args.full else [8]))
     shortlist = None if args.shortlist == 0 else (args.shortlist or max(1, n_v // 10))
     with tempfile.TemporaryDirectory() as tmp:
         for t in steps:
-            bench_size(n_q, n_v, t, device, args.dtypes, not args.no_reference, shortlist, args.repeats, tmp)
+            bench_size(n_q, n_v, t, device, dtypes, not args.no_reference, shortlist, args.repeats, tmp)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,10 @@ time :func:`get_kernels` is called, and the build is cached:
 * under a key of the source, the flags, torch, Python and the CPU's feature flags, so a
   home folder shared by different machines never loads a binary built for another CPU.
 
+``DAB_KERNEL_MARCH`` replaces ``native`` in ``-march=native`` (e.g. ``x86-64-v3``: AVX2, no
+AVX-512), so the portable paths of the source can be built and tested on any machine; the
+flag is part of the cache key like everything else that changes the binary.
+
 ``DAB_CPU_KERNELS=0`` (or ``off``/``false``) turns the build off.  Whenever the kernels are
 unavailable -- turned off, no compiler, a failed build -- :func:`get_kernels` returns the
 eager ATen versions below, which compute the same thing (they are the reference the
@@ -131,10 +135,13 @@ class Kernels:
     kl_rows: Callable[[Tensor, Tensor, Tensor], Tensor]
     fused: bool
     reason: str
+    target: str = "native"  # the -march the compiled kernels were built for
 
     @property
     def name(self) -> str:
-        return "fused" if self.fused else "eager"
+        if not self.fused:
+            return "eager"
+        return "fused" if self.target == "native" else f"fused ({self.target})"
 
 
 # the kernels' names, in the order of Kernels' fields: torch.ops.dab_cpu.<name> and <name>_eager
@@ -165,11 +172,20 @@ def _cflags() -> list[str]:
     flags = ["-O3", "-fopenmp", "-fno-math-errno", "-funsafe-math-optimizations", "-ffinite-math-only",
              "-fno-trapping-math", "-fno-signed-zeros"]
     machine = platform.machine().lower()
+    target = kernel_target()
     if machine in ("x86_64", "amd64"):
-        flags += ["-march=native", "-mprefer-vector-width=512", "-mrecip"]
+        flags += [f"-march={target}", "-mprefer-vector-width=512", "-mrecip"]
     elif machine in ("aarch64", "arm64"):
-        flags += ["-mcpu=native"]
+        flags += [f"-mcpu={target}"]
     return flags
+
+
+def kernel_target() -> str:
+    """The instruction set the kernels are built for: ``native`` or ``$DAB_KERNEL_MARCH``."""
+    target = os.environ.get("DAB_KERNEL_MARCH", "").strip() or "native"
+    if not all(c.isalnum() or c in "-_.+" for c in target):
+        raise ValueError(f"DAB_KERNEL_MARCH={target!r} is not a -march value (e.g. native, x86-64-v3)")
+    return target
 
 
 def _cpu_signature() -> str:
@@ -219,7 +235,7 @@ def get_kernels(build: bool = True) -> Kernels:
 
 
 def _compiled() -> Kernels:
-    return Kernels(*(getattr(torch.ops.dab_cpu, name) for name in _NAMES), True, "compiled")
+    return Kernels(*(getattr(torch.ops.dab_cpu, name) for name in _NAMES), True, "compiled", kernel_target())
 
 
 def _loaded() -> bool:

@@ -1025,6 +1025,8 @@ def score_all(
             if eng.onednn is not None and eng.kernels is not None:
                 info["products"] = "onednn"
                 info["kernels"] = eng.kernels.name if eng.kernels.fused else f"eager ({eng.kernels.reason})"
+            else:  # ATen's products in mm_dtype (on a CPU without native bf16, bf16 ones are emulated: slow)
+                info["products"] = f"aten {dtype}" if dev.type == "cpu" else f"{dev.type} {dtype}"
             ts = eng.texts(text_t.to(dev))
             if shortlist is not None:
                 cost = np.full((n_q, n_v), np.inf, dtype=np.float32)

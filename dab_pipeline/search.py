@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -130,12 +130,16 @@ def search(
     dtype: str = "float32",
     shortlist: Optional[int] = None,
     memory_budget: Optional[int] = None,
+    warn: Callable[[str], None] = lambda message: None,
 ) -> list[SearchResult]:
     """The ``topk`` videos of ``split`` for each free-text query, best first, with each query's margin.
 
-    ``dtype``, ``shortlist`` and ``memory_budget`` are passed to
-    :func:`~dab_pipeline.scoring.score_all` (exact float32 scoring by default).
+    ``shortlist`` and ``memory_budget`` are passed to :func:`~dab_pipeline.scoring.score_all`;
+    ``dtype`` (``float32``: exact, the default; ``bfloat16``; ``auto``) is resolved for the
+    device first (:func:`dab_pipeline.capabilities.resolve_score_dtype`): bf16 asked where it
+    is not native runs in float32 and ``warn`` gets the reason.
     """
+    from .capabilities import resolve_score_dtype
     from .scoring import score_all
     from .store import open_store
 
@@ -145,6 +149,10 @@ def search(
     if topk < 1:
         raise ConfigError(f"topk must be a positive integer, got {topk}")
     dev = resolve_device(device)
+    choice = resolve_score_dtype(dtype, dev)
+    if choice.warning:
+        warn(choice.warning)
+    dtype = choice.dtype
     run = load_run(run_dir, dev)
     with open_store(store_path) as store:
         manifest = store.manifest

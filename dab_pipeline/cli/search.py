@@ -19,8 +19,10 @@ _EXISTING = click.Path(path_type=Path, exists=True)
 @click.option("--split", default="test", show_default=True, help="Split of the store to search.")
 @click.option("--topk", "-k", type=int, default=10, show_default=True, help="Videos listed per query.")
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True,
-              help="Precision of the bridge's matrix products (bfloat16: faster, costs within ~1e-3).")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "auto"]), default="float32", show_default=True,
+              help="Precision of the bridge's matrix products (bfloat16: several times faster where the device "
+                   "multiplies bf16 natively, costs within ~1e-3; float32 with a warning elsewhere; auto: bf16 "
+                   "where native).")
 @click.option("--shortlist", type=int, default=None,
               help="Score only each query's K best videos by a cheap cosine first stage (large galleries).")
 @click.option("--descriptions", type=_EXISTING, default=None,
@@ -39,7 +41,8 @@ def search(queries, run_dir, features, split, topk, device, dtype, shortlist, de
 
     about = load_descriptions(descriptions) if descriptions else {}
     results = run_search(run_dir, features, list(queries), topk=topk, split=split, device=device,
-                         dtype=dtype, shortlist=shortlist)
+                         dtype=dtype, shortlist=shortlist,
+                         warn=lambda message: click.echo(f"warning: {message}", err=True))
     if as_json:
         payload = [{"query": r.query, "margin": r.margin,
                     "hits": [{"rank": h.rank, "video_id": h.video_id, "cost": h.cost,

@@ -23,6 +23,7 @@ import torch
 
 from .. import __version__
 from ..events import Event, ProgressCallback, null_progress
+from ..capabilities import capabilities
 from ..devices import resolve_device
 from ..errors import ConfigError, DabError, ExtractionFailed, StoreError, StoreMismatchError, VideoDecodeError
 from ..video import DECODE_RULES
@@ -63,7 +64,8 @@ class ExtractConfig:
     pretrained: Optional[str] = "openai"
     frames: int = 12
     trainable_blocks: Optional[int] = None
-    compute_dtype: str = "float32"  # CLIP's dtype: float32 | bfloat16 | float16, autocast-bf16 (CUDA)
+    # CLIP's dtype: auto | float32 | bfloat16 | float16 | autocast-bf16 (resolve_compute_dtype)
+    compute_dtype: str = "float32"
     store_dtype: str = "float16"
     batch_size: int = 16  # videos per encoding batch
     text_batch_size: int = 256
@@ -134,15 +136,37 @@ def parse_options(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
     return out
 
 
-def resolve_compute_dtype(dtype: str, device: str) -> str:
-    """``auto`` -> bf16 autocast on CUDA (fast, float32 weights), float32 on CPU.
+def resolve_compute_dtype(dtype: str, device: "str | torch.device", out: Optional[Path] = None,
+                          progress: ProgressCallback = null_progress) -> str:
+    """CLIP's compute dtype for this device (:func:`dab_pipeline.capabilities.resolve_clip_dtype`).
 
-    On CPU, autocast is slower than converting the model (measured), so bf16 there
-    is an explicit choice (``--dtype bfloat16``) rather than the default.
+    ``auto`` resuming an existing store takes the store's own dtype, so the same
+    command resumes on a machine whose ``auto`` would pick another one.  A bf16
+    request on a device without native bf16 becomes float32, with one warning.
     """
-    if dtype != "auto":
-        return dtype
-    return "autocast-bf16" if resolve_device(device).type == "cuda" else "float32"
+    from ..capabilities import resolve_clip_dtype
+
+    dev = resolve_device(device)
+    requested = dtype
+    if dtype == "auto" and out is not None:
+        requested = _stored_dtype(Path(out)) or dtype
+    choice = resolve_clip_dtype(requested, dev)
+    if choice.warning:
+        progress(Event("warning", message=choice.warning))
+    return choice.dtype
+
+
+def _stored_dtype(out: Path) -> Optional[str]:
+    """The compute dtype an existing store records, or None (no store, or not readable as one)."""
+    if not out.exists():
+        return None
+    from ..store import open_store
+
+    try:
+        with open_store(out, "r") as st:
+            return st.manifest.get("compute_dtype")
+    except (DabError, OSError, KeyError, ValueError):
+        return None
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -200,7 +224,8 @@ def _worker_init(_: int) -> None:
 # --------------------------------------------------------------------------- the stage
 
 
-def build_manifest(cfg: ExtractConfig, bundle, index, world_size: int = 1) -> dict[str, Any]:
+def build_manifest(cfg: ExtractConfig, bundle, index, world_size: int = 1,
+                   device: "str | torch.device" = "cpu") -> dict[str, Any]:
     desc = bundle.describe()
     return {
         "format": "dab-store",
@@ -208,6 +233,8 @@ def build_manifest(cfg: ExtractConfig, bundle, index, world_size: int = 1) -> di
         "package_version": __version__,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
+        # what the encoding device runs natively (why compute_dtype is what it is); not compared on resume
+        "device_capabilities": capabilities(device).as_dict(),
         "model": bundle.model_name,
         "pretrained": bundle.pretrained,
         "weights_sha256": bundle.weights_sha256,
@@ -270,10 +297,12 @@ def run_extract(cfg: ExtractConfig, progress: ProgressCallback = null_progress,
                 f"process ignores them (rerun with torchrun --nproc-per-node {worlds[0]} to resume them)")))
 
     device = resolve_device(cfg.device)
+    resumed = None if cfg.overwrite else out
+    cfg = dataclasses.replace(cfg, compute_dtype=resolve_compute_dtype(cfg.compute_dtype, device, resumed, progress))
     bundle = load_clip(cfg.model, cfg.pretrained, device=device, dtype=cfg.compute_dtype)
     for w in getattr(bundle, "warnings", []) or []:
         progress(Event("warning", message=str(w)))
-    manifest = build_manifest(cfg, bundle, index)
+    manifest = build_manifest(cfg, bundle, index, device=device)
 
     store = None
     if out.exists() and not cfg.overwrite:
@@ -425,11 +454,13 @@ def _run_extract_distributed(cfg: ExtractConfig, progress: ProgressCallback, dis
     kind = store_backend(out)
     index, videos, captions, missing = _load_index(cfg, progress)
     device = dist.device
+    resumed = None if cfg.overwrite else out
+    cfg = dataclasses.replace(cfg, compute_dtype=resolve_compute_dtype(cfg.compute_dtype, device, resumed, progress))
     # Rank 0 first: it fills the weights cache (download, dab-tiny generation) that the others then read.
     bundle = dist.main_first(lambda: load_clip(cfg.model, cfg.pretrained, device=device, dtype=cfg.compute_dtype))
     for w in getattr(bundle, "warnings", []) or []:
         progress(Event("warning", message=str(w)))
-    manifest = build_manifest(cfg, bundle, index, world_size=world)
+    manifest = build_manifest(cfg, bundle, index, world_size=world, device=device)
     n = len(videos)
     progress(Event("info", message=f"distributed extraction: {world} processes"))
 

@@ -3,7 +3,8 @@
 A run folder holds everything needed to trace and rebuild a result:
 
     runs/NAME/
-      config.json            resolved TrainConfig
+      config.json            resolved TrainConfig (as asked: amp / score_dtype may say auto)
+      precision.json         amp and score dtype as this machine ran them, and why (its capabilities)
       store_manifest.json    the manifest of the store the run read
       metrics.jsonl          one line per epoch (train loss, validation metrics)
       checkpoints/last.pt    resumable state (model, heads, optimiser, scheduler, RNG, position)
@@ -68,7 +69,9 @@ class TrainConfig:
     epoch: str = "captions"
     cost_format: str = "auto"  # auto: same backend as the store (h5 / zarr)
     # precision of the bridge's products when scoring val / test (docs/performance.md):
-    # "bfloat16" is several times faster on AMX / AVX512-BF16 CPUs and tensor-core GPUs
+    # "bfloat16" is several times faster on AMX / AVX512-BF16 CPUs and tensor-core GPUs and
+    # runs as float32 (with a warning) elsewhere; "auto" picks it where it is native. float32
+    # by default, so a run's metrics do not depend on the machine.
     score_dtype: str = "float32"
 
     def __post_init__(self) -> None:
@@ -86,8 +89,8 @@ class TrainConfig:
             raise ValueError(f"cost_format must be auto, h5 or zarr, got {self.cost_format!r}")
         if self.epoch not in EPOCH_MODES:
             raise ValueError(f"epoch must be one of {', '.join(EPOCH_MODES)}, got {self.epoch!r}")
-        if self.score_dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"score_dtype must be float32 or bfloat16, got {self.score_dtype!r}")
+        if self.score_dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"score_dtype must be auto, float32 or bfloat16, got {self.score_dtype!r}")
 
 
 @dataclass
@@ -430,6 +433,21 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
         raise
 
 
+def _resolve_precision(cfg: TrainConfig, device: torch.device, progress: ProgressCallback
+                       ) -> tuple[TrainConfig, dict[str, Any]]:
+    """``amp`` and ``score_dtype`` as this device runs them, and the record written as precision.json."""
+    from ..capabilities import capabilities, resolve_amp, resolve_score_dtype
+
+    amp, score = resolve_amp(cfg.amp, device), resolve_score_dtype(cfg.score_dtype, device)
+    for choice in (amp, score):
+        if choice.warning:
+            progress(Event("warning", message=choice.warning))
+    record = {"amp": {"requested": amp.requested, "used": amp.dtype},
+              "score_dtype": {"requested": score.requested, "used": score.dtype},
+              "device": capabilities(device).as_dict()}
+    return dataclasses.replace(cfg, amp=amp.dtype, score_dtype=score.dtype), record
+
+
 def _run_train(cfg: TrainConfig, progress: ProgressCallback, resume: bool, dist, folder: dict) -> TrainResult:
     """The body of :func:`run_train`; sets ``folder["ready"]`` once this process owns a run folder.
 
@@ -489,7 +507,9 @@ def _run_train(cfg: TrainConfig, progress: ProgressCallback, resume: bool, dist,
         check_run_folder()
 
     device = dist.device if multi else resolve_device(cfg.device)
-    use_amp = cfg.amp == "bf16" or (cfg.amp == "auto" and device.type == "cuda")
+    asked = cfg  # what config.json records and --resume compares: the request, not this machine's answer
+    cfg, precision = _resolve_precision(cfg, device, progress if is_main else null_progress)
+    use_amp = cfg.amp == "bf16"
 
     store = open_store(cfg.features)
     manifest = store.manifest
@@ -525,8 +545,9 @@ def _run_train(cfg: TrainConfig, progress: ProgressCallback, resume: bool, dist,
         run_dir.mkdir(parents=True, exist_ok=True)
         ckpt_dir.mkdir(exist_ok=True)
         folder["ready"] = True
+        atomic_write_text(run_dir / "precision.json", json.dumps(precision, indent=2) + "\n")
         if not resume:
-            save_config(cfg, run_dir / "config.json")
+            save_config(asked, run_dir / "config.json")
             atomic_write_text(run_dir / "store_manifest.json", json.dumps(manifest, indent=2, default=str) + "\n")
         _write_status(run_dir, state="running", features=str(cfg.features))
 
