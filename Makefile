@@ -22,7 +22,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 demo: $(STAMP)
-	$(PY) -m dab_pipeline.demo --out $(DEMO_OUT)
+	$(PY) -m dab_pipeline.cli.demo --out $(DEMO_OUT)
 
 docs-cli: $(STAMP)
 	$(PY) -m dab_pipeline.cli.docgen > docs/cli.md

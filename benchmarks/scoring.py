@@ -358,7 +358,7 @@ def recall_kept(exact_cost: np.ndarray, approx_cost: np.ndarray) -> str:
 
 def bench_run(run_dir: str, store: str, split: str, device: torch.device, shortlist: int | None) -> None:
     from dab_pipeline.metrics import t2v_metrics
-    from dab_pipeline.search import load_run
+    from dab_pipeline.stages.search import load_run
     from dab_pipeline.store import open_store
 
     run = load_run(run_dir, device)

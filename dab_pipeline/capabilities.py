@@ -24,6 +24,9 @@ from typing import Iterator, Optional
 
 import torch
 
+from .choices import AMP_MODES, CLIP_DTYPES, SCORE_DTYPES
+from .errors import ConfigError
+
 __all__ = [
     "Capabilities",
     "DtypeChoice",
@@ -185,8 +188,8 @@ def _fallback(what: str, requested: str, caps: Capabilities) -> str:
 
 def resolve_score_dtype(requested: str, device: "str | torch.device") -> DtypeChoice:
     """The scoring engine's product dtype: ``auto`` | ``float32`` | ``bfloat16`` -> float32 | bfloat16."""
-    if requested not in ("auto", "float32", "bfloat16"):
-        raise ValueError(f"score dtype must be auto, float32 or bfloat16, got {requested!r}")
+    if requested not in SCORE_DTYPES:
+        raise ConfigError(f"score dtype must be one of {', '.join(SCORE_DTYPES)}, got {requested!r}")
     caps = capabilities(device)
     if requested == "auto":
         return DtypeChoice(requested, "bfloat16" if caps.bf16 else "float32")
@@ -201,8 +204,8 @@ def resolve_amp(requested: str, device: "str | torch.device") -> DtypeChoice:
     ``auto`` stays off on CPU even where bf16 is native: autocast there casts every
     product's inputs anew and measured slower than float32 (docs/extraction.md).
     """
-    if requested not in ("auto", "bf16", "none"):
-        raise ValueError(f"amp must be auto, bf16 or none, got {requested!r}")
+    if requested not in AMP_MODES:
+        raise ConfigError(f"amp must be one of {', '.join(AMP_MODES)}, got {requested!r}")
     caps = capabilities(device)
     if requested == "auto":
         return DtypeChoice(requested, "bf16" if caps.device.startswith("cuda") and caps.bf16 else "none")
@@ -210,9 +213,6 @@ def resolve_amp(requested: str, device: "str | torch.device") -> DtypeChoice:
         warning = _fallback("amp", requested, caps).replace("float32", "float32 (no autocast)", 1)
         return DtypeChoice(requested, "none", warning)
     return DtypeChoice(requested, requested)
-
-
-CLIP_DTYPES = ("auto", "float32", "bfloat16", "float16", "autocast-bf16")
 
 
 def resolve_clip_dtype(requested: str, device: "str | torch.device") -> DtypeChoice:
@@ -224,7 +224,7 @@ def resolve_clip_dtype(requested: str, device: "str | torch.device") -> DtypeCho
     elsewhere.  Explicit bf16 requests on a device without native bf16 fall back to float32.
     """
     if requested not in CLIP_DTYPES:
-        raise ValueError(f"CLIP dtype must be one of {', '.join(CLIP_DTYPES)}, got {requested!r}")
+        raise ConfigError(f"CLIP dtype must be one of {', '.join(CLIP_DTYPES)}, got {requested!r}")
     caps = capabilities(device)
     cuda = caps.device.startswith("cuda")
     if requested == "auto":

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from .errors import StoreError
-from .store import HDF5_SUFFIXES, ZARR_SUFFIXES, _publish, _remove_path, _temp_sibling
+from .fsutil import publish, remove_path, temp_sibling
+from .store import HDF5_SUFFIXES, ZARR_SUFFIXES
 
 __all__ = ["CostMatrix", "write_costs", "read_costs", "COST_SUFFIXES", "COST_FORMAT_VERSION"]
 
@@ -140,7 +141,7 @@ def write_costs(path: str | os.PathLike, cm: CostMatrix) -> Path:
     }
     extras = {k: np.asarray(v) for k, v in cm.extras.items()}
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temp_sibling(p, "writing")
+    tmp = temp_sibling(p, "writing")
     try:
         if kind == "hdf5":
             _write_h5(tmp, arrays, extras, cm.kind, attrs_json)
@@ -148,9 +149,9 @@ def write_costs(path: str | os.PathLike, cm: CostMatrix) -> Path:
             _write_zarr(tmp, arrays, extras, cm.kind, attrs_json)
         else:
             _write_npz(tmp, arrays, extras, cm.kind, attrs_json)
-        _publish(tmp, p, overwrite=True)
+        publish(tmp, p, overwrite=True)
     except BaseException:
-        _remove_path(tmp)
+        remove_path(tmp)
         raise
     return p
 

@@ -14,8 +14,10 @@ class DabError(Exception):
     exit_code: int = 1
 
 
-class ConfigError(DabError):
-    """A configuration value is invalid (unknown key, wrong type, out of range)."""
+class ConfigError(DabError, ValueError):
+    """A configuration value is invalid (unknown key, wrong type, out of range).
+
+    Also a ValueError, so code that validates values with ``except ValueError`` sees it."""
 
     exit_code = 2
 

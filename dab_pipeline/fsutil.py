@@ -1,12 +1,16 @@
-"""Atomic file writes: readers (and a run killed mid-write) never see half a file."""
+"""Atomic file writes and publishing: readers (and a run killed mid-write) never see half a file or store."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
+
+from .errors import StoreError
 
 
 def _umask() -> int:
@@ -67,3 +71,49 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
 
     with atomic_file(path) as fh:
         torch.save(obj, fh)
+
+
+def remove_path(p: Path) -> None:
+    """Remove a file, link or folder tree; missing is fine."""
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        p.unlink(missing_ok=True)
+
+
+def temp_sibling(path: Path, tag: str) -> Path:
+    """A hidden, unique name beside ``path`` (same file system, so a rename publishes it)."""
+    return path.parent / f".{path.name}.{tag}-{uuid.uuid4().hex[:12]}"
+
+
+def publish(tmp: Path, dest: Path, overwrite: bool) -> None:
+    """Move a fully built ``tmp`` to ``dest`` in one rename (two for replacing a folder)."""
+    exists = dest.exists() or dest.is_symlink()
+    if exists and not overwrite:
+        raise StoreError(f"{dest} already exists; pass overwrite=True (--overwrite) to replace it")
+    if tmp.is_dir() or (exists and dest.is_dir()):
+        if exists:
+            # A folder cannot be swapped atomically: move the old one aside first.
+            # A kill between the renames leaves the old store under .{name}.old-*.
+            old = temp_sibling(dest, "old")
+            os.rename(dest, old)
+            os.rename(tmp, dest)
+            remove_path(old)
+        else:
+            try:
+                os.rename(tmp, dest)
+            except OSError as e:
+                raise StoreError(f"{dest} appeared while the store was being built: {e}") from None
+        return
+    if overwrite:
+        os.replace(tmp, dest)
+        return
+    try:
+        # link() refuses to clobber, closing the race with a concurrent creator.
+        os.link(tmp, dest)
+    except FileExistsError:
+        raise StoreError(f"{dest} already exists; pass overwrite=True (--overwrite) to replace it") from None
+    except OSError:
+        os.rename(tmp, dest)  # file systems without hard links
+        return
+    os.unlink(tmp)

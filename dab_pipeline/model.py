@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .choices import DIST_COSTS, VARIANTS
 from .costs import COSTS, neg_cosine
 from .errors import ConfigError
 
@@ -56,8 +57,6 @@ __all__ = [
     "resolve_tau",
 ]
 
-VARIANTS = ("xpool", "prob", "bridge", "dab")
-DIST_COSTS = ("kl", "w2")
 _PROB_VARIANTS = ("prob", "dab")
 _BRIDGE_VARIANTS = ("bridge", "dab")
 
@@ -205,7 +204,7 @@ def bridge_macs_per_pair_step(cfg: ModelConfig) -> int:
 # --------------------------------------------------------------------------- modules
 
 
-def _masked_softmax(logits: Tensor, mask: Tensor, dim: int) -> Tensor:
+def masked_softmax(logits: Tensor, mask: Tensor, dim: int) -> Tensor:
     """Softmax with masked-out entries set to exactly zero weight.
 
     Filling with the dtype's minimum (not -inf) keeps an all-padded row finite
@@ -260,11 +259,11 @@ class TextConditionedPooling(nn.Module):
         scale = 1.0 / math.sqrt(self.head_dim)
         if grid:
             logits = torch.einsum("qhd,vfhd->qvhf", q, k) * scale  # (Q, V, H, F)
-            w = _masked_softmax(logits, mask[None, :, None, :], dim=-1)  # (Q, V, H, F)
+            w = masked_softmax(logits, mask[None, :, None, :], dim=-1)  # (Q, V, H, F)
             attn = torch.einsum("qvhf,vfhd->qvhd", w, v)  # (Q, V, H, Dh)
         else:
             logits = torch.einsum("phd,pfhd->phf", q, k) * scale  # (P, H, F)
-            w = _masked_softmax(logits, mask[:, None, :], dim=-1)  # (P, H, F)
+            w = masked_softmax(logits, mask[:, None, :], dim=-1)  # (P, H, F)
             attn = torch.einsum("phf,pfhd->phd", w, v)  # (P, H, Dh)
         attn = attn.reshape(*attn.shape[:-2], self.dim)  # (..., D)
         attn = self.ln_attn(self.out_proj(attn))  # (..., D)
@@ -324,7 +323,7 @@ class TokenUncertainty(nn.Module):
         x = self.ln(frames)  # (V, F, D)
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (V, F, D) each
         logits = torch.einsum("vid,vjd->vij", q, k) / math.sqrt(self.dim)  # (V, F, F)
-        w = _masked_softmax(logits, mask[:, None, :], dim=-1)  # (V, F, F): padded keys get 0
+        w = masked_softmax(logits, mask[:, None, :], dim=-1)  # (V, F, F): padded keys get 0
         h = self.out_proj(torch.einsum("vij,vjd->vid", w, v))  # (V, F, D)
         m = mask.to(h.dtype)[..., None]  # (V, F, 1)
         # padded queries are excluded from the mean, so garbage frames cannot leak in
@@ -365,7 +364,7 @@ class DistributionBridge(nn.Module):
         self.register_buffer("timesteps", torch.arange(cfg.steps, 0, -1, dtype=torch.float32), persistent=False)
         self.register_buffer("chi", torch.flip(chi, dims=[0]).clone(), persistent=False)
 
-    def _time_features(self) -> Tensor:
+    def time_features(self) -> Tensor:
         """Time-embedding contribution (plus bias) to the first drift layer, per step (T', H)."""
         e = self.time_mlp(sinusoidal_embedding(self.timesteps, self.time_dim).to(self.chi.dtype))  # (T', d_t)
         first: nn.Linear = self.drift[0]  # type: ignore[assignment]
@@ -381,7 +380,7 @@ class DistributionBridge(nn.Module):
         w_state = first.weight[:, :width]  # (H, n*D)
         w_target = first.weight[:, width: 2 * width]  # (H, n*D)
         target_feat = torch.cat(target, dim=-1) @ w_target.T  # (..., H)
-        time_feat = self._time_features()  # (T', H)
+        time_feat = self.time_features()  # (T', H)
         rest = self.drift[1:]
         for k in range(self.chi.shape[0]):
             h = torch.cat(state[: self.n_state], dim=-1) @ w_state.T + target_feat + time_feat[k]  # (..., H)

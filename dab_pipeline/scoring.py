@@ -43,7 +43,7 @@ from torch import Tensor
 from .cpu_kernels import Kernels, get_kernels
 from .devices import resolve_device
 from .events import Event, ProgressCallback, null_progress
-from .model import DABModel, ModelConfig, _masked_softmax
+from .model import DABModel, ModelConfig, masked_softmax
 
 __all__ = [
     "ScoreResult",
@@ -423,7 +423,7 @@ class _Engine:
             w_first = f32(lins[0].weight)  # (H, n*D + n*D + d_t)
             self.ws_t = w_first[:, :width].T.contiguous()  # (n*D, H) state block
             w_target = w_first[:, width: 2 * width]  # (H, n*D)
-            self.time_feat = f32(bridge._time_features())  # (T', H), includes the first layer's bias
+            self.time_feat = f32(bridge.time_features())  # (T', H), includes the first layer's bias
             self.chi = [float(c) for c in bridge.chi.detach().cpu()]
             # Hidden and output layers carry their bias as an extra input row: the hidden
             # buffers keep a column of ones, so no per-step pass copies a bias into them.
@@ -563,7 +563,7 @@ class _Engine:
         n_b, n_m = len(vs), ts.q.shape[1]
         q4 = ts.q.permute(0, 2, 1, 3)  # (1 | B, Hh, M, Dh)
         logits = torch.matmul(q4, vs.key_t)  # (B, Hh, M, F)
-        w = _masked_softmax(logits, vs.mask[:, None, None, :], dim=-1)  # (B, Hh, M, F)
+        w = masked_softmax(logits, vs.mask[:, None, None, :], dim=-1)  # (B, Hh, M, F)
         w = w.permute(0, 2, 1, 3).reshape(n_b, n_m, -1)  # (B, M, R)
         if self.cfg.probabilistic:
             return self._pairs_gaussian(ts, vs, w, keep, want_var)

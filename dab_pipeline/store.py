@@ -22,8 +22,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import shutil
-import uuid
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -32,6 +30,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from .errors import StoreError
+from .fsutil import publish, remove_path, temp_sibling
 
 __all__ = [
     "FORMAT_VERSION",
@@ -636,50 +635,6 @@ def _message_rows(messages: Sequence[str]) -> np.ndarray:
 
 def _backend_class(kind: str) -> type[_Backend]:
     return _H5Backend if kind == "hdf5" else _ZarrBackend
-
-
-def _remove_path(p: Path) -> None:
-    if p.is_dir() and not p.is_symlink():
-        shutil.rmtree(p, ignore_errors=True)
-    else:
-        p.unlink(missing_ok=True)
-
-
-def _temp_sibling(path: Path, tag: str) -> Path:
-    return path.parent / f".{path.name}.{tag}-{uuid.uuid4().hex[:12]}"
-
-
-def _publish(tmp: Path, dest: Path, overwrite: bool) -> None:
-    """Move a fully built ``tmp`` to ``dest`` in one rename (two for replacing a folder)."""
-    exists = dest.exists() or dest.is_symlink()
-    if exists and not overwrite:
-        raise StoreError(f"{dest} already exists; pass overwrite=True (--overwrite) to replace it")
-    if tmp.is_dir() or (exists and dest.is_dir()):
-        if exists:
-            # A folder cannot be swapped atomically: move the old one aside first.
-            # A kill between the renames leaves the old store under .{name}.old-*.
-            old = _temp_sibling(dest, "old")
-            os.rename(dest, old)
-            os.rename(tmp, dest)
-            _remove_path(old)
-        else:
-            try:
-                os.rename(tmp, dest)
-            except OSError as e:
-                raise StoreError(f"{dest} appeared while the store was being built: {e}") from None
-        return
-    if overwrite:
-        os.replace(tmp, dest)
-        return
-    try:
-        # link() refuses to clobber, closing the race with a concurrent creator.
-        os.link(tmp, dest)
-    except FileExistsError:
-        raise StoreError(f"{dest} already exists; pass overwrite=True (--overwrite) to replace it") from None
-    except OSError:
-        os.rename(tmp, dest)  # file systems without hard links
-        return
-    os.unlink(tmp)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -1444,10 +1399,10 @@ def create_store(
             break
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = _temp_sibling(p, "creating")
+        tmp = temp_sibling(p, "creating")
         try:
             _backend_class(kind).create(tmp, layout, attrs, init)
-            _publish(tmp, p, overwrite)
+            publish(tmp, p, overwrite)
         except BaseException:
             _remove_quietly(tmp)  # its own failure must not hide the one that matters
             raise
@@ -1471,7 +1426,7 @@ def os_reason(exc: OSError) -> str:
 
 def _remove_quietly(p: Path) -> None:
     try:
-        _remove_path(p)
+        remove_path(p)
     except OSError:
         pass
 
@@ -1520,9 +1475,9 @@ def merge_parts(
     # A kill during an earlier merge leaves its hidden temporary (a whole store's
     # worth of bytes); only one process merges a store, so it is safe to clear.
     for stale in d.parent.glob(f".{d.name}.merging-*"):
-        _remove_path(stale)
+        remove_path(stale)
     opened: list[FeatureStore] = []
-    tmp = _temp_sibling(d, "merging")
+    tmp = temp_sibling(d, "merging")
     try:
         for p in parts:
             opened.append(open_store(p, "r"))
@@ -1580,9 +1535,9 @@ def merge_parts(
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _publish(tmp, d, overwrite)
+        publish(tmp, d, overwrite)
     except BaseException:
-        _remove_path(tmp)
+        remove_path(tmp)
         raise
     finally:
         for st in opened:

@@ -25,6 +25,7 @@ from dab_pipeline.capabilities import (
     resolve_score_dtype,
 )
 from dab_pipeline.cli import cli
+from dab_pipeline.errors import ConfigError
 from dab_pipeline.events import Event
 from dab_pipeline.model import ModelConfig
 from dab_pipeline.store import open_store
@@ -85,9 +86,9 @@ def test_explicit_bf16_on_a_cpu_without_it_runs_float32_with_the_reason(monkeypa
 
 
 def test_unknown_dtypes_are_refused_with_the_valid_ones() -> None:
-    with pytest.raises(ValueError, match="auto, float32 or bfloat16"):
+    with pytest.raises(ConfigError, match="auto, float32, bfloat16"):
         resolve_score_dtype("float16", "cpu")
-    with pytest.raises(ValueError, match="autocast-bf16"):
+    with pytest.raises(ConfigError, match="autocast-bf16"):
         resolve_clip_dtype("int8", "cpu")
 
 
@@ -176,7 +177,7 @@ def test_search_warns_and_scores_float32(tmp_path: Path) -> None:
     module = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
     spec.loader.exec_module(module)
-    from dab_pipeline.search import search
+    from dab_pipeline.stages.search import search
 
     store = module.build_store(tmp_path / "store.h5")
     run, _ = module.build_run(tmp_path / "run", store)

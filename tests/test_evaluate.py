@@ -122,7 +122,7 @@ def test_cli_reference_is_current() -> None:
 
 def test_demo_pipeline_small(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """The demo end to end on the tiny world: extract with dab-world, train, evaluate, compare, search."""
-    from dab_pipeline.demo import QUERIES, main
+    from dab_pipeline.cli.demo import QUERIES, main
 
     assert main(["--out", str(tmp_path / "demo"), "--world", "tiny", "--epochs", "2", "--quiet"]) == 0
     out = capsys.readouterr().out

@@ -16,7 +16,7 @@ from dab_pipeline.config import save_config
 from dab_pipeline.errors import ConfigError, TrainingError, WeightsError
 from dab_pipeline.model import DABModel, ModelConfig
 from dab_pipeline.scoring import score_all
-from dab_pipeline.search import search
+from dab_pipeline.stages.search import search
 from dab_pipeline.stages.train import TrainConfig
 from dab_pipeline.store import create_store, open_store
 

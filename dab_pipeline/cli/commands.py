@@ -10,7 +10,7 @@ from typing import Optional
 
 import click
 
-from ..video import BACKENDS as VIDEO_BACKENDS
+from ..choices import CLIP_DTYPES, DECODE_BACKENDS, DIST_COSTS, POSTPROCESS, STORE_DTYPES, VARIANTS
 from . import cli
 from .progress import RichProgress
 
@@ -75,16 +75,16 @@ def _resolve_pretrained(model: str, pretrained: Optional[str]) -> Optional[str]:
 @click.option("--frames", type=int, default=12, show_default=True, help="Frames sampled per video.")
 @click.option("--trainable-blocks", type=int, default=None,
               help="Also store the states entering the last K transformer blocks (partial fine-tuning in stage two).")
-@click.option("--dtype", "compute_dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16", "autocast-bf16"]),
+@click.option("--dtype", "compute_dtype", type=click.Choice(CLIP_DTYPES),
               default="auto", show_default=True,
               help="CLIP's dtype while encoding; auto: bf16 where the device multiplies bf16 natively (autocast "
                    "on CUDA 8.0+, the converted model on AMX / AVX512-BF16 CPUs: 1.4-2.6x faster), else float32 "
                    "(float16 on older GPUs); a resumed store keeps its dtype. bf16 asked on a CPU without it runs "
                    "float32, with a warning. Recorded in the manifest.")
-@click.option("--store-dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True)
+@click.option("--store-dtype", type=click.Choice(STORE_DTYPES), default="float16", show_default=True)
 @click.option("--batch-size", type=int, default=16, show_default=True, help="Videos per encoding batch.")
 @click.option("--workers", type=int, default=2, show_default=True, help="Decoding worker processes.")
-@click.option("--decoder", "decode_backend", type=click.Choice(VIDEO_BACKENDS), default="pyav", show_default=True,
+@click.option("--decoder", "decode_backend", type=click.Choice(DECODE_BACKENDS), default="pyav", show_default=True,
               help="pyav: exact frames from every container (sequential read); pyav-seek: seek to key frames "
                    "(long MP4/MKV/WebM videos); decord: decord's reader (clean MP4/MKV only). "
                    "See docs/extraction.md.")
@@ -232,9 +232,9 @@ def _human_bytes(n) -> str:
 @cli.command()
 @click.option("--features", type=_EXISTING, required=False, help="Feature store written by `dab extract`.")
 @click.option("--out", type=_PATH, default=None, help="Run folder (default: runs/<store>-<variant>).")
-@click.option("--variant", type=click.Choice(["xpool", "prob", "bridge", "dab"]), default=None,
+@click.option("--variant", type=click.Choice(VARIANTS), default=None,
               help="Model variant (paper Table 5): xpool baseline, prob, bridge or the full dab (default).")
-@click.option("--cost", type=click.Choice(["kl", "w2"]), default=None, help="Distributional cost (default kl).")
+@click.option("--cost", type=click.Choice(DIST_COSTS), default=None, help="Distributional cost (default kl).")
 @click.option("--steps", type=int, default=None, help="Truncated bridge steps T' (default 32).")
 @click.option("--epochs", type=int, default=None, help="Epochs (default 10).")
 @click.option("--batch-size", type=int, default=None, help="Batch size (default 32).")
@@ -345,7 +345,7 @@ def _metric_table(title: str, rows: list[tuple[str, dict]]):
               help="Any cost/similarity file of the documented layout (h5, zarr, npz) instead of a run.")
 @click.option("--features", type=_EXISTING, default=None, help="Store for the neighbourhood diagnostic.")
 @click.option("--out", type=_PATH, default=None, help="Where to write metrics.json, report.md and plots.")
-@click.option("--postprocess", type=click.Choice(["none", "dsl", "is"]), default="none", show_default=True,
+@click.option("--postprocess", type=click.Choice(POSTPROCESS), default="none", show_default=True,
               help="Optional post-processing: dual softmax (dsl) or inverted softmax (is); labelled in outputs.")
 @click.option("--temperature", type=float, default=0.01, show_default=True, help="Post-processing temperature.")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ..choices import SCORE_DTYPES
 from . import cli
 
 _EXISTING = click.Path(path_type=Path, exists=True)
@@ -19,7 +20,7 @@ _EXISTING = click.Path(path_type=Path, exists=True)
 @click.option("--split", default="test", show_default=True, help="Split of the store to search.")
 @click.option("--topk", "-k", type=int, default=10, show_default=True, help="Videos listed per query.")
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "auto"]), default="float32", show_default=True,
+@click.option("--dtype", type=click.Choice(SCORE_DTYPES), default="float32", show_default=True,
               help="Precision of the bridge's matrix products (bfloat16: several times faster where the device "
                    "multiplies bf16 natively, costs within ~1e-3; float32 with a warning elsewhere; auto: bf16 "
                    "where native).")
@@ -35,9 +36,9 @@ def search(queries, run_dir, features, split, topk, device, dtype, shortlist, de
     The query is encoded with the store's own CLIP model, so its weights must be
     available here (the open_clip cache or the local file the store recorded).
     """
-    from ..search import search as run_search
+    from ..stages.search import search as run_search
 
-    from ..search import load_descriptions
+    from ..stages.search import load_descriptions
 
     about = load_descriptions(descriptions) if descriptions else {}
     results = run_search(run_dir, features, list(queries), topk=topk, split=split, device=device,

@@ -14,10 +14,10 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ..choices import POSTPROCESS
 from ..errors import ConfigError, StoreError
 from ..events import Event, ProgressCallback, null_progress
 
-POSTPROCESS = ("none", "dsl", "is")
 
 
 @dataclass(frozen=True)
@@ -35,13 +35,13 @@ class EvaluateConfig:
 
     def __post_init__(self) -> None:
         if self.run is None and self.costs is None:
-            raise ValueError("give a run folder (--run) or a cost file (--costs)")
+            raise ConfigError("give a run folder (--run) or a cost file (--costs)")
         if self.postprocess not in POSTPROCESS:
-            raise ValueError(f"postprocess must be one of {', '.join(POSTPROCESS)}, got {self.postprocess!r}")
+            raise ConfigError(f"postprocess must be one of {', '.join(POSTPROCESS)}, got {self.postprocess!r}")
         if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+            raise ConfigError(f"temperature must be > 0, got {self.temperature}")
         if self.topk < 1:
-            raise ValueError(f"topk must be >= 1, got {self.topk}")
+            raise ConfigError(f"topk must be >= 1, got {self.topk}")
 
 
 def find_costs(run: Path) -> Path:

@@ -24,6 +24,7 @@ import torch
 from .. import __version__
 from ..events import Event, ProgressCallback, null_progress
 from ..capabilities import capabilities
+from ..choices import CLIP_DTYPES, STORE_DTYPES
 from ..devices import resolve_device
 from ..errors import ConfigError, DabError, ExtractionFailed, StoreError, StoreMismatchError, VideoDecodeError
 from ..video import DECODE_RULES
@@ -78,23 +79,25 @@ class ExtractConfig:
 
     def __post_init__(self) -> None:
         if self.frames < 1:
-            raise ValueError(f"frames must be >= 1, got {self.frames}")
+            raise ConfigError(f"frames must be >= 1, got {self.frames}")
         if self.trainable_blocks is not None and self.trainable_blocks < 0:
-            raise ValueError(f"trainable_blocks must be >= 0, got {self.trainable_blocks}")
+            raise ConfigError(f"trainable_blocks must be >= 0, got {self.trainable_blocks}")
         if self.batch_size < 1 or self.text_batch_size < 1:
-            raise ValueError("batch sizes must be >= 1")
+            raise ConfigError("batch sizes must be >= 1")
         if self.workers < 0:
-            raise ValueError(f"workers must be >= 0, got {self.workers}")
-        if self.store_dtype not in ("float16", "float32"):
-            raise ValueError(f"store_dtype must be float16 or float32, got {self.store_dtype!r}")
+            raise ConfigError(f"workers must be >= 0, got {self.workers}")
+        if self.compute_dtype not in CLIP_DTYPES:
+            raise ConfigError(f"compute_dtype must be one of {', '.join(CLIP_DTYPES)}, got {self.compute_dtype!r}")
+        if self.store_dtype not in STORE_DTYPES:
+            raise ConfigError(f"store_dtype must be one of {', '.join(STORE_DTYPES)}, got {self.store_dtype!r}")
         if self.limit is not None and self.limit < 1:
-            raise ValueError(f"limit must be >= 1, got {self.limit}")
+            raise ConfigError(f"limit must be >= 1, got {self.limit}")
         from ..video import BACKENDS
 
         if self.decode_backend not in BACKENDS:
-            raise ValueError(f"decode_backend must be one of {', '.join(BACKENDS)}, got {self.decode_backend!r}")
+            raise ConfigError(f"decode_backend must be one of {', '.join(BACKENDS)}, got {self.decode_backend!r}")
         if self.decode_short_side is not None and self.decode_short_side < 0:
-            raise ValueError(f"decode_short_side must be >= 0 or None, got {self.decode_short_side}")
+            raise ConfigError(f"decode_short_side must be >= 0 or None, got {self.decode_short_side}")
 
 
 @dataclass

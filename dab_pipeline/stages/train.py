@@ -27,14 +27,12 @@ import numpy as np
 import torch
 
 from ..checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from ..choices import AMP_MODES, COST_FORMATS, EPOCH_MODES, SCORE_DTYPES, SELECT_METRICS
 from ..config import atomic_write_text, from_dict, save_config, to_dict
 from ..errors import ConfigError, StoreError, TrainingError
 from ..events import Event, ProgressCallback, null_progress
 from ..model import ModelConfig
 from ..devices import resolve_device
-
-SELECT_METRICS = ("R@1", "R@5", "R@10", "RSum", "MnR", "MdR")
-EPOCH_MODES = ("captions", "videos")
 
 
 @dataclass(frozen=True)
@@ -76,21 +74,21 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
-            raise ValueError(f"epochs must be >= 1, got {self.epochs}")
+            raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
         if self.batch_size < 2:
-            raise ValueError(f"batch_size must be >= 2 (contrastive loss), got {self.batch_size}")
+            raise ConfigError(f"batch_size must be >= 2 (contrastive loss), got {self.batch_size}")
         if not 0.0 <= self.warmup_ratio < 1.0:
-            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+            raise ConfigError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
         if self.select_metric not in SELECT_METRICS:
-            raise ValueError(f"select_metric must be one of {', '.join(SELECT_METRICS)}, got {self.select_metric!r}")
-        if self.amp not in ("auto", "bf16", "none"):
-            raise ValueError(f"amp must be auto, bf16 or none, got {self.amp!r}")
-        if self.cost_format not in ("auto", "h5", "zarr"):
-            raise ValueError(f"cost_format must be auto, h5 or zarr, got {self.cost_format!r}")
+            raise ConfigError(f"select_metric must be one of {', '.join(SELECT_METRICS)}, got {self.select_metric!r}")
+        if self.amp not in AMP_MODES:
+            raise ConfigError(f"amp must be one of {', '.join(AMP_MODES)}, got {self.amp!r}")
+        if self.cost_format not in COST_FORMATS:
+            raise ConfigError(f"cost_format must be one of {', '.join(COST_FORMATS)}, got {self.cost_format!r}")
         if self.epoch not in EPOCH_MODES:
-            raise ValueError(f"epoch must be one of {', '.join(EPOCH_MODES)}, got {self.epoch!r}")
-        if self.score_dtype not in ("auto", "float32", "bfloat16"):
-            raise ValueError(f"score_dtype must be auto, float32 or bfloat16, got {self.score_dtype!r}")
+            raise ConfigError(f"epoch must be one of {', '.join(EPOCH_MODES)}, got {self.epoch!r}")
+        if self.score_dtype not in SCORE_DTYPES:
+            raise ConfigError(f"score_dtype must be one of {', '.join(SCORE_DTYPES)}, got {self.score_dtype!r}")
 
 
 @dataclass

@@ -25,6 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from ..choices import DECODE_BACKENDS as BACKENDS
 from ..errors import ConfigError, VideoDecodeError
 from .pyav_decoder import StreamInfo, decode_seeking, decode_sequential, open_video, probe_video
 from .sampling import resized_shape, sample_frame_indices
@@ -32,8 +33,6 @@ from .types import DecodedVideo
 
 __all__ = ["BACKENDS", "SEEK_MIN_FRAMES", "DecodedVideo", "StreamInfo", "decode_video", "probe_video",
            "resized_shape", "sample_frame_indices", "DECODE_RULES"]
-
-BACKENDS = ("pyav", "pyav-seek", "decord")
 
 # pyav-seek reads shorter files sequentially: below about this many frames a sequential
 # read decodes about as many frames as seeking to 12 key frames does (docs/extraction.md).

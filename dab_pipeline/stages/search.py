@@ -20,9 +20,9 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from .devices import resolve_device
-from .errors import ConfigError, StoreError, TrainingError, UnknownNameError, WeightsError
-from .model import DABModel
+from ..devices import resolve_device
+from ..errors import ConfigError, StoreError, TrainingError, UnknownNameError, WeightsError
+from ..model import DABModel
 
 __all__ = ["SearchHit", "SearchResult", "LoadedRun", "load_run", "encode_queries", "search", "load_descriptions"]
 
@@ -53,7 +53,7 @@ class LoadedRun:
     """A run folder's configuration and its model with the checkpoint's weights (eval mode)."""
 
     run_dir: Path
-    config: "object"  # TrainConfig (kept untyped here so this module does not import the stage)
+    config: "object"  # the run's TrainConfig (stages/train.py), loaded lazily: importing search stays cheap
     model: DABModel
     checkpoint: Path
 
@@ -64,8 +64,8 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu", checkpoint
     Raises :class:`ConfigError` for a folder that is not a run or a fine-tuned run,
     :class:`TrainingError` when the checkpoint is missing or does not fit the config.
     """
-    from .config import load_config
-    from .stages.train import TrainConfig
+    from ..config import load_config
+    from .train import TrainConfig
 
     run = Path(run_dir)
     if not (run / "config.json").is_file():
@@ -74,7 +74,7 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu", checkpoint
     ck_path = run / "checkpoints" / checkpoint
     if not ck_path.is_file():
         raise TrainingError(f"{ck_path} does not exist: the run has no {checkpoint} checkpoint yet (did it finish an epoch?)")
-    from .checkpoint import load_checkpoint
+    from ..checkpoint import load_checkpoint
 
     ck = load_checkpoint(ck_path)
     if cfg.trainable_blocks is not None or ck.get("heads") is not None:
@@ -98,7 +98,7 @@ def encode_queries(manifest: dict, queries: Sequence[str], device: str | torch.d
     Raises :class:`WeightsError` (one line) when those weights are not available here
     or differ from the ones the store recorded.
     """
-    from .clip_models import encode_texts, load_clip
+    from ..clip_models import encode_texts, load_clip
 
     name, pretrained = manifest.get("model"), manifest.get("pretrained")
     if not name:
@@ -139,9 +139,9 @@ def search(
     device first (:func:`dab_pipeline.capabilities.resolve_score_dtype`): bf16 asked where it
     is not native runs in float32 and ``warn`` gets the reason.
     """
-    from .capabilities import resolve_score_dtype
-    from .scoring import score_all
-    from .store import open_store
+    from ..capabilities import resolve_score_dtype
+    from ..scoring import score_all
+    from ..store import open_store
 
     queries = [str(q) for q in queries]
     if not queries or any(not q.strip() for q in queries):

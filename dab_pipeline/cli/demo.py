@@ -23,7 +23,7 @@ QUERIES = ("a large red circle", "two shapes on sand", "a small white ring on a 
 
 
 def _run(args: list[str]) -> None:
-    from .cli import cli
+    from . import cli
 
     print(f"\n$ dab {shlex.join(args)}", flush=True)
     try:
@@ -43,9 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
 
-    from .cli import _register
-    from .world import make_world, world_preset
-    from .world.recipe import recipe_overrides, world_recipe
+    from . import _register
+    from ..world import make_world, world_preset
+    from ..world.recipe import recipe_overrides, world_recipe
 
     _register()
     t0 = time.time()

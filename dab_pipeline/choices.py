@@ -1,0 +1,19 @@
+"""Every named choice a config accepts and the CLI offers, in one place.
+
+Plain tuples with no imports, so the CLI can build its options from them without loading
+torch; the configs validate against the same tuples, so the two can never disagree.
+"""
+
+from __future__ import annotations
+
+VARIANTS = ("xpool", "prob", "bridge", "dab")  # model.py: the four rows of Table 5a
+DIST_COSTS = ("kl", "w2")  # distributional costs of the prob / dab variants
+CLIP_DTYPES = ("auto", "float32", "bfloat16", "float16", "autocast-bf16")  # CLIP's compute dtype (extract)
+STORE_DTYPES = ("float16", "float32")  # dtype of the stored features
+SCORE_DTYPES = ("auto", "float32", "bfloat16")  # the scoring engine's product dtype (train, search)
+AMP_MODES = ("auto", "bf16", "none")  # training autocast
+COST_FORMATS = ("auto", "h5", "zarr")  # the cost file's backend
+SELECT_METRICS = ("R@1", "R@5", "R@10", "RSum", "MnR", "MdR")  # what picks best.pt on the validation split
+EPOCH_MODES = ("captions", "videos")  # what one training epoch visits
+POSTPROCESS = ("none", "dsl", "is")  # evaluate: cost-matrix post-processing
+DECODE_BACKENDS = ("pyav", "pyav-seek", "decord")  # video decoders (dab_pipeline.video)
