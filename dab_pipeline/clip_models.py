@@ -23,7 +23,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
-import hashlib
 import json
 import logging
 import math
@@ -48,6 +47,7 @@ from open_clip.transformer import QuickGELU, VisionTransformer
 from torch import Tensor, nn
 
 from .errors import ConfigError, UnknownNameError, WeightsError
+from .fsutil import sha256_file
 
 __all__ = [
     "TINY_MODEL",
@@ -176,14 +176,6 @@ def _cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "dab"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _tiny_tensor(key: str, shape: torch.Size, gen: torch.Generator) -> Tensor:
     # Own init (not open_clip's) so the file depends only on the seed and the shapes.
     if key == "logit_scale":
@@ -240,7 +232,7 @@ def builtin_weights(name: str) -> Optional[Path]:
     path = WEIGHTS_DIR / meta["file"]
     if not path.is_file():
         raise WeightsError(f"the weights of {name} shipped with dab are missing ({path}); reinstall dab")
-    sha = _sha256(path)
+    sha = sha256_file(path)
     if sha != meta["sha256"]:
         raise WeightsError(f"the weights of {name} shipped with dab are damaged: {path} has sha256 {sha[:12]}..., "
                            f"{meta_path.name} records {meta['sha256'][:12]}... (a Git LFS pointer or a partial "
@@ -398,7 +390,7 @@ def detect_openai_weights(path: Union[str, Path], sha256: Optional[str] = None) 
     """
     path = Path(path)
     _, reason = _read_weights(path)
-    return reason or _openai_hint(path, sha256 or _sha256(path))
+    return reason or _openai_hint(path, sha256 or sha256_file(path))
 
 
 def _openai_hint(path: Path, sha256: str) -> Optional[str]:
@@ -488,7 +480,7 @@ def _cached_tag_file(cfg: dict, cache_dir: Optional[str]) -> Optional[str]:
         target = Path(cache_dir or Path.home() / ".cache" / "clip") / os.path.basename(url)
         if target.is_file():
             expected = url.split("/")[-2] if "openaipublic" in url else ""
-            if not expected or _sha256(target).startswith(expected):
+            if not expected or sha256_file(target).startswith(expected):
                 return str(target)
     return None
 
@@ -661,7 +653,7 @@ def load_clip(
         weights_path = _fetch_tag(found_under, tag, tag_cfg, cache_dir)
         pretrained_str = tag
 
-    sha = _sha256(weights_path)
+    sha = sha256_file(weights_path)
     state, format_reason = _read_weights(weights_path)
 
     # ---- activation: OpenAI weights were trained with QuickGELU
@@ -1095,3 +1087,16 @@ class TextHead(nn.Module):
         rows = torch.arange(x.shape[0], device=x.device)
         eot = x[rows, lengths.to(x.device).long() - 1]  # (B, W)
         return _project(self.ln_final(eot), self.text_projection)  # (B, D)
+
+
+def check_store_weights(bundle: ClipBundle, manifest: dict, why: str) -> None:
+    """WeightsError unless ``bundle`` holds the CLIP weights the store's manifest records (when both say).
+
+    ``why`` ends the message: what would go wrong with other weights.
+    """
+    want = manifest.get("weights_sha256")
+    if want and bundle.weights_sha256 and bundle.weights_sha256 != want:
+        raise WeightsError(
+            f"the CLIP weights found for {bundle.model_name} (sha256 {bundle.weights_sha256[:12]}...) differ from "
+            f"the ones the store was built with ({want[:12]}...); {why}"
+        )

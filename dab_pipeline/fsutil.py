@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import tempfile
@@ -117,3 +118,12 @@ def publish(tmp: Path, dest: Path, overwrite: bool) -> None:
         os.rename(tmp, dest)  # file systems without hard links
         return
     os.unlink(tmp)
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """The hex sha256 of a file's bytes, read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()

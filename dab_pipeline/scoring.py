@@ -376,6 +376,17 @@ class _Videos:
         return self.mask.shape[0]
 
 
+def pack_kept(x: Tensor, keep: Optional[Tensor], n_b: int, n_m: int) -> Tensor:
+    """(1 | B, M, ...) -> the kept slots of the (B, M) grid as (P, 1, ...), so the bridge never sees padding.
+
+    ``keep`` (B*M,) bool or None (every slot kept: ``x`` unchanged).
+    """
+    if keep is None:
+        return x
+    x = x.expand(n_b, n_m, *x.shape[2:])
+    return x.reshape(n_b * n_m, *x.shape[2:])[keep][:, None]
+
+
 class _Engine:
     """The model's function, re-associated; built once per :func:`score_all` call."""
 
@@ -580,11 +591,7 @@ class _Engine:
         wr = w * (rs1 * rs2)  # (B, M, R)
 
         def pack(x: Tensor) -> Tensor:
-            """(1 | B, M, ...) -> the kept slots as (P, 1, ...), so the bridge never sees padding."""
-            if keep is None:
-                return x
-            x = x.expand(n_b, n_m, *x.shape[2:])
-            return x.reshape(n_b * n_m, *x.shape[2:])[keep][:, None]
+            return pack_kept(x, keep, n_b, n_m)
 
         if self.variant == "xpool":
             assert ts.unit is not None
@@ -635,11 +642,7 @@ class _Engine:
         coef_g = torch.cat([wr * g, rs2 * g, g, one], dim=-1)  # (B, M, R + 3)
 
         def pack(x: Tensor) -> Tensor:
-            """(1 | B, M, ...) -> the kept slots as (P, 1, ...), so the bridge never sees padding."""
-            if keep is None:
-                return x
-            x = x.expand(n_b, n_m, *x.shape[2:])
-            return x.reshape(n_b * n_m, *x.shape[2:])[keep][:, None]
+            return pack_kept(x, keep, n_b, n_m)
 
         sigma_v: Optional[Tensor] = None
         if self.kernels is not None:

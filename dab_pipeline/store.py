@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -693,10 +693,20 @@ class SplitFeatures:
             raise ValueError("this split holds no token-level text states (load_split(..., with_states=True) on a K>0 store)")
         rows = np.asarray(rows, dtype=np.int64)
         lengths = self.text_lengths[rows]
-        out = np.zeros((len(rows), int(lengths.max(initial=0)), self.text_states.shape[1]), np.float32)
-        for j, q in enumerate(rows):
-            out[j, : lengths[j]] = self.text_states[self.text_offsets[q] : self.text_offsets[q + 1]]
-        return out, lengths
+        states, offsets = self.text_states, self.text_offsets
+
+        def fill(j: int, dest: np.ndarray) -> None:
+            dest[:] = states[offsets[rows[j]]: offsets[rows[j] + 1]]
+
+        return pad_ragged(lengths, states.shape[1], fill), lengths
+
+
+def pad_ragged(lengths: np.ndarray, width: int, fill: Callable[[int, np.ndarray], None]) -> np.ndarray:
+    """Ragged token states -> zero-padded (B, T_max, W) float32; ``fill(j, dest)`` writes row j's (T_j, W)."""
+    out = np.zeros((len(lengths), int(np.max(lengths, initial=0)), width), np.float32)
+    for j, n in enumerate(lengths):
+        fill(j, out[j, : int(n)])
+    return out
 
 
 # --------------------------------------------------------------------------- store
@@ -1112,13 +1122,14 @@ class FeatureStore:
         if self.state_layout == "pooled":
             return self._read_any("captions/states", idx, self.num_captions, "caption"), None
         lengths = self.text_state_lengths[idx]
-        out = np.zeros((len(idx), int(lengths.max(initial=0)), self.text_state_width), np.float32)
         buf = np.empty((int(lengths.max(initial=0)), self.text_state_width), self.dtype)
-        for j, q in enumerate(idx):
-            o = int(self._token_offsets[q])
-            self._b.read_range("captions/token_states", o, o + int(lengths[j]), buf[: lengths[j]])
-            out[j, : lengths[j]] = buf[: lengths[j]]
-        return out, lengths
+
+        def fill(j: int, dest: np.ndarray) -> None:
+            o, n = int(self._token_offsets[idx[j]]), int(lengths[j])
+            self._b.read_range("captions/token_states", o, o + n, buf[:n])  # in the store's dtype
+            dest[:] = buf[:n]
+
+        return pad_ragged(lengths, self.text_state_width, fill), lengths
 
     def load_split(self, split: str, with_states: bool = False) -> SplitFeatures:
         """Every ok video of ``split`` and the written captions pointing at them, in RAM."""

@@ -22,6 +22,7 @@ from torch import nn
 
 from dab_pipeline import clip_models as cm
 from dab_pipeline.errors import ConfigError, UnknownNameError, WeightsError
+from dab_pipeline.fsutil import sha256_file
 
 TEXTS = ["a dog runs on the beach", "hi", "a man is cooking pasta in a small kitchen while talking"]
 
@@ -85,7 +86,7 @@ def test_tiny_bundle_describes_the_model(bundle, tiny_path):
     assert bundle.model_name == "dab-tiny"
     assert bundle.pretrained == str(tiny_path.absolute())
     assert bundle.weights_path == tiny_path.absolute()
-    assert bundle.weights_sha256 == cm._sha256(tiny_path)
+    assert bundle.weights_sha256 == sha256_file(tiny_path)
     assert (bundle.embed_dim, bundle.vision_width, bundle.text_width) == (32, 64, 64)
     assert (bundle.num_vision_layers, bundle.num_text_layers) == (3, 3)
     assert bundle.vision_tokens == (32 // 8) ** 2 + 1
@@ -123,7 +124,7 @@ def test_default_tiny_weights_are_cached_and_used(tmp_path):
     mtime = path.stat().st_mtime_ns
     assert cm.default_tiny_weights() == path and path.stat().st_mtime_ns == mtime  # not rewritten
     b = cm.load_clip("dab-tiny", None)
-    assert b.pretrained is None and b.weights_path == path and b.weights_sha256 == cm._sha256(path)
+    assert b.pretrained is None and b.weights_path == path and b.weights_sha256 == sha256_file(path)
 
 
 def test_unknown_model_lists_valid_names():
@@ -211,7 +212,7 @@ def test_tiny_weights_file_is_byte_identical_in_any_folder(tmp_path):
     a = cm.write_tiny_weights(tmp_path / "one" / "w.pt", seed=0)
     b = cm.write_tiny_weights(tmp_path / "another-folder" / "weights-file.pt", seed=0)
     assert a.read_bytes() == b.read_bytes()
-    assert cm._sha256(a) == cm._sha256(b)
+    assert sha256_file(a) == sha256_file(b)
 
 
 def test_tag_resolved_from_cache_without_download(tmp_path, monkeypatch, tiny_path):
@@ -237,7 +238,7 @@ def test_tag_resolved_from_cache_without_download(tmp_path, monkeypatch, tiny_pa
     b = cm.load_clip("dab-tiny", "fake", cache_dir=str(cache))
     assert b.pretrained == "fake"
     assert b.weights_path.name == "open_clip_pytorch_model.bin"
-    assert b.weights_sha256 == cm._sha256(tiny_path)
+    assert b.weights_sha256 == sha256_file(tiny_path)
     assert b.model_name == "dab-tiny-quickgelu" and b.quick_gelu
     assert any("QuickGELU" in w for w in b.warnings)
     assert b.mean == (0.5, 0.5, 0.5) and b.std == (0.25, 0.25, 0.25)  # the tag's preprocessing
@@ -305,7 +306,7 @@ def test_detect_openai_weights(tmp_path, tiny_path):
 def test_openai_release_hash_is_recognised(tmp_path, tiny_path, monkeypatch):
     copy = tmp_path / "weights.pt"
     copy.write_bytes(tiny_path.read_bytes())
-    monkeypatch.setattr(cm, "_openai_release_hashes", lambda: {cm._sha256(copy): "ViT-B-32.pt"})
+    monkeypatch.setattr(cm, "_openai_release_hashes", lambda: {sha256_file(copy): "ViT-B-32.pt"})
     b = cm.load_clip("dab-tiny", str(copy))
     assert b.quick_gelu and b.model_name == "dab-tiny-quickgelu"
     assert "OpenAI's release ViT-B-32.pt" in b.warnings[0]

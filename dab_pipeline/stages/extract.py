@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as _dt
-import hashlib
 import os
 import platform
 import time
@@ -26,6 +25,7 @@ from ..events import Event, ProgressCallback, null_progress
 from ..capabilities import capabilities
 from ..choices import CLIP_DTYPES, STORE_DTYPES
 from ..devices import resolve_device
+from ..fsutil import sha256_file
 from ..errors import ConfigError, DabError, ExtractionFailed, StoreError, StoreMismatchError, VideoDecodeError
 from ..video import DECODE_RULES
 
@@ -170,14 +170,6 @@ def _stored_dtype(out: Path) -> Optional[str]:
             return st.manifest.get("compute_dtype")
     except (DabError, OSError, KeyError, ValueError):
         return None
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(chunk), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------- decoding workers

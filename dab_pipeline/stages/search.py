@@ -98,7 +98,7 @@ def encode_queries(manifest: dict, queries: Sequence[str], device: str | torch.d
     Raises :class:`WeightsError` (one line) when those weights are not available here
     or differ from the ones the store recorded.
     """
-    from ..clip_models import encode_texts, load_clip
+    from ..clip_models import check_store_weights, encode_texts, load_clip
 
     name, pretrained = manifest.get("model"), manifest.get("pretrained")
     if not name:
@@ -110,12 +110,7 @@ def encode_queries(manifest: dict, queries: Sequence[str], device: str | torch.d
             f"dab search encodes the query with the store's CLIP model {name} (pretrained={pretrained!r}) and needs "
             f"its weights, which are not available here: {exc}"
         ) from None
-    want = manifest.get("weights_sha256")
-    if want and bundle.weights_sha256 and bundle.weights_sha256 != want:
-        raise WeightsError(
-            f"the CLIP weights found for {name} (sha256 {bundle.weights_sha256[:12]}...) differ from the ones the "
-            f"store was built with ({want[:12]}...); a query encoded with them would not match the stored features"
-        )
+    check_store_weights(bundle, manifest, "a query encoded with them would not match the stored features")
     return encode_texts(bundle, list(queries)).features.float()  # (M, D)
 
 

@@ -210,14 +210,10 @@ class _Heads(torch.nn.Module):
 
     def __init__(self, manifest: dict, k: int, device: torch.device) -> None:
         super().__init__()
-        from ..clip_models import TextHead, VisionHead, load_clip
+        from ..clip_models import TextHead, VisionHead, check_store_weights, load_clip
 
         bundle = load_clip(manifest["model"], manifest.get("pretrained"), device="cpu", dtype="float32")
-        if manifest.get("weights_sha256") and bundle.weights_sha256 and bundle.weights_sha256 != manifest["weights_sha256"]:
-            raise ConfigError(
-                f"CLIP weights {bundle.pretrained} (sha256 {bundle.weights_sha256[:12]}...) differ from the ones "
-                f"the store was built with ({manifest['weights_sha256'][:12]}...)"
-            )
+        check_store_weights(bundle, manifest, "fine-tuning from the store's token states needs the same weights")
         self.vision = VisionHead.from_bundle(bundle, k)
         self.text = TextHead.from_bundle(bundle, k)
 
