@@ -16,4 +16,7 @@ COST_FORMATS = ("auto", "h5", "zarr")  # the cost file's backend
 SELECT_METRICS = ("R@1", "R@5", "R@10", "RSum", "MnR", "MdR")  # what picks best.pt on the validation split
 EPOCH_MODES = ("captions", "videos")  # what one training epoch visits
 POSTPROCESS = ("none", "dsl", "is")  # evaluate: cost-matrix post-processing
+# video-to-text with several captions per video: other videos ranked by their best caption (X-Pool,
+# CLIP4Clip), or every caption of every other video (stricter)
+V2T_CONVENTIONS = ("videos", "captions")
 DECODE_BACKENDS = ("pyav", "pyav-seek", "decord")  # video decoders (dab_pipeline.video)

@@ -23,12 +23,15 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from .choices import V2T_CONVENTIONS
 from .errors import ConfigError
 
 __all__ = [
     "RECALL_KS",
     "t2v_ranks",
     "v2t_ranks",
+    "v2t_ranks_by_video",
+    "V2T_CONVENTIONS",
     "retrieval_metrics",
     "t2v_metrics",
     "v2t_metrics",
@@ -137,10 +140,17 @@ def t2v_ranks(cost: Any, gt: Any) -> np.ndarray:
     return ranks
 
 
-def v2t_ranks(cost: Any, gt: Any) -> np.ndarray:
+def v2t_ranks(cost: Any, gt: Any, convention: str = "videos") -> np.ndarray:
     """1-based video-to-text rank of each video that has at least one caption.
 
-    Each video ranks all ``Q`` queries by its column of ``cost``; its rank is
+    ``convention`` (:data:`V2T_CONVENTIONS`) matters only where a video has several
+    captions. ``"videos"`` (the default, X-Pool's and CLIP4Clip's): each video ranks the
+    *other videos*, each counted once by its best caption, and its rank is where its own
+    best caption falls among them (:func:`v2t_ranks_by_video`). ``"captions"`` (stricter):
+    it ranks every caption of every other video, as below. Both agree when every video
+    has one caption (MSR-VTT 1K-A).
+
+    ``"captions"``: each video ranks all ``Q`` queries by its column of ``cost``; its rank is
     the best rank of any of its own captions.  With pessimistic ties this is
     ``1 + #{q : gt[q] != v and cost[q, v] <= min_{gt[q'] = v} cost[q', v]}``:
     captions of other videos that tie with the best own caption go first, ties
@@ -149,6 +159,10 @@ def v2t_ranks(cost: Any, gt: Any) -> np.ndarray:
     cost (Q, V), gt (Q,) -> (V',) int64, V' = number of captioned videos, in
     video-index order (V' == V when every video has a caption).
     """
+    if convention not in V2T_CONVENTIONS:
+        raise ConfigError(f"unknown video-to-text convention {convention!r}; valid: {', '.join(V2T_CONVENTIONS)}")
+    if convention == "videos":
+        return v2t_ranks_by_video(cost, gt)
     c = _as_cost(cost)
     q_count, v_count = c.shape
     g = _as_gt(gt, q_count, v_count)
@@ -166,6 +180,29 @@ def v2t_ranks(cost: Any, gt: Any) -> np.ndarray:
         np.add.at(own_ahead, g[rows], le[rows_idx, g[rows]].astype(np.int64))
     ranks = 1 + ahead - own_ahead
     return ranks[has_caption]
+
+
+def v2t_ranks_by_video(cost: Any, gt: Any) -> np.ndarray:
+    """Video-to-text ranks with every other video counted once, by its best caption.
+
+    ``best[u, v] = min over u's captions q of cost[q, v]``; video v's rank is
+    ``1 + #{u != v : best[u, v] <= best[v, v]}`` over the captioned videos u
+    (pessimistic ties, as everywhere here). cost (Q, V), gt (Q,) -> (V',) int64 in
+    video-index order, V' = captioned videos.
+    """
+    c = _as_cost(cost)
+    q_count, v_count = c.shape
+    g = _as_gt(gt, q_count, v_count)
+    order = np.argsort(g, kind="stable")  # (Q,) captions grouped by their video
+    videos, starts = np.unique(g[order], return_index=True)  # (V',) captioned videos, group starts
+    ranks = np.empty(len(videos), dtype=np.int64)
+    for cols in _blocks(v_count, q_count):  # video columns in blocks: best is (V', b)
+        best = np.minimum.reduceat(c[order, cols], starts, axis=0)  # (V', b)
+        in_block = (videos >= cols.start) & (videos < cols.stop)  # which captioned videos are columns here
+        pos = np.nonzero(in_block)[0]  # rows of best that are the block's own videos
+        own = best[pos, videos[pos] - cols.start]  # (n,)
+        ranks[pos] = np.count_nonzero(best[:, videos[pos] - cols.start] <= own[None, :], axis=0)  # own counts once
+    return ranks
 
 
 def retrieval_metrics(ranks: Any) -> dict[str, float]:
@@ -192,9 +229,9 @@ def t2v_metrics(cost: Any, gt: Any) -> dict[str, float]:
     return retrieval_metrics(t2v_ranks(cost, gt))
 
 
-def v2t_metrics(cost: Any, gt: Any) -> dict[str, float]:
-    """Video-to-text metrics of a (Q, V) cost matrix (captionless videos skipped)."""
-    return retrieval_metrics(v2t_ranks(cost, gt))
+def v2t_metrics(cost: Any, gt: Any, convention: str = "videos") -> dict[str, float]:
+    """Video-to-text metrics of a (Q, V) cost matrix (captionless videos skipped; see :func:`v2t_ranks`)."""
+    return retrieval_metrics(v2t_ranks(cost, gt, convention))
 
 
 # --------------------------------------------------------------------------
@@ -327,8 +364,12 @@ def evaluate_all(
     postprocess: str = "none",
     temperature: float = 1.0,
     bank_cost: Any | None = None,
+    v2t_convention: str = "videos",
 ) -> dict[str, Any]:
-    """Text-to-video and video-to-text metrics, with the post-processing named.
+    """Text-to-video and video-to-text metrics, with the post-processing and v2t convention named.
+
+    ``v2t_convention`` (:func:`v2t_ranks`): ``"videos"`` (X-Pool's and CLIP4Clip's) or
+    ``"captions"``; returned as ``"v2t_convention"``.
 
     ``postprocess``: ``"none"`` (default, what the paper reports), ``"dsl"``
     (:func:`dual_softmax`, normalised over the other axis for each direction)
@@ -351,7 +392,8 @@ def evaluate_all(
     v2t_cost = _postprocess(c, postprocess, temperature, None, axis=1)
     return {
         "t2v": t2v_metrics(t2v_cost, g),
-        "v2t": v2t_metrics(v2t_cost, g),
+        "v2t": v2t_metrics(v2t_cost, g, v2t_convention),
+        "v2t_convention": v2t_convention,
         "postprocess": label,
     }
 

@@ -128,6 +128,9 @@ def _render_markdown(title: str, results: dict[str, Any], plots: dict[str, Path]
             continue
         n = metrics.get("n")
         suffix = f" ({n} {'queries' if key == 't2v' else 'videos'})" if n is not None else ""
+        if key == "v2t" and results.get("v2t_convention"):
+            suffix += ("; each other video ranked once, by its best caption" if results["v2t_convention"] == "videos"
+                       else "; every caption of every other video ranked")
         out += [f"## {heading}{suffix}", ""]
         out.append(
             _md_table(

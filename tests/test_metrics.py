@@ -95,11 +95,56 @@ def test_v2t_multi_caption_hand_case():
     gt = np.array([0, 0, 1, 1])
     # v0: best own 0.3; q3 (0.2) better, q2 ties at 0.3 -> pessimistic rank 3.
     # v1: own captions tie at 0.4 with each other (no penalty); q0 (0.1) better -> rank 2.
-    np.testing.assert_array_equal(M.v2t_ranks(cost, gt), [3, 2])
+    np.testing.assert_array_equal(M.v2t_ranks(cost, gt, "captions"), [3, 2])
     np.testing.assert_array_equal(naive_v2t(cost, gt), [3, 2])
-    m = M.v2t_metrics(cost, gt)
+    m = M.v2t_metrics(cost, gt, "captions")
     assert m["n"] == 2
     assert m["R@1"] == 0.0 and m["MnR"] == 2.5
+    # The field's convention (the default): v0's best own caption 0.3 against v1's best 0.2 in
+    # column 0 -> rank 2; v1's best own 0.4 against v0's best 0.1 in column 1 -> rank 2.
+    np.testing.assert_array_equal(M.v2t_ranks(cost, gt), [2, 2])
+    np.testing.assert_array_equal(naive_v2t_by_video(cost, gt), [2, 2])
+    assert M.v2t_metrics(cost, gt)["MnR"] == 2.0
+
+
+def naive_v2t_by_video(cost, gt):
+    """Each captioned video ranks the other captioned videos, each once by its best caption (pessimistic ties)."""
+    videos = sorted(set(int(x) for x in gt))
+    out = []
+    for v in videos:
+        best = {u: min(cost[q, v] for q in range(len(gt)) if gt[q] == u) for u in videos}
+        out.append(1 + sum(1 for u in videos if u != v and best[u] <= best[v]))
+    return np.array(out)
+
+
+def xpool_style_v2t(cost, gt):
+    """X-Pool's v2t_metrics logic on a cost matrix: pad each video's captions to the same count with
+    +inf, take each (video, caption-video) pair's best caption, then rank the own video in each row."""
+    videos = np.unique(gt)
+    per = max(np.bincount(gt))
+    sims = np.full((len(videos), per, cost.shape[1]), np.inf)
+    for i, u in enumerate(videos):
+        rows = cost[gt == u]
+        sims[i, : len(rows)] = rows
+    best = sims.min(axis=1)[:, videos]  # (V', V'): best caption of video i against video j
+    by_query = best.T  # row: the query video, columns: the candidate videos
+    return np.array([1 + np.count_nonzero(np.delete(row, j) < row[j]) for j, row in enumerate(by_query)])
+
+
+def test_v2t_by_video_agrees_with_xpool_logic_on_continuous_costs():
+    rng = np.random.default_rng(11)
+    gt = np.concatenate([np.arange(30), rng.integers(0, 30, 90)])  # 1-8 captions per video, MSVD-like
+    cost = rng.standard_normal((len(gt), 30))  # continuous: no ties, so tie rules cannot differ
+    np.testing.assert_array_equal(M.v2t_ranks(cost, gt), xpool_style_v2t(cost, gt))
+    assert not np.array_equal(M.v2t_ranks(cost, gt), M.v2t_ranks(cost, gt, "captions"))
+
+
+def test_v2t_conventions_agree_with_one_caption_per_video_and_reject_unknown_names():
+    rng = np.random.default_rng(3)
+    cost, gt = rng.integers(0, 3, (7, 7)).astype(np.float32), rng.permutation(7)
+    np.testing.assert_array_equal(M.v2t_ranks(cost, gt), M.v2t_ranks(cost, gt, "captions"))
+    with pytest.raises(ConfigError, match="videos, captions"):
+        M.v2t_ranks(cost, gt, "texts")
 
 
 def test_t2v_multi_caption_every_caption_is_a_query():
@@ -115,7 +160,8 @@ def test_ranks_match_naive_on_random_matrices_with_ties(seed):
     cost = rng.integers(0, 4, size=(q, v)).astype(np.float32)  # few values -> many ties
     gt = rng.integers(0, v - 1, size=q)  # the last video never has a caption
     np.testing.assert_array_equal(M.t2v_ranks(cost, gt), naive_t2v(cost, gt))
-    np.testing.assert_array_equal(M.v2t_ranks(cost, gt), naive_v2t(cost, gt))
+    np.testing.assert_array_equal(M.v2t_ranks(cost, gt, "captions"), naive_v2t(cost, gt))
+    np.testing.assert_array_equal(M.v2t_ranks(cost, gt), naive_v2t_by_video(cost, gt))
 
 
 def test_ranks_blockwise_path(monkeypatch):
@@ -125,7 +171,8 @@ def test_ranks_blockwise_path(monkeypatch):
     cost = rng.random((23, 6))
     gt = rng.integers(0, 6, size=23)
     np.testing.assert_array_equal(M.t2v_ranks(cost, gt), naive_t2v(cost, gt))
-    np.testing.assert_array_equal(M.v2t_ranks(cost, gt), naive_v2t(cost, gt))
+    np.testing.assert_array_equal(M.v2t_ranks(cost, gt, "captions"), naive_v2t(cost, gt))
+    np.testing.assert_array_equal(M.v2t_ranks(cost, gt), naive_v2t_by_video(cost, gt))
     np.testing.assert_allclose(
         M.kl_margin(cost), np.diff(np.sort(cost, axis=1)[:, :2], axis=1)[:, 0]
     )
@@ -133,8 +180,10 @@ def test_ranks_blockwise_path(monkeypatch):
 
 def test_evaluate_all_sections_and_label():
     out = M.evaluate_all(HAND_COST, HAND_GT)
-    assert set(out) == {"t2v", "v2t", "postprocess"}
-    assert out["postprocess"] == {"name": "none"}
+    assert set(out) == {"t2v", "v2t", "v2t_convention", "postprocess"}
+    assert out["postprocess"] == {"name": "none"} and out["v2t_convention"] == "videos"
+    strict = M.evaluate_all(HAND_COST, HAND_GT, v2t_convention="captions")
+    assert strict["v2t_convention"] == "captions" and strict["v2t"] == M.v2t_metrics(HAND_COST, HAND_GT, "captions")
     assert out["t2v"]["MnR"] == pytest.approx(8 / 3)
     assert out["v2t"]["n"] == 4 - 1  # video 3 has no caption
 

@@ -126,3 +126,16 @@ def test_compare_table_two_runs():
     assert rows_str[0][0] == "IS [inverted softmax]"
     _, rows_v2t = compare_table([("Baseline", base)], direction="v2t")
     assert rows_v2t == [["Baseline"] + ["–"] * 6]
+
+
+def test_v2t_convention_is_named_in_metrics_json_and_report(tmp_path):
+    results, ranks = _fake_results()  # 3 captions per video: the conventions differ
+    for name, words in (("videos", "each other video ranked once, by its best caption"),
+                        ("captions", "every caption of every other video ranked")):
+        rng = np.random.default_rng(0)
+        gt = np.arange(60) % 20
+        cost = rng.random((60, 20))
+        res = dict(results, **M.evaluate_all(cost, gt, v2t_convention=name))
+        paths = write_report(tmp_path / name, res, title=name, curves=None, ranks=ranks)
+        assert json.loads(paths["metrics"].read_text())["v2t_convention"] == name
+        assert words in paths["report"].read_text()

@@ -10,7 +10,7 @@ from typing import Optional
 
 import click
 
-from ..choices import CLIP_DTYPES, DECODE_BACKENDS, DIST_COSTS, POSTPROCESS, STORE_DTYPES, VARIANTS
+from ..choices import CLIP_DTYPES, DECODE_BACKENDS, DIST_COSTS, POSTPROCESS, STORE_DTYPES, V2T_CONVENTIONS, VARIANTS
 from . import cli
 from .progress import RichProgress
 
@@ -326,6 +326,11 @@ def _refuse_changes_on_resume(saved, asked, out: Path) -> None:
             f"{', '.join(diff)}. Drop them, or start a new run with another --out")
 
 
+def _v2t_label(res: dict) -> str:
+    """The v2t row's name; the stricter per-caption convention says so (the default is the field's)."""
+    return "video-to-text (every caption)" if res.get("v2t_convention") == "captions" else "video-to-text"
+
+
 def _metric_table(title: str, rows: list[tuple[str, dict]]):
     from rich.table import Table
 
@@ -348,15 +353,18 @@ def _metric_table(title: str, rows: list[tuple[str, dict]]):
 @click.option("--postprocess", type=click.Choice(POSTPROCESS), default="none", show_default=True,
               help="Optional post-processing: dual softmax (dsl) or inverted softmax (is); labelled in outputs.")
 @click.option("--temperature", type=float, default=0.01, show_default=True, help="Post-processing temperature.")
+@click.option("--v2t", "v2t", type=click.Choice(V2T_CONVENTIONS), default="videos", show_default=True,
+              help="Video-to-text with several captions per video: rank the other videos by their best caption "
+                   "(X-Pool, CLIP4Clip), or every caption of every other video (stricter). Labelled in outputs.")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
 @click.option("--json", "as_json", is_flag=True, help="Print metrics.json to stdout instead of tables.")
-def evaluate(run, costs, features, out, postprocess, temperature, no_plots, as_json) -> None:
+def evaluate(run, costs, features, out, postprocess, temperature, v2t, no_plots, as_json) -> None:
     """Retrieval metrics, uncertainty diagnostics and reports for a run (or any cost file)."""
     from ..stages.evaluate import EvaluateConfig, run_evaluate
 
     try:
         cfg = EvaluateConfig(run=run, costs=costs, features=features, out=out, postprocess=postprocess,
-                             temperature=temperature, plots=not no_plots)
+                             temperature=temperature, v2t=v2t, plots=not no_plots)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     with RichProgress(quiet=True) as prog:
@@ -368,7 +376,7 @@ def evaluate(run, costs, features, out, postprocess, temperature, no_plots, as_j
     pp = res.get("postprocess", {})
     pp_name = pp.get("label") or pp.get("name", "none") if isinstance(pp, dict) else str(pp)
     con.print(_metric_table(f"{res['source']}  (postprocess: {pp_name})",
-                            [("text-to-video", res["t2v"]), ("video-to-text", res["v2t"])]))
+                            [("text-to-video", res["t2v"]), (_v2t_label(res), res["v2t"])]))
     sel = res.get("selective", {})
     for k in ("R@1", "R@5"):
         r = sel.get(k)

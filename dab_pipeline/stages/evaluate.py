@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..choices import POSTPROCESS
+from ..choices import POSTPROCESS, V2T_CONVENTIONS
 from ..errors import ConfigError, StoreError
 from ..events import Event, ProgressCallback, null_progress
 
@@ -27,6 +27,9 @@ class EvaluateConfig:
     features: Optional[Path] = None  # store for the neighbourhood diagnostic (default: the run's store)
     out: Optional[Path] = None  # where reports go (default: the run folder / the cost file's folder)
     postprocess: str = "none"  # none | dsl (dual softmax) | is (inverted softmax); always labelled
+    # several captions per video: rank the other videos by their best caption (X-Pool, CLIP4Clip) or
+    # every caption ("captions"); labelled in metrics.json and the report
+    v2t: str = "videos"
     temperature: float = 0.01  # of the post-processing softmax, on similarities = -cost
     taus: tuple[float, ...] = (0.6, 0.7, 0.8, 0.9)
     topk: int = 10
@@ -38,6 +41,8 @@ class EvaluateConfig:
             raise ConfigError("give a run folder (--run) or a cost file (--costs)")
         if self.postprocess not in POSTPROCESS:
             raise ConfigError(f"postprocess must be one of {', '.join(POSTPROCESS)}, got {self.postprocess!r}")
+        if self.v2t not in V2T_CONVENTIONS:
+            raise ConfigError(f"v2t must be one of {', '.join(V2T_CONVENTIONS)}, got {self.v2t!r}")
         if self.temperature <= 0:
             raise ConfigError(f"temperature must be > 0, got {self.temperature}")
         if self.topk < 1:
@@ -94,7 +99,8 @@ def run_evaluate(cfg: EvaluateConfig, progress: ProgressCallback = null_progress
     }
     # Post-processing changes the retrieval metrics only (and is labelled there);
     # the uncertainty diagnostics always read the model's own costs.
-    results.update(M.evaluate_all(cost, gt, postprocess=cfg.postprocess, temperature=cfg.temperature))
+    results.update(M.evaluate_all(cost, gt, postprocess=cfg.postprocess, temperature=cfg.temperature,
+                                   v2t_convention=cfg.v2t))
     sel = M.selective_report(cost, gt)
     curves = sel.pop("curves", None) if isinstance(sel, dict) else None
     results["selective"] = sel
