@@ -15,6 +15,9 @@ AMP_MODES = ("auto", "bf16", "none")  # training autocast
 COST_FORMATS = ("auto", "h5", "zarr")  # the cost file's backend
 SELECT_METRICS = ("R@1", "R@5", "R@10", "RSum", "MnR", "MdR")  # what picks best.pt on the validation split
 EPOCH_MODES = ("captions", "videos")  # what one training epoch visits
+# the cosine variants' logit scale: with the new modules (lr, weight decay), or X-Pool's: CLIP's own
+# parameter at clip_lr, no weight decay, clamped at 100
+LOGIT_SCALE_GROUPS = ("new", "clip")
 POSTPROCESS = ("none", "dsl", "is")  # evaluate: cost-matrix post-processing
 # video-to-text with several captions per video: other videos ranked by their best caption (X-Pool,
 # CLIP4Clip), or every caption of every other video (stricter)

@@ -1100,3 +1100,23 @@ def check_store_weights(bundle: ClipBundle, manifest: dict, why: str) -> None:
             f"the CLIP weights found for {bundle.model_name} (sha256 {bundle.weights_sha256[:12]}...) differ from "
             f"the ones the store was built with ({want[:12]}...); {why}"
         )
+
+
+def full_depth(model_name: str) -> int:
+    """The number of transformer blocks of both towers of ``model_name`` (``--trainable-blocks all``).
+
+    Read from open_clip's model config (no weights loaded). The stored states are those entering
+    the last K blocks of *both* towers, so "all" needs towers of equal depth (ViT-B/32, B/16: 12).
+    """
+    name = model_name.replace("-quickgelu", "") if open_clip.get_model_config(model_name) is None else model_name
+    cfg = open_clip.get_model_config(name)
+    if cfg is None:
+        raise UnknownNameError(f"unknown CLIP model {model_name!r}; see `python -c 'import open_clip; "
+                               f"print(open_clip.list_models())'`")
+    vision, text = cfg.get("vision_cfg", {}).get("layers"), cfg.get("text_cfg", {}).get("layers")
+    if not isinstance(vision, int) or not isinstance(text, int):
+        raise ConfigError(f"{model_name}: trainable_blocks=all needs a ViT image tower and a transformer text tower")
+    if vision != text:
+        raise ConfigError(f"{model_name}: its towers have {vision} (image) and {text} (text) blocks; trainable_blocks "
+                          f"is one K for both, so 'all' is not defined here: pass a number up to {min(vision, text)}")
+    return vision

@@ -55,6 +55,30 @@ def _quiet_shared_errors(ctx):
 OWN_WEIGHTS = ("dab-tiny", "dab-tiny-quickgelu", "dab-world")
 
 
+def _blocks_option(raw: Optional[str], depth) -> Optional[int]:
+    """``--trainable-blocks K|all`` -> K; ``depth()`` gives the number of blocks "all" means."""
+    if raw is None:
+        return None
+    if str(raw).strip().lower() == "all":
+        return depth()
+    try:
+        return int(raw)
+    except ValueError:
+        raise click.BadParameter(f"expected a number of blocks or 'all', got {raw!r}",
+                                 param_hint="--trainable-blocks") from None
+
+
+def _store_depth(manifest: dict) -> int:
+    """What ``trainable_blocks=all`` means for a store: its CLIP's depth (both towers alike)."""
+    from ..clip_models import full_depth
+
+    clip = manifest.get("clip", {})
+    vision, text = clip.get("num_vision_layers"), clip.get("num_text_layers")
+    if isinstance(vision, int) and vision == text:
+        return vision
+    return full_depth(str(manifest.get("model")))
+
+
 def _resolve_pretrained(model: str, pretrained: Optional[str]) -> Optional[str]:
     if pretrained is None:
         return None if model in OWN_WEIGHTS else "openai"
@@ -73,8 +97,9 @@ def _resolve_pretrained(model: str, pretrained: Optional[str]) -> Optional[str]:
               help="open_clip pretrained tag or a local weights file (default: openai; dab-world and dab-tiny: "
                    "their own weights).")
 @click.option("--frames", type=int, default=12, show_default=True, help="Frames sampled per video.")
-@click.option("--trainable-blocks", type=int, default=None,
-              help="Also store the states entering the last K transformer blocks (partial fine-tuning in stage two).")
+@click.option("--trainable-blocks", default=None, metavar="K|all",
+              help="Also store the states entering the last K transformer blocks of both towers (fine-tuning in "
+                   "stage two); all: every block (12 for ViT-B/32 and B/16).")
 @click.option("--dtype", "compute_dtype", type=click.Choice(CLIP_DTYPES),
               default="auto", show_default=True,
               help="CLIP's dtype while encoding; auto: bf16 where the device multiplies bf16 natively (autocast "
@@ -107,6 +132,7 @@ def extract(dataset, videos, annotations, out, model, pretrained, frames, traina
     Several processes: `torchrun --nproc-per-node N -m dab_pipeline.cli extract ...`.
     """
     from ..config import apply_overrides
+    from ..clip_models import full_depth
     from ..stages.extract import ExtractConfig, run_extract
 
     try:
@@ -114,7 +140,7 @@ def extract(dataset, videos, annotations, out, model, pretrained, frames, traina
             dataset=dataset, out=out, videos=videos, annotations=annotations,
             dataset_options=tuple(dataset_options), model=model,
             pretrained=_resolve_pretrained(model, pretrained),
-            frames=frames, trainable_blocks=trainable_blocks,
+            frames=frames, trainable_blocks=_blocks_option(trainable_blocks, lambda: full_depth(model)),
             compute_dtype=compute_dtype,
             store_dtype=store_dtype, batch_size=batch_size, workers=workers, device=device,
             decode_backend=decode_backend, limit=limit, overwrite=overwrite,
@@ -232,14 +258,19 @@ def _human_bytes(n) -> str:
 @cli.command()
 @click.option("--features", type=_EXISTING, required=False, help="Feature store written by `dab extract`.")
 @click.option("--out", type=_PATH, default=None, help="Run folder (default: runs/<store>-<variant>).")
+@click.option("--recipe", default=None, metavar="NAME",
+              help="Start from a shipped recipe: frozen (the default values: CLIP frozen), paper (Tables 1-3: all "
+                   "12 CLIP blocks fine-tuned), paper-ablation (Tables 4-5), xpool (X-Pool's own recipe), world "
+                   "(the procedural world). Options and --set override its values. See docs/reproducing.md.")
 @click.option("--variant", type=click.Choice(VARIANTS), default=None,
               help="Model variant (paper Table 5): xpool baseline, prob, bridge or the full dab (default).")
 @click.option("--cost", type=click.Choice(DIST_COSTS), default=None, help="Distributional cost (default kl).")
 @click.option("--steps", type=int, default=None, help="Truncated bridge steps T' (default 32).")
 @click.option("--epochs", type=int, default=None, help="Epochs (default 10).")
 @click.option("--batch-size", type=int, default=None, help="Batch size (default 32).")
-@click.option("--trainable-blocks", type=int, default=None,
-              help="Fine-tune the last K CLIP blocks (the store must have been extracted with the same K).")
+@click.option("--trainable-blocks", default=None, metavar="K|all",
+              help="Fine-tune the last K CLIP blocks, or all of them (the store must have been extracted with "
+                   "the same K).")
 @click.option("--device", default=None, help="cpu, cuda, cuda:N or auto (default).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override any TrainConfig field, e.g. --set lr=5e-5 --set model.dropout=0.4.")
@@ -248,8 +279,8 @@ def _human_bytes(n) -> str:
               help="One rank of a torchrun job (DistributedDataParallel; --batch-size is the global batch). "
                    "Default: on when launched by torchrun. See docs/distributed.md.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def train(features, out, variant, cost, steps, epochs, batch_size, trainable_blocks, device, overrides, resume,
-          distributed, quiet) -> None:
+def train(features, out, recipe, variant, cost, steps, epochs, batch_size, trainable_blocks, device, overrides,
+          resume, distributed, quiet) -> None:
     """Train DAB (or an ablation variant) on a cached store and write the test cost matrix.
 
     Several processes / GPUs: `torchrun --nproc-per-node N -m dab_pipeline.cli train ...`.
@@ -259,7 +290,7 @@ def train(features, out, variant, cost, steps, epochs, batch_size, trainable_blo
 
     use_dist = want_distributed(distributed)
     # Resolved on every rank alike (each reads the store manifest, or config.json on --resume).
-    cfg = _train_config(features, out, variant, cost, steps, epochs, batch_size, trainable_blocks, device,
+    cfg = _train_config(features, out, recipe, variant, cost, steps, epochs, batch_size, trainable_blocks, device,
                         overrides, resume)
     if use_dist:
         from ..distributed import distributed_session
@@ -279,11 +310,14 @@ def train(features, out, variant, cost, steps, epochs, batch_size, trainable_blo
                    f"MdR {m['MdR']:.1f}  MnR {m['MnR']:.1f}  (best epoch {res.best_epoch})")
 
 
-def _train_config(features, out, variant, cost, steps, epochs, batch_size, trainable_blocks, device, overrides,
-                  resume):
+def _train_config(features, out, recipe, variant, cost, steps, epochs, batch_size, trainable_blocks, device,
+                  overrides, resume):
     from ..config import apply_overrides, load_config
+    from ..recipes import load_recipe
     from ..stages.train import TrainConfig, resolve_train_config
     from ..store import open_store
+
+    chosen = load_recipe(recipe) if recipe else None  # an unknown name fails here, listing the valid ones
 
     opts: list[str] = []
     for key, val in (("model.variant", variant), ("model.cost", cost), ("model.steps", steps),
@@ -296,16 +330,24 @@ def _train_config(features, out, variant, cost, steps, epochs, batch_size, train
         if out is None:
             raise click.UsageError("--resume needs --out RUN_FOLDER")
         saved = load_config(TrainConfig, Path(out) / "config.json")
+        if chosen is not None and chosen.name != saved.recipe:
+            raise click.UsageError(f"--resume continues {out} with its saved configuration (recipe {saved.recipe!r}); "
+                                   f"drop --recipe {recipe}, or start a new run with another --out")
         _refuse_changes_on_resume(saved, apply_overrides(saved, opts), Path(out))
         return saved
     if features is None:
         raise click.UsageError("--features STORE is required")
-    var = variant or "dab"
+    with open_store(Path(features)) as st:
+        manifest = st.manifest
+    if chosen is not None:  # the recipe first: every option and --set below overrides it
+        opts = [*chosen.overrides(manifest), *opts, f"recipe={chosen.name}"]
+    opts = [f"trainable_blocks={_store_depth(manifest)}" if o.replace(" ", "").lower() == "trainable_blocks=all" else o
+            for o in opts]
+    var = next((o.split("=", 1)[1] for o in reversed(opts) if o.startswith("model.variant=")), None) or "dab"
     out = out or Path("runs") / f"{Path(features).name.split('.')[0]}-{var}"
     cfg = apply_overrides(TrainConfig(features=Path(features), out=Path(out)), opts)
     explicit = {o.split("=", 1)[0].strip() for o in opts}
-    with open_store(cfg.features) as st:
-        return resolve_train_config(cfg, st.manifest, explicit)
+    return resolve_train_config(cfg, manifest, explicit)
 
 
 def _refuse_changes_on_resume(saved, asked, out: Path) -> None:

@@ -45,7 +45,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from . import _register
     from ..world import make_world, world_preset
-    from ..world.recipe import recipe_overrides, world_recipe
 
     _register()
     t0 = time.time()
@@ -62,8 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     _run(["extract", "--dataset", "folder", "--videos", str(out / "world" / "videos"), "--annotations",
           str(captions), "--model", "dab-world", "--out", str(store), *q])
     _run(["inspect", str(store)])
-    recipe = {**world_recipe(), "epochs": args.epochs}
-    sets = [x for s in recipe_overrides(recipe) for x in ("--set", s)]
+    sets = ["--recipe", "world", "--epochs", str(args.epochs)]  # the world's recipe (dab_pipeline/recipes/world.json)
     runs = []
     for variant in ("xpool", "dab"):
         run = out / "runs" / variant

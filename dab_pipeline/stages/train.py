@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from ..choices import AMP_MODES, COST_FORMATS, EPOCH_MODES, SCORE_DTYPES, SELECT_METRICS
+from ..choices import AMP_MODES, COST_FORMATS, EPOCH_MODES, LOGIT_SCALE_GROUPS, SCORE_DTYPES, SELECT_METRICS
 from ..config import atomic_write_text, from_dict, save_config, to_dict
 from ..errors import ConfigError, StoreError, TrainingError
 from ..events import Event, ProgressCallback, null_progress
@@ -71,6 +71,10 @@ class TrainConfig:
     # runs as float32 (with a warning) elsewhere; "auto" picks it where it is native. float32
     # by default, so a run's metrics do not depend on the machine.
     score_dtype: str = "float32"
+    # the cosine variants' logit scale: "new" (trained with the new modules, at lr, with weight
+    # decay) or "clip" (X-Pool: CLIP's own parameter, at clip_lr, no weight decay, clamped at 100)
+    logit_scale_group: str = "new"
+    recipe: Optional[str] = None  # the shipped recipe these values started from (dab train --recipe)
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -87,6 +91,9 @@ class TrainConfig:
             raise ConfigError(f"cost_format must be one of {', '.join(COST_FORMATS)}, got {self.cost_format!r}")
         if self.epoch not in EPOCH_MODES:
             raise ConfigError(f"epoch must be one of {', '.join(EPOCH_MODES)}, got {self.epoch!r}")
+        if self.logit_scale_group not in LOGIT_SCALE_GROUPS:
+            raise ConfigError(f"logit_scale_group must be one of {', '.join(LOGIT_SCALE_GROUPS)}, "
+                              f"got {self.logit_scale_group!r}")
         if self.score_dtype not in SCORE_DTYPES:
             raise ConfigError(f"score_dtype must be one of {', '.join(SCORE_DTYPES)}, got {self.score_dtype!r}")
 
@@ -137,6 +144,23 @@ def resolve_train_config(cfg: TrainConfig, manifest: dict, explicit: set[str] = 
                 "(the store keeps the states entering exactly its last K blocks)"
             )
     return dataclasses.replace(cfg, model=model)
+
+
+LOG_MAX_LOGIT_SCALE = math.log(100.0)
+
+
+def optimizer_groups(model: torch.nn.Module, heads: Optional[torch.nn.Module], cfg: TrainConfig) -> list[dict]:
+    """AdamW parameter groups: the new modules at ``lr``; CLIP's fine-tuned blocks at ``clip_lr``;
+    with ``logit_scale_group="clip"`` the cosine variants' logit scale alone at ``clip_lr`` without
+    weight decay (named ``logit_scale``: the caller clamps it after each step)."""
+    scale = getattr(model, "log_logit_scale", None) if cfg.logit_scale_group == "clip" else None
+    new = [p for p in model.parameters() if p.requires_grad and p is not scale]
+    groups = [{"params": new, "lr": cfg.lr, "name": "new"}]
+    if heads is not None:
+        groups.append({"params": list(heads.parameters()), "lr": cfg.clip_lr, "name": "clip"})
+    if scale is not None:
+        groups.append({"params": [scale], "lr": cfg.clip_lr, "weight_decay": 0.0, "name": "logit_scale"})
+    return groups
 
 
 def _seed_everything(seed: int) -> None:
@@ -554,9 +578,8 @@ def _run_train(cfg: TrainConfig, progress: ProgressCallback, resume: bool, dist,
 
         # Rank 0 first: it fills the CLIP weights cache that the others then read.
         heads = (dist.main_first(make_heads) if multi else make_heads()).to(device)
-    groups = [{"params": [p for p in model.parameters() if p.requires_grad], "lr": cfg.lr}]
-    if heads is not None:
-        groups.append({"params": list(heads.parameters()), "lr": cfg.clip_lr})
+    groups = optimizer_groups(model, heads, cfg)
+    clamp_scale = next((g["params"][0] for g in groups if g["name"] == "logit_scale"), None)
     optim = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
     steps_per_epoch = epoch_length(train.caption_video.numpy(), cfg.epoch) // cfg.batch_size
     if cfg.max_steps_per_epoch:
@@ -673,6 +696,9 @@ def _run_train(cfg: TrainConfig, progress: ProgressCallback, resume: bool, dist,
                 params = [p for g in optim.param_groups for p in g["params"]]
                 torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
             optim.step()
+            if clamp_scale is not None:
+                with torch.no_grad():
+                    clamp_scale.clamp_(max=LOG_MAX_LOGIT_SCALE)  # CLIP's and X-Pool's cap of 100
             sched.step()
             global_step += 1
             loss_sum += float(loss.item())

@@ -1,0 +1,125 @@
+"""Training recipes as data (dab_pipeline/recipes): loading, per-dataset values, the CLI, and the paper recipe end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from dab_pipeline.cli import cli
+from dab_pipeline.config import apply_overrides
+from dab_pipeline.errors import ConfigError, UnknownNameError
+from dab_pipeline.recipes import load_recipe, recipe_names
+from dab_pipeline.stages.train import TrainConfig, optimizer_groups
+
+
+def test_every_recipe_loads_and_resolves_onto_a_train_config() -> None:
+    assert set(recipe_names()) >= {"frozen", "paper", "paper-ablation", "xpool", "world"}
+    for name in recipe_names():
+        r = load_recipe(name)
+        assert r.doc and r.source, name
+        opts = [o.replace("trainable_blocks=all", "trainable_blocks=12") for o in r.overrides({"dataset": "msvd"})]
+        cfg = apply_overrides(TrainConfig(features=Path("s.h5"), out=Path("r")), opts)
+        assert isinstance(cfg, TrainConfig)
+    paper = load_recipe("paper").resolved()
+    assert (paper["lr"], paper["clip_lr"], paper["weight_decay"], paper["epochs"], paper["seed"]) == (1e-4, 1e-6, 0.02,
+                                                                                                    10, 24)
+    assert load_recipe("paper-ablation").resolved()["epochs"] == 5
+    assert load_recipe("frozen").resolved() == {}
+
+
+def test_xpool_learning_rate_follows_the_dataset() -> None:
+    r = load_recipe("xpool")
+    assert r.resolved({"dataset": "msrvtt", "dataset_options": {"train_split": "9k"}})["lr"] == 3e-5
+    assert r.resolved({"dataset": "msrvtt", "dataset_options": {"train_split": "7k"}})["lr"] == 1e-5
+    assert r.resolved({"dataset": "msvd"})["lr"] == 1e-5
+    v = r.resolved({"dataset": "vatex"})
+    assert (v["weight_decay"], v["epochs"], v["logit_scale_group"], v["model.variant"]) == (0.2, 5, "clip", "xpool")
+
+
+def test_unknown_recipe_lists_the_valid_ones(tmp_path: Path) -> None:
+    with pytest.raises(UnknownNameError, match="valid: frozen, paper"):
+        load_recipe("papr")
+    res = CliRunner().invoke(cli, ["train", "--features", str(tmp_path), "--recipe", "papr"])
+    assert res.exit_code != 0 and "unknown recipe 'papr'" in res.output and "Traceback" not in res.output
+
+
+def test_logit_scale_in_the_clip_group_without_decay() -> None:
+    from dab_pipeline.model import DABModel, ModelConfig
+
+    model = DABModel(ModelConfig(embed_dim=16, variant="xpool"))
+    cfg = TrainConfig(features=Path("s.h5"), out=Path("r"), lr=1e-3, clip_lr=1e-6, logit_scale_group="clip")
+    groups = {g["name"]: g for g in optimizer_groups(model, None, cfg)}
+    assert groups["logit_scale"]["params"] == [model.log_logit_scale]
+    assert groups["logit_scale"]["lr"] == 1e-6 and groups["logit_scale"]["weight_decay"] == 0.0
+    assert all(p is not model.log_logit_scale for p in groups["new"]["params"])
+    default = optimizer_groups(model, None, TrainConfig(features=Path("s.h5"), out=Path("r")))
+    assert [g["name"] for g in default] == ["new"]  # today's behaviour: trained with the new modules
+    with pytest.raises(ConfigError, match="logit_scale_group"):
+        TrainConfig(features=Path("s.h5"), out=Path("r"), logit_scale_group="old")
+
+
+def _extract(captions: Path, out: Path, *extra: str):
+    args = ["extract", "--dataset", "folder", "--model", "dab-tiny", "--workers", "0", "--batch-size", "2",
+            "--store-dtype", "float32", "--dtype", "float32", "--annotations", str(captions), "--videos",
+            str(captions.parent / "videos"), "--out", str(out), "--quiet", *extra]
+    return CliRunner().invoke(cli, args, catch_exceptions=False)
+
+
+@pytest.mark.slow
+def test_paper_recipe_fine_tunes_every_clip_block(tiny_folder_dataset: Path, tmp_path: Path) -> None:
+    from dab_pipeline.checkpoint import load_checkpoint
+    from dab_pipeline.stages.train import _Heads
+    from dab_pipeline.store import open_store
+
+    store = tmp_path / "s.h5"
+    assert _extract(tiny_folder_dataset, store, "--trainable-blocks", "all").exit_code == 0
+    with open_store(store) as st:
+        manifest = st.manifest
+    assert manifest["trainable_blocks"] == 3  # dab-tiny: 3 blocks in each tower
+    run = tmp_path / "run"
+    res = CliRunner().invoke(cli, ["train", "--features", str(store), "--recipe", "paper", "--epochs", "1",
+                                   "--batch-size", "2", "--steps", "2", "--set", "clip_lr=1e-3", "--out", str(run),
+                                   "--quiet"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["recipe"] == "paper" and cfg["trainable_blocks"] == 3 and cfg["clip_lr"] == 1e-3  # --set wins
+    assert cfg["lr"] == 1e-4 and cfg["weight_decay"] == 0.02 and cfg["logit_scale_group"] == "clip"
+    torch.manual_seed(0)
+    start = _Heads(manifest, 3, torch.device("cpu")).state_dict()
+    trained = load_checkpoint(run / "checkpoints" / "last.pt")["heads"]
+    assert set(start) == set(trained)
+    for tower, tail in (("vision", ("ln_post.weight", "proj")), ("text", ("ln_final.weight", "text_projection"))):
+        blocks = {k.split(".")[2] for k in start if k.startswith(f"{tower}.blocks.")}
+        assert blocks == {"0", "1", "2"}, (tower, blocks)  # all three blocks of the tower are in the heads
+        assert all(f"{tower}.{name}" in start for name in tail)
+    unchanged = [k for k in start if torch.equal(start[k], trained[k])]
+    assert not unchanged, unchanged  # every block, final LayerNorm and projection of both towers trained
+    frozen = ("conv1", "positional_embedding", "ln_pre", "token_embedding", "class_embedding")
+    assert not [k for k in start if any(f in k for f in frozen)]  # the embeddings stay in the cache, frozen
+
+
+def test_logit_scale_is_clamped_at_100_during_training(tmp_path: Path) -> None:
+    import importlib.util
+    import math
+
+    from dab_pipeline.checkpoint import load_checkpoint
+    from dab_pipeline.model import ModelConfig
+    from dab_pipeline.stages.train import run_train
+
+    spec = importlib.util.spec_from_file_location("search_tests", Path(__file__).parent / "test_search.py")
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    store = module.build_store(tmp_path / "store.h5")
+    # start above the cap with a learning rate too small to move it: only the clamp brings it to 100
+    for group, expect in (("clip", math.log(100.0)), ("new", math.log(1000.0))):
+        cfg = TrainConfig(features=store, out=tmp_path / group, epochs=1, batch_size=2, val_split="test",
+                          lr=1e-9, clip_lr=1e-9, logit_scale_group=group,
+                          model=ModelConfig(embed_dim=32, variant="xpool", logit_scale_init=1000.0))
+        run_train(cfg)
+        scale = load_checkpoint(tmp_path / group / "checkpoints" / "last.pt")["model"]["log_logit_scale"]
+        assert float(scale) == pytest.approx(expect, abs=1e-4), group
