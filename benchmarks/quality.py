@@ -49,7 +49,7 @@ from dab_pipeline.world.generate import iter_world
 from dab_pipeline.world.recipe import world_recipe
 
 # The benchmark's recipe: the paper's §4.1 values, except where the world needs another
-# (dab_pipeline/world/recipe.json says why; the demo trains with the same one).
+# (dab_pipeline/recipes/world.json says why; the demo trains with it too: --recipe world).
 RECIPE: dict[str, Any] = world_recipe()
 QUICK_EPOCHS = 10
 

@@ -59,7 +59,9 @@ def model_loss(model: "DABModel", out: "ModelOutput") -> Tensor:
     scale, so the ``bridge`` ablation differs from the baseline only by the bridge;
     distributional variants (``prob``, ``dab``) use PAC over ``-C / tau``.
     """
-    if model.cfg.variant in ("xpool", "bridge"):
-        # cost = -cos, so the similarity is its negation
-        return clip_infonce_loss(-out.cost, model.log_logit_scale)
-    return pac_loss(out.cost, model.tau())
+    with torch.autocast(device_type=out.cost.device.type, enabled=False):  # the loss in float32 under amp
+        cost = out.cost.float()
+        if model.cfg.variant in ("xpool", "bridge"):
+            # cost = -cos, so the similarity is its negation
+            return clip_infonce_loss(-cost, model.log_logit_scale.float())
+        return pac_loss(cost, model.tau().float())

@@ -204,6 +204,16 @@ def bridge_macs_per_pair_step(cfg: ModelConfig) -> int:
 # --------------------------------------------------------------------------- modules
 
 
+def float32_math(like: Tensor):
+    """A block whose ops run in float32 even inside ``torch.autocast``: the costs and the loss.
+
+    Under bf16 autocast the products before the cost may run in bf16 (that is what pays), but a
+    cost summed over D terms and a loss over B^2 logits must not; the inputs are cast with
+    ``.float()`` inside the block.
+    """
+    return torch.autocast(device_type=like.device.type, enabled=False)
+
+
 def masked_softmax(logits: Tensor, mask: Tensor, dim: int) -> Tensor:
     """Softmax with masked-out entries set to exactly zero weight.
 
@@ -569,11 +579,13 @@ class DABModel(nn.Module):
         v_c = self.pool.pool(ts.q, vs.k, vs.v, vs.mask, grid)  # (Q, V, D) | (P, D)
         variant = self.cfg.variant
         if variant == "xpool":
-            return PairTerms(cost=neg_cosine(t_(ts.feat), v_c))
+            with float32_math(v_c):
+                return PairTerms(cost=neg_cosine(t_(ts.feat).float(), v_c.float()))
         if variant == "bridge":
             assert self.bridge is not None and ts.point is not None
             x = self.bridge.forward_point(t_(ts.point), F.normalize(v_c, dim=-1))  # (Q, V, D) | (P, D)
-            return PairTerms(cost=neg_cosine(x, v_c), video_mu=v_c, bridged_mu=x)
+            with float32_math(v_c):
+                return PairTerms(cost=neg_cosine(x.float(), v_c.float()), video_mu=v_c, bridged_mu=x)
         assert self.prob is not None and self.token_unc is not None
         assert ts.mu is not None and ts.logvar is not None and vs.tok_logvar is not None
         mu_v, lv_base = self.prob(v_c)  # (Q, V, D) each
@@ -585,7 +597,8 @@ class DABModel(nn.Module):
         else:
             # per-pair views (no copy) so callers can index pairs uniformly
             mu_t, lv_t = mu_t.expand_as(mu_v), lv_t.expand_as(lv_v)  # (Q, V, D)
-        cost = self._cost_fn(mu_v, lv_v, mu_t, lv_t)  # (Q, V): D(Q_v || P_hat_t)
+        with float32_math(mu_v):  # a KL of D terms in bf16 loses several logits at tau 8 (issue 16)
+            cost = self._cost_fn(mu_v.float(), lv_v.float(), mu_t.float(), lv_t.float())  # (Q, V): D(Q_v || P_hat_t)
         return PairTerms(cost=cost, video_mu=mu_v, video_logvar=lv_v, bridged_mu=mu_t, bridged_logvar=lv_t)
 
     def pair_costs(self, ts: TextState, vs: VideoState) -> Tensor:

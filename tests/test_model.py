@@ -436,3 +436,22 @@ def test_point_bridge_variant_equals_xpool_at_init() -> None:
     text, frames, mask = batch()
     with torch.no_grad():
         torch.testing.assert_close(bridge(text, frames, mask).cost, xpool(text, frames, mask).cost)
+
+
+@pytest.mark.parametrize("variant", ["xpool", "bridge", "prob", "dab"])
+def test_costs_and_loss_stay_float32_under_bf16_autocast(variant: str) -> None:
+    from dab_pipeline.losses import model_loss
+
+    torch.manual_seed(0)
+    model = DABModel(ModelConfig(embed_dim=32, variant=variant, steps=2, drift_hidden=16, time_embed_dim=8)).eval()
+    text, frames = torch.randn(6, 32), torch.randn(6, 4, 32)
+    mask = torch.ones(6, 4, dtype=torch.bool)
+    with torch.no_grad():
+        ref = model(text, frames, mask)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(text, frames, mask)
+            loss = model_loss(model, out)
+    assert out.cost.dtype == torch.float32 and loss.dtype == torch.float32
+    # only the products before the cost ran in bf16: the cost is close to float32's, not bf16-rounded
+    rel = ((out.cost - ref.cost).abs().max() / ref.cost.abs().max()).item()
+    assert rel < 0.05, rel
