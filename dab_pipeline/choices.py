@@ -13,7 +13,9 @@ STORE_DTYPES = ("float16", "float32")  # dtype of the stored features
 SCORE_DTYPES = ("auto", "float32", "bfloat16")  # the scoring engine's product dtype (train, search)
 AMP_MODES = ("auto", "bf16", "none")  # training autocast
 COST_FORMATS = ("auto", "h5", "zarr")  # the cost file's backend
-SELECT_METRICS = ("R@1", "R@5", "R@10", "RSum", "MnR", "MdR")  # what picks best.pt on the validation split
+# what picks best.pt: a text-to-video metric on the validation split, or "last" (the last epoch: the
+# protocol that trains on every training video with no validation split and never selects on test)
+SELECT_METRICS = ("R@1", "R@5", "R@10", "RSum", "MnR", "MdR", "last")
 EPOCH_MODES = ("captions", "videos")  # what one training epoch visits
 # the cosine variants' logit scale: with the new modules (lr, weight decay), or X-Pool's: CLIP's own
 # parameter at clip_lr, no weight decay, clamped at 100

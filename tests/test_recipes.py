@@ -123,3 +123,28 @@ def test_logit_scale_is_clamped_at_100_during_training(tmp_path: Path) -> None:
         run_train(cfg)
         scale = load_checkpoint(tmp_path / group / "checkpoints" / "last.pt")["model"]["log_logit_scale"]
         assert float(scale) == pytest.approx(expect, abs=1e-4), group
+
+
+def test_select_last_keeps_the_last_epoch_and_says_nothing(tmp_path: Path) -> None:
+    import importlib.util
+
+    from dab_pipeline.events import Event
+    from dab_pipeline.model import ModelConfig
+    from dab_pipeline.stages.train import run_train
+
+    spec = importlib.util.spec_from_file_location("search_tests", Path(__file__).parent / "test_search.py")
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    store = module.build_store(tmp_path / "store.h5")  # train + test splits, no val split
+    model = ModelConfig(embed_dim=32, variant="xpool")
+    events: list[Event] = []
+    res = run_train(TrainConfig(features=store, out=tmp_path / "last", epochs=3, batch_size=2,
+                                select_metric="last", model=model), progress=events.append)
+    assert res.best_epoch == 3 and not [e for e in events if e.kind == "warning"]
+    # with a validation split (here the test split, for the test only) "last" still keeps the last epoch
+    res = run_train(TrainConfig(features=store, out=tmp_path / "val", epochs=3, batch_size=2, val_split="test",
+                                select_metric="last", model=model))
+    assert res.best_epoch == 3
+    lines = (tmp_path / "val" / "metrics.jsonl").read_text().splitlines()
+    assert all("val" in json.loads(line) for line in lines)  # still measured each epoch, for the log

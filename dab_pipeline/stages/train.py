@@ -54,7 +54,7 @@ class TrainConfig:
     train_split: str = "train"
     val_split: str = "val"
     test_split: str = "test"
-    select_metric: str = "R@1"  # text-to-video metric on the validation split that picks best.pt
+    select_metric: str = "R@1"  # text-to-video metric on the validation split that picks best.pt, or "last"
     text_chunk: int = 128
     video_chunk: int = 512
     device: str = "auto"
@@ -535,17 +535,20 @@ def _run_train(cfg: TrainConfig, progress: ProgressCallback, resume: bool, dist,
     try:
         train = _Features(store.load_split(cfg.train_split, with_states=with_states), device, with_states)
         val = None
-        val_split = store.load_split(cfg.val_split, with_states=with_states)
-        if len(val_split.caption_ids) > 0 and len(val_split.video_ids) > 0:
-            val = _Features(val_split, device, with_states)
+        # no validation split at all (e.g. MSR-VTT with --option val_size=0): select the last epoch
+        if cfg.val_split in store.splits():
+            val_split = store.load_split(cfg.val_split, with_states=with_states)
+            if len(val_split.caption_ids) > 0 and len(val_split.video_ids) > 0:
+                val = _Features(val_split, device, with_states)
         test_split = store.load_split(cfg.test_split, with_states=with_states)
         test = _Features(test_split, device, with_states) if len(test_split.caption_ids) > 0 else None
     finally:
         store.close()
     if train.num_queries < 2:
         raise shared(StoreError(f"{cfg.features}: the {cfg.train_split!r} split has {train.num_queries} usable captions; need >= 2"))
-    if val is None:
-        progress(Event("warning", message=f"no {cfg.val_split!r} split in the store: best.pt is the last epoch"))
+    if val is None and cfg.select_metric != "last":
+        progress(Event("warning", message=f"no {cfg.val_split!r} split in the store: best.pt is the last epoch "
+                                          "(--set select_metric=last says so on purpose)"))
     if multi and cfg.batch_size % world:
         raise shared(ConfigError(
             f"batch_size {cfg.batch_size} is the global batch and must split evenly over the {world} processes "
@@ -715,6 +718,7 @@ def _run_train(cfg: TrainConfig, progress: ProgressCallback, resume: bool, dist,
             res = score_split(model, heads, val, cfg, device, dist=dist if multi else None)
             val_metrics = t2v_metrics(res.cost, val.caption_video.numpy())
             record["val"] = val_metrics
+        if val is not None and cfg.select_metric != "last":
             value = float(val_metrics[cfg.select_metric])
             improved = best_value is None or (value > best_value if higher_better else value < best_value)
             if improved:
