@@ -74,7 +74,7 @@ def log(msg: str) -> None:
 # --------------------------------------------------------------------------- data
 
 
-def build(preset: str, data_dir: Path, need_k2: bool, workers: int) -> dict[str, Path]:
+def build(preset: str, data_dir: Path, need_k2: bool, workers: int, train_views: int = 0) -> dict[str, Path]:
     """The world and its stores (reused when already complete)."""
     cfg = world_preset(preset)
     root = data_dir / f"world-{preset}"
@@ -82,16 +82,18 @@ def build(preset: str, data_dir: Path, need_k2: bool, workers: int) -> dict[str,
     captions = make_world(root, cfg, workers=workers)
     log(f"world {preset}: {cfg.train}/{cfg.val}/{cfg.test} videos in {root} ({time.time() - t0:.0f} s)")
     stores = {"world": root, "frozen": data_dir / f"store-{preset}.h5"}
-    kinds = [("frozen", None)] + ([("k2", 2)] if need_k2 else [])
-    for kind, k in kinds:
-        out = data_dir / f"store-{preset}{'' if k is None else f'-k{k}'}.h5"
+    kinds = [("frozen", None, 0)] + ([("k2", 2, 0)] if need_k2 else [])
+    if train_views:  # the trained variants read this one instead of the frozen store (zero-shot does not)
+        kinds.append(("views", None, train_views))
+    for kind, k, views in kinds:
+        out = data_dir / f"store-{preset}{'' if k is None else f'-k{k}'}{f'-views{views}' if views else ''}.h5"
         stores[kind] = out
         t0 = time.time()
         res = run_extract(ExtractConfig(dataset="folder", videos=root / "videos", annotations=captions,
                                         model="dab-world", pretrained=None, out=out, trainable_blocks=k,
-                                        workers=workers))
+                                        workers=workers, train_views=views))
         log(f"store {out.name}: {res.videos_ok} encoded, {res.videos_skipped} already there "
-            f"({time.time() - t0:.0f} s)")
+            f"({time.time() - t0:.0f} s, {out.stat().st_size / 2**20:.1f} MiB)")
     return stores
 
 
@@ -140,6 +142,8 @@ def zero_shot(store: Path, out: Path) -> dict[str, Any]:
 def train_config(variant: str, stores: dict[str, Path], out: Path, seed: int, epochs: int,
                  extra: list[str]) -> TrainConfig:
     kind, sets = VARIANTS[variant]
+    if kind == "frozen" and "views" in stores:
+        kind = "views"
     recipe = {**RECIPE, "epochs": epochs}
     opts = [f"{k}={v}" for k, v in recipe.items()] + sets + [f"seed={seed}"] + list(extra)
     cfg = apply_overrides(TrainConfig(features=stores[kind], out=out), opts)
@@ -245,6 +249,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="extra TrainConfig override for every trained variant (a sweep)")
     ap.add_argument("--label", default="", help="suffix of the run folders (keeps sweeps apart)")
+    ap.add_argument("--train-views", type=int, default=0,
+                    help="train the frozen variants on a store with N augmented views per training video")
     ap.add_argument("--data-dir", type=Path, default=Path("bench_data"), help="world, stores, runs (reused)")
     ap.add_argument("--out", type=Path, default=None, help="write quality.md / quality.json here")
     ap.add_argument("--workers", type=int, default=2, help="world writing and decoding processes")
@@ -257,10 +263,11 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         ap.error(f"unknown variants {bad}; valid: zero-shot, {', '.join(VARIANTS)}")
     epochs = args.epochs or (QUICK_EPOCHS if args.quick else RECIPE["epochs"])
     t_start = time.time()
-    stores = build(preset, args.data_dir, need_k2="dab-ft2" in variants, workers=args.workers)
+    stores = build(preset, args.data_dir, need_k2="dab-ft2" in variants, workers=args.workers,
+                   train_views=args.train_views)
     orc = oracle(stores["world"])
     log(f"oracle: R@1 {orc['R@1']:.1f} ({orc['unique_queries']:.0f}% of test queries true of one test video only)")
-    runs_dir = args.data_dir / f"runs-{preset}{args.label}"
+    runs_dir = args.data_dir / f"runs-{preset}{args.label}{f'-views{args.train_views}' if args.train_views else ''}"
     table, per_run = {}, {}
     for variant in variants:
         rows = []

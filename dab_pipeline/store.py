@@ -192,8 +192,13 @@ def _array_specs(layout: dict) -> list[_Spec]:
         _Spec("captions/features", (m, d), dt),
     ]
     state_layout = layout["state_layout"]
+    views = int(layout.get("train_views") or 0)  # augmented training views (0 in stores made before them)
+    if views:
+        specs.append(_Spec("videos/views", (n, views, f, d), dt))
     if state_layout != "none":
         specs.append(_Spec("videos/states", (n, f, *layout["vision_state_shape"]), dt))
+        if views:
+            specs.append(_Spec("videos/view_states", (n, views, f, *layout["vision_state_shape"]), dt))
     if state_layout == "pooled":
         specs.append(_Spec("captions/states", (m, layout["text_state_width"]), dt))
     elif state_layout == "tokens":
@@ -678,6 +683,9 @@ class SplitFeatures:
     text_states: np.ndarray | None = None  # (Q, W) pooled | (sum_q T_q, W) tokens, flat
     text_lengths: np.ndarray | None = None  # (Q,) int64 tokens per caption (token layout)
     text_offsets: np.ndarray | None = None  # (Q + 1,) int64 into text_states rows (token layout)
+    # Augmented training views (load_split(..., with_views=True) on a store made with train_views)
+    views: np.ndarray | None = None  # (V, N, F, D) float32
+    view_states: np.ndarray | None = None  # (V, N, F, W) | (V, N, F, L, W), store dtype (with states)
 
     @property
     def num_videos(self) -> int:
@@ -1131,8 +1139,42 @@ class FeatureStore:
 
         return pad_ragged(lengths, self.text_state_width, fill), lengths
 
-    def load_split(self, split: str, with_states: bool = False) -> SplitFeatures:
-        """Every ok video of ``split`` and the written captions pointing at them, in RAM."""
+    @property
+    def train_views(self) -> int:
+        """Augmented views stored per training video (0: none)."""
+        return int(self.layout.get("train_views") or 0)
+
+    def write_views(self, indices: Sequence[int] | np.ndarray, views: np.ndarray,
+                    view_states: np.ndarray | None = None) -> None:
+        """Write the augmented views of training videos; call before :meth:`write_videos` marks them ok.
+
+        views (B, N, F, D); view_states (B, N, F, W) | (B, N, F, L, W), required when the store
+        holds states.
+        """
+        self._require_writable()
+        n_views = self.train_views
+        if not n_views:
+            raise ValueError(f"{self.path} was created without train_views; it cannot hold augmented views")
+        idx = self._indices(indices, self.num_videos, "video")
+        self._require_own_videos(idx)
+        ids = self.video_ids[idx]
+        b, f, d = len(idx), self.num_frames, self.dim
+        v = self._cast(views, (b, n_views, f, d), "views", ids)  # (B, N, F, D)
+        vs = None
+        if self.has_states:
+            if view_states is None:
+                raise ValueError(f"{self.path} stores vision states; write_views needs view_states")
+            vs = self._cast(view_states, (b, n_views, f, *self.vision_state_shape), "view_states", ids)
+        order = np.argsort(idx, kind="stable")
+        self._write_rows("videos/views", idx[order], v[order])
+        if vs is not None:
+            self._write_rows("videos/view_states", idx[order], vs[order])
+
+    def load_split(self, split: str, with_states: bool = False, with_views: bool = False) -> SplitFeatures:
+        """Every ok video of ``split`` and the written captions pointing at them, in RAM.
+
+        ``with_views``: also the augmented views (only training videos have them written).
+        """
         if split not in self.splits():
             raise StoreError(f"{self.path}: no split {split!r}; splits in this store: {', '.join(self.splits()) or '(none)'}")
         if with_states and not self.has_states:
@@ -1160,6 +1202,12 @@ class FeatureStore:
             num_excluded_videos=int(in_split.sum() - len(vidx)),
             num_dropped_captions=int(len(cap_in) - len(cidx)),
         )
+        if with_views:
+            if not self.train_views:
+                raise StoreError(f"{self.path} holds no augmented views (extracted without --train-views)")
+            sf.views = self._read_rows("videos/views", vidx).astype(np.float32)
+            if with_states and self.has_states:
+                sf.view_states = self._read_rows("videos/view_states", vidx)
         if with_states:
             sf.vision_states = self._read_rows("videos/states", vidx)
             if self.state_layout == "pooled":
@@ -1313,8 +1361,12 @@ def create_store(
     text_state_lengths: Sequence[int] | np.ndarray | None = None,
     overwrite: bool = False,
     share_rows: int | None = None,
+    train_views: int = 0,
 ) -> FeatureStore:
     """Build a fully preallocated store atomically and return it open for writing (mode "a").
+
+    train_views: augmented views per video (videos/views (N, F, D) rows, and videos/view_states
+    with states); only training videos get them written, the other rows stay unwritten.
 
     share_rows: lay the store out for several concurrent writers (zarr): every
     per-video array is chunked so that no chunk crosses a multiple of
@@ -1367,6 +1419,10 @@ def create_store(
         "num_text_tokens": None,
         "error_bytes": ERROR_BYTES,
     }
+    if int(train_views) < 0:
+        raise ValueError(f"train_views must be >= 0, got {train_views}")
+    if train_views:
+        layout["train_views"] = int(train_views)
     if share_rows is not None:
         if int(share_rows) < 1:
             raise ValueError(f"share_rows must be >= 1, got {share_rows}")

@@ -107,6 +107,9 @@ def _resolve_pretrained(model: str, pretrained: Optional[str]) -> Optional[str]:
                    "(float16 on older GPUs); a resumed store keeps its dtype. bf16 asked on a CPU without it runs "
                    "float32, with a warning. Recorded in the manifest.")
 @click.option("--store-dtype", type=click.Choice(STORE_DTYPES), default="float16", show_default=True)
+@click.option("--train-views", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Also store N augmented views of every training video (X-Pool's random resized crop + flip, "
+                   "seeded per video and view); dab train draws one per video per epoch.")
 @click.option("--batch-size", type=int, default=16, show_default=True, help="Videos per encoding batch.")
 @click.option("--workers", type=int, default=2, show_default=True, help="Decoding worker processes.")
 @click.option("--decoder", "decode_backend", type=click.Choice(DECODE_BACKENDS), default="pyav", show_default=True,
@@ -124,7 +127,7 @@ def _resolve_pretrained(model: str, pretrained: Optional[str]) -> Optional[str]:
                    "(default: on when launched by torchrun). See docs/distributed.md.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def extract(dataset, videos, annotations, out, model, pretrained, frames, trainable_blocks, compute_dtype,
-            store_dtype, batch_size, workers, decode_backend, device, dataset_options, limit, overwrite, overrides,
+            store_dtype, train_views, batch_size, workers, decode_backend, device, dataset_options, limit, overwrite, overrides,
             distributed, quiet) -> None:
     """Decode videos, encode frames and captions with CLIP, and cache the features in a store.
 
@@ -142,7 +145,7 @@ def extract(dataset, videos, annotations, out, model, pretrained, frames, traina
             pretrained=_resolve_pretrained(model, pretrained),
             frames=frames, trainable_blocks=_blocks_option(trainable_blocks, lambda: full_depth(model)),
             compute_dtype=compute_dtype,
-            store_dtype=store_dtype, batch_size=batch_size, workers=workers, device=device,
+            store_dtype=store_dtype, train_views=train_views, batch_size=batch_size, workers=workers, device=device,
             decode_backend=decode_backend, limit=limit, overwrite=overwrite,
         )
     except ValueError as exc:

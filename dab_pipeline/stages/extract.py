@@ -15,13 +15,14 @@ import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 import torch
 
 from .. import __version__
 from ..events import Event, ProgressCallback, null_progress
+from ..augment import VIEW_TRANSFORM
 from ..capabilities import capabilities
 from ..choices import CLIP_DTYPES, STORE_DTYPES
 from ..devices import resolve_device
@@ -49,6 +50,7 @@ COMPATIBILITY_KEYS = (
     "dataset",
     "dataset_options",
     "annotation_sha256",
+    "train_views",  # present only in stores made with --train-views
 )
 
 
@@ -75,6 +77,8 @@ class ExtractConfig:
     decode_short_side: Optional[int] = 0  # 0: CLIP's image size; None: decode at full resolution
     decode_backend: str = "pyav"  # pyav | pyav-seek | decord (dab_pipeline.video)
     limit: Optional[int] = None  # only the first N videos (and their captions): quick trials
+    # augmented views per training video (X-Pool's train transform, seeded; dab_pipeline.augment)
+    train_views: int = 0
     overwrite: bool = False
 
     def __post_init__(self) -> None:
@@ -88,6 +92,8 @@ class ExtractConfig:
             raise ConfigError(f"workers must be >= 0, got {self.workers}")
         if self.compute_dtype not in CLIP_DTYPES:
             raise ConfigError(f"compute_dtype must be one of {', '.join(CLIP_DTYPES)}, got {self.compute_dtype!r}")
+        if self.train_views < 0:
+            raise ConfigError(f"train_views must be >= 0, got {self.train_views}")
         if self.store_dtype not in STORE_DTYPES:
             raise ConfigError(f"store_dtype must be one of {', '.join(STORE_DTYPES)}, got {self.store_dtype!r}")
         if self.limit is not None and self.limit < 1:
@@ -176,14 +182,19 @@ def _stored_dtype(out: Path) -> Optional[str]:
 
 
 class _DecodeDataset(torch.utils.data.Dataset):
-    """Decode + preprocess one video per item; failures travel back as strings, not exceptions."""
+    """Decode + preprocess one video per item; failures travel back as strings, not exceptions.
 
-    def __init__(self, items: list[tuple[int, str]], frames: int, short_side: Optional[int], backend: str, preprocess) -> None:
+    items: (store row, path) or (store row, path, video id, N): N augmented training views too.
+    """
+
+    def __init__(self, items: list[tuple], frames: int, short_side: Optional[int], backend: str, preprocess,
+                 view_geometry: Optional[tuple[int, Sequence[float], Sequence[float]]] = None) -> None:
         self.items = items
         self.frames = frames
         self.short_side = short_side
         self.backend = backend
         self.preprocess = preprocess
+        self.view_geometry = view_geometry  # (image size, mean, std) for the augmented views
 
     def __len__(self) -> int:
         return len(self.items)
@@ -193,14 +204,20 @@ class _DecodeDataset(torch.utils.data.Dataset):
 
         from ..video import decode_video
 
-        index, path = self.items[i]
+        index, path = self.items[i][:2]
         try:
             dec = decode_video(Path(path), num_frames=self.frames, short_side=self.short_side, backend=self.backend)
             # CLIP's own PIL transform, frame by frame, so features equal open_clip's on these frames.
             pixels = torch.stack([self.preprocess(Image.fromarray(f)) for f in dec.frames])  # (F, 3, S, S)
-            return {"index": index, "pixels": pixels, "mask": torch.from_numpy(dec.mask),
+            item = {"index": index, "pixels": pixels, "mask": torch.from_numpy(dec.mask),
                     "num_video_frames": dec.num_video_frames, "error": None,
-                    "warning": "; ".join(dec.warnings) or None}
+                    "warning": "; ".join(dec.warnings) or None, "views": None}
+            if len(self.items[i]) > 2 and self.items[i][3] and self.view_geometry is not None:
+                from ..augment import augmented_views
+
+                size, mean, std = self.view_geometry
+                item["views"] = augmented_views(dec.frames, self.items[i][2], self.items[i][3], size, mean, std)
+            return item
         except VideoDecodeError as exc:
             return {"index": index, "error": str(exc)}
         except Exception as exc:  # a codec or PIL failure on one file must not stop the run
@@ -255,6 +272,8 @@ def build_manifest(cfg: ExtractConfig, bundle, index, world_size: int = 1,
         "dataset_options": {k: v for k, v in sorted(index.options.items()) if k != "warnings"},
         "annotation_files": [str(p) for p in index.annotation_files],
         "annotation_sha256": {Path(p).name: sha256_file(Path(p)) for p in index.annotation_files},
+        **({"train_views": cfg.train_views, "train_view_transform": VIEW_TRANSFORM,
+            "train_view_split": "train"} if cfg.train_views else {}),
         "limit": cfg.limit,
         "world_size": world_size,
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(cfg).items()},
@@ -420,6 +439,7 @@ def _create(out: Path, cfg: ExtractConfig, bundle, manifest: dict, videos, capti
         text_state_lengths=text_lengths,
         overwrite=overwrite,
         share_rows=share_rows,
+        train_views=cfg.train_views,
     )
 
 
@@ -640,9 +660,11 @@ def _encode_videos(store, bundle, videos, missing: set[str], cfg: ExtractConfig,
     miss_idx = [i for i in pending if videos[i].video_id in missing]
     if miss_idx:
         store.mark_missing(miss_idx)
-    todo = [(i, str(videos[i].path)) for i in pending if videos[i].video_id not in missing]
+    todo = [(i, str(videos[i].path), videos[i].video_id, cfg.train_views if videos[i].split == "train" else 0)
+            for i in pending if videos[i].video_id not in missing]
     short_side = bundle.image_size if cfg.decode_short_side == 0 else cfg.decode_short_side
-    ds = _DecodeDataset(todo, cfg.frames, short_side, cfg.decode_backend, bundle.preprocess)
+    geometry = (int(bundle.image_size), list(map(float, bundle.mean)), list(map(float, bundle.std)))
+    ds = _DecodeDataset(todo, cfg.frames, short_side, cfg.decode_backend, bundle.preprocess, geometry)
     loader = torch.utils.data.DataLoader(
         ds, batch_size=cfg.batch_size, shuffle=False, num_workers=cfg.workers, collate_fn=_collate,
         worker_init_fn=_worker_init if cfg.workers > 0 else None,
@@ -683,6 +705,20 @@ def _encoder_threads(device: torch.device, workers: int):
         torch.set_num_threads(before)
 
 
+def _write_views(store, bundle, items: list[dict[str, Any]], cfg: ExtractConfig, device: torch.device,
+                 encode_images) -> None:
+    """Encode and write the augmented views of these training videos (before write_videos marks them ok)."""
+    if not items:
+        return
+    pixels = torch.stack([b["views"] for b in items])  # (B, N, F, 3, S, S)
+    shape = pixels.shape[:3]
+    feats, states = encode_images(bundle, pixels.flatten(0, 2).to(device), cfg.trainable_blocks)
+    feats = feats.float().reshape(*shape, -1).cpu().numpy()  # (B, N, F, D)
+    if states is not None:
+        states = states.float().reshape(*shape, *states.shape[1:]).cpu().numpy()  # (B, N, F, [L,] W)
+    store.write_views(np.array([b["index"] for b in items]), feats, states)
+
+
 def _consume(loader, store, bundle, videos, cfg: ExtractConfig, device: torch.device, progress: ProgressCallback,
              encode_images, failures: list[tuple[str, str]], warnings: list[tuple[str, str]]) -> tuple[int, int]:
     """Encode and write decoded batches as they arrive; returns (ok, failed)."""
@@ -701,6 +737,8 @@ def _consume(loader, store, bundle, videos, cfg: ExtractConfig, device: torch.de
             feats = feats.float().reshape(B, F, -1).cpu().numpy()  # (B, F, D)
             if states is not None:
                 states = states.float().reshape(B, F, *states.shape[1:]).cpu().numpy()  # (B, F, [L,] W)
+            _write_views(store, bundle, [b for b in good if b.get("views") is not None], cfg, device,
+                         encode_images)
             store.write_videos(
                 np.array([b["index"] for b in good]),
                 feats,

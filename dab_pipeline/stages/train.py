@@ -75,6 +75,10 @@ class TrainConfig:
     # decay) or "clip" (X-Pool: CLIP's own parameter, at clip_lr, no weight decay, clamped at 100)
     logit_scale_group: str = "new"
     recipe: Optional[str] = None  # the shipped recipe these values started from (dab train --recipe)
+    # a store made with --train-views N: each epoch trains every video on one of its N augmented
+    # views, drawn from (seed, epoch); false: on the eval view, as without views. Val and test
+    # always use the eval view.
+    views: bool = True
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -218,7 +222,16 @@ class _Features:
         if with_states:
             # Kept in the store dtype (float16 token grids are large); cast per batch.
             self.vision_states = torch.as_tensor(np.asarray(split.vision_states))  # (V, F, [L,] W)
+        self.views = self.view_states = None  # augmented training views (train split of a --train-views store)
+        if getattr(split, "views", None) is not None:
+            self.views = torch.as_tensor(np.asarray(split.views), dtype=torch.float32)  # (V, N, F, D)
+            if with_states:
+                self.view_states = torch.as_tensor(np.asarray(split.view_states))  # (V, N, F, [L,] W)
         self.device = device
+
+    @property
+    def num_views(self) -> int:
+        return 0 if self.views is None else int(self.views.shape[1])
 
     @property
     def num_queries(self) -> int:
@@ -340,14 +353,26 @@ def distributed_batch_loss(step: torch.nn.Module, model, text_in: torch.Tensor, 
     return loss_fn(model, ModelOutput(cost=cost))
 
 
-def _batch_inputs(feats: _Features, q: torch.Tensor, heads: Optional[_Heads], device: torch.device):
-    """Inputs of captions ``q`` (b,) and their videos: (text or text states, lengths, frames or states, mask)."""
+def _batch_inputs(feats: _Features, q: torch.Tensor, heads: Optional[_Heads], device: torch.device,
+                  views: Optional[torch.Tensor] = None):
+    """Inputs of captions ``q`` (b,) and their videos: (text or text states, lengths, frames or states, mask).
+
+    ``views`` (V,) int64: the augmented view each video trains on this epoch (None: the eval view).
+    """
     v = feats.caption_video[q]  # (b,)
     mask = feats.mask[v].to(device)  # (b, F)
     if heads is not None:
         st, ln = _text_state_batch(feats, q, device)
-        return st, ln, feats.vision_states[v].to(device, torch.float32), mask
-    return feats.text[q].to(device), None, feats.frames[v].to(device), mask
+        vis = feats.vision_states[v] if views is None else feats.view_states[v, views[v]]  # (b, F, [L,] W)
+        return st, ln, vis.to(device, torch.float32), mask
+    frames = feats.frames[v] if views is None else feats.views[v, views[v]]  # (b, F, D)
+    return feats.text[q].to(device), None, frames.to(device), mask
+
+
+def epoch_views(num_videos: int, num_views: int, seed: int, epoch: int) -> torch.Tensor:
+    """The augmented view (0..N-1) each training video uses in ``epoch``; a pure function of (seed, epoch)."""
+    gen = torch.Generator().manual_seed(seed * 1000 + epoch + 500_000_000)  # apart from epoch_order's stream
+    return torch.randint(0, num_views, (num_videos,), generator=gen)  # (V,)
 
 
 # --------------------------------------------------------------------------- scoring a split
@@ -533,7 +558,9 @@ def _run_train(cfg: TrainConfig, progress: ProgressCallback, resume: bool, dist,
     manifest = store.manifest
     with_states = cfg.trainable_blocks is not None
     try:
-        train = _Features(store.load_split(cfg.train_split, with_states=with_states), device, with_states)
+        with_views = cfg.views and store.train_views > 0
+        train = _Features(store.load_split(cfg.train_split, with_states=with_states, with_views=with_views), device,
+                          with_states)
         val = None
         # no validation split at all (e.g. MSR-VTT with --option val_size=0): select the last epoch
         if cfg.val_split in store.splits():
@@ -660,6 +687,7 @@ def _run_train(cfg: TrainConfig, progress: ProgressCallback, resume: bool, dist,
         # The order of an epoch depends only on (seed, epoch): resuming mid-run replays it
         # exactly, and every rank of a distributed run draws the same order.
         order = epoch_order(train.caption_video.numpy(), cfg.epoch, cfg.seed, epoch)
+        views = epoch_views(train.num_videos, train.num_views, cfg.seed, epoch) if train.num_views else None
         first = start_step if epoch == start_epoch else 0
         model.train()
         if heads is not None:
@@ -671,19 +699,14 @@ def _run_train(cfg: TrainConfig, progress: ProgressCallback, resume: bool, dist,
             if multi:
                 q_local = q[dist.rank * local_b : (dist.rank + 1) * local_b]  # (b,) this rank's slice
                 with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_amp):
-                    text_in, lengths, video_in, mask = _batch_inputs(train, q_local, heads, device)
+                    text_in, lengths, video_in, mask = _batch_inputs(train, q_local, heads, device, views)
                     loss = distributed_batch_loss(step_module, model, text_in, lengths, video_in, mask, model_loss)
             else:
-                v = train.caption_video[q]  # (B,) their videos
                 with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_amp):
-                    if heads is not None:
-                        st, ln = _text_state_batch(train, q, device)
-                        text = heads.encode_text(st, ln)
-                        frames = heads.encode_frames(train.vision_states[v].to(device, torch.float32))
-                    else:
-                        text = train.text[q].to(device)
-                        frames = train.frames[v].to(device)
-                    out = model(text, frames, train.mask[v].to(device))
+                    text_in, lengths, video_in, mask = _batch_inputs(train, q, heads, device, views)
+                    text = heads.encode_text(text_in, lengths) if heads is not None else text_in
+                    frames = heads.encode_frames(video_in) if heads is not None else video_in
+                    out = model(text, frames, mask)
                     loss = model_loss(model, out)
             if not torch.isfinite(loss):
                 # Every rank holds the same (gathered) loss, so all stop here together.
