@@ -262,6 +262,40 @@ class DistContext:
         return np.concatenate([p[:c].cpu().numpy() for p, c in zip(parts, counts)])
 
 
+@dataclass
+class LocalContext:
+    """The one-process counterpart of :class:`DistContext`: the same calls, nothing to exchange.
+
+    Code written against a context runs unchanged in one process and in a torchrun job.
+    """
+
+    device: torch.device
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return True
+
+    def barrier(self) -> None:
+        return None
+
+    def broadcast_object(self, obj: Any = None, src: int = 0) -> Any:
+        return obj
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def run_on_main(self, fn: Callable[[], T]) -> T:
+        return fn()
+
+    def main_first(self, fn: Callable[[], T]) -> T:
+        return fn()
+
+    def gather_rows(self, x: np.ndarray, counts: Sequence[int]) -> np.ndarray:
+        return x
+
+
 def init_distributed(device: str = "auto", backend: str = "auto",
                      timeout: Optional[_dt.timedelta] = None) -> DistContext:
     """Initialise the default process group from torchrun's environment; one rank's context."""

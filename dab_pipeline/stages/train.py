@@ -498,33 +498,59 @@ def _run_train(cfg: TrainConfig, progress: ProgressCallback, resume: bool, dist,
     with several processes): DistributedDataParallel training; ``batch_size``
     is the *global* batch, split evenly over the ranks, so a run gives the same
     updates whatever the number of processes (dropout noise aside). Only rank 0
-    writes the run folder; every rank reads the store.
+    writes the run folder; every rank reads the store. One process runs the same
+    code with a :class:`~dab_pipeline.distributed.LocalContext`.
     """
-    from ..costfile import CostMatrix, write_costs
-    from ..losses import model_loss
-    from ..metrics import t2v_metrics
-    from ..model import DABModel
-    from ..store import open_store
+    from ..distributed import LocalContext
 
     multi = dist is not None and dist.world_size > 1
-    is_main = not multi or dist.is_main
-    world = dist.world_size if dist is not None else 1
-    if multi and not is_main:
+    ctx = dist if multi else LocalContext(resolve_device(cfg.device))
+    if not ctx.is_main:
         progress = null_progress  # one progress display: rank 0's
+    run = _Run(cfg, ctx, progress, resume, multi)
+    ctx.run_on_main(run.check_folder)  # the run folder is rank 0's
+    asked = cfg  # what config.json records and --resume compares: the request, not this machine's answer
+    cfg, precision = _resolve_precision(cfg, ctx.device, progress)
+    run.cfg = cfg
+    data = run.load_data()
+    run.open_folder(asked, precision, data.manifest, folder)
+    trainer = _Trainer(run, data)
+    trainer.restore()
+    trainer.fit()
+    test_metrics, costs_path = trainer.test()
+    return trainer.finish(test_metrics, costs_path)
 
-    def shared(exc: Exception) -> Exception:
+
+@dataclass
+class _Data:
+    """The splits of one run, on its device, and the store's manifest."""
+
+    train: _Features
+    val: Optional[_Features]
+    test: Optional[_Features]
+    manifest: dict
+
+
+class _Run:
+    """One run's folder, context and reporting: what every step of training shares."""
+
+    def __init__(self, cfg: TrainConfig, ctx, progress: ProgressCallback, resume: bool, multi: bool) -> None:
+        self.cfg, self.ctx, self.progress, self.resume, self.multi = cfg, ctx, progress, resume, multi
+        self.dir = Path(cfg.out)
+        self.ckpt_dir = self.dir / "checkpoints"
+
+    def shared(self, exc: Exception) -> Exception:
         """An error every rank raises at the same point: rank 0 alone reports it."""
-        if multi:
+        if self.multi:
             from ..distributed import mark_shared
 
             mark_shared(exc)
         return exc
 
-    run_dir = Path(cfg.out)
-    ckpt_dir = run_dir / "checkpoints"
-
-    def check_run_folder() -> None:
-        if resume:
+    def check_folder(self) -> None:
+        """Refuse a folder that holds another run; clear one that stopped before its first checkpoint."""
+        cfg, run_dir = self.cfg, self.dir
+        if self.resume:
             if not (run_dir / "config.json").exists():
                 raise TrainingError(f"--resume: {run_dir} is not a run folder (no config.json)")
             saved = from_dict(TrainConfig, json.loads((run_dir / "config.json").read_text()))
@@ -533,10 +559,11 @@ def _run_train(cfg: TrainConfig, progress: ProgressCallback, resume: bool, dist,
                 raise TrainingError(f"--resume: {run_dir} was started with another configuration ({', '.join(diff)} differ)")
         elif (run_dir / "config.json").exists():
             status = _read_status(run_dir)
-            if status.get("state") in ("failed", "interrupted") and not (ckpt_dir / "last.pt").exists():
+            if status.get("state") in ("failed", "interrupted") and not (self.ckpt_dir / "last.pt").exists():
                 # Nothing to resume: the run stopped before its first checkpoint, so start over.
-                progress(Event("info", message=f"{run_dir}: the earlier run {status['state']} before its first "
-                                               f"checkpoint ({status.get('error', 'no reason recorded')}); starting over"))
+                self.progress(Event("info", message=f"{run_dir}: the earlier run {status['state']} before its first "
+                                                    f"checkpoint ({status.get('error', 'no reason recorded')}); "
+                                                    "starting over"))
                 for name in ("config.json", "status.json", "metrics.jsonl", "store_manifest.json"):
                     (run_dir / name).unlink(missing_ok=True)
                 return
@@ -544,255 +571,305 @@ def _run_train(cfg: TrainConfig, progress: ProgressCallback, resume: bool, dist,
             hint = "use --resume to continue it" if state != "complete" else "it is complete"
             raise TrainingError(f"{run_dir} already holds a run (state {state!r}); {hint}, or choose another --out")
 
-    if multi:
-        dist.run_on_main(check_run_folder)  # the run folder is rank 0's
-    else:
-        check_run_folder()
+    def load_data(self) -> _Data:
+        """The train / val / test splits in RAM, checked against the batch size."""
+        from ..store import open_store
 
-    device = dist.device if multi else resolve_device(cfg.device)
-    asked = cfg  # what config.json records and --resume compares: the request, not this machine's answer
-    cfg, precision = _resolve_precision(cfg, device, progress if is_main else null_progress)
-    use_amp = cfg.amp == "bf16"
+        cfg, device = self.cfg, self.ctx.device
+        with_states = cfg.trainable_blocks is not None
+        store = open_store(cfg.features)
+        try:
+            with_views = cfg.views and store.train_views > 0
+            train = _Features(store.load_split(cfg.train_split, with_states=with_states, with_views=with_views),
+                              device, with_states)
+            val = None
+            # no validation split at all (e.g. MSR-VTT with --option val_size=0): select the last epoch
+            if cfg.val_split in store.splits():
+                val_split = store.load_split(cfg.val_split, with_states=with_states)
+                if len(val_split.caption_ids) > 0 and len(val_split.video_ids) > 0:
+                    val = _Features(val_split, device, with_states)
+            test_split = store.load_split(cfg.test_split, with_states=with_states)
+            test = _Features(test_split, device, with_states) if len(test_split.caption_ids) > 0 else None
+            manifest = store.manifest
+        finally:
+            store.close()
+        self._check_sizes(train, val)
+        return _Data(train, val, test, manifest)
 
-    store = open_store(cfg.features)
-    manifest = store.manifest
-    with_states = cfg.trainable_blocks is not None
-    try:
-        with_views = cfg.views and store.train_views > 0
-        train = _Features(store.load_split(cfg.train_split, with_states=with_states, with_views=with_views), device,
-                          with_states)
-        val = None
-        # no validation split at all (e.g. MSR-VTT with --option val_size=0): select the last epoch
-        if cfg.val_split in store.splits():
-            val_split = store.load_split(cfg.val_split, with_states=with_states)
-            if len(val_split.caption_ids) > 0 and len(val_split.video_ids) > 0:
-                val = _Features(val_split, device, with_states)
-        test_split = store.load_split(cfg.test_split, with_states=with_states)
-        test = _Features(test_split, device, with_states) if len(test_split.caption_ids) > 0 else None
-    finally:
-        store.close()
-    if train.num_queries < 2:
-        raise shared(StoreError(f"{cfg.features}: the {cfg.train_split!r} split has {train.num_queries} usable captions; need >= 2"))
-    if val is None and cfg.select_metric != "last":
-        progress(Event("warning", message=f"no {cfg.val_split!r} split in the store: best.pt is the last epoch "
-                                          "(--set select_metric=last says so on purpose)"))
-    if multi and cfg.batch_size % world:
-        raise shared(ConfigError(
-            f"batch_size {cfg.batch_size} is the global batch and must split evenly over the {world} processes "
-            f"(e.g. {max(world, cfg.batch_size // world * world)})"
-        ))
-
-    per_epoch = epoch_length(train.caption_video.numpy(), cfg.epoch)
-    if per_epoch // cfg.batch_size == 0:
-        what = "training captions" if cfg.epoch == "captions" else "training videos (epoch=videos)"
-        raise shared(ConfigError(
-            f"batch_size {cfg.batch_size} exceeds the {per_epoch} {what} of {cfg.features}; "
-            f"pass a smaller --batch-size (at most {per_epoch})"))
-
-    if is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        ckpt_dir.mkdir(exist_ok=True)
-        folder["ready"] = True
-        atomic_write_text(run_dir / "precision.json", json.dumps(precision, indent=2) + "\n")
-        if not resume:
-            save_config(asked, run_dir / "config.json")
-            atomic_write_text(run_dir / "store_manifest.json", json.dumps(manifest, indent=2, default=str) + "\n")
-        _write_status(run_dir, state="running", features=str(cfg.features))
-
-    _seed_everything(cfg.seed)
-    model = DABModel(cfg.model).to(device)
-    heads = None
-    if with_states:
-        def make_heads() -> _Heads:
-            return _Heads(manifest, cfg.trainable_blocks, device)
-
-        # Rank 0 first: it fills the CLIP weights cache that the others then read.
-        heads = (dist.main_first(make_heads) if multi else make_heads()).to(device)
-    groups = optimizer_groups(model, heads, cfg)
-    clamp_scale = next((g["params"][0] for g in groups if g["name"] == "logit_scale"), None)
-    optim = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
-    steps_per_epoch = epoch_length(train.caption_video.numpy(), cfg.epoch) // cfg.batch_size
-    if cfg.max_steps_per_epoch:
-        steps_per_epoch = min(steps_per_epoch, cfg.max_steps_per_epoch)
-    total = steps_per_epoch * cfg.epochs
-    sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_lambda(total, cfg.warmup_ratio))
-
-    start_epoch, start_step, best_value, best_epoch = 0, 0, None, None
-    resumed_loss = (0.0, 0)  # running loss sum and count of a partly done epoch
-    ck = None
-    if resume:
-        last = ckpt_dir / "last.pt"
-        if multi:
-            # Rank 0 reads its run folder and sends the checkpoint: the others need no access to it.
-            ck = dist.run_on_main(lambda: load_checkpoint(last) if last.exists() else None)
-        elif last.exists():
-            ck = load_checkpoint(last, map_location=device)
-    if ck is not None:
-        saved_world = int(ck.get("world_size") or 1)
-        if saved_world != world:
-            raise shared(TrainingError(
-                f"--resume: {run_dir} was trained with {saved_world} process(es), this run has {world}; "
-                f"resume it with {saved_world} (the per-process random streams are saved for that many)"
+    def _check_sizes(self, train: _Features, val: Optional[_Features]) -> None:
+        cfg, world = self.cfg, self.ctx.world_size
+        if train.num_queries < 2:
+            raise self.shared(StoreError(f"{cfg.features}: the {cfg.train_split!r} split has {train.num_queries} "
+                                         "usable captions; need >= 2"))
+        if val is None and cfg.select_metric != "last":
+            self.progress(Event("warning", message=f"no {cfg.val_split!r} split in the store: best.pt is the last "
+                                                   "epoch (--set select_metric=last says so on purpose)"))
+        if cfg.batch_size % world:
+            raise self.shared(ConfigError(
+                f"batch_size {cfg.batch_size} is the global batch and must split evenly over the {world} processes "
+                f"(e.g. {max(world, cfg.batch_size // world * world)})"
             ))
-        model.load_state_dict(ck["model"])
-        if heads is not None:
-            heads.load_state_dict(ck["heads"])
-        optim.load_state_dict(ck["optim"])
-        sched.load_state_dict(ck["sched"])
-        start_epoch, start_step = ck["epoch"], ck["step_in_epoch"]
-        best_value, best_epoch = ck.get("best_value"), ck.get("best_epoch")
-        resumed_loss = tuple(ck.get("epoch_loss", (0.0, 0)))
-        if multi:
-            set_rng_state(ck["rng_ranks"][dist.rank], device)
-        else:
-            set_rng_state(ck["rng"])
-        progress(Event("info", message=f"resuming {run_dir} at epoch {start_epoch + 1}, step {start_step}"))
-    elif multi and dist.rank > 0:
-        # Own dropout noise per rank (identical streams would correlate the masks of the
-        # ranks' pairs); rank 0 keeps the single-process stream.
-        torch.manual_seed(cfg.seed + 1_000_003 * dist.rank)
+        per_epoch = epoch_length(train.caption_video.numpy(), cfg.epoch)
+        if per_epoch // cfg.batch_size == 0:
+            what = "training captions" if cfg.epoch == "captions" else "training videos (epoch=videos)"
+            raise self.shared(ConfigError(
+                f"batch_size {cfg.batch_size} exceeds the {per_epoch} {what} of {cfg.features}; "
+                f"pass a smaller --batch-size (at most {per_epoch})"))
 
-    step_module = None
-    if multi:
-        from torch.nn.parallel import DistributedDataParallel
+    def open_folder(self, asked: TrainConfig, precision: dict, manifest: dict, folder: dict) -> None:
+        """Rank 0 writes the folder's config, precision and store manifest, and marks the run running."""
+        if not self.ctx.is_main:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.ckpt_dir.mkdir(exist_ok=True)
+        folder["ready"] = True
+        atomic_write_text(self.dir / "precision.json", json.dumps(precision, indent=2) + "\n")
+        if not self.resume:
+            save_config(asked, self.dir / "config.json")
+            atomic_write_text(self.dir / "store_manifest.json", json.dumps(manifest, indent=2, default=str) + "\n")
+        _write_status(self.dir, state="running", features=str(self.cfg.features))
 
-        step_module = DistributedDataParallel(
-            _TrainStep(model, heads), device_ids=[device.index] if device.type == "cuda" else None)
-        progress(Event("info", message=f"distributed training: {world} processes, "
-                                       f"{cfg.batch_size // world} of each global batch of {cfg.batch_size} per process"))
+    def load(self, path: Path):
+        """A checkpoint of this run: read by rank 0 and sent to the others, who need no access to the folder."""
+        if self.multi:
+            return self.ctx.run_on_main(lambda: load_checkpoint(path) if path.exists() else None)
+        return load_checkpoint(path, map_location=self.ctx.device) if path.exists() else None
 
-    def checkpoint(epoch: int, step_in_epoch: int, path: Path, epoch_loss: tuple[float, int] = (0.0, 0)) -> None:
-        if multi:
-            rngs = dist.all_gather_object(rng_state(device))  # every rank's streams, for an exact resume
-        if not is_main:
+
+class _Trainer:
+    """The model, its optimiser and the position in the run; each step of training a method."""
+
+    def __init__(self, run: _Run, data: _Data) -> None:
+        from ..model import DABModel
+
+        self.run, self.data, self.cfg = run, data, run.cfg
+        cfg, ctx = self.cfg, run.ctx
+        _seed_everything(cfg.seed)
+        self.model = DABModel(cfg.model).to(ctx.device)
+        self.heads = None
+        if cfg.trainable_blocks is not None:
+            # Rank 0 first: it fills the CLIP weights cache that the others then read.
+            self.heads = ctx.main_first(lambda: _Heads(data.manifest, cfg.trainable_blocks, ctx.device)).to(ctx.device)
+        groups = optimizer_groups(self.model, self.heads, cfg)
+        self.clamp_scale = next((g["params"][0] for g in groups if g["name"] == "logit_scale"), None)
+        self.optim = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
+        self.steps_per_epoch = epoch_length(data.train.caption_video.numpy(), cfg.epoch) // cfg.batch_size
+        if cfg.max_steps_per_epoch:
+            self.steps_per_epoch = min(self.steps_per_epoch, cfg.max_steps_per_epoch)
+        self.total = self.steps_per_epoch * cfg.epochs
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.optim, lr_lambda(self.total, cfg.warmup_ratio))
+        self.start_epoch, self.start_step, self.best_value, self.best_epoch = 0, 0, None, None
+        self.resumed_loss: tuple[float, int] = (0.0, 0)  # running loss sum and count of a partly done epoch
+        self.val_metrics: Optional[dict] = None
+        self.step_module = None
+        self.global_step = 0
+
+    def restore(self) -> None:
+        """Continue from last.pt (--resume), or seed this rank's own dropout stream; wrap for DDP."""
+        run, ctx, cfg = self.run, self.run.ctx, self.cfg
+        ck = run.load(run.ckpt_dir / "last.pt") if run.resume else None
+        if ck is not None:
+            saved_world = int(ck.get("world_size") or 1)
+            if saved_world != ctx.world_size:
+                raise run.shared(TrainingError(
+                    f"--resume: {run.dir} was trained with {saved_world} process(es), this run has "
+                    f"{ctx.world_size}; resume it with {saved_world} (the per-process random streams are saved for "
+                    "that many)"))
+            self._load_state(ck)
+            if run.multi:
+                set_rng_state(ck["rng_ranks"][ctx.rank], ctx.device)
+            else:
+                set_rng_state(ck["rng"])
+            run.progress(Event("info", message=f"resuming {run.dir} at epoch {self.start_epoch + 1}, "
+                                               f"step {self.start_step}"))
+        elif ctx.rank > 0:
+            # Own dropout noise per rank (identical streams would correlate the masks of the
+            # ranks' pairs); rank 0 keeps the single-process stream.
+            torch.manual_seed(cfg.seed + 1_000_003 * ctx.rank)
+        self.global_step = self.start_epoch * self.steps_per_epoch + self.start_step
+        if run.multi:
+            from torch.nn.parallel import DistributedDataParallel
+
+            device = ctx.device
+            self.step_module = DistributedDataParallel(
+                _TrainStep(self.model, self.heads), device_ids=[device.index] if device.type == "cuda" else None)
+            run.progress(Event("info", message=f"distributed training: {ctx.world_size} processes, "
+                                               f"{cfg.batch_size // ctx.world_size} of each global batch of "
+                                               f"{cfg.batch_size} per process"))
+
+    def _load_state(self, ck: dict) -> None:
+        self.model.load_state_dict(ck["model"])
+        if self.heads is not None:
+            self.heads.load_state_dict(ck["heads"])
+        self.optim.load_state_dict(ck["optim"])
+        self.sched.load_state_dict(ck["sched"])
+        self.start_epoch, self.start_step = ck["epoch"], ck["step_in_epoch"]
+        self.best_value, self.best_epoch = ck.get("best_value"), ck.get("best_epoch")
+        self.resumed_loss = tuple(ck.get("epoch_loss", (0.0, 0)))
+
+    def checkpoint(self, epoch: int, step_in_epoch: int, path: Path, epoch_loss: tuple[float, int] = (0.0, 0)) -> None:
+        """Every rank's random streams (for an exact resume), saved by rank 0 with the training state."""
+        run, ctx = self.run, self.run.ctx
+        rngs = ctx.all_gather_object(rng_state(ctx.device)) if run.multi else None
+        if not ctx.is_main:
             return
         state = {
-            "model": model.state_dict(), "heads": heads.state_dict() if heads is not None else None,
-            "optim": optim.state_dict(), "sched": sched.state_dict(), "epoch": epoch,
-            "step_in_epoch": step_in_epoch, "best_value": best_value, "best_epoch": best_epoch,
-            "rng": rngs[0] if multi else rng_state(), "config": to_dict(cfg), "epoch_loss": epoch_loss,
-            "world_size": world,
+            "model": self.model.state_dict(), "heads": self.heads.state_dict() if self.heads is not None else None,
+            "optim": self.optim.state_dict(), "sched": self.sched.state_dict(), "epoch": epoch,
+            "step_in_epoch": step_in_epoch, "best_value": self.best_value, "best_epoch": self.best_epoch,
+            "rng": rngs[0] if rngs else rng_state(), "config": to_dict(self.cfg), "epoch_loss": epoch_loss,
+            "world_size": ctx.world_size,
         }
-        if multi:
+        if rngs:
             state["rng_ranks"] = rngs
         save_checkpoint(path, state)
 
-    higher_better = cfg.select_metric not in ("MnR", "MdR")
-    val_metrics = None
-    global_step = start_epoch * steps_per_epoch + start_step
-    local_b = cfg.batch_size // world
-    # One bar for the whole run (epochs x steps), labelled with the epoch and running loss.
-    progress(Event("start", task="train", total=total - global_step))
-    for epoch in range(start_epoch, cfg.epochs):
+    def fit(self) -> None:
+        """Every remaining epoch: train, validate, checkpoint."""
+        self.run.progress(Event("start", task="train", total=self.total - self.global_step))
+        for epoch in range(self.start_epoch, self.cfg.epochs):
+            t0 = time.time()
+            loss = self.train_epoch(epoch)
+            self.end_epoch(epoch, loss, time.time() - t0)
+        self.run.progress(Event("end", task="train", message=f"best epoch {self.best_epoch}"))
+
+    def train_epoch(self, epoch: int) -> tuple[float, int]:
+        """One epoch's steps (from where a resumed run stopped); returns (loss sum, steps)."""
+        cfg, train = self.cfg, self.data.train
         # The order of an epoch depends only on (seed, epoch): resuming mid-run replays it
         # exactly, and every rank of a distributed run draws the same order.
         order = epoch_order(train.caption_video.numpy(), cfg.epoch, cfg.seed, epoch)
         views = epoch_views(train.num_videos, train.num_views, cfg.seed, epoch) if train.num_views else None
-        first = start_step if epoch == start_epoch else 0
-        model.train()
-        if heads is not None:
-            heads.train()
-        t0 = time.time()
-        loss_sum, n = resumed_loss if (epoch == start_epoch and first > 0) else (0.0, 0)
-        for step in range(first, steps_per_epoch):
-            q = order[step * cfg.batch_size : (step + 1) * cfg.batch_size]  # (B,) caption indices
-            if multi:
-                q_local = q[dist.rank * local_b : (dist.rank + 1) * local_b]  # (b,) this rank's slice
-                with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_amp):
-                    text_in, lengths, video_in, mask = _batch_inputs(train, q_local, heads, device, views)
-                    loss = distributed_batch_loss(step_module, model, text_in, lengths, video_in, mask, model_loss)
-            else:
-                with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_amp):
-                    text_in, lengths, video_in, mask = _batch_inputs(train, q, heads, device, views)
-                    text = heads.encode_text(text_in, lengths) if heads is not None else text_in
-                    frames = heads.encode_frames(video_in) if heads is not None else video_in
-                    out = model(text, frames, mask)
-                    loss = model_loss(model, out)
-            if not torch.isfinite(loss):
-                # Every rank holds the same (gathered) loss, so all stop here together.
-                if is_main:
-                    _write_status(run_dir, state="failed", error=f"non-finite loss at epoch {epoch + 1} step {step + 1}")
-                raise shared(TrainingError(
-                    f"loss became {loss.item()} at epoch {epoch + 1}, step {step + 1} (global step {global_step + 1}); "
-                    f"the last good checkpoint is {ckpt_dir / 'last.pt'}. Try a lower --set lr=..."
-                ))
-            optim.zero_grad(set_to_none=True)
-            loss.backward()  # distributed: DDP has averaged the gradients across ranks when this returns
-            if cfg.grad_clip:
-                params = [p for g in optim.param_groups for p in g["params"]]
-                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-            optim.step()
-            if clamp_scale is not None:
-                with torch.no_grad():
-                    clamp_scale.clamp_(max=LOG_MAX_LOGIT_SCALE)  # CLIP's and X-Pool's cap of 100
-            sched.step()
-            global_step += 1
+        first = self.start_step if epoch == self.start_epoch else 0
+        self.model.train()
+        if self.heads is not None:
+            self.heads.train()
+        loss_sum, n = self.resumed_loss if (epoch == self.start_epoch and first > 0) else (0.0, 0)
+        for step in range(first, self.steps_per_epoch):
+            q = order[step * cfg.batch_size: (step + 1) * cfg.batch_size]  # (B,) caption indices
+            loss = self.step(q, views, epoch, step)
             loss_sum += float(loss.item())
             n += 1
-            progress(Event("advance", task="train", n=1, data={"unit": "it"},
-                           message=f"epoch {epoch + 1}/{cfg.epochs} loss {loss_sum / n:.4f}"))
-            if cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0 and step + 1 < steps_per_epoch:
-                checkpoint(epoch, step + 1, ckpt_dir / "last.pt", (loss_sum, n))
-        record: dict[str, Any] = {"epoch": epoch + 1, "step": global_step,
-                                  "train_loss": loss_sum / max(1, n), "lr": sched.get_last_lr()[0],
-                                  "epoch_seconds": round(time.time() - t0, 3)}
+            self.run.progress(Event("advance", task="train", n=1, data={"unit": "it"},
+                                    message=f"epoch {epoch + 1}/{cfg.epochs} loss {loss_sum / n:.4f}"))
+            if cfg.checkpoint_every and self.global_step % cfg.checkpoint_every == 0 and step + 1 < self.steps_per_epoch:
+                self.checkpoint(epoch, step + 1, self.run.ckpt_dir / "last.pt", (loss_sum, n))
+        return loss_sum, n
+
+    def batch_loss(self, q: torch.Tensor, views: Optional[torch.Tensor]) -> torch.Tensor:
+        """The loss of the global batch ``q``: this rank's slice against every video of it."""
+        from ..losses import model_loss
+
+        ctx, train, device = self.run.ctx, self.data.train, self.run.ctx.device
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=self.cfg.amp == "bf16"):
+            if self.run.multi:
+                local_b = self.cfg.batch_size // ctx.world_size
+                q_local = q[ctx.rank * local_b: (ctx.rank + 1) * local_b]  # (b,) this rank's slice
+                text_in, lengths, video_in, mask = _batch_inputs(train, q_local, self.heads, device, views)
+                return distributed_batch_loss(self.step_module, self.model, text_in, lengths, video_in, mask,
+                                              model_loss)
+            text_in, lengths, video_in, mask = _batch_inputs(train, q, self.heads, device, views)
+            text = self.heads.encode_text(text_in, lengths) if self.heads is not None else text_in
+            frames = self.heads.encode_frames(video_in) if self.heads is not None else video_in
+            return model_loss(self.model, self.model(text, frames, mask))
+
+    def step(self, q: torch.Tensor, views: Optional[torch.Tensor], epoch: int, step: int) -> torch.Tensor:
+        """One optimiser step on batch ``q``; a non-finite loss stops the run (every rank alike)."""
+        run, cfg = self.run, self.cfg
+        loss = self.batch_loss(q, views)
+        if not torch.isfinite(loss):
+            # Every rank holds the same (gathered) loss, so all stop here together.
+            if run.ctx.is_main:
+                _write_status(run.dir, state="failed", error=f"non-finite loss at epoch {epoch + 1} step {step + 1}")
+            raise run.shared(TrainingError(
+                f"loss became {loss.item()} at epoch {epoch + 1}, step {step + 1} (global step "
+                f"{self.global_step + 1}); the last good checkpoint is {run.ckpt_dir / 'last.pt'}. "
+                "Try a lower --set lr=..."))
+        self.optim.zero_grad(set_to_none=True)
+        loss.backward()  # distributed: DDP has averaged the gradients across ranks when this returns
+        if cfg.grad_clip:
+            params = [p for g in self.optim.param_groups for p in g["params"]]
+            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        self.optim.step()
+        if self.clamp_scale is not None:
+            with torch.no_grad():
+                self.clamp_scale.clamp_(max=LOG_MAX_LOGIT_SCALE)  # CLIP's and X-Pool's cap of 100
+        self.sched.step()
+        self.global_step += 1
+        return loss
+
+    def end_epoch(self, epoch: int, loss: tuple[float, int], seconds: float) -> None:
+        """Validate, select (never on test), log the epoch and write last.pt / best.pt."""
+        from ..metrics import t2v_metrics
+
+        run, cfg, val = self.run, self.cfg, self.data.val
+        record: dict[str, Any] = {"epoch": epoch + 1, "step": self.global_step,
+                                  "train_loss": loss[0] / max(1, loss[1]), "lr": self.sched.get_last_lr()[0],
+                                  "epoch_seconds": round(seconds, 3)}
         improved = True
         if val is not None:
-            res = score_split(model, heads, val, cfg, device, dist=dist if multi else None)
-            val_metrics = t2v_metrics(res.cost, val.caption_video.numpy())
-            record["val"] = val_metrics
+            res = score_split(self.model, self.heads, val, cfg, run.ctx.device, dist=run.ctx if run.multi else None)
+            self.val_metrics = t2v_metrics(res.cost, val.caption_video.numpy())
+            record["val"] = self.val_metrics
         if val is not None and cfg.select_metric != "last":
-            value = float(val_metrics[cfg.select_metric])
-            improved = best_value is None or (value > best_value if higher_better else value < best_value)
+            value = float(self.val_metrics[cfg.select_metric])
+            higher_better = cfg.select_metric not in ("MnR", "MdR")
+            improved = self.best_value is None or (value > self.best_value if higher_better else value < self.best_value)
             if improved:
-                best_value, best_epoch = value, epoch + 1
+                self.best_value, self.best_epoch = value, epoch + 1
         else:
-            best_epoch = epoch + 1
-        if is_main:
-            with open(run_dir / "metrics.jsonl", "a") as fh:
+            self.best_epoch = epoch + 1
+        if run.ctx.is_main:
+            with open(run.dir / "metrics.jsonl", "a") as fh:
                 fh.write(json.dumps(record) + "\n")
-        checkpoint(epoch + 1, 0, ckpt_dir / "last.pt")
+        self.checkpoint(epoch + 1, 0, run.ckpt_dir / "last.pt")
         if improved:
-            checkpoint(epoch + 1, 0, ckpt_dir / "best.pt")
+            self.checkpoint(epoch + 1, 0, run.ckpt_dir / "best.pt")
         msg = f"epoch {epoch + 1}: loss {record['train_loss']:.4f}"
-        if val_metrics is not None:
-            msg += f"  val R@1 {val_metrics['R@1']:.1f} R@5 {val_metrics['R@5']:.1f} MnR {val_metrics['MnR']:.1f}"
-        progress(Event("metrics", message=msg, data=record))
-    progress(Event("end", task="train", message=f"best epoch {best_epoch}"))
+        if self.val_metrics is not None:
+            m = self.val_metrics
+            msg += f"  val R@1 {m['R@1']:.1f} R@5 {m['R@5']:.1f} MnR {m['MnR']:.1f}"
+        run.progress(Event("metrics", message=msg, data=record))
 
-    costs_path = None
-    test_metrics = None
-    if test is not None:
-        if multi:
-            best = dist.run_on_main(lambda: load_checkpoint(ckpt_dir / "best.pt"))
-        else:
-            best = load_checkpoint(ckpt_dir / "best.pt", map_location=device)
-        model.load_state_dict(best["model"])
-        if heads is not None:
-            heads.load_state_dict(best["heads"])
-        res = score_split(model, heads, test, cfg, device, progress=progress, with_diagnostics=True,
-                          dist=dist if multi else None)
+    def test(self) -> tuple[Optional[dict], Optional[Path]]:
+        """Score the test split with best.pt and write the cost file; (t2v metrics, its path) or Nones."""
+        from ..costfile import CostMatrix, write_costs
+        from ..metrics import t2v_metrics
+
+        run, cfg, test = self.run, self.cfg, self.data.test
+        if test is None:
+            return None, None
+        best = run.load(run.ckpt_dir / "best.pt")
+        self.model.load_state_dict(best["model"])
+        if self.heads is not None:
+            self.heads.load_state_dict(best["heads"])
+        res = score_split(self.model, self.heads, test, cfg, run.ctx.device, progress=run.progress,
+                          with_diagnostics=True, dist=run.ctx if run.multi else None)
         gt = test.caption_video.numpy()
-        test_metrics = t2v_metrics(res.cost, gt)
         extras = {k: np.asarray(getattr(res, k)) for k in ("text_var", "bridged_var", "video_var")
                   if getattr(res, k, None) is not None}
         fmt = cfg.cost_format
         if fmt == "auto":
             fmt = "zarr" if str(cfg.features).rstrip("/").endswith(".zarr") else "h5"
-        costs_path = run_dir / f"costs_{cfg.test_split}.{fmt}"
-        if is_main:
+        costs_path = run.dir / f"costs_{cfg.test_split}.{fmt}"
+        if run.ctx.is_main:
             write_costs(costs_path, CostMatrix(
                 cost=np.asarray(res.cost, dtype=np.float32),
                 query_ids=np.asarray(test.caption_ids), video_ids=np.asarray(test.video_ids), gt=gt.astype(np.int64),
                 kind="cost", extras=extras,
-                attrs={"config": json.dumps(to_dict(cfg)), "split": cfg.test_split, "best_epoch": best_epoch,
+                attrs={"config": json.dumps(to_dict(cfg)), "split": cfg.test_split, "best_epoch": self.best_epoch,
                        "variant": cfg.model.variant, "store": str(cfg.features)},
             ))
-    if is_main:
-        _write_status(run_dir, state="complete", epochs=cfg.epochs, best_epoch=best_epoch,
-                      best_value=best_value, select_metric=cfg.select_metric, val=val_metrics,
-                      test_t2v=test_metrics, costs=str(costs_path) if costs_path else None)
-    if multi:
-        dist.barrier()  # nobody leaves (and tears the group down) before rank 0 has written everything
-    return TrainResult(run_dir=run_dir, epochs_done=cfg.epochs, best_epoch=best_epoch, best_value=best_value,
-                       val_metrics=val_metrics, test_metrics=test_metrics, costs_path=costs_path)
+        return t2v_metrics(res.cost, gt), costs_path
+
+    def finish(self, test_metrics: Optional[dict], costs_path: Optional[Path]) -> TrainResult:
+        """Mark the run complete; nobody leaves before rank 0 has written everything."""
+        run, cfg = self.run, self.cfg
+        if run.ctx.is_main:
+            _write_status(run.dir, state="complete", epochs=cfg.epochs, best_epoch=self.best_epoch,
+                          best_value=self.best_value, select_metric=cfg.select_metric, val=self.val_metrics,
+                          test_t2v=test_metrics, costs=str(costs_path) if costs_path else None)
+        run.ctx.barrier()
+        return TrainResult(run_dir=run.dir, epochs_done=cfg.epochs, best_epoch=self.best_epoch,
+                           best_value=self.best_value, val_metrics=self.val_metrics, test_metrics=test_metrics,
+                           costs_path=costs_path)
