@@ -401,54 +401,32 @@ def score_split(model, heads: Optional[_Heads], feats: _Features, cfg: TrainConf
 
     ``dist`` (a several-process run): each rank scores a contiguous chunk of the
     queries against every video; the rows are gathered so every rank returns
-    the whole matrix (and takes the same model-selection decision).
+    the whole matrix (and takes the same model-selection decision). One process
+    scores every query (its chunk is the whole split).
     """
+    from ..distributed import LocalContext, shard_range
     from ..scoring import ScoreResult, score_all
 
-    if dist is not None and dist.world_size > 1:
-        from ..distributed import shard_range
-
-        n_q, world = feats.num_queries, dist.world_size
-        bounds = [shard_range(n_q, r, world) for r in range(world)]
-        lo, hi = bounds[dist.rank]
-        counts = [b - a for a, b in bounds]
-        model.eval()
-        diag = with_diagnostics and model.cfg.probabilistic
-        local = None
-        with torch.no_grad():
-            text_t, frames_t = _score_inputs(heads, feats, device, lo, hi)
-            if hi > lo:
-                local = score_all(model, text_t, frames_t, feats.mask, text_chunk=cfg.text_chunk,
-                                  video_chunk=cfg.video_chunk, device=device, dtype=cfg.score_dtype,
-                                  gt=feats.caption_video[lo:hi] if with_diagnostics else None, progress=progress)
-        cost = np.asarray(local.cost, np.float32) if local is not None else np.zeros((0, feats.num_videos), np.float32)
-        res = ScoreResult(cost=dist.gather_rows(cost, counts))  # (Q, V)
-        if diag:
-            for name in ("text_var", "bridged_var", "video_var"):
-                part = getattr(local, name, None) if local is not None else None
-                part = np.zeros(0, np.float32) if part is None else np.asarray(part, np.float32)
-                setattr(res, name, dist.gather_rows(part, counts))  # (Q,)
-        return res
-
+    ctx = dist if dist is not None else LocalContext(device)
+    n_q, world = feats.num_queries, ctx.world_size
+    bounds = [shard_range(n_q, r, world) for r in range(world)]
+    lo, hi = bounds[ctx.rank]
+    counts = [b - a for a, b in bounds]
     model.eval()
+    local = None
     with torch.no_grad():
-        if heads is not None:
-            heads.eval()
-            text = []
-            for s in range(0, feats.num_queries, 256):
-                q = torch.arange(s, min(s + 256, feats.num_queries))
-                st, ln = _text_state_batch(feats, q, device)
-                text.append(heads.encode_text(st, ln).float().cpu())
-            text_t = torch.cat(text)  # (Q, D)
-            frames = []
-            for s in range(0, feats.num_videos, 32):
-                frames.append(heads.encode_frames(feats.vision_states[s : s + 32].to(device, torch.float32)).float().cpu())
-            frames_t = torch.cat(frames)  # (V, F, D)
-        else:
-            text_t, frames_t = feats.text, feats.frames
-        res = score_all(model, text_t, frames_t, feats.mask, text_chunk=cfg.text_chunk, video_chunk=cfg.video_chunk,
-                        device=device, dtype=cfg.score_dtype, gt=feats.caption_video if with_diagnostics else None,
-                        progress=progress)
+        text_t, frames_t = _score_inputs(heads, feats, device, lo, hi)
+        if hi > lo:
+            local = score_all(model, text_t, frames_t, feats.mask, text_chunk=cfg.text_chunk,
+                              video_chunk=cfg.video_chunk, device=device, dtype=cfg.score_dtype,
+                              gt=feats.caption_video[lo:hi] if with_diagnostics else None, progress=progress)
+    cost = np.asarray(local.cost, np.float32) if local is not None else np.zeros((0, feats.num_videos), np.float32)
+    res = ScoreResult(cost=ctx.gather_rows(cost, counts))  # (Q, V)
+    if with_diagnostics and model.cfg.probabilistic:
+        for name in ("text_var", "bridged_var", "video_var"):
+            part = getattr(local, name, None) if local is not None else None
+            part = np.zeros(0, np.float32) if part is None else np.asarray(part, np.float32)
+            setattr(res, name, ctx.gather_rows(part, counts))  # (Q,)
     return res
 
 
