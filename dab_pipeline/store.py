@@ -87,7 +87,17 @@ _LEGACY_LOCK = ".dab-writer.lock"  # inside the store, written by dab before the
 # Largest share unit default_share_rows picks: a status chunk of 4 KiB.
 _MAX_SHARE_ROWS = 4096
 # Arrays read before they are written (all-pending flags): HDF5 writes real zeros into them.
-_ZERO_INIT = frozenset({"videos/status", "videos/num_video_frames", "videos/frame_mask", "captions/done"})
+_COMPRESSED = frozenset({"videos/thumbnail"})  # zarr: variable-length content in fixed rows
+
+
+def _zstd():
+    from zarr.codecs import ZstdCodec
+
+    return ZstdCodec(level=3)
+
+
+_ZERO_INIT = frozenset({"videos/status", "videos/num_video_frames", "videos/frame_mask", "captions/done",
+                        "videos/thumbnail_size"})
 
 
 def store_backend(path: str | os.PathLike) -> str:
@@ -193,6 +203,10 @@ def _array_specs(layout: dict) -> list[_Spec]:
     ]
     state_layout = layout["state_layout"]
     views = int(layout.get("train_views") or 0)  # augmented training views (0 in stores made before them)
+    thumb = int(layout.get("thumbnail_bytes") or 0)  # JPEG thumbnails (0 in stores made before them)
+    if thumb:
+        specs.append(_Spec("videos/thumbnail", (n, thumb), np.dtype(np.uint8)))
+        specs.append(_Spec("videos/thumbnail_size", (n,), np.dtype(np.int32)))
     if views:
         specs.append(_Spec("videos/views", (n, views, f, d), dt))
     if state_layout != "none":
@@ -232,6 +246,7 @@ class _Backend:
     def read_strings(self, name: str) -> np.ndarray: ...
     def read_range(self, name: str, start: int, stop: int, out: np.ndarray) -> None: ...
     def write_range(self, name: str, start: int, values: np.ndarray) -> None: ...
+    def write_prefix(self, name: str, row: int, values: np.ndarray) -> None: ...
     def flush(self) -> None: ...
     def stored_bytes(self, name: str) -> int: ...
     def close(self) -> None: ...
@@ -319,6 +334,10 @@ class _H5Backend(_Backend):
     def write_range(self, name: str, start: int, values: np.ndarray) -> None:
         self._get(name)[start : start + len(values)] = values
 
+    def write_prefix(self, name: str, row: int, values: np.ndarray) -> None:
+        """The first len(values) entries of one row (the rest is left as it is: unwritten stays sparse)."""
+        self._get(name)[row, : len(values)] = values
+
     def flush(self) -> None:
         # Pushes HDF5's sieve buffer and metadata cache to the OS; the OS page
         # cache survives a SIGKILL of this process.
@@ -342,6 +361,13 @@ class _H5Backend(_Backend):
                 if spec.dtype is None:
                     # Strings are written once, here, before the file is published.
                     f.create_dataset(spec.name, data=np.asarray(init[spec.name], dtype=object), dtype=h5py.string_dtype())
+                    continue
+                if spec.name in _COMPRESSED:
+                    # JPEG rows padded with zeros: chunked + deflate stores about the JPEGs' bytes
+                    # (a contiguous array would hold every row's padding: the sieve buffer writes it).
+                    f.create_dataset(spec.name, shape=spec.shape, dtype=spec.dtype, fillvalue=0,
+                                     chunks=(min(16, max(1, spec.shape[0])), *spec.shape[1:]),
+                                     compression="gzip", compression_opts=1)
                     continue
                 # Contiguous + early allocation: every byte of every array has its
                 # file address now, so later writes are pure raw-data writes.
@@ -579,6 +605,10 @@ class _ZarrBackend(_Backend):
     def write_range(self, name: str, start: int, values: np.ndarray) -> None:
         self._get(name)[start : start + len(values)] = values
 
+    def write_prefix(self, name: str, row: int, values: np.ndarray) -> None:
+        """The first len(values) entries of one row (the rest is left as it is: unwritten stays sparse)."""
+        self._get(name)[row, : len(values)] = values
+
     def flush(self) -> None:
         # zarr's LocalStore has finished (written + renamed) every chunk file by
         # the time an assignment returns; nothing is buffered in this process.
@@ -617,12 +647,14 @@ class _ZarrBackend(_Backend):
             # No sharding and no compression: a shard rewrite per batch costs a
             # whole shard, shard reads need an index lookup (measured 35-50 ms per
             # 32 random rows), and compression saved ~7% on float16 features.
+            # Thumbnail rows are mostly zero padding after their JPEG: the one compressed array.
+            compressors = None if spec.name not in _COMPRESSED else [_zstd()]
             a = g.create_array(
                 spec.name,
                 shape=spec.shape,
                 dtype=spec.dtype,
                 chunks=(rows, *spec.shape[1:]),
-                compressors=None,
+                compressors=compressors,
                 fill_value=0,
             )
             if spec.name in init and n:
@@ -1144,6 +1176,43 @@ class FeatureStore:
         """Augmented views stored per training video (0: none)."""
         return int(self.layout.get("train_views") or 0)
 
+    @property
+    def thumbnail_bytes(self) -> int:
+        """Bytes reserved per video for its JPEG thumbnail (0: the store has none)."""
+        return int(self.layout.get("thumbnail_bytes") or 0)
+
+    def write_thumbnails(self, indices: Sequence[int] | np.ndarray, jpegs: Sequence[bytes | None]) -> None:
+        """Write videos' JPEG thumbnails (each at most :attr:`thumbnail_bytes`; None: no thumbnail)."""
+        self._require_writable()
+        cap = self.thumbnail_bytes
+        if not cap:
+            raise ValueError(f"{self.path} was created without thumbnails")
+        idx = self._indices(indices, self.num_videos, "video")
+        self._require_own_videos(idx)
+        if len(jpegs) != len(idx):
+            raise ValueError(f"{len(jpegs)} thumbnails for {len(idx)} videos")
+        sizes = np.zeros(len(idx), np.int32)
+        for j, data in enumerate(jpegs):
+            if data:
+                if len(data) > cap:
+                    raise ValueError(f"thumbnail of {self.video_ids[idx[j]]} is {len(data)} bytes; at most {cap}")
+                # only the JPEG's own bytes: the row's padding is never written (sparse in HDF5, compressed in zarr)
+                self._b.write_prefix("videos/thumbnail", int(idx[j]), np.frombuffer(data, np.uint8))
+                sizes[j] = len(data)
+        order = np.argsort(idx, kind="stable")
+        self._write_rows("videos/thumbnail_size", idx[order], sizes[order])
+
+    def read_thumbnails(self, indices: Sequence[int] | np.ndarray) -> list[bytes | None]:
+        """The JPEG thumbnails of these videos (None where there is none, or the store has none)."""
+        idx = self._indices(indices, self.num_videos, "video")
+        if not self.thumbnail_bytes or len(idx) == 0:
+            return [None] * len(idx)
+        sizes = self._read_any("videos/thumbnail_size", idx, self.num_videos, "video")
+        status = self.status()[idx]
+        rows = self._read_any("videos/thumbnail", idx, self.num_videos, "video")
+        return [bytes(rows[j, : sizes[j]]) if status[j] == STATUS_OK and sizes[j] > 0 else None
+                for j in range(len(idx))]
+
     def write_views(self, indices: Sequence[int] | np.ndarray, views: np.ndarray,
                     view_states: np.ndarray | None = None) -> None:
         """Write the augmented views of training videos; call before :meth:`write_videos` marks them ok.
@@ -1362,6 +1431,7 @@ def create_store(
     overwrite: bool = False,
     share_rows: int | None = None,
     train_views: int = 0,
+    thumbnail_bytes: int = 0,
 ) -> FeatureStore:
     """Build a fully preallocated store atomically and return it open for writing (mode "a").
 
@@ -1423,6 +1493,10 @@ def create_store(
         raise ValueError(f"train_views must be >= 0, got {train_views}")
     if train_views:
         layout["train_views"] = int(train_views)
+    if int(thumbnail_bytes) < 0:
+        raise ValueError(f"thumbnail_bytes must be >= 0, got {thumbnail_bytes}")
+    if thumbnail_bytes:
+        layout["thumbnail_bytes"] = int(thumbnail_bytes)
     if share_rows is not None:
         if int(share_rows) < 1:
             raise ValueError(f"share_rows must be >= 1, got {share_rows}")

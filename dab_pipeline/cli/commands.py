@@ -401,15 +401,18 @@ def _metric_table(title: str, rows: list[tuple[str, dict]]):
 @click.option("--v2t", "v2t", type=click.Choice(V2T_CONVENTIONS), default="videos", show_default=True,
               help="Video-to-text with several captions per video: rank the other videos by their best caption "
                    "(X-Pool, CLIP4Clip), or every caption of every other video (stricter). Labelled in outputs.")
+@click.option("--examples", type=click.IntRange(min=0), default=24, show_default=True,
+              help="Queries shown in examples.html (thumbnails of what was retrieved, across the confidence "
+                   "range, failures included); 0: no page.")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
 @click.option("--json", "as_json", is_flag=True, help="Print metrics.json to stdout instead of tables.")
-def evaluate(run, costs, features, out, postprocess, temperature, v2t, no_plots, as_json) -> None:
+def evaluate(run, costs, features, out, postprocess, temperature, v2t, examples, no_plots, as_json) -> None:
     """Retrieval metrics, uncertainty diagnostics and reports for a run (or any cost file)."""
     from ..stages.evaluate import EvaluateConfig, run_evaluate
 
     try:
         cfg = EvaluateConfig(run=run, costs=costs, features=features, out=out, postprocess=postprocess,
-                             temperature=temperature, v2t=v2t, plots=not no_plots)
+                             temperature=temperature, v2t=v2t, examples=examples, plots=not no_plots)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     with RichProgress(quiet=True) as prog:

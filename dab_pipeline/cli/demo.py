@@ -71,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         runs.append(str(run))
     _run(["compare", *runs, "--out", str(out / "comparison.md")])
     _run(["search", "--run", runs[-1], "--features", str(store), "-k", "5", "--descriptions",
-          str(out / "world" / "descriptions.json"), *QUERIES])
+          str(out / "world" / "descriptions.json"), "--html", str(out / "search.html"), *QUERIES])
+    print(f"\nopen {out / 'runs' / 'dab' / 'examples.html'} (test queries, with thumbnails of what was retrieved) "
+          f"and {out / 'search.html'} (the queries above) in a browser", flush=True)
     print(f"\ndemo finished in {time.time() - t0:.0f} s; everything is under {out}/", flush=True)
     return 0
 

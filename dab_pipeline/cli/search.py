@@ -29,8 +29,11 @@ _EXISTING = click.Path(path_type=Path, exists=True)
 @click.option("--descriptions", type=_EXISTING, default=None,
               help="JSON {video_id: text} or CSV (video_id, description) shown beside each hit, e.g. the "
                    "descriptions.json of a procedural world.")
+@click.option("--html", "html", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write a self-contained page with each query's top-k as thumbnails (from the store), "
+                   "costs, the confidence and a plot of its costs over every video.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-def search(queries, run_dir, features, split, topk, device, dtype, shortlist, descriptions, as_json) -> None:
+def search(queries, run_dir, features, split, topk, device, dtype, shortlist, descriptions, html, as_json) -> None:
     """Top-k videos of a store for each QUERY, with costs and the top-1/top-2 margin.
 
     The query is encoded with the store's own CLIP model, so its weights must be
@@ -44,6 +47,9 @@ def search(queries, run_dir, features, split, topk, device, dtype, shortlist, de
     results = run_search(run_dir, features, list(queries), topk=topk, split=split, device=device,
                          dtype=dtype, shortlist=shortlist,
                          warn=lambda message: click.echo(f"warning: {message}", err=True))
+    if html is not None:
+        page = _write_page(html, results, features, run_dir, about, topk)
+        click.echo(f"wrote {page}", err=True)
     if as_json:
         payload = [{"query": r.query, "margin": r.margin,
                     "hits": [{"rank": h.rank, "video_id": h.video_id, "cost": h.cost,
@@ -68,3 +74,20 @@ def search(queries, run_dir, features, split, topk, device, dtype, shortlist, de
             table.add_row(str(h.rank), h.video_id, f"{h.cost:.4f}",
                           *([about.get(h.video_id, "(no description)")] if about else []))
         console.print(table)
+
+
+def _write_page(path: Path, results, features: Path, run_dir: Path, about: dict, topk: int) -> Path:
+    """The free-text queries' results as an examples page (no ground truth to mark)."""
+    import numpy as np
+
+    from ..examples import build_queries, render_page
+    from ..stages.evaluate import store_context
+
+    videos = np.asarray(results[0].video_ids)
+    cost = np.stack([r.costs for r in results])  # (M, V)
+    thumbs, captions, _ = store_context(features, videos)
+    captions = {**captions, **about}  # a description (world ground truth) says more than a caption
+    queries = build_queries(cost, range(len(results)), [r.query for r in results], videos, thumbs=thumbs,
+                            captions=captions, k=topk, plots=bool(np.isfinite(cost).all()))
+    summary = [("run", str(run_dir)), ("store", str(features)), ("videos searched", str(len(videos)))]
+    return render_page(path, f"dab search: {len(results)} queries", summary, queries)

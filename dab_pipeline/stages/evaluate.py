@@ -35,6 +35,7 @@ class EvaluateConfig:
     topk: int = 10
     seed: int = 0
     plots: bool = True
+    examples: int = 24  # queries shown in examples.html (thumbnails of what was retrieved); 0: no page
 
     def __post_init__(self) -> None:
         if self.run is None and self.costs is None:
@@ -45,6 +46,8 @@ class EvaluateConfig:
             raise ConfigError(f"v2t must be one of {', '.join(V2T_CONVENTIONS)}, got {self.v2t!r}")
         if self.temperature <= 0:
             raise ConfigError(f"temperature must be > 0, got {self.temperature}")
+        if self.examples < 0:
+            raise ConfigError(f"examples must be >= 0, got {self.examples}")
         if self.topk < 1:
             raise ConfigError(f"topk must be >= 1, got {self.topk}")
 
@@ -75,6 +78,54 @@ def _frame_mean_features(store_path: Path, video_ids: np.ndarray) -> Optional[np
         frames, mask = st.read_videos(idx)  # (V, F, D), (V, F)
     m = mask.astype(np.float32)[..., None]  # (V, F, 1)
     return (frames * m).sum(1) / np.maximum(m.sum(1), 1.0)  # (V, D)
+
+
+def store_context(store_path: Optional[Path], video_ids: np.ndarray, query_ids: Optional[np.ndarray] = None
+                  ) -> tuple[dict[str, Optional[bytes]], dict[str, str], dict[str, str]]:
+    """From a store (when it exists): thumbnails and first captions of these videos, texts of these queries."""
+    from ..store import open_store
+
+    if store_path is None or not Path(store_path).exists():
+        return {}, {}, {}
+    with open_store(store_path) as st:
+        pos = {str(v): i for i, v in enumerate(st.video_ids)}
+        rows = sorted({pos[str(v)] for v in video_ids if str(v) in pos})
+        thumbs = dict(zip((str(st.video_ids[r]) for r in rows), st.read_thumbnails(rows)))
+        text, cvid, cids = st.caption_text, st.caption_video_index, st.caption_ids
+        captions: dict[str, str] = {}
+        for c in range(len(cvid) - 1, -1, -1):  # backwards: the first caption of each video wins
+            captions[str(st.video_ids[cvid[c]])] = str(text[c])
+        wanted = {str(q) for q in query_ids} if query_ids is not None else set()
+        texts = {str(cids[c]): str(text[c]) for c in range(len(cids)) if str(cids[c]) in wanted}
+    return thumbs, captions, texts
+
+
+def _write_examples(path: Path, cfg: EvaluateConfig, cm, cost: np.ndarray, gt: np.ndarray, results: dict,
+                    store_path: Optional[Path]) -> Path:
+    """examples.html: a seeded sample of queries across the confidence range, with thumbnails."""
+    from ..examples import build_queries, render_page, select_queries
+
+    picks = select_queries(cost, gt, cfg.examples, seed=cfg.seed)
+    videos = np.asarray(cm.video_ids)
+    thumbs, captions, texts = store_context(store_path, videos, np.asarray(cm.query_ids)[picks])
+    qtext = [texts.get(str(q), str(q)) for q in np.asarray(cm.query_ids)]
+    queries = build_queries(cost, picks, qtext, videos, gt=gt, thumbs=thumbs, captions=captions, plots=cfg.plots)
+    run = results.get("run", {})
+    t2v = results["t2v"]
+    summary = [("source", results["source"]), ("variant", str(run.get("variant", "-"))),
+               ("recipe", _recipe_of(cfg)), ("queries x videos", f"{results['queries']} x {results['videos']}"),
+               ("text-to-video", f"R@1 {t2v['R@1']:.1f}, R@5 {t2v['R@5']:.1f}, R@10 {t2v['R@10']:.1f}, "
+                                 f"MnR {t2v['MnR']:.1f}"),
+               ("shown", f"{len(picks)} queries across the confidence range (seed {cfg.seed}), failures included"),
+               ("thumbnails", "from " + str(store_path) if any(thumbs.values()) else "none in the store")]
+    return render_page(path, f"dab examples: {Path(cfg.run).name if cfg.run else Path(results['source']).name}",
+                       summary, queries)
+
+
+def _recipe_of(cfg: EvaluateConfig) -> str:
+    if cfg.run is None or not (Path(cfg.run) / "config.json").exists():
+        return "-"
+    return str(json.loads((Path(cfg.run) / "config.json").read_text()).get("recipe") or "(none: the defaults)")
 
 
 def run_evaluate(cfg: EvaluateConfig, progress: ProgressCallback = null_progress) -> dict[str, Any]:
@@ -128,6 +179,9 @@ def run_evaluate(cfg: EvaluateConfig, progress: ProgressCallback = null_progress
     ranks = M.t2v_ranks(cost, gt)
     files = write_report(out_dir, results, title=title, curves=curves if cfg.plots else None,
                          ranks=ranks if cfg.plots else None)
+    if cfg.examples:
+        files["examples"] = _write_examples(out_dir / "examples.html", cfg, cm, cost, gt, results,
+                                            Path(store_path) if store_path is not None else None)
     results["files"] = {k: str(v) for k, v in files.items()}
     progress(Event("info", message=f"wrote {', '.join(str(p) for p in files.values())}"))
     return results

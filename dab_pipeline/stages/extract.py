@@ -23,6 +23,7 @@ import torch
 from .. import __version__
 from ..events import Event, ProgressCallback, null_progress
 from ..augment import VIEW_TRANSFORM
+from ..thumbnails import THUMB_BYTES, THUMBNAIL_NOTE, make_thumbnail
 from ..capabilities import capabilities
 from ..choices import CLIP_DTYPES, STORE_DTYPES
 from ..devices import resolve_device
@@ -79,6 +80,7 @@ class ExtractConfig:
     limit: Optional[int] = None  # only the first N videos (and their captions): quick trials
     # augmented views per training video (X-Pool's train transform, seeded; dab_pipeline.augment)
     train_views: int = 0
+    thumbnails: bool = True  # a small JPEG strip per video in the store (dab_pipeline.thumbnails), for result pages
     overwrite: bool = False
 
     def __post_init__(self) -> None:
@@ -211,7 +213,8 @@ class _DecodeDataset(torch.utils.data.Dataset):
             pixels = torch.stack([self.preprocess(Image.fromarray(f)) for f in dec.frames])  # (F, 3, S, S)
             item = {"index": index, "pixels": pixels, "mask": torch.from_numpy(dec.mask),
                     "num_video_frames": dec.num_video_frames, "error": None,
-                    "warning": "; ".join(dec.warnings) or None, "views": None}
+                    "warning": "; ".join(dec.warnings) or None, "views": None,
+                    "thumbnail": make_thumbnail(dec.frames, dec.mask)}
             if len(self.items[i]) > 2 and self.items[i][3] and self.view_geometry is not None:
                 from ..augment import augmented_views
 
@@ -272,6 +275,7 @@ def build_manifest(cfg: ExtractConfig, bundle, index, world_size: int = 1,
         "dataset_options": {k: v for k, v in sorted(index.options.items()) if k != "warnings"},
         "annotation_files": [str(p) for p in index.annotation_files],
         "annotation_sha256": {Path(p).name: sha256_file(Path(p)) for p in index.annotation_files},
+        **({"thumbnails": THUMBNAIL_NOTE} if cfg.thumbnails else {}),
         **({"train_views": cfg.train_views, "train_view_transform": VIEW_TRANSFORM,
             "train_view_split": "train"} if cfg.train_views else {}),
         "limit": cfg.limit,
@@ -440,6 +444,7 @@ def _create(out: Path, cfg: ExtractConfig, bundle, manifest: dict, videos, capti
         overwrite=overwrite,
         share_rows=share_rows,
         train_views=cfg.train_views,
+        thumbnail_bytes=THUMB_BYTES if cfg.thumbnails else 0,
     )
 
 
@@ -739,6 +744,8 @@ def _consume(loader, store, bundle, videos, cfg: ExtractConfig, device: torch.de
                 states = states.float().reshape(B, F, *states.shape[1:]).cpu().numpy()  # (B, F, [L,] W)
             _write_views(store, bundle, [b for b in good if b.get("views") is not None], cfg, device,
                          encode_images)
+            if store.thumbnail_bytes:  # a store made before thumbnails existed resumes without them
+                store.write_thumbnails(np.array([b["index"] for b in good]), [b["thumbnail"] for b in good])
             store.write_videos(
                 np.array([b["index"] for b in good]),
                 feats,

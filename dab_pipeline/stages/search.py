@@ -46,6 +46,10 @@ class SearchResult:
     # best-vs-second-best cost gap over the whole split (the paper's top-1/top-2 KL
     # margin for KL runs); larger is more confident; None with fewer than 2 videos
     margin: Optional[float]
+    # every video's cost for this query (V,) and the split's video ids, for result pages; may be
+    # +inf outside a shortlist
+    costs: Optional[np.ndarray] = None
+    video_ids: Optional[np.ndarray] = None
 
 
 @dataclass
@@ -168,7 +172,8 @@ def search(
         margin = float(costs[1] - costs[0]) if n_v >= 2 and np.isfinite(costs[:2]).all() else None
         hits = [SearchHit(rank=r + 1, video_index=int(j), video_id=str(feats.video_ids[j]), cost=float(c))
                 for r, (j, c) in enumerate(zip(idx[:topk], costs[:topk]))]
-        out.append(SearchResult(query=q, hits=hits, margin=margin))
+        row = np.asarray(res.cost[i], np.float32) if res.cost is not None else None
+        out.append(SearchResult(query=q, hits=hits, margin=margin, costs=row, video_ids=feats.video_ids))
     return out
 
 
