@@ -1176,6 +1176,15 @@ class FeatureStore:
         """Augmented views stored per training video (0: none)."""
         return int(self.layout.get("train_views") or 0)
 
+    def _optional_rows(self, indices: Sequence[int] | np.ndarray, present: int, what: str) -> np.ndarray:
+        """Checked video rows for writing an optional array (``present``: its layout size, 0 when absent)."""
+        self._require_writable()
+        if not present:
+            raise ValueError(f"{self.path} was created without {what}")
+        idx = self._indices(indices, self.num_videos, "video")
+        self._require_own_videos(idx)
+        return idx
+
     @property
     def thumbnail_bytes(self) -> int:
         """Bytes reserved per video for its JPEG thumbnail (0: the store has none)."""
@@ -1183,12 +1192,8 @@ class FeatureStore:
 
     def write_thumbnails(self, indices: Sequence[int] | np.ndarray, jpegs: Sequence[bytes | None]) -> None:
         """Write videos' JPEG thumbnails (each at most :attr:`thumbnail_bytes`; None: no thumbnail)."""
-        self._require_writable()
         cap = self.thumbnail_bytes
-        if not cap:
-            raise ValueError(f"{self.path} was created without thumbnails")
-        idx = self._indices(indices, self.num_videos, "video")
-        self._require_own_videos(idx)
+        idx = self._optional_rows(indices, cap, "thumbnails")
         if len(jpegs) != len(idx):
             raise ValueError(f"{len(jpegs)} thumbnails for {len(idx)} videos")
         sizes = np.zeros(len(idx), np.int32)
@@ -1220,12 +1225,8 @@ class FeatureStore:
         views (B, N, F, D); view_states (B, N, F, W) | (B, N, F, L, W), required when the store
         holds states.
         """
-        self._require_writable()
         n_views = self.train_views
-        if not n_views:
-            raise ValueError(f"{self.path} was created without train_views; it cannot hold augmented views")
-        idx = self._indices(indices, self.num_videos, "video")
-        self._require_own_videos(idx)
+        idx = self._optional_rows(indices, n_views, "train_views (augmented views)")
         ids = self.video_ids[idx]
         b, f, d = len(idx), self.num_frames, self.dim
         v = self._cast(views, (b, n_views, f, d), "views", ids)  # (B, N, F, D)
