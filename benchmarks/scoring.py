@@ -356,6 +356,36 @@ def recall_kept(exact_cost: np.ndarray, approx_cost: np.ndarray) -> str:
     return f"exact top-1 kept {100 * top1:.1f}%, exact top-10 kept {100 * top10:.1f}%"
 
 
+def bench_teacher(run_dir: str, teacher_dir: str, store: str, split: str, device: torch.device,
+                  repeats: int = 3) -> None:
+    """A distilled run against its teacher on the same pairs: speed, metrics, top-1 agreement (float32)."""
+    from dab_pipeline.metrics import t2v_metrics
+    from dab_pipeline.stages.search import load_run
+    from dab_pipeline.store import open_store
+
+    with open_store(store) as s:
+        feats = s.load_split(split)
+    gt = np.asarray(feats.caption_video)
+    pairs = len(feats.caption_ids) * len(feats.video_ids)
+    rows = {}
+    for name, path in (("teacher", teacher_dir), ("student", run_dir)):
+        run = load_run(path, device)
+        best, res = float("inf"), None
+        for _ in range(repeats):  # interleaving is not needed at this size: best of N per model
+            t = time.perf_counter()
+            res = score_all(run.model, feats.text, feats.frames, feats.frame_mask, device=device)
+            sync(device)
+            best = min(best, time.perf_counter() - t)
+        rows[name] = (run.model.cfg.steps, pairs / best, t2v_metrics(res.cost, gt), res.cost.argmin(1))
+    print(f"\n{run_dir} against its teacher {teacher_dir} on {store} [{split}]: {pairs} pairs, float32, "
+          f"best of {repeats}")
+    for name, (steps, rate, m, _) in rows.items():
+        print(f"  {name:<8} T'={steps:<3} {rate:12,.0f} pairs/s  R@1 {m['R@1']:6.2f}  MnR {m['MnR']:7.2f}")
+    agree = float(np.mean(rows["student"][3] == rows["teacher"][3]))
+    print(f"  speed-up {rows['student'][1] / rows['teacher'][1]:.2f}x; top-1 equal to the teacher's for "
+          f"{100 * agree:.1f}% of the queries")
+
+
 def bench_run(run_dir: str, store: str, split: str, device: torch.device, shortlist: int | None) -> None:
     from dab_pipeline.metrics import t2v_metrics
     from dab_pipeline.stages.search import load_run
@@ -417,6 +447,8 @@ def main() -> None:
     ap.add_argument("--shortlist", type=int, default=None, help="K of the shortlist row (default V/10; 0: skip)")
     ap.add_argument("--run", default=None, help="trained run folder: float32 vs bf16 metrics on its split")
     ap.add_argument("--features", default=None, help="feature store of --run")
+    ap.add_argument("--teacher", default=None, help="with --run: the teacher of a distilled run (dab distill); "
+                                                    "speed and agreement on the same pairs")
     ap.add_argument("--split", default="test")
     args = ap.parse_args()
 
@@ -432,6 +464,9 @@ def main() -> None:
     if args.run:
         if not args.features:
             ap.error("--run needs --features STORE")
+        if args.teacher:
+            bench_teacher(args.run, args.teacher, args.features, args.split, device)
+            return
         if "bfloat16" not in dtypes:
             print("--run compares float32 with bf16, and bf16 is skipped here: nothing to compare")
             return

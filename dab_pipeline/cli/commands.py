@@ -470,3 +470,33 @@ def compare(runs, out) -> None:
     if out:
         atomic_write_text(Path(out), compare_markdown(loaded))
         click.echo(f"wrote {out}")
+
+
+@cli.command()
+@click.option("--run", "teacher", type=_EXISTING, required=True, help="A trained dab (or bridge) run: the teacher.")
+@click.option("--out", type=_PATH, required=True, help="The student's run folder.")
+@click.option("--student-steps", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Bridge steps S of the student (the teacher has T').")
+@click.option("--epochs", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override any DistillConfig field, e.g. --set lr=3e-4 --set rank_weight=0.")
+@click.option("--resume", is_flag=True, help="Continue the stopped distillation in --out.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def distill(teacher, out, student_steps, epochs, overrides, resume, quiet) -> None:
+    """Distill a trained bridge into S steps: an ordinary run folder, scored at the cost of S steps.
+
+    The student copies the teacher's weights and trains its bridge alone to reach the teacher's
+    state after T' steps (and its ranking of every batch pair) in S. See docs/model.md.
+    """
+    from ..config import apply_overrides
+    from ..stages.distill import DistillConfig, run_distill
+
+    cfg = apply_overrides(DistillConfig(teacher=teacher, out=out, student_steps=student_steps, epochs=epochs),
+                          overrides)
+    with RichProgress(quiet=quiet) as prog:
+        res = run_distill(cfg, progress=prog, resume=resume)
+    click.echo(f"run folder: {res.run_dir}")
+    if res.test_metrics:
+        m = res.test_metrics
+        click.echo(f"test t2v: R@1 {m['R@1']:.1f}  R@5 {m['R@5']:.1f}  R@10 {m['R@10']:.1f}  MnR {m['MnR']:.1f}  "
+                   f"(best epoch {res.best_epoch})")

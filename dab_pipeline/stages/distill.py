@@ -1,0 +1,245 @@
+"""`dab distill`: a trained bridge in S steps (the paper's open problem of one-step bridges).
+
+A student copies a trained ``dab`` (or ``bridge``) run -- pooling, encoders and the drift --
+with ``steps = S`` (1 by default) and trains its bridge alone, the teacher frozen, on the
+training split's caption-video pairs: every pair of a batch, since scoring runs on every
+pair, not only the matched ones. Two losses:
+
+* **state**: the student's bridged state after S steps against the teacher's after T'
+  (mean squared error of mu and of logvar; the point bridge: of x);
+* **ranking**: for every row and column of the batch's cost matrix,
+  ``KL(softmax(-C_teacher / t) || softmax(-C_student / t))`` with t the teacher's PAC
+  temperature (its inverse logit scale for the point bridge), so the student keeps the
+  teacher's order where it matters for retrieval.
+
+The result is an ordinary run folder (config.json with ``model.steps = S``; ``distill.json``
+names the teacher and its checkpoint's sha256): `dab evaluate`, `dab search`, `dab compare`
+and the scoring engine read it unchanged, at the cost its step count implies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from ..config import atomic_write_text, save_config, to_dict
+from ..devices import resolve_device
+from ..errors import ConfigError, TrainingError
+from ..events import Event, ProgressCallback, null_progress
+from ..fsutil import sha256_file
+
+__all__ = ["DistillConfig", "DistillResult", "run_distill", "distill_loss"]
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    teacher: Path  # a run folder of a dab or bridge run (its best.pt is the teacher)
+    out: Path
+    student_steps: int = 1
+    epochs: int = 5
+    batch_size: int = 32
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    state_weight: float = 1.0
+    rank_weight: float = 1.0
+    seed: int = 24
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.student_steps < 1:
+            raise ConfigError(f"student_steps must be >= 1, got {self.student_steps}")
+        if self.epochs < 1 or self.batch_size < 2:
+            raise ConfigError("epochs must be >= 1 and batch_size >= 2")
+        if self.state_weight < 0 or self.rank_weight < 0 or self.state_weight + self.rank_weight == 0:
+            raise ConfigError("state_weight and rank_weight must be >= 0, not both 0")
+
+
+@dataclass
+class DistillResult:
+    run_dir: Path
+    best_epoch: Optional[int]
+    val_metrics: Optional[dict]
+    test_metrics: Optional[dict]
+    costs_path: Optional[Path]
+
+
+def _pair_outputs(model, text: torch.Tensor, frames: torch.Tensor, mask: torch.Tensor):
+    """The batch's (B, B) cost and every pair's bridged state ([mu, logvar] or [x], each (B, B, D))."""
+    terms = model.pair_terms(model.encode_text(text), model.encode_video(frames, mask), grid=True)
+    state = [terms.bridged_mu] + ([terms.bridged_logvar] if terms.bridged_logvar is not None else [])
+    return terms.cost, state
+
+
+def _temperature(model) -> torch.Tensor:
+    return model.tau().detach() if model.cfg.probabilistic else (-model.log_logit_scale).exp().detach()
+
+
+def distill_loss(student_cost: torch.Tensor, student_state: list[torch.Tensor], teacher_cost: torch.Tensor,
+                 teacher_state: list[torch.Tensor], temperature: torch.Tensor, state_weight: float,
+                 rank_weight: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """State matching + row/column ranking KL; costs (B, B), states [(B, B, D), ...]."""
+    state = sum(F.mse_loss(s, t) for s, t in zip(student_state, teacher_state)) / len(student_state)
+    t_logits, s_logits = -teacher_cost / temperature, -student_cost / temperature  # (B, B)
+    rank = 0.5 * (F.kl_div(F.log_softmax(s_logits, 1), F.log_softmax(t_logits, 1), log_target=True,
+                           reduction="batchmean")
+                  + F.kl_div(F.log_softmax(s_logits, 0).T, F.log_softmax(t_logits, 0).T, log_target=True,
+                             reduction="batchmean"))
+    loss = state_weight * state + rank_weight * rank
+    return loss, {"state": float(state.detach()), "rank": float(rank.detach())}
+
+
+def _student(teacher, steps: int):
+    """The teacher's model with ``steps`` bridge steps, every weight copied; only the bridge trains."""
+    from ..model import DABModel
+
+    cfg = dataclasses.replace(teacher.cfg, steps=steps)
+    student = DABModel(cfg)
+    student.load_state_dict(teacher.state_dict())
+    for name, p in student.named_parameters():
+        p.requires_grad_(name.startswith("bridge."))
+    return student
+
+
+def run_distill(cfg: DistillConfig, progress: ProgressCallback = null_progress, resume: bool = False) -> DistillResult:
+    """Train the S-step student of ``cfg.teacher`` into the run folder ``cfg.out``."""
+    from ..store import open_store
+    from .search import load_run
+    from .train import _Features, _write_status
+
+    device = resolve_device(cfg.device)
+    teacher_run = load_run(cfg.teacher, device)
+    teacher, tcfg = teacher_run.model, teacher_run.config
+    if teacher.bridge is None:
+        raise ConfigError(f"{cfg.teacher} is a {teacher.cfg.variant!r} run: it has no bridge to distill "
+                          "(dab distill takes dab or bridge runs)")
+    out = Path(cfg.out)
+    if (out / "config.json").exists() and not resume:
+        raise TrainingError(f"{out} already holds a run; use --resume to continue it, or choose another --out")
+    with open_store(tcfg.features) as st:
+        train = _Features(st.load_split(tcfg.train_split), device, False)
+        val = _Features(st.load_split(tcfg.val_split), device, False) if tcfg.val_split in st.splits() else None
+        test = _Features(st.load_split(tcfg.test_split), device, False)
+    student = _student(teacher, cfg.student_steps).to(device)
+    run_cfg = dataclasses.replace(tcfg, out=out, model=student.cfg, epochs=cfg.epochs, batch_size=cfg.batch_size,
+                                  lr=cfg.lr, seed=cfg.seed, recipe=None)
+    out.joinpath("checkpoints").mkdir(parents=True, exist_ok=True)
+    if not resume:
+        save_config(run_cfg, out / "config.json")
+        atomic_write_text(out / "distill.json", json.dumps(
+            {"teacher": str(cfg.teacher), "teacher_checkpoint_sha256": sha256_file(teacher_run.checkpoint),
+             "teacher_steps": teacher.cfg.steps, "distill": to_dict(cfg)}, indent=2, default=str) + "\n")
+    _write_status(out, state="running", features=str(tcfg.features))
+    optim = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=cfg.lr,
+                              weight_decay=cfg.weight_decay)
+    start, best, best_epoch = 0, None, None
+    torch.manual_seed(cfg.seed)
+    last = out / "checkpoints" / "last.pt"
+    if resume and last.exists():
+        ck = load_checkpoint(last, map_location=device)
+        student.load_state_dict(ck["model"])
+        optim.load_state_dict(ck["optim"])
+        start, best, best_epoch = ck["epoch"], ck["best_value"], ck["best_epoch"]
+        set_rng_state(ck["rng"])
+        progress(Event("info", message=f"resuming {out} at epoch {start + 1}"))
+    temperature = _temperature(teacher)
+    steps = len(train.caption_video) // cfg.batch_size
+    val_metrics = None
+    progress(Event("start", task="distill", total=(cfg.epochs - start) * steps))
+    for epoch in range(start, cfg.epochs):
+        t0 = time.time()
+        losses = _distill_epoch(student, teacher, train, cfg, epoch, steps, optim, temperature, device, progress)
+        record: dict[str, Any] = {"epoch": epoch + 1, "loss": losses, "epoch_seconds": round(time.time() - t0, 3)}
+        improved = True
+        if val is not None:
+            val_metrics = _metrics(student, val, tcfg, device)
+            record["val"] = val_metrics
+            improved = best is None or val_metrics["R@1"] > best
+            if improved:
+                best, best_epoch = val_metrics["R@1"], epoch + 1
+        else:
+            best_epoch = epoch + 1
+        with open(out / "metrics.jsonl", "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        state = {"model": student.state_dict(), "heads": None, "optim": optim.state_dict(), "epoch": epoch + 1,
+                 "best_value": best, "best_epoch": best_epoch, "rng": rng_state(), "config": to_dict(run_cfg)}
+        save_checkpoint(last, state)
+        if improved:
+            save_checkpoint(out / "checkpoints" / "best.pt", state)
+        progress(Event("metrics", message=f"epoch {epoch + 1}: loss {losses['loss']:.4f}"
+                       + (f"  val R@1 {val_metrics['R@1']:.1f}" if val_metrics else ""), data=record))
+    progress(Event("end", task="distill", message=f"best epoch {best_epoch}"))
+    return _finish(student, test, run_cfg, out, best, best_epoch, val_metrics, device)
+
+
+def _distill_epoch(student, teacher, train, cfg: DistillConfig, epoch: int, steps: int, optim, temperature,
+                   device: torch.device, progress: ProgressCallback) -> dict[str, float]:
+    from .train import epoch_order
+
+    order = epoch_order(train.caption_video.numpy(), "captions", cfg.seed, epoch)
+    # eval mode for both: the student's copied pooling must see what the teacher's does (no dropout);
+    # gradients still reach the bridge, the only part that trains
+    student.eval()
+    teacher.eval()
+    sums = {"loss": 0.0, "state": 0.0, "rank": 0.0}
+    for step in range(steps):
+        q = order[step * cfg.batch_size: (step + 1) * cfg.batch_size]  # (B,)
+        v = train.caption_video[q]
+        text, frames, mask = train.text[q].to(device), train.frames[v].to(device), train.mask[v].to(device)
+        with torch.no_grad():
+            t_cost, t_state = _pair_outputs(teacher, text, frames, mask)
+        s_cost, s_state = _pair_outputs(student, text, frames, mask)
+        loss, parts = distill_loss(s_cost, s_state, t_cost, t_state, temperature, cfg.state_weight, cfg.rank_weight)
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        optim.step()
+        sums["loss"] += float(loss.detach())
+        for k, x in parts.items():
+            sums[k] += x
+        progress(Event("advance", task="distill", n=1, data={"unit": "it"},
+                       message=f"epoch {epoch + 1}/{cfg.epochs} loss {sums['loss'] / (step + 1):.4f}"))
+    return {k: x / max(1, steps) for k, x in sums.items()}
+
+
+def _metrics(model, feats, tcfg, device: torch.device) -> dict:
+    from ..metrics import t2v_metrics
+    from ..scoring import score_all
+
+    res = score_all(model, feats.text, feats.frames, feats.mask, device=device, text_chunk=tcfg.text_chunk,
+                    video_chunk=tcfg.video_chunk)
+    return t2v_metrics(res.cost, feats.caption_video.numpy())
+
+
+def _finish(student, test, run_cfg, out: Path, best, best_epoch, val_metrics, device) -> DistillResult:
+    """Score the test split with best.pt, write its cost file and mark the run complete (as `dab train` does)."""
+    from ..costfile import CostMatrix, write_costs
+    from ..metrics import t2v_metrics
+    from ..scoring import score_all
+    from .train import _write_status
+
+    student.load_state_dict(load_checkpoint(out / "checkpoints" / "best.pt", map_location=device)["model"])
+    student.eval()
+    res = score_all(student, test.text, test.frames, test.mask, device=device, gt=test.caption_video)
+    gt = test.caption_video.numpy()
+    extras = {k: np.asarray(getattr(res, k)) for k in ("text_var", "bridged_var", "video_var")
+              if getattr(res, k, None) is not None}
+    path = out / f"costs_{run_cfg.test_split}.h5"
+    write_costs(path, CostMatrix(cost=np.asarray(res.cost, np.float32), query_ids=np.asarray(test.caption_ids),
+                                 video_ids=np.asarray(test.video_ids), gt=gt.astype(np.int64), kind="cost",
+                                 extras=extras,
+                                 attrs={"config": json.dumps(to_dict(run_cfg), default=str),
+                                        "split": run_cfg.test_split, "best_epoch": best_epoch,
+                                        "variant": run_cfg.model.variant, "store": str(run_cfg.features)}))
+    test_metrics = t2v_metrics(res.cost, gt)
+    _write_status(out, state="complete", epochs=run_cfg.epochs, best_epoch=best_epoch, best_value=best,
+                  select_metric="R@1", val=val_metrics, test_t2v=test_metrics, costs=str(path))
+    return DistillResult(run_dir=out, best_epoch=best_epoch, val_metrics=val_metrics, test_metrics=test_metrics,
+                         costs_path=path)
