@@ -306,6 +306,11 @@ def train(features, out, recipe, variant, cost, steps, epochs, batch_size, train
     else:
         with RichProgress(quiet=quiet) as prog:
             res = run_train(cfg, progress=prog, resume=resume)
+    _echo_run(res)
+
+
+def _echo_run(res) -> None:
+    """The run folder and its test numbers, as `dab train` and `dab distill` print them."""
     click.echo(f"run folder: {res.run_dir}")
     if res.test_metrics:
         m = res.test_metrics
@@ -495,8 +500,4 @@ def distill(teacher, out, student_steps, epochs, overrides, resume, quiet) -> No
                           overrides)
     with RichProgress(quiet=quiet) as prog:
         res = run_distill(cfg, progress=prog, resume=resume)
-    click.echo(f"run folder: {res.run_dir}")
-    if res.test_metrics:
-        m = res.test_metrics
-        click.echo(f"test t2v: R@1 {m['R@1']:.1f}  R@5 {m['R@5']:.1f}  R@10 {m['R@10']:.1f}  MnR {m['MnR']:.1f}  "
-                   f"(best epoch {res.best_epoch})")
+    _echo_run(res)
