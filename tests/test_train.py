@@ -16,7 +16,9 @@ from dab_pipeline.config import apply_overrides
 from dab_pipeline.costfile import read_costs
 from dab_pipeline.errors import ConfigError, TrainingError
 from dab_pipeline.stages.train import TrainConfig, resolve_train_config, run_train
-from dab_pipeline.store import create_store, open_store
+from dab_pipeline.store import open_store
+
+from .factories import random_store as make_random_store
 
 SMALL = ["model.drift_hidden=16", "model.time_embed_dim=8", "model.steps=2", "batch_size=8", "lr=3e-3"]
 
@@ -24,21 +26,7 @@ SMALL = ["model.drift_hidden=16", "model.time_embed_dim=8", "model.steps=2", "ba
 def _random_store(path: Path, n_videos: int = 30, caps_per_video: int = 2, dim: int = 16, frames: int = 4,
                   seed: int = 0) -> Path:
     """A store of random features with clustered text/video pairs (no decoding needed)."""
-    rng = np.random.default_rng(seed)
-    splits = np.array(["train"] * 20 + ["val"] * 5 + ["test"] * 5)[:n_videos]
-    vids = np.array([f"v{i}" for i in range(n_videos)])
-    cap_video = np.repeat(np.arange(n_videos), caps_per_video)
-    manifest = {"model": "random", "frames": frames, "dataset": "random", "clip": {"embed_dim": dim}}
-    st = create_store(path, manifest=manifest, video_ids=vids, video_split=splits,
-                      caption_ids=np.array([f"v{v}#{k}" for v, k in zip(cap_video, np.tile(np.arange(caps_per_video), n_videos))]),
-                      caption_video_index=cap_video, caption_text=np.array(["x"] * len(cap_video)),
-                      caption_split=splits[cap_video], num_frames=frames, dim=dim, dtype="float32")
-    centres = rng.normal(size=(n_videos, dim)).astype(np.float32)  # (V, D)
-    fr = centres[:, None] + 0.3 * rng.normal(size=(n_videos, frames, dim)).astype(np.float32)  # (V, F, D)
-    st.write_videos(np.arange(n_videos), fr, np.ones((n_videos, frames), bool), np.full(n_videos, 20))
-    st.write_captions(np.arange(len(cap_video)), centres[cap_video] + 0.3 * rng.normal(size=(len(cap_video), dim)).astype(np.float32))
-    st.close()
-    return path
+    return make_random_store(path, n_videos=n_videos, caps_per_video=caps_per_video, dim=dim, frames=frames, seed=seed)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,9 @@ from dab_pipeline.cli import cli
 from dab_pipeline.config import apply_overrides
 from dab_pipeline.costfile import read_costs
 from dab_pipeline.stages.train import TrainConfig, epoch_views, resolve_train_config, run_train
-from dab_pipeline.store import create_store, open_store
+from dab_pipeline.store import open_store
+
+from .factories import random_store
 
 SMALL = ["model.drift_hidden=16", "model.time_embed_dim=8", "model.steps=2", "batch_size=8", "lr=3e-3",
          "model.variant=dab", "epochs=3", "checkpoint_every=1"]
@@ -95,24 +97,8 @@ def test_views_at_token_state_level_for_fine_tuning(tiny_folder_dataset: Path, t
     assert res.exit_code == 0, res.output
 
 
-def _view_store(path: Path, n_videos: int = 30, views: int = 3, dim: int = 16, frames: int = 4) -> Path:
-    rng = np.random.default_rng(0)
-    splits = np.array(["train"] * 20 + ["val"] * 5 + ["test"] * 5)
-    cap_video = np.repeat(np.arange(n_videos), 2)
-    st = create_store(path, manifest={"model": "random", "frames": frames, "clip": {"embed_dim": dim}},
-                      video_ids=[f"v{i}" for i in range(n_videos)], video_split=splits,
-                      caption_ids=[f"c{i}" for i in range(len(cap_video))], caption_video_index=cap_video,
-                      caption_text=["x"] * len(cap_video), caption_split=splits[cap_video], num_frames=frames,
-                      dim=dim, dtype="float32", train_views=views)
-    centres = rng.normal(size=(n_videos, dim)).astype(np.float32)
-    fr = centres[:, None] + 0.3 * rng.normal(size=(n_videos, frames, dim)).astype(np.float32)  # (V, F, D)
-    train = np.arange(20)
-    st.write_views(train, fr[train, None] + 0.2 * rng.normal(size=(20, views, frames, dim)).astype(np.float32))
-    st.write_videos(np.arange(n_videos), fr, np.ones((n_videos, frames), bool), np.full(n_videos, 20))
-    st.write_captions(np.arange(len(cap_video)), centres[cap_video] + 0.3 * rng.normal(
-        size=(len(cap_video), dim)).astype(np.float32))
-    st.close()
-    return path
+def _view_store(path: Path, views: int = 3) -> Path:
+    return random_store(path, train_views=views)
 
 
 def _cfg(store: Path, out: Path, *sets: str) -> TrainConfig:
