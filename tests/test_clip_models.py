@@ -173,7 +173,7 @@ def test_openai_tag_offline_is_one_clear_error(tmp_path, monkeypatch):
         raise OSError("[Errno -3] Temporary failure in name resolution")
 
     monkeypatch.setattr(oc_pretrained, "download_pretrained", no_network)
-    monkeypatch.setattr(cm, "_offline_reason", lambda cfg: None)  # the host answers, the download fails
+    monkeypatch.setattr(cm.weights, "_offline_reason", lambda cfg: None)  # the host answers, the download fails
     with pytest.raises(WeightsError) as err:
         cm.load_clip("ViT-B-32", "openai", cache_dir=str(tmp_path / "empty-cache"))
     msg = str(err.value)
@@ -306,7 +306,7 @@ def test_detect_openai_weights(tmp_path, tiny_path):
 def test_openai_release_hash_is_recognised(tmp_path, tiny_path, monkeypatch):
     copy = tmp_path / "weights.pt"
     copy.write_bytes(tiny_path.read_bytes())
-    monkeypatch.setattr(cm, "_openai_release_hashes", lambda: {sha256_file(copy): "ViT-B-32.pt"})
+    monkeypatch.setattr(cm.weights, "_openai_release_hashes", lambda: {sha256_file(copy): "ViT-B-32.pt"})
     b = cm.load_clip("dab-tiny", str(copy))
     assert b.quick_gelu and b.model_name == "dab-tiny-quickgelu"
     assert "OpenAI's release ViT-B-32.pt" in b.warnings[0]
@@ -493,7 +493,7 @@ def test_damaged_dab_world_file_is_one_clear_error(tmp_path, monkeypatch):
     meta = json.loads((cm.WEIGHTS_DIR / "dab-world.json").read_text())
     (fake / "dab-world.json").write_text(json.dumps(meta))
     (fake / meta["file"]).write_text("version https://git-lfs.github.com/spec/v1\n")  # a Git LFS pointer
-    monkeypatch.setattr(cm, "WEIGHTS_DIR", fake)
+    monkeypatch.setattr(cm.weights, "WEIGHTS_DIR", fake)
     with pytest.raises(WeightsError, match="damaged"):
         cm.load_clip("dab-world", None)
 

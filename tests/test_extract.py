@@ -268,7 +268,7 @@ def test_read_only_file_system_is_named_even_when_cleanup_fails(tiny_folder_data
         raise OSError(errno.EROFS, "Read-only file system", str(p))
 
     monkeypatch.setattr(store_mod._H5Backend, "create", staticmethod(read_only))
-    monkeypatch.setattr(store_mod, "remove_path", cannot_unlink)
+    monkeypatch.setattr(store_mod.create, "remove_path", cannot_unlink)  # the module that creates stores
     out = tmp_path / "store.h5"
     res = CliRunner().invoke(cli, _args(tiny_folder_dataset, out))
     assert res.exit_code != 0 and "Traceback" not in res.output

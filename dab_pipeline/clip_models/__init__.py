@@ -1,0 +1,43 @@
+"""CLIP loading and encoding on top of open_clip.
+
+What this module adds to open_clip:
+
+* :func:`load_clip` resolves an architecture plus a pretrained tag or a local
+  weights file, works offline from open_clip's cache, turns every failure into a
+  typed :class:`~dab_pipeline.errors.DabError`, and picks the QuickGELU variant
+  whenever the weights are OpenAI's (loading them into a GELU model raises no
+  error but silently gives wrong features).
+* ``dab-tiny``: a tiny architecture (config in ``model_configs/``) with
+  deterministic random weights, so tests and speed benchmarks run on CPU
+  without downloading anything; ``dab-world``: a small CLIP pretrained on the
+  procedural world (``dab_pipeline.world``), its weights shipped in ``weights/``,
+  for the demo and the quality benchmark.
+* :func:`encode_images` / :func:`encode_texts` return the projected features and,
+  for partial fine-tuning, the token states entering the last K transformer
+  blocks; :class:`VisionHead` / :class:`TextHead` replay those K blocks (plus the
+  final LayerNorm and projection) from the stored states, trainable."""
+
+from __future__ import annotations
+
+from .bundle import ClipBundle, MODEL_CONFIG_DIR, TINY_MODEL, TextEncoding, _DTYPES, _OPENAI_EXTRA_KEYS, _OUR_MODELS, _WEIGHT_SUFFIXES, _cache_dir, _first_line, list_clip_models, quiet_open_clip  # noqa: F401
+from .weights import WEIGHTS_DIR, _STORAGE_DTYPES, _ScriptedModule, _TensorsOnly, _cached_tag_file, _fetch_tag, _is_torchscript, _looks_like_path, _model_has_quickgelu, _normalise_name, _offline_reason, _openai_hint, _openai_release_hashes, _quickgelu_sibling, _read_weights, _tag_cfg, _tiny_tensor, builtin_weights, default_tiny_weights, detect_openai_weights, expand_compact_state, read_torchscript_tensors, write_tiny_weights  # noqa: F401
+from .load import _embed_dim, _fit_state_dict, _resolve_dtype, _square, _text_layers, _text_tower, _text_width, _uses_quickgelu, _vision_layers, _vision_tokens, _vision_width, check_store_weights, full_depth, load_clip  # noqa: F401
+from .encode import _check_blocks, _check_text, _check_vision, _eot_index, _pool_vision, _project, _run_blocks, _vision_embed, encode_images, encode_texts, pad_text_states, tokenize_lengths  # noqa: F401
+from .heads import TextHead, VisionHead, _fresh_copy  # noqa: F401
+
+__all__ = [
+    "TINY_MODEL",
+    "ClipBundle",
+    "TextEncoding",
+    "TextHead",
+    "VisionHead",
+    "default_tiny_weights",
+    "detect_openai_weights",
+    "encode_images",
+    "encode_texts",
+    "list_clip_models",
+    "load_clip",
+    "pad_text_states",
+    "tokenize_lengths",
+    "write_tiny_weights",
+]

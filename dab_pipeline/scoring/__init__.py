@@ -1,0 +1,49 @@
+"""All-pairs scoring of a split in bounded memory: the plain reference and the fast engine.
+
+The per-pair work of DAB (text-conditioned pooling, video Gaussian, bridge) cannot
+be factored into one embedding per side, so every (text, video) pair runs through
+the model.  Two implementations share one result type:
+
+* :func:`score_all_reference` calls the model block by block: texts in chunks of
+  ``text_chunk`` and videos in chunks of ``video_chunk`` (the paper's 128 / 512),
+  so the largest per-pair tensor is ``(text_chunk, video_chunk, D)`` whatever the
+  split size.  It is the correctness reference; the engine must match it.
+* :func:`score_all` is the engine used by validation, ``dab train``'s final cost
+  matrices and ``dab search``.  It computes the same function with the algebra
+  taken out of the per-pair loop (docs/performance.md derives it):
+
+  - per text, once: the pooling query, the text Gaussian, and the bridge's first
+    step (its state is still the text Gaussian, so its projection is per text);
+  - per video, once: keys, the value and output projections folded into one set
+    of per-frame vectors, everything linear behind the pooling (``linear_proj``,
+    the probabilistic heads, the token term ``W2 v_c``, the bridge's mu_v block)
+    pushed through the LayerNorms onto per-frame bases, and the token branch;
+  - per pair: attention weights, a few small batched products against those
+    bases, the per-pair LayerNorm statistics, the sigma_v block of the bridge's
+    first layer, then T' steps of large matrix products and the cost.
+
+  Sub-blocks are sized from a memory budget, never a ``(Q, V, D)`` tensor for the
+  split; ``dtype="bfloat16"`` runs the bridge's matrix products in bf16 (float32
+  accumulation, float32 states and cost); ``topk`` returns each query's ranked
+  best videos; ``shortlist=K`` scores only each query's top-K candidates of a cheap
+  cosine stage (the others get ``+inf``)."""
+
+from __future__ import annotations
+
+from .reference import SCORE_DTYPES, ScoreResult, _GiB, _MiB, _as_tensor, _check_inputs, _prepare_inputs, score_all_reference  # noqa: F401
+from .budget import _BIAS_PAD, _available_ram, _center, _dims, _linears, _step_macs, _video_bytes, default_memory_budget, engine_macs, pair_bytes, reference_macs  # noqa: F401
+from .blocks import _OneDNN, _Texts, _Videos, pack_kept  # noqa: F401
+from .engine import _Engine  # noqa: F401
+from .driver import _Sink, _diagnostics, _inner_tiles, _score_grid, _score_shortlist, _shortlist, _to_device, score_all, topk_smallest  # noqa: F401
+
+__all__ = [
+    "ScoreResult",
+    "score_all",
+    "score_all_reference",
+    "default_memory_budget",
+    "pair_bytes",
+    "engine_macs",
+    "reference_macs",
+    "topk_smallest",
+    "SCORE_DTYPES",
+]

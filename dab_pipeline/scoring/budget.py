@@ -1,0 +1,158 @@
+"""Work and memory planning: multiply-add counts and the memory budget of a block of pairs."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from ..cpu_kernels import Kernels, get_kernels
+from ..devices import resolve_device
+from ..events import Event, ProgressCallback, null_progress
+from ..model import DABModel, ModelConfig, masked_softmax
+
+from .reference import _GiB, _MiB, score_all_reference
+
+
+_BIAS_PAD = 16  # columns after H in the hidden buffers: a 1 (bias input) and zeros
+
+
+def _center(x: Tensor) -> Tensor:
+    return x - x.mean(dim=-1, keepdim=True)
+
+
+def _linears(seq: torch.nn.Sequential) -> list[torch.nn.Linear]:
+    return [m for m in seq if isinstance(m, torch.nn.Linear)]
+
+
+def _dims(cfg: ModelConfig, num_frames: int) -> tuple[int, int, int, int, int]:
+    """(D, H, R, n_state, L): n_state is 2 for the distribution bridge, 1 for the point bridge."""
+    n_state = 2 if cfg.variant == "dab" else 1
+    return cfg.embed_dim, cfg.drift_hidden, cfg.num_heads * num_frames, n_state, cfg.drift_layers
+
+
+def _step_macs(cfg: ModelConfig) -> tuple[int, int]:
+    """(state block of the first drift layer, rest of the drift) multiply-adds per pair and step."""
+    d, h, _, n, layers = _dims(cfg, 1)
+    return n * d * h, (layers - 2) * h * h + h * n * d
+
+
+def reference_macs(cfg: ModelConfig, num_frames: int) -> dict[str, int]:
+    """Multiply-adds :func:`score_all_reference` executes (``model.pair_costs``), by what they depend on.
+
+    ``per_pair`` includes all T' bridge steps.  ``paper_per_pair`` is the paper's count
+    (:func:`~dab_pipeline.model.bridge_macs_per_pair_step` x T', the drift on the full
+    concatenation plus the time MLP, per pair) plus the pooling and heads.
+    """
+    from ..model import bridge_macs_per_pair_step
+
+    d, h, _, n, _ = _dims(cfg, num_frames)
+    f = num_frames
+    pool = 2 * f * d + 2 * d * d  # logits, weighted values, out_proj, linear_proj
+    heads = 3 * d * d if cfg.probabilistic else 0  # mu, logvar, W2 v_c
+    state, rest = _step_macs(cfg)
+    bridge = (n * d * h + cfg.steps * (state + rest)) if cfg.uses_bridge else 0
+    per_text = d * d + (2 * d * d if cfg.probabilistic else 0)
+    per_video = 2 * f * d * d + ((4 * f * d * d + 2 * f * f * d + d * d) if cfg.probabilistic else 0)
+    return {
+        "per_text": per_text,
+        "per_video": per_video,
+        "per_pair": pool + heads + bridge,
+        "pooling_heads_per_pair": pool + heads,
+        "paper_per_pair": pool + heads + cfg.steps * bridge_macs_per_pair_step(cfg),
+    }
+
+
+def engine_macs(cfg: ModelConfig, num_frames: int) -> dict[str, int]:
+    """Multiply-adds the engine executes, by what they depend on (docs/performance.md)."""
+    d, h, r, n, _ = _dims(cfg, num_frames)
+    f = num_frames
+    state, rest = _step_macs(cfg)
+    per_pair = f * d  # attention logits
+    per_video = 3 * f * d * d + r * d * d  # k, v (+ out_proj folded into U), linear_proj on U's rows
+    per_text = d * d  # q_proj
+    c_cols = d if cfg.probabilistic else (h if cfg.variant == "bridge" else 0)
+    g_cols = (2 * d + (h if cfg.variant == "dab" else 0)) if cfg.probabilistic else 0
+    per_video += r * d * c_cols + r * d * g_cols
+    if cfg.probabilistic:
+        # LayerNorm statistics as quadratic forms in w, then one product with the merged basis
+        per_pair += r * r + (r + 1) * (r + 1) + (r + 1) * (r + 3) + (r + 3) * (c_cols + g_cols)
+        per_video += r * r * d + 2 * (r + 1) * (r + 1) * d + 2 * (r + 1) * d  # quad1, quad2, quad3
+        per_text += 2 * d * d
+        per_video += 4 * f * d * d + 2 * f * f * d + d * d  # token branch
+    else:
+        per_pair += r * 2 * d + (r + 2) * c_cols  # y and (w @ Rm); the point bridge's target
+    bridge = 0
+    if cfg.uses_bridge:
+        per_text += n * d * h  # the first step's state block
+        # the first step's state is the text Gaussian: its block is per text, not per pair
+        bridge = cfg.steps * (state + rest) - state
+        if cfg.variant == "dab":
+            bridge += d * h  # sigma_v block of the first layer (mu_v's is in the g basis)
+    return {
+        "per_text": per_text,
+        "per_video": per_video,
+        "per_pair": per_pair + bridge,
+        "pooling_heads_per_pair": per_pair,
+        "bridge_per_pair": bridge,
+    }
+
+
+def pair_bytes(cfg: ModelConfig, num_frames: int, dtype: str = "float32", aligned: bool = False) -> int:
+    """Upper estimate of the bytes one pair holds while its sub-block is scored."""
+    d, h, r, _, _ = _dims(cfg, num_frames)
+    mm = 2 if dtype == "bfloat16" else 4
+    n = 4 * (3 * r + 10 * d + 2 * h) + mm * (4 * d + 3 * h)
+    if aligned:  # per-video bases gathered per pair
+        n += _video_bytes(cfg, num_frames, transient=False)
+    return n
+
+
+def _video_bytes(cfg: ModelConfig, num_frames: int, transient: bool = True) -> int:
+    d, h, r, _, _ = _dims(cfg, num_frames)
+    c_cols = d if cfg.probabilistic else (h if cfg.variant == "bridge" else 0)
+    g_cols = (2 * d + (h if cfg.variant == "dab" else 0)) if cfg.probabilistic else 0
+    n = num_frames * d + 2 * r * d + (r + 2) * c_cols + (r + 3) * g_cols + d + num_frames
+    if cfg.probabilistic:  # the quadratic forms and the merged copy of the bases
+        n += 3 * (r + 3) ** 2 + (r + 3) * (c_cols + g_cols)
+    if transient:  # U, A1, Rm, V1, Hb and the token branch while the bases are built
+        n += 6 * r * d + 6 * num_frames * d + num_frames * num_frames
+    return 4 * n
+
+
+def _available_ram() -> Optional[int]:
+    try:
+        import psutil  # type: ignore[import-not-found]
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        pass
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def default_memory_budget(device: str | torch.device = "cpu") -> int:
+    """Bytes the engine's working set may use on ``device``.
+
+    CUDA: half the free device memory, at most 6 GiB.  CPU: a quarter of the
+    available RAM, at most 64 MiB, i.e. ~1,400 pairs per sub-block at the default
+    size: the matrix products are at full speed from a few hundred rows on, and the
+    elementwise passes between them run from cache only while the block is small
+    (measured: 95% of the matmul rate at 1-2K pairs, 67% at 5.4K).
+    """
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(dev)
+        return int(max(64 * _MiB, min(0.5 * free, 6 * _GiB)))
+    avail = _available_ram()
+    cap = 64 * _MiB
+    return int(cap if avail is None else max(16 * _MiB, min(0.25 * avail, cap)))

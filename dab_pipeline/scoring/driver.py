@@ -1,0 +1,303 @@
+"""score_all: tiling, shortlists, top-k and diagnostics around the engine."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from ..cpu_kernels import Kernels, get_kernels
+from ..devices import resolve_device
+from ..events import Event, ProgressCallback, null_progress
+from ..model import DABModel, ModelConfig, masked_softmax
+
+from .reference import SCORE_DTYPES, ScoreResult, _prepare_inputs
+from .budget import _video_bytes, default_memory_budget, pair_bytes
+from .blocks import _Texts
+from .engine import _Engine
+
+
+def topk_smallest(cost: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's ``k`` smallest entries, ascending -> (indices (Q, k) int64, values (Q, k) float32).
+
+    Equal costs are ordered by video index; NaN sorts last.  Works in row blocks
+    with ``argpartition`` so a wide gallery costs O(V) a row, not O(V log V).
+    """
+    c_all = np.asarray(cost)
+    n_q, n_v = c_all.shape
+    k = max(0, min(int(k), n_v))
+    idx = np.empty((n_q, k), np.int64)
+    rows_per_block = max(1, (1 << 22) // max(n_v, 1))
+    for r0 in range(0, n_q, rows_per_block):
+        c = c_all[r0: r0 + rows_per_block]
+        if k == 0:
+            continue
+        if k < n_v:
+            part = np.argpartition(c, k - 1, axis=1)[:, :k]  # (b, k) unordered
+        else:
+            part = np.broadcast_to(np.arange(n_v), c.shape)
+        vals = np.take_along_axis(c, part, axis=1)
+        order = np.lexsort((part, vals), axis=-1)  # by value, then index
+        idx[r0: r0 + len(c)] = np.take_along_axis(part, order, axis=1)
+    return idx, np.take_along_axis(c_all, idx, axis=1).astype(np.float32)
+
+
+class _Sink:
+    """Moves finished blocks into the host cost matrix.
+
+    On CUDA the device-to-host copies go to pinned buffers without blocking, so
+    the next block's kernels are queued while they run; :meth:`flush` waits for
+    them once per video chunk.
+    """
+
+    def __init__(self, out: np.ndarray, device: torch.device) -> None:
+        self.out, self.device, self.cuda = out, device, device.type == "cuda"
+        self.pending: list[tuple[Tensor, object, object]] = []
+
+    def put(self, block: Tensor, rows: object, cols: object) -> None:
+        if not self.cuda:
+            self.out[rows, cols] = block.float().numpy()
+            return
+        host = torch.empty(block.shape, dtype=torch.float32, pin_memory=True)
+        host.copy_(block, non_blocking=True)
+        self.pending.append((host, rows, cols))
+
+    def flush(self) -> None:
+        if self.pending:
+            torch.cuda.synchronize(self.device)
+            for host, rows, cols in self.pending:
+                self.out[rows, cols] = host.numpy()
+            self.pending.clear()
+
+
+def _to_device(x: Tensor, device: torch.device) -> Tensor:
+    if device.type == "cuda":
+        return x.pin_memory().to(device, non_blocking=True)
+    return x.to(device)
+
+
+def _inner_tiles(n_text: int, n_video: int, p_max: int, video_cap: Optional[int] = None) -> tuple[int, int]:
+    """A near-square (texts, videos) tile of at most ``p_max`` pairs (and ``video_cap`` videos)
+    that cuts an n_text x n_video block into equal tiles."""
+    cap = min(n_video, video_cap) if video_cap is not None else n_video
+    if n_text * cap <= p_max:
+        tq, tv = n_text, cap
+    else:
+        tq = min(n_text, max(1, math.isqrt(p_max)))
+        tv = min(cap, max(1, p_max // tq))
+        tq = min(n_text, max(1, p_max // tv))
+    # equal tiles instead of full ones and a thin remainder: the products run at full rate
+    # only from a few hundred rows, and a remainder block of a few dozen pairs does not
+    return -(-n_text // -(-n_text // tq)), -(-n_video // -(-n_video // tv))
+
+
+def _shortlist(text: Tensor, frames: Tensor, mask: Tensor, k: int, device: torch.device, p_max: int) -> np.ndarray:
+    """First stage: each query's top-k videos by cosine of the text and the mean of the real frames -> (Q, k)."""
+    m = mask.to(frames.dtype)[..., None]  # (V, F, 1)
+    mean = (frames * m).sum(dim=1) / m.sum(dim=1).clamp_min(1.0)  # (V, D)
+    vid = F.normalize(mean, dim=-1).to(device)  # (V, D)
+    txt = F.normalize(text, dim=-1)
+    out = np.empty((text.shape[0], k), np.int64)
+    rows = max(1, p_max // max(1, vid.shape[0]) * 8)
+    for q0 in range(0, text.shape[0], rows):
+        sim = txt[q0: q0 + rows].to(device) @ vid.T  # (b, V)
+        out[q0: q0 + rows] = torch.topk(sim, k, dim=1).indices.cpu().numpy()
+    return out
+
+
+def score_all(
+    model: DABModel,
+    text: np.ndarray | Tensor,
+    frames: np.ndarray | Tensor,
+    mask: np.ndarray | Tensor,
+    *,
+    text_chunk: Optional[int] = None,
+    video_chunk: Optional[int] = None,
+    device: str | torch.device = "cpu",
+    progress: ProgressCallback | None = None,
+    gt: np.ndarray | Tensor | None = None,
+    topk: Optional[int] = None,
+    memory_budget: Optional[int] = None,
+    dtype: str = "float32",
+    shortlist: Optional[int] = None,
+) -> ScoreResult:
+    """Score every text against every video with the fast engine (same function as the reference).
+
+    text (Q, D), frames (V, F, D), mask (V, F) bool; gt (Q,) optional index of each
+    query's ground-truth video (per-query variance diagnostics, Table 6).
+
+    * ``text_chunk`` / ``video_chunk``: outer tiles (one progress step each); None
+      derives them from the budget.  Within a tile, sub-blocks never exceed
+      ``memory_budget`` bytes of per-pair work (default
+      :func:`default_memory_budget` of ``device``).
+    * ``dtype``: "float32" (matches the reference to ~1e-6) or "bfloat16" (the
+      bridge's matrix products in bf16 with float32 accumulation, states and cost
+      in float32).
+    * ``topk``: also return each query's k best videos (indices and costs, best first).
+    * ``shortlist``: score only each query's top-K videos by cosine of the text and
+      the frame mean; every other cost is ``+inf``.  None (default) is exact.
+
+    The model is moved to ``device`` ("auto": CUDA when available) and run in eval
+    mode; its training flag is restored.  Emits "start" / "advance" / "end" events
+    for task "score".
+    """
+    from ..errors import ConfigError
+
+    if dtype not in SCORE_DTYPES:
+        raise ConfigError(f"dtype={dtype!r} is invalid; valid: {' | '.join(SCORE_DTYPES)}")
+    if topk is not None and topk < 1:
+        raise ConfigError(f"topk must be a positive integer, got {topk}")
+    if shortlist is not None and shortlist < 1:
+        raise ConfigError(f"shortlist must be a positive integer, got {shortlist}")
+    if memory_budget is not None and memory_budget < 1:
+        raise ConfigError(f"memory_budget must be a positive number of bytes, got {memory_budget}")
+    progress = progress or null_progress
+    text_t, frames_t, mask_t, gt_t = _prepare_inputs(model, text, frames, mask, gt, text_chunk, video_chunk)
+    dev = resolve_device(device)
+    mm_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+
+    cfg = model.cfg
+    n_q, n_v, n_f = text_t.shape[0], frames_t.shape[0], frames_t.shape[1]
+    budget = int(memory_budget) if memory_budget is not None else default_memory_budget(dev)
+    per_pair = pair_bytes(cfg, n_f, dtype)
+    per_video = _video_bytes(cfg, n_f)
+    p_max = max(1, budget // per_pair)
+    # one video chunk's bases take at most half the budget
+    v_cap = max(1, min(n_v, (budget // 2) // per_video))
+    if text_chunk is None and video_chunk is None:
+        tc, vc = _inner_tiles(max(n_q, 1), max(n_v, 1), p_max, video_cap=max(v_cap, 1))
+    else:
+        vc = video_chunk if video_chunk is not None else v_cap
+        tc = text_chunk if text_chunk is not None else max(1, min(max(n_q, 1), p_max // max(1, min(vc, n_v))))
+    info: dict = {"engine": "fast", "dtype": dtype, "device": str(dev), "memory_budget": budget,
+                  "pair_bytes": per_pair, "text_chunk": tc, "video_chunk": vc, "sub_blocks": 0}
+
+    was_training = model.training
+    model.eval()
+    model.to(dev)
+    try:
+        with torch.no_grad():
+            eng = _Engine(model, dev, mm_dtype, batch_hint=min(p_max, max(1, n_q * n_v)))
+            if eng.onednn is not None and eng.kernels is not None:
+                info["products"] = "onednn"
+                info["kernels"] = eng.kernels.name if eng.kernels.fused else f"eager ({eng.kernels.reason})"
+            else:  # ATen's products in mm_dtype (on a CPU without native bf16, bf16 ones are emulated: slow)
+                info["products"] = f"aten {dtype}" if dev.type == "cpu" else f"{dev.type} {dtype}"
+            ts = eng.texts(text_t.to(dev))
+            if shortlist is not None:
+                cost = np.full((n_q, n_v), np.inf, dtype=np.float32)
+                k_sl = min(shortlist, n_v)
+                info["shortlist"] = k_sl
+                cand = _shortlist(text_t, frames_t, mask_t, k_sl, dev, p_max) if n_q and n_v else np.empty((n_q, 0), np.int64)
+                _score_shortlist(eng, ts, frames_t, mask_t, cand, cost, dev, vc, budget, cfg, n_f, dtype, progress, info)
+            else:
+                cost = np.empty((n_q, n_v), dtype=np.float32)
+                _score_grid(eng, ts, frames_t, mask_t, cost, dev, tc, vc, p_max, progress, info)
+            result = ScoreResult(cost=cost, shortlist=info.get("shortlist"), info=info)
+            if gt_t is not None and cfg.probabilistic:
+                _diagnostics(eng, ts, frames_t, mask_t, gt_t, dev, budget, cfg, n_f, dtype, result)
+        if topk is not None:
+            result.topk_indices, result.topk_costs = topk_smallest(cost, topk)
+        return result
+    finally:
+        model.train(was_training)
+
+
+def _score_grid(eng: _Engine, ts: _Texts, frames: Tensor, mask: Tensor, cost: np.ndarray, dev: torch.device,
+                tc: int, vc: int, p_max: int, progress: ProgressCallback, info: dict) -> None:
+    n_q, n_v = cost.shape
+    n_tc, n_vc = -(-n_q // tc), -(-n_v // vc)
+    progress(Event("start", task="score", total=n_tc * n_vc))
+    sink = _Sink(cost, dev)
+    for v0 in range(0, n_v, vc):
+        v1 = min(v0 + vc, n_v)
+        vs = eng.videos(_to_device(frames[v0:v1], dev), _to_device(mask[v0:v1], dev))
+        tq, tv = _inner_tiles(min(tc, n_q), v1 - v0, p_max)
+        for q0 in range(0, n_q, tc):
+            q1 = min(q0 + tc, n_q)
+            for a in range(q0, q1, tq):
+                b = min(a + tq, q1)
+                tsb = ts.take((None, slice(a, b)))  # (1, tq, ...): the same texts for every video
+                for j in range(0, v1 - v0, tv):
+                    block, _, _ = eng.pairs(tsb, vs.take(slice(j, j + tv)))  # (tv, tq)
+                    sink.put(block.T, slice(a, b), slice(v0 + j, v0 + j + block.shape[0]))
+                    info["sub_blocks"] += 1
+            progress(Event("advance", task="score", n=1))
+        sink.flush()
+    progress(Event("end", task="score"))
+
+
+def _score_shortlist(eng: _Engine, ts: _Texts, frames: Tensor, mask: Tensor, cand: np.ndarray, cost: np.ndarray,
+                     dev: torch.device, vc: int, budget: int, cfg: ModelConfig, n_f: int, dtype: str,
+                     progress: ProgressCallback, info: dict) -> None:
+    """Score the (query, candidate) pairs, video chunk by video chunk.
+
+    A chunk's pairs are sorted by video and packed into rows of at most M texts
+    per video (M ~ the mean candidates per video), so each video's bases serve a
+    whole row and are gathered once a row, not once a pair; the padding of short
+    rows is dropped before the bridge.
+    """
+    n_q, n_v = cost.shape
+    q_idx = np.repeat(np.arange(n_q), cand.shape[1])  # (Q*K,)
+    v_idx = cand.reshape(-1)
+    order = np.argsort(v_idx, kind="stable")
+    q_idx, v_idx = q_idx[order], v_idx[order]
+    bounds = np.searchsorted(v_idx, np.arange(0, n_v + vc, vc))
+    per_pair = pair_bytes(cfg, n_f, dtype)
+    per_row_video = _video_bytes(cfg, n_f, transient=False)
+    n_vc = -(-n_v // vc)
+    progress(Event("start", task="score", total=n_vc))
+    sink = _Sink(cost, dev)
+    for c, v0 in enumerate(range(0, n_v, vc)):
+        lo, hi = int(bounds[c]), int(bounds[c + 1])
+        if hi > lo:
+            v1 = min(v0 + vc, n_v)
+            vs = eng.videos(_to_device(frames[v0:v1], dev), _to_device(mask[v0:v1], dev))
+            qs, vl = q_idx[lo:hi], v_idx[lo:hi] - v0  # sorted by vl
+            counts = np.bincount(vl, minlength=v1 - v0)  # (vc,)
+            width = max(1, int(math.ceil(counts[counts > 0].mean())))  # M
+            n_rows = -(-counts // width)  # rows per video
+            row_start = np.concatenate([[0], np.cumsum(n_rows)])[:-1]
+            first_pair = np.concatenate([[0], np.cumsum(counts)])[:-1]
+            pos = np.arange(len(vl)) - first_pair[vl]  # rank of each pair within its video
+            row = row_start[vl] + pos // width  # (P,)
+            slot = row * width + pos % width  # (P,) flat slot in the (rows, M) grid
+            row_video = np.repeat(np.arange(v1 - v0), n_rows)  # (rows,)
+            grid_q = np.zeros(int(n_rows.sum()) * width, np.int64)
+            grid_q[slot] = qs  # padding slots point at text 0 and are dropped
+            grid_q = grid_q.reshape(-1, width)
+            rows_per_block = max(1, budget // (width * per_pair + per_row_video))
+            for r0 in range(0, len(row_video), rows_per_block):
+                r1 = min(r0 + rows_per_block, len(row_video))
+                sel = (row >= r0) & (row < r1)  # this block's pairs (contiguous: rows follow the sort)
+                keep = torch.from_numpy(slot[sel] - r0 * width).to(dev)
+                block, _, _ = eng.pairs(ts.take(torch.from_numpy(grid_q[r0:r1]).to(dev)),
+                                        vs.take(torch.from_numpy(row_video[r0:r1]).to(dev)), keep=keep)  # (P,)
+                sink.put(block, qs[sel], vl[sel] + v0)
+                info["sub_blocks"] += 1
+            sink.flush()
+        progress(Event("advance", task="score", n=1))
+    progress(Event("end", task="score"))
+
+
+def _diagnostics(eng: _Engine, ts: _Texts, frames: Tensor, mask: Tensor, gt: Tensor, dev: torch.device,
+                 budget: int, cfg: ModelConfig, n_f: int, dtype: str, result: ScoreResult) -> None:
+    """Mean sigma^2 of text, bridged text and video for the Q ground-truth pairs only (aligned, never the grid)."""
+    assert ts.logvar is not None
+    n_q = len(gt)
+    result.text_var = ts.logvar.exp().mean(dim=-1).float().cpu().numpy()
+    step = max(1, budget // (pair_bytes(cfg, n_f, dtype) + _video_bytes(cfg, n_f)))
+    bridged, video = [], []
+    for q0 in range(0, n_q, step):
+        g = gt[q0: q0 + step]
+        vs = eng.videos(_to_device(frames[g], dev), _to_device(mask[g], dev))  # this chunk's ground-truth videos
+        _, bv, vv = eng.pairs(ts.take((slice(q0, q0 + step), None)), vs, want_var=True)  # text p with video p
+        assert bv is not None and vv is not None
+        bridged.append(bv[:, 0].float().cpu().numpy())
+        video.append(vv[:, 0].float().cpu().numpy())
+    empty = np.empty(0, np.float32)
+    result.bridged_var = np.concatenate(bridged) if bridged else empty
+    result.video_var = np.concatenate(video) if video else empty

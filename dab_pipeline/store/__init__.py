@@ -1,0 +1,48 @@
+"""The feature store: CLIP features written once by ``dab extract``, read many times.
+
+One logical layout (see ``docs/store-format.md``), two backends picked by the path
+suffix: ``.h5`` / ``.hdf5`` (h5py) and ``.zarr`` (zarr v3 on the local file system).
+
+Crash safety (a run killed at any point, SIGKILL included, leaves a store that
+opens and resumes) rests on three rules:
+
+* creation is atomic: the whole store is built under a hidden temporary name in
+  the same folder and renamed into place, so a killed creation leaves no store;
+* every array is preallocated at creation (the dataset index is known up front),
+  so extraction only ever overwrites raw array data and never touches HDF5
+  metadata (no resizing, no attribute rewrites, no variable-length heap writes);
+  zarr's LocalStore writes each chunk file under a temporary name and renames it,
+  so a chunk is either the old or the new one;
+* a batch's data is written and flushed before its ``status`` / ``done`` flags
+  are flipped (and flushed), so a flag never points at half-written data."""
+
+from __future__ import annotations
+
+from .layout import ERROR_BYTES, FORMAT_VERSION, HDF5_SUFFIXES, STATUS_FAILED, STATUS_MISSING, STATUS_NAMES, STATUS_OK, STATUS_PENDING, SplitFeatures, ZARR_SUFFIXES, _ALL_SUFFIXES, _COMPRESSED, _LEGACY_LOCK, _MAX_SHARE_ROWS, _SHARE_LOCK, _STRING_ARRAYS, _Spec, _ZARR_CHUNK_BYTES, _ZERO_INIT, _array_specs, _chunk_rows_in_unit, _message_rows, _runs, _zstd, default_share_rows, manifest_compatible, pad_ragged, store_backend, video_share  # noqa: F401
+from .backend_h5 import _Backend, _H5Backend, _fsync_dir, _h5_locking_kwargs  # noqa: F401
+from .backend_zarr import _RawChunks, _ZarrBackend, _backend_class  # noqa: F401
+from .writes import _StoreWrites  # noqa: F401
+from .feature_store import FeatureStore  # noqa: F401
+from .create import _check_unique, _remove_quietly, _str_array, create_store, open_store, os_reason  # noqa: F401
+from .merge import _MERGE_BLOCK_BYTES, _copy_rows, merge_parts  # noqa: F401
+
+__all__ = [
+    "FORMAT_VERSION",
+    "STATUS_PENDING",
+    "STATUS_OK",
+    "STATUS_FAILED",
+    "STATUS_MISSING",
+    "STATUS_NAMES",
+    "ERROR_BYTES",
+    "HDF5_SUFFIXES",
+    "ZARR_SUFFIXES",
+    "FeatureStore",
+    "SplitFeatures",
+    "create_store",
+    "open_store",
+    "manifest_compatible",
+    "store_backend",
+    "default_share_rows",
+    "video_share",
+    "merge_parts",
+]

@@ -1,0 +1,225 @@
+"""Opening and atomically creating stores."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+import numpy as np
+from ..errors import StoreError
+from ..fsutil import publish, remove_path, temp_sibling
+
+from .layout import ERROR_BYTES, FORMAT_VERSION, store_backend, video_share
+from .backend_h5 import _fsync_dir
+from .backend_zarr import _ZarrBackend, _backend_class
+from .feature_store import FeatureStore
+
+
+def open_store(path: str | os.PathLike, mode: str = "r", *, writer: tuple[int, int] | None = None) -> FeatureStore:
+    """Open an existing store; ``mode`` is ``"r"`` (read) or ``"a"`` (resume writing).
+
+    ``writer=(rank, world_size)`` (mode "a", zarr only) opens it as one of
+    ``world_size`` concurrent writers: it may write only the videos of its share
+    (:meth:`FeatureStore.video_share`) and, for rank 0, the captions. The store
+    must have been created with ``share_rows`` (chunks aligned to shares) unless
+    ``world_size`` is 1. Stale ``.partial`` files are not cleaned in this mode
+    (another writer's may be in flight): open the store once with plain mode "a"
+    before the writers start.
+    """
+    if mode not in ("r", "a"):
+        raise ValueError(f"mode must be 'r' or 'a', got {mode!r}")
+    p = Path(path)
+    kind = store_backend(p)
+    if not p.exists():
+        raise StoreError(f"feature store {p} does not exist")
+    if kind == "hdf5" and p.is_dir():
+        raise StoreError(f"{p} is a folder, expected an HDF5 file")
+    if kind == "zarr" and not p.is_dir():
+        raise StoreError(f"{p} is a file, expected a zarr folder")
+    if writer is not None:
+        if mode != "a":
+            raise ValueError("writer=(rank, world_size) needs mode='a'")
+        if kind != "zarr":
+            raise StoreError(
+                f"{p}: HDF5 allows one writer per file; concurrent writers need a .zarr store "
+                "(distributed extraction into HDF5 writes one part file per process and merges them)"
+            )
+        return FeatureStore(p, _ZarrBackend(p, mode, writer=tuple(writer)), mode, writer=tuple(writer))
+    return FeatureStore(p, _backend_class(kind)(p, mode), mode)
+
+
+def _str_array(values: Sequence[str] | np.ndarray, n: int | None, what: str) -> np.ndarray:
+    arr = np.asarray(values, dtype=str).reshape(-1) if len(values) else np.zeros(0, dtype="<U1")
+    if n is not None and len(arr) != n:
+        raise ValueError(f"{what} has {len(arr)} entries, expected {n}")
+    return arr
+
+
+def _check_unique(ids: np.ndarray, what: str) -> None:
+    uniq, counts = np.unique(ids, return_counts=True)
+    if (counts > 1).any():
+        raise ValueError(f"{what} repeat: {uniq[counts > 1][:5].tolist()}")
+
+
+def create_store(
+    path: str | os.PathLike,
+    *,
+    manifest: dict,
+    video_ids: Sequence[str] | np.ndarray,
+    video_split: Sequence[str] | np.ndarray,
+    caption_ids: Sequence[str] | np.ndarray,
+    caption_video_index: Sequence[int] | np.ndarray,
+    caption_text: Sequence[str] | np.ndarray,
+    caption_split: Sequence[str] | np.ndarray,
+    num_frames: int,
+    dim: int,
+    dtype: str = "float16",
+    vision_state_shape: tuple[int, ...] | None = None,
+    text_state_width: int | None = None,
+    text_state_lengths: Sequence[int] | np.ndarray | None = None,
+    overwrite: bool = False,
+    share_rows: int | None = None,
+    train_views: int = 0,
+    thumbnail_bytes: int = 0,
+) -> FeatureStore:
+    """Build a fully preallocated store atomically and return it open for writing (mode "a").
+
+    train_views: augmented views per video (videos/views (N, F, D) rows, and videos/view_states
+    with states); only training videos get them written, the other rows stay unwritten.
+
+    share_rows: lay the store out for several concurrent writers (zarr): every
+    per-video array is chunked so that no chunk crosses a multiple of
+    ``share_rows``, and the value is recorded in the layout; writers then own
+    whole units (:func:`video_share`, ``open_store(..., writer=...)``). None
+    (default) keeps the single-writer layout. HDF5 records it and ignores it.
+
+    vision_state_shape: None (no states), (W,) pooled pre-LN states (K=0) or
+    (L, W) tokens entering the last K blocks (K>0). text_state_width is required
+    with either; text_state_lengths (M,) (tokens up to and including EOT) is
+    required with tokens and forbidden otherwise.
+    """
+    p = Path(path)
+    kind = store_backend(p)
+    if (p.exists() or p.is_symlink()) and not overwrite:
+        raise StoreError(f"{p} already exists; pass overwrite=True (--overwrite) to replace it, or open it to resume")
+    if np.dtype(dtype) not in (np.dtype(np.float16), np.dtype(np.float32)):
+        raise ValueError(f"dtype must be 'float16' or 'float32', got {dtype!r}")
+    if int(num_frames) < 1 or int(dim) < 1:
+        raise ValueError(f"num_frames and dim must be positive, got {num_frames} and {dim}")
+    try:
+        manifest_json = json.loads(json.dumps(manifest, sort_keys=True))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"manifest must be JSON-serialisable: {e}") from None
+
+    vids = _str_array(video_ids, None, "video_ids")
+    n = len(vids)
+    vsplit = _str_array(video_split, n, "video_split")
+    cids = _str_array(caption_ids, None, "caption_ids")
+    m = len(cids)
+    cvid = np.asarray(caption_video_index, dtype=np.int64).reshape(-1)
+    if len(cvid) != m:
+        raise ValueError(f"caption_video_index has {len(cvid)} entries, expected {m}")
+    if m and (cvid.min() < 0 or cvid.max() >= n):
+        raise ValueError(f"caption_video_index must lie in [0, {n}); got {cvid.min()}..{cvid.max()}")
+    ctext = _str_array(caption_text, m, "caption_text")
+    csplit = _str_array(caption_split, m, "caption_split")
+    _check_unique(vids, "video ids")
+    _check_unique(cids, "caption ids")
+
+    layout: dict[str, Any] = {
+        "num_videos": n,
+        "num_captions": m,
+        "num_frames": int(num_frames),
+        "dim": int(dim),
+        "dtype": np.dtype(dtype).name,
+        "state_layout": "none",
+        "vision_state_shape": None,
+        "text_state_width": None,
+        "num_text_tokens": None,
+        "error_bytes": ERROR_BYTES,
+    }
+    if int(train_views) < 0:
+        raise ValueError(f"train_views must be >= 0, got {train_views}")
+    if train_views:
+        layout["train_views"] = int(train_views)
+    if int(thumbnail_bytes) < 0:
+        raise ValueError(f"thumbnail_bytes must be >= 0, got {thumbnail_bytes}")
+    if thumbnail_bytes:
+        layout["thumbnail_bytes"] = int(thumbnail_bytes)
+    if share_rows is not None:
+        if int(share_rows) < 1:
+            raise ValueError(f"share_rows must be >= 1, got {share_rows}")
+        layout["share_rows"] = int(share_rows)
+    init: dict[str, np.ndarray] = {
+        "videos/ids": vids,
+        "videos/split": vsplit,
+        "captions/ids": cids,
+        "captions/split": csplit,
+        "captions/text": ctext,
+        "captions/video_index": cvid,
+    }
+    if vision_state_shape is not None:
+        vss = tuple(int(x) for x in vision_state_shape)
+        if len(vss) not in (1, 2) or min(vss) < 1:
+            raise ValueError(f"vision_state_shape must be (W,) or (L, W), got {vision_state_shape!r}")
+        if text_state_width is None or int(text_state_width) < 1:
+            raise ValueError("text_state_width is required (positive) when vision_state_shape is given")
+        layout["vision_state_shape"] = list(vss)
+        layout["text_state_width"] = int(text_state_width)
+        layout["state_layout"] = "pooled" if len(vss) == 1 else "tokens"
+        if len(vss) == 2:
+            if text_state_lengths is None:
+                raise ValueError("text_state_lengths (M,) is required for token states (vision_state_shape (L, W))")
+            lengths = np.asarray(text_state_lengths, dtype=np.int64).reshape(-1)
+            if len(lengths) != m or (m and lengths.min() < 1):
+                raise ValueError(f"text_state_lengths must be {m} positive token counts, got {len(lengths)} entries")
+            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)  # (M+1,)
+            layout["num_text_tokens"] = int(offsets[-1])
+            init["captions/token_offsets"] = offsets
+        elif text_state_lengths is not None:
+            raise ValueError("text_state_lengths only applies to token states (vision_state_shape (L, W))")
+    elif text_state_width is not None or text_state_lengths is not None:
+        raise ValueError("text_state_width / text_state_lengths need vision_state_shape")
+
+    attrs = {"dab_store_format": FORMAT_VERSION, "layout": layout, "manifest": manifest_json}
+    for folder in (p.parent, *p.parent.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise StoreError(f"cannot create {p}: {folder} is a file, not a folder")
+            break
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_sibling(p, "creating")
+        try:
+            _backend_class(kind).create(tmp, layout, attrs, init)
+            publish(tmp, p, overwrite)
+        except BaseException:
+            _remove_quietly(tmp)  # its own failure must not hide the one that matters
+            raise
+    except OSError as exc:
+        raise StoreError(f"cannot create {p}: {os_reason(exc)}") from None
+    _fsync_dir(p.parent)
+    return open_store(p, "a")
+
+
+def os_reason(exc: OSError) -> str:
+    """The operating system's words for ``exc`` (h5py wraps them in a long message)."""
+    text = str(exc)
+    # h5py: "Unable to create file (unable to open file: ..., errno = 30, error message = 'Read-only file system', ...)"
+    marker = "error message = '"
+    if marker in text:
+        return text.split(marker, 1)[1].split("'", 1)[0]
+    if exc.strerror:
+        return f"{exc.strerror} ({exc.filename})" if exc.filename else exc.strerror
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _remove_quietly(p: Path) -> None:
+    try:
+        remove_path(p)
+    except OSError:
+        pass
