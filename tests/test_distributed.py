@@ -425,7 +425,7 @@ def _main_extract_rank1_dies(flag: str, args: list[str]) -> None:
             os._exit(3)  # as if the node went away
         return real_collate(batch)
 
-    ex._encode_videos, ex._collate = encode_then_flag, dying_collate
+    ex.run._encode_videos, ex.workers._collate = encode_then_flag, dying_collate  # where they are looked up
     cli.main(args, prog_name="dab")
 
 

@@ -120,10 +120,10 @@ def test_resume_after_interruption_equals_one_run(tiny_folder_dataset: Path, tmp
             raise KeyboardInterrupt  # the user pressed Ctrl-C during the second batch
         return real(batch)
 
-    monkeypatch.setattr(ex, "_collate", dying_collate)
+    monkeypatch.setattr(ex.workers, "_collate", dying_collate)
     res = CliRunner().invoke(cli, _args(tiny_folder_dataset, out))
     assert res.exit_code != 0  # click reports "Aborted!" for Ctrl-C
-    monkeypatch.setattr(ex, "_collate", real)
+    monkeypatch.setattr(ex.workers, "_collate", real)
     with open_store(out) as st:
         assert (st.status() == 1).sum() == 2  # the first batch landed
     res = _invoke(_args(tiny_folder_dataset, out))
@@ -356,7 +356,7 @@ def test_ctrl_c_says_how_to_resume(tiny_folder_dataset: Path, tmp_path: Path, mo
     def interrupted(batch):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ex, "_collate", interrupted)
+    monkeypatch.setattr(ex.workers, "_collate", interrupted)
     res = CliRunner().invoke(cli, _args(tiny_folder_dataset, tmp_path / "s.h5"))
     assert res.exit_code == 130
     assert "rerun the same command to resume" in res.output and "Aborted" not in res.output

@@ -166,7 +166,7 @@ def test_ranks_match_naive_on_random_matrices_with_ties(seed):
 
 def test_ranks_blockwise_path(monkeypatch):
     # Force many tiny blocks so the chunking code is exercised.
-    monkeypatch.setattr(M, "_BLOCK_ELEMS", 7)
+    monkeypatch.setattr(M.retrieval, "_BLOCK_ELEMS", 7)
     rng = np.random.default_rng(5)
     cost = rng.random((23, 6))
     gt = rng.integers(0, 6, size=23)
@@ -250,7 +250,7 @@ def test_dual_softmax_is_shift_invariant_and_keeps_float32():
 
 
 def test_inverted_softmax_with_bank_matches_formula(monkeypatch):
-    monkeypatch.setattr(M, "_BLOCK_ELEMS", 5)  # blockwise normaliser
+    monkeypatch.setattr(M.retrieval, "_BLOCK_ELEMS", 5)  # blockwise normaliser
     rng = np.random.default_rng(6)
     cost = rng.random((8, 5))
     bank = rng.random((20, 5))

@@ -58,6 +58,7 @@ def cli() -> None:
     dab evaluate  retrieval metrics, uncertainty diagnostics and reports for a run
     dab compare   one table for several runs
     dab search    top-k videos of a store for a free-text query
+    dab distill   a trained T'-step bridge in S steps: an ordinary run folder, scored at S steps' cost
     """
 
 

@@ -1,17 +1,4 @@
-"""Stage two: train DAB (or an ablation variant) on a cached feature store.
-
-A run folder holds everything needed to trace and rebuild a result:
-
-    runs/NAME/
-      config.json            resolved TrainConfig (as asked: amp / score_dtype may say auto)
-      precision.json         amp and score dtype as this machine ran them, and why (its capabilities)
-      store_manifest.json    the manifest of the store the run read
-      metrics.jsonl          one line per epoch (train loss, validation metrics)
-      checkpoints/last.pt    resumable state (model, heads, optimiser, scheduler, RNG, position)
-      checkpoints/best.pt    best validation checkpoint (model selection never looks at test)
-      costs_test.h5|.zarr    test cost matrix, rankings, per-query variances (read by `dab evaluate`)
-      status.json            running / complete, with the final numbers
-"""
+"""run_train: the run folder, the trainer and its steps, one code path for one process and many."""
 
 from __future__ import annotations
 
@@ -22,415 +9,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
-
 import numpy as np
 import torch
-
-from ..checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from ..choices import AMP_MODES, COST_FORMATS, EPOCH_MODES, LOGIT_SCALE_GROUPS, SCORE_DTYPES, SELECT_METRICS
-from ..config import atomic_write_text, from_dict, save_config, to_dict
-from ..errors import ConfigError, StoreError, TrainingError
-from ..events import Event, ProgressCallback, null_progress
-from ..model import ModelConfig
-from ..devices import resolve_device
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Everything that decides what `dab train` does (paper §4.1 defaults)."""
-
-    features: Path
-    out: Path
-    model: ModelConfig = field(default_factory=ModelConfig)
-    epochs: int = 10
-    batch_size: int = 32
-    lr: float = 1e-4  # new modules (pooling, probabilistic heads, bridge)
-    clip_lr: float = 1e-6  # fine-tuned CLIP blocks, final LayerNorms and projections
-    weight_decay: float = 0.02
-    warmup_ratio: float = 0.1
-    grad_clip: Optional[float] = 1.0
-    seed: int = 24
-    trainable_blocks: Optional[int] = None  # None: CLIP frozen; K: fine-tune the store's last K blocks
-    train_split: str = "train"
-    val_split: str = "val"
-    test_split: str = "test"
-    select_metric: str = "R@1"  # text-to-video metric on the validation split that picks best.pt, or "last"
-    text_chunk: int = 128
-    video_chunk: int = 512
-    device: str = "auto"
-    amp: str = "auto"  # auto: bf16 autocast on CUDA, none on CPU; or "bf16" | "none"
-    checkpoint_every: int = 0  # steps; 0: at the end of each epoch only
-    max_steps_per_epoch: Optional[int] = None  # cut epochs short (smoke runs)
-    # "captions": an epoch visits every training caption once (X-Pool, CLIP4Clip);
-    # "videos": one caption per training video, drawn anew each epoch (datasets with many
-    # captions per video, where a caption epoch would repeat each video many times)
-    epoch: str = "captions"
-    cost_format: str = "auto"  # auto: same backend as the store (h5 / zarr)
-    # precision of the bridge's products when scoring val / test (docs/performance.md):
-    # "bfloat16" is several times faster on AMX / AVX512-BF16 CPUs and tensor-core GPUs and
-    # runs as float32 (with a warning) elsewhere; "auto" picks it where it is native. float32
-    # by default, so a run's metrics do not depend on the machine.
-    score_dtype: str = "float32"
-    # the cosine variants' logit scale: "new" (trained with the new modules, at lr, with weight
-    # decay) or "clip" (X-Pool: CLIP's own parameter, at clip_lr, no weight decay, clamped at 100)
-    logit_scale_group: str = "new"
-    recipe: Optional[str] = None  # the shipped recipe these values started from (dab train --recipe)
-    # a store made with --train-views N: each epoch trains every video on one of its N augmented
-    # views, drawn from (seed, epoch); false: on the eval view, as without views. Val and test
-    # always use the eval view.
-    views: bool = True
-
-    def __post_init__(self) -> None:
-        if self.epochs < 1:
-            raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
-        if self.batch_size < 2:
-            raise ConfigError(f"batch_size must be >= 2 (contrastive loss), got {self.batch_size}")
-        if not 0.0 <= self.warmup_ratio < 1.0:
-            raise ConfigError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-        if self.select_metric not in SELECT_METRICS:
-            raise ConfigError(f"select_metric must be one of {', '.join(SELECT_METRICS)}, got {self.select_metric!r}")
-        if self.amp not in AMP_MODES:
-            raise ConfigError(f"amp must be one of {', '.join(AMP_MODES)}, got {self.amp!r}")
-        if self.cost_format not in COST_FORMATS:
-            raise ConfigError(f"cost_format must be one of {', '.join(COST_FORMATS)}, got {self.cost_format!r}")
-        if self.epoch not in EPOCH_MODES:
-            raise ConfigError(f"epoch must be one of {', '.join(EPOCH_MODES)}, got {self.epoch!r}")
-        if self.logit_scale_group not in LOGIT_SCALE_GROUPS:
-            raise ConfigError(f"logit_scale_group must be one of {', '.join(LOGIT_SCALE_GROUPS)}, "
-                              f"got {self.logit_scale_group!r}")
-        if self.score_dtype not in SCORE_DTYPES:
-            raise ConfigError(f"score_dtype must be one of {', '.join(SCORE_DTYPES)}, got {self.score_dtype!r}")
-
-
-@dataclass
-class TrainResult:
-    run_dir: Path
-    epochs_done: int
-    best_epoch: Optional[int]
-    best_value: Optional[float]
-    val_metrics: Optional[dict]
-    test_metrics: Optional[dict]
-    costs_path: Optional[Path]
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def resolve_train_config(cfg: TrainConfig, manifest: dict, explicit: set[str] = frozenset()) -> TrainConfig:
-    """Fill dataset-dependent defaults once, at the edge, from the store manifest.
-
-    ``explicit`` names the ``model.*`` keys the user set; only unset ones change.
-    """
-    model = cfg.model
-    dim = manifest.get("clip", {}).get("embed_dim") or manifest.get("embed_dim")
-    if dim is not None and model.embed_dim != int(dim):
-        if "model.embed_dim" in explicit:
-            raise ConfigError(f"model.embed_dim={model.embed_dim} but the store's features have D={dim}")
-        model = dataclasses.replace(model, embed_dim=int(dim))
-    # X-Pool starts its logit scale from CLIP's own (100 for OpenAI's weights); a store
-    # records the scale of the CLIP that made it (dab-world: 16.9).
-    clip_scale = manifest.get("clip", {}).get("logit_scale")
-    if clip_scale and "model.logit_scale_init" not in explicit and not model.probabilistic:
-        model = dataclasses.replace(model, logit_scale_init=float(clip_scale))
-    # Paper §4.1: dropout 0.3 for MSR-VTT/VATEX, 0.4 for MSVD.
-    if manifest.get("dataset") == "msvd" and "model.dropout" not in explicit:
-        model = dataclasses.replace(model, dropout=0.4)
-    if cfg.trainable_blocks is not None:
-        k_store = manifest.get("trainable_blocks")
-        if k_store is None:
-            raise ConfigError(
-                f"--trainable-blocks {cfg.trainable_blocks} needs a store extracted with --trainable-blocks; "
-                f"{cfg.features} holds projected features only"
-            )
-        if int(k_store) != cfg.trainable_blocks:
-            raise ConfigError(
-                f"--trainable-blocks {cfg.trainable_blocks} does not match the store's {k_store} "
-                "(the store keeps the states entering exactly its last K blocks)"
-            )
-    return dataclasses.replace(cfg, model=model)
-
-
-LOG_MAX_LOGIT_SCALE = math.log(100.0)
-
-
-def optimizer_groups(model: torch.nn.Module, heads: Optional[torch.nn.Module], cfg: TrainConfig) -> list[dict]:
-    """AdamW parameter groups: the new modules at ``lr``; CLIP's fine-tuned blocks at ``clip_lr``;
-    with ``logit_scale_group="clip"`` the cosine variants' logit scale alone at ``clip_lr`` without
-    weight decay (named ``logit_scale``: the caller clamps it after each step)."""
-    scale = getattr(model, "log_logit_scale", None) if cfg.logit_scale_group == "clip" else None
-    new = [p for p in model.parameters() if p.requires_grad and p is not scale]
-    groups = [{"params": new, "lr": cfg.lr, "name": "new"}]
-    if heads is not None:
-        groups.append({"params": list(heads.parameters()), "lr": cfg.clip_lr, "name": "clip"})
-    if scale is not None:
-        groups.append({"params": [scale], "lr": cfg.clip_lr, "weight_decay": 0.0, "name": "logit_scale"})
-    return groups
-
-
-def _seed_everything(seed: int) -> None:
-    import random
-
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
-
-
-def epoch_order(caption_video: np.ndarray, mode: str, seed: int, epoch: int) -> torch.Tensor:
-    """The training captions of one epoch, in order; a pure function of (seed, epoch).
-
-    "captions": a permutation of every caption. "videos": one caption per video,
-    uniformly at random, the videos in random order (the first caption of each
-    video in a random permutation of all captions gives both at once).
-    """
-    gen = torch.Generator().manual_seed(seed * 1000 + epoch)
-    perm = torch.randperm(len(caption_video), generator=gen)  # (Q,)
-    if mode == "captions":
-        return perm
-    _, first = np.unique(np.asarray(caption_video)[perm.numpy()], return_index=True)
-    return perm[np.sort(first)]  # (V,)
-
-
-def epoch_length(caption_video: np.ndarray, mode: str) -> int:
-    return len(caption_video) if mode == "captions" else len(np.unique(np.asarray(caption_video)))
-
-
-def lr_lambda(total_steps: int, warmup_ratio: float):
-    """Linear warm-up over ``warmup_ratio`` of the steps, then cosine decay to zero."""
-    warmup = int(round(total_steps * warmup_ratio))
-
-    def f(step: int) -> float:
-        if warmup > 0 and step < warmup:
-            return (step + 1) / warmup
-        progress = (step - warmup) / max(1, total_steps - warmup)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-    return f
-
-
-class _Features:
-    """One split's inputs in RAM, on the training device, frozen or with CLIP states."""
-
-    def __init__(self, split, device: torch.device, with_states: bool) -> None:
-        self.split = split
-        self.video_ids = split.video_ids
-        self.caption_ids = split.caption_ids
-        self.caption_video = torch.as_tensor(np.asarray(split.caption_video), dtype=torch.long)  # (Q,)
-        self.text = torch.as_tensor(np.asarray(split.text), dtype=torch.float32)  # (Q, D)
-        self.frames = torch.as_tensor(np.asarray(split.frames), dtype=torch.float32)  # (V, F, D)
-        self.mask = torch.as_tensor(np.asarray(split.frame_mask), dtype=torch.bool)  # (V, F)
-        self.with_states = with_states
-        if with_states:
-            # Kept in the store dtype (float16 token grids are large); cast per batch.
-            self.vision_states = torch.as_tensor(np.asarray(split.vision_states))  # (V, F, [L,] W)
-        self.views = self.view_states = None  # augmented training views (train split of a --train-views store)
-        if getattr(split, "views", None) is not None:
-            self.views = torch.as_tensor(np.asarray(split.views), dtype=torch.float32)  # (V, N, F, D)
-            if with_states:
-                self.view_states = torch.as_tensor(np.asarray(split.view_states))  # (V, N, F, [L,] W)
-        self.device = device
-
-    @property
-    def num_views(self) -> int:
-        return 0 if self.views is None else int(self.views.shape[1])
-
-    @property
-    def num_queries(self) -> int:
-        return int(self.text.shape[0])
-
-    @property
-    def num_videos(self) -> int:
-        return int(self.frames.shape[0])
-
-
-class _Heads(torch.nn.Module):
-    """The fine-tuned tails of both CLIP towers (partial fine-tuning), or nothing."""
-
-    def __init__(self, manifest: dict, k: int, device: torch.device) -> None:
-        super().__init__()
-        from ..clip_models import TextHead, VisionHead, check_store_weights, load_clip
-
-        bundle = load_clip(manifest["model"], manifest.get("pretrained"), device="cpu", dtype="float32")
-        check_store_weights(bundle, manifest, "fine-tuning from the store's token states needs the same weights")
-        self.vision = VisionHead.from_bundle(bundle, k)
-        self.text = TextHead.from_bundle(bundle, k)
-
-    def encode_text(self, states, lengths) -> torch.Tensor:
-        return self.text(states, lengths)
-
-    def encode_frames(self, states: torch.Tensor) -> torch.Tensor:
-        B, F = states.shape[:2]
-        out = self.vision(states.flatten(0, 1))  # (B*F, D)
-        return out.reshape(B, F, -1)  # (B, F, D)
-
-
-def _text_state_batch(feats: _Features, qidx: torch.Tensor, device: torch.device):
-    """CLIP text states of some captions: (B, W) pooled for K=0, or padded (B, T, W) + lengths for K>0."""
-    split = feats.split
-    rows = qidx.numpy()
-    if split.text_offsets is not None:
-        states, lengths = split.text_state_batch(rows)  # (B, T, W), (B,)
-        return (torch.as_tensor(states, dtype=torch.float32, device=device),
-                torch.as_tensor(lengths, dtype=torch.long, device=device))
-    states = np.asarray(split.text_states[rows], dtype=np.float32)  # (B, W)
-    return torch.as_tensor(states, device=device), None
-
-
-# --------------------------------------------------------------------------- run folder
-
-
-def _write_status(run_dir: Path, **data: Any) -> None:
-    atomic_write_text(run_dir / "status.json", json.dumps(data, indent=2, default=str) + "\n")
-
-
-def _read_status(run_dir: Path) -> dict:
-    try:
-        return json.loads((run_dir / "status.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-# --------------------------------------------------------------------------- distributed step
-
-
-class _TrainStep(torch.nn.Module):
-    """DAB (and the CLIP heads) as one module, so DistributedDataParallel averages the gradients of both.
-
-    forward: this rank's slice of the global batch -> its rows of the global cost
-    matrix: its b texts against the B = world * b videos of every rank (DAB pools
-    every video per text, so a cost is per pair). The frames are gathered with
-    gradients: the rows of rank r depend on rank k's videos, and rank k's heads
-    must receive that gradient.
-    """
-
-    def __init__(self, model: torch.nn.Module, heads: Optional[_Heads]) -> None:
-        super().__init__()
-        self.model = model
-        self.heads = heads
-
-    def forward(self, text_in: torch.Tensor, lengths: Optional[torch.Tensor], video_in: torch.Tensor,
-                mask: torch.Tensor) -> torch.Tensor:
-        from ..distributed import all_gather_with_grad
-
-        if self.heads is not None:
-            text = self.heads.encode_text(text_in, lengths)  # (b, D)
-            frames = self.heads.encode_frames(video_in)  # (b, F, D)
-        else:
-            text, frames = text_in, video_in  # (b, D), (b, F, D)
-        frames_all = all_gather_with_grad(frames)  # (B, F, D), rank order = global batch order
-        mask_all = all_gather_with_grad(mask)  # (B, F)
-        ts = self.model.encode_text(text)
-        vs = self.model.encode_video(frames_all, mask_all)
-        return self.model.pair_costs(ts, vs)  # (b, B)
-
-
-def distributed_batch_loss(step: torch.nn.Module, model, text_in: torch.Tensor, lengths: Optional[torch.Tensor],
-                           video_in: torch.Tensor, mask: torch.Tensor, loss_fn=None) -> torch.Tensor:
-    """The loss of one global batch from this rank's slice; gradients match one process with the whole batch.
-
-    ``step`` is the DistributedDataParallel-wrapped :class:`_TrainStep`. Each
-    rank computes its b rows (texts) of the (B, B) cost against all B videos;
-    the rows are all-gathered with gradients, so every rank holds the whole
-    matrix and evaluates the *whole* loss L (both directions: the video->text
-    terms need the columns, which span every rank's rows). Why the gradients
-    are exact: rank r's rows C_r enter the loss of all N ranks, so the gather's
-    backward sums N identical partials, N * dL/dC_r; back through C_r that is N
-    times rank r's share of dL/dtheta, and DDP's average (1/N) sum_r of it is
-    sum_r dL/dC_r dC_r/dtheta = dL/dtheta. The same holds for the heads through
-    the gathered frames. The temperature / logit scale enter L directly on every
-    rank: each rank gets the full dL/dtau and the average keeps it. Every pair
-    is computed once (by its text's rank), so per-pair dropout noise is shared by
-    both loss directions as in one process, and the per-rank work is b * B pairs
-    rather than the 2 * b * B of computing rows and columns separately.
-    """
-    from ..distributed import all_gather_with_grad
-    from ..model import ModelOutput
-
-    if loss_fn is None:
-        from ..losses import model_loss as loss_fn
-    rows = step(text_in, lengths, video_in, mask)  # (b, B)
-    cost = all_gather_with_grad(rows)  # (B, B): row i = text i of the global batch, diagonal = matched pairs
-    # model_loss reads only the cost (and the model's temperature); the other outputs are per-pair extras.
-    return loss_fn(model, ModelOutput(cost=cost))
-
-
-def _batch_inputs(feats: _Features, q: torch.Tensor, heads: Optional[_Heads], device: torch.device,
-                  views: Optional[torch.Tensor] = None):
-    """Inputs of captions ``q`` (b,) and their videos: (text or text states, lengths, frames or states, mask).
-
-    ``views`` (V,) int64: the augmented view each video trains on this epoch (None: the eval view).
-    """
-    v = feats.caption_video[q]  # (b,)
-    mask = feats.mask[v].to(device)  # (b, F)
-    if heads is not None:
-        st, ln = _text_state_batch(feats, q, device)
-        vis = feats.vision_states[v] if views is None else feats.view_states[v, views[v]]  # (b, F, [L,] W)
-        return st, ln, vis.to(device, torch.float32), mask
-    frames = feats.frames[v] if views is None else feats.views[v, views[v]]  # (b, F, D)
-    return feats.text[q].to(device), None, frames.to(device), mask
-
-
-def epoch_views(num_videos: int, num_views: int, seed: int, epoch: int) -> torch.Tensor:
-    """The augmented view (0..N-1) each training video uses in ``epoch``; a pure function of (seed, epoch)."""
-    gen = torch.Generator().manual_seed(seed * 1000 + epoch + 500_000_000)  # apart from epoch_order's stream
-    return torch.randint(0, num_views, (num_videos,), generator=gen)  # (V,)
-
-
-# --------------------------------------------------------------------------- scoring a split
-
-
-def _score_inputs(heads: Optional[_Heads], feats: _Features, device: torch.device, lo: int, hi: int):
-    """Texts ``lo:hi`` (Q', D) and all frames (V, F, D) of a split, through the heads when fine-tuning."""
-    if heads is None:
-        return feats.text[lo:hi], feats.frames
-    heads.eval()
-    text = []
-    for s in range(lo, hi, 256):
-        q = torch.arange(s, min(s + 256, hi))
-        st, ln = _text_state_batch(feats, q, device)
-        text.append(heads.encode_text(st, ln).float().cpu())
-    text_t = torch.cat(text) if text else torch.zeros((0, feats.text.shape[1]))  # (Q', D)
-    frames = []
-    for s in range(0, feats.num_videos, 32):
-        frames.append(heads.encode_frames(feats.vision_states[s : s + 32].to(device, torch.float32)).float().cpu())
-    return text_t, torch.cat(frames)  # (V, F, D)
-
-
-def score_split(model, heads: Optional[_Heads], feats: _Features, cfg: TrainConfig, device: torch.device,
-                progress: ProgressCallback = null_progress, with_diagnostics: bool = False, dist=None):
-    """Cost matrix of every (caption, video) pair of a split (bounded memory).
-
-    ``dist`` (a several-process run): each rank scores a contiguous chunk of the
-    queries against every video; the rows are gathered so every rank returns
-    the whole matrix (and takes the same model-selection decision). One process
-    scores every query (its chunk is the whole split).
-    """
-    from ..distributed import LocalContext, shard_range
-    from ..scoring import ScoreResult, score_all
-
-    ctx = dist if dist is not None else LocalContext(device)
-    n_q, world = feats.num_queries, ctx.world_size
-    bounds = [shard_range(n_q, r, world) for r in range(world)]
-    lo, hi = bounds[ctx.rank]
-    counts = [b - a for a, b in bounds]
-    model.eval()
-    local = None
-    with torch.no_grad():
-        text_t, frames_t = _score_inputs(heads, feats, device, lo, hi)
-        if hi > lo:
-            local = score_all(model, text_t, frames_t, feats.mask, text_chunk=cfg.text_chunk,
-                              video_chunk=cfg.video_chunk, device=device, dtype=cfg.score_dtype,
-                              gt=feats.caption_video[lo:hi] if with_diagnostics else None, progress=progress)
-    cost = np.asarray(local.cost, np.float32) if local is not None else np.zeros((0, feats.num_videos), np.float32)
-    res = ScoreResult(cost=ctx.gather_rows(cost, counts))  # (Q, V)
-    if with_diagnostics and model.cfg.probabilistic:
-        for name in ("text_var", "bridged_var", "video_var"):
-            part = getattr(local, name, None) if local is not None else None
-            part = np.zeros(0, np.float32) if part is None else np.asarray(part, np.float32)
-            setattr(res, name, ctx.gather_rows(part, counts))  # (Q,)
-    return res
-
-
-# --------------------------------------------------------------------------- the stage
+from ...checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from ...choices import AMP_MODES, COST_FORMATS, EPOCH_MODES, LOGIT_SCALE_GROUPS, SCORE_DTYPES, SELECT_METRICS
+from ...config import atomic_write_text, from_dict, save_config, to_dict
+from ...errors import ConfigError, StoreError, TrainingError
+from ...events import Event, ProgressCallback, null_progress
+from ...model import ModelConfig
+from ...devices import resolve_device
+
+from .config import LOG_MAX_LOGIT_SCALE, TrainConfig, TrainResult, _seed_everything, epoch_length, epoch_order, epoch_views, lr_lambda, optimizer_groups
+from .inputs import _Features, _Heads, _TrainStep, _batch_inputs, _read_status, _write_status, distributed_batch_loss, score_split
 
 
 def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resume: bool = False,
@@ -457,7 +47,7 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
 def _resolve_precision(cfg: TrainConfig, device: torch.device, progress: ProgressCallback
                        ) -> tuple[TrainConfig, dict[str, Any]]:
     """``amp`` and ``score_dtype`` as this device runs them, and the record written as precision.json."""
-    from ..capabilities import capabilities, resolve_amp, resolve_score_dtype
+    from ...capabilities import capabilities, resolve_amp, resolve_score_dtype
 
     amp, score = resolve_amp(cfg.amp, device), resolve_score_dtype(cfg.score_dtype, device)
     for choice in (amp, score):
@@ -479,7 +69,7 @@ def _run_train(cfg: TrainConfig, progress: ProgressCallback, resume: bool, dist,
     writes the run folder; every rank reads the store. One process runs the same
     code with a :class:`~dab_pipeline.distributed.LocalContext`.
     """
-    from ..distributed import LocalContext
+    from ...distributed import LocalContext
 
     multi = dist is not None and dist.world_size > 1
     ctx = dist if multi else LocalContext(resolve_device(cfg.device))
@@ -520,7 +110,7 @@ class _Run:
     def shared(self, exc: Exception) -> Exception:
         """An error every rank raises at the same point: rank 0 alone reports it."""
         if self.multi:
-            from ..distributed import mark_shared
+            from ...distributed import mark_shared
 
             mark_shared(exc)
         return exc
@@ -551,7 +141,7 @@ class _Run:
 
     def load_data(self) -> _Data:
         """The train / val / test splits in RAM, checked against the batch size."""
-        from ..store import open_store
+        from ...store import open_store
 
         cfg, device = self.cfg, self.ctx.device
         with_states = cfg.trainable_blocks is not None
@@ -618,7 +208,7 @@ class _Trainer:
     """The model, its optimiser and the position in the run; each step of training a method."""
 
     def __init__(self, run: _Run, data: _Data) -> None:
-        from ..model import DABModel
+        from ...model import DABModel
 
         self.run, self.data, self.cfg = run, data, run.cfg
         cfg, ctx = self.cfg, run.ctx
@@ -736,7 +326,7 @@ class _Trainer:
 
     def batch_loss(self, q: torch.Tensor, views: Optional[torch.Tensor]) -> torch.Tensor:
         """The loss of the global batch ``q``: this rank's slice against every video of it."""
-        from ..losses import model_loss
+        from ...losses import model_loss
 
         ctx, train, device = self.run.ctx, self.data.train, self.run.ctx.device
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=self.cfg.amp == "bf16"):
@@ -778,7 +368,7 @@ class _Trainer:
 
     def end_epoch(self, epoch: int, loss: tuple[float, int], seconds: float) -> None:
         """Validate, select (never on test), log the epoch and write last.pt / best.pt."""
-        from ..metrics import t2v_metrics
+        from ...metrics import t2v_metrics
 
         run, cfg, val = self.run, self.cfg, self.data.val
         record: dict[str, Any] = {"epoch": epoch + 1, "step": self.global_step,
@@ -811,8 +401,8 @@ class _Trainer:
 
     def test(self) -> tuple[Optional[dict], Optional[Path]]:
         """Score the test split with best.pt and write the cost file; (t2v metrics, its path) or Nones."""
-        from ..costfile import CostMatrix, write_costs
-        from ..metrics import t2v_metrics
+        from ...costfile import CostMatrix, write_costs
+        from ...metrics import t2v_metrics
 
         run, cfg, test = self.run, self.cfg, self.data.test
         if test is None:

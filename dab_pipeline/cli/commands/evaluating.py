@@ -1,0 +1,99 @@
+"""evaluating of :mod:`commands` (see the package docstring)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Optional
+import click
+from ...choices import CLIP_DTYPES, DECODE_BACKENDS, DIST_COSTS, POSTPROCESS, STORE_DTYPES, V2T_CONVENTIONS, VARIANTS
+from .. import cli
+from ..progress import RichProgress
+
+from .common import _EXISTING, _PATH, _console, _metric_table, _v2t_label
+from .training import train
+
+
+@cli.command()
+@click.option("--run", type=_EXISTING, default=None, help="Run folder written by `dab train`.")
+@click.option("--costs", type=_EXISTING, default=None,
+              help="Any cost/similarity file of the documented layout (h5, zarr, npz) instead of a run.")
+@click.option("--features", type=_EXISTING, default=None, help="Store for the neighbourhood diagnostic.")
+@click.option("--out", type=_PATH, default=None, help="Where to write metrics.json, report.md and plots.")
+@click.option("--postprocess", type=click.Choice(POSTPROCESS), default="none", show_default=True,
+              help="Optional post-processing: dual softmax (dsl) or inverted softmax (is); labelled in outputs.")
+@click.option("--temperature", type=float, default=0.01, show_default=True, help="Post-processing temperature.")
+@click.option("--v2t", "v2t", type=click.Choice(V2T_CONVENTIONS), default="videos", show_default=True,
+              help="Video-to-text with several captions per video: rank the other videos by their best caption "
+                   "(X-Pool, CLIP4Clip), or every caption of every other video (stricter). Labelled in outputs.")
+@click.option("--examples", type=click.IntRange(min=0), default=24, show_default=True,
+              help="Queries shown in examples.html (thumbnails of what was retrieved, across the confidence "
+                   "range, failures included); 0: no page.")
+@click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
+@click.option("--json", "as_json", is_flag=True, help="Print metrics.json to stdout instead of tables.")
+def evaluate(run, costs, features, out, postprocess, temperature, v2t, examples, no_plots, as_json) -> None:
+    """Retrieval metrics, uncertainty diagnostics and reports for a run (or any cost file)."""
+    from ...stages.evaluate import EvaluateConfig, run_evaluate
+
+    try:
+        cfg = EvaluateConfig(run=run, costs=costs, features=features, out=out, postprocess=postprocess,
+                             temperature=temperature, v2t=v2t, examples=examples, plots=not no_plots)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    with RichProgress(quiet=True) as prog:
+        res = run_evaluate(cfg, progress=prog)
+    if as_json:
+        click.echo(json.dumps(res, indent=2, default=str))
+        return
+    con = _console()
+    pp = res.get("postprocess", {})
+    pp_name = pp.get("label") or pp.get("name", "none") if isinstance(pp, dict) else str(pp)
+    con.print(_metric_table(f"{res['source']}  (postprocess: {pp_name})",
+                            [("text-to-video", res["t2v"]), (_v2t_label(res), res["v2t"])]))
+    sel = res.get("selective", {})
+    for k in ("R@1", "R@5"):
+        r = sel.get(k)
+        if isinstance(r, dict):
+            cov = ", ".join(f"{c} {v:.1f}" for c, v in r.get("at_coverage", {}).items())
+            con.print(f"selective {k} by {sel.get('confidence', 'margin')}: AURC {r['aurc']:.3f} "
+                      f"(random {r['aurc_random']:.3f}, optimal {r['aurc_optimal']:.3f}); {k} at coverage {cov}")
+    var = res.get("variance")
+    if var:
+        con.print("mean sigma^2: " + ", ".join(f"{k} {v:.3f} (x{var['ratio'].get(k, float('nan')):.2f})"
+                                               for k, v in var["mean"].items() if v is not None))
+    nb = res.get("neighbourhood")
+    if nb:
+        con.print(f"semantic positives in top-{nb['topk']} (model / random): " + ", ".join(
+            f"tau {r['tau']}: {r['model']:.2f} / {r['random']:.2f}" for r in nb["rows"]))
+    con.print("wrote " + ", ".join(res.get("files", {}).values()))
+
+
+@cli.command()
+@click.argument("runs", nargs=-1, required=True, type=_EXISTING)
+@click.option("--out", type=_PATH, default=None, help="Also write the table as markdown to this file.")
+def compare(runs, out) -> None:
+    """One table of several evaluated runs (the paper's ablation tables)."""
+    from rich.table import Table
+
+    from ...config import atomic_write_text
+    from ...errors import StoreError
+    from ...report import compare_markdown, compare_table
+
+    loaded = []
+    for r in runs:
+        p = Path(r) / "metrics.json" if Path(r).is_dir() else Path(r)
+        if not p.exists():
+            raise StoreError(f"{r}: no metrics.json; run `dab evaluate --run {r}` first")
+        loaded.append((Path(r).name if Path(r).is_dir() else Path(r).parent.name, json.loads(p.read_text())))
+    headers, rows = compare_table(loaded)
+    t = Table(title="comparison (text-to-video)")
+    for h in headers:
+        t.add_column(h, justify="left" if h == headers[0] else "right")
+    for row in rows:
+        t.add_row(*row)
+    _console().print(t)
+    if out:
+        atomic_write_text(Path(out), compare_markdown(loaded))
+        click.echo(f"wrote {out}")

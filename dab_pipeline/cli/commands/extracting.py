@@ -1,0 +1,177 @@
+"""extracting of :mod:`commands` (see the package docstring)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Optional
+import click
+from ...choices import CLIP_DTYPES, DECODE_BACKENDS, DIST_COSTS, POSTPROCESS, STORE_DTYPES, V2T_CONVENTIONS, VARIANTS
+from .. import cli
+from ..progress import RichProgress
+
+from .common import _EXISTING, _EXTRACT_TIMEOUT, _PATH, _blocks_option, _console, _human_bytes, _quiet_shared_errors, _resolve_pretrained
+
+
+@cli.command()
+@click.option("--dataset", required=True, help="Dataset format: msrvtt, msvd, vatex or folder.")
+@click.option("--videos", type=_PATH, default=None, help="Folder holding the video files.")
+@click.option("--annotations", type=_PATH, default=None, help="Annotation folder or file (captions and splits).")
+@click.option("--out", type=_PATH, default=Path("store.h5"), show_default=True,
+              help="Store to write: *.h5 (HDF5) or *.zarr (Zarr v3).")
+@click.option("--model", default="ViT-B-32", show_default=True,
+              help="open_clip architecture, or dab-world (the procedural world's CLIP) / dab-tiny (tests).")
+@click.option("--pretrained", default=None,
+              help="open_clip pretrained tag or a local weights file (default: openai; dab-world and dab-tiny: "
+                   "their own weights).")
+@click.option("--frames", type=int, default=12, show_default=True, help="Frames sampled per video.")
+@click.option("--trainable-blocks", default=None, metavar="K|all",
+              help="Also store the states entering the last K transformer blocks of both towers (fine-tuning in "
+                   "stage two); all: every block (12 for ViT-B/32 and B/16).")
+@click.option("--dtype", "compute_dtype", type=click.Choice(CLIP_DTYPES),
+              default="auto", show_default=True,
+              help="CLIP's dtype while encoding; auto: bf16 where the device multiplies bf16 natively (autocast "
+                   "on CUDA 8.0+, the converted model on AMX / AVX512-BF16 CPUs: 1.4-2.6x faster), else float32 "
+                   "(float16 on older GPUs); a resumed store keeps its dtype. bf16 asked on a CPU without it runs "
+                   "float32, with a warning. Recorded in the manifest.")
+@click.option("--store-dtype", type=click.Choice(STORE_DTYPES), default="float16", show_default=True)
+@click.option("--train-views", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Also store N augmented views of every training video (X-Pool's random resized crop + flip, "
+                   "seeded per video and view); dab train draws one per video per epoch.")
+@click.option("--batch-size", type=int, default=16, show_default=True, help="Videos per encoding batch.")
+@click.option("--workers", type=int, default=2, show_default=True, help="Decoding worker processes.")
+@click.option("--decoder", "decode_backend", type=click.Choice(DECODE_BACKENDS), default="pyav", show_default=True,
+              help="pyav: exact frames from every container (sequential read); pyav-seek: seek to key frames "
+                   "(long MP4/MKV/WebM videos); decord: decord's reader (clean MP4/MKV only). "
+                   "See docs/extraction.md.")
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@click.option("--option", "dataset_options", multiple=True, metavar="KEY=VALUE",
+              help="Dataset loader option, e.g. train_split=7k or val_size=0 (repeatable).")
+@click.option("--limit", type=int, default=None, help="Only the first N videos (a quick trial).")
+@click.option("--overwrite", is_flag=True, help="Rebuild the store even if one exists with another configuration.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override any ExtractConfig field.")
+@click.option("--distributed/--no-distributed", default=None,
+              help="One rank of a torchrun job: each process encodes its share of the videos "
+                   "(default: on when launched by torchrun). See docs/distributed.md.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def extract(dataset, videos, annotations, out, model, pretrained, frames, trainable_blocks, compute_dtype,
+            store_dtype, train_views, batch_size, workers, decode_backend, device, dataset_options, limit, overwrite, overrides,
+            distributed, quiet) -> None:
+    """Decode videos, encode frames and captions with CLIP, and cache the features in a store.
+
+    Running the same command again resumes: finished videos are skipped.
+    Several processes: `torchrun --nproc-per-node N -m dab_pipeline.cli extract ...`.
+    """
+    from ...config import apply_overrides
+    from ...clip_models import full_depth
+    from ...stages.extract import ExtractConfig, run_extract
+
+    try:
+        cfg = ExtractConfig(
+            dataset=dataset, out=out, videos=videos, annotations=annotations,
+            dataset_options=tuple(dataset_options), model=model,
+            pretrained=_resolve_pretrained(model, pretrained),
+            frames=frames, trainable_blocks=_blocks_option(trainable_blocks, lambda: full_depth(model)),
+            compute_dtype=compute_dtype,
+            store_dtype=store_dtype, train_views=train_views, batch_size=batch_size, workers=workers, device=device,
+            decode_backend=decode_backend, limit=limit, overwrite=overwrite,
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    cfg = apply_overrides(cfg, overrides)
+    from ...distributed import want_distributed
+
+    if want_distributed(distributed):
+        from ...distributed import distributed_session
+
+        # gloo even on GPUs: extraction exchanges only small control messages (the
+        # features go to the store), and gloo's long timeout covers ranks that
+        # wait for a slower share or for rank 0's HDF5 merge.
+        with distributed_session(cfg.device, backend="gloo", timeout=_EXTRACT_TIMEOUT) as ctx:
+            with _quiet_shared_errors(ctx), RichProgress(quiet=quiet or not ctx.is_main) as prog:
+                res = run_extract(cfg, progress=prog, dist=ctx)
+            if not ctx.is_main:
+                return
+    else:
+        with RichProgress(quiet=quiet) as prog:
+            res = run_extract(cfg, progress=prog)
+    _extract_summary(res)
+
+
+def _extract_summary(res) -> None:
+    msg = (f"{res.store}: {res.videos_ok} videos encoded, {res.videos_skipped} already done, "
+           f"{res.videos_failed} failed, {res.videos_missing} missing; {res.captions} captions")
+    done = res.videos_ok + res.videos_failed
+    if done and res.video_seconds > 0:
+        msg += f"; {done} videos in {res.video_seconds:.2f} s ({done / res.video_seconds:.1f} videos/s)"
+    click.echo(msg + f"; {res.seconds:.2f} s in all")
+    earlier = res.store_failed - res.videos_failed
+    click.echo(f"store: {res.store_ok} ok, {res.store_failed} failed"
+               + (f" ({earlier} in earlier runs)" if earlier > 0 else "")
+               + f", {res.store_missing} missing; {len(res.warnings)} of this run's videos have decoder warnings")
+    if res.failures:
+        click.echo(f"failures (first {min(5, len(res.failures))}):", err=True)
+        for vid, err in res.failures[:5]:
+            click.echo(f"  {vid}: {err}", err=True)
+    if res.warnings:
+        click.echo(f"warnings (first {min(5, len(res.warnings))}; `dab inspect` lists all):", err=True)
+        for vid, note in res.warnings[:5]:
+            click.echo(f"  {vid}: {note}", err=True)
+
+
+@cli.command()
+@click.argument("store", type=_EXISTING)
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest and summary as JSON.")
+def inspect(store: Path, as_json: bool) -> None:
+    """Print a store's manifest, counts per split and array sizes."""
+    from rich.table import Table
+
+    from ...store import open_store
+
+    with open_store(store) as st:
+        manifest = st.manifest
+        summary = st.summary()
+        warnings = st.warnings()
+        failures = st.failures()
+    if as_json:
+        click.echo(json.dumps({"manifest": manifest, "summary": summary, "warnings": dict(warnings),
+                               "failures": dict(failures)}, indent=2, default=str))
+        return
+    con = _console()
+    t = Table(title=f"{store}", show_header=False)
+    for key in ("model", "pretrained", "weights_sha256", "quick_gelu", "frames", "image_size", "compute_dtype",
+                "store_dtype", "trainable_blocks", "decoder", "dataset", "dataset_options", "package_version",
+                "created", "world_size"):
+        if key in manifest:
+            t.add_row(key, str(manifest[key]))
+    con.print(t)
+    s = Table(title="videos and captions per split")
+    for col in ("split", "videos", "ok", "failed", "missing", "pending", "captions", "captions done"):
+        s.add_column(col, justify="left" if col == "split" else "right")
+    for split, c in summary.get("splits", {}).items():
+        s.add_row(split, *[str(c.get(k, "")) for k in ("videos", "ok", "failed", "missing", "pending", "captions",
+                                                        "captions_done")])
+    con.print(s)
+    arrays = summary.get("arrays", {})
+    if arrays:
+        a = Table(title="arrays")
+        for col in ("name", "shape", "dtype", "bytes on disk"):
+            a.add_column(col, justify="left" if col in ("name", "dtype") else "right")
+        for name, info in arrays.items():
+            a.add_row(name, "x".join(map(str, info.get("shape", []))), str(info.get("dtype", "")),
+                      _human_bytes(info.get("stored_bytes")))
+        con.print(a)
+    for title, rows in (("failed videos", failures), ("decoder warnings", warnings)):
+        if rows:
+            w = Table(title=f"{title} ({len(rows)})")
+            w.add_column("video")
+            w.add_column("message")
+            for vid, text in rows[:50]:
+                w.add_row(vid, text)
+            con.print(w)
+            if len(rows) > 50:
+                con.print(f"... and {len(rows) - 50} more (dab inspect --json lists all)")
+    state = "complete" if summary.get("complete") else "incomplete (run the same extract command to resume)"
+    con.print(f"{summary.get('backend')} store, {state}; file size {_human_bytes(summary.get('file_bytes'))}")

@@ -1,0 +1,131 @@
+"""Uncertainty diagnostics: variance asymmetry (Table 6) and the local semantic neighbourhood (Table 7)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator, Sequence
+import numpy as np
+from ..choices import V2T_CONVENTIONS
+from ..errors import ConfigError
+
+from .retrieval import _as_cost, _as_gt, _blocks
+
+
+def variance_asymmetry(
+    text_var: Any, bridged_var: Any | None, video_var: Any
+) -> dict[str, Any]:
+    """Mean sigma^2 of text, bridged and video distributions and their ratios to text.
+
+    Inputs are arrays of variances of any shape (e.g. the per-query mean
+    sigma^2 of the ground-truth pair, (Q,)); ``bridged_var`` may be None for
+    variants without a bridge.  Returns ``{"mean": {...}, "ratio": {...}}``
+    keyed ``text``, ``bridge``, ``video``.
+    """
+    means: dict[str, float] = {}
+    for name, values in (("text", text_var), ("bridge", bridged_var), ("video", video_var)):
+        if values is None:
+            continue
+        arr = np.asarray(values, dtype=np.float64)
+        if arr.size == 0:
+            raise ConfigError(f"{name} variances are empty")
+        if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+            raise ConfigError(f"{name} variances must be finite and non-negative")
+        means[name] = float(np.mean(arr))
+    if means["text"] <= 0:
+        raise ConfigError("mean text variance is 0; ratios to text are undefined")
+    ratios = {name: value / means["text"] for name, value in means.items()}
+    return {"mean": means, "ratio": ratios}
+
+
+def _topk_mask(block: np.ndarray, k: int) -> np.ndarray:
+    """(b, V) bool mask of each row's k lowest costs, ties at the cut broken by index."""
+    kth = np.partition(block, k - 1, axis=1)[:, k - 1 : k]  # (b, 1)
+    below = block < kth
+    at_cut = block == kth
+    room = k - np.count_nonzero(below, axis=1, keepdims=True)  # (b, 1)
+    return below | (at_cut & (np.cumsum(at_cut, axis=1) <= room))
+
+
+def semantic_neighbourhood(
+    cost: Any,
+    gt: Any,
+    video_features: Any,
+    taus: Sequence[float] = (0.6, 0.7, 0.8, 0.9),
+    topk: int = 10,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Semantic positives among each query's top-k videos, versus random ranking.
+
+    A *semantic positive* of query ``q`` at threshold ``tau`` is a video
+    ``v != gt[q]`` whose feature has cosine ``>= tau`` with the ground-truth
+    video's feature.  The ground truth itself is never counted (its cosine is
+    1; counting it would add R@k / 100 to every row and mix recall into a
+    neighbourhood measure), but it does occupy its slot in the top-k list.
+    Top-k is by lowest cost, ties broken by video index.
+
+    Random baseline: under a uniformly random ranking each video is in the
+    top-k with probability ``k / V``, so the expected count is exactly
+    ``k / V * #positives(q)``, averaged over queries.  ``random_sampled`` draws
+    one seeded random top-k per query as a check on that formula.
+
+    cost (Q, V), gt (Q,), video_features (V, D) (frame-mean CLIP features).
+    Returns ``{"topk": k, "counts_gt": False, "rows": [{"tau", "model",
+    "random", "random_sampled", "ratio"}, ...]}``.
+    """
+    c = _as_cost(cost)
+    q_count, v_count = c.shape
+    g = _as_gt(gt, q_count, v_count)
+    feats = np.asarray(video_features, dtype=np.float64)
+    if feats.ndim != 2 or feats.shape[0] != v_count:
+        raise ConfigError(
+            f"video_features must have shape ({v_count}, D) to match cost {c.shape}, "
+            f"got {feats.shape}"
+        )
+    if not np.all(np.isfinite(feats)):
+        raise ConfigError("video_features contain non-finite values")
+    k = int(topk)
+    if not 1 <= k <= v_count:
+        raise ConfigError(f"topk must be in [1, {v_count}], got {topk}")
+    tau_arr = np.asarray([float(t) for t in taus], dtype=np.float64)  # (T,)
+    if tau_arr.size == 0:
+        raise ConfigError("taus is empty")
+
+    norms = np.linalg.norm(feats, axis=1, keepdims=True)
+    unit = feats / np.maximum(norms, 1e-12)  # (V, D)
+    rng = np.random.default_rng(seed)
+
+    model_sum = np.zeros(tau_arr.size)
+    random_sum = np.zeros(tau_arr.size)
+    sampled_sum = np.zeros(tau_arr.size)
+    # Blocks are sized by the (b, V) cosine matrix, the largest temporary.
+    for rows in _blocks(q_count, v_count):
+        block = c[rows]  # (b, V)
+        b = block.shape[0]
+        gt_b = g[rows]  # (b,)
+        cos = unit[gt_b] @ unit.T  # (b, V) cosine of every video to the gt video
+        not_gt = np.ones((b, v_count), dtype=bool)
+        not_gt[np.arange(b), gt_b] = False
+        chosen = _topk_mask(block, k)  # (b, V), exactly k True per row
+        # A random ranking's top-k is a uniform k-subset: the k smallest of iid uniforms.
+        noise = rng.random((b, v_count))
+        sampled = noise <= np.partition(noise, k - 1, axis=1)[:, k - 1 : k]  # (b, V)
+        for i, tau in enumerate(tau_arr):
+            positive = (cos >= tau) & not_gt  # (b, V)
+            model_sum[i] += np.count_nonzero(positive & chosen)
+            random_sum[i] += np.count_nonzero(positive) * k / v_count
+            sampled_sum[i] += np.count_nonzero(positive & sampled)
+
+    rows_out = []
+    for i, tau in enumerate(tau_arr):
+        model = model_sum[i] / q_count
+        rand = random_sum[i] / q_count
+        rows_out.append(
+            {
+                "tau": float(tau),
+                "model": float(model),
+                "random": float(rand),
+                "random_sampled": float(sampled_sum[i] / q_count),
+                "ratio": float(model / rand) if rand > 0 else None,
+            }
+        )
+    return {"topk": k, "counts_gt": False, "seed": int(seed), "rows": rows_out}

@@ -1,0 +1,157 @@
+"""ModelConfig, the PAC temperature rule, the bridge's beta schedule and step sizes, and its MAC count."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from ..choices import DIST_COSTS, VARIANTS
+from ..costs import COSTS, neg_cosine
+from ..errors import ConfigError
+
+
+
+_PROB_VARIANTS = ("prob", "dab")
+
+
+_BRIDGE_VARIANTS = ("bridge", "dab")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything that shapes a :class:`DABModel` (paper §3, §4.1 defaults)."""
+
+    embed_dim: int = 512
+    variant: str = "dab"  # "xpool" | "prob" | "bridge" | "dab"
+    cost: str = "kl"  # distributional cost of prob/dab: "kl" | "w2"
+    steps: int = 32  # T', truncated refinement steps
+    total_steps: int = 1000  # N, length of the beta schedule
+    beta_min: float = 1e-4
+    beta_max: float = 2e-2
+    chi_min: float = 0.2
+    chi_max: float = 0.6
+    time_embed_dim: int = 128
+    drift_hidden: int = 1024
+    drift_layers: int = 3  # number of Linear layers of the drift MLP
+    dropout: float = 0.3  # pooling residual dropout (0.4 for MSVD in the paper)
+    logvar_init: float = -2.0
+    logvar_min: float = -6.0
+    logvar_max: float = 2.0
+    # PAC temperature.  None: embed_dim / 64 for "kl" (8.0 at D=512), embed_dim / 256
+    # for "w2" (2.0 at D=512); see docs/model.md for the scale argument.
+    tau: Optional[float] = None
+    learn_tau: bool = False
+    logit_scale_init: float = 100.0  # cosine variants: CLIP's trained multiplier, as X-Pool starts from it
+    num_heads: int = 1  # pooling cross-attention heads (the paper and X-Pool use 1)
+
+    def __post_init__(self) -> None:
+        def bad(name: str, valid: str) -> ConfigError:
+            return ConfigError(f"model.{name}={getattr(self, name)!r} is invalid; valid: {valid}")
+
+        if self.variant not in VARIANTS:
+            raise bad("variant", " | ".join(VARIANTS))
+        if self.cost not in DIST_COSTS:
+            raise bad("cost", " | ".join(DIST_COSTS))
+        if not isinstance(self.embed_dim, int) or self.embed_dim < 1:
+            raise bad("embed_dim", "a positive integer")
+        if not isinstance(self.num_heads, int) or self.num_heads < 1 or self.embed_dim % self.num_heads:
+            raise bad("num_heads", f"a positive divisor of embed_dim={self.embed_dim}")
+        if not isinstance(self.total_steps, int) or self.total_steps < 1:
+            raise bad("total_steps", "a positive integer")
+        if not isinstance(self.steps, int) or not 1 <= self.steps <= self.total_steps:
+            raise bad("steps", f"an integer in [1, total_steps={self.total_steps}]")
+        if not 0.0 < self.beta_min <= self.beta_max < 1.0:
+            raise bad("beta_min" if not 0.0 < self.beta_min < 1.0 else "beta_max",
+                      "0 < beta_min <= beta_max < 1")
+        if not 0.0 < self.chi_min <= self.chi_max <= 1.0:
+            raise bad("chi_min" if not 0.0 < self.chi_min <= 1.0 else "chi_max",
+                      "0 < chi_min <= chi_max <= 1")
+        if not isinstance(self.time_embed_dim, int) or self.time_embed_dim < 2 or self.time_embed_dim % 2:
+            raise bad("time_embed_dim", "an even integer >= 2")
+        if not isinstance(self.drift_hidden, int) or self.drift_hidden < 1:
+            raise bad("drift_hidden", "a positive integer")
+        if not isinstance(self.drift_layers, int) or self.drift_layers < 2:
+            raise bad("drift_layers", "an integer >= 2 (input and output layers)")
+        if not 0.0 <= self.dropout < 1.0:
+            raise bad("dropout", "a float in [0, 1)")
+        if not self.logvar_min < self.logvar_max:
+            raise bad("logvar_min", f"a float below logvar_max={self.logvar_max}")
+        if not self.logvar_min <= self.logvar_init <= self.logvar_max:
+            raise bad("logvar_init", f"a float in [logvar_min, logvar_max] = [{self.logvar_min}, {self.logvar_max}]")
+        if self.tau is not None and not self.tau > 0.0:
+            raise bad("tau", "a positive float, or None for the embed_dim-scaled default")
+        if not self.logit_scale_init > 0.0:
+            raise bad("logit_scale_init", "a positive float")
+
+    @property
+    def probabilistic(self) -> bool:
+        return self.variant in _PROB_VARIANTS
+
+    @property
+    def uses_bridge(self) -> bool:
+        return self.variant in _BRIDGE_VARIANTS
+
+
+def resolve_tau(cfg: ModelConfig) -> float:
+    """The PAC temperature of ``cfg`` (its explicit ``tau`` or the D-scaled default)."""
+    if cfg.tau is not None:
+        return float(cfg.tau)
+    # Both costs are sums over D, so their pair-to-pair spread grows ~linearly in D;
+    # scaling tau with D keeps the logits' spread independent of the width.
+    return cfg.embed_dim / (64.0 if cfg.cost == "kl" else 256.0)
+
+
+def beta_schedule(total_steps: int, beta_min: float, beta_max: float) -> Tensor:
+    """Linear betas, ``beta_s = beta_min + (beta_max - beta_min) * s / N`` for s = 1..N (paper §3.3)."""
+    s = torch.arange(1, total_steps + 1, dtype=torch.float64)  # (N,)
+    return beta_min + (beta_max - beta_min) * s / total_steps  # (N,)
+
+
+def step_sizes(cfg: ModelConfig) -> Tensor:
+    """Step sizes ``chi_s`` for s = 1..T' (float32, ascending in s).
+
+    ``chi_s = Norm(sqrt(1 - prod_{r<=s}(1 - beta_r)))`` over the first T' timesteps
+    of the N-step schedule -- the truncated part a DITS-style sampler traverses
+    when it starts from the text feature at t = T' instead of from noise at t = N.
+    ``Norm`` is a min-max map onto [chi_min, chi_max] over those T' values.  The
+    bridge applies them from s = T' down to s = 1, so steps shrink from chi_max
+    (coarse) to chi_min (fine).
+    """
+    betas = beta_schedule(cfg.total_steps, cfg.beta_min, cfg.beta_max)  # (N,)
+    alpha_bar = torch.cumprod(1.0 - betas, dim=0)  # (N,)
+    raw = torch.sqrt(1.0 - alpha_bar)[: cfg.steps]  # (T',)
+    span = raw.max() - raw.min()
+    if cfg.steps == 1 or span <= 0:
+        # min-max of a single value is undefined; one step takes the largest size
+        return torch.full((cfg.steps,), cfg.chi_max, dtype=torch.float32)
+    unit = (raw - raw.min()) / span  # (T',) in [0, 1]
+    return (cfg.chi_min + (cfg.chi_max - cfg.chi_min) * unit).to(torch.float32)
+
+
+def sinusoidal_embedding(t: Tensor, dim: int) -> Tensor:
+    """``[sin(t / 10000^(2k/d)), cos(t / 10000^(2k/d))]_{k<d/2}`` for integer or real steps ``t (T,)`` -> ``(T, dim)``."""
+    half = dim // 2
+    k = torch.arange(half, dtype=torch.float64, device=t.device)  # (d/2,)
+    freqs = torch.exp(-math.log(10000.0) * 2.0 * k / dim)  # (d/2,)
+    args = t.to(torch.float64)[:, None] * freqs[None, :]  # (T, d/2)
+    return torch.cat([torch.sin(args), torch.cos(args)], dim=-1).to(torch.float32)  # (T, d)
+
+
+def bridge_macs_per_pair_step(cfg: ModelConfig) -> int:
+    """Multiply-adds of one bridge step for one text-video pair, counted as the paper's FLOPs do.
+
+    Drift MLP ``[4D + d_t] -> H -> ... -> 2D`` (``drift_layers`` Linear layers) plus
+    the time-embedding MLP ``d_t -> d_t -> d_t`` evaluated per pair.  Element-wise
+    work (activations, the update) is left out.  Default config: 4,358,144
+    (docs/model.md works through the match with Table 4).  0 for variants without a bridge.
+    """
+    if not cfg.uses_bridge:
+        return 0
+    d, h, dt = cfg.embed_dim, cfg.drift_hidden, cfg.time_embed_dim
+    in_dim, out_dim = (4 * d + dt, 2 * d) if cfg.variant == "dab" else (2 * d + dt, d)
+    drift = in_dim * h + (cfg.drift_layers - 2) * h * h + h * out_dim
+    time_mlp = 2 * dt * dt
+    return drift + time_mlp
