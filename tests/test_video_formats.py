@@ -180,3 +180,40 @@ def test_shortfall_warning_tells_truncation_from_variable_frame_rate() -> None:
     assert "implies" in shortfall_warning(100, no_count, last_time=4.0)
     unknown = StreamInfo(container="avi", codec="x", width=1, height=1, header_frames=0, duration=None, rate=None)
     assert shortfall_warning(3, unknown, None) is None
+
+
+@pytest.mark.parametrize("fmt", sorted(VIDEO_FORMATS))
+def test_every_format_gives_a_store_thumbnail(clips, fmt: str) -> None:
+    # the thumbnail is made from the decoder's own frames: one JPEG strip of 3 of them
+    import io
+
+    from PIL import Image
+
+    from dab_pipeline.thumbnails import THUMB_BYTES, make_thumbnail
+
+    dec = decode_video(clips[fmt], 12, short_side=48)
+    data = make_thumbnail(dec.frames, dec.mask)
+    img = Image.open(io.BytesIO(data))
+    h, w = dec.frames.shape[1:3]
+    assert img.format == "JPEG" and len(data) <= THUMB_BYTES
+    assert img.height == min(96, h) and abs(img.width - 3 * round(w * img.height / h)) <= 3
+
+
+def test_rotated_and_damaged_videos_give_thumbnails_and_views(clips, tmp_path: Path) -> None:
+    import io
+
+    from PIL import Image
+
+    from dab_pipeline.augment import augmented_views
+    from dab_pipeline.thumbnails import make_thumbnail
+
+    phone = write_index_video(tmp_path / "phone.mp4", 20, (64, 48), rotation=270)
+    dec = decode_video(phone, 4, short_side=24)
+    img = Image.open(io.BytesIO(make_thumbnail(dec.frames, dec.mask)))
+    assert img.height == 32 and img.width == 3 * 24  # portrait tiles, as displayed
+    views = augmented_views(list(dec.frames), "phone", 2, 16, (0.5,) * 3, (0.25,) * 3)
+    assert views.shape == (2, 4, 3, 16, 16) and bool(views.isfinite().all())
+    # XVID AVI with B-frames, a few packets overwritten with garbage
+    bad = damage_video(clips["xvid-avi"], tmp_path / "damaged.avi", packets=[20, 21, 40], mode="garbage")
+    dec = decode_video(bad, 12, short_side=48)
+    assert Image.open(io.BytesIO(make_thumbnail(dec.frames, dec.mask))).format == "JPEG"
