@@ -2,32 +2,13 @@
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import copy
-import json
-import logging
-import math
-import os
-import pickle
-import warnings
-import zipfile
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Optional, Union
 import numpy as np
-import open_clip
 import torch
-from open_clip import pretrained as oc_pretrained
-from open_clip.constants import HF_WEIGHTS_NAME
-from open_clip.convert import convert_state_dict as oc_convert_state_dict
-from open_clip.factory import load_state_dict as oc_load_state_dict
-from open_clip.model import CLIP, convert_to_custom_text_state_dict, resize_pos_embed, resize_text_pos_embed
-from open_clip.transform import PreprocessCfg, image_transform_v2
-from open_clip.transformer import QuickGELU, VisionTransformer
+from open_clip.model import CLIP
+from open_clip.transformer import VisionTransformer
 from torch import Tensor, nn
-from ..errors import ConfigError, UnknownNameError, WeightsError
-from ..fsutil import sha256_file
+from ..errors import ConfigError
 
 from .bundle import ClipBundle, TextEncoding
 

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import csv
-import hashlib
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
-import numpy as np
-from ..errors import ConfigError, DatasetError
-from ..registry import Registry
+from typing import Any
+from ..errors import DatasetError
 
 from .common import CaptionItem, DATASETS, DatasetIndex, SPLITS, VideoItem, _read_csv, _reject_unknown, hash_split
 

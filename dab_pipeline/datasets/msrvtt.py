@@ -2,16 +2,9 @@
 
 from __future__ import annotations
 
-import csv
-import hashlib
-import json
-import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
-import numpy as np
+from typing import Any, Iterable
 from ..errors import ConfigError, DatasetError
-from ..registry import Registry
 
 from .common import DATASETS, DatasetIndex, SPLITS, _build, _drop_uncaptioned, _holdout, _read_csv, _read_json, _reject_unknown, _require, _resolve_dirs, _wanted_splits
 

@@ -2,16 +2,9 @@
 
 from __future__ import annotations
 
-import csv
-import hashlib
-import json
-import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
-import numpy as np
-from ..errors import ConfigError, DatasetError
-from ..registry import Registry
+from typing import Any, Iterable
+from ..errors import DatasetError
 
 from .common import DATASETS, DatasetIndex, SPLITS, _build, _caption_lists, _check_disjoint, _drop_uncaptioned, _in_dir, _read_json, _read_list, _reject_unknown, _require, _resolve_dirs, _wanted_splits
 

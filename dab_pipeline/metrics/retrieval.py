@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 import numpy as np
 from ..choices import V2T_CONVENTIONS
 from ..errors import ConfigError

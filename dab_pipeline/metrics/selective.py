@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 import numpy as np
-from ..choices import V2T_CONVENTIONS
 from ..errors import ConfigError
 
 from .retrieval import _as_1d, _as_cost, _blocks, t2v_ranks

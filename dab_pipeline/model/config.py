@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 from ..choices import DIST_COSTS, VARIANTS
-from ..costs import COSTS, neg_cosine
 from ..errors import ConfigError
 
 

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from ..choices import DIST_COSTS, VARIANTS
-from ..costs import COSTS, neg_cosine
-from ..errors import ConfigError
 
 from .config import ModelConfig, sinusoidal_embedding, step_sizes
 

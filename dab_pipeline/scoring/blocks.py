@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
-import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
-from ..cpu_kernels import Kernels, get_kernels
-from ..devices import resolve_device
-from ..events import Event, ProgressCallback, null_progress
-from ..model import DABModel, ModelConfig, masked_softmax
 
 
 

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Optional
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from ..cpu_kernels import Kernels, get_kernels
-from ..devices import resolve_device
-from ..events import Event, ProgressCallback, null_progress
-from ..model import DABModel, ModelConfig, masked_softmax
+from ..model import DABModel, masked_softmax
 
 from .budget import _BIAS_PAD, _center, _linears
 from .blocks import _OneDNN, _Texts, _Videos, pack_kept

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 import numpy as np
 from ..errors import StoreError
-from ..fsutil import publish, remove_path, temp_sibling
 
 from .layout import _COMPRESSED, _LEGACY_LOCK, _SHARE_LOCK, _ZARR_CHUNK_BYTES, _array_specs, _chunk_rows_in_unit, _runs, _zstd
 from .backend_h5 import _Backend, _H5Backend

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Sequence
 import numpy as np
 from ..errors import StoreError
 from ..fsutil import publish, remove_path, temp_sibling
 
-from .layout import ERROR_BYTES, FORMAT_VERSION, store_backend, video_share
+from .layout import ERROR_BYTES, FORMAT_VERSION, store_backend
 from .backend_h5 import _fsync_dir
 from .backend_zarr import _ZarrBackend, _backend_class
 from .feature_store import FeatureStore

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import fcntl
-import json
-import os
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Sequence
 import numpy as np
 from ..errors import StoreError
-from ..fsutil import publish, remove_path, temp_sibling
 
-from .layout import ERROR_BYTES, FORMAT_VERSION, STATUS_FAILED, STATUS_NAMES, STATUS_OK, STATUS_PENDING, SplitFeatures, _array_specs, _runs, default_share_rows, pad_ragged, video_share
+from .layout import FORMAT_VERSION, STATUS_FAILED, STATUS_NAMES, STATUS_OK, STATUS_PENDING, SplitFeatures, _array_specs, _runs, default_share_rows, pad_ragged, video_share
 from .backend_h5 import _Backend
 from .writes import _StoreWrites
 

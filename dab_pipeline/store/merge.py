@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
-from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Sequence
 import numpy as np
 from ..errors import StoreError
 from ..fsutil import publish, remove_path, temp_sibling

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import datetime as _dt
-import json
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 import click
-from ...choices import CLIP_DTYPES, DECODE_BACKENDS, DIST_COSTS, POSTPROCESS, STORE_DTYPES, V2T_CONVENTIONS, VARIANTS
-from .. import cli
-from ..progress import RichProgress
 
 
 

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
 import click
-from ...choices import CLIP_DTYPES, DECODE_BACKENDS, DIST_COSTS, POSTPROCESS, STORE_DTYPES, V2T_CONVENTIONS, VARIANTS
+from ...choices import POSTPROCESS, V2T_CONVENTIONS
 from .. import cli
 from ..progress import RichProgress
 
 from .common import _EXISTING, _PATH, _console, _metric_table, _v2t_label
-from .training import train
 
 
 @cli.command()

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
 import click
-from ...choices import CLIP_DTYPES, DECODE_BACKENDS, DIST_COSTS, POSTPROCESS, STORE_DTYPES, V2T_CONVENTIONS, VARIANTS
+from ...choices import DIST_COSTS, VARIANTS
 from .. import cli
 from ..progress import RichProgress
 
 from .common import _EXISTING, _PATH, _echo_run, _quiet_shared_errors, _refuse_changes_on_resume, _store_depth
-from .extracting import extract
 
 
 @cli.command()

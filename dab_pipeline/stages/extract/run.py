@@ -4,25 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime as _dt
-import os
-import platform
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Optional
 import numpy as np
-import torch
-from ... import __version__
 from ...events import Event, ProgressCallback, null_progress
-from ...augment import VIEW_TRANSFORM
-from ...thumbnails import THUMB_BYTES, THUMBNAIL_NOTE, make_thumbnail
-from ...capabilities import capabilities
-from ...choices import CLIP_DTYPES, STORE_DTYPES
+from ...thumbnails import THUMB_BYTES
 from ...devices import resolve_device
-from ...fsutil import sha256_file
-from ...errors import ConfigError, DabError, ExtractionFailed, StoreError, StoreMismatchError, VideoDecodeError
-from ...video import DECODE_RULES
+from ...errors import ExtractionFailed, StoreError, StoreMismatchError
 if TYPE_CHECKING:
     from ...distributed import DistContext
 

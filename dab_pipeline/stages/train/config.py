@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 import numpy as np
 import torch
-from ...checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from ...choices import AMP_MODES, COST_FORMATS, EPOCH_MODES, LOGIT_SCALE_GROUPS, SCORE_DTYPES, SELECT_METRICS
-from ...config import atomic_write_text, from_dict, save_config, to_dict
-from ...errors import ConfigError, StoreError, TrainingError
-from ...events import Event, ProgressCallback, null_progress
+from ...errors import ConfigError
 from ...model import ModelConfig
-from ...devices import resolve_device
 
 
 
