@@ -4,8 +4,8 @@ Generates N synthetic videos (panning sinusoidal texture plus a bouncing box,
 lossless libx264 via ``dab_pipeline.synthetic.write_video``) and a
 ``captions.csv`` in a temp dir, then measures, in videos per second:
 
-* **decode**: the extract stage's own DataLoader path (``_DecodeDataset``,
-  ``_collate``, ``_worker_init`` imported from ``dab_pipeline.stages.extract``):
+* **decode**: the extract stage's own DataLoader path (``DecodeDataset``,
+  ``collate_items``, ``decode_worker_init`` imported from ``dab_pipeline.stages.extract``):
   PyAV decode (the default decoder) with resize at decode time + CLIP's PIL preprocessing, in
   ``--workers`` one-thread worker processes; worker start-up included;
 * **encode**: the pre-decoded pixel tensors encoded in batches of
@@ -67,7 +67,7 @@ import torch
 
 from dab_pipeline.capabilities import capabilities, resolve_clip_dtype
 from dab_pipeline.clip_models import ClipBundle, encode_images, load_clip, write_tiny_weights
-from dab_pipeline.stages.extract import ExtractConfig, _collate, _DecodeDataset, _worker_init, run_extract
+from dab_pipeline.stages.extract import ExtractConfig, collate_items, DecodeDataset, decode_worker_init, run_extract
 from dab_pipeline.synthetic import write_video
 from dab_pipeline.video import DecodedVideo
 from dab_pipeline.video.pyav_decoder import decode_sequential
@@ -175,11 +175,11 @@ def random_weights(model: str, where: Path) -> str:
 def decode_pipeline(items, frames: int, short_side: int, preprocess, workers: int, batch_size: int,
                     keep: Optional[list] = None, decoder: str = "pyav") -> float:
     """The extract stage's DataLoader (same dataset, collate, worker init, prefetch); seconds."""
-    ds = _DecodeDataset(items, frames, short_side, decoder, preprocess)
+    ds = DecodeDataset(items, frames, short_side, decoder, preprocess)
     t0 = time.perf_counter()
     loader = torch.utils.data.DataLoader(
-        ds, batch_size=batch_size, shuffle=False, num_workers=workers, collate_fn=_collate,
-        worker_init_fn=_worker_init if workers > 0 else None,
+        ds, batch_size=batch_size, shuffle=False, num_workers=workers, collate_fn=collate_items,
+        worker_init_fn=decode_worker_init if workers > 0 else None,
         prefetch_factor=2 if workers > 0 else None, persistent_workers=False,
     )
     n_err = 0

@@ -97,7 +97,7 @@ def main() -> None:
             with open_store(path) as s:
                 it = iter(batches * 3)
                 t_lib = timed(lambda: s.read_videos(next(it)), args.repeats)
-                arr = s._b._get("videos/frames")  # the raw h5py dataset / zarr array, for the naive baselines
+                arr = s.raw_backend.raw("videos/frames")  # the raw h5py dataset / zarr array, for the naive baselines
                 it = iter(batches * 3)
                 if suffix == ".h5":
                     t_fancy = timed(lambda: arr[next(it)].astype(np.float32), args.repeats)
@@ -122,7 +122,7 @@ def main() -> None:
                 with open_store(path) as s:
                     it = iter(batches * 3)
                     t_lib = timed(lambda: s.read_vision_states(next(it)), 8)
-                    arr = s._b._get("videos/states")
+                    arr = s.raw_backend.raw("videos/states")
                     it = iter(batches * 3)
                     if suffix == ".h5":
                         t_fancy = timed(lambda: arr[next(it)], 8)

@@ -69,17 +69,17 @@ def _ok(res: subprocess.CompletedProcess) -> str:
 
 def _assert_same_store(a: Path, b: Path) -> None:
     """Every array bit for bit; layouts equal up to share_rows; manifests up to created / world_size / out / batch size."""
-    from dab_pipeline.store import _array_specs, open_store
+    from dab_pipeline.store import array_specs, open_store
 
     with open_store(a) as sa, open_store(b) as sb:
         la = {k: v for k, v in sa.layout.items() if k != "share_rows"}
         lb = {k: v for k, v in sb.layout.items() if k != "share_rows"}
         assert la == lb
-        for spec in _array_specs(sa.layout):
+        for spec in array_specs(sa.layout):
             if spec.dtype is None:
-                x, y = sa._b.read_strings(spec.name), sb._b.read_strings(spec.name)
+                x, y = sa.raw_backend.read_strings(spec.name), sb.raw_backend.read_strings(spec.name)
             else:
-                x, y = sa._b.read_all(spec.name), sb._b.read_all(spec.name)
+                x, y = sa.raw_backend.read_all(spec.name), sb.raw_backend.read_all(spec.name)
             assert x.dtype == y.dtype and np.array_equal(x, y), spec.name
         ma, mb = dict(sa.manifest), dict(sb.manifest)
         for m in (ma, mb):
@@ -194,12 +194,12 @@ def test_merge_parts_is_atomic_and_exact(tmp_path: Path) -> None:
         st.close()
     # part 1 unfinished: refused, and nothing appears under the real name
     with open_store(parts[1], "a") as st:
-        st._set_status(np.array([shares[1][-1]]), 0)
+        st.set_status(np.array([shares[1][-1]]), 0)
     with pytest.raises(StoreError, match="pending"):
         merge_parts(tmp_path / "m.h5", parts, shares)
     assert not (tmp_path / "m.h5").exists() and not list(tmp_path.glob(".m.h5.*"))
     with open_store(parts[1], "a") as st:
-        st._set_status(np.array([shares[1][-1]]), 1)
+        st.set_status(np.array([shares[1][-1]]), 1)
     merge_parts(tmp_path / "m.h5", parts, shares)
     with open_store(tmp_path / "m.h5") as m:
         assert m.is_complete and m.manifest == {"m": 1}
@@ -213,7 +213,7 @@ def test_merge_parts_is_atomic_and_exact(tmp_path: Path) -> None:
 def test_part_files_of_another_world_size_are_refused(tmp_path: Path) -> None:
     from dab_pipeline.distributed import part_files, part_path
     from dab_pipeline.errors import StoreMismatchError
-    from dab_pipeline.stages.extract import _check_parts
+    from dab_pipeline.stages.extract import check_part_files
 
     out = tmp_path / "store.h5"
     for r in range(4):
@@ -221,9 +221,9 @@ def test_part_files_of_another_world_size_are_refused(tmp_path: Path) -> None:
     assert part_path(out, 1, 4).name == "store.part-00001-of-00004.h5"
     assert [(r, w) for _, r, w in part_files(out)] == [(0, 4), (1, 4), (2, 4), (3, 4)]
     with pytest.raises(StoreMismatchError, match=r"4-process run .* this run has 2 processes"):
-        _check_parts(out, 2, overwrite=False)
-    _check_parts(out, 4, overwrite=False)  # same world size: resumable
-    _check_parts(out, 2, overwrite=True)
+        check_part_files(out, 2, overwrite=False)
+    check_part_files(out, 4, overwrite=False)  # same world size: resumable
+    check_part_files(out, 2, overwrite=True)
     assert part_files(out) == []
 
 
@@ -407,7 +407,7 @@ def _main_extract_rank1_dies(flag: str, args: list[str]) -> None:
     from dab_pipeline.cli import cli
 
     rank = int(os.environ["RANK"])
-    real_encode, real_collate = ex._encode_videos, ex._collate
+    real_encode, real_collate = ex.encode_videos, ex.collate_items
     batches = {"n": 0}
 
     def encode_then_flag(*a, **kw):
@@ -425,7 +425,7 @@ def _main_extract_rank1_dies(flag: str, args: list[str]) -> None:
             os._exit(3)  # as if the node went away
         return real_collate(batch)
 
-    ex.run._encode_videos, ex.workers._collate = encode_then_flag, dying_collate  # where they are looked up
+    ex.run.encode_videos, ex.workers.collate_items = encode_then_flag, dying_collate  # where they are looked up
     cli.main(args, prog_name="dab")
 
 
@@ -478,3 +478,20 @@ if __name__ == "__main__":  # run by torchrun from the tests above
         _main_train_grads(rest[0])
     else:
         raise SystemExit(f"unknown helper mode {mode!r}")
+
+
+def test_local_context_offers_every_call_of_a_rank_context() -> None:
+    """Code written against a context runs in one process: LocalContext has DistContext's every public call."""
+    import inspect
+
+    from dab_pipeline.distributed import DistContext, LocalContext
+
+    def calls(cls) -> set[str]:
+        return {n for n, v in inspect.getmembers(cls) if not n.startswith("_") and (callable(v) or isinstance(v, property))}
+
+    assert calls(DistContext) <= calls(LocalContext) | {"local_rank", "local_world_size", "backend"}
+    ctx = LocalContext(torch.device("cpu"))
+    assert ctx.agree(lambda: 3) == ctx.run_on_main(lambda: 3) == ctx.main_first(lambda: 3) == 3
+    assert ctx.all_gather_object("x") == ["x"] and ctx.broadcast_object(5) == 5 and ctx.is_main
+    with pytest.raises(KeyError):
+        ctx.agree(lambda: {}["missing"])  # one process: its error, unchanged

@@ -111,7 +111,7 @@ def test_resume_after_interruption_equals_one_run(tiny_folder_dataset: Path, tmp
     assert _invoke(_args(tiny_folder_dataset, full)).exit_code == 0
 
     out = tmp_path / "resumed.h5"
-    real = ex._collate
+    real = ex.collate_items
     calls = {"n": 0}
 
     def dying_collate(batch):
@@ -120,10 +120,10 @@ def test_resume_after_interruption_equals_one_run(tiny_folder_dataset: Path, tmp
             raise KeyboardInterrupt  # the user pressed Ctrl-C during the second batch
         return real(batch)
 
-    monkeypatch.setattr(ex.workers, "_collate", dying_collate)
+    monkeypatch.setattr(ex.workers, "collate_items", dying_collate)
     res = CliRunner().invoke(cli, _args(tiny_folder_dataset, out))
     assert res.exit_code != 0  # click reports "Aborted!" for Ctrl-C
-    monkeypatch.setattr(ex.workers, "_collate", real)
+    monkeypatch.setattr(ex.workers, "collate_items", real)
     with open_store(out) as st:
         assert (st.status() == 1).sum() == 2  # the first batch landed
     res = _invoke(_args(tiny_folder_dataset, out))
@@ -267,7 +267,7 @@ def test_read_only_file_system_is_named_even_when_cleanup_fails(tiny_folder_data
     def cannot_unlink(p):
         raise OSError(errno.EROFS, "Read-only file system", str(p))
 
-    monkeypatch.setattr(store_mod._H5Backend, "create", staticmethod(read_only))
+    monkeypatch.setattr(store_mod.H5Backend, "create", staticmethod(read_only))
     monkeypatch.setattr(store_mod.create, "remove_path", cannot_unlink)  # the module that creates stores
     out = tmp_path / "store.h5"
     res = CliRunner().invoke(cli, _args(tiny_folder_dataset, out))
@@ -356,7 +356,7 @@ def test_ctrl_c_says_how_to_resume(tiny_folder_dataset: Path, tmp_path: Path, mo
     def interrupted(batch):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ex.workers, "_collate", interrupted)
+    monkeypatch.setattr(ex.workers, "collate_items", interrupted)
     res = CliRunner().invoke(cli, _args(tiny_folder_dataset, tmp_path / "s.h5"))
     assert res.exit_code == 130
     assert "rerun the same command to resume" in res.output and "Aborted" not in res.output
@@ -407,7 +407,7 @@ def test_store_resumes_with_another_weights_cache(tiny_folder_dataset: Path, tmp
     monkeypatch.setenv("DAB_CACHE", str(tmp_path / "cache-a"))
     assert _invoke(_args(tiny_folder_dataset, out, "--limit", "3")).exit_code == 0
     with open_store(out, "a") as st:  # make it incomplete: one video pending again
-        st._set_status(np.array([2]), 0)
+        st.set_status(np.array([2]), 0)
     monkeypatch.setenv("DAB_CACHE", str(tmp_path / "cache-b"))
     res = _invoke(_args(tiny_folder_dataset, out, "--limit", "3"))
     assert res.exit_code == 0, res.output

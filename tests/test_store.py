@@ -599,7 +599,7 @@ def test_zarr_direct_chunk_reads_match_zarr(tmp_path: Path, monkeypatch: pytest.
     with make_store(tmp_path / "s.zarr", n=23, states="tokens") as s:
         written = [i for i in range(23) if not 5 <= i < 10]
         write_all(s, videos=written, states="tokens")
-        frames = s._b._get("videos/frames")
+        frames = s.raw_backend.raw("videos/frames")
         assert frames.chunks[0] == 5
         rng = np.random.default_rng(0)
         for rows in (np.array(written), rng.choice(written, 9), np.array([22, 21, 20, 0])):
@@ -607,7 +607,7 @@ def test_zarr_direct_chunk_reads_match_zarr(tmp_path: Path, monkeypatch: pytest.
             np.testing.assert_array_equal(got, frames.oindex[rows].astype(np.float32))
         np.testing.assert_array_equal(s.load_split("train").frames, frames.oindex[s.load_split("train").video_index])
         # a chunk file that lost its tail is reported, not misread
-        chunk = Path(s._b._raw_chunks("videos/frames").chunk_file(4))
+        chunk = Path(s.raw_backend.raw_chunks("videos/frames").chunk_file(4))
         chunk.write_bytes(chunk.read_bytes()[:100])
         with pytest.raises(StoreError, match="truncated"):
             s.read_videos([21])

@@ -9,10 +9,10 @@ from typing import Any, Sequence
 import numpy as np
 from ..errors import StoreError
 
-from .layout import _COMPRESSED, _ZERO_INIT, _array_specs, _runs
+from .layout import _COMPRESSED, _ZERO_INIT, array_specs, _runs
 
 
-class _Backend:
+class Backend:
     """Row-oriented access to the arrays of one store (``name`` like ``videos/frames``)."""
 
     kind: str
@@ -48,7 +48,7 @@ def _h5_locking_kwargs() -> dict:
     return {} if "HDF5_USE_FILE_LOCKING" in os.environ else {"locking": "best-effort"}
 
 
-class _H5Backend(_Backend):
+class H5Backend(Backend):
     kind = "hdf5"
 
     def __init__(self, path: Path, mode: str) -> None:
@@ -67,7 +67,7 @@ class _H5Backend(_Backend):
             raise StoreError(f"{path} is not a readable HDF5 file: {e}") from None
         self._ds: dict[str, Any] = {}
 
-    def _get(self, name: str) -> Any:
+    def raw(self, name: str) -> Any:
         ds = self._ds.get(name)
         if ds is None:
             try:
@@ -86,17 +86,17 @@ class _H5Backend(_Backend):
         return out
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._get(name).shape)
+        return tuple(self.raw(name).shape)
 
     def read_all(self, name: str) -> np.ndarray:
-        return self._get(name)[()]
+        return self.raw(name)[()]
 
     def read_strings(self, name: str) -> np.ndarray:
-        vals = self._get(name).asstr()[()]
+        vals = self.raw(name).asstr()[()]
         return np.asarray(vals, dtype=str) if len(vals) else np.zeros(0, dtype="<U1")
 
     def read_range(self, name: str, start: int, stop: int, out: np.ndarray) -> None:
-        out[...] = self._get(name)[start:stop]
+        out[...] = self.raw(name)[start:stop]
 
     def read_rows(self, name: str, idx_sorted: np.ndarray, out: np.ndarray) -> np.ndarray:
         runs = _runs(idx_sorted)
@@ -107,14 +107,14 @@ class _H5Backend(_Backend):
         # hyperslab union: ~15 us a row at 32 rows, ~8 us at 7000, where one
         # slice per run costs ~50 us of h5py overhead each. (Fancy indexing
         # is only slow on *chunked* datasets: 7.5 ms for 32 rows.)
-        return self._get(name)[idx_sorted]
+        return self.raw(name)[idx_sorted]
 
     def write_range(self, name: str, start: int, values: np.ndarray) -> None:
-        self._get(name)[start : start + len(values)] = values
+        self.raw(name)[start : start + len(values)] = values
 
     def write_prefix(self, name: str, row: int, values: np.ndarray) -> None:
         """The first len(values) entries of one row (the rest is left as it is: unwritten stays sparse)."""
-        self._get(name)[row, : len(values)] = values
+        self.raw(name)[row, : len(values)] = values
 
     def flush(self) -> None:
         # Pushes HDF5's sieve buffer and metadata cache to the OS; the OS page
@@ -122,7 +122,7 @@ class _H5Backend(_Backend):
         self.f.flush()
 
     def stored_bytes(self, name: str) -> int:
-        return int(self._get(name).id.get_storage_size())
+        return int(self.raw(name).id.get_storage_size())
 
     def close(self) -> None:
         if self.f.id.valid:
@@ -135,7 +135,7 @@ class _H5Backend(_Backend):
         with h5py.File(tmp, "w", **_h5_locking_kwargs()) as f:
             for k, v in attrs.items():
                 f.attrs[k] = v if isinstance(v, int) else json.dumps(v, sort_keys=True)
-            for spec in _array_specs(layout):
+            for spec in array_specs(layout):
                 if spec.dtype is None:
                     # Strings are written once, here, before the file is published.
                     f.create_dataset(spec.name, data=np.asarray(init[spec.name], dtype=object), dtype=h5py.string_dtype())

@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 from ..errors import StoreError
 
-from .layout import _COMPRESSED, _LEGACY_LOCK, _SHARE_LOCK, _ZARR_CHUNK_BYTES, _array_specs, _chunk_rows_in_unit, _runs, _zstd
-from .backend_h5 import _Backend, _H5Backend
+from .layout import _COMPRESSED, _LEGACY_LOCK, _SHARE_LOCK, _ZARR_CHUNK_BYTES, array_specs, _chunk_rows_in_unit, _runs, _zstd
+from .backend_h5 import Backend, H5Backend
 
 
 @dataclass(frozen=True)
-class _RawChunks:
+class RawChunks:
     """How to read an uncompressed zarr array straight from its chunk files."""
 
     root: str
@@ -33,7 +33,7 @@ class _RawChunks:
         return os.path.join(self.root, self.metadata.encode_chunk_key((c,) + (0,) * (self.ndim - 1)))
 
 
-class _ZarrBackend(_Backend):
+class ZarrBackend(Backend):
     kind = "zarr"
 
     def __init__(self, path: Path, mode: str, writer: tuple[int, int] | None = None) -> None:
@@ -54,7 +54,7 @@ class _ZarrBackend(_Backend):
             self._release_writer_lock()
             raise StoreError(f"{path} is not a readable zarr store: {type(e).__name__}: {e}") from None
         self._arr: dict[str, Any] = {}
-        self._raw: dict[str, _RawChunks | None] = {}
+        self._raw: dict[str, RawChunks | None] = {}
 
     def _take_writer_lock(self, writer: tuple[int, int] | None = None) -> None:
         if not self.path.is_dir():
@@ -102,7 +102,7 @@ class _ZarrBackend(_Backend):
             for p in self.path.rglob("*.partial"):
                 p.unlink(missing_ok=True)
 
-    def _get(self, name: str) -> Any:
+    def raw(self, name: str) -> Any:
         a = self._arr.get(name)
         if a is None:
             try:
@@ -112,13 +112,13 @@ class _ZarrBackend(_Backend):
             self._arr[name] = a
         return a
 
-    def _raw_chunks(self, name: str) -> _RawChunks | None:
+    def raw_chunks(self, name: str) -> RawChunks | None:
         """Direct chunk-file access when the array is plain little-endian bytes, else None."""
         if name in self._raw:
             return self._raw[name]
         from zarr.codecs import BytesCodec
 
-        a = self._get(name)
+        a = self.raw(name)
         md = a.metadata
         info = None
         codecs = getattr(md, "codecs", ())
@@ -133,7 +133,7 @@ class _ZarrBackend(_Backend):
             and float(md.fill_value) == 0
             and hasattr(md, "encode_chunk_key")
         ):
-            info = _RawChunks(str(self.path / name), int(a.chunks[0]), tuple(a.shape[1:]), dt, a.ndim, md)
+            info = RawChunks(str(self.path / name), int(a.chunks[0]), tuple(a.shape[1:]), dt, a.ndim, md)
         self._raw[name] = info
         return info
 
@@ -141,26 +141,26 @@ class _ZarrBackend(_Backend):
         return dict(self.g.attrs.asdict())
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._get(name).shape)
+        return tuple(self.raw(name).shape)
 
     def read_all(self, name: str) -> np.ndarray:
-        raw = self._raw_chunks(name)
+        raw = self.raw_chunks(name)
         if raw is None:
-            return self._get(name)[...]
-        n = self._get(name).shape[0]
+            return self.raw(name)[...]
+        n = self.raw(name).shape[0]
         out = np.empty((n, *raw.row_shape), raw.dtype)
         self.read_range(name, 0, n, out)
         return out
 
     def read_strings(self, name: str) -> np.ndarray:
-        vals = self._get(name)[...]
+        vals = self.raw(name)[...]
         # zarr hands back numpy's variable-width StringDType; the API promises "<U".
         return np.asarray(vals.tolist(), dtype=str) if len(vals) else np.zeros(0, dtype="<U1")
 
     def read_range(self, name: str, start: int, stop: int, out: np.ndarray) -> None:
-        raw = self._raw_chunks(name)
+        raw = self.raw_chunks(name)
         if raw is None:
-            out[...] = self._get(name)[start:stop]
+            out[...] = self.raw(name)[start:stop]
             return
         # zarr's own indexing costs ~0.5 ms per call; a pread per chunk segment
         # costs microseconds. Uncompressed v3 chunks are the C-order bytes of a
@@ -190,7 +190,7 @@ class _ZarrBackend(_Backend):
             row = hi
 
     def read_rows(self, name: str, idx_sorted: np.ndarray, out: np.ndarray) -> np.ndarray:
-        raw = self._raw_chunks(name)
+        raw = self.raw_chunks(name)
         if raw is None or len(idx_sorted) == 0:
             return super().read_rows(name, idx_sorted, out)
         # One open per chunk file touched; inside it, one pread per run of
@@ -228,11 +228,11 @@ class _ZarrBackend(_Backend):
         return out
 
     def write_range(self, name: str, start: int, values: np.ndarray) -> None:
-        self._get(name)[start : start + len(values)] = values
+        self.raw(name)[start : start + len(values)] = values
 
     def write_prefix(self, name: str, row: int, values: np.ndarray) -> None:
         """The first len(values) entries of one row (the rest is left as it is: unwritten stays sparse)."""
-        self._get(name)[row, : len(values)] = values
+        self.raw(name)[row, : len(values)] = values
 
     def flush(self) -> None:
         # zarr's LocalStore has finished (written + renamed) every chunk file by
@@ -240,7 +240,7 @@ class _ZarrBackend(_Backend):
         pass
 
     def stored_bytes(self, name: str) -> int:
-        return int(self._get(name).nbytes_stored())
+        return int(self.raw(name).nbytes_stored())
 
     def close(self) -> None:
         self._arr.clear()
@@ -253,7 +253,7 @@ class _ZarrBackend(_Backend):
         g = zarr.open_group(str(tmp), mode="w-")
         g.attrs.update(attrs)
         share_rows = layout.get("share_rows")
-        for spec in _array_specs(layout):
+        for spec in array_specs(layout):
             n = spec.shape[0]
             if spec.dtype is None:
                 a = g.create_array(spec.name, shape=spec.shape, dtype=str, chunks=(max(n, 1),))
@@ -286,5 +286,5 @@ class _ZarrBackend(_Backend):
                 a[...] = init[spec.name]
 
 
-def _backend_class(kind: str) -> type[_Backend]:
-    return _H5Backend if kind == "hdf5" else _ZarrBackend
+def backend_class(kind: str) -> type[Backend]:
+    return H5Backend if kind == "hdf5" else ZarrBackend

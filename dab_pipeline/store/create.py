@@ -12,7 +12,7 @@ from ..fsutil import publish, remove_path, temp_sibling
 
 from .layout import ERROR_BYTES, FORMAT_VERSION, store_backend
 from .backend_h5 import _fsync_dir
-from .backend_zarr import _ZarrBackend, _backend_class
+from .backend_zarr import ZarrBackend, backend_class
 from .feature_store import FeatureStore
 
 
@@ -45,8 +45,8 @@ def open_store(path: str | os.PathLike, mode: str = "r", *, writer: tuple[int, i
                 f"{p}: HDF5 allows one writer per file; concurrent writers need a .zarr store "
                 "(distributed extraction into HDF5 writes one part file per process and merges them)"
             )
-        return FeatureStore(p, _ZarrBackend(p, mode, writer=tuple(writer)), mode, writer=tuple(writer))
-    return FeatureStore(p, _backend_class(kind)(p, mode), mode)
+        return FeatureStore(p, ZarrBackend(p, mode, writer=tuple(writer)), mode, writer=tuple(writer))
+    return FeatureStore(p, backend_class(kind)(p, mode), mode)
 
 
 def _str_array(values: Sequence[str] | np.ndarray, n: int | None, what: str) -> np.ndarray:
@@ -192,7 +192,7 @@ def create_store(
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = temp_sibling(p, "creating")
         try:
-            _backend_class(kind).create(tmp, layout, attrs, init)
+            backend_class(kind).create(tmp, layout, attrs, init)
             publish(tmp, p, overwrite)
         except BaseException:
             _remove_quietly(tmp)  # its own failure must not hide the one that matters

@@ -8,15 +8,15 @@ from typing import Sequence
 import numpy as np
 from ..errors import StoreError
 
-from .layout import FORMAT_VERSION, STATUS_FAILED, STATUS_NAMES, STATUS_OK, STATUS_PENDING, SplitFeatures, _array_specs, _runs, default_share_rows, pad_ragged, video_share
-from .backend_h5 import _Backend
+from .layout import FORMAT_VERSION, STATUS_FAILED, STATUS_NAMES, STATUS_OK, STATUS_PENDING, SplitFeatures, array_specs, _runs, default_share_rows, pad_ragged, video_share
+from .backend_h5 import Backend
 from .writes import _StoreWrites
 
 
 class FeatureStore(_StoreWrites):
     """An open feature store; use :func:`create_store` / :func:`open_store` to get one."""
 
-    def __init__(self, path: Path, backend: _Backend, mode: str, writer: tuple[int, int] | None = None) -> None:
+    def __init__(self, path: Path, backend: Backend, mode: str, writer: tuple[int, int] | None = None) -> None:
         self.path = path
         self._b = backend
         self.mode = mode
@@ -58,7 +58,7 @@ class FeatureStore(_StoreWrites):
         self.layout: dict = attrs["layout"]
         self.manifest: dict = attrs["manifest"]
         try:
-            specs = _array_specs(self.layout)
+            specs = array_specs(self.layout)
         except (KeyError, TypeError, ValueError) as e:
             raise StoreError(f"{self.path}: malformed layout attribute ({e})") from None
         self._specs = {spec.name: spec for spec in specs}
@@ -78,6 +78,11 @@ class FeatureStore(_StoreWrites):
             raise StoreError(f"{self.path}: captions/video_index points outside the {self.num_videos} videos")
 
     # -- shape of the store ----------------------------------------------------
+
+    @property
+    def raw_backend(self) -> Backend:
+        """The HDF5 or Zarr backend object (``raw_backend.raw(name)`` is the native array, for tools and tests)."""
+        return self._b
 
     @property
     def backend(self) -> str:
@@ -362,7 +367,7 @@ class FeatureStore(_StoreWrites):
                 "captions_done": int(cdone[cs].sum()),
             }
         arrays = {}
-        for spec in _array_specs(self.layout):
+        for spec in array_specs(self.layout):
             logical = None if spec.dtype is None else int(np.prod(spec.shape, dtype=np.int64)) * spec.dtype.itemsize
             arrays[spec.name] = {
                 "shape": list(spec.shape),

@@ -157,48 +157,48 @@ def _chunk_rows_in_unit(default_rows: int, share_rows: int) -> int:
 
 
 @dataclass(frozen=True)
-class _Spec:
+class ArraySpec:
     name: str
     shape: tuple[int, ...]
     dtype: np.dtype | None  # None for strings
 
 
-def _array_specs(layout: dict) -> list[_Spec]:
+def array_specs(layout: dict) -> list[ArraySpec]:
     """Every array of a store with this layout (the one place the layout is defined)."""
     n, m, f, d = layout["num_videos"], layout["num_captions"], layout["num_frames"], layout["dim"]
     dt = np.dtype(layout["dtype"])
     specs = [
-        _Spec("videos/ids", (n,), None),
-        _Spec("videos/split", (n,), None),
-        _Spec("videos/status", (n,), np.dtype(np.int8)),
-        _Spec("videos/num_video_frames", (n,), np.dtype(np.int32)),
-        _Spec("videos/frame_mask", (n, f), np.dtype(bool)),
-        _Spec("videos/frames", (n, f, d), dt),
-        _Spec("videos/error", (n, ERROR_BYTES), np.dtype(np.uint8)),
-        _Spec("captions/ids", (m,), None),
-        _Spec("captions/split", (m,), None),
-        _Spec("captions/text", (m,), None),
-        _Spec("captions/video_index", (m,), np.dtype(np.int64)),
-        _Spec("captions/done", (m,), np.dtype(bool)),
-        _Spec("captions/features", (m, d), dt),
+        ArraySpec("videos/ids", (n,), None),
+        ArraySpec("videos/split", (n,), None),
+        ArraySpec("videos/status", (n,), np.dtype(np.int8)),
+        ArraySpec("videos/num_video_frames", (n,), np.dtype(np.int32)),
+        ArraySpec("videos/frame_mask", (n, f), np.dtype(bool)),
+        ArraySpec("videos/frames", (n, f, d), dt),
+        ArraySpec("videos/error", (n, ERROR_BYTES), np.dtype(np.uint8)),
+        ArraySpec("captions/ids", (m,), None),
+        ArraySpec("captions/split", (m,), None),
+        ArraySpec("captions/text", (m,), None),
+        ArraySpec("captions/video_index", (m,), np.dtype(np.int64)),
+        ArraySpec("captions/done", (m,), np.dtype(bool)),
+        ArraySpec("captions/features", (m, d), dt),
     ]
     state_layout = layout["state_layout"]
     views = int(layout.get("train_views") or 0)  # augmented training views (0 in stores made before them)
     thumb = int(layout.get("thumbnail_bytes") or 0)  # JPEG thumbnails (0 in stores made before them)
     if thumb:
-        specs.append(_Spec("videos/thumbnail", (n, thumb), np.dtype(np.uint8)))
-        specs.append(_Spec("videos/thumbnail_size", (n,), np.dtype(np.int32)))
+        specs.append(ArraySpec("videos/thumbnail", (n, thumb), np.dtype(np.uint8)))
+        specs.append(ArraySpec("videos/thumbnail_size", (n,), np.dtype(np.int32)))
     if views:
-        specs.append(_Spec("videos/views", (n, views, f, d), dt))
+        specs.append(ArraySpec("videos/views", (n, views, f, d), dt))
     if state_layout != "none":
-        specs.append(_Spec("videos/states", (n, f, *layout["vision_state_shape"]), dt))
+        specs.append(ArraySpec("videos/states", (n, f, *layout["vision_state_shape"]), dt))
         if views:
-            specs.append(_Spec("videos/view_states", (n, views, f, *layout["vision_state_shape"]), dt))
+            specs.append(ArraySpec("videos/view_states", (n, views, f, *layout["vision_state_shape"]), dt))
     if state_layout == "pooled":
-        specs.append(_Spec("captions/states", (m, layout["text_state_width"]), dt))
+        specs.append(ArraySpec("captions/states", (m, layout["text_state_width"]), dt))
     elif state_layout == "tokens":
-        specs.append(_Spec("captions/token_states", (layout["num_text_tokens"], layout["text_state_width"]), dt))
-        specs.append(_Spec("captions/token_offsets", (m + 1,), np.dtype(np.int64)))
+        specs.append(ArraySpec("captions/token_states", (layout["num_text_tokens"], layout["text_state_width"]), dt))
+        specs.append(ArraySpec("captions/token_offsets", (m + 1,), np.dtype(np.int64)))
     return specs
 
 

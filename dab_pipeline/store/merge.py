@@ -9,9 +9,9 @@ import numpy as np
 from ..errors import StoreError
 from ..fsutil import publish, remove_path, temp_sibling
 
-from .layout import FORMAT_VERSION, STATUS_PENDING, _array_specs, _runs, store_backend
-from .backend_h5 import _Backend, _fsync_dir
-from .backend_zarr import _backend_class
+from .layout import FORMAT_VERSION, STATUS_PENDING, array_specs, _runs, store_backend
+from .backend_h5 import Backend, _fsync_dir
+from .backend_zarr import backend_class
 from .feature_store import FeatureStore
 from .create import open_store
 
@@ -20,7 +20,7 @@ from .create import open_store
 _MERGE_BLOCK_BYTES = 64 << 20
 
 
-def _copy_rows(src: _Backend, dst: _Backend, name: str, runs: Sequence[tuple[int, int]], row_shape: tuple[int, ...],
+def _copy_rows(src: Backend, dst: Backend, name: str, runs: Sequence[tuple[int, int]], row_shape: tuple[int, ...],
                dtype: np.dtype) -> None:
     row_bytes = max(1, int(np.prod(row_shape, dtype=np.int64)) * dtype.itemsize)
     step = max(1, _MERGE_BLOCK_BYTES // row_bytes)
@@ -92,11 +92,11 @@ def merge_parts(
         if ref.state_layout == "tokens":
             init["captions/token_offsets"] = ref._token_offsets
         attrs = {"dab_store_format": FORMAT_VERSION, "layout": ref.layout, "manifest": ref.manifest}
-        cls = _backend_class(kind)
+        cls = backend_class(kind)
         cls.create(tmp, ref.layout, attrs, init)
         out = cls(tmp, "a")
         try:
-            for spec in _array_specs(ref.layout):
+            for spec in array_specs(ref.layout):
                 if spec.dtype is None or spec.name in init:
                     continue
                 if spec.name.startswith("videos/"):

@@ -43,7 +43,8 @@ class _StoreWrites:
             self._b.write_range(name, a, values[j : j + (b - a)])
             j += b - a
 
-    def _set_status(self, idx: np.ndarray, value: int) -> None:
+    def set_status(self, idx: np.ndarray, value: int) -> None:
+        """Low level: set the status of these video rows (the write paths call it last, for repairs and tests)."""
         idx = np.sort(idx)
         self._write_rows("videos/status", idx, np.full(len(idx), value, np.int8))
         self._b.flush()
@@ -111,7 +112,7 @@ class _StoreWrites:
             self._write_rows("videos/states", idx, states[order])
         # Data reaches the file before the flag that vouches for it.
         self._b.flush()
-        self._set_status(idx, STATUS_OK)
+        self.set_status(idx, STATUS_OK)
 
     def mark_failed(self, index: int, error: str) -> None:
         """Record that video ``index`` failed, with its error message (truncated to 1 KiB of UTF-8)."""
@@ -120,14 +121,14 @@ class _StoreWrites:
         self._require_own_videos(idx)
         self._write_rows("videos/error", idx, _message_rows([error]))
         self._b.flush()
-        self._set_status(idx, STATUS_FAILED)
+        self.set_status(idx, STATUS_FAILED)
 
     def mark_missing(self, indices: Sequence[int] | np.ndarray) -> None:
         """Record that these videos are listed by the dataset but absent on disk."""
         self._require_writable()
         idx = self._indices(indices, self.num_videos, "video")
         self._require_own_videos(idx)
-        self._set_status(idx, STATUS_MISSING)
+        self.set_status(idx, STATUS_MISSING)
 
     def write_captions(
         self,

@@ -2,10 +2,19 @@
 
 Decoding (and CLIP's own PIL preprocessing) runs in DataLoader worker
 processes, overlapped with batched encoding in the main process; results are
-written to the store batch by batch, so a killed run resumes where it stopped."""
+written to the store batch by batch, so a killed run resumes where it stopped.
+
+* ``config``: ExtractConfig, the store manifest, the compatibility rules of a resume;
+* ``workers``: the decoding dataset and the encode-and-write loop;
+* ``writers``: one store, Zarr shares or HDF5 part files (what differs between one process and many);
+* ``run``: ``run_extract``, one code path for one process and every rank of a torchrun job.
+"""
 
 from __future__ import annotations
 
-from .config import COMPATIBILITY_KEYS, ExtractConfig, ExtractResult, _short_side, _stored_dtype, build_manifest, parse_options, resolve_compute_dtype  # noqa: F401
-from .workers import _DecodeDataset, _collate, _consume, _encode_captions, _encode_videos, _encoder_threads, _worker_init, _write_views  # noqa: F401
-from .run import _check_parts, _check_resumable, _combine_results, _create, _load_index, _part, _raise_if_all_failed, _remove_parts, _run_extract_distributed, _store_errors, run_extract  # noqa: F401
+from .config import (COMPATIBILITY_KEYS, ExtractConfig, ExtractResult, build_manifest, parse_options,  # noqa: F401
+                     resolve_compute_dtype)
+from .run import run_extract  # noqa: F401
+from .workers import DecodeDataset, collate_items, decode_worker_init, encode_captions, encode_videos  # noqa: F401
+from .writers import (ExistingStore, ExtractJob, H5PartsWriter, StoreWriter, ZarrSharesWriter,  # noqa: F401
+                      check_part_files, check_resumable, choose_writer)

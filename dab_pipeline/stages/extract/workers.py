@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 from .config import ExtractConfig, ExtractResult
 
 
-class _DecodeDataset(torch.utils.data.Dataset):
+class DecodeDataset(torch.utils.data.Dataset):
     """Decode + preprocess one video per item; failures travel back as strings, not exceptions.
 
     items: (store row, path) or (store row, path, video id, N): N augmented training views too.
@@ -62,16 +62,16 @@ class _DecodeDataset(torch.utils.data.Dataset):
             return {"index": index, "error": f"{path}: {type(exc).__name__}: {exc}"}
 
 
-def _collate(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def collate_items(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return batch
 
 
-def _worker_init(_: int) -> None:
+def decode_worker_init(_: int) -> None:
     # Two one-thread decoders beat one two-thread decoder (measured 2x on 2 cores).
     torch.set_num_threads(1)
 
 
-def _encode_captions(store, bundle, texts: list[str], cfg: ExtractConfig, progress: ProgressCallback, encode_texts) -> int:
+def encode_captions(store, bundle, texts: list[str], cfg: ExtractConfig, progress: ProgressCallback, encode_texts) -> int:
     pending = np.asarray(store.pending_captions())
     if len(pending) == 0:
         return len(texts)
@@ -90,7 +90,7 @@ def _encode_captions(store, bundle, texts: list[str], cfg: ExtractConfig, progre
     return len(texts)
 
 
-def _encode_videos(store, bundle, videos, missing: set[str], cfg: ExtractConfig, device: torch.device,
+def encode_videos(store, bundle, videos, missing: set[str], cfg: ExtractConfig, device: torch.device,
                    progress: ProgressCallback, encode_images, rows: Optional[np.ndarray] = None) -> ExtractResult:
     """Encode the pending videos (of ``rows`` only, when given: one rank's share)."""
     total = len(videos) if rows is None else len(rows)
@@ -105,10 +105,10 @@ def _encode_videos(store, bundle, videos, missing: set[str], cfg: ExtractConfig,
             for i in pending if videos[i].video_id not in missing]
     short_side = bundle.image_size if cfg.decode_short_side == 0 else cfg.decode_short_side
     geometry = (int(bundle.image_size), list(map(float, bundle.mean)), list(map(float, bundle.std)))
-    ds = _DecodeDataset(todo, cfg.frames, short_side, cfg.decode_backend, bundle.preprocess, geometry)
+    ds = DecodeDataset(todo, cfg.frames, short_side, cfg.decode_backend, bundle.preprocess, geometry)
     loader = torch.utils.data.DataLoader(
-        ds, batch_size=cfg.batch_size, shuffle=False, num_workers=cfg.workers, collate_fn=_collate,
-        worker_init_fn=_worker_init if cfg.workers > 0 else None,
+        ds, batch_size=cfg.batch_size, shuffle=False, num_workers=cfg.workers, collate_fn=collate_items,
+        worker_init_fn=decode_worker_init if cfg.workers > 0 else None,
         prefetch_factor=2 if cfg.workers > 0 else None, persistent_workers=False,
     )
     failures: list[tuple[str, str]] = []
