@@ -1,12 +1,14 @@
 """Every named choice a config accepts and the CLI offers, in one place.
 
-Plain tuples with no imports, so the CLI can build its options from them without loading
-torch; the configs validate against the same tuples, so the two can never disagree.
+Plain tuples that import no torch, so the CLI can build its options from them without
+loading it; the configs validate against the same tuples, so the two can never disagree.
 """
 
 from __future__ import annotations
 
-VARIANTS = ("xpool", "prob", "bridge", "dab")  # model.py: the four rows of Table 5a
+from .variants import VARIANT_NAMES
+
+VARIANTS = VARIANT_NAMES  # variants.py: the four rows of Table 5a
 DIST_COSTS = ("kl", "w2")  # distributional costs of the prob / dab variants
 CLIP_DTYPES = ("auto", "float32", "bfloat16", "float16", "autocast-bf16")  # CLIP's compute dtype (extract)
 STORE_DTYPES = ("float16", "float32")  # dtype of the stored features

@@ -61,7 +61,7 @@ def model_loss(model: "DABModel", out: "ModelOutput") -> Tensor:
     """
     with torch.autocast(device_type=out.cost.device.type, enabled=False):  # the loss in float32 under amp
         cost = out.cost.float()
-        if model.cfg.variant in ("xpool", "bridge"):
+        if not model.cfg.probabilistic:
             # cost = -cos, so the similarity is its negation
             return clip_infonce_loss(-cost, model.log_logit_scale.float())
         return pac_loss(cost, model.tau().float())

@@ -21,7 +21,7 @@ from dab_pipeline.cpu_kernels import (
     pair_heads_eager,
 )
 from dab_pipeline.model import DABModel, ModelConfig
-from dab_pipeline.scoring import _Engine, score_all, score_all_reference
+from dab_pipeline.scoring import build_engine, score_all, score_all_reference
 
 BF16_REL = 2 ** -8  # one bf16 rounding step, relative
 
@@ -227,7 +227,7 @@ def test_bf16_engine_with_fused_and_eager_kernels_agree(variant: str, fused: cpu
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     model = _model(variant)
     text, frames, mask = _data()
-    eng = _Engine(model, torch.device("cpu"), torch.bfloat16)
+    eng = build_engine(model, torch.device("cpu"), torch.bfloat16)
     if eng.onednn is None:
         pytest.skip("this torch build has no oneDNN bf16 linears")
     res_fused = score_all(model, text, frames, mask, dtype="bfloat16", memory_budget=1 << 16)

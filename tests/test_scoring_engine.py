@@ -10,7 +10,7 @@ from dab_pipeline.errors import ConfigError
 from dab_pipeline.events import Event
 from dab_pipeline.model import DABModel, ModelConfig, bridge_macs_per_pair_step
 from dab_pipeline.scoring import (
-    _Engine,
+    ENGINES,
     default_memory_budget,
     engine_macs,
     pair_bytes,
@@ -84,15 +84,18 @@ def test_engine_equals_reference_across_configs(variant: str, kw: dict) -> None:
 
 @pytest.fixture()
 def pair_blocks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The number of pairs in every sub-block the engine runs (a spy on _Engine.pairs)."""
+    """The number of pairs in every sub-block the engine runs (a spy on every registered engine's pairs)."""
     seen: list[int] = []
-    original = _Engine.pairs
 
-    def spy(self, ts, vs, keep=None, want_var=False):
-        seen.append(len(vs) * ts.q.shape[1] if keep is None else len(keep))
-        return original(self, ts, vs, keep, want_var)
+    def spy_on(original):
+        def spy(self, ts, vs, keep=None, want_var=False):
+            seen.append(len(vs) * ts.q.shape[1] if keep is None else len(keep))
+            return original(self, ts, vs, keep, want_var)
+        return spy
 
-    monkeypatch.setattr(_Engine, "pairs", spy)
+    for name in ENGINES:
+        cls = ENGINES.get(name)
+        monkeypatch.setattr(cls, "pairs", spy_on(cls.__dict__["pairs"]))  # each engine defines its own
     return seen
 
 
@@ -311,16 +314,16 @@ def test_shortlist_rows_with_uneven_candidates(budget_pairs, pair_blocks: list[i
 
 
 def test_tiles_are_equal_bounded_and_respect_the_video_cap() -> None:
-    from dab_pipeline.scoring import _inner_tiles
+    from dab_pipeline.scoring import inner_tiles
 
     # the default plan of a 256 x 256 split at the 64 MiB bf16 budget: 7 x 7 tiles of 37 x 37,
     # not 41 x 41 with a 10-wide remainder, and the cap on videos per chunk does not thin them
-    assert _inner_tiles(256, 256, 1718, video_cap=45) == (37, 37)
+    assert inner_tiles(256, 256, 1718, video_cap=45) == (37, 37)
     rng = np.random.default_rng(0)
     for _ in range(300):
         n_t, n_v, p_max = (int(x) for x in rng.integers(1, 400, 3))
         cap = int(rng.integers(1, 400))
-        tq, tv = _inner_tiles(n_t, n_v, p_max, video_cap=cap)
+        tq, tv = inner_tiles(n_t, n_v, p_max, video_cap=cap)
         assert 1 <= tq <= n_t and 1 <= tv <= min(n_v, cap)
         assert tq * tv <= p_max
         for n, t in ((n_t, tq), (n_v, tv)):

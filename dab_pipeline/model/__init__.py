@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from ..choices import DIST_COSTS, VARIANTS  # noqa: F401  (re-exported)
 
-from .config import ModelConfig, _BRIDGE_VARIANTS, _PROB_VARIANTS, beta_schedule, bridge_macs_per_pair_step, resolve_tau, sinusoidal_embedding, step_sizes  # noqa: F401
+from .config import ModelConfig, beta_schedule, bridge_macs_per_pair_step, resolve_tau, sinusoidal_embedding, step_sizes  # noqa: F401
 from .layers import DistributionBridge, ProbabilisticEncoder, TextConditionedPooling, TokenUncertainty, float32_math, masked_softmax  # noqa: F401
 from .dab import DABModel, ModelOutput, PairDiagnostics, PairTerms, TextState, VideoState, _diag  # noqa: F401
 

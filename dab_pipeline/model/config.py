@@ -9,13 +9,7 @@ import torch
 from torch import Tensor
 from ..choices import DIST_COSTS, VARIANTS
 from ..errors import ConfigError
-
-
-
-_PROB_VARIANTS = ("prob", "dab")
-
-
-_BRIDGE_VARIANTS = ("bridge", "dab")
+from ..variants import VARIANT_SPECS, VariantSpec
 
 
 @dataclass(frozen=True)
@@ -85,12 +79,23 @@ class ModelConfig:
             raise bad("logit_scale_init", "a positive float")
 
     @property
+    def spec(self) -> VariantSpec:
+        """What the variant is made of (:mod:`dab_pipeline.variants`)."""
+        return VARIANT_SPECS.get(self.variant)
+
+    @property
     def probabilistic(self) -> bool:
-        return self.variant in _PROB_VARIANTS
+        """Gaussian embeddings, a distributional cost and the PAC loss (prob, dab)."""
+        return self.spec.gaussian
 
     @property
     def uses_bridge(self) -> bool:
-        return self.variant in _BRIDGE_VARIANTS
+        return self.spec.bridge
+
+    @property
+    def bridge_states(self) -> int:
+        """Blocks of D the bridge carries: 2 ([mu, sigma], dab), 1 ([x], the point bridge), 0 (none)."""
+        return self.spec.bridge_states
 
 
 def resolve_tau(cfg: ModelConfig) -> float:
@@ -149,7 +154,8 @@ def bridge_macs_per_pair_step(cfg: ModelConfig) -> int:
     if not cfg.uses_bridge:
         return 0
     d, h, dt = cfg.embed_dim, cfg.drift_hidden, cfg.time_embed_dim
-    in_dim, out_dim = (4 * d + dt, 2 * d) if cfg.variant == "dab" else (2 * d + dt, d)
+    n = cfg.bridge_states  # [mu, sigma] | [x] per side
+    in_dim, out_dim = 2 * n * d + dt, n * d
     drift = in_dim * h + (cfg.drift_layers - 2) * h * h + h * out_dim
     time_mlp = 2 * dt * dt
     return drift + time_mlp

@@ -109,8 +109,8 @@ class DABModel(nn.Module):
         else:
             self.log_logit_scale = nn.Parameter(torch.tensor(math.log(cfg.logit_scale_init)))
         if cfg.uses_bridge:
-            self.bridge = DistributionBridge(cfg, point=cfg.variant == "bridge")
-        self._cost_fn = COSTS.get(cfg.cost)
+            self.bridge = DistributionBridge(cfg, point=cfg.bridge_states == 1)
+        self.cost_fn = COSTS.get(cfg.cost)
 
     # ---- temperatures
 
@@ -162,15 +162,8 @@ class DABModel(nn.Module):
         t_ = (lambda x: x[:, None]) if grid else (lambda x: x)
         v_ = (lambda x: x[None]) if grid else (lambda x: x)
         v_c = self.pool.pool(ts.q, vs.k, vs.v, vs.mask, grid)  # (Q, V, D) | (P, D)
-        variant = self.cfg.variant
-        if variant == "xpool":
-            with float32_math(v_c):
-                return PairTerms(cost=neg_cosine(t_(ts.feat).float(), v_c.float()))
-        if variant == "bridge":
-            assert self.bridge is not None and ts.point is not None
-            x = self.bridge.forward_point(t_(ts.point), F.normalize(v_c, dim=-1))  # (Q, V, D) | (P, D)
-            with float32_math(v_c):
-                return PairTerms(cost=neg_cosine(x.float(), v_c.float()), video_mu=v_c, bridged_mu=x)
+        if not self.cfg.probabilistic:
+            return self._cosine_terms(ts, v_c, t_)
         assert self.prob is not None and self.token_unc is not None
         assert ts.mu is not None and ts.logvar is not None and vs.tok_logvar is not None
         mu_v, lv_base = self.prob(v_c)  # (Q, V, D) each
@@ -183,8 +176,18 @@ class DABModel(nn.Module):
             # per-pair views (no copy) so callers can index pairs uniformly
             mu_t, lv_t = mu_t.expand_as(mu_v), lv_t.expand_as(lv_v)  # (Q, V, D)
         with float32_math(mu_v):  # a KL of D terms in bf16 loses several logits at tau 8 (issue 16)
-            cost = self._cost_fn(mu_v.float(), lv_v.float(), mu_t.float(), lv_t.float())  # (Q, V): D(Q_v || P_hat_t)
+            cost = self.cost_fn(mu_v.float(), lv_v.float(), mu_t.float(), lv_t.float())  # (Q, V): D(Q_v || P_hat_t)
         return PairTerms(cost=cost, video_mu=mu_v, video_logvar=lv_v, bridged_mu=mu_t, bridged_logvar=lv_t)
+
+    def _cosine_terms(self, ts: TextState, v_c: Tensor, t_) -> PairTerms:
+        """xpool: -cos(text, v_c); the point bridge: -cos(bridged unit text, v_c)."""
+        if self.bridge is None:
+            with float32_math(v_c):
+                return PairTerms(cost=neg_cosine(t_(ts.feat).float(), v_c.float()))
+        assert ts.point is not None
+        x = self.bridge.forward_point(t_(ts.point), F.normalize(v_c, dim=-1))  # (Q, V, D) | (P, D)
+        with float32_math(v_c):
+            return PairTerms(cost=neg_cosine(x.float(), v_c.float()), video_mu=v_c, bridged_mu=x)
 
     def pair_costs(self, ts: TextState, vs: VideoState) -> Tensor:
         """Cost of every (text, video) pair, (Q, V); lower is better."""

@@ -30,11 +30,11 @@ the model.  Two implementations share one result type:
 
 from __future__ import annotations
 
-from .reference import SCORE_DTYPES, ScoreResult, _GiB, _MiB, _as_tensor, _check_inputs, _prepare_inputs, score_all_reference  # noqa: F401
-from .budget import _BIAS_PAD, _available_ram, _center, _dims, _linears, _step_macs, _video_bytes, default_memory_budget, engine_macs, pair_bytes, reference_macs  # noqa: F401
-from .blocks import _OneDNN, _Texts, _Videos, pack_kept  # noqa: F401
-from .engine import _Engine  # noqa: F401
-from .driver import _Sink, _diagnostics, _inner_tiles, _score_grid, _score_shortlist, _shortlist, _to_device, score_all, topk_smallest  # noqa: F401
+from .reference import SCORE_DTYPES, ScoreResult, score_all_reference  # noqa: F401
+from .budget import default_memory_budget, engine_macs, pair_bytes, reference_macs  # noqa: F401
+from .blocks import OneDNN, Texts, Videos, pack_kept  # noqa: F401
+from .engines import ENGINES, BridgeSteps, Engine, build_engine  # noqa: F401
+from .driver import inner_tiles, score_all, topk_smallest  # noqa: F401
 
 __all__ = [
     "ScoreResult",
@@ -46,4 +46,8 @@ __all__ = [
     "reference_macs",
     "topk_smallest",
     "SCORE_DTYPES",
+    "ENGINES",
+    "Engine",
+    "build_engine",
+    "inner_tiles",
 ]

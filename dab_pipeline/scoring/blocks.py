@@ -10,7 +10,7 @@ from torch import Tensor
 
 
 @dataclass
-class _Texts:
+class Texts:
     """Per-text state of the engine (rows of Q)."""
 
     q: Tensor  # (Q, Hh, Dh) pooling queries, already scaled by 1/sqrt(Dh)
@@ -19,14 +19,14 @@ class _Texts:
     logvar: Optional[Tensor] = None  # (Q, D)
     first: Optional[Tensor] = None  # (Q, H) first bridge step: state block + time feature + bias
 
-    def take(self, idx: slice | Tensor | tuple) -> "_Texts":
+    def take(self, idx: slice | Tensor | tuple) -> "Texts":
         """Rows ``idx``: a slice or index tensor (Q' rows), or ``(None, slice)`` / ``(slice, None)`` to add a
         broadcast axis, or an index grid (B, M) -> fields (B, M, ...)."""
-        return _Texts(*(None if t is None else t[idx] for t in (self.q, self.unit, self.mu, self.logvar, self.first)))
+        return Texts(*(None if t is None else t[idx] for t in (self.q, self.unit, self.mu, self.logvar, self.first)))
 
 
 @dataclass
-class _Videos:
+class Videos:
     """Per-video state of the engine (rows of V)."""
 
     mask: Tensor  # (V, F) bool
@@ -42,8 +42,8 @@ class _Videos:
     quad3: Optional[Tensor] = None  # (V, R + 1, R + 3): [M3 | k3 | k4], moments of v_c (see videos())
     g_all: Optional[Tensor] = None  # (V, R + 3, D + 2D [+ H]): [token term / g | heads | mu_v block]
 
-    def take(self, idx: slice | Tensor) -> "_Videos":
-        return _Videos(*(None if t is None else t[idx] for t in (
+    def take(self, idx: slice | Tensor) -> "Videos":
+        return Videos(*(None if t is None else t[idx] for t in (
             self.mask, self.key_t, self.ur, self.c_basis, self.g_heads, self.g_target, self.tok,
             self.quad1, self.quad2, self.quad3, self.g_all)))
 
@@ -62,7 +62,7 @@ def pack_kept(x: Tensor, keep: Optional[Tensor], n_b: int, n_m: int) -> Tensor:
     return x.reshape(n_b * n_m, *x.shape[2:])[keep][:, None]
 
 
-class _OneDNN:
+class OneDNN:
     """bf16 linears on weights pre-packed for oneDNN (its AMX / AVX512-BF16 kernels on CPU).
 
     ``torch.ops.mkldnn._linear_pointwise`` is what torch.compile's CPU backend emits for
@@ -74,7 +74,7 @@ class _OneDNN:
         self.weights, self.biases = weights, biases
 
     @staticmethod
-    def pack(linears: list[tuple[Tensor, Optional[Tensor]]], batch_hint: int) -> Optional["_OneDNN"]:
+    def pack(linears: list[tuple[Tensor, Optional[Tensor]]], batch_hint: int) -> Optional["OneDNN"]:
         """(weight (out, in) float32, bias (out,) | None) each -> packed bf16, or None where unsupported."""
         try:
             if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
@@ -84,7 +84,7 @@ class _OneDNN:
                 weights.append(torch.ops.mkldnn._reorder_linear_weight(w.contiguous().to(torch.bfloat16),
                                                                        max(1, batch_hint)))
                 biases.append(None if b is None else b.to(torch.bfloat16))
-            eng = _OneDNN(weights, biases)
+            eng = OneDNN(weights, biases)
             x = torch.zeros(2, linears[0][0].shape[1], dtype=torch.bfloat16)
             eng.linear(x, 0)  # a build without these ops fails here, not mid-run
             return eng

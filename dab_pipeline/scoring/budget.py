@@ -23,7 +23,7 @@ def _linears(seq: torch.nn.Sequential) -> list[torch.nn.Linear]:
 
 def _dims(cfg: ModelConfig, num_frames: int) -> tuple[int, int, int, int, int]:
     """(D, H, R, n_state, L): n_state is 2 for the distribution bridge, 1 for the point bridge."""
-    n_state = 2 if cfg.variant == "dab" else 1
+    n_state = max(cfg.bridge_states, 1)  # the MAC terms of a variant without a bridge are dropped
     return cfg.embed_dim, cfg.drift_hidden, cfg.num_heads * num_frames, n_state, cfg.drift_layers
 
 
@@ -67,8 +67,8 @@ def engine_macs(cfg: ModelConfig, num_frames: int) -> dict[str, int]:
     per_pair = f * d  # attention logits
     per_video = 3 * f * d * d + r * d * d  # k, v (+ out_proj folded into U), linear_proj on U's rows
     per_text = d * d  # q_proj
-    c_cols = d if cfg.probabilistic else (h if cfg.variant == "bridge" else 0)
-    g_cols = (2 * d + (h if cfg.variant == "dab" else 0)) if cfg.probabilistic else 0
+    c_cols = d if cfg.probabilistic else (h if cfg.uses_bridge else 0)  # token term | point bridge's target
+    g_cols = (2 * d + (h if cfg.uses_bridge else 0)) if cfg.probabilistic else 0  # heads [+ mu_v's block]
     per_video += r * d * c_cols + r * d * g_cols
     if cfg.probabilistic:
         # LayerNorm statistics as quadratic forms in w, then one product with the merged basis
@@ -83,7 +83,7 @@ def engine_macs(cfg: ModelConfig, num_frames: int) -> dict[str, int]:
         per_text += n * d * h  # the first step's state block
         # the first step's state is the text Gaussian: its block is per text, not per pair
         bridge = cfg.steps * (state + rest) - state
-        if cfg.variant == "dab":
+        if cfg.probabilistic:
             bridge += d * h  # sigma_v block of the first layer (mu_v's is in the g basis)
     return {
         "per_text": per_text,
@@ -106,8 +106,8 @@ def pair_bytes(cfg: ModelConfig, num_frames: int, dtype: str = "float32", aligne
 
 def _video_bytes(cfg: ModelConfig, num_frames: int, transient: bool = True) -> int:
     d, h, r, _, _ = _dims(cfg, num_frames)
-    c_cols = d if cfg.probabilistic else (h if cfg.variant == "bridge" else 0)
-    g_cols = (2 * d + (h if cfg.variant == "dab" else 0)) if cfg.probabilistic else 0
+    c_cols = d if cfg.probabilistic else (h if cfg.uses_bridge else 0)  # token term | point bridge's target
+    g_cols = (2 * d + (h if cfg.uses_bridge else 0)) if cfg.probabilistic else 0  # heads [+ mu_v's block]
     n = num_frames * d + 2 * r * d + (r + 2) * c_cols + (r + 3) * g_cols + d + num_frames
     if cfg.probabilistic:  # the quadratic forms and the merged copy of the bases
         n += 3 * (r + 3) ** 2 + (r + 3) * (c_cols + g_cols)

@@ -14,8 +14,8 @@ from ..model import DABModel, ModelConfig
 
 from .reference import SCORE_DTYPES, ScoreResult, _prepare_inputs
 from .budget import _video_bytes, default_memory_budget, pair_bytes
-from .blocks import _Texts
-from .engine import _Engine
+from .blocks import Texts
+from .engines import Engine, build_engine
 
 
 def topk_smallest(cost: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -77,7 +77,7 @@ def _to_device(x: Tensor, device: torch.device) -> Tensor:
     return x.to(device)
 
 
-def _inner_tiles(n_text: int, n_video: int, p_max: int, video_cap: Optional[int] = None) -> tuple[int, int]:
+def inner_tiles(n_text: int, n_video: int, p_max: int, video_cap: Optional[int] = None) -> tuple[int, int]:
     """A near-square (texts, videos) tile of at most ``p_max`` pairs (and ``video_cap`` videos)
     that cuts an n_text x n_video block into equal tiles."""
     cap = min(n_video, video_cap) if video_cap is not None else n_video
@@ -166,7 +166,7 @@ def score_all(
     # one video chunk's bases take at most half the budget
     v_cap = max(1, min(n_v, (budget // 2) // per_video))
     if text_chunk is None and video_chunk is None:
-        tc, vc = _inner_tiles(max(n_q, 1), max(n_v, 1), p_max, video_cap=max(v_cap, 1))
+        tc, vc = inner_tiles(max(n_q, 1), max(n_v, 1), p_max, video_cap=max(v_cap, 1))
     else:
         vc = video_chunk if video_chunk is not None else v_cap
         tc = text_chunk if text_chunk is not None else max(1, min(max(n_q, 1), p_max // max(1, min(vc, n_v))))
@@ -178,7 +178,7 @@ def score_all(
     model.to(dev)
     try:
         with torch.no_grad():
-            eng = _Engine(model, dev, mm_dtype, batch_hint=min(p_max, max(1, n_q * n_v)))
+            eng = build_engine(model, dev, mm_dtype, batch_hint=min(p_max, max(1, n_q * n_v)))
             if eng.onednn is not None and eng.kernels is not None:
                 info["products"] = "onednn"
                 info["kernels"] = eng.kernels.name if eng.kernels.fused else f"eager ({eng.kernels.reason})"
@@ -204,7 +204,7 @@ def score_all(
         model.train(was_training)
 
 
-def _score_grid(eng: _Engine, ts: _Texts, frames: Tensor, mask: Tensor, cost: np.ndarray, dev: torch.device,
+def _score_grid(eng: Engine, ts: Texts, frames: Tensor, mask: Tensor, cost: np.ndarray, dev: torch.device,
                 tc: int, vc: int, p_max: int, progress: ProgressCallback, info: dict) -> None:
     n_q, n_v = cost.shape
     n_tc, n_vc = -(-n_q // tc), -(-n_v // vc)
@@ -213,7 +213,7 @@ def _score_grid(eng: _Engine, ts: _Texts, frames: Tensor, mask: Tensor, cost: np
     for v0 in range(0, n_v, vc):
         v1 = min(v0 + vc, n_v)
         vs = eng.videos(_to_device(frames[v0:v1], dev), _to_device(mask[v0:v1], dev))
-        tq, tv = _inner_tiles(min(tc, n_q), v1 - v0, p_max)
+        tq, tv = inner_tiles(min(tc, n_q), v1 - v0, p_max)
         for q0 in range(0, n_q, tc):
             q1 = min(q0 + tc, n_q)
             for a in range(q0, q1, tq):
@@ -228,7 +228,7 @@ def _score_grid(eng: _Engine, ts: _Texts, frames: Tensor, mask: Tensor, cost: np
     progress(Event("end", task="score"))
 
 
-def _score_shortlist(eng: _Engine, ts: _Texts, frames: Tensor, mask: Tensor, cand: np.ndarray, cost: np.ndarray,
+def _score_shortlist(eng: Engine, ts: Texts, frames: Tensor, mask: Tensor, cand: np.ndarray, cost: np.ndarray,
                      dev: torch.device, vc: int, budget: int, cfg: ModelConfig, n_f: int, dtype: str,
                      progress: ProgressCallback, info: dict) -> None:
     """Score the (query, candidate) pairs, video chunk by video chunk.
@@ -281,7 +281,7 @@ def _score_shortlist(eng: _Engine, ts: _Texts, frames: Tensor, mask: Tensor, can
     progress(Event("end", task="score"))
 
 
-def _diagnostics(eng: _Engine, ts: _Texts, frames: Tensor, mask: Tensor, gt: Tensor, dev: torch.device,
+def _diagnostics(eng: Engine, ts: Texts, frames: Tensor, mask: Tensor, gt: Tensor, dev: torch.device,
                  budget: int, cfg: ModelConfig, n_f: int, dtype: str, result: ScoreResult) -> None:
     """Mean sigma^2 of text, bridged text and video for the Q ground-truth pairs only (aligned, never the grid)."""
     assert ts.logvar is not None

@@ -1,0 +1,90 @@
+"""dab: the video Gaussian of :mod:`.gaussian`, the text Gaussian bridged toward it, then the cost."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..blocks import Texts, Videos
+from .base import ENGINES, PairCosts
+from .gaussian import GaussianEngine
+from .trajectory import BridgeSteps
+
+
+@ENGINES.register("dab")
+class DABEngine(GaussianEngine):
+    """C = D(Q_v || P_hat_t), P_hat_t the text Gaussian after T' bridge steps toward Q_v.
+
+    The first drift layer's video block splits into mu_v's (merged into the video's
+    basis, so one product gives it with the heads) and sigma_v's (one product per
+    pair, on sigma_v = exp(logvar_v / 2)).
+    """
+
+    def __init__(self, model, device, mm_dtype, batch_hint: int = 1024) -> None:
+        super().__init__(model, device, mm_dtype, batch_hint)
+        d = self.d
+        w_target = BridgeSteps.video_block(model.bridge, self.f32)  # (H, 2D)
+        w_tmu, w_tsig = w_target[:, :d], w_target[:, d:]  # (H, D) each
+        # bf16 on CPU: sigma_v's block is the oneDNN pack's last linear
+        self.steps = BridgeSteps(self, extra_linears=[(w_tsig, None)], batch_hint=batch_hint)
+        self.wsig_t = w_tsig.T.contiguous().to(mm_dtype)  # (D, H)
+        self.gt_w = (w_tmu @ self.w_mu).T.contiguous()  # (D, H): mu_v's block, applied to h directly
+        self.gt_rows = self.h_rows @ self.gt_w
+        self.gt_rows[2] += w_tmu @ self.b_mu
+
+    def texts(self, text: Tensor) -> Texts:
+        out = super().texts(text)
+        assert out.mu is not None and out.logvar is not None
+        out.first = self.steps.first(torch.cat([out.mu, torch.exp(0.5 * out.logvar)], dim=-1))  # (Q, H)
+        return out
+
+    def pairs(self, ts: Texts, vs: Videos, keep: Optional[Tensor] = None, want_var: bool = False) -> PairCosts:
+        assert ts.mu is not None and ts.logvar is not None and ts.first is not None
+        w = self.attention(ts, vs)  # (B, M, R)
+        n_b, n_m = w.shape[:2]
+        pack = self.packer(keep, n_b, n_m)
+        coef_g, g = self.coefficients(vs, w)
+        sigma_v: Optional[Tensor] = None
+        if self.steps.kernels is not None:
+            mu_v, lv_v, sigma_v, target = self._fused_heads(vs, coef_g, g, keep)
+        else:
+            mu_v, lv_v, rest = self.video_gaussian(vs, coef_g, g)
+            mu_v, lv_v, target = pack(mu_v), pack(lv_v), pack(rest.to(self.mm_dtype))  # (B, M, .) | (P, 1, .)
+        if sigma_v is None:
+            sigma_v = torch.exp(0.5 * lv_v).reshape(-1, self.d).to(self.mm_dtype)  # (P, D)
+        onednn = self.steps.onednn
+        if onednn is not None:
+            shape = target.shape
+            target = onednn.add(sigma_v, target.reshape(-1, shape[-1]), -1).view(shape)  # + sigma_v block
+        else:
+            target.view(-1, target.shape[-1]).addmm_(sigma_v, self.wsig_t)  # + sigma_v block
+        del sigma_v
+        if onednn is not None and self.cfg.cost == "kl" and not want_var:
+            # KL straight from the float32 state [mu_t, logvar_t / 2], one pass
+            assert self.steps.kernels is not None
+            st = self.steps.run_onednn([pack(ts.mu), pack(ts.logvar)], target, pack(ts.first), raw=True)
+            cost = self.steps.kernels.kl_rows(mu_v.reshape(-1, self.d), lv_v.reshape(-1, self.d), st)  # (P,)
+            return (cost if keep is not None else cost.view(n_b, n_m)), None, None
+        mu_t, lv_t = self.steps.run([pack(ts.mu), pack(ts.logvar)], target, pack(ts.first))
+        return self.costs(mu_v, lv_v, mu_t, lv_t, keep, want_var)
+
+    def _fused_heads(self, vs: Videos, coef_g: Tensor, g: Tensor, keep: Optional[Tensor]
+                     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """bf16 on CPU: one pass from the coefficients to mu_v, logvar_v, bf16 sigma_v and the bf16 target
+        block, without the (B, M, 3D + H) float32 product.  Shapes (B, M, .) or, with ``keep``, (P, 1, .)."""
+        assert self.steps.kernels is not None and vs.g_all is not None and vs.tok is not None
+        d, (n_b, n_m) = self.d, coef_g.shape[:2]
+        coef_rows, g_rows = coef_g.view(n_b * n_m, -1), g.view(n_b * n_m)  # (B*M, R + 3), (B*M,)
+        vidx = torch.arange(n_b).repeat_interleave(n_m)  # (B*M,) each row's video
+        if keep is not None:
+            coef_rows, g_rows, vidx = coef_rows[keep], g_rows[keep], vidx[keep]
+        p, hidden = coef_rows.shape[0], vs.g_all.shape[2] - 3 * d
+        mu_v, lv_v = torch.empty(p, d), torch.empty(p, d)  # (P, D) float32
+        sigma_v = torch.empty(p, d, dtype=torch.bfloat16)  # (P, D)
+        target = torch.empty(p, hidden, dtype=torch.bfloat16)  # (P, H)
+        self.steps.kernels.pair_heads_(coef_rows, g_rows, vs.g_all, vidx, vs.tok, self.lo, self.hi, mu_v, lv_v,
+                                       sigma_v, target)
+        shape = (n_b, n_m) if keep is None else (p, 1)
+        return mu_v.view(*shape, d), lv_v.view(*shape, d), sigma_v, target.view(*shape, hidden)
