@@ -9,7 +9,7 @@ scoring engine ran about 100x slower than float32 (issue 14).  So every ``auto``
 in float32 with one warning, unless ``DAB_ALLOW_EMULATED_BF16=1`` says to run it anyway
 (for checking numerics, never for speed).
 
-The detection is cached per device; tests replace :func:`_probe_cpu` / :func:`_probe_cuda`
+The detection is cached per device; tests replace :func:`probe_cpu` / :func:`_probe_cuda`
 (or set the result with :func:`override`) to play either kind of machine.
 """
 
@@ -101,19 +101,19 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
-def _onednn_bf16() -> bool:
+def onednn_bf16() -> bool:
     try:
         return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
         return False
 
 
-def _probe_cpu() -> Capabilities:
+def probe_cpu() -> Capabilities:
     flags = cpu_flags()
     isa = tuple(f for f in _ISA_FLAGS if f in flags)
     units = [name for flag, name in (("amx_bf16", "AMX-BF16"), ("avx512_bf16", "AVX512-BF16"), ("bf16", "ARM BF16"))
              if flag in flags]
-    onednn = _onednn_bf16()
+    onednn = onednn_bf16()
     if units and onednn:
         bf16, why = True, f"{', '.join(units)}; oneDNN bf16 on"
     elif units:
@@ -142,7 +142,7 @@ _overrides: dict[str, Capabilities] = {}
 @functools.lru_cache(maxsize=None)
 def _detect(key: str) -> Capabilities:
     if key == "cpu":
-        return _probe_cpu()
+        return probe_cpu()
     return _probe_cuda(int(key.split(":", 1)[1]))
 
 

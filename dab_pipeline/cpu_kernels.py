@@ -164,7 +164,7 @@ def kernel_cache_dir() -> Path:
     return (Path(base).expanduser() if base else Path.home() / ".cache" / "dab") / "kernels"
 
 
-def _cflags() -> list[str]:
+def compile_flags() -> list[str]:
     # -ffast-math's parts, for vector min/max in the clamps and reciprocal estimates (one
     # Newton step: ~1e-7 relative) in place of divides; the source tests NaN on the bits, so it
     # still passes NaN through.  Not -ffast-math itself: at link time that can pull in
@@ -199,9 +199,9 @@ def _cpu_signature() -> str:
     return platform.processor() or platform.machine()
 
 
-def _build_key() -> str:
+def build_key() -> str:
     h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(_cflags()).encode(), torch.__version__.encode(),
+    for part in (SOURCE.read_bytes(), " ".join(compile_flags()).encode(), torch.__version__.encode(),
                  sys.version.encode(), _cpu_signature().encode()):
         h.update(part)
         h.update(b"\0")
@@ -248,7 +248,7 @@ def _loaded() -> bool:
 def _load(build: bool) -> Kernels:
     if _loaded():
         return _compiled()  # already loaded in this process
-    key = _build_key()
+    key = build_key()
     name = f"dab_cpu_{key}"
     folder = kernel_cache_dir() / name
     library = folder / f"{name}.so"
@@ -274,7 +274,7 @@ def _load(build: bool) -> Kernels:
     folder.mkdir(parents=True, exist_ok=True)
     try:
         # cpp_extension locks the folder while it builds, so concurrent ranks build once
-        cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=_cflags(), extra_ldflags=["-fopenmp"],
+        cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=compile_flags(), extra_ldflags=["-fopenmp"],
                            build_directory=str(folder), is_python_module=False, verbose=False)
     except Exception as exc:  # noqa: BLE001 - any build failure falls back to the eager kernels
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]

@@ -28,6 +28,7 @@ import numpy as np
 
 from .errors import ConfigError
 from .fsutil import atomic_write_bytes
+from .runs import RunFolder
 
 __all__ = [
     "TABLE_COLUMNS",
@@ -339,13 +340,13 @@ def write_report(
 
     payload = {"title": title, **_strip_curves(results)}
     payload.setdefault("postprocess", {"name": "none"})
-    metrics_path = run_dir / "metrics.json"
+    metrics_path = run_dir / RunFolder.METRICS
     # default=str: an odd attribute (bytes, a datetime) must not lose the whole report.
     text = json.dumps(to_jsonable(payload), indent=2, allow_nan=False, default=str)
     atomic_write_bytes(metrics_path, (text + "\n").encode("utf-8"))
     written["metrics"] = metrics_path
 
-    report_path = run_dir / "report.md"
+    report_path = run_dir / RunFolder.REPORT
     atomic_write_bytes(report_path, _render_markdown(title, payload, plots).encode("utf-8"))
     written["report"] = report_path
     written.update(plots)

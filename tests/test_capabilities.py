@@ -94,15 +94,15 @@ def test_unknown_dtypes_are_refused_with_the_valid_ones() -> None:
 
 def test_cpu_probe_reads_flags_and_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
     real = caps_mod.capabilities("cpu")
-    assert real.device == "cpu" and real.bf16 == caps_mod._onednn_bf16()  # this machine, as detected
+    assert real.device == "cpu" and real.bf16 == caps_mod.onednn_bf16()  # this machine, as detected
     cases = [({"avx2", "avx512f", "avx512_bf16"}, True, True, "AVX512-BF16"),
              ({"avx2", "avx512f", "avx512_bf16"}, False, False, "bf16 check is off"),
              ({"avx2", "fma"}, False, False, "AVX2 without"),
              ({"avx2", "avx512f"}, False, False, "AVX-512 without")]
     for flags, onednn, native, why in cases:
         monkeypatch.setattr(caps_mod, "cpu_flags", lambda f=flags: frozenset(f))
-        monkeypatch.setattr(caps_mod, "_onednn_bf16", lambda o=onednn: o)
-        c = caps_mod._probe_cpu()
+        monkeypatch.setattr(caps_mod, "onednn_bf16", lambda o=onednn: o)
+        c = caps_mod.probe_cpu()
         assert (c.bf16, why in c.bf16_why) == (native, True), (flags, onednn, c)
 
 
@@ -236,21 +236,21 @@ def test_extract_benchmark_skips_emulated_bf16(tmp_path: Path, capsys: pytest.Ca
 
 
 def test_kernel_cache_key_follows_the_instruction_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    base = cpu_kernels._build_key()
+    base = cpu_kernels.build_key()
     monkeypatch.setattr(cpu_kernels, "_cpu_signature", lambda: "fpu sse2 avx2 fma")
-    avx2 = cpu_kernels._build_key()
+    avx2 = cpu_kernels.build_key()
     monkeypatch.setattr(cpu_kernels, "_cpu_signature", lambda: "fpu sse2 avx2 fma avx512f avx512bw")
-    assert len({base, avx2, cpu_kernels._build_key()}) == 3
+    assert len({base, avx2, cpu_kernels.build_key()}) == 3
     monkeypatch.setenv("DAB_KERNEL_MARCH", "x86-64-v3")
-    v3 = cpu_kernels._build_key()
+    v3 = cpu_kernels.build_key()
     monkeypatch.delenv("DAB_KERNEL_MARCH")
-    assert v3 != cpu_kernels._build_key()
+    assert v3 != cpu_kernels.build_key()
     if platform.machine().lower() in ("x86_64", "amd64"):
         monkeypatch.setenv("DAB_KERNEL_MARCH", "x86-64-v3")
-        assert "-march=x86-64-v3" in cpu_kernels._cflags()
+        assert "-march=x86-64-v3" in cpu_kernels.compile_flags()
     monkeypatch.setenv("DAB_KERNEL_MARCH", "native; rm -rf /")
     with pytest.raises(ValueError, match="not a -march value"):
-        cpu_kernels._cflags()
+        cpu_kernels.compile_flags()
 
 
 @pytest.mark.slow

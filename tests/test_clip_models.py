@@ -173,7 +173,7 @@ def test_openai_tag_offline_is_one_clear_error(tmp_path, monkeypatch):
         raise OSError("[Errno -3] Temporary failure in name resolution")
 
     monkeypatch.setattr(oc_pretrained, "download_pretrained", no_network)
-    monkeypatch.setattr(cm.weights, "_offline_reason", lambda cfg: None)  # the host answers, the download fails
+    monkeypatch.setattr(cm.weights, "offline_reason", lambda cfg: None)  # the host answers, the download fails
     with pytest.raises(WeightsError) as err:
         cm.load_clip("ViT-B-32", "openai", cache_dir=str(tmp_path / "empty-cache"))
     msg = str(err.value)
@@ -205,7 +205,7 @@ def test_offline_machine_fails_fast_without_retrying(tmp_path, monkeypatch):
         cm.load_clip("ViT-B-32", "openai", cache_dir=str(tmp_path / "empty-cache"))
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")  # behind a proxy the host is not probed
-    assert cm._offline_reason({"hf_hub": "timm/x/"}) is None
+    assert cm.offline_reason({"hf_hub": "timm/x/"}) is None
 
 
 def test_tiny_weights_file_is_byte_identical_in_any_folder(tmp_path):
@@ -501,9 +501,9 @@ def test_damaged_dab_world_file_is_one_clear_error(tmp_path, monkeypatch):
 def test_dab_world_sees_the_world():
     """Zero-shot, dab-world matches held-out world frames to their captions far above chance."""
     from dab_pipeline.world import frame_caption_pairs
-    from dab_pipeline.world.pretrain import _frame_to_caption, _normalise
+    from dab_pipeline.world.pretrain import frame_to_caption, normalise
 
     b = cm.load_clip("dab-world", None)
     frames, texts = frame_caption_pairs(seed=4242, count=200, size=(64, 64))  # a stream it never saw
-    res = _frame_to_caption(b.model.eval(), b.tokenizer, _normalise(frames, b.mean, b.std), texts)
+    res = frame_to_caption(b.model.eval(), b.tokenizer, normalise(frames, b.mean, b.std), texts)
     assert res["R@1"] > 10 * res["chance_R@1"] and res["R@5"] > 40, res

@@ -14,7 +14,7 @@ from dab_pipeline.checkpoint import load_checkpoint
 from dab_pipeline.cli import cli
 from dab_pipeline.config import apply_overrides
 from dab_pipeline.errors import ConfigError
-from dab_pipeline.stages.distill import DistillConfig, _pair_outputs, distill_loss, run_distill
+from dab_pipeline.stages.distill import DistillConfig, pair_outputs, distill_loss, run_distill
 from dab_pipeline.stages.search import load_run
 from dab_pipeline.stages.train import TrainConfig, resolve_train_config, run_train
 from dab_pipeline.store import open_store
@@ -58,12 +58,12 @@ def test_student_reaches_the_teachers_state_and_scores_everywhere(teacher: Path,
     frames = torch.as_tensor(train.frames[train.caption_video[:8]])
     mask = torch.as_tensor(train.frame_mask[train.caption_video[:8]])
     with torch.no_grad():
-        _, t_state = _pair_outputs(t, text, frames, mask)
-        _, s_state = _pair_outputs(s, text, frames, mask)
-        from dab_pipeline.stages.distill import _student
+        _, t_state = pair_outputs(t, text, frames, mask)
+        _, s_state = pair_outputs(s, text, frames, mask)
+        from dab_pipeline.stages.distill import build_student
 
-        untrained = _student(load_run(teacher).model, 1)  # the student before any distillation
-        _, u_state = _pair_outputs(untrained.eval(), text, frames, mask)
+        untrained = build_student(load_run(teacher).model, 1)  # the student before any distillation
+        _, u_state = pair_outputs(untrained.eval(), text, frames, mask)
     err = max(float((a - b).abs().mean()) for a, b in zip(s_state, t_state))
     before = max(float((a - b).abs().mean()) for a, b in zip(u_state, t_state))
     assert err < 0.5 * before, (err, before)  # the distillation closed most of the gap on training pairs

@@ -316,13 +316,13 @@ def test_distributed_h5_extract_resumes_a_lost_rank(tiny_folder_dataset: Path, s
 def _grad_case(variant: str, with_heads: bool):
     """A model (and heads) with fixed weights and one fixed global batch of 8 pairs (dropout off)."""
     from dab_pipeline.model import DABModel, ModelConfig
-    from dab_pipeline.stages.train import _Heads
+    from dab_pipeline.stages.train import TrainHeads
 
     torch.manual_seed(0)
     cfg = ModelConfig(embed_dim=32, variant=variant, drift_hidden=16, time_embed_dim=8, steps=2, dropout=0.0,
                       learn_tau=True)
     model = DABModel(cfg)
-    heads = _Heads({"model": "dab-tiny", "pretrained": None}, 1, torch.device("cpu")) if with_heads else None
+    heads = TrainHeads({"model": "dab-tiny", "pretrained": None}, 1, torch.device("cpu")) if with_heads else None
     g = torch.Generator().manual_seed(1)
     b, f = 8, 4
     mask = torch.ones(b, f, dtype=torch.bool)
@@ -450,7 +450,7 @@ def _main_train_grads(out: str) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     from dab_pipeline.distributed import distributed_session
-    from dab_pipeline.stages.train import _TrainStep, distributed_batch_loss
+    from dab_pipeline.stages.train import TrainStep, distributed_batch_loss
 
     with distributed_session("cpu") as ctx:
         results = {}
@@ -458,7 +458,7 @@ def _main_train_grads(out: str) -> None:
             model, heads, (text_in, lengths, video_in, mask) = _grad_case(variant, with_heads)
             b = text_in.shape[0] // ctx.world_size
             sl = slice(ctx.rank * b, (ctx.rank + 1) * b)  # this rank's slice of the global batch
-            step = DistributedDataParallel(_TrainStep(model, heads))
+            step = DistributedDataParallel(TrainStep(model, heads))
             loss = distributed_batch_loss(step, model, text_in[sl], None if lengths is None else lengths[sl],
                                           video_in[sl], mask[sl])
             loss.backward()

@@ -72,7 +72,7 @@ def _extract(captions: Path, out: Path, *extra: str):
 @pytest.mark.slow
 def test_paper_recipe_fine_tunes_every_clip_block(tiny_folder_dataset: Path, tmp_path: Path) -> None:
     from dab_pipeline.checkpoint import load_checkpoint
-    from dab_pipeline.stages.train import _Heads
+    from dab_pipeline.stages.train import TrainHeads
     from dab_pipeline.store import open_store
 
     store = tmp_path / "s.h5"
@@ -89,7 +89,7 @@ def test_paper_recipe_fine_tunes_every_clip_block(tiny_folder_dataset: Path, tmp
     assert cfg["recipe"] == "paper" and cfg["trainable_blocks"] == 3 and cfg["clip_lr"] == 1e-3  # --set wins
     assert cfg["lr"] == 1e-4 and cfg["weight_decay"] == 0.02 and cfg["logit_scale_group"] == "clip"
     torch.manual_seed(0)
-    start = _Heads(manifest, 3, torch.device("cpu")).state_dict()
+    start = TrainHeads(manifest, 3, torch.device("cpu")).state_dict()
     trained = load_checkpoint(run / "checkpoints" / "last.pt")["heads"]
     assert set(start) == set(trained)
     for tower, tail in (("vision", ("ln_post.weight", "proj")), ("text", ("ln_final.weight", "text_projection"))):

@@ -234,16 +234,16 @@ def states_store(tiny_folder_dataset: Path, tmp_path_factory: pytest.TempPathFac
 
 
 def test_partial_heads_reproduce_stored_features_at_init(states_store: Path) -> None:
-    from dab_pipeline.stages.train import _Features, _Heads, _text_state_batch
+    from dab_pipeline.stages.train import SplitArrays, TrainHeads, text_state_batch
 
     with open_store(states_store) as st:
         manifest = st.manifest
         split = st.load_split("train", with_states=True)
-    feats = _Features(split, torch.device("cpu"), True)
-    heads = _Heads(manifest, 1, torch.device("cpu")).eval()
+    feats = SplitArrays(split, torch.device("cpu"), True)
+    heads = TrainHeads(manifest, 1, torch.device("cpu")).eval()
     with torch.no_grad():
         frames = heads.encode_frames(feats.vision_states.float())  # (V, F, D)
-        states, lengths = _text_state_batch(feats, torch.arange(feats.num_queries), torch.device("cpu"))
+        states, lengths = text_state_batch(feats, torch.arange(feats.num_queries), torch.device("cpu"))
         text = heads.encode_text(states, lengths)  # (Q, D)
     torch.testing.assert_close(frames, feats.frames, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(text, feats.text, rtol=1e-4, atol=1e-4)
@@ -256,10 +256,10 @@ def test_partial_finetuning_trains_clip_blocks(states_store: Path, tmp_path: Pat
     res = run_train(cfg)
     ck = load_checkpoint(out / "checkpoints" / "last.pt")
     assert ck["heads"] is not None
-    from dab_pipeline.stages.train import _Heads
+    from dab_pipeline.stages.train import TrainHeads
 
     with open_store(states_store) as st:
-        init = _Heads(st.manifest, 1, torch.device("cpu")).state_dict()
+        init = TrainHeads(st.manifest, 1, torch.device("cpu")).state_dict()
     changed = [k for k, v in ck["heads"].items() if not torch.equal(v, init[k])]
     assert any(k.startswith("vision.") for k in changed) and any(k.startswith("text.") for k in changed)
     assert read_costs(res.costs_path).cost.shape == (2, 1)

@@ -311,7 +311,7 @@ def _cached_tag_file(cfg: dict, cache_dir: Optional[str]) -> Optional[str]:
     return None
 
 
-def _offline_reason(cfg: dict) -> Optional[str]:
+def offline_reason(cfg: dict) -> Optional[str]:
     """Why a download of the tag's weights cannot work from here, found in a few ms; None if it may.
 
     Without this, an offline machine spends about a minute in huggingface_hub's
@@ -340,7 +340,7 @@ def _fetch_tag(name: str, tag: str, cfg: dict, cache_dir: Optional[str]) -> Path
     cached = _cached_tag_file(cfg, cache_dir)
     if cached:
         return Path(cached).absolute()
-    offline = _offline_reason(cfg)
+    offline = offline_reason(cfg)
     if offline:
         raise WeightsError(
             f"the CLIP weights {name} pretrained={tag!r} are not in the local cache and cannot be downloaded: "

@@ -30,12 +30,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from ..config import atomic_write_text, save_config, to_dict
+from ..checkpoint import rng_state, set_rng_state
+from ..config import to_dict
 from ..devices import resolve_device
 from ..errors import ConfigError, TrainingError
 from ..events import Event, ProgressCallback, null_progress
 from ..fsutil import sha256_file
+from ..runs import RunFolder
 
 __all__ = ["DistillConfig", "DistillResult", "run_distill", "distill_loss"]
 
@@ -72,7 +73,7 @@ class DistillResult:
     costs_path: Optional[Path]
 
 
-def _pair_outputs(model, text: torch.Tensor, frames: torch.Tensor, mask: torch.Tensor):
+def pair_outputs(model, text: torch.Tensor, frames: torch.Tensor, mask: torch.Tensor):
     """The batch's (B, B) cost and every pair's bridged state ([mu, logvar] or [x], each (B, B, D))."""
     terms = model.pair_terms(model.encode_text(text), model.encode_video(frames, mask), grid=True)
     state = [terms.bridged_mu] + ([terms.bridged_logvar] if terms.bridged_logvar is not None else [])
@@ -97,7 +98,7 @@ def distill_loss(student_cost: torch.Tensor, student_state: list[torch.Tensor], 
     return loss, {"state": float(state.detach()), "rank": float(rank.detach())}
 
 
-def _student(teacher, steps: int):
+def build_student(teacher, steps: int):
     """The teacher's model with ``steps`` bridge steps, every weight copied; only the bridge trains."""
     from ..model import DABModel
 
@@ -113,7 +114,7 @@ def run_distill(cfg: DistillConfig, progress: ProgressCallback = null_progress, 
     """Train the S-step student of ``cfg.teacher`` into the run folder ``cfg.out``."""
     from ..store import open_store
     from .search import load_run
-    from .train import _Features, _write_status
+    from .train import SplitArrays
 
     device = resolve_device(cfg.device)
     teacher_run = load_run(cfg.teacher, device)
@@ -122,29 +123,29 @@ def run_distill(cfg: DistillConfig, progress: ProgressCallback = null_progress, 
         raise ConfigError(f"{cfg.teacher} is a {teacher.cfg.variant!r} run: it has no bridge to distill "
                           "(dab distill takes dab or bridge runs)")
     out = Path(cfg.out)
-    if (out / "config.json").exists() and not resume:
+    folder = RunFolder(out)
+    if folder.is_run() and not resume:
         raise TrainingError(f"{out} already holds a run; use --resume to continue it, or choose another --out")
     with open_store(tcfg.features) as st:
-        train = _Features(st.load_split(tcfg.train_split), device, False)
-        val = _Features(st.load_split(tcfg.val_split), device, False) if tcfg.val_split in st.splits() else None
-        test = _Features(st.load_split(tcfg.test_split), device, False)
-    student = _student(teacher, cfg.student_steps).to(device)
+        train = SplitArrays(st.load_split(tcfg.train_split), device, False)
+        val = SplitArrays(st.load_split(tcfg.val_split), device, False) if tcfg.val_split in st.splits() else None
+        test = SplitArrays(st.load_split(tcfg.test_split), device, False)
+    student = build_student(teacher, cfg.student_steps).to(device)
     run_cfg = dataclasses.replace(tcfg, out=out, model=student.cfg, epochs=cfg.epochs, batch_size=cfg.batch_size,
                                   lr=cfg.lr, seed=cfg.seed, recipe=None)
-    out.joinpath("checkpoints").mkdir(parents=True, exist_ok=True)
+    folder.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     if not resume:
-        save_config(run_cfg, out / "config.json")
-        atomic_write_text(out / "distill.json", json.dumps(
-            {"teacher": str(cfg.teacher), "teacher_checkpoint_sha256": sha256_file(teacher_run.checkpoint),
-             "teacher_steps": teacher.cfg.steps, "distill": to_dict(cfg)}, indent=2, default=str) + "\n")
-    _write_status(out, state="running", features=str(tcfg.features))
+        folder.save_config(run_cfg)
+        folder.write_json("distill.json", {"teacher": str(cfg.teacher),
+                                           "teacher_checkpoint_sha256": sha256_file(teacher_run.checkpoint),
+                                           "teacher_steps": teacher.cfg.steps, "distill": to_dict(cfg)})
+    folder.write_status(state="running", features=str(tcfg.features))
     optim = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=cfg.lr,
                               weight_decay=cfg.weight_decay)
     start, best, best_epoch = 0, None, None
     torch.manual_seed(cfg.seed)
-    last = out / "checkpoints" / "last.pt"
-    if resume and last.exists():
-        ck = load_checkpoint(last, map_location=device)
+    ck = folder.load_checkpoint(RunFolder.LAST, map_location=device) if resume else None
+    if ck is not None:
         student.load_state_dict(ck["model"])
         optim.load_state_dict(ck["optim"])
         start, best, best_epoch = ck["epoch"], ck["best_value"], ck["best_epoch"]
@@ -167,13 +168,12 @@ def run_distill(cfg: DistillConfig, progress: ProgressCallback = null_progress, 
                 best, best_epoch = val_metrics["R@1"], epoch + 1
         else:
             best_epoch = epoch + 1
-        with open(out / "metrics.jsonl", "a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        folder.append_metrics(record)
         state = {"model": student.state_dict(), "heads": None, "optim": optim.state_dict(), "epoch": epoch + 1,
                  "best_value": best, "best_epoch": best_epoch, "rng": rng_state(), "config": to_dict(run_cfg)}
-        save_checkpoint(last, state)
+        folder.save_checkpoint(RunFolder.LAST, state)
         if improved:
-            save_checkpoint(out / "checkpoints" / "best.pt", state)
+            folder.save_checkpoint(RunFolder.BEST, state)
         progress(Event("metrics", message=f"epoch {epoch + 1}: loss {losses['loss']:.4f}"
                        + (f"  val R@1 {val_metrics['R@1']:.1f}" if val_metrics else ""), data=record))
     progress(Event("end", task="distill", message=f"best epoch {best_epoch}"))
@@ -195,8 +195,8 @@ def _distill_epoch(student, teacher, train, cfg: DistillConfig, epoch: int, step
         v = train.caption_video[q]
         text, frames, mask = train.text[q].to(device), train.frames[v].to(device), train.mask[v].to(device)
         with torch.no_grad():
-            t_cost, t_state = _pair_outputs(teacher, text, frames, mask)
-        s_cost, s_state = _pair_outputs(student, text, frames, mask)
+            t_cost, t_state = pair_outputs(teacher, text, frames, mask)
+        s_cost, s_state = pair_outputs(student, text, frames, mask)
         loss, parts = distill_loss(s_cost, s_state, t_cost, t_state, temperature, cfg.state_weight, cfg.rank_weight)
         optim.zero_grad(set_to_none=True)
         loss.backward()
@@ -223,15 +223,14 @@ def _finish(student, test, run_cfg, out: Path, best, best_epoch, val_metrics, de
     from ..costfile import CostMatrix, write_costs
     from ..metrics import t2v_metrics
     from ..scoring import score_all
-    from .train import _write_status
-
-    student.load_state_dict(load_checkpoint(out / "checkpoints" / "best.pt", map_location=device)["model"])
+    folder = RunFolder(out)
+    student.load_state_dict(folder.load_checkpoint(RunFolder.BEST, map_location=device)["model"])
     student.eval()
     res = score_all(student, test.text, test.frames, test.mask, device=device, gt=test.caption_video)
     gt = test.caption_video.numpy()
     extras = {k: np.asarray(getattr(res, k)) for k in ("text_var", "bridged_var", "video_var")
               if getattr(res, k, None) is not None}
-    path = out / f"costs_{run_cfg.test_split}.h5"
+    path = folder.costs_path(run_cfg.test_split, "h5")
     write_costs(path, CostMatrix(cost=np.asarray(res.cost, np.float32), query_ids=np.asarray(test.caption_ids),
                                  video_ids=np.asarray(test.video_ids), gt=gt.astype(np.int64), kind="cost",
                                  extras=extras,
@@ -239,7 +238,7 @@ def _finish(student, test, run_cfg, out: Path, best, best_epoch, val_metrics, de
                                         "split": run_cfg.test_split, "best_epoch": best_epoch,
                                         "variant": run_cfg.model.variant, "store": str(run_cfg.features)}))
     test_metrics = t2v_metrics(res.cost, gt)
-    _write_status(out, state="complete", epochs=run_cfg.epochs, best_epoch=best_epoch, best_value=best,
+    folder.write_status(state="complete", epochs=run_cfg.epochs, best_epoch=best_epoch, best_value=best,
                   select_metric="R@1", val=val_metrics, test_t2v=test_metrics, costs=str(path))
     return DistillResult(run_dir=out, best_epoch=best_epoch, val_metrics=val_metrics, test_metrics=test_metrics,
                          costs_path=path)

@@ -17,6 +17,7 @@ import numpy as np
 from ..choices import POSTPROCESS, V2T_CONVENTIONS
 from ..errors import ConfigError, StoreError
 from ..events import Event, ProgressCallback, null_progress
+from ..runs import RunFolder
 
 
 
@@ -54,15 +55,7 @@ class EvaluateConfig:
 
 def find_costs(run: Path) -> Path:
     """The cost file inside a run folder (costs_test.h5 / .zarr)."""
-    run = Path(run)
-    if not run.is_dir():
-        raise ConfigError(f"--run {run}: not a folder (expected a run folder written by `dab train`)")
-    cands = sorted(p for p in run.iterdir() if p.name.startswith("costs_") and p.suffix in (".h5", ".zarr"))
-    if not cands:
-        status = run / "status.json"
-        state = json.loads(status.read_text()).get("state") if status.exists() else "unknown"
-        raise StoreError(f"{run} holds no cost file (costs_<split>.h5|.zarr); the run's state is {state!r}")
-    return cands[0]
+    return RunFolder(run).find_costs()
 
 
 def _frame_mean_features(store_path: Path, video_ids: np.ndarray) -> Optional[np.ndarray]:
@@ -123,9 +116,9 @@ def _write_examples(path: Path, cfg: EvaluateConfig, cm, cost: np.ndarray, gt: n
 
 
 def _recipe_of(cfg: EvaluateConfig) -> str:
-    if cfg.run is None or not (Path(cfg.run) / "config.json").exists():
+    if cfg.run is None or not RunFolder(cfg.run).is_run():
         return "-"
-    return str(json.loads((Path(cfg.run) / "config.json").read_text()).get("recipe") or "(none: the defaults)")
+    return str(json.loads(RunFolder(cfg.run).config_path.read_text()).get("recipe") or "(none: the defaults)")
 
 
 def run_evaluate(cfg: EvaluateConfig, progress: ProgressCallback = null_progress) -> dict[str, Any]:
@@ -180,7 +173,7 @@ def run_evaluate(cfg: EvaluateConfig, progress: ProgressCallback = null_progress
     files = write_report(out_dir, results, title=title, curves=curves if cfg.plots else None,
                          ranks=ranks if cfg.plots else None)
     if cfg.examples:
-        files["examples"] = _write_examples(out_dir / "examples.html", cfg, cm, cost, gt, results,
+        files["examples"] = _write_examples(out_dir / RunFolder.EXAMPLES, cfg, cm, cost, gt, results,
                                             Path(store_path) if store_path is not None else None)
     results["files"] = {k: str(v) for k, v in files.items()}
     progress(Event("info", message=f"wrote {', '.join(str(p) for p in files.values())}"))

@@ -68,19 +68,16 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu", checkpoint
     Raises :class:`ConfigError` for a folder that is not a run or a fine-tuned run,
     :class:`TrainingError` when the checkpoint is missing or does not fit the config.
     """
-    from ..config import load_config
+    from ..runs import RunFolder
     from .train import TrainConfig
 
-    run = Path(run_dir)
-    if not (run / "config.json").is_file():
-        raise ConfigError(f"{run} is not a run folder (no config.json); pass the folder `dab train --out` wrote")
-    cfg = load_config(TrainConfig, run / "config.json")
-    ck_path = run / "checkpoints" / checkpoint
-    if not ck_path.is_file():
+    folder = RunFolder(run_dir)
+    run = folder.path
+    cfg = folder.load_config(TrainConfig)
+    ck_path = folder.checkpoint(checkpoint)
+    ck = folder.load_checkpoint(checkpoint)
+    if ck is None:
         raise TrainingError(f"{ck_path} does not exist: the run has no {checkpoint} checkpoint yet (did it finish an epoch?)")
-    from ..checkpoint import load_checkpoint
-
-    ck = load_checkpoint(ck_path)
     if cfg.trainable_blocks is not None or ck.get("heads") is not None:
         raise ConfigError(
             f"{run} fine-tunes the last {cfg.trainable_blocks} CLIP blocks; dab search supports runs on frozen "

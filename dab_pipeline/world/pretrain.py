@@ -52,7 +52,7 @@ class PretrainConfig:
     zero_shot_world: str = "benchmark"  # world preset whose test split gives the video zero-shot numbers
 
 
-def _normalise(frames: np.ndarray, mean: tuple, std: tuple) -> torch.Tensor:
+def normalise(frames: np.ndarray, mean: tuple, std: tuple) -> torch.Tensor:
     """(N, H, W, 3) uint8 -> (N, 3, H, W) float: open_clip's eval transform on frames already at size."""
     x = torch.from_numpy(frames).permute(0, 3, 1, 2).float() / 255.0
     return (x - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
@@ -92,7 +92,7 @@ def compact_state(state: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[st
     return out
 
 
-def _frame_to_caption(model, tokenizer, images: torch.Tensor, texts: list[str]) -> dict[str, float]:
+def frame_to_caption(model, tokenizer, images: torch.Tensor, texts: list[str]) -> dict[str, float]:
     """Frame -> caption R@1/R@5 among the distinct held-out captions (a frame's own caption is the answer)."""
     caps = sorted(set(texts))
     index = {c: i for i, c in enumerate(caps)}
@@ -123,7 +123,7 @@ def zero_shot_videos(model, tokenizer, mean: tuple, std: tuple, world: WorldConf
         for i, v in enumerate(videos):
             clip = render_video(list(v.shots), world.size, seed=world.seed * 1_000_003 + i)
             idx, _ = sample_frame_indices(len(clip), frames)
-            f = model.encode_image(_normalise(clip[idx], mean, std), normalize=True).mean(dim=0)  # (D,)
+            f = model.encode_image(normalise(clip[idx], mean, std), normalize=True).mean(dim=0)  # (D,)
             feats.append(torch.nn.functional.normalize(f, dim=0))
         video = torch.stack(feats)  # (V, D)
         text = model.encode_text(tokenizer([v.captions[v.test_query].text for v in videos]), normalize=True)
@@ -147,7 +147,7 @@ def pretrain(cfg: PretrainConfig, log: Callable[[str], None] = print) -> tuple[d
     t0 = time.time()
     frames, texts = frame_caption_pairs(cfg.world_seed, cfg.frames + cfg.held_out, model.visual.image_size)
     log(f"{len(texts)} pretraining frames ({len(set(texts))} distinct captions) in {time.time() - t0:.1f} s")
-    images = _normalise(frames, mean, std)  # (N, 3, S, S)
+    images = normalise(frames, mean, std)  # (N, 3, S, S)
     tokens = tokenizer(texts)  # (N, L)
     loss_fn = open_clip.ClipLoss()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -180,7 +180,7 @@ def pretrain(cfg: PretrainConfig, log: Callable[[str], None] = print) -> tuple[d
     report = {
         "train_seconds": round(train_seconds, 1),
         "vocabulary_rows": int(len(rows)),
-        "frame_to_caption": _frame_to_caption(shipped, tokenizer, held, texts[cfg.frames:]),
+        "frame_to_caption": frame_to_caption(shipped, tokenizer, held, texts[cfg.frames:]),
     }
     from .presets import world_preset
 

@@ -64,8 +64,9 @@ def train(features, out, recipe, variant, cost, steps, epochs, batch_size, train
 
 def _train_config(features, out, recipe, variant, cost, steps, epochs, batch_size, trainable_blocks, device,
                   overrides, resume):
-    from ...config import apply_overrides, load_config
+    from ...config import apply_overrides
     from ...recipes import load_recipe
+    from ...runs import RunFolder
     from ...stages.train import TrainConfig, resolve_train_config
     from ...store import open_store
 
@@ -81,7 +82,7 @@ def _train_config(features, out, recipe, variant, cost, steps, epochs, batch_siz
     if resume:
         if out is None:
             raise click.UsageError("--resume needs --out RUN_FOLDER")
-        saved = load_config(TrainConfig, Path(out) / "config.json")
+        saved = RunFolder(out).load_config(TrainConfig)
         if chosen is not None and chosen.name != saved.recipe:
             raise click.UsageError(f"--resume continues {out} with its saved configuration (recipe {saved.recipe!r}); "
                                    f"drop --recipe {recipe}, or start a new run with another --out")

@@ -15,5 +15,5 @@ A run folder holds everything needed to trace and rebuild a result:
 from __future__ import annotations
 
 from .config import LOG_MAX_LOGIT_SCALE, TrainConfig, TrainResult, _seed_everything, epoch_length, epoch_order, epoch_views, lr_lambda, optimizer_groups, resolve_train_config  # noqa: F401
-from .inputs import _Features, _Heads, _TrainStep, _batch_inputs, _read_status, _score_inputs, _text_state_batch, _write_status, distributed_batch_loss, score_split  # noqa: F401
+from .inputs import SplitArrays, TrainHeads, TrainStep, _batch_inputs, _score_inputs, text_state_batch, distributed_batch_loss, score_split  # noqa: F401
 from .loop import _Data, _Run, _Trainer, _resolve_precision, _run_train, run_train  # noqa: F401

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 import numpy as np
 import torch
-from ...config import atomic_write_text
 from ...events import ProgressCallback, null_progress
 
 from .config import TrainConfig
 
 
-class _Features:
+class SplitArrays:
     """One split's inputs in RAM, on the training device, frozen or with CLIP states."""
 
     def __init__(self, split, device: torch.device, with_states: bool) -> None:
@@ -48,7 +45,7 @@ class _Features:
         return int(self.frames.shape[0])
 
 
-class _Heads(torch.nn.Module):
+class TrainHeads(torch.nn.Module):
     """The fine-tuned tails of both CLIP towers (partial fine-tuning), or nothing."""
 
     def __init__(self, manifest: dict, k: int, device: torch.device) -> None:
@@ -69,7 +66,7 @@ class _Heads(torch.nn.Module):
         return out.reshape(B, F, -1)  # (B, F, D)
 
 
-def _text_state_batch(feats: _Features, qidx: torch.Tensor, device: torch.device):
+def text_state_batch(feats: SplitArrays, qidx: torch.Tensor, device: torch.device):
     """CLIP text states of some captions: (B, W) pooled for K=0, or padded (B, T, W) + lengths for K>0."""
     split = feats.split
     rows = qidx.numpy()
@@ -81,18 +78,7 @@ def _text_state_batch(feats: _Features, qidx: torch.Tensor, device: torch.device
     return torch.as_tensor(states, device=device), None
 
 
-def _write_status(run_dir: Path, **data: Any) -> None:
-    atomic_write_text(run_dir / "status.json", json.dumps(data, indent=2, default=str) + "\n")
-
-
-def _read_status(run_dir: Path) -> dict:
-    try:
-        return json.loads((run_dir / "status.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-class _TrainStep(torch.nn.Module):
+class TrainStep(torch.nn.Module):
     """DAB (and the CLIP heads) as one module, so DistributedDataParallel averages the gradients of both.
 
     forward: this rank's slice of the global batch -> its rows of the global cost
@@ -102,7 +88,7 @@ class _TrainStep(torch.nn.Module):
     must receive that gradient.
     """
 
-    def __init__(self, model: torch.nn.Module, heads: Optional[_Heads]) -> None:
+    def __init__(self, model: torch.nn.Module, heads: Optional[TrainHeads]) -> None:
         super().__init__()
         self.model = model
         self.heads = heads
@@ -127,7 +113,7 @@ def distributed_batch_loss(step: torch.nn.Module, model, text_in: torch.Tensor, 
                            video_in: torch.Tensor, mask: torch.Tensor, loss_fn=None) -> torch.Tensor:
     """The loss of one global batch from this rank's slice; gradients match one process with the whole batch.
 
-    ``step`` is the DistributedDataParallel-wrapped :class:`_TrainStep`. Each
+    ``step`` is the DistributedDataParallel-wrapped :class:`TrainStep`. Each
     rank computes its b rows (texts) of the (B, B) cost against all B videos;
     the rows are all-gathered with gradients, so every rank holds the whole
     matrix and evaluates the *whole* loss L (both directions: the video->text
@@ -153,7 +139,7 @@ def distributed_batch_loss(step: torch.nn.Module, model, text_in: torch.Tensor, 
     return loss_fn(model, ModelOutput(cost=cost))
 
 
-def _batch_inputs(feats: _Features, q: torch.Tensor, heads: Optional[_Heads], device: torch.device,
+def _batch_inputs(feats: SplitArrays, q: torch.Tensor, heads: Optional[TrainHeads], device: torch.device,
                   views: Optional[torch.Tensor] = None):
     """Inputs of captions ``q`` (b,) and their videos: (text or text states, lengths, frames or states, mask).
 
@@ -162,14 +148,14 @@ def _batch_inputs(feats: _Features, q: torch.Tensor, heads: Optional[_Heads], de
     v = feats.caption_video[q]  # (b,)
     mask = feats.mask[v].to(device)  # (b, F)
     if heads is not None:
-        st, ln = _text_state_batch(feats, q, device)
+        st, ln = text_state_batch(feats, q, device)
         vis = feats.vision_states[v] if views is None else feats.view_states[v, views[v]]  # (b, F, [L,] W)
         return st, ln, vis.to(device, torch.float32), mask
     frames = feats.frames[v] if views is None else feats.views[v, views[v]]  # (b, F, D)
     return feats.text[q].to(device), None, frames.to(device), mask
 
 
-def _score_inputs(heads: Optional[_Heads], feats: _Features, device: torch.device, lo: int, hi: int):
+def _score_inputs(heads: Optional[TrainHeads], feats: SplitArrays, device: torch.device, lo: int, hi: int):
     """Texts ``lo:hi`` (Q', D) and all frames (V, F, D) of a split, through the heads when fine-tuning."""
     if heads is None:
         return feats.text[lo:hi], feats.frames
@@ -177,7 +163,7 @@ def _score_inputs(heads: Optional[_Heads], feats: _Features, device: torch.devic
     text = []
     for s in range(lo, hi, 256):
         q = torch.arange(s, min(s + 256, hi))
-        st, ln = _text_state_batch(feats, q, device)
+        st, ln = text_state_batch(feats, q, device)
         text.append(heads.encode_text(st, ln).float().cpu())
     text_t = torch.cat(text) if text else torch.zeros((0, feats.text.shape[1]))  # (Q', D)
     frames = []
@@ -186,7 +172,7 @@ def _score_inputs(heads: Optional[_Heads], feats: _Features, device: torch.devic
     return text_t, torch.cat(frames)  # (V, F, D)
 
 
-def score_split(model, heads: Optional[_Heads], feats: _Features, cfg: TrainConfig, device: torch.device,
+def score_split(model, heads: Optional[TrainHeads], feats: SplitArrays, cfg: TrainConfig, device: torch.device,
                 progress: ProgressCallback = null_progress, with_diagnostics: bool = False, dist=None):
     """Cost matrix of every (caption, video) pair of a split (bounded memory).
 

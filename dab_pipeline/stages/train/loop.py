@@ -10,14 +10,15 @@ from pathlib import Path
 from typing import Any, Optional
 import numpy as np
 import torch
-from ...checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from ...config import atomic_write_text, from_dict, save_config, to_dict
+from ...checkpoint import rng_state, set_rng_state
+from ...config import from_dict, to_dict
 from ...errors import ConfigError, StoreError, TrainingError
 from ...events import Event, ProgressCallback, null_progress
 from ...devices import resolve_device
 
 from .config import LOG_MAX_LOGIT_SCALE, TrainConfig, TrainResult, _seed_everything, epoch_length, epoch_order, epoch_views, lr_lambda, optimizer_groups
-from .inputs import _Features, _Heads, _TrainStep, _batch_inputs, _read_status, _write_status, distributed_batch_loss, score_split
+from ...runs import RunFolder
+from .inputs import SplitArrays, TrainHeads, TrainStep, _batch_inputs, distributed_batch_loss, score_split
 
 
 def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resume: bool = False,
@@ -36,8 +37,9 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
         if folder.get("ready"):
             state = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            _write_status(Path(cfg.out), state=state, error=reason, features=str(cfg.features),
-                          resumable=(Path(cfg.out) / "checkpoints" / "last.pt").exists())
+            folder_ = RunFolder(cfg.out)
+            folder_.write_status(state=state, error=reason, features=str(cfg.features),
+                                 resumable=folder_.checkpoint(RunFolder.LAST).exists())
         raise
 
 
@@ -90,9 +92,9 @@ def _run_train(cfg: TrainConfig, progress: ProgressCallback, resume: bool, dist,
 class _Data:
     """The splits of one run, on its device, and the store's manifest."""
 
-    train: _Features
-    val: Optional[_Features]
-    test: Optional[_Features]
+    train: SplitArrays
+    val: Optional[SplitArrays]
+    test: Optional[SplitArrays]
     manifest: dict
 
 
@@ -101,8 +103,8 @@ class _Run:
 
     def __init__(self, cfg: TrainConfig, ctx, progress: ProgressCallback, resume: bool, multi: bool) -> None:
         self.cfg, self.ctx, self.progress, self.resume, self.multi = cfg, ctx, progress, resume, multi
-        self.dir = Path(cfg.out)
-        self.ckpt_dir = self.dir / "checkpoints"
+        self.folder = RunFolder(cfg.out)
+        self.dir = self.folder.path
 
     def shared(self, exc: Exception) -> Exception:
         """An error every rank raises at the same point: rank 0 alone reports it."""
@@ -114,23 +116,22 @@ class _Run:
 
     def check_folder(self) -> None:
         """Refuse a folder that holds another run; clear one that stopped before its first checkpoint."""
-        cfg, run_dir = self.cfg, self.dir
+        cfg, run_dir, folder = self.cfg, self.dir, self.folder
         if self.resume:
-            if not (run_dir / "config.json").exists():
+            if not folder.is_run():
                 raise TrainingError(f"--resume: {run_dir} is not a run folder (no config.json)")
-            saved = from_dict(TrainConfig, json.loads((run_dir / "config.json").read_text()))
+            saved = from_dict(TrainConfig, json.loads(folder.config_path.read_text()))
             if to_dict(saved) != to_dict(cfg):
                 diff = sorted(k for k, v in to_dict(cfg).items() if to_dict(saved).get(k) != v)
                 raise TrainingError(f"--resume: {run_dir} was started with another configuration ({', '.join(diff)} differ)")
-        elif (run_dir / "config.json").exists():
-            status = _read_status(run_dir)
-            if status.get("state") in ("failed", "interrupted") and not (self.ckpt_dir / "last.pt").exists():
+        elif folder.is_run():
+            status = folder.read_status()
+            if status.get("state") in ("failed", "interrupted") and not folder.checkpoint(RunFolder.LAST).exists():
                 # Nothing to resume: the run stopped before its first checkpoint, so start over.
                 self.progress(Event("info", message=f"{run_dir}: the earlier run {status['state']} before its first "
                                                     f"checkpoint ({status.get('error', 'no reason recorded')}); "
                                                     "starting over"))
-                for name in ("config.json", "status.json", "metrics.jsonl", "store_manifest.json"):
-                    (run_dir / name).unlink(missing_ok=True)
+                folder.clear_start()
                 return
             state = status.get("state", "unknown")
             hint = "use --resume to continue it" if state != "complete" else "it is complete"
@@ -145,23 +146,23 @@ class _Run:
         store = open_store(cfg.features)
         try:
             with_views = cfg.views and store.train_views > 0
-            train = _Features(store.load_split(cfg.train_split, with_states=with_states, with_views=with_views),
+            train = SplitArrays(store.load_split(cfg.train_split, with_states=with_states, with_views=with_views),
                               device, with_states)
             val = None
             # no validation split at all (e.g. MSR-VTT with --option val_size=0): select the last epoch
             if cfg.val_split in store.splits():
                 val_split = store.load_split(cfg.val_split, with_states=with_states)
                 if len(val_split.caption_ids) > 0 and len(val_split.video_ids) > 0:
-                    val = _Features(val_split, device, with_states)
+                    val = SplitArrays(val_split, device, with_states)
             test_split = store.load_split(cfg.test_split, with_states=with_states)
-            test = _Features(test_split, device, with_states) if len(test_split.caption_ids) > 0 else None
+            test = SplitArrays(test_split, device, with_states) if len(test_split.caption_ids) > 0 else None
             manifest = store.manifest
         finally:
             store.close()
         self._check_sizes(train, val)
         return _Data(train, val, test, manifest)
 
-    def _check_sizes(self, train: _Features, val: Optional[_Features]) -> None:
+    def _check_sizes(self, train: SplitArrays, val: Optional[SplitArrays]) -> None:
         cfg, world = self.cfg, self.ctx.world_size
         if train.num_queries < 2:
             raise self.shared(StoreError(f"{cfg.features}: the {cfg.train_split!r} split has {train.num_queries} "
@@ -185,20 +186,21 @@ class _Run:
         """Rank 0 writes the folder's config, precision and store manifest, and marks the run running."""
         if not self.ctx.is_main:
             return
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.ckpt_dir.mkdir(exist_ok=True)
+        run = self.folder
+        run.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         folder["ready"] = True
-        atomic_write_text(self.dir / "precision.json", json.dumps(precision, indent=2) + "\n")
+        run.write_json(RunFolder.PRECISION, precision)
         if not self.resume:
-            save_config(asked, self.dir / "config.json")
-            atomic_write_text(self.dir / "store_manifest.json", json.dumps(manifest, indent=2, default=str) + "\n")
-        _write_status(self.dir, state="running", features=str(self.cfg.features))
+            run.save_config(asked)
+            run.write_json(RunFolder.STORE_MANIFEST, manifest)
+        run.write_status(state="running", features=str(self.cfg.features))
 
-    def load(self, path: Path):
-        """A checkpoint of this run: read by rank 0 and sent to the others, who need no access to the folder."""
+    def load(self, name: str):
+        """Checkpoint ``name`` of this run (or None): read by rank 0 and sent to the others, who need no access
+        to the folder."""
         if self.multi:
-            return self.ctx.run_on_main(lambda: load_checkpoint(path) if path.exists() else None)
-        return load_checkpoint(path, map_location=self.ctx.device) if path.exists() else None
+            return self.ctx.run_on_main(lambda: self.folder.load_checkpoint(name))
+        return self.folder.load_checkpoint(name, map_location=self.ctx.device)
 
 
 class _Trainer:
@@ -214,7 +216,7 @@ class _Trainer:
         self.heads = None
         if cfg.trainable_blocks is not None:
             # Rank 0 first: it fills the CLIP weights cache that the others then read.
-            self.heads = ctx.main_first(lambda: _Heads(data.manifest, cfg.trainable_blocks, ctx.device)).to(ctx.device)
+            self.heads = ctx.main_first(lambda: TrainHeads(data.manifest, cfg.trainable_blocks, ctx.device)).to(ctx.device)
         groups = optimizer_groups(self.model, self.heads, cfg)
         self.clamp_scale = next((g["params"][0] for g in groups if g["name"] == "logit_scale"), None)
         self.optim = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
@@ -232,7 +234,7 @@ class _Trainer:
     def restore(self) -> None:
         """Continue from last.pt (--resume), or seed this rank's own dropout stream; wrap for DDP."""
         run, ctx, cfg = self.run, self.run.ctx, self.cfg
-        ck = run.load(run.ckpt_dir / "last.pt") if run.resume else None
+        ck = run.load(RunFolder.LAST) if run.resume else None
         if ck is not None:
             saved_world = int(ck.get("world_size") or 1)
             if saved_world != ctx.world_size:
@@ -257,7 +259,7 @@ class _Trainer:
 
             device = ctx.device
             self.step_module = DistributedDataParallel(
-                _TrainStep(self.model, self.heads), device_ids=[device.index] if device.type == "cuda" else None)
+                TrainStep(self.model, self.heads), device_ids=[device.index] if device.type == "cuda" else None)
             run.progress(Event("info", message=f"distributed training: {ctx.world_size} processes, "
                                                f"{cfg.batch_size // ctx.world_size} of each global batch of "
                                                f"{cfg.batch_size} per process"))
@@ -272,8 +274,9 @@ class _Trainer:
         self.best_value, self.best_epoch = ck.get("best_value"), ck.get("best_epoch")
         self.resumed_loss = tuple(ck.get("epoch_loss", (0.0, 0)))
 
-    def checkpoint(self, epoch: int, step_in_epoch: int, path: Path, epoch_loss: tuple[float, int] = (0.0, 0)) -> None:
-        """Every rank's random streams (for an exact resume), saved by rank 0 with the training state."""
+    def checkpoint(self, epoch: int, step_in_epoch: int, name: str, epoch_loss: tuple[float, int] = (0.0, 0)) -> None:
+        """checkpoints/<name>: every rank's random streams (for an exact resume), saved by rank 0 with the
+        training state."""
         run, ctx = self.run, self.run.ctx
         rngs = ctx.all_gather_object(rng_state(ctx.device)) if run.multi else None
         if not ctx.is_main:
@@ -287,7 +290,7 @@ class _Trainer:
         }
         if rngs:
             state["rng_ranks"] = rngs
-        save_checkpoint(path, state)
+        run.folder.save_checkpoint(name, state)
 
     def fit(self) -> None:
         """Every remaining epoch: train, validate, checkpoint."""
@@ -318,7 +321,7 @@ class _Trainer:
             self.run.progress(Event("advance", task="train", n=1, data={"unit": "it"},
                                     message=f"epoch {epoch + 1}/{cfg.epochs} loss {loss_sum / n:.4f}"))
             if cfg.checkpoint_every and self.global_step % cfg.checkpoint_every == 0 and step + 1 < self.steps_per_epoch:
-                self.checkpoint(epoch, step + 1, self.run.ckpt_dir / "last.pt", (loss_sum, n))
+                self.checkpoint(epoch, step + 1, RunFolder.LAST, (loss_sum, n))
         return loss_sum, n
 
     def batch_loss(self, q: torch.Tensor, views: Optional[torch.Tensor]) -> torch.Tensor:
@@ -345,10 +348,10 @@ class _Trainer:
         if not torch.isfinite(loss):
             # Every rank holds the same (gathered) loss, so all stop here together.
             if run.ctx.is_main:
-                _write_status(run.dir, state="failed", error=f"non-finite loss at epoch {epoch + 1} step {step + 1}")
+                run.folder.write_status(state="failed", error=f"non-finite loss at epoch {epoch + 1} step {step + 1}")
             raise run.shared(TrainingError(
                 f"loss became {loss.item()} at epoch {epoch + 1}, step {step + 1} (global step "
-                f"{self.global_step + 1}); the last good checkpoint is {run.ckpt_dir / 'last.pt'}. "
+                f"{self.global_step + 1}); the last good checkpoint is {run.folder.checkpoint('last.pt')}. "
                 "Try a lower --set lr=..."))
         self.optim.zero_grad(set_to_none=True)
         loss.backward()  # distributed: DDP has averaged the gradients across ranks when this returns
@@ -385,11 +388,10 @@ class _Trainer:
         else:
             self.best_epoch = epoch + 1
         if run.ctx.is_main:
-            with open(run.dir / "metrics.jsonl", "a") as fh:
-                fh.write(json.dumps(record) + "\n")
-        self.checkpoint(epoch + 1, 0, run.ckpt_dir / "last.pt")
+            run.folder.append_metrics(record)
+        self.checkpoint(epoch + 1, 0, RunFolder.LAST)
         if improved:
-            self.checkpoint(epoch + 1, 0, run.ckpt_dir / "best.pt")
+            self.checkpoint(epoch + 1, 0, RunFolder.BEST)
         msg = f"epoch {epoch + 1}: loss {record['train_loss']:.4f}"
         if self.val_metrics is not None:
             m = self.val_metrics
@@ -404,7 +406,7 @@ class _Trainer:
         run, cfg, test = self.run, self.cfg, self.data.test
         if test is None:
             return None, None
-        best = run.load(run.ckpt_dir / "best.pt")
+        best = run.load(RunFolder.BEST)
         self.model.load_state_dict(best["model"])
         if self.heads is not None:
             self.heads.load_state_dict(best["heads"])
@@ -416,7 +418,7 @@ class _Trainer:
         fmt = cfg.cost_format
         if fmt == "auto":
             fmt = "zarr" if str(cfg.features).rstrip("/").endswith(".zarr") else "h5"
-        costs_path = run.dir / f"costs_{cfg.test_split}.{fmt}"
+        costs_path = run.folder.costs_path(cfg.test_split, fmt)
         if run.ctx.is_main:
             write_costs(costs_path, CostMatrix(
                 cost=np.asarray(res.cost, dtype=np.float32),
@@ -431,9 +433,10 @@ class _Trainer:
         """Mark the run complete; nobody leaves before rank 0 has written everything."""
         run, cfg = self.run, self.cfg
         if run.ctx.is_main:
-            _write_status(run.dir, state="complete", epochs=cfg.epochs, best_epoch=self.best_epoch,
-                          best_value=self.best_value, select_metric=cfg.select_metric, val=self.val_metrics,
-                          test_t2v=test_metrics, costs=str(costs_path) if costs_path else None)
+            run.folder.write_status(state="complete", epochs=cfg.epochs, best_epoch=self.best_epoch,
+                                    best_value=self.best_value, select_metric=cfg.select_metric,
+                                    val=self.val_metrics, test_t2v=test_metrics,
+                                    costs=str(costs_path) if costs_path else None)
         run.ctx.barrier()
         return TrainResult(run_dir=run.dir, epochs_done=cfg.epochs, best_epoch=self.best_epoch,
                            best_value=self.best_value, val_metrics=self.val_metrics, test_metrics=test_metrics,
