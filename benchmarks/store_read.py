@@ -18,6 +18,7 @@ token grids (K>0: F=12, L=50, W=768) times ``read_vision_states`` for 8 videos.
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,7 +26,10 @@ from typing import Callable
 
 import numpy as np
 
-from dab_pipeline.store import create_store, open_store
+from dab_pipeline.store import open_store
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.factories
+from tests.factories import empty_store  # noqa: E402
 
 
 def timed(fn: Callable[[], object], repeats: int) -> float:
@@ -46,18 +50,10 @@ def build(path: Path, n: int, f: int, d: int, captions_per_video: int, rng: np.r
     if vision_state_shape is not None:
         extra = {"vision_state_shape": vision_state_shape, "text_state_width": 8, "text_state_lengths": np.full(len(cvid), 2)}
     t = time.perf_counter()
-    with create_store(
-        path,
-        manifest={"benchmark": True},
-        video_ids=[f"video{i}" for i in range(n)],
-        video_split=split,
-        caption_ids=[f"video{v}#{k}" for k, v in enumerate(cvid)],
-        caption_video_index=cvid,
-        caption_text=[f"a caption about video {v}" for v in cvid],
-        caption_split=split[cvid],
-        num_frames=f,
-        dim=d,
-        **extra,
+    with empty_store(
+        path, n, captions_per_video=captions_per_video, splits=split, video_id="video{i}", caption_id="{video}#{q}",
+        caption_text=lambda q, v: f"a caption about video {v}", manifest={"benchmark": True}, num_frames=f, dim=d,
+        dtype="float16", **extra,
     ) as s:
         b = 32
         for a in range(0, n, b):

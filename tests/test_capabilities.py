@@ -144,11 +144,9 @@ def test_extract_auto_resumes_with_the_stores_own_dtype(tiny_folder_dataset: Pat
 
 
 def _train_store(path: Path) -> Path:
-    spec = importlib.util.spec_from_file_location("search_tests", REPO / "tests" / "test_search.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module.build_store(path)
+    from .factories import text_store
+
+    return text_store(path)
 
 
 def test_train_bf16_scoring_on_a_cpu_without_it_runs_float32(tmp_path: Path) -> None:
@@ -173,14 +171,12 @@ def test_train_bf16_scoring_on_a_cpu_without_it_runs_float32(tmp_path: Path) -> 
 
 
 def test_search_warns_and_scores_float32(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("search_tests", REPO / "tests" / "test_search.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
     from dab_pipeline.stages.search import search
 
-    store = module.build_store(tmp_path / "store.h5")
-    run, _ = module.build_run(tmp_path / "run", store)
+    from .factories import hand_made_run, text_store
+
+    store = text_store(tmp_path / "store.h5")
+    run, _ = hand_made_run(tmp_path / "run", store)
     said: list[str] = []
     with override(AVX2):
         slow = search(run, store, ["a cat sleeps"], topk=3, device="cpu", dtype="bfloat16", warn=said.append)

@@ -131,12 +131,9 @@ def test_shares_are_disjoint_deterministic_and_unit_aligned() -> None:
 
 
 def _tiny_store(path: Path, n: int = 10, share_rows: int | None = None):
-    from dab_pipeline.store import create_store
+    from .factories import empty_store
 
-    return create_store(path, manifest={"m": 1}, video_ids=[f"v{i}" for i in range(n)], video_split=["train"] * n,
-                        caption_ids=[f"c{i}" for i in range(n)], caption_video_index=np.arange(n),
-                        caption_text=["x"] * n, caption_split=["train"] * n, num_frames=3, dim=4, dtype="float32",
-                        share_rows=share_rows)
+    return empty_store(path, n, caption_id="c{q}", num_frames=3, dim=4, share_rows=share_rows)
 
 
 def test_zarr_multi_writer_chunks_never_straddle_shares(tmp_path: Path) -> None:

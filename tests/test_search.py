@@ -11,54 +11,26 @@ import torch
 from click.testing import CliRunner
 
 from dab_pipeline.cli import cli
-from dab_pipeline.clip_models import encode_texts, load_clip
-from dab_pipeline.config import save_config
 from dab_pipeline.errors import ConfigError, TrainingError, WeightsError
-from dab_pipeline.model import DABModel, ModelConfig
+from dab_pipeline.model import DABModel
 from dab_pipeline.scoring import score_all
 from dab_pipeline.stages.search import search
-from dab_pipeline.stages.train import TrainConfig
-from dab_pipeline.store import create_store, open_store
+from dab_pipeline.store import open_store
+
+from .factories import SEARCH_CAPTIONS as CAPTIONS
+from .factories import hand_made_run, text_store
 
 F_ = 4
-CAPTIONS = ["a red ball rolls", "a dog runs on grass", "two people talk", "a car at night",
-            "waves on a beach", "a cat sleeps", "someone cooks pasta", "a train passes"]
 TEST_VIDEOS = 6  # videos 0..5 are "test", 6..7 "train"
 
 
 def build_store(path: Path, pretrained: str | None = None) -> Path:
     """One caption per video; caption features from dab-tiny, so a query string re-encodes to them."""
-    bundle = load_clip("dab-tiny", None)
-    d = bundle.embed_dim
-    n = len(CAPTIONS)
-    manifest = {"model": "dab-tiny", "pretrained": pretrained, "weights_sha256": bundle.weights_sha256,
-                "clip": {"embed_dim": d}, "frames": F_}
-    split = ["test"] * TEST_VIDEOS + ["train"] * (n - TEST_VIDEOS)
-    store = create_store(path, manifest=manifest, video_ids=[f"vid{i}" for i in range(n)], video_split=split,
-                         caption_ids=[f"vid{i}#0" for i in range(n)], caption_video_index=list(range(n)),
-                         caption_text=CAPTIONS, caption_split=split, num_frames=F_, dim=d, dtype="float32")
-    gen = np.random.default_rng(0)
-    frames = gen.standard_normal((n, F_, d)).astype(np.float32)
-    mask = np.ones((n, F_), bool)
-    mask[1, 2:] = False  # a short video
-    with store:
-        store.write_videos(np.arange(n), frames, mask, mask.sum(1))
-        store.write_captions(np.arange(n), encode_texts(bundle, CAPTIONS).features.numpy())
-    return path
+    return text_store(path, CAPTIONS, test_videos=TEST_VIDEOS, frames=F_, pretrained=pretrained)
 
 
 def build_run(path: Path, store: Path, variant: str = "dab", **train) -> tuple[Path, DABModel]:
-    cfg = TrainConfig(features=store, out=path, model=ModelConfig(embed_dim=32, variant=variant, steps=3,
-                                                                  drift_hidden=24, time_embed_dim=8), **train)
-    torch.manual_seed(0)
-    model = DABModel(cfg.model)
-    with torch.no_grad():  # a "trained" model: every parameter off its init
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
-    (path / "checkpoints").mkdir(parents=True)
-    save_config(cfg, path / "config.json")
-    torch.save({"model": model.state_dict(), "heads": None, "epoch": 1}, path / "checkpoints" / "best.pt")
-    return path, model.eval()
+    return hand_made_run(path, store, variant, **train)
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,8 @@ from dab_pipeline.store import (
     open_store,
 )
 
+from .factories import store_index
+
 REPO = Path(__file__).resolve().parents[1]
 SUFFIXES = [".h5", ".zarr"]
 F, D = 4, 8  # frames, projected dim
@@ -61,18 +63,9 @@ def expected_caption(q: int) -> dict:
 
 
 def index_arrays(n: int, captions_per_video: int = 2) -> dict:
-    split = [SPLITS[i % 3] for i in range(n)]  # interleaved, so splits are not contiguous runs
-    cvid = np.repeat(np.arange(n), captions_per_video)
-    m = len(cvid)
-    return {
-        "video_ids": [f"vid{i:04d}" for i in range(n)],
-        "video_split": split,
-        "caption_ids": [f"vid{v:04d}#{k}" for v, k in zip(cvid, np.tile(np.arange(captions_per_video), n))],
-        "caption_video_index": cvid,
-        "caption_text": [f"caption {q} of vid{v} — ünïcode" for q, v in enumerate(cvid)],
-        "caption_split": [split[v] for v in cvid],
-        "_m": m,
-    }
+    idx = store_index(n, captions_per_video, splits=[SPLITS[i % 3] for i in range(n)],  # interleaved splits
+                      video_id="vid{i:04d}", caption_text=lambda q, v: f"caption {q} of vid{v} — ünïcode")
+    return {**idx, "_m": n * captions_per_video}
 
 
 def make_store(path: Path, n: int = 12, states: str | None = None, dtype: str = "float16", **kw):
