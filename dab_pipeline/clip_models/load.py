@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 import open_clip
@@ -88,64 +89,92 @@ def load_clip(
     GELU architecture, the ``-quickgelu`` variant is built instead and the switch is
     recorded in ``bundle.warnings``.  ``quick_gelu=True/False`` overrides detection.
     """
-    requested = model
     name = _normalise_name(model)
     device = torch.device(device)
     dtype_name = _resolve_dtype(dtype, device)
-    notes: list[str] = []
+    src = _locate_weights(name, pretrained, cache_dir)
+    sha = sha256_file(src.path)
+    state, format_reason = _read_weights(src.path)
+    act = _choose_activation(name, src, sha, format_reason, quick_gelu)
+    clip = _build(act.name, dtype_name, src.tag_cfg, act.force_quick)
+    _fit_state_dict(clip, state, src.path, act.name)
+    del state
+    clip.to(device)
+    clip.eval()
+    clip.requires_grad_(False)
+    return _bundle(clip, act, src, sha, dtype_name, device, requested=model)
 
-    # ---- where the weights come from
-    tag_cfg: dict = {}
-    openai_reason: Optional[str] = None
+
+@dataclass(frozen=True)
+class _WeightsSource:
+    """Where the weights of one load come from."""
+
+    path: Path
+    pretrained: Optional[str]  # recorded in the bundle: the tag, the file, or None for dab's own models
+    tag_cfg: dict  # open_clip's config of a pretrained tag ({} for a file)
+
+
+@dataclass
+class _Activation:
+    """The architecture to build: ``name`` (maybe its -quickgelu sibling), and why."""
+
+    name: str
+    force_quick: bool
+    openai_reason: Optional[str]
+    notes: list[str]
+
+
+def _locate_weights(name: str, pretrained: Optional[str], cache_dir: Optional[str]) -> _WeightsSource:
+    """The weights file of (name, pretrained): dab's own, a local file, or an open_clip tag (cache first)."""
     if pretrained is None or str(pretrained).strip() == "":
         if name not in _OUR_MODELS:
             tags = ", ".join(oc_pretrained.list_pretrained_tags_by_model(name)) or "(none)"
             raise WeightsError(
                 f"no weights given for CLIP model {name}; pass a pretrained tag ({tags}) or a local weights file"
             )
-        weights_path = default_tiny_weights() if name.startswith(TINY_MODEL) else builtin_weights(name)
-        if weights_path is None:
+        path = default_tiny_weights() if name.startswith(TINY_MODEL) else builtin_weights(name)
+        if path is None:
             raise WeightsError(f"no default weights for {name}; pass a local weights file")
         # The model's own weights: recorded as None, not as the cache path, which differs
         # between machines and cache folders (the sha256 identifies the bytes).
-        pretrained_str = None
-    elif os.path.exists(os.path.expanduser(str(pretrained))):
-        weights_path = Path(os.path.expanduser(str(pretrained))).absolute()
-        if not weights_path.is_file():
-            raise WeightsError(f"weights path {weights_path} is not a file (expected a .pt/.bin/.safetensors file)")
-        pretrained_str = str(weights_path)
-    else:
-        tag = str(pretrained)
-        found_under, tag_cfg = _tag_cfg(name, tag)
-        if not tag_cfg:
-            if _looks_like_path(tag):
-                raise WeightsError(
-                    f"weights file {Path(tag).expanduser().absolute()} does not exist "
-                    f"(pass an existing file or an open_clip tag for {name})"
-                )
-            tags = ", ".join(oc_pretrained.list_pretrained_tags_by_model(name)) or "(none)"
-            raise UnknownNameError(
-                f"unknown pretrained tag {tag!r} for CLIP model {name} and no file of that name; "
-                f"valid tags: {tags}; or pass a local weights file"
+        return _WeightsSource(path, None, {})
+    if os.path.exists(os.path.expanduser(str(pretrained))):
+        path = Path(os.path.expanduser(str(pretrained))).absolute()
+        if not path.is_file():
+            raise WeightsError(f"weights path {path} is not a file (expected a .pt/.bin/.safetensors file)")
+        return _WeightsSource(path, str(path), {})
+    tag = str(pretrained)
+    found_under, tag_cfg = _tag_cfg(name, tag)
+    if not tag_cfg:
+        if _looks_like_path(tag):
+            raise WeightsError(
+                f"weights file {Path(tag).expanduser().absolute()} does not exist "
+                f"(pass an existing file or an open_clip tag for {name})"
             )
-        weights_path = _fetch_tag(found_under, tag, tag_cfg, cache_dir)
-        pretrained_str = tag
+        tags = ", ".join(oc_pretrained.list_pretrained_tags_by_model(name)) or "(none)"
+        raise UnknownNameError(
+            f"unknown pretrained tag {tag!r} for CLIP model {name} and no file of that name; "
+            f"valid tags: {tags}; or pass a local weights file"
+        )
+    return _WeightsSource(_fetch_tag(found_under, tag, tag_cfg, cache_dir), tag, tag_cfg)
 
-    sha = sha256_file(weights_path)
-    state, format_reason = _read_weights(weights_path)
 
-    # ---- activation: OpenAI weights were trained with QuickGELU
-    if tag_cfg:
-        wants_quick = bool(tag_cfg.get("quick_gelu", False))
-        if wants_quick and pretrained_str == "openai":
+def _choose_activation(name: str, src: _WeightsSource, sha: str, format_reason: Optional[str],
+                       quick_gelu: Optional[bool]) -> _Activation:
+    """OpenAI weights were trained with QuickGELU: build the architecture their activation needs."""
+    notes: list[str] = []
+    openai_reason: Optional[str] = None
+    if src.tag_cfg:
+        wants_quick = bool(src.tag_cfg.get("quick_gelu", False))
+        if wants_quick and src.pretrained == "openai":
             openai_reason = "pretrained tag 'openai'"
-        source = f"pretrained tag {pretrained_str!r}"
+        source = f"pretrained tag {src.pretrained!r}"
     else:
-        openai_reason = format_reason or _openai_hint(weights_path, sha)
+        openai_reason = format_reason or _openai_hint(src.path, sha)
         wants_quick = openai_reason is not None or _model_has_quickgelu(name)
-        source = f"weights file {weights_path} ({openai_reason})" if openai_reason else ""
+        source = f"weights file {src.path} ({openai_reason})" if openai_reason else ""
     if quick_gelu is not None and quick_gelu != wants_quick:
-        if openai_reason or tag_cfg:
+        if openai_reason or src.tag_cfg:
             notes.append(
                 f"quick_gelu={quick_gelu} was requested although {source or name} implies "
                 f"quick_gelu={wants_quick}; features will differ from the original model"
@@ -166,40 +195,34 @@ def load_clip(
             why = f"{source} uses GELU" if source else "quick_gelu=False was requested"
             notes.append(f"{why}: building {sibling} instead of {name}")
             name = sibling
+    return _Activation(name, force_quick, openai_reason, notes)
 
-    # ---- build and load
+
+def _build(name: str, dtype_name: str, tag_cfg: dict, force_quick: bool) -> nn.Module:
+    """The open_clip architecture, on CPU, without weights (they are loaded strictly afterwards)."""
     precision = {"bfloat16": "bf16", "float16": "fp16"}.get(dtype_name, "fp32")
     pp_override = {k: tag_cfg[k] for k in ("mean", "std", "interpolation", "resize_mode") if k in tag_cfg}
     try:
         with quiet_open_clip():
-            clip = open_clip.create_model(
-                name,
-                pretrained=None,
-                precision=precision,
-                device="cpu",
-                force_quick_gelu=force_quick,
-                force_preprocess_cfg=pp_override or None,
-            )
+            return open_clip.create_model(name, pretrained=None, precision=precision, device="cpu",
+                                          force_quick_gelu=force_quick, force_preprocess_cfg=pp_override or None)
     except Exception as exc:  # e.g. a timm/hf tower whose backbone config needs the network
         raise WeightsError(f"cannot build CLIP model {name}: {type(exc).__name__}: {_first_line(exc)}") from None
-    _fit_state_dict(clip, state, weights_path, name)
-    del state
-    clip.to(device)
-    clip.eval()
-    clip.requires_grad_(False)
 
+
+def _bundle(clip: nn.Module, act: _Activation, src: _WeightsSource, sha: str, dtype_name: str,
+            device: torch.device, requested: str) -> ClipBundle:
     pp_cfg = PreprocessCfg(**clip.visual.preprocess_cfg)
-    preprocess = image_transform_v2(pp_cfg, is_train=False)
-    tokenizer = open_clip.get_tokenizer(name)
+    tokenizer = open_clip.get_tokenizer(act.name)
     return ClipBundle(
         model=clip,
-        preprocess=preprocess,
+        preprocess=image_transform_v2(pp_cfg, is_train=False),
         tokenizer=tokenizer,
-        model_name=name,
-        pretrained=pretrained_str,
-        weights_path=weights_path,
+        model_name=act.name,
+        pretrained=src.pretrained,
+        weights_path=src.path,
         weights_sha256=sha,
-        weights_format="openai" if openai_reason else "open_clip",
+        weights_format="openai" if act.openai_reason else "open_clip",
         image_size=_square(pp_cfg.size),
         mean=tuple(float(x) for x in pp_cfg.mean),
         std=tuple(float(x) for x in pp_cfg.std),
@@ -214,7 +237,7 @@ def load_clip(
         dtype=dtype_name,
         device=device,
         requested_model=requested,
-        warnings=notes,
+        warnings=act.notes,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Optional
 import numpy as np
 import torch
@@ -142,6 +143,44 @@ def score_all(
     mode; its training flag is restored.  Emits "start" / "advance" / "end" events
     for task "score".
     """
+    _check_options(dtype, topk, shortlist, memory_budget)
+    progress = progress or null_progress
+    text_t, frames_t, mask_t, gt_t = _prepare_inputs(model, text, frames, mask, gt, text_chunk, video_chunk)
+    dev = resolve_device(device)
+    cfg = model.cfg
+    n_q, n_v, n_f = text_t.shape[0], frames_t.shape[0], frames_t.shape[1]
+    plan = _plan(cfg, n_q, n_v, n_f, dev, dtype, memory_budget, text_chunk, video_chunk)
+    info = plan.info()
+    was_training = model.training
+    model.eval()
+    model.to(dev)
+    try:
+        with torch.no_grad():
+            mm_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+            eng = build_engine(model, dev, mm_dtype, batch_hint=min(plan.p_max, max(1, n_q * n_v)))
+            info.update(_products(eng, dev, dtype))
+            ts = eng.texts(text_t.to(dev))
+            if shortlist is not None:
+                cost = np.full((n_q, n_v), np.inf, dtype=np.float32)
+                k_sl = info["shortlist"] = min(shortlist, n_v)
+                cand = (_shortlist(text_t, frames_t, mask_t, k_sl, dev, plan.p_max) if n_q and n_v
+                        else np.empty((n_q, 0), np.int64))
+                _score_shortlist(eng, ts, frames_t, mask_t, cand, cost, dev, plan.vc, plan.budget, cfg, n_f, dtype,
+                                 progress, info)
+            else:
+                cost = np.empty((n_q, n_v), dtype=np.float32)
+                _score_grid(eng, ts, frames_t, mask_t, cost, dev, plan.tc, plan.vc, plan.p_max, progress, info)
+            result = ScoreResult(cost=cost, shortlist=info.get("shortlist"), info=info)
+            if gt_t is not None and cfg.probabilistic:
+                _diagnostics(eng, ts, frames_t, mask_t, gt_t, dev, plan.budget, cfg, n_f, dtype, result)
+        if topk is not None:
+            result.topk_indices, result.topk_costs = topk_smallest(cost, topk)
+        return result
+    finally:
+        model.train(was_training)
+
+
+def _check_options(dtype: str, topk: Optional[int], shortlist: Optional[int], memory_budget: Optional[int]) -> None:
     from ..errors import ConfigError
 
     if dtype not in SCORE_DTYPES:
@@ -152,56 +191,47 @@ def score_all(
         raise ConfigError(f"shortlist must be a positive integer, got {shortlist}")
     if memory_budget is not None and memory_budget < 1:
         raise ConfigError(f"memory_budget must be a positive number of bytes, got {memory_budget}")
-    progress = progress or null_progress
-    text_t, frames_t, mask_t, gt_t = _prepare_inputs(model, text, frames, mask, gt, text_chunk, video_chunk)
-    dev = resolve_device(device)
-    mm_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
 
-    cfg = model.cfg
-    n_q, n_v, n_f = text_t.shape[0], frames_t.shape[0], frames_t.shape[1]
+
+@dataclass(frozen=True)
+class _Plan:
+    """How one score_all call tiles its grid: outer tiles (tc x vc) and at most p_max pairs per sub-block."""
+
+    budget: int
+    per_pair: int
+    p_max: int
+    tc: int
+    vc: int
+    dtype: str
+    device: str
+
+    def info(self) -> dict:
+        return {"engine": "fast", "dtype": self.dtype, "device": self.device, "memory_budget": self.budget,
+                "pair_bytes": self.per_pair, "text_chunk": self.tc, "video_chunk": self.vc, "sub_blocks": 0}
+
+
+def _plan(cfg: ModelConfig, n_q: int, n_v: int, n_f: int, dev: torch.device, dtype: str,
+          memory_budget: Optional[int], text_chunk: Optional[int], video_chunk: Optional[int]) -> _Plan:
     budget = int(memory_budget) if memory_budget is not None else default_memory_budget(dev)
     per_pair = pair_bytes(cfg, n_f, dtype)
-    per_video = _video_bytes(cfg, n_f)
     p_max = max(1, budget // per_pair)
     # one video chunk's bases take at most half the budget
-    v_cap = max(1, min(n_v, (budget // 2) // per_video))
+    v_cap = max(1, min(n_v, (budget // 2) // _video_bytes(cfg, n_f)))
     if text_chunk is None and video_chunk is None:
         tc, vc = inner_tiles(max(n_q, 1), max(n_v, 1), p_max, video_cap=max(v_cap, 1))
     else:
         vc = video_chunk if video_chunk is not None else v_cap
         tc = text_chunk if text_chunk is not None else max(1, min(max(n_q, 1), p_max // max(1, min(vc, n_v))))
-    info: dict = {"engine": "fast", "dtype": dtype, "device": str(dev), "memory_budget": budget,
-                  "pair_bytes": per_pair, "text_chunk": tc, "video_chunk": vc, "sub_blocks": 0}
+    return _Plan(budget, per_pair, p_max, tc, vc, dtype, str(dev))
 
-    was_training = model.training
-    model.eval()
-    model.to(dev)
-    try:
-        with torch.no_grad():
-            eng = build_engine(model, dev, mm_dtype, batch_hint=min(p_max, max(1, n_q * n_v)))
-            if eng.onednn is not None and eng.kernels is not None:
-                info["products"] = "onednn"
-                info["kernels"] = eng.kernels.name if eng.kernels.fused else f"eager ({eng.kernels.reason})"
-            else:  # ATen's products in mm_dtype (on a CPU without native bf16, bf16 ones are emulated: slow)
-                info["products"] = f"aten {dtype}" if dev.type == "cpu" else f"{dev.type} {dtype}"
-            ts = eng.texts(text_t.to(dev))
-            if shortlist is not None:
-                cost = np.full((n_q, n_v), np.inf, dtype=np.float32)
-                k_sl = min(shortlist, n_v)
-                info["shortlist"] = k_sl
-                cand = _shortlist(text_t, frames_t, mask_t, k_sl, dev, p_max) if n_q and n_v else np.empty((n_q, 0), np.int64)
-                _score_shortlist(eng, ts, frames_t, mask_t, cand, cost, dev, vc, budget, cfg, n_f, dtype, progress, info)
-            else:
-                cost = np.empty((n_q, n_v), dtype=np.float32)
-                _score_grid(eng, ts, frames_t, mask_t, cost, dev, tc, vc, p_max, progress, info)
-            result = ScoreResult(cost=cost, shortlist=info.get("shortlist"), info=info)
-            if gt_t is not None and cfg.probabilistic:
-                _diagnostics(eng, ts, frames_t, mask_t, gt_t, dev, budget, cfg, n_f, dtype, result)
-        if topk is not None:
-            result.topk_indices, result.topk_costs = topk_smallest(cost, topk)
-        return result
-    finally:
-        model.train(was_training)
+
+def _products(eng: Engine, dev: torch.device, dtype: str) -> dict:
+    """What runs the products: oneDNN with the fused (or eager) kernels, or ATen in the matmul dtype."""
+    if eng.onednn is not None and eng.kernels is not None:
+        kern = eng.kernels
+        return {"products": "onednn", "kernels": kern.name if kern.fused else f"eager ({kern.reason})"}
+    # ATen's products in mm_dtype (on a CPU without native bf16, bf16 ones are emulated: slow)
+    return {"products": f"aten {dtype}" if dev.type == "cpu" else f"{dev.type} {dtype}"}
 
 
 def _score_grid(eng: Engine, ts: Texts, frames: Tensor, mask: Tensor, cost: np.ndarray, dev: torch.device,

@@ -100,7 +100,19 @@ def create_store(
     required with tokens and forbidden otherwise.
     """
     p = Path(path)
-    kind = store_backend(p)
+    store_backend(p)  # an unknown suffix is the first thing to say
+    manifest_json = _check_request(p, overwrite, dtype, num_frames, dim, manifest)
+    init = _index(video_ids, video_split, caption_ids, caption_video_index, caption_text, caption_split)
+    n, m = len(init["videos/ids"]), len(init["captions/ids"])
+    layout = _layout(n, m, num_frames, dim, dtype, train_views, thumbnail_bytes, share_rows)
+    _add_states(layout, init, vision_state_shape, text_state_width, text_state_lengths)
+    attrs = {"dab_store_format": FORMAT_VERSION, "layout": layout, "manifest": manifest_json}
+    _create_atomically(p, layout, attrs, init, overwrite)
+    return open_store(p, "a")
+
+
+def _check_request(p: Path, overwrite: bool, dtype: str, num_frames: int, dim: int, manifest: dict) -> dict:
+    """Refuse an existing path (without ``overwrite``) and bad sizes; the manifest as plain JSON."""
     if (p.exists() or p.is_symlink()) and not overwrite:
         raise StoreError(f"{p} already exists; pass overwrite=True (--overwrite) to replace it, or open it to resume")
     if np.dtype(dtype) not in (np.dtype(np.float16), np.dtype(np.float32)):
@@ -108,13 +120,16 @@ def create_store(
     if int(num_frames) < 1 or int(dim) < 1:
         raise ValueError(f"num_frames and dim must be positive, got {num_frames} and {dim}")
     try:
-        manifest_json = json.loads(json.dumps(manifest, sort_keys=True))
+        return json.loads(json.dumps(manifest, sort_keys=True))
     except (TypeError, ValueError) as e:
         raise ValueError(f"manifest must be JSON-serialisable: {e}") from None
 
+
+def _index(video_ids, video_split, caption_ids, caption_video_index, caption_text, caption_split
+           ) -> dict[str, np.ndarray]:
+    """The checked id / split / text arrays, under their names in the store."""
     vids = _str_array(video_ids, None, "video_ids")
     n = len(vids)
-    vsplit = _str_array(video_split, n, "video_split")
     cids = _str_array(caption_ids, None, "caption_ids")
     m = len(cids)
     cvid = np.asarray(caption_video_index, dtype=np.int64).reshape(-1)
@@ -122,11 +137,21 @@ def create_store(
         raise ValueError(f"caption_video_index has {len(cvid)} entries, expected {m}")
     if m and (cvid.min() < 0 or cvid.max() >= n):
         raise ValueError(f"caption_video_index must lie in [0, {n}); got {cvid.min()}..{cvid.max()}")
-    ctext = _str_array(caption_text, m, "caption_text")
-    csplit = _str_array(caption_split, m, "caption_split")
     _check_unique(vids, "video ids")
     _check_unique(cids, "caption ids")
+    return {
+        "videos/ids": vids,
+        "videos/split": _str_array(video_split, n, "video_split"),
+        "captions/ids": cids,
+        "captions/split": _str_array(caption_split, m, "caption_split"),
+        "captions/text": _str_array(caption_text, m, "caption_text"),
+        "captions/video_index": cvid,
+    }
 
+
+def _layout(n: int, m: int, num_frames: int, dim: int, dtype: str, train_views: int, thumbnail_bytes: int,
+            share_rows: int | None) -> dict[str, Any]:
+    """The layout record of a store without CLIP states (see :func:`_add_states`)."""
     layout: dict[str, Any] = {
         "num_videos": n,
         "num_captions": m,
@@ -139,50 +164,50 @@ def create_store(
         "num_text_tokens": None,
         "error_bytes": ERROR_BYTES,
     }
-    if int(train_views) < 0:
-        raise ValueError(f"train_views must be >= 0, got {train_views}")
-    if train_views:
-        layout["train_views"] = int(train_views)
-    if int(thumbnail_bytes) < 0:
-        raise ValueError(f"thumbnail_bytes must be >= 0, got {thumbnail_bytes}")
-    if thumbnail_bytes:
-        layout["thumbnail_bytes"] = int(thumbnail_bytes)
+    # optional parts are recorded only when present, so older readers see the layout they know
+    for key, value in (("train_views", train_views), ("thumbnail_bytes", thumbnail_bytes)):
+        if int(value) < 0:
+            raise ValueError(f"{key} must be >= 0, got {value}")
+        if value:
+            layout[key] = int(value)
     if share_rows is not None:
         if int(share_rows) < 1:
             raise ValueError(f"share_rows must be >= 1, got {share_rows}")
         layout["share_rows"] = int(share_rows)
-    init: dict[str, np.ndarray] = {
-        "videos/ids": vids,
-        "videos/split": vsplit,
-        "captions/ids": cids,
-        "captions/split": csplit,
-        "captions/text": ctext,
-        "captions/video_index": cvid,
-    }
-    if vision_state_shape is not None:
-        vss = tuple(int(x) for x in vision_state_shape)
-        if len(vss) not in (1, 2) or min(vss) < 1:
-            raise ValueError(f"vision_state_shape must be (W,) or (L, W), got {vision_state_shape!r}")
-        if text_state_width is None or int(text_state_width) < 1:
-            raise ValueError("text_state_width is required (positive) when vision_state_shape is given")
-        layout["vision_state_shape"] = list(vss)
-        layout["text_state_width"] = int(text_state_width)
-        layout["state_layout"] = "pooled" if len(vss) == 1 else "tokens"
-        if len(vss) == 2:
-            if text_state_lengths is None:
-                raise ValueError("text_state_lengths (M,) is required for token states (vision_state_shape (L, W))")
-            lengths = np.asarray(text_state_lengths, dtype=np.int64).reshape(-1)
-            if len(lengths) != m or (m and lengths.min() < 1):
-                raise ValueError(f"text_state_lengths must be {m} positive token counts, got {len(lengths)} entries")
-            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)  # (M+1,)
-            layout["num_text_tokens"] = int(offsets[-1])
-            init["captions/token_offsets"] = offsets
-        elif text_state_lengths is not None:
-            raise ValueError("text_state_lengths only applies to token states (vision_state_shape (L, W))")
-    elif text_state_width is not None or text_state_lengths is not None:
-        raise ValueError("text_state_width / text_state_lengths need vision_state_shape")
+    return layout
 
-    attrs = {"dab_store_format": FORMAT_VERSION, "layout": layout, "manifest": manifest_json}
+
+def _add_states(layout: dict, init: dict, vision_state_shape, text_state_width, text_state_lengths) -> None:
+    """The CLIP states' part of the layout (and the token offsets of token states), checked."""
+    m = layout["num_captions"]
+    if vision_state_shape is None:
+        if text_state_width is not None or text_state_lengths is not None:
+            raise ValueError("text_state_width / text_state_lengths need vision_state_shape")
+        return
+    vss = tuple(int(x) for x in vision_state_shape)
+    if len(vss) not in (1, 2) or min(vss) < 1:
+        raise ValueError(f"vision_state_shape must be (W,) or (L, W), got {vision_state_shape!r}")
+    if text_state_width is None or int(text_state_width) < 1:
+        raise ValueError("text_state_width is required (positive) when vision_state_shape is given")
+    layout["vision_state_shape"] = list(vss)
+    layout["text_state_width"] = int(text_state_width)
+    layout["state_layout"] = "pooled" if len(vss) == 1 else "tokens"
+    if len(vss) == 1:
+        if text_state_lengths is not None:
+            raise ValueError("text_state_lengths only applies to token states (vision_state_shape (L, W))")
+        return
+    if text_state_lengths is None:
+        raise ValueError("text_state_lengths (M,) is required for token states (vision_state_shape (L, W))")
+    lengths = np.asarray(text_state_lengths, dtype=np.int64).reshape(-1)
+    if len(lengths) != m or (m and lengths.min() < 1):
+        raise ValueError(f"text_state_lengths must be {m} positive token counts, got {len(lengths)} entries")
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)  # (M+1,)
+    layout["num_text_tokens"] = int(offsets[-1])
+    init["captions/token_offsets"] = offsets
+
+
+def _create_atomically(p: Path, layout: dict, attrs: dict, init: dict, overwrite: bool) -> None:
+    """Write the whole store under a temporary sibling, then rename it into place (and fsync the folder)."""
     for folder in (p.parent, *p.parent.parents):
         if folder.exists():
             if not folder.is_dir():
@@ -192,7 +217,7 @@ def create_store(
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = temp_sibling(p, "creating")
         try:
-            backend_class(kind).create(tmp, layout, attrs, init)
+            backend_class(store_backend(p)).create(tmp, layout, attrs, init)
             publish(tmp, p, overwrite)
         except BaseException:
             _remove_quietly(tmp)  # its own failure must not hide the one that matters
@@ -200,7 +225,6 @@ def create_store(
     except OSError as exc:
         raise StoreError(f"cannot create {p}: {os_reason(exc)}") from None
     _fsync_dir(p.parent)
-    return open_store(p, "a")
 
 
 def os_reason(exc: OSError) -> str:

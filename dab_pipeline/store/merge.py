@@ -63,51 +63,8 @@ def merge_parts(
     try:
         for p in parts:
             opened.append(open_store(p, "r"))
-        ref = opened[0]
-        n = ref.num_videos
-        cover = np.zeros(n, np.int64)
-        for st, share in zip(opened, shares):
-            if st.layout != ref.layout or not (
-                np.array_equal(st.video_ids, ref.video_ids) and np.array_equal(st.caption_ids, ref.caption_ids)
-            ):
-                raise StoreError(f"{st.path} does not hold the same videos/captions/layout as {ref.path}; cannot merge")
-            share = np.asarray(share, np.int64)
-            cover[share] += 1
-            pending = int((st.status()[share] == STATUS_PENDING).sum())
-            if pending:
-                raise StoreError(f"{st.path} still has {pending} pending videos in its share; finish it before merging")
-        if (cover != 1).any():
-            raise ValueError(f"the shares must cover each of the {n} videos exactly once")
-        if not ref.captions_done():
-            raise StoreError(f"{ref.path} has {len(ref.pending_captions())} captions without features; cannot merge")
-
-        init: dict[str, np.ndarray] = {
-            "videos/ids": ref.video_ids,
-            "videos/split": ref.video_split,
-            "captions/ids": ref.caption_ids,
-            "captions/split": ref.caption_split,
-            "captions/text": ref.caption_text,
-            "captions/video_index": ref.caption_video_index,
-        }
-        if ref.state_layout == "tokens":
-            init["captions/token_offsets"] = ref._token_offsets
-        attrs = {"dab_store_format": FORMAT_VERSION, "layout": ref.layout, "manifest": ref.manifest}
-        cls = backend_class(kind)
-        cls.create(tmp, ref.layout, attrs, init)
-        out = cls(tmp, "a")
-        try:
-            for spec in array_specs(ref.layout):
-                if spec.dtype is None or spec.name in init:
-                    continue
-                if spec.name.startswith("videos/"):
-                    for st, share in zip(opened, shares):
-                        _copy_rows(st._b, out, spec.name, _runs(np.sort(np.asarray(share, np.int64))),
-                                   spec.shape[1:], spec.dtype)
-                else:  # caption arrays (features, done, states, token rows): all from part 0
-                    _copy_rows(ref._b, out, spec.name, [(0, spec.shape[0])], spec.shape[1:], spec.dtype)
-            out.flush()
-        finally:
-            out.close()
+        _check_parts(opened, shares)
+        _write_merged(tmp, kind, opened, shares)
         for st in opened:
             st.close()
         opened.clear()
@@ -126,3 +83,56 @@ def merge_parts(
             st.close()
     _fsync_dir(d.parent)
     return d
+
+
+def _check_parts(opened: Sequence[FeatureStore], shares: Sequence[np.ndarray]) -> None:
+    """Same layout and index everywhere, every share done in its part, the shares a partition, captions done."""
+    ref = opened[0]
+    n = ref.num_videos
+    cover = np.zeros(n, np.int64)
+    for st, share in zip(opened, shares):
+        if st.layout != ref.layout or not (
+            np.array_equal(st.video_ids, ref.video_ids) and np.array_equal(st.caption_ids, ref.caption_ids)
+        ):
+            raise StoreError(f"{st.path} does not hold the same videos/captions/layout as {ref.path}; cannot merge")
+        share = np.asarray(share, np.int64)
+        cover[share] += 1
+        pending = int((st.status()[share] == STATUS_PENDING).sum())
+        if pending:
+            raise StoreError(f"{st.path} still has {pending} pending videos in its share; finish it before merging")
+    if (cover != 1).any():
+        raise ValueError(f"the shares must cover each of the {n} videos exactly once")
+    if not ref.captions_done():
+        raise StoreError(f"{ref.path} has {len(ref.pending_captions())} captions without features; cannot merge")
+
+
+def _write_merged(tmp: Path, kind: str, opened: Sequence[FeatureStore], shares: Sequence[np.ndarray]) -> None:
+    """The merged store at ``tmp``: part 0's index and captions, every part's share of the video arrays."""
+    ref = opened[0]
+    init: dict[str, np.ndarray] = {
+        "videos/ids": ref.video_ids,
+        "videos/split": ref.video_split,
+        "captions/ids": ref.caption_ids,
+        "captions/split": ref.caption_split,
+        "captions/text": ref.caption_text,
+        "captions/video_index": ref.caption_video_index,
+    }
+    if ref.state_layout == "tokens":
+        init["captions/token_offsets"] = ref._token_offsets
+    attrs = {"dab_store_format": FORMAT_VERSION, "layout": ref.layout, "manifest": ref.manifest}
+    cls = backend_class(kind)
+    cls.create(tmp, ref.layout, attrs, init)
+    out = cls(tmp, "a")
+    try:
+        for spec in array_specs(ref.layout):
+            if spec.dtype is None or spec.name in init:
+                continue
+            if spec.name.startswith("videos/"):
+                for st, share in zip(opened, shares):
+                    _copy_rows(st.raw_backend, out, spec.name, _runs(np.sort(np.asarray(share, np.int64))),
+                               spec.shape[1:], spec.dtype)
+            else:  # caption arrays (features, done, states, token rows): all from part 0
+                _copy_rows(ref.raw_backend, out, spec.name, [(0, spec.shape[0])], spec.shape[1:], spec.dtype)
+        out.flush()
+    finally:
+        out.close()
