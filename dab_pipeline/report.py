@@ -120,9 +120,16 @@ def _postprocess_label(results: dict[str, Any]) -> str:
 
 
 def _render_markdown(title: str, results: dict[str, Any], plots: dict[str, Path]) -> str:
-    out: list[str] = [f"# {title}", ""]
-    out.append(f"Post-processing: **{_postprocess_label(results)}**")
-    out.append("")
+    out: list[str] = [f"# {title}", "", f"Post-processing: **{_postprocess_label(results)}**", ""]
+    for section in (_md_retrieval, _md_selective, _md_variance, _md_neighbourhood):
+        out += section(results)
+    if plots:
+        out += ["## Plots", ""] + [f"![{name}]({path.name})" for name, path in plots.items()] + [""]
+    return "\n".join(out)
+
+
+def _md_retrieval(results: dict[str, Any]) -> list[str]:
+    out: list[str] = []
     for key, heading in (("t2v", "Text-to-video"), ("v2t", "Video-to-text")):
         metrics = results.get(key)
         if not isinstance(metrics, dict):
@@ -132,90 +139,59 @@ def _render_markdown(title: str, results: dict[str, Any], plots: dict[str, Path]
         if key == "v2t" and results.get("v2t_convention"):
             suffix += ("; each other video ranked once, by its best caption" if results["v2t_convention"] == "videos"
                        else "; every caption of every other video ranked")
-        out += [f"## {heading}{suffix}", ""]
-        out.append(
-            _md_table(
-                list(_REPORT_COLUMNS),
-                [[format_metric(c, metrics.get(c)) for c in _REPORT_COLUMNS]],
-            )
-        )
-        out.append("")
+        row = [format_metric(c, metrics.get(c)) for c in _REPORT_COLUMNS]
+        out += [f"## {heading}{suffix}", "", _md_table(list(_REPORT_COLUMNS), [row]), ""]
+    return out
 
+
+def _md_selective(results: dict[str, Any]) -> list[str]:
     selective = results.get("selective")
-    if isinstance(selective, dict):
-        out += ["## Selective prediction", ""]
-        out.append(
-            f"Confidence: `{selective.get('confidence', '?')}` (larger = more confident); "
-            "AURC is the mean risk over coverages 1/Q..1, random = 1 - accuracy."
-        )
-        out.append("")
-        rec_keys = [k for k in selective if k.startswith("R@") and isinstance(selective[k], dict)]
-        cov_keys: list[str] = []
-        for k in rec_keys:
-            for c in selective[k].get("at_coverage", {}):
-                if c not in cov_keys:
-                    cov_keys.append(c)
-        headers = ["Correct if", "Accuracy", "AURC", "AURC random", "AURC oracle"]
-        headers += [f"Acc @ {c} cov." for c in cov_keys]
-        rows = []
-        for k in rec_keys:
-            s = selective[k]
-            row = [
-                f"rank <= {k[2:]}",
-                format_metric(k, s.get("accuracy")),
-                _fmt_fraction(s.get("aurc")),
-                _fmt_fraction(s.get("aurc_random")),
-                _fmt_fraction(s.get("aurc_optimal")),
-            ]
-            row += [format_metric(k, s.get("at_coverage", {}).get(c)) for c in cov_keys]
-            rows.append(row)
-        out.append(_md_table(headers, rows))
-        out.append("")
+    if not isinstance(selective, dict):
+        return []
+    rec_keys = [k for k in selective if k.startswith("R@") and isinstance(selective[k], dict)]
+    cov_keys: list[str] = []
+    for k in rec_keys:
+        for c in selective[k].get("at_coverage", {}):
+            if c not in cov_keys:
+                cov_keys.append(c)
+    headers = ["Correct if", "Accuracy", "AURC", "AURC random", "AURC oracle"]
+    headers += [f"Acc @ {c} cov." for c in cov_keys]
+    rows = []
+    for k in rec_keys:
+        s = selective[k]
+        row = [f"rank <= {k[2:]}", format_metric(k, s.get("accuracy")), _fmt_fraction(s.get("aurc")),
+               _fmt_fraction(s.get("aurc_random")), _fmt_fraction(s.get("aurc_optimal"))]
+        rows.append(row + [format_metric(k, s.get("at_coverage", {}).get(c)) for c in cov_keys])
+    note = (f"Confidence: `{selective.get('confidence', '?')}` (larger = more confident); "
+            "AURC is the mean risk over coverages 1/Q..1, random = 1 - accuracy.")
+    return ["## Selective prediction", "", note, "", _md_table(headers, rows), ""]
 
+
+def _md_variance(results: dict[str, Any]) -> list[str]:
     variance = results.get("variance")
-    if isinstance(variance, dict) and isinstance(variance.get("mean"), dict):
-        out += ["## Variance asymmetry", ""]
-        names = [n for n in ("text", "bridge", "video") if n in variance["mean"]]
-        headers = [""] + [n.capitalize() for n in names]
-        rows = [
-            ["Avg. sigma^2"] + [f"{variance['mean'][n]:.3f}" for n in names],
-            ["Ratio"] + [f"{variance['ratio'][n]:.2f}" for n in names],
-        ]
-        out.append(_md_table(headers, rows))
-        out.append("")
+    if not (isinstance(variance, dict) and isinstance(variance.get("mean"), dict)):
+        return []
+    names = [n for n in ("text", "bridge", "video") if n in variance["mean"]]
+    headers = [""] + [n.capitalize() for n in names]
+    rows = [
+        ["Avg. sigma^2"] + [f"{variance['mean'][n]:.3f}" for n in names],
+        ["Ratio"] + [f"{variance['ratio'][n]:.2f}" for n in names],
+    ]
+    return ["## Variance asymmetry", "", _md_table(headers, rows), ""]
 
+
+def _md_neighbourhood(results: dict[str, Any]) -> list[str]:
     neighbourhood = results.get("neighbourhood")
-    if isinstance(neighbourhood, dict) and neighbourhood.get("rows"):
-        k = neighbourhood.get("topk", "?")
-        out += ["## Local semantic neighbourhood", ""]
-        gt_note = "counted" if neighbourhood.get("counts_gt") else "not counted"
-        out.append(
-            f"Mean number of top-{k} videos with cosine >= tau to the ground-truth video "
-            f"(ground truth itself {gt_note}); random = exact expectation under random ranking."
-        )
-        out.append("")
-        headers = ["tau", "Model", "Random", "Random (sampled)", "Model / random"]
-        rows = []
-        for r in neighbourhood["rows"]:
-            ratio = r.get("ratio")
-            rows.append(
-                [
-                    f"{r['tau']:g}",
-                    f"{r['model']:.3f}",
-                    f"{r['random']:.3f}",
-                    _fmt_opt(r.get("random_sampled"), ".3f"),
-                    _fmt_opt(ratio, ".2f"),
-                ]
-            )
-        out.append(_md_table(headers, rows))
-        out.append("")
-
-    if plots:
-        out += ["## Plots", ""]
-        for name, path in plots.items():
-            out.append(f"![{name}]({path.name})")
-        out.append("")
-    return "\n".join(out)
+    if not (isinstance(neighbourhood, dict) and neighbourhood.get("rows")):
+        return []
+    k = neighbourhood.get("topk", "?")
+    gt_note = "counted" if neighbourhood.get("counts_gt") else "not counted"
+    note = (f"Mean number of top-{k} videos with cosine >= tau to the ground-truth video "
+            f"(ground truth itself {gt_note}); random = exact expectation under random ranking.")
+    headers = ["tau", "Model", "Random", "Random (sampled)", "Model / random"]
+    rows = [[f"{r['tau']:g}", f"{r['model']:.3f}", f"{r['random']:.3f}", _fmt_opt(r.get("random_sampled"), ".3f"),
+             _fmt_opt(r.get("ratio"), ".2f")] for r in neighbourhood["rows"]]
+    return ["## Local semantic neighbourhood", "", note, "", _md_table(headers, rows), ""]
 
 
 def _fmt_fraction(value: Any) -> str:

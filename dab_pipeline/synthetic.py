@@ -353,16 +353,7 @@ def make_demo_dataset(
     n_train, n_val, n_test = _split_sizes(num_videos, splits)
     rng = np.random.default_rng(seed)
 
-    num_sets = max(1, min(max(n_val, n_test), n_train, 84))
-    sets = _colour_sets(num_sets, rng)
-    assignment = (
-        [("train", sets[i % num_sets]) for i in range(n_train)]
-        + [("val", sets[i % num_sets]) for i in range(n_val)]
-        + [("test", sets[i % num_sets]) for i in range(n_test)]
-    )
-    # Shuffle so that ids do not give the split or colour set away.
-    assignment = [assignment[i] for i in rng.permutation(len(assignment))]
-
+    assignment = _assign_sets(n_train, n_val, n_test, rng)
     video_dir = root / "videos"
     video_dir.mkdir(parents=True, exist_ok=True)
     width = max(3, len(str(num_videos - 1)))
@@ -382,9 +373,24 @@ def make_demo_dataset(
                     "split": split,
                 }
             )
-    captions = root / "captions.csv"
-    with open(captions, "w", newline="", encoding="utf-8") as fh:
+    return _write_captions_csv(root / "captions.csv", rows)
+
+
+def _assign_sets(n_train: int, n_val: int, n_test: int, rng: np.random.Generator) -> list[tuple[str, tuple]]:
+    """(split, colour set) of every demo video, shuffled so that ids give neither away."""
+    num_sets = max(1, min(max(n_val, n_test), n_train, 84))
+    sets = _colour_sets(num_sets, rng)
+    assignment = (
+        [("train", sets[i % num_sets]) for i in range(n_train)]
+        + [("val", sets[i % num_sets]) for i in range(n_val)]
+        + [("test", sets[i % num_sets]) for i in range(n_test)]
+    )
+    return [assignment[i] for i in rng.permutation(len(assignment))]
+
+
+def _write_captions_csv(path: Path, rows: list[dict[str, str]]) -> Path:
+    with open(path, "w", newline="", encoding="utf-8") as fh:
         writer = csv.DictWriter(fh, fieldnames=["video_id", "video", "caption", "split"])
         writer.writeheader()
         writer.writerows(rows)
-    return captions
+    return path

@@ -26,6 +26,38 @@ def load_folder(
     train/val/test 80/10/10 by a hash of the video id (salted with ``seed``).
     """
     _reject_unknown("folder", unused)
+    annotations = _annotation_file(annotations)
+    video_dir = Path(videos).resolve() if videos is not None else annotations.parent
+    if not video_dir.is_dir():
+        raise DatasetError(f"dataset 'folder': videos folder {video_dir} does not exist (expected a folder of video files)")
+    suffix = annotations.suffix.lower()
+    if suffix == ".csv":
+        records = _folder_csv(annotations)
+    elif suffix in (".jsonl", ".ndjson"):
+        records = _folder_jsonl(annotations)
+    else:
+        raise DatasetError(f"{annotations}: unsupported annotation format {suffix!r} (expected .csv or .jsonl)")
+    order, rel_paths, splits, captions = _group_by_video(records, annotations)
+    hashed = [v for v in order if v not in splits]
+    for vid in hashed:
+        splits[vid] = hash_split(vid, seed)
+
+    videos_out: list[VideoItem] = []
+    caps: list[CaptionItem] = []
+    missing: list[str] = []
+    for split in SPLITS:
+        for vid in (v for v in order if splits[v] == split):
+            path = (video_dir / rel_paths[vid]).resolve()
+            videos_out.append(VideoItem(vid, path, split))
+            if not path.is_file():
+                missing.append(vid)
+            caps.extend(CaptionItem(f"{vid}#{k}", vid, t, split) for k, t in enumerate(captions[vid]))
+    options = {"seed": int(seed), "hashed_splits": len(hashed), "warnings": []}
+    return DatasetIndex("folder", videos_out, caps, [annotations], missing, options)
+
+
+def _annotation_file(annotations: Path | None) -> Path:
+    """The annotations file given, or the one of the known names inside the folder given."""
     if annotations is None:
         raise DatasetError("dataset 'folder': an annotations file is required (a CSV or JSONL with video and caption)")
     annotations = Path(annotations).resolve()
@@ -34,21 +66,15 @@ def load_folder(
         found = [c for c in candidates if c.is_file()]
         if not found:
             raise DatasetError(f"missing annotation file in {annotations} (expected one of {', '.join(c.name for c in candidates)})")
-        annotations = found[0]
-    elif not annotations.is_file():
+        return found[0]
+    if not annotations.is_file():
         raise DatasetError(f"missing annotation file {annotations} (expected a CSV or JSONL with video and caption)")
-    video_dir = Path(videos).resolve() if videos is not None else annotations.parent
-    if not video_dir.is_dir():
-        raise DatasetError(f"dataset 'folder': videos folder {video_dir} does not exist (expected a folder of video files)")
+    return annotations
 
-    suffix = annotations.suffix.lower()
-    if suffix == ".csv":
-        records = _folder_csv(annotations)
-    elif suffix in (".jsonl", ".ndjson"):
-        records = _folder_jsonl(annotations)
-    else:
-        raise DatasetError(f"{annotations}: unsupported annotation format {suffix!r} (expected .csv or .jsonl)")
 
+def _group_by_video(records: list["_Record"], annotations: Path
+                    ) -> tuple[list[str], dict[str, str], dict[str, str], dict[str, list[str]]]:
+    """(video ids in first-seen order, their paths, the splits given, their captions); conflicts named by row."""
     order: list[str] = []
     rel_paths: dict[str, str] = {}
     splits: dict[str, str] = {}
@@ -70,24 +96,7 @@ def load_folder(
         captions[vid].extend(texts)
     if not order:
         raise DatasetError(f"{annotations}: no captions found")
-    hashed = [v for v in order if v not in splits]
-    for vid in hashed:
-        splits[vid] = hash_split(vid, seed)
-
-    videos_out: list[VideoItem] = []
-    caps: list[CaptionItem] = []
-    missing: list[str] = []
-    for split in SPLITS:
-        for vid in order:
-            if splits[vid] != split:
-                continue
-            path = (video_dir / rel_paths[vid]).resolve()
-            videos_out.append(VideoItem(vid, path, split))
-            if not path.is_file():
-                missing.append(vid)
-            caps.extend(CaptionItem(f"{vid}#{k}", vid, t, split) for k, t in enumerate(captions[vid]))
-    options = {"seed": int(seed), "hashed_splits": len(hashed), "warnings": []}
-    return DatasetIndex("folder", videos_out, caps, [annotations], missing, options)
+    return order, rel_paths, splits, captions
 
 
 _Record = tuple[str, str, str, str, list[str]]  # (where, video, video_id, split, captions)

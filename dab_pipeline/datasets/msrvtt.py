@@ -59,44 +59,10 @@ def load_msrvtt(
     files: list[Path] = []
 
     if "test" in want:
-        rows = _read_csv(_require(test_path, "the 1K-A test pairs, columns key,vid_key,video_id,sentence"), ["video_id", "sentence"])
-        ids: list[str] = []
-        for row in rows:
-            vid = row["video_id"]
-            if not vid:
-                raise DatasetError(f"{test_path}: a row has an empty video_id")
-            if vid not in captions:
-                ids.append(vid)
-                captions[vid] = []
-            captions[vid].append(row["sentence"])
-        split_ids["test"] = ids
+        split_ids["test"] = _test_pairs(test_path, captions)
         files.append(test_path)
-
     if want & {"train", "val"}:
-        train_rows = _read_csv(_require(train_path, f"the {train_split} training ids, header video_id"), ["video_id"])
-        train_ids = [r["video_id"] for r in train_rows if r["video_id"]]
-        if len(set(train_ids)) != len(train_ids):
-            raise DatasetError(f"{train_path}: duplicate video ids")
-        data = _read_json(_require(data_path, 'the MSR-VTT captions, {"sentences": [{"video_id", "caption", "sen_id"}, ...]}'))
-        sentences = data.get("sentences") if isinstance(data, dict) else None
-        if not isinstance(sentences, list):
-            raise DatasetError(f'{data_path}: expected an object with a "sentences" list')
-        train_set = set(train_ids)
-        by_video: dict[str, list[tuple[int, int, str]]] = {}
-        for pos, s in enumerate(sentences):
-            if not isinstance(s, dict) or "video_id" not in s or "caption" not in s:
-                raise DatasetError(f'{data_path}: sentence {pos} lacks "video_id" or "caption"')
-            if s["video_id"] in train_set:
-                # sen_id gives a stable caption order whatever the file order.
-                by_video.setdefault(s["video_id"], []).append((int(s.get("sen_id", pos)), pos, str(s["caption"]).strip()))
-        for vid, items in by_video.items():
-            captions[vid] = [text for _, _, text in sorted(items)]
-        overlap = train_set & set(split_ids.get("test", []))
-        if overlap:
-            raise DatasetError(f"{train_path}: {len(overlap)} training ids are also test ids (first: {sorted(overlap)[0]})")
-        train_only = {"train": train_ids}
-        _drop_uncaptioned(train_only, captions, data_path, warnings)
-        train_ids = train_only["train"]
+        train_ids = _training_ids(train_path, data_path, train_split, captions, split_ids.get("test", []), warnings)
         val_n = int(val_size) if "val" in want else 0
         train_ids, val_ids = _holdout(train_ids, val_n, seed, train_path)
         if "train" in want:
@@ -107,3 +73,48 @@ def load_msrvtt(
 
     options = {"train_split": train_split, "val_size": int(val_size), "seed": int(seed), "splits": sorted(want, key=SPLITS.index), "warnings": warnings}
     return _build("msrvtt", video_dir, split_ids, captions, ".mp4", files, options)
+
+
+def _test_pairs(test_path: Path, captions: dict[str, list[str]]) -> list[str]:
+    """The 1K-A test video ids, in file order; their sentences go into ``captions``."""
+    rows = _read_csv(_require(test_path, "the 1K-A test pairs, columns key,vid_key,video_id,sentence"),
+                     ["video_id", "sentence"])
+    ids: list[str] = []
+    for row in rows:
+        vid = row["video_id"]
+        if not vid:
+            raise DatasetError(f"{test_path}: a row has an empty video_id")
+        if vid not in captions:
+            ids.append(vid)
+            captions[vid] = []
+        captions[vid].append(row["sentence"])
+    return ids
+
+
+def _training_ids(train_path: Path, data_path: Path, train_split: str, captions: dict[str, list[str]],
+                  test_ids: list[str], warnings: list[str]) -> list[str]:
+    """The 9k / 7k training ids that have captions (theirs go into ``captions``, in sen_id order)."""
+    train_rows = _read_csv(_require(train_path, f"the {train_split} training ids, header video_id"), ["video_id"])
+    train_ids = [r["video_id"] for r in train_rows if r["video_id"]]
+    if len(set(train_ids)) != len(train_ids):
+        raise DatasetError(f"{train_path}: duplicate video ids")
+    data = _read_json(_require(data_path, 'the MSR-VTT captions, {"sentences": [{"video_id", "caption", "sen_id"}, ...]}'))
+    sentences = data.get("sentences") if isinstance(data, dict) else None
+    if not isinstance(sentences, list):
+        raise DatasetError(f'{data_path}: expected an object with a "sentences" list')
+    train_set = set(train_ids)
+    by_video: dict[str, list[tuple[int, int, str]]] = {}
+    for pos, s in enumerate(sentences):
+        if not isinstance(s, dict) or "video_id" not in s or "caption" not in s:
+            raise DatasetError(f'{data_path}: sentence {pos} lacks "video_id" or "caption"')
+        if s["video_id"] in train_set:
+            # sen_id gives a stable caption order whatever the file order.
+            by_video.setdefault(s["video_id"], []).append((int(s.get("sen_id", pos)), pos, str(s["caption"]).strip()))
+    for vid, items in by_video.items():
+        captions[vid] = [text for _, _, text in sorted(items)]
+    overlap = train_set & set(test_ids)
+    if overlap:
+        raise DatasetError(f"{train_path}: {len(overlap)} training ids are also test ids (first: {sorted(overlap)[0]})")
+    train_only = {"train": train_ids}
+    _drop_uncaptioned(train_only, captions, data_path, warnings)
+    return train_only["train"]

@@ -73,28 +73,51 @@ def semantic_neighbourhood(
     c = _as_cost(cost)
     q_count, v_count = c.shape
     g = _as_gt(gt, q_count, v_count)
-    feats = np.asarray(video_features, dtype=np.float64)
-    if feats.ndim != 2 or feats.shape[0] != v_count:
-        raise ConfigError(
-            f"video_features must have shape ({v_count}, D) to match cost {c.shape}, "
-            f"got {feats.shape}"
-        )
-    if not np.all(np.isfinite(feats)):
-        raise ConfigError("video_features contain non-finite values")
+    unit = _unit_features(video_features, c.shape)  # (V, D)
     k = int(topk)
     if not 1 <= k <= v_count:
         raise ConfigError(f"topk must be in [1, {v_count}], got {topk}")
     tau_arr = np.asarray([float(t) for t in taus], dtype=np.float64)  # (T,)
     if tau_arr.size == 0:
         raise ConfigError("taus is empty")
+    model_sum, random_sum, sampled_sum = _neighbourhood_counts(c, g, unit, tau_arr, k, seed)
 
-    norms = np.linalg.norm(feats, axis=1, keepdims=True)
-    unit = feats / np.maximum(norms, 1e-12)  # (V, D)
+    rows_out = []
+    for i, tau in enumerate(tau_arr):
+        model = model_sum[i] / q_count
+        rand = random_sum[i] / q_count
+        rows_out.append(
+            {
+                "tau": float(tau),
+                "model": float(model),
+                "random": float(rand),
+                "random_sampled": float(sampled_sum[i] / q_count),
+                "ratio": float(model / rand) if rand > 0 else None,
+            }
+        )
+    return {"topk": k, "counts_gt": False, "seed": int(seed), "rows": rows_out}
+
+
+def _unit_features(video_features: Any, cost_shape: tuple[int, int]) -> np.ndarray:
+    """(V, D) features, checked against the cost matrix, scaled to unit length."""
+    feats = np.asarray(video_features, dtype=np.float64)
+    if feats.ndim != 2 or feats.shape[0] != cost_shape[1]:
+        raise ConfigError(
+            f"video_features must have shape ({cost_shape[1]}, D) to match cost {cost_shape}, "
+            f"got {feats.shape}"
+        )
+    if not np.all(np.isfinite(feats)):
+        raise ConfigError("video_features contain non-finite values")
+    return feats / np.maximum(np.linalg.norm(feats, axis=1, keepdims=True), 1e-12)
+
+
+def _neighbourhood_counts(c: np.ndarray, g: np.ndarray, unit: np.ndarray, tau_arr: np.ndarray, k: int, seed: int
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Semantic positives (cosine >= tau to the gt video, gt excluded) in the model's top-k, their exact
+    random-ranking expectation and one seeded random top-k, summed over queries: (T,) each."""
+    q_count, v_count = c.shape
     rng = np.random.default_rng(seed)
-
-    model_sum = np.zeros(tau_arr.size)
-    random_sum = np.zeros(tau_arr.size)
-    sampled_sum = np.zeros(tau_arr.size)
+    model_sum, random_sum, sampled_sum = np.zeros(tau_arr.size), np.zeros(tau_arr.size), np.zeros(tau_arr.size)
     # Blocks are sized by the (b, V) cosine matrix, the largest temporary.
     for rows in _blocks(q_count, v_count):
         block = c[rows]  # (b, V)
@@ -112,18 +135,4 @@ def semantic_neighbourhood(
             model_sum[i] += np.count_nonzero(positive & chosen)
             random_sum[i] += np.count_nonzero(positive) * k / v_count
             sampled_sum[i] += np.count_nonzero(positive & sampled)
-
-    rows_out = []
-    for i, tau in enumerate(tau_arr):
-        model = model_sum[i] / q_count
-        rand = random_sum[i] / q_count
-        rows_out.append(
-            {
-                "tau": float(tau),
-                "model": float(model),
-                "random": float(rand),
-                "random_sampled": float(sampled_sum[i] / q_count),
-                "ratio": float(model / rand) if rand > 0 else None,
-            }
-        )
-    return {"topk": k, "counts_gt": False, "seed": int(seed), "rows": rows_out}
+    return model_sum, random_sum, sampled_sum

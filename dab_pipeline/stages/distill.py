@@ -112,45 +112,22 @@ def build_student(teacher, steps: int):
 
 def run_distill(cfg: DistillConfig, progress: ProgressCallback = null_progress, resume: bool = False) -> DistillResult:
     """Train the S-step student of ``cfg.teacher`` into the run folder ``cfg.out``."""
-    from ..store import open_store
-    from .search import load_run
-    from .train import SplitArrays
-
     device = resolve_device(cfg.device)
-    teacher_run = load_run(cfg.teacher, device)
+    teacher_run = _load_teacher(cfg, device)
     teacher, tcfg = teacher_run.model, teacher_run.config
-    if teacher.bridge is None:
-        raise ConfigError(f"{cfg.teacher} is a {teacher.cfg.variant!r} run: it has no bridge to distill "
-                          "(dab distill takes dab or bridge runs)")
     out = Path(cfg.out)
     folder = RunFolder(out)
     if folder.is_run() and not resume:
         raise TrainingError(f"{out} already holds a run; use --resume to continue it, or choose another --out")
-    with open_store(tcfg.features) as st:
-        train = SplitArrays(st.load_split(tcfg.train_split), device, False)
-        val = SplitArrays(st.load_split(tcfg.val_split), device, False) if tcfg.val_split in st.splits() else None
-        test = SplitArrays(st.load_split(tcfg.test_split), device, False)
+    train, val, test = _splits(tcfg, device)
     student = build_student(teacher, cfg.student_steps).to(device)
     run_cfg = dataclasses.replace(tcfg, out=out, model=student.cfg, epochs=cfg.epochs, batch_size=cfg.batch_size,
                                   lr=cfg.lr, seed=cfg.seed, recipe=None)
-    folder.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    if not resume:
-        folder.save_config(run_cfg)
-        folder.write_json("distill.json", {"teacher": str(cfg.teacher),
-                                           "teacher_checkpoint_sha256": sha256_file(teacher_run.checkpoint),
-                                           "teacher_steps": teacher.cfg.steps, "distill": to_dict(cfg)})
-    folder.write_status(state="running", features=str(tcfg.features))
+    _open_folder(folder, cfg, run_cfg, teacher_run, resume)
     optim = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=cfg.lr,
                               weight_decay=cfg.weight_decay)
-    start, best, best_epoch = 0, None, None
     torch.manual_seed(cfg.seed)
-    ck = folder.load_checkpoint(RunFolder.LAST, map_location=device) if resume else None
-    if ck is not None:
-        student.load_state_dict(ck["model"])
-        optim.load_state_dict(ck["optim"])
-        start, best, best_epoch = ck["epoch"], ck["best_value"], ck["best_epoch"]
-        set_rng_state(ck["rng"])
-        progress(Event("info", message=f"resuming {out} at epoch {start + 1}"))
+    start, best, best_epoch = _restore(folder, student, optim, device, resume, progress)
     temperature = _temperature(teacher)
     steps = len(train.caption_video) // cfg.batch_size
     val_metrics = None
@@ -178,6 +155,52 @@ def run_distill(cfg: DistillConfig, progress: ProgressCallback = null_progress, 
                        + (f"  val R@1 {val_metrics['R@1']:.1f}" if val_metrics else ""), data=record))
     progress(Event("end", task="distill", message=f"best epoch {best_epoch}"))
     return _finish(student, test, run_cfg, out, best, best_epoch, val_metrics, device)
+
+
+def _load_teacher(cfg: DistillConfig, device: torch.device):
+    """The teacher run, which must have a bridge to distill."""
+    from .search import load_run
+
+    teacher_run = load_run(cfg.teacher, device)
+    if teacher_run.model.bridge is None:
+        raise ConfigError(f"{cfg.teacher} is a {teacher_run.model.cfg.variant!r} run: it has no bridge to distill "
+                          "(dab distill takes dab or bridge runs)")
+    return teacher_run
+
+
+def _splits(tcfg, device: torch.device):
+    """The teacher's train, val (None without one) and test splits, in RAM."""
+    from ..store import open_store
+    from .train import SplitArrays
+
+    with open_store(tcfg.features) as st:
+        train = SplitArrays(st.load_split(tcfg.train_split), device, False)
+        val = SplitArrays(st.load_split(tcfg.val_split), device, False) if tcfg.val_split in st.splits() else None
+        test = SplitArrays(st.load_split(tcfg.test_split), device, False)
+    return train, val, test
+
+
+def _open_folder(folder: RunFolder, cfg: DistillConfig, run_cfg, teacher_run, resume: bool) -> None:
+    """The run folder as `dab train` lays it out, plus distill.json (the teacher and its checkpoint's sha256)."""
+    folder.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        folder.save_config(run_cfg)
+        folder.write_json("distill.json", {"teacher": str(cfg.teacher),
+                                           "teacher_checkpoint_sha256": sha256_file(teacher_run.checkpoint),
+                                           "teacher_steps": teacher_run.model.cfg.steps, "distill": to_dict(cfg)})
+    folder.write_status(state="running", features=str(run_cfg.features))
+
+
+def _restore(folder: RunFolder, student, optim, device: torch.device, resume: bool, progress: ProgressCallback):
+    """(first epoch, best value, best epoch): from last.pt with --resume, else a fresh start."""
+    ck = folder.load_checkpoint(RunFolder.LAST, map_location=device) if resume else None
+    if ck is None:
+        return 0, None, None
+    student.load_state_dict(ck["model"])
+    optim.load_state_dict(ck["optim"])
+    set_rng_state(ck["rng"])
+    progress(Event("info", message=f"resuming {folder.path} at epoch {ck['epoch'] + 1}"))
+    return ck["epoch"], ck["best_value"], ck["best_epoch"]
 
 
 def _distill_epoch(student, teacher, train, cfg: DistillConfig, epoch: int, steps: int, optim, temperature,
