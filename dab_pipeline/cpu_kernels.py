@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .costs import kl_diag_gaussian
+from .model.costs import kl_diag_gaussian
 
 __all__ = [
     "Kernels",

@@ -336,7 +336,7 @@ GRAD_CASES = {"dab": ("dab", False), "xpool": ("xpool", False), "dab_heads": ("d
 
 @pytest.mark.distributed
 def test_distributed_loss_and_gradients_equal_one_process_with_the_global_batch(tmp_path: Path) -> None:
-    from dab_pipeline.losses import model_loss
+    from dab_pipeline.model.losses import model_loss
 
     _ok(_helper("train-grads", [str(tmp_path / "grads.pt")], tmp_path))
     got = torch.load(tmp_path / "grads.pt", weights_only=True)
@@ -427,7 +427,7 @@ def _main_extract_rank1_dies(flag: str, args: list[str]) -> None:
 
 
 def _main_train_rank0_dies(at_call: int, args: list[str]) -> None:
-    import dab_pipeline.losses as losses
+    import dab_pipeline.model.losses as losses
     from dab_pipeline.cli import cli
 
     real = losses.model_loss

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dab_pipeline.losses import clip_infonce_loss, pac_loss, model_loss
+from dab_pipeline.model.losses import clip_infonce_loss, pac_loss, model_loss
 from dab_pipeline.model import DABModel, ModelConfig
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dab_pipeline.costs import kl_diag_gaussian
+from dab_pipeline.model.costs import kl_diag_gaussian
 from dab_pipeline.errors import ConfigError
 from dab_pipeline.model import (
     VARIANTS,
@@ -440,7 +440,7 @@ def test_point_bridge_variant_equals_xpool_at_init() -> None:
 
 @pytest.mark.parametrize("variant", ["xpool", "bridge", "prob", "dab"])
 def test_costs_and_loss_stay_float32_under_bf16_autocast(variant: str) -> None:
-    from dab_pipeline.losses import model_loss
+    from dab_pipeline.model.losses import model_loss
 
     torch.manual_seed(0)
     model = DABModel(ModelConfig(embed_dim=32, variant=variant, steps=2, drift_hidden=16, time_embed_dim=8)).eval()

@@ -78,7 +78,7 @@ def test_bf16_scoring_gives_the_float32_ranking(random_store: Path, tmp_path: Pa
 @pytest.mark.parametrize("epoch", ["captions", "videos"])
 def test_resume_equals_uninterrupted(random_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                      epoch: str) -> None:
-    import dab_pipeline.losses as losses
+    import dab_pipeline.model.losses as losses
 
     sets = ["model.variant=dab", "epochs=3", "checkpoint_every=1", f"epoch={epoch}"]
     a = run_train(_cfg(random_store, tmp_path / "a", *sets))
@@ -130,7 +130,7 @@ def test_epoch_orders() -> None:
 
 def test_nan_loss_stops_with_a_clear_message(random_store: Path, tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    import dab_pipeline.losses as losses
+    import dab_pipeline.model.losses as losses
 
     real = losses.model_loss
     calls = {"n": 0}

@@ -149,7 +149,7 @@ def test_training_uses_the_views_and_scores_on_the_eval_view(tmp_path: Path, mon
 
 
 def test_resume_with_views_equals_uninterrupted(tmp_path: Path, monkeypatch) -> None:
-    import dab_pipeline.losses as losses
+    import dab_pipeline.model.losses as losses
 
     store = _view_store(tmp_path / "s.h5")
     run_train(_cfg(store, tmp_path / "a"))

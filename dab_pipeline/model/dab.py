@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from ..costs import COSTS, neg_cosine
+from .costs import COSTS, neg_cosine
 from ..errors import ConfigError
 
 from .config import ModelConfig, resolve_tau
@@ -227,7 +227,7 @@ class DABModel(nn.Module):
         )
 
     def loss(self, out: ModelOutput) -> Tensor:
-        """The variant's training loss (see :func:`dab_pipeline.losses.model_loss`)."""
-        from ..losses import model_loss
+        """The variant's training loss (see :func:`dab_pipeline.model.losses.model_loss`)."""
+        from .losses import model_loss
 
         return model_loss(self, out)

@@ -132,7 +132,7 @@ def distributed_batch_loss(step: torch.nn.Module, model, text_in: torch.Tensor, 
     from ...model import ModelOutput
 
     if loss_fn is None:
-        from ...losses import model_loss as loss_fn
+        from ...model.losses import model_loss as loss_fn
     rows = step(text_in, lengths, video_in, mask)  # (b, B)
     cost = all_gather_with_grad(rows)  # (B, B): row i = text i of the global batch, diagonal = matched pairs
     # model_loss reads only the cost (and the model's temperature); the other outputs are per-pair extras.

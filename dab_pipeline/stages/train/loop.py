@@ -326,7 +326,7 @@ class _Trainer:
 
     def batch_loss(self, q: torch.Tensor, views: Optional[torch.Tensor]) -> torch.Tensor:
         """The loss of the global batch ``q``: this rank's slice against every video of it."""
-        from ...losses import model_loss
+        from ...model.losses import model_loss
 
         ctx, train, device = self.run.ctx, self.data.train, self.run.ctx.device
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=self.cfg.amp == "bf16"):

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-if TYPE_CHECKING:  # imported for type hints only; model.py imports this module
-    from .model import DABModel, ModelOutput
+if TYPE_CHECKING:  # imported for type hints only; dab.py imports this module
+    from .dab import DABModel, ModelOutput
 
 __all__ = ["pac_loss", "clip_infonce_loss", "model_loss"]
 
