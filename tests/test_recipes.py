@@ -103,18 +103,15 @@ def test_paper_recipe_fine_tunes_every_clip_block(tiny_folder_dataset: Path, tmp
 
 
 def test_logit_scale_is_clamped_at_100_during_training(tmp_path: Path) -> None:
-    import importlib.util
     import math
 
     from dab_pipeline.checkpoint import load_checkpoint
     from dab_pipeline.model import ModelConfig
     from dab_pipeline.stages.train import run_train
 
-    spec = importlib.util.spec_from_file_location("search_tests", Path(__file__).parent / "test_search.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    store = module.build_store(tmp_path / "store.h5")
+    from .factories import text_store
+
+    store = text_store(tmp_path / "store.h5")
     # start above the cap with a learning rate too small to move it: only the clamp brings it to 100
     for group, expect in (("clip", math.log(100.0)), ("new", math.log(1000.0))):
         cfg = TrainConfig(features=store, out=tmp_path / group, epochs=1, batch_size=2, val_split="test",
@@ -126,17 +123,13 @@ def test_logit_scale_is_clamped_at_100_during_training(tmp_path: Path) -> None:
 
 
 def test_select_last_keeps_the_last_epoch_and_says_nothing(tmp_path: Path) -> None:
-    import importlib.util
-
     from dab_pipeline.events import Event
     from dab_pipeline.model import ModelConfig
     from dab_pipeline.stages.train import run_train
 
-    spec = importlib.util.spec_from_file_location("search_tests", Path(__file__).parent / "test_search.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    store = module.build_store(tmp_path / "store.h5")  # train + test splits, no val split
+    from .factories import text_store
+
+    store = text_store(tmp_path / "store.h5")  # train + test splits, no val split
     model = ModelConfig(embed_dim=32, variant="xpool")
     events: list[Event] = []
     res = run_train(TrainConfig(features=store, out=tmp_path / "last", epochs=3, batch_size=2,

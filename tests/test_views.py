@@ -120,13 +120,13 @@ def test_training_uses_the_views_and_scores_on_the_eval_view(tmp_path: Path, mon
 
     store = _view_store(tmp_path / "s.h5")
     seen: list[torch.Tensor] = []
-    real = T._batch_inputs
+    real = T.batch_inputs
 
     def spy(feats, q, heads, device, views=None):
         seen.append(views)
         return real(feats, q, heads, device, views)
 
-    monkeypatch.setattr(T.loop, "_batch_inputs", spy)  # where the trainer looks it up
+    monkeypatch.setattr(T.loop, "batch_inputs", spy)  # where the trainer looks it up
     with_views = run_train(_cfg(store, tmp_path / "views"))
     assert seen and all(v is not None and v.shape == (20,) for v in seen)
     seen.clear()

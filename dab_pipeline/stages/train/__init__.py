@@ -10,10 +10,24 @@ A run folder holds everything needed to trace and rebuild a result:
       checkpoints/last.pt    resumable state (model, heads, optimiser, scheduler, RNG, position)
       checkpoints/best.pt    best validation checkpoint (model selection never looks at test)
       costs_test.h5|.zarr    test cost matrix, rankings, per-query variances (read by `dab evaluate`)
-      status.json            running / complete, with the final numbers"""
+      status.json            running / complete, with the final numbers
+
+(the layout's one home is :class:`dab_pipeline.runs.RunFolder`).
+
+* ``config``: TrainConfig, its dataset-dependent defaults, the optimiser groups and schedule;
+* ``inputs``: a split's arrays in RAM, the fine-tuned CLIP heads, one batch's inputs;
+* ``step``: the training step as one module, and its loss across ranks;
+* ``scoring``: scoring a split (validation, the test cost file);
+* ``folder``: one run's folder, data and checkpoint I/O;
+* ``loop``: ``run_train`` and the trainer (restore, fit, test, finish).
+"""
 
 from __future__ import annotations
 
-from .config import LOG_MAX_LOGIT_SCALE, TrainConfig, TrainResult, _seed_everything, epoch_length, epoch_order, epoch_views, lr_lambda, optimizer_groups, resolve_train_config  # noqa: F401
-from .inputs import SplitArrays, TrainHeads, TrainStep, _batch_inputs, _score_inputs, text_state_batch, distributed_batch_loss, score_split  # noqa: F401
-from .loop import _Data, _Run, _Trainer, _resolve_precision, _run_train, run_train  # noqa: F401
+from .config import (LOG_MAX_LOGIT_SCALE, TrainConfig, TrainResult, epoch_length, epoch_order,  # noqa: F401
+                     epoch_views, lr_lambda, optimizer_groups, resolve_train_config)
+from .inputs import SplitArrays, TrainHeads, batch_inputs, text_state_batch  # noqa: F401
+from .step import TrainStep, distributed_batch_loss  # noqa: F401
+from .scoring import score_split  # noqa: F401
+from .folder import RunData, TrainRun  # noqa: F401
+from .loop import run_train  # noqa: F401

@@ -1,24 +1,24 @@
-"""run_train: the run folder, the trainer and its steps, one code path for one process and many."""
+"""run_train and the trainer: restore, fit (epochs of steps), test, finish; one code path for one process and many."""
 
 from __future__ import annotations
-
 import dataclasses
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 import numpy as np
 import torch
 from ...checkpoint import rng_state, set_rng_state
-from ...config import from_dict, to_dict
-from ...errors import ConfigError, StoreError, TrainingError
+from ...config import to_dict
+from ...errors import TrainingError
 from ...events import Event, ProgressCallback, null_progress
 from ...devices import resolve_device
-
 from .config import LOG_MAX_LOGIT_SCALE, TrainConfig, TrainResult, _seed_everything, epoch_length, epoch_order, epoch_views, lr_lambda, optimizer_groups
 from ...runs import RunFolder
-from .inputs import SplitArrays, TrainHeads, TrainStep, _batch_inputs, distributed_batch_loss, score_split
+from .inputs import TrainHeads, batch_inputs
+from .scoring import score_split
+from .step import TrainStep, distributed_batch_loss
+from .folder import RunData, TrainRun
 
 
 def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resume: bool = False,
@@ -74,7 +74,7 @@ def _run_train(cfg: TrainConfig, progress: ProgressCallback, resume: bool, dist,
     ctx = dist if multi else LocalContext(resolve_device(cfg.device))
     if not ctx.is_main:
         progress = null_progress  # one progress display: rank 0's
-    run = _Run(cfg, ctx, progress, resume, multi)
+    run = TrainRun(cfg, ctx, progress, resume, multi)
     ctx.run_on_main(run.check_folder)  # the run folder is rank 0's
     asked = cfg  # what config.json records and --resume compares: the request, not this machine's answer
     cfg, precision = _resolve_precision(cfg, ctx.device, progress)
@@ -88,125 +88,10 @@ def _run_train(cfg: TrainConfig, progress: ProgressCallback, resume: bool, dist,
     return trainer.finish(test_metrics, costs_path)
 
 
-@dataclass
-class _Data:
-    """The splits of one run, on its device, and the store's manifest."""
-
-    train: SplitArrays
-    val: Optional[SplitArrays]
-    test: Optional[SplitArrays]
-    manifest: dict
-
-
-class _Run:
-    """One run's folder, context and reporting: what every step of training shares."""
-
-    def __init__(self, cfg: TrainConfig, ctx, progress: ProgressCallback, resume: bool, multi: bool) -> None:
-        self.cfg, self.ctx, self.progress, self.resume, self.multi = cfg, ctx, progress, resume, multi
-        self.folder = RunFolder(cfg.out)
-        self.dir = self.folder.path
-
-    def shared(self, exc: Exception) -> Exception:
-        """An error every rank raises at the same point: rank 0 alone reports it."""
-        if self.multi:
-            from ...distributed import mark_shared
-
-            mark_shared(exc)
-        return exc
-
-    def check_folder(self) -> None:
-        """Refuse a folder that holds another run; clear one that stopped before its first checkpoint."""
-        cfg, run_dir, folder = self.cfg, self.dir, self.folder
-        if self.resume:
-            if not folder.is_run():
-                raise TrainingError(f"--resume: {run_dir} is not a run folder (no config.json)")
-            saved = from_dict(TrainConfig, json.loads(folder.config_path.read_text()))
-            if to_dict(saved) != to_dict(cfg):
-                diff = sorted(k for k, v in to_dict(cfg).items() if to_dict(saved).get(k) != v)
-                raise TrainingError(f"--resume: {run_dir} was started with another configuration ({', '.join(diff)} differ)")
-        elif folder.is_run():
-            status = folder.read_status()
-            if status.get("state") in ("failed", "interrupted") and not folder.checkpoint(RunFolder.LAST).exists():
-                # Nothing to resume: the run stopped before its first checkpoint, so start over.
-                self.progress(Event("info", message=f"{run_dir}: the earlier run {status['state']} before its first "
-                                                    f"checkpoint ({status.get('error', 'no reason recorded')}); "
-                                                    "starting over"))
-                folder.clear_start()
-                return
-            state = status.get("state", "unknown")
-            hint = "use --resume to continue it" if state != "complete" else "it is complete"
-            raise TrainingError(f"{run_dir} already holds a run (state {state!r}); {hint}, or choose another --out")
-
-    def load_data(self) -> _Data:
-        """The train / val / test splits in RAM, checked against the batch size."""
-        from ...store import open_store
-
-        cfg, device = self.cfg, self.ctx.device
-        with_states = cfg.trainable_blocks is not None
-        store = open_store(cfg.features)
-        try:
-            with_views = cfg.views and store.train_views > 0
-            train = SplitArrays(store.load_split(cfg.train_split, with_states=with_states, with_views=with_views),
-                              device, with_states)
-            val = None
-            # no validation split at all (e.g. MSR-VTT with --option val_size=0): select the last epoch
-            if cfg.val_split in store.splits():
-                val_split = store.load_split(cfg.val_split, with_states=with_states)
-                if len(val_split.caption_ids) > 0 and len(val_split.video_ids) > 0:
-                    val = SplitArrays(val_split, device, with_states)
-            test_split = store.load_split(cfg.test_split, with_states=with_states)
-            test = SplitArrays(test_split, device, with_states) if len(test_split.caption_ids) > 0 else None
-            manifest = store.manifest
-        finally:
-            store.close()
-        self._check_sizes(train, val)
-        return _Data(train, val, test, manifest)
-
-    def _check_sizes(self, train: SplitArrays, val: Optional[SplitArrays]) -> None:
-        cfg, world = self.cfg, self.ctx.world_size
-        if train.num_queries < 2:
-            raise self.shared(StoreError(f"{cfg.features}: the {cfg.train_split!r} split has {train.num_queries} "
-                                         "usable captions; need >= 2"))
-        if val is None and cfg.select_metric != "last":
-            self.progress(Event("warning", message=f"no {cfg.val_split!r} split in the store: best.pt is the last "
-                                                   "epoch (--set select_metric=last says so on purpose)"))
-        if cfg.batch_size % world:
-            raise self.shared(ConfigError(
-                f"batch_size {cfg.batch_size} is the global batch and must split evenly over the {world} processes "
-                f"(e.g. {max(world, cfg.batch_size // world * world)})"
-            ))
-        per_epoch = epoch_length(train.caption_video.numpy(), cfg.epoch)
-        if per_epoch // cfg.batch_size == 0:
-            what = "training captions" if cfg.epoch == "captions" else "training videos (epoch=videos)"
-            raise self.shared(ConfigError(
-                f"batch_size {cfg.batch_size} exceeds the {per_epoch} {what} of {cfg.features}; "
-                f"pass a smaller --batch-size (at most {per_epoch})"))
-
-    def open_folder(self, asked: TrainConfig, precision: dict, manifest: dict, folder: dict) -> None:
-        """Rank 0 writes the folder's config, precision and store manifest, and marks the run running."""
-        if not self.ctx.is_main:
-            return
-        run = self.folder
-        run.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        folder["ready"] = True
-        run.write_json(RunFolder.PRECISION, precision)
-        if not self.resume:
-            run.save_config(asked)
-            run.write_json(RunFolder.STORE_MANIFEST, manifest)
-        run.write_status(state="running", features=str(self.cfg.features))
-
-    def load(self, name: str):
-        """Checkpoint ``name`` of this run (or None): read by rank 0 and sent to the others, who need no access
-        to the folder."""
-        if self.multi:
-            return self.ctx.run_on_main(lambda: self.folder.load_checkpoint(name))
-        return self.folder.load_checkpoint(name, map_location=self.ctx.device)
-
-
 class _Trainer:
     """The model, its optimiser and the position in the run; each step of training a method."""
 
-    def __init__(self, run: _Run, data: _Data) -> None:
+    def __init__(self, run: TrainRun, data: RunData) -> None:
         from ...model import DABModel
 
         self.run, self.data, self.cfg = run, data, run.cfg
@@ -333,10 +218,10 @@ class _Trainer:
             if self.run.multi:
                 local_b = self.cfg.batch_size // ctx.world_size
                 q_local = q[ctx.rank * local_b: (ctx.rank + 1) * local_b]  # (b,) this rank's slice
-                text_in, lengths, video_in, mask = _batch_inputs(train, q_local, self.heads, device, views)
+                text_in, lengths, video_in, mask = batch_inputs(train, q_local, self.heads, device, views)
                 return distributed_batch_loss(self.step_module, self.model, text_in, lengths, video_in, mask,
                                               model_loss)
-            text_in, lengths, video_in, mask = _batch_inputs(train, q, self.heads, device, views)
+            text_in, lengths, video_in, mask = batch_inputs(train, q, self.heads, device, views)
             text = self.heads.encode_text(text_in, lengths) if self.heads is not None else text_in
             frames = self.heads.encode_frames(video_in) if self.heads is not None else video_in
             return model_loss(self.model, self.model(text, frames, mask))

@@ -1,0 +1,61 @@
+"""Scoring a split with the fast engine (validation, the test cost file), its inputs through the heads."""
+
+from __future__ import annotations
+from typing import Optional
+import numpy as np
+import torch
+from ...events import ProgressCallback, null_progress
+from .config import TrainConfig
+from .inputs import SplitArrays, TrainHeads, text_state_batch
+
+
+def score_inputs(heads: Optional[TrainHeads], feats: SplitArrays, device: torch.device, lo: int, hi: int):
+    """Texts ``lo:hi`` (Q', D) and all frames (V, F, D) of a split, through the heads when fine-tuning."""
+    if heads is None:
+        return feats.text[lo:hi], feats.frames
+    heads.eval()
+    text = []
+    for s in range(lo, hi, 256):
+        q = torch.arange(s, min(s + 256, hi))
+        st, ln = text_state_batch(feats, q, device)
+        text.append(heads.encode_text(st, ln).float().cpu())
+    text_t = torch.cat(text) if text else torch.zeros((0, feats.text.shape[1]))  # (Q', D)
+    frames = []
+    for s in range(0, feats.num_videos, 32):
+        frames.append(heads.encode_frames(feats.vision_states[s : s + 32].to(device, torch.float32)).float().cpu())
+    return text_t, torch.cat(frames)  # (V, F, D)
+
+
+def score_split(model, heads: Optional[TrainHeads], feats: SplitArrays, cfg: TrainConfig, device: torch.device,
+                progress: ProgressCallback = null_progress, with_diagnostics: bool = False, dist=None):
+    """Cost matrix of every (caption, video) pair of a split (bounded memory).
+
+    ``dist`` (a several-process run): each rank scores a contiguous chunk of the
+    queries against every video; the rows are gathered so every rank returns
+    the whole matrix (and takes the same model-selection decision). One process
+    scores every query (its chunk is the whole split).
+    """
+    from ...distributed import LocalContext, shard_range
+    from ...scoring import ScoreResult, score_all
+
+    ctx = dist if dist is not None else LocalContext(device)
+    n_q, world = feats.num_queries, ctx.world_size
+    bounds = [shard_range(n_q, r, world) for r in range(world)]
+    lo, hi = bounds[ctx.rank]
+    counts = [b - a for a, b in bounds]
+    model.eval()
+    local = None
+    with torch.no_grad():
+        text_t, frames_t = score_inputs(heads, feats, device, lo, hi)
+        if hi > lo:
+            local = score_all(model, text_t, frames_t, feats.mask, text_chunk=cfg.text_chunk,
+                              video_chunk=cfg.video_chunk, device=device, dtype=cfg.score_dtype,
+                              gt=feats.caption_video[lo:hi] if with_diagnostics else None, progress=progress)
+    cost = np.asarray(local.cost, np.float32) if local is not None else np.zeros((0, feats.num_videos), np.float32)
+    res = ScoreResult(cost=ctx.gather_rows(cost, counts))  # (Q, V)
+    if with_diagnostics and model.cfg.probabilistic:
+        for name in ("text_var", "bridged_var", "video_var"):
+            part = getattr(local, name, None) if local is not None else None
+            part = np.zeros(0, np.float32) if part is None else np.asarray(part, np.float32)
+            setattr(res, name, ctx.gather_rows(part, counts))  # (Q,)
+    return res
