@@ -19,11 +19,11 @@ What this module adds to open_clip:
 
 from __future__ import annotations
 
-from .bundle import ClipBundle, MODEL_CONFIG_DIR, TINY_MODEL, TextEncoding, _DTYPES, _OPENAI_EXTRA_KEYS, _OUR_MODELS, _WEIGHT_SUFFIXES, _cache_dir, _first_line, list_clip_models, quiet_open_clip  # noqa: F401
-from .weights import WEIGHTS_DIR, _STORAGE_DTYPES, _ScriptedModule, _TensorsOnly, _cached_tag_file, _fetch_tag, _is_torchscript, _looks_like_path, _model_has_quickgelu, _normalise_name, offline_reason, _openai_hint, _openai_release_hashes, _quickgelu_sibling, _read_weights, _tag_cfg, _tiny_tensor, builtin_weights, default_tiny_weights, detect_openai_weights, expand_compact_state, read_torchscript_tensors, write_tiny_weights  # noqa: F401
-from .load import _embed_dim, _fit_state_dict, _resolve_dtype, _square, _text_layers, _text_tower, _text_width, _uses_quickgelu, _vision_layers, _vision_tokens, _vision_width, check_store_weights, full_depth, load_clip  # noqa: F401
-from .encode import _check_blocks, _check_text, _check_vision, _eot_index, _pool_vision, _project, _run_blocks, _vision_embed, encode_images, encode_texts, pad_text_states, tokenize_lengths  # noqa: F401
-from .heads import TextHead, VisionHead, _fresh_copy  # noqa: F401
+from .bundle import ClipBundle, MODEL_CONFIG_DIR, TINY_MODEL, TextEncoding, list_clip_models, quiet_open_clip  # noqa: F401
+from .weights import WEIGHTS_DIR, offline_reason, builtin_weights, default_tiny_weights, detect_openai_weights, expand_compact_state, read_torchscript_tensors, write_tiny_weights  # noqa: F401
+from .load import check_store_weights, full_depth, load_clip  # noqa: F401
+from .encode import encode_images, encode_texts, pad_text_states, tokenize_lengths  # noqa: F401
+from .heads import TextHead, VisionHead  # noqa: F401
 
 __all__ = [
     "TINY_MODEL",

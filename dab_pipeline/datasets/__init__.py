@@ -15,8 +15,8 @@ See docs/datasets.md for the formats and split rules."""
 
 from __future__ import annotations
 
-from .common import CaptionItem, DATASETS, DatasetIndex, Loader, SPLITS, VIDEO_EXTENSIONS, VideoItem, _build, _caption_lists, _check_disjoint, _drop_uncaptioned, _holdout, _in_dir, _read_csv, _read_json, _read_list, _reject_unknown, _require, _resolve_dirs, _scan_videos, _video_path, _wanted_splits, hash_split, load_dataset  # noqa: F401
+from .common import CaptionItem, DATASETS, DatasetIndex, Loader, SPLITS, VIDEO_EXTENSIONS, VideoItem, hash_split, load_dataset  # noqa: F401
 from .msrvtt import MSRVTT_DATA, MSRVTT_TEST, MSRVTT_TRAIN, load_msrvtt  # noqa: F401
 from .msvd import load_msvd  # noqa: F401
-from .vatex import VATEX_OFFICIAL, VATEX_VARIANT, _vatex_captions, load_vatex  # noqa: F401
-from .folder import _Record, _folder_csv, _folder_jsonl, load_folder  # noqa: F401
+from .vatex import VATEX_OFFICIAL, VATEX_VARIANT, load_vatex  # noqa: F401
+from .folder import load_folder  # noqa: F401

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from ..choices import V2T_CONVENTIONS  # noqa: F401  (re-exported)
 
-from .retrieval import POSTPROCESS_NAMES, RECALL_KS, _BLOCK_ELEMS, _LazyScaled, _apply_log_prior, _as_1d, _as_cost, _as_gt, _blocks, _check_axis, _check_temperature, _log_normaliser, _postprocess, dual_softmax, evaluate_all, inverted_softmax, retrieval_metrics, t2v_metrics, t2v_ranks, v2t_metrics, v2t_ranks, v2t_ranks_by_video  # noqa: F401
-from .selective import _check_pair, _coverage_key, _keep_count, accuracy_at_coverage, aurc, aurc_optimal, aurc_random, aurc_random_mc, kl_margin, risk_coverage, selective_report  # noqa: F401
-from .diagnostics import _topk_mask, semantic_neighbourhood, variance_asymmetry  # noqa: F401
+from .retrieval import POSTPROCESS_NAMES, RECALL_KS, dual_softmax, evaluate_all, inverted_softmax, retrieval_metrics, t2v_metrics, t2v_ranks, v2t_metrics, v2t_ranks, v2t_ranks_by_video  # noqa: F401
+from .selective import accuracy_at_coverage, aurc, aurc_optimal, aurc_random, aurc_random_mc, kl_margin, risk_coverage, selective_report  # noqa: F401
+from .diagnostics import semantic_neighbourhood, variance_asymmetry  # noqa: F401
 
 __all__ = [
     "RECALL_KS",

@@ -18,13 +18,12 @@ opens and resumes) rests on three rules:
 
 from __future__ import annotations
 
-from .layout import ERROR_BYTES, FORMAT_VERSION, HDF5_SUFFIXES, STATUS_FAILED, STATUS_MISSING, STATUS_NAMES, STATUS_OK, STATUS_PENDING, SplitFeatures, ZARR_SUFFIXES, _ALL_SUFFIXES, _COMPRESSED, _LEGACY_LOCK, _MAX_SHARE_ROWS, _SHARE_LOCK, _STRING_ARRAYS, ArraySpec, _ZARR_CHUNK_BYTES, _ZERO_INIT, array_specs, _chunk_rows_in_unit, _message_rows, _runs, _zstd, default_share_rows, manifest_compatible, pad_ragged, store_backend, video_share  # noqa: F401
-from .backend_h5 import Backend, H5Backend, _fsync_dir, _h5_locking_kwargs  # noqa: F401
+from .layout import ERROR_BYTES, FORMAT_VERSION, HDF5_SUFFIXES, STATUS_FAILED, STATUS_MISSING, STATUS_NAMES, STATUS_OK, STATUS_PENDING, SplitFeatures, ZARR_SUFFIXES, ArraySpec, array_specs, default_share_rows, manifest_compatible, pad_ragged, store_backend, video_share  # noqa: F401
+from .backend_h5 import Backend, H5Backend  # noqa: F401
 from .backend_zarr import RawChunks, ZarrBackend, backend_class  # noqa: F401
-from .writes import _StoreWrites  # noqa: F401
 from .feature_store import FeatureStore  # noqa: F401
-from .create import _check_unique, _remove_quietly, _str_array, create_store, open_store, os_reason  # noqa: F401
-from .merge import _MERGE_BLOCK_BYTES, _copy_rows, merge_parts  # noqa: F401
+from .create import create_store, open_store, os_reason  # noqa: F401
+from .merge import merge_parts  # noqa: F401
 
 __all__ = [
     "FORMAT_VERSION",
