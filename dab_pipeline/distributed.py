@@ -247,7 +247,17 @@ class DistContext:
         # The failing rank re-raises its own exception (traceback intact), the others its copy.
         raise mark_shared(err if first == self.rank and err is not None else errors[first])
 
-    # -- tensors -----------------------------------------------------------------
+    # -- tensors and modules --------------------------------------------------------
+
+    def gather_with_grad(self, x: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``x`` concatenated along dim 0, with gradients flowing back to each rank's part."""
+        return all_gather_with_grad(x)
+
+    def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
+        """``module`` under DistributedDataParallel (gradients averaged over the ranks)."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(module, device_ids=[self.device.index] if self.device.type == "cuda" else None)
 
     def gather_rows(self, x: np.ndarray, counts: Sequence[int]) -> np.ndarray:
         """Concatenate every rank's ``x`` (``counts[r]`` rows on rank r, same trailing shape and dtype), on every rank."""
@@ -294,6 +304,12 @@ class LocalContext:
 
     def agree(self, fn: Callable[[], T]) -> T:
         return fn()
+
+    def gather_with_grad(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
+        return module
 
     def gather_rows(self, x: np.ndarray, counts: Sequence[int]) -> np.ndarray:
         return x

@@ -25,18 +25,16 @@ class RunData:
 class TrainRun:
     """One run's folder, context and reporting: what every step of training shares."""
 
-    def __init__(self, cfg: TrainConfig, ctx, progress: ProgressCallback, resume: bool, multi: bool) -> None:
-        self.cfg, self.ctx, self.progress, self.resume, self.multi = cfg, ctx, progress, resume, multi
+    def __init__(self, cfg: TrainConfig, ctx, progress: ProgressCallback, resume: bool) -> None:
+        self.cfg, self.ctx, self.progress, self.resume = cfg, ctx, progress, resume
         self.folder = RunFolder(cfg.out)
         self.dir = self.folder.path
 
     def shared(self, exc: Exception) -> Exception:
         """An error every rank raises at the same point: rank 0 alone reports it."""
-        if self.multi:
-            from ...distributed import mark_shared
+        from ...distributed import mark_shared
 
-            mark_shared(exc)
-        return exc
+        return mark_shared(exc)
 
     def check_folder(self) -> None:
         """Refuse a folder that holds another run; clear one that stopped before its first checkpoint."""
@@ -121,7 +119,5 @@ class TrainRun:
 
     def load(self, name: str):
         """Checkpoint ``name`` of this run (or None): read by rank 0 and sent to the others, who need no access
-        to the folder."""
-        if self.multi:
-            return self.ctx.run_on_main(lambda: self.folder.load_checkpoint(name))
-        return self.folder.load_checkpoint(name, map_location=self.ctx.device)
+        to the folder. Read onto the CPU: the state is sent as is, and load_state_dict moves it."""
+        return self.ctx.run_on_main(lambda: self.folder.load_checkpoint(name))

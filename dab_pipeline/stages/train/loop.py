@@ -70,11 +70,10 @@ def _run_train(cfg: TrainConfig, progress: ProgressCallback, resume: bool, dist,
     """
     from ...distributed import LocalContext
 
-    multi = dist is not None and dist.world_size > 1
-    ctx = dist if multi else LocalContext(resolve_device(cfg.device))
+    ctx = dist if dist is not None and dist.world_size > 1 else LocalContext(resolve_device(cfg.device))
     if not ctx.is_main:
         progress = null_progress  # one progress display: rank 0's
-    run = TrainRun(cfg, ctx, progress, resume, multi)
+    run = TrainRun(cfg, ctx, progress, resume)
     ctx.run_on_main(run.check_folder)  # the run folder is rank 0's
     asked = cfg  # what config.json records and --resume compares: the request, not this machine's answer
     cfg, precision = _resolve_precision(cfg, ctx.device, progress)
@@ -128,10 +127,8 @@ class _Trainer:
                     f"{ctx.world_size}; resume it with {saved_world} (the per-process random streams are saved for "
                     "that many)"))
             self._load_state(ck)
-            if run.multi:
-                set_rng_state(ck["rng_ranks"][ctx.rank], ctx.device)
-            else:
-                set_rng_state(ck["rng"])
+            # every rank's own streams (older one-process checkpoints kept only "rng")
+            set_rng_state(ck["rng_ranks"][ctx.rank] if "rng_ranks" in ck else ck["rng"], ctx.device)
             run.progress(Event("info", message=f"resuming {run.dir} at epoch {self.start_epoch + 1}, "
                                                f"step {self.start_step}"))
         elif ctx.rank > 0:
@@ -139,12 +136,8 @@ class _Trainer:
             # ranks' pairs); rank 0 keeps the single-process stream.
             torch.manual_seed(cfg.seed + 1_000_003 * ctx.rank)
         self.global_step = self.start_epoch * self.steps_per_epoch + self.start_step
-        if run.multi:
-            from torch.nn.parallel import DistributedDataParallel
-
-            device = ctx.device
-            self.step_module = DistributedDataParallel(
-                TrainStep(self.model, self.heads), device_ids=[device.index] if device.type == "cuda" else None)
+        self.step_module = ctx.wrap(TrainStep(self.model, self.heads, ctx))  # DDP on several ranks
+        if ctx.world_size > 1:
             run.progress(Event("info", message=f"distributed training: {ctx.world_size} processes, "
                                                f"{cfg.batch_size // ctx.world_size} of each global batch of "
                                                f"{cfg.batch_size} per process"))
@@ -163,18 +156,17 @@ class _Trainer:
         """checkpoints/<name>: every rank's random streams (for an exact resume), saved by rank 0 with the
         training state."""
         run, ctx = self.run, self.run.ctx
-        rngs = ctx.all_gather_object(rng_state(ctx.device)) if run.multi else None
+        rngs = ctx.all_gather_object(rng_state(ctx.device))
         if not ctx.is_main:
             return
         state = {
             "model": self.model.state_dict(), "heads": self.heads.state_dict() if self.heads is not None else None,
             "optim": self.optim.state_dict(), "sched": self.sched.state_dict(), "epoch": epoch,
             "step_in_epoch": step_in_epoch, "best_value": self.best_value, "best_epoch": self.best_epoch,
-            "rng": rngs[0] if rngs else rng_state(), "config": to_dict(self.cfg), "epoch_loss": epoch_loss,
+            "rng": rngs[0], "config": to_dict(self.cfg), "epoch_loss": epoch_loss,
             "world_size": ctx.world_size,
         }
-        if rngs:
-            state["rng_ranks"] = rngs
+        state["rng_ranks"] = rngs
         run.folder.save_checkpoint(name, state)
 
     def fit(self) -> None:
@@ -215,16 +207,11 @@ class _Trainer:
 
         ctx, train, device = self.run.ctx, self.data.train, self.run.ctx.device
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=self.cfg.amp == "bf16"):
-            if self.run.multi:
-                local_b = self.cfg.batch_size // ctx.world_size
-                q_local = q[ctx.rank * local_b: (ctx.rank + 1) * local_b]  # (b,) this rank's slice
-                text_in, lengths, video_in, mask = batch_inputs(train, q_local, self.heads, device, views)
-                return distributed_batch_loss(self.step_module, self.model, text_in, lengths, video_in, mask,
-                                              model_loss)
-            text_in, lengths, video_in, mask = batch_inputs(train, q, self.heads, device, views)
-            text = self.heads.encode_text(text_in, lengths) if self.heads is not None else text_in
-            frames = self.heads.encode_frames(video_in) if self.heads is not None else video_in
-            return model_loss(self.model, self.model(text, frames, mask))
+            local_b = self.cfg.batch_size // ctx.world_size
+            q_local = q[ctx.rank * local_b: (ctx.rank + 1) * local_b]  # (b,) this rank's slice (one rank: all)
+            text_in, lengths, video_in, mask = batch_inputs(train, q_local, self.heads, device, views)
+            return distributed_batch_loss(self.step_module, self.model, text_in, lengths, video_in, mask,
+                                          model_loss, ctx)
 
     def step(self, q: torch.Tensor, views: Optional[torch.Tensor], epoch: int, step: int) -> torch.Tensor:
         """One optimiser step on batch ``q``; a non-finite loss stops the run (every rank alike)."""
@@ -261,7 +248,7 @@ class _Trainer:
                                   "epoch_seconds": round(seconds, 3)}
         improved = True
         if val is not None:
-            res = score_split(self.model, self.heads, val, cfg, run.ctx.device, dist=run.ctx if run.multi else None)
+            res = score_split(self.model, self.heads, val, cfg, run.ctx.device, dist=run.ctx)
             self.val_metrics = t2v_metrics(res.cost, val.caption_video.numpy())
             record["val"] = self.val_metrics
         if val is not None and cfg.select_metric != "last":
@@ -296,7 +283,7 @@ class _Trainer:
         if self.heads is not None:
             self.heads.load_state_dict(best["heads"])
         res = score_split(self.model, self.heads, test, cfg, run.ctx.device, progress=run.progress,
-                          with_diagnostics=True, dist=run.ctx if run.multi else None)
+                          with_diagnostics=True, dist=run.ctx)
         gt = test.caption_video.numpy()
         extras = {k: np.asarray(getattr(res, k)) for k in ("text_var", "bridged_var", "video_var")
                   if getattr(res, k, None) is not None}

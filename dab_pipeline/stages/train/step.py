@@ -16,29 +16,28 @@ class TrainStep(torch.nn.Module):
     must receive that gradient.
     """
 
-    def __init__(self, model: torch.nn.Module, heads: Optional[TrainHeads]) -> None:
+    def __init__(self, model: torch.nn.Module, heads: Optional[TrainHeads], ctx=None) -> None:
         super().__init__()
         self.model = model
         self.heads = heads
+        self.gather = _gather_of(ctx)
 
     def forward(self, text_in: torch.Tensor, lengths: Optional[torch.Tensor], video_in: torch.Tensor,
                 mask: torch.Tensor) -> torch.Tensor:
-        from ...distributed import all_gather_with_grad
-
         if self.heads is not None:
             text = self.heads.encode_text(text_in, lengths)  # (b, D)
             frames = self.heads.encode_frames(video_in)  # (b, F, D)
         else:
             text, frames = text_in, video_in  # (b, D), (b, F, D)
-        frames_all = all_gather_with_grad(frames)  # (B, F, D), rank order = global batch order
-        mask_all = all_gather_with_grad(mask)  # (B, F)
+        frames_all = self.gather(frames)  # (B, F, D), rank order = global batch order
+        mask_all = self.gather(mask)  # (B, F)
         ts = self.model.encode_text(text)
         vs = self.model.encode_video(frames_all, mask_all)
         return self.model.pair_costs(ts, vs)  # (b, B)
 
 
 def distributed_batch_loss(step: torch.nn.Module, model, text_in: torch.Tensor, lengths: Optional[torch.Tensor],
-                           video_in: torch.Tensor, mask: torch.Tensor, loss_fn=None) -> torch.Tensor:
+                           video_in: torch.Tensor, mask: torch.Tensor, loss_fn=None, ctx=None) -> torch.Tensor:
     """The loss of one global batch from this rank's slice; gradients match one process with the whole batch.
 
     ``step`` is the DistributedDataParallel-wrapped :class:`TrainStep`. Each
@@ -55,13 +54,25 @@ def distributed_batch_loss(step: torch.nn.Module, model, text_in: torch.Tensor, 
     is computed once (by its text's rank), so per-pair dropout noise is shared by
     both loss directions as in one process, and the per-rank work is b * B pairs
     rather than the 2 * b * B of computing rows and columns separately.
+
+    ``ctx``: the run's context (None: the default process group); with a
+    one-process :class:`~dab_pipeline.distributed.LocalContext` the gathers are
+    the identity and this is the plain loss of the whole batch.
     """
-    from ...distributed import all_gather_with_grad
     from ...model import ModelOutput
 
     if loss_fn is None:
         from ...model.losses import model_loss as loss_fn
     rows = step(text_in, lengths, video_in, mask)  # (b, B)
-    cost = all_gather_with_grad(rows)  # (B, B): row i = text i of the global batch, diagonal = matched pairs
+    cost = _gather_of(ctx)(rows)  # (B, B): row i = text i of the global batch, diagonal = matched pairs
     # model_loss reads only the cost (and the model's temperature); the other outputs are per-pair extras.
     return loss_fn(model, ModelOutput(cost=cost))
+
+
+def _gather_of(ctx):
+    """The context's gather with gradients; without one, the default process group's."""
+    if ctx is not None:
+        return ctx.gather_with_grad
+    from ...distributed import all_gather_with_grad
+
+    return all_gather_with_grad
