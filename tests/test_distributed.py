@@ -492,3 +492,35 @@ def test_local_context_offers_every_call_of_a_rank_context() -> None:
     assert ctx.all_gather_object("x") == ["x"] and ctx.broadcast_object(5) == 5 and ctx.is_main
     with pytest.raises(KeyError):
         ctx.agree(lambda: {}["missing"])  # one process: its error, unchanged
+
+
+@pytest.mark.parametrize("suffix, world, expected", [(".h5", 1, "StoreWriter"), (".zarr", 1, "StoreWriter"),
+                                                      (".zarr", 2, "ZarrSharesWriter"), (".h5", 4, "H5PartsWriter")])
+def test_extract_picks_the_writer_of_its_backend_and_world_size(tmp_path: Path, suffix: str, world: int,
+                                                                expected: str) -> None:
+    """One process writes its store itself; several ranks share a Zarr store or write HDF5 parts."""
+    from dataclasses import dataclass
+
+    import dab_pipeline.stages.extract as ex
+    from dab_pipeline.errors import StoreMismatchError
+
+    @dataclass
+    class Rank:  # the calls the writers make of a context, without a process group
+        rank: int
+        world_size: int
+        is_main: bool = True
+
+    job = ex.ExtractJob(cfg=None, out=tmp_path / f"s{suffix}", bundle=None, manifest={}, videos=[None] * 40,
+                        captions=[], ctx=Rank(0, world))
+    writer = ex.choose_writer(job)
+    assert type(writer).__name__ == expected
+    done = ex.ExistingStore(complete=True, world_size=world, share_rows=4, status=np.arange(40))
+    share = writer.share(done)
+    if world == 1:
+        assert share is None  # every row
+    else:  # rank 0's units of 4 rows, dealt round robin
+        assert list(share[:4]) == [0, 1, 2, 3] and share[4] == 4 * world
+    stale = ex.ExistingStore(complete=False, world_size=world + 1, share_rows=4, status=np.zeros(40))
+    if world > 1:
+        with pytest.raises(StoreMismatchError, match=f"{world + 1}-process run"):
+            writer.check(stale, lambda e: None)

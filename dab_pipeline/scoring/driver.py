@@ -143,34 +143,21 @@ def score_all(
     mode; its training flag is restored.  Emits "start" / "advance" / "end" events
     for task "score".
     """
-    # (Over 60 lines with its 13 keyword options and their documentation; the body is the ~30 below.)
     _check_options(dtype, topk, shortlist, memory_budget)
     progress = progress or null_progress
     text_t, frames_t, mask_t, gt_t = _prepare_inputs(model, text, frames, mask, gt, text_chunk, video_chunk)
-    dev = resolve_device(device)
-    cfg = model.cfg
+    dev, cfg, was_training = resolve_device(device), model.cfg, model.training
     n_q, n_v, n_f = text_t.shape[0], frames_t.shape[0], frames_t.shape[1]
     plan = _plan(cfg, n_q, n_v, n_f, dev, dtype, memory_budget, text_chunk, video_chunk)
     info = plan.info()
-    was_training = model.training
-    model.eval()
-    model.to(dev)
+    model.eval().to(dev)
     try:
         with torch.no_grad():
             mm_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
             eng = build_engine(model, dev, mm_dtype, batch_hint=min(plan.p_max, max(1, n_q * n_v)))
             info.update(_products(eng, dev, dtype))
             ts = eng.texts(text_t.to(dev))
-            if shortlist is not None:
-                cost = np.full((n_q, n_v), np.inf, dtype=np.float32)
-                k_sl = info["shortlist"] = min(shortlist, n_v)
-                cand = (_shortlist(text_t, frames_t, mask_t, k_sl, dev, plan.p_max) if n_q and n_v
-                        else np.empty((n_q, 0), np.int64))
-                _score_shortlist(eng, ts, frames_t, mask_t, cand, cost, dev, plan.vc, plan.budget, cfg, n_f, dtype,
-                                 progress, info)
-            else:
-                cost = np.empty((n_q, n_v), dtype=np.float32)
-                _score_grid(eng, ts, frames_t, mask_t, cost, dev, plan.tc, plan.vc, plan.p_max, progress, info)
+            cost = _costs(eng, ts, text_t, frames_t, mask_t, dev, plan, shortlist, progress, info)
             result = ScoreResult(cost=cost, shortlist=info.get("shortlist"), info=info)
             if gt_t is not None and cfg.probabilistic:
                 _diagnostics(eng, ts, frames_t, mask_t, gt_t, dev, plan.budget, cfg, n_f, dtype, result)
@@ -179,6 +166,23 @@ def score_all(
         return result
     finally:
         model.train(was_training)
+
+
+def _costs(eng: Engine, ts: Texts, text_t: Tensor, frames_t: Tensor, mask_t: Tensor, dev: torch.device,
+           plan: "_Plan", shortlist: Optional[int], progress: ProgressCallback, info: dict) -> np.ndarray:
+    """The (Q, V) cost matrix: every pair, or each query's shortlist (+inf elsewhere)."""
+    n_q, n_v, n_f = text_t.shape[0], frames_t.shape[0], frames_t.shape[1]
+    if shortlist is None:
+        cost = np.empty((n_q, n_v), dtype=np.float32)
+        _score_grid(eng, ts, frames_t, mask_t, cost, dev, plan.tc, plan.vc, plan.p_max, progress, info)
+        return cost
+    cost = np.full((n_q, n_v), np.inf, dtype=np.float32)
+    k_sl = info["shortlist"] = min(shortlist, n_v)
+    cand = (_shortlist(text_t, frames_t, mask_t, k_sl, dev, plan.p_max) if n_q and n_v
+            else np.empty((n_q, 0), np.int64))
+    _score_shortlist(eng, ts, frames_t, mask_t, cand, cost, dev, plan.vc, plan.budget, eng.cfg, n_f, plan.dtype,
+                     progress, info)
+    return cost
 
 
 def _check_options(dtype: str, topk: Optional[int], shortlist: Optional[int], memory_budget: Optional[int]) -> None:
