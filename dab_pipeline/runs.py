@@ -54,9 +54,6 @@ class RunFolder:
 
     # ---- paths
 
-    def file(self, name: str) -> Path:
-        return self.path / name
-
     @property
     def config_path(self) -> Path:
         return self.path / self.CONFIG

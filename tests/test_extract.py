@@ -412,3 +412,18 @@ def test_store_resumes_with_another_weights_cache(tiny_folder_dataset: Path, tmp
     res = _invoke(_args(tiny_folder_dataset, out, "--limit", "3"))
     assert res.exit_code == 0, res.output
     assert "1 videos encoded, 2 already done" in res.output
+
+
+def test_single_process_over_part_files_of_a_torchrun_job_warns_and_leaves_them(tiny_folder_dataset: Path,
+                                                                               tmp_path: Path) -> None:
+    from dab_pipeline.distributed import part_files, part_path
+
+    out = tmp_path / "store.h5"
+    part = part_path(out, 1, 2)
+    part.write_bytes(b"an unfinished rank's part")
+    res = _invoke(_args(tiny_folder_dataset, out, "--limit", "2"))
+    assert res.exit_code == 0, res.output
+    assert "2-process extraction" in res.output and "torchrun --nproc-per-node 2" in res.output
+    assert [p for p, _, _ in part_files(out)] == [part] and part.read_bytes() == b"an unfinished rank's part"
+    with open_store(out) as st:
+        assert st.is_complete

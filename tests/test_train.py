@@ -285,3 +285,10 @@ def test_cli_train_and_resume(random_store: Path, tmp_path: Path) -> None:
     res = CliRunner().invoke(cli, ["train", "--features", str(random_store), "--set", "model.variant=nope",
                                    "--out", str(tmp_path / "bad")])
     assert res.exit_code != 0 and "xpool" in res.output and "Traceback" not in res.output
+
+
+def test_resume_of_a_folder_that_holds_no_run_is_one_line(tmp_path: Path) -> None:
+    for out in (tmp_path / "missing", tmp_path):
+        res = CliRunner().invoke(cli, ["train", "--resume", "--out", str(out), "--quiet"])
+        assert res.exit_code != 0 and "not a run folder (no config.json)" in res.output, res.output
+        assert "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1

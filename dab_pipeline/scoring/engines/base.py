@@ -112,7 +112,7 @@ class Engine:
         return w.permute(0, 2, 1, 3).reshape(n_b, n_m, -1)  # (B, M, R)
 
     def pooled(self, vs: Videos, w: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """v_c = LN_out(o) of each pair, with |v_c|, w rs1 rs2 and rs2 (the point variants' path)."""
+        """v_c = LN_out(o) of each pair, with |v_c| and the two LayerNorms' rsqrt(var + eps) (the point variants' path)."""
         d = self.d
         yr = torch.bmm(w, vs.ur)  # (B, M, 2D)
         var1, _ = torch.var_mean(yr[..., :d], dim=-1, unbiased=False, keepdim=True)  # (B, M, 1)
@@ -122,7 +122,7 @@ class Engine:
         var2, mean2 = torch.var_mean(o, dim=-1, unbiased=False, keepdim=True)  # (B, M, 1)
         rs2 = torch.rsqrt(var2 + self.eps2)
         v_c = o.sub_(mean2).mul_(rs2).mul_(self.g2).add_(self.b2)  # (B, M, D) LN_out(o), in place
-        return v_c, v_c.norm(dim=-1, keepdim=True), w * (rs1 * rs2), rs2  # ..., (B, M, 1), (B, M, R), (B, M, 1)
+        return v_c, v_c.norm(dim=-1, keepdim=True), rs1, rs2  # (B, M, D), then (B, M, 1) each
 
     def pairs(self, ts: Texts, vs: Videos, keep: Optional[Tensor] = None, want_var: bool = False) -> PairCosts:
         """Costs of a block of pairs laid out (B, M): row b holds video b with M texts.

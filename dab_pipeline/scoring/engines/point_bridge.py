@@ -39,8 +39,8 @@ class PointBridgeEngine(Engine):
         assert vs.c_basis is not None and ts.mu is not None and ts.first is not None
         w = self.attention(ts, vs)  # (B, M, R)
         pack = self.packer(keep, *w.shape[:2])
-        v_c, nv, wr, rs2 = self.pooled(vs, w)
-        coef = torch.cat([wr, rs2, torch.ones_like(rs2)], dim=-1) / nv.clamp_min(1e-12)  # (B, M, R + 2)
+        v_c, nv, rs1, rs2 = self.pooled(vs, w)
+        coef = torch.cat([w * (rs1 * rs2), rs2, torch.ones_like(rs2)], dim=-1) / nv.clamp_min(1e-12)  # (B, M, R + 2)
         target = pack(torch.bmm(coef, vs.c_basis)).to(self.mm_dtype)  # (B, M, H) | (P, 1, H)
         x = self.steps.run([pack(ts.mu)], target, pack(ts.first))[0]  # (B, M, D) | (P, 1, D)
         v_c = pack(v_c)

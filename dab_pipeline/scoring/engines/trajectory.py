@@ -33,7 +33,7 @@ class BridgeSteps:
         width = bridge.n_state * d
         self.w_first = f32(lins[0].weight)  # (H, n*D + n*D + d_t)
         self.ws_t = self.w_first[:, :width].T.contiguous()  # (n*D, H) state block
-        self.w_target = self.w_first[:, width: 2 * width]  # (H, n*D): the video side's block
+        self.w_target = self.video_block(bridge, f32)  # (H, n*D): the video side's block
         self.time_feat = f32(bridge.time_features())  # (T', H), includes the first layer's bias
         self.chi = [float(c) for c in bridge.chi.detach().cpu()]
 

@@ -149,8 +149,10 @@ class StoreWriter:
         self.job = job
 
     def check(self, state: Optional[ExistingStore], progress: ProgressCallback) -> None:
+        from ...store import store_backend
+
         out = self.job.out
-        worlds = sorted({w for _, _, w in part_files(out)}) if out.suffix.lower() in (".h5", ".hdf5") else []
+        worlds = sorted({w for _, _, w in part_files(out)}) if store_backend(out) == "hdf5" else []
         if worlds:
             progress(Event("warning", message=(
                 f"part files of an unfinished {worlds[0]}-process extraction into {out} exist; this single "
