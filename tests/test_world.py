@@ -189,3 +189,85 @@ def test_presets_are_named_and_fixed() -> None:
     assert set(PRESETS.names()) >= {"benchmark", "quick", "demo", "tiny"}
     with pytest.raises(UnknownNameError, match="benchmark"):
         world_preset("huge")
+
+
+# --------------------------------------------------------------------------- video-side uncertainty
+
+def test_worlds_without_uncertainty_are_unchanged() -> None:
+    """The knobs draw from their own stream and only when on: world.json of a world without them is the one
+    written before they existed (sha256 of the metadata, computed by the code of commit 10cb691)."""
+    import hashlib
+
+    from dab_pipeline.world.generate import _metadata
+
+    for cfg, digest in ((SMALL, "fed64132945617b582f3fe27a852203e436c117f5b6ec4cc6421b837bc9549b0"),
+                        (world_preset_named("tiny"), "ce21d8fff53910777982738fb63654293587c7d01c6b693b2a57f34052b05d39")):
+        meta = json.dumps(_metadata(cfg, list(iter_world(cfg))), indent=1)
+        assert hashlib.sha256(meta.encode()).hexdigest() == digest
+
+
+def world_preset_named(name: str) -> WorldConfig:
+    from dab_pipeline.world import world_preset
+
+    return world_preset(name)
+
+
+def test_hidden_and_faint_objects_are_drawn_so() -> None:
+    red = np.array(COLOURS["red"])
+    thing = Thing(shape="square", colour="red", size="large", radius=0.2, x=0.5, y=0.5, vx=0.0, vy=0.0,
+                  hidden=((0, 4),))
+
+    def red_pixels(t: Thing, k: int) -> int:
+        img = render_scene(Scene("black", (t,), texture_seed=0), k, (64, 64), noise_seed=k)
+        return int((np.abs(img.astype(int) - red).sum(axis=-1) < 40).sum())
+
+    assert red_pixels(thing, 2) == 0 and red_pixels(thing, 4) > 300  # enters at frame 4 of its shot
+    faint = Thing(shape="square", colour="red", size="large", radius=0.2, x=0.5, y=0.5, vx=0.0, vy=0.0, alpha=0.4)
+    img = render_scene(Scene("black", (faint,), texture_seed=0), 0, (64, 64), noise_seed=0).astype(float)
+    centre = img[28:36, 28:36].reshape(-1, 3).mean(axis=0)
+    from dab_pipeline.world import BACKGROUNDS
+
+    want = np.array(BACKGROUNDS["black"][0]) + 0.4 * (red - np.array(BACKGROUNDS["black"][0]))
+    np.testing.assert_allclose(centre, want, atol=6)
+
+
+def test_the_uncertain_world_hides_part_of_what_its_captions_say() -> None:
+    """Partly visible objects are often seen by one sampled frame or none; flash shots are shorter than the
+    sampling interval and often fall between the samples; every caption is still true of its video."""
+    import dataclasses
+
+    cfg = dataclasses.replace(world_preset_named("uncertain"), train=120, val=0, test=0)
+    base = dataclasses.replace(cfg, partial=0.0, low_contrast=0.0, flash=0.0)
+    assert cfg.uncertain and not base.uncertain
+    idx, _ = sample_frame_indices(cfg.frames, 12)
+    seen, flashes, missed, faint, objects = [], 0, 0, 0, 0
+    for video, plain in zip(iter_world(cfg), iter_world(base)):
+        for cap in video.captions:
+            assert satisfies(video.shots, cap.claim), (cap.text, video.description)
+        long_shots = [s for s in video.shots if s.stop - s.start > 2]
+        # the same base scenes as the world without the knobs (their own random stream)
+        assert [s.scene.background for s in long_shots] == [s.scene.background for s in plain.shots]
+        for shot in video.shots:
+            inside = (idx >= shot.start) & (idx < shot.stop)
+            if shot.stop - shot.start <= 2:
+                flashes += 1
+                missed += not inside.any()
+                continue
+            for t in shot.scene.things:
+                objects += 1
+                faint += t.alpha < 1.0
+                if t.hidden:
+                    drawn = [shot.start + k for k in range(shot.stop - shot.start) if t.visible_at(k)]
+                    assert 1 <= len(drawn) < shot.stop - shot.start
+                    seen.append(int(np.isin(idx, drawn).sum()))
+    assert 0.35 < len(seen) / objects < 0.65 and 0.15 < faint / objects < 0.45
+    assert np.mean(np.asarray(seen) <= 1) > 0.3  # many partly visible objects get one sampled frame or none
+    assert 0.3 < flashes / 120 < 0.7 and missed >= flashes // 4
+    desc = next(v for v in iter_world(cfg) if any(t.hidden for s in v.shots for t in s.scene.things)).description
+    assert "drawn in" in desc
+
+
+def test_uncertainty_knobs_are_probabilities() -> None:
+    for name in ("partial", "low_contrast", "flash"):
+        with pytest.raises(ConfigError, match=name):
+            WorldConfig(**{name: 1.5})

@@ -30,9 +30,11 @@ from ..errors import ConfigError
 from .grammar import Caption, Claim, ObjectClaim, ShotClaim, describe, make_captions, satisfies
 from .render import render_scene, render_video
 from .scene import Scene, Shot, random_scene, random_shots
+from .uncertainty import UNCERTAINTY_STREAM, with_uncertainty
 
 SPLITS = ("train", "val", "test")
-_VIDEO_STREAM, _SPLIT_STREAM, _PRETRAIN_STREAM = 0, 1, 2
+_VIDEO_STREAM, _SPLIT_STREAM, _PRETRAIN_STREAM = 0, 1, 2  # and UNCERTAINTY_STREAM = 3
+_UNCERTAINTY_KEYS = ("partial", "low_contrast", "flash")
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,11 @@ class WorldConfig:
     ambiguity: float = 0.5  # in [0, 1]: weight of object-level and generic captions (grammar.level_weights)
     max_shots: int = 3
     min_shot: int = 8  # frames
+    # video-side uncertainty (world/uncertainty.py), probabilities: an object visible in part of its
+    # shot only, an object drawn faint, a video with a flash shot of 1-2 frames
+    partial: float = 0.0
+    low_contrast: float = 0.0
+    flash: float = 0.0
 
     def __post_init__(self) -> None:
         if min(self.train, self.val, self.test) < 0 or self.train < 1:
@@ -62,8 +69,14 @@ class WorldConfig:
         lo, hi = self.captions_per_video
         if not 1 <= lo <= hi:
             raise ConfigError(f"captions_per_video must be (lo, hi) with 1 <= lo <= hi, got {self.captions_per_video}")
-        if not 0.0 <= self.ambiguity <= 1.0:
-            raise ConfigError(f"ambiguity must be in [0, 1], got {self.ambiguity}")
+        for name in ("ambiguity", "partial", "low_contrast", "flash"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+
+    @property
+    def uncertain(self) -> bool:
+        """Whether the frames may hide part of what the captions say (any uncertainty knob is on)."""
+        return self.partial > 0 or self.low_contrast > 0 or self.flash > 0
 
     @property
     def num_videos(self) -> int:
@@ -99,6 +112,9 @@ def world_video(cfg: WorldConfig, i: int, split: str) -> WorldVideo:
     """Video ``i`` of the world: its shots and captions (nothing rendered)."""
     rng = np.random.default_rng([cfg.seed, _VIDEO_STREAM, i])
     shots = tuple(random_shots(rng, cfg.frames, cfg.max_shots, cfg.min_shot))
+    if cfg.uncertain:
+        shots = tuple(with_uncertainty(shots, np.random.default_rng([cfg.seed, UNCERTAINTY_STREAM, i]),
+                                       cfg.partial, cfg.low_contrast, cfg.flash))
     lo, hi = cfg.captions_per_video
     caps = tuple(make_captions(shots, int(rng.integers(lo, hi + 1)), cfg.ambiguity, rng))
     query = int(rng.integers(0, len(caps))) if split in ("val", "test") else 0
@@ -160,7 +176,7 @@ def _metadata(cfg: WorldConfig, videos: list[WorldVideo]) -> dict[str, Any]:
     return {
         "format": "dab-world",
         "version": 1,
-        "config": json.loads(json.dumps(dataclasses.asdict(cfg))),
+        "config": config_dict(cfg),
         "videos": {v.video_id: {
             "split": v.split,
             "description": v.description,
@@ -171,9 +187,25 @@ def _metadata(cfg: WorldConfig, videos: list[WorldVideo]) -> dict[str, Any]:
     }
 
 
+def config_dict(cfg: WorldConfig) -> dict[str, Any]:
+    """The config as world.json records it; uncertainty knobs that are off are left out, so the files of a
+    world without them are those written before the knobs existed."""
+    out = json.loads(json.dumps(dataclasses.asdict(cfg)))
+    return {k: v for k, v in out.items() if not (k in _UNCERTAINTY_KEYS and v == 0)}
+
+
 def _shot_dict(shot: Shot) -> dict[str, Any]:
     return {"start": shot.start, "stop": shot.stop, "background": shot.scene.background,
-            "objects": [{"shape": t.shape, "colour": t.colour, "size": t.size} for t in shot.scene.things]}
+            "objects": [_object_dict(t) for t in shot.scene.things]}
+
+
+def _object_dict(t) -> dict[str, Any]:
+    out: dict[str, Any] = {"shape": t.shape, "colour": t.colour, "size": t.size}
+    if t.hidden:
+        out["hidden"] = [list(r) for r in t.hidden]  # frame ranges [a, b) of the shot, from its start
+    if t.alpha < 1.0:
+        out["alpha"] = round(t.alpha, 4)
+    return out
 
 
 def _claim_dict(claim: Claim) -> list[dict[str, Any]]:
@@ -236,4 +268,4 @@ def summary(videos: list[WorldVideo], split: Optional[str] = None) -> dict[str, 
         for c in v.captions:
             levels[c.level] = levels.get(c.level, 0) + 1
     return {"videos": len(chosen), "captions": sum(len(v.captions) for v in chosen), "levels": levels,
-            "shots": {k: sum(1 for v in chosen if len(v.shots) == k) for k in (1, 2, 3)}}
+            "shots": {k: sum(1 for v in chosen if len(v.shots) == k) for k in (1, 2, 3, 4)}}

@@ -35,7 +35,7 @@ BACKGROUND_PHRASES = {
 }
 
 LEVELS = ("video", "shot", "object", "generic")
-_NUMBER = {1: "one", 2: "two", 3: "three"}
+_NUMBER = {1: "one", 2: "two", 3: "three", 4: "four"}  # four scenes: a flash shot (uncertainty.py)
 
 
 @dataclass(frozen=True)
@@ -206,6 +206,30 @@ def describe(shots: Sequence[Shot]) -> str:
     """A video's ground truth in words, shot by shot, with frame ranges (for people, not for training)."""
     parts = []
     for i, shot in enumerate(shots, 1):
-        things = ", ".join(t.phrase for t in shot.scene.things)
+        things = ", ".join(_seen_phrase(t, shot) for t in shot.scene.things)
         parts.append(f"shot {i} (frames {shot.start}-{shot.stop - 1}): {things} on {shot.scene.background}")
     return "; ".join(parts)
+
+
+def _seen_phrase(thing: Thing, shot: Shot) -> str:
+    """An object's phrase, with how it is shown when the world hides or fades it (world/uncertainty.py)."""
+    notes = []
+    if thing.alpha < 1.0:
+        notes.append(f"faint, {thing.alpha:.0%} contrast")
+    if thing.hidden:
+        n = shot.stop - shot.start
+        seen = [k for k in range(n) if thing.visible_at(k)]
+        notes.append(f"drawn in {len(seen)} of {n} frames: " + ", ".join(
+            f"{shot.start + a}-{shot.start + b - 1}" if b - a > 1 else f"{shot.start + a}" for a, b in _runs(seen)))
+    return thing.phrase + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _runs(frames: list[int]) -> list[tuple[int, int]]:
+    """Consecutive runs [a, b) of sorted frame indices."""
+    runs: list[tuple[int, int]] = []
+    for k in frames:
+        if runs and runs[-1][1] == k:
+            runs[-1] = (runs[-1][0], k + 1)
+        else:
+            runs.append((k, k + 1))
+    return runs

@@ -1,4 +1,5 @@
-"""Named worlds (``presets.json``): the benchmark's, its quick variant, the demo's, and a tiny one for tests.
+"""Named worlds (``presets.json``): the benchmark's, its quick variant, the uncertain ones (the same worlds with
+video-side uncertainty, world/uncertainty.py), the demo's, and a tiny one for tests.
 
 Their seeds and sizes were fixed before any model was trained or scored on them,
 and are not to be changed to favour a variant (docs/quality.md).

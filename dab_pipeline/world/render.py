@@ -55,8 +55,14 @@ def _background(name: str, size: tuple[int, int], seed: int) -> np.ndarray:
     return img
 
 
-def _draw(img: np.ndarray, thing: Thing, k: int) -> None:
-    """Blend ``thing`` at frame k of its shot into ``img`` (H, W, 3) float32, in place."""
+def _draw(img: np.ndarray, thing: Thing, k: int, background: tuple[int, int, int]) -> None:
+    """Blend ``thing`` at frame k of its shot into ``img`` (H, W, 3) float32, in place.
+
+    A hidden frame draws nothing; a faint object (alpha < 1) takes a colour between its own and
+    the background's base colour.
+    """
+    if not thing.visible_at(k):
+        return
     h, w = img.shape[:2]
     side = min(w, h)
     r = thing.radius * side
@@ -74,6 +80,9 @@ def _draw(img: np.ndarray, thing: Thing, k: int) -> None:
     cover = _shape_mask(thing.shape, dx, dy, r).astype(np.float32)
     cover = cover.reshape(y1 - y0, s, x1 - x0, s).mean(axis=(1, 3))[..., None]  # (Hb, Wb, 1)
     colour = np.array(COLOURS[thing.colour], np.float32)
+    if thing.alpha < 1.0:
+        base = np.array(background, np.float32)
+        colour = base + thing.alpha * (colour - base)
     patch = img[y0:y1, x0:x1]
     patch[...] = patch * (1.0 - cover) + colour * cover
 
@@ -82,7 +91,7 @@ def render_scene(scene: Scene, k: int, size: tuple[int, int], noise_seed: int) -
     """Frame k (from the shot's start) of ``scene`` as (H, W, 3) uint8; ``size`` is (W, H)."""
     img = _background(scene.background, size, scene.texture_seed)
     for thing in scene.things:
-        _draw(img, thing, k)
+        _draw(img, thing, k, BACKGROUNDS[scene.background][0])
     # a little sensor noise, fresh per frame, so no two frames are identical
     img += np.random.default_rng(noise_seed).normal(0.0, 3.0, size=img.shape).astype(np.float32)
     return np.clip(img, 0, 255).astype(np.uint8)

@@ -61,10 +61,17 @@ class Thing:
     y: float
     vx: float  # per frame, fraction of the frame
     vy: float
+    # video-side uncertainty (world/uncertainty.py); the defaults draw the object in every frame at full contrast
+    hidden: tuple[tuple[int, int], ...] = ()  # frame ranges [a, b) of its shot (from the shot's start) it is not drawn
+    alpha: float = 1.0  # contrast: its colour blended toward the background's, 1 = full colour
 
     @property
     def phrase(self) -> str:
         return f"{self.size} {self.colour} {self.shape}"
+
+    def visible_at(self, k: int) -> bool:
+        """Whether the object is drawn in frame ``k`` of its shot."""
+        return not any(a <= k < b for a, b in self.hidden)
 
 
 @dataclass(frozen=True)
