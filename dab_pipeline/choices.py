@@ -10,6 +10,13 @@ from .variants import VARIANT_NAMES
 
 VARIANTS = VARIANT_NAMES  # variants.py: the four rows of Table 5a
 DIST_COSTS = ("kl", "w2")  # distributional costs of the prob / dab variants
+# controls (docs/model.md): the Gaussians' variances learned, or fixed at e^logvar_init; the bridge's
+# drift network, or one learned shift for every pair
+VARIANCE_MODES = ("learned", "fixed")
+DRIFTS = ("mlp", "constant")
+# the bridge's training study (docs/model.md): what the drift network sees, how the step sizes are normalised
+DRIFT_INPUTS = ("paper", "residual")
+CHI_NORMS = ("minmax", "sum")
 CLIP_DTYPES = ("auto", "float32", "bfloat16", "float16", "autocast-bf16")  # CLIP's compute dtype (extract)
 STORE_DTYPES = ("float16", "float32")  # dtype of the stored features
 SCORE_DTYPES = ("auto", "float32", "bfloat16")  # the scoring engine's product dtype (train, search)

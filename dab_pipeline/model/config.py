@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Optional
 import torch
 from torch import Tensor
-from ..choices import DIST_COSTS, VARIANTS
+from ..choices import CHI_NORMS, DIST_COSTS, DRIFT_INPUTS, DRIFTS, VARIANCE_MODES, VARIANTS
 from ..errors import ConfigError
 from ..variants import VARIANT_SPECS, VariantSpec
 
@@ -38,6 +38,18 @@ class ModelConfig:
     learn_tau: bool = False
     logit_scale_init: float = 100.0  # cosine variants: CLIP's trained multiplier, as X-Pool starts from it
     num_heads: int = 1  # pooling cross-attention heads (the paper and X-Pool use 1)
+    # Controls (docs/model.md): "fixed" keeps every text and video Gaussian at sigma^2 = e^logvar_init
+    # (prob-fixvar, dab-fixvar); "constant" replaces the drift network by one learned shift
+    # (Delta mu, Delta log sigma^2) for every pair (dab-const).
+    variance: str = "learned"
+    drift: str = "mlp"
+    # The bridge's training study (docs/model.md). drift_init: std of the drift output layer's initial
+    # weights (0: zero-initialised, the paper); drift_inputs "residual": mu_v - mu_t (x_v - x_t) as one
+    # more input block of the drift; chi_norm "sum": step sizes proportional to the paper's, scaled to
+    # sum to 1 (an Euler integration over unit time) instead of min-max onto [chi_min, chi_max].
+    drift_init: float = 0.0
+    drift_inputs: str = "paper"
+    chi_norm: str = "minmax"
 
     def __post_init__(self) -> None:
         def bad(name: str, valid: str) -> ConfigError:
@@ -77,6 +89,12 @@ class ModelConfig:
             raise bad("tau", "a positive float, or None for the embed_dim-scaled default")
         if not self.logit_scale_init > 0.0:
             raise bad("logit_scale_init", "a positive float")
+        for name, valid in (("variance", VARIANCE_MODES), ("drift", DRIFTS), ("drift_inputs", DRIFT_INPUTS),
+                            ("chi_norm", CHI_NORMS)):
+            if getattr(self, name) not in valid:
+                raise bad(name, " | ".join(valid))
+        if not self.drift_init >= 0.0:
+            raise bad("drift_init", "a float >= 0 (0: the zero-initialised output layer of the paper)")
 
     @property
     def spec(self) -> VariantSpec:
@@ -91,6 +109,11 @@ class ModelConfig:
     @property
     def uses_bridge(self) -> bool:
         return self.spec.bridge
+
+    @property
+    def runs_drift(self) -> bool:
+        """Whether scoring runs the drift network for T' steps per pair (a bridge that is not constant)."""
+        return self.spec.bridge and self.drift == "mlp"
 
     @property
     def bridge_states(self) -> int:
@@ -119,13 +142,17 @@ def step_sizes(cfg: ModelConfig) -> Tensor:
     ``chi_s = Norm(sqrt(1 - prod_{r<=s}(1 - beta_r)))`` over the first T' timesteps
     of the N-step schedule -- the truncated part a DITS-style sampler traverses
     when it starts from the text feature at t = T' instead of from noise at t = N.
-    ``Norm`` is a min-max map onto [chi_min, chi_max] over those T' values.  The
-    bridge applies them from s = T' down to s = 1, so steps shrink from chi_max
-    (coarse) to chi_min (fine).
+    ``Norm`` is a min-max map onto [chi_min, chi_max] over those T' values
+    (``chi_norm="minmax"``, the paper's range), or a scaling that makes them sum to
+    1 (``"sum"``: the T' steps integrate the drift over unit time).  The bridge
+    applies them from s = T' down to s = 1, so steps shrink from the largest
+    (coarse) to the smallest (fine).
     """
     betas = beta_schedule(cfg.total_steps, cfg.beta_min, cfg.beta_max)  # (N,)
     alpha_bar = torch.cumprod(1.0 - betas, dim=0)  # (N,)
     raw = torch.sqrt(1.0 - alpha_bar)[: cfg.steps]  # (T',)
+    if cfg.chi_norm == "sum":
+        return (raw / raw.sum()).to(torch.float32)
     span = raw.max() - raw.min()
     if cfg.steps == 1 or span <= 0:
         # min-max of a single value is undefined; one step takes the largest size
@@ -151,7 +178,7 @@ def bridge_macs_per_pair_step(cfg: ModelConfig) -> int:
     work (activations, the update) is left out.  Default config: 4,358,144
     (docs/model.md works through the match with Table 4).  0 for variants without a bridge.
     """
-    if not cfg.uses_bridge:
+    if not cfg.runs_drift:
         return 0
     d, h, dt = cfg.embed_dim, cfg.drift_hidden, cfg.time_embed_dim
     n = cfg.bridge_states  # [mu, sigma] | [x] per side

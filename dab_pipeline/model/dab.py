@@ -12,7 +12,7 @@ from .costs import COSTS, neg_cosine
 from ..errors import ConfigError
 
 from .config import ModelConfig, resolve_tau
-from .layers import DistributionBridge, ProbabilisticEncoder, TextConditionedPooling, TokenUncertainty, float32_math
+from .layers import ConstantShift, DistributionBridge, ProbabilisticEncoder, TextConditionedPooling, TokenUncertainty, float32_math
 
 
 @dataclass
@@ -97,10 +97,12 @@ class DABModel(nn.Module):
         self.pool = TextConditionedPooling(d, cfg.num_heads, cfg.dropout)
         self.prob: Optional[ProbabilisticEncoder] = None
         self.token_unc: Optional[TokenUncertainty] = None
-        self.bridge: Optional[DistributionBridge] = None
+        self.bridge: Optional[DistributionBridge | ConstantShift] = None
         if cfg.probabilistic:
             self.prob = ProbabilisticEncoder(d, cfg.logvar_init, cfg.logvar_min, cfg.logvar_max)
             self.token_unc = TokenUncertainty(d, cfg.logvar_init)
+            if cfg.variance == "fixed":
+                self._fix_variances()
             tau = math.log(resolve_tau(cfg))
             if cfg.learn_tau:
                 self.log_tau = nn.Parameter(torch.tensor(tau))
@@ -109,8 +111,28 @@ class DABModel(nn.Module):
         else:
             self.log_logit_scale = nn.Parameter(torch.tensor(math.log(cfg.logit_scale_init)))
         if cfg.uses_bridge:
-            self.bridge = DistributionBridge(cfg, point=cfg.bridge_states == 1)
+            kind = ConstantShift if cfg.drift == "constant" else DistributionBridge
+            self.bridge = kind(cfg, point=cfg.bridge_states == 1)
         self.cost_fn = COSTS.get(cfg.cost)
+
+    def _fix_variances(self) -> None:
+        """``variance="fixed"``: every text and video log-variance is logvar_init, and nothing trains it.
+
+        The log-variance head and the token branch's output layers are zeroed to their
+        biases (logvar_init, and logvar_init / 2 twice for the fused video term) and
+        frozen with the token branch's attention, so the scoring engines, which read
+        these weights, compute the same constant.
+        """
+        assert self.prob is not None and self.token_unc is not None
+        lv, tok, init = self.prob.logvar_head, self.token_unc, self.cfg.logvar_init
+        with torch.no_grad():
+            lv.weight.zero_()
+            lv.bias.fill_(init)
+            for lin in (tok.w1, tok.w2):
+                lin.weight.zero_()
+                lin.bias.fill_(init / 2.0)
+        for p in (*lv.parameters(), *tok.parameters()):
+            p.requires_grad_(False)
 
     # ---- temperatures
 

@@ -158,7 +158,15 @@ class DistributionBridge(nn.Module):
     ``point=False`` (DAB): the drift sees ``[mu_t, sigma_t, mu_v, sigma_v, e_t]``
     (4D + d_t) and predicts ``(d_mu, d_logvar)`` (2D); ``point=True`` (the
     ``bridge`` ablation) sees ``[x_t, x_v, e_t]`` and predicts ``d_x`` (D).  The
-    output layer is zero-initialised, so the bridge starts as the identity.
+    output layer is zero-initialised (``drift_init`` = 0), so the bridge starts as
+    the identity.  ``drift_inputs="residual"`` adds ``mu_v - mu_t`` (``x_v - x_t``)
+    as one more input block, before the time embedding; being linear in the state
+    and the target it folds into their blocks of the first layer
+    (:meth:`first_blocks`), so it changes how the drift is parametrised and
+    initialised, not what it can compute or what scoring costs.
+
+    The state is carried in float32 along the T' steps, also under autocast, where
+    only the drift's products run in bf16 (as the scoring engine does them).
     """
 
     def __init__(self, cfg: ModelConfig, point: bool = False) -> None:
@@ -167,19 +175,39 @@ class DistributionBridge(nn.Module):
         self.dim, self.time_dim, self.point = d, dt, point
         self.logvar_min, self.logvar_max = cfg.logvar_min, cfg.logvar_max
         self.n_state = 1 if point else 2  # blocks per side: (x) or (mu, sigma)
+        self.residual = cfg.drift_inputs == "residual"
         self.time_mlp = nn.Sequential(nn.Linear(dt, dt), nn.SiLU(), nn.Linear(dt, dt))
-        in_dim = 2 * self.n_state * d + dt
+        in_dim = 2 * self.n_state * d + (d if self.residual else 0) + dt
         layers: list[nn.Module] = [nn.Linear(in_dim, h), nn.SiLU()]
         for _ in range(cfg.drift_layers - 2):
             layers += [nn.Linear(h, h), nn.SiLU()]
         layers.append(nn.Linear(h, self.n_state * d))
         self.drift = nn.Sequential(*layers)
-        nn.init.zeros_(self.drift[-1].weight)
+        if cfg.drift_init > 0:
+            nn.init.normal_(self.drift[-1].weight, std=cfg.drift_init)
+        else:
+            nn.init.zeros_(self.drift[-1].weight)
         nn.init.zeros_(self.drift[-1].bias)
         chi = step_sizes(cfg)  # (T',) ascending in s
         # application order s = T', T'-1, ..., 1
         self.register_buffer("timesteps", torch.arange(cfg.steps, 0, -1, dtype=torch.float32), persistent=False)
         self.register_buffer("chi", torch.flip(chi, dims=[0]).clone(), persistent=False)
+
+    def first_blocks(self) -> tuple[Tensor, Tensor]:
+        """The first drift layer's weight on the state and on the target (video) side, (H, n*D) each.
+
+        With ``drift_inputs="residual"`` the residual block W_r is folded in:
+        ``W_r (mu_v - mu_t) = W_r mu_v - W_r mu_t``.
+        """
+        first: nn.Linear = self.drift[0]  # type: ignore[assignment]
+        width = self.n_state * self.dim
+        w_state, w_target = first.weight[:, :width], first.weight[:, width: 2 * width]  # (H, n*D) each
+        if not self.residual:
+            return w_state, w_target
+        w_res = first.weight[:, 2 * width: 2 * width + self.dim]  # (H, D): on mu_v - mu_t | x_v - x_t
+        pad = w_res.new_zeros(w_res.shape[0], width - self.dim)  # the sigma block takes no residual
+        w_fold = torch.cat([w_res, pad], dim=1)  # (H, n*D)
+        return w_state - w_fold, w_target + w_fold
 
     def time_features(self) -> Tensor:
         """Time-embedding contribution (plus bias) to the first drift layer, per step (T', H)."""
@@ -192,20 +220,17 @@ class DistributionBridge(nn.Module):
         # The first Linear acts on a concatenation; splitting its weight by input
         # block is exact and lets the target (video) block, constant over the
         # trajectory, be projected once instead of at every step.
-        first: nn.Linear = self.drift[0]  # type: ignore[assignment]
-        width = self.n_state * self.dim
-        w_state = first.weight[:, :width]  # (H, n*D)
-        w_target = first.weight[:, width: 2 * width]  # (H, n*D)
+        w_state, w_target = self.first_blocks()  # (H, n*D) each
         target_feat = torch.cat(target, dim=-1) @ w_target.T  # (..., H)
         time_feat = self.time_features()  # (T', H)
         rest = self.drift[1:]
         for k in range(self.chi.shape[0]):
             h = torch.cat(state[: self.n_state], dim=-1) @ w_state.T + target_feat + time_feat[k]  # (..., H)
-            state = update(state, rest(h), self.chi[k])  # rest(h): (..., n*D)
+            state = update(state, rest(h).float(), self.chi[k])  # rest(h): (..., n*D), bf16 under autocast
         return state
 
     def forward(self, mu_t: Tensor, logvar_t: Tensor, mu_v: Tensor, logvar_v: Tensor) -> tuple[Tensor, Tensor]:
-        """Bridge the text Gaussian toward the video Gaussian; inputs broadcast -> (mu, logvar) (..., D)."""
+        """Bridge the text Gaussian toward the video Gaussian; inputs broadcast -> (mu, logvar) (..., D), float32."""
         if self.point:
             raise RuntimeError("a point bridge has no variances; call forward_point")
         d, lo, hi = self.dim, self.logvar_min, self.logvar_max
@@ -215,17 +240,47 @@ class DistributionBridge(nn.Module):
             logvar = (state[2] - chi * delta[..., d:]).clamp(lo, hi)  # (..., D)
             return [mu, torch.exp(0.5 * logvar), logvar]
 
-        # the drift sees sigma, the update acts on logvar: carry both
+        # the drift sees sigma, the update acts on logvar: carry both, in float32
+        mu_t, logvar_t = mu_t.float(), logvar_t.float()
         state = [mu_t, torch.exp(0.5 * logvar_t), logvar_t]
-        out = self._trajectory(state, [mu_v, torch.exp(0.5 * logvar_v)], update)
+        out = self._trajectory(state, [mu_v, torch.exp(0.5 * logvar_v.float())], update)
         return out[0], out[2]
 
     def forward_point(self, x_t: Tensor, x_v: Tensor) -> Tensor:
-        """Point bridge: refine x_t toward x_v (both (..., D), broadcast) -> (..., D)."""
+        """Point bridge: refine x_t toward x_v (both (..., D), broadcast) -> (..., D), float32."""
         if not self.point:
             raise RuntimeError("a distribution bridge needs variances; call forward")
 
         def update(state: list[Tensor], delta: Tensor, chi: Tensor) -> list[Tensor]:
             return [state[0] - chi * delta]  # (..., D)
 
-        return self._trajectory([x_t], [x_v], update)[0]
+        return self._trajectory([x_t.float()], [x_v], update)[0]
+
+
+class ConstantShift(nn.Module):
+    """The ``drift="constant"`` control (``dab-const``): one learned shift for every pair.
+
+    The bridged text is ``(mu_t + Delta mu, clamp(logvar_t + Delta logvar))`` (the point
+    bridge: ``x_t + Delta x``) whatever the video: the drift network's T' steps replaced by
+    what a bridge that does the same thing to every pair can do. Zero-initialised, so it
+    starts as the identity, like the drift.
+    """
+
+    def __init__(self, cfg: ModelConfig, point: bool = False) -> None:
+        super().__init__()
+        d = cfg.embed_dim
+        self.dim, self.point = d, point
+        self.logvar_min, self.logvar_max = cfg.logvar_min, cfg.logvar_max
+        self.shift_mu = nn.Parameter(torch.zeros(d))  # (D,): Delta mu, or Delta x for the point bridge
+        self.shift_logvar = None if point else nn.Parameter(torch.zeros(d))  # (D,)
+
+    def forward(self, mu_t: Tensor, logvar_t: Tensor, mu_v: Tensor, logvar_v: Tensor) -> tuple[Tensor, Tensor]:
+        """Inputs broadcast as :meth:`DistributionBridge.forward`'s -> (mu, logvar) of the broadcast shape."""
+        assert self.shift_logvar is not None, "a point shift has no variances; call forward_point"
+        shape = torch.broadcast_shapes(mu_t.shape, mu_v.shape)
+        mu = (mu_t.float() + self.shift_mu).expand(shape)
+        logvar = (logvar_t.float() + self.shift_logvar).clamp(self.logvar_min, self.logvar_max).expand(shape)
+        return mu, logvar
+
+    def forward_point(self, x_t: Tensor, x_v: Tensor) -> Tensor:
+        return (x_t.float() + self.shift_mu).expand(torch.broadcast_shapes(x_t.shape, x_v.shape))

@@ -47,7 +47,7 @@ def reference_macs(cfg: ModelConfig, num_frames: int) -> dict[str, int]:
     pool = 2 * f * d + 2 * d * d  # logits, weighted values, out_proj, linear_proj
     heads = 3 * d * d if cfg.probabilistic else 0  # mu, logvar, W2 v_c
     state, rest = _step_macs(cfg)
-    bridge = (n * d * h + cfg.steps * (state + rest)) if cfg.uses_bridge else 0
+    bridge = (n * d * h + cfg.steps * (state + rest)) if cfg.runs_drift else 0
     per_text = d * d + (2 * d * d if cfg.probabilistic else 0)
     per_video = 2 * f * d * d + ((4 * f * d * d + 2 * f * f * d + d * d) if cfg.probabilistic else 0)
     return {
@@ -67,8 +67,8 @@ def engine_macs(cfg: ModelConfig, num_frames: int) -> dict[str, int]:
     per_pair = f * d  # attention logits
     per_video = 3 * f * d * d + r * d * d  # k, v (+ out_proj folded into U), linear_proj on U's rows
     per_text = d * d  # q_proj
-    c_cols = d if cfg.probabilistic else (h if cfg.uses_bridge else 0)  # token term | point bridge's target
-    g_cols = (2 * d + (h if cfg.uses_bridge else 0)) if cfg.probabilistic else 0  # heads [+ mu_v's block]
+    c_cols = d if cfg.probabilistic else (h if cfg.runs_drift else 0)  # token term | point bridge's target
+    g_cols = (2 * d + (h if cfg.runs_drift else 0)) if cfg.probabilistic else 0  # heads [+ mu_v's block]
     per_video += r * d * c_cols + r * d * g_cols
     if cfg.probabilistic:
         # LayerNorm statistics as quadratic forms in w, then one product with the merged basis
@@ -79,7 +79,7 @@ def engine_macs(cfg: ModelConfig, num_frames: int) -> dict[str, int]:
     else:
         per_pair += r * 2 * d + (r + 2) * c_cols  # y and (w @ Rm); the point bridge's target
     bridge = 0
-    if cfg.uses_bridge:
+    if cfg.runs_drift:
         per_text += n * d * h  # the first step's state block
         # the first step's state is the text Gaussian: its block is per text, not per pair
         bridge = cfg.steps * (state + rest) - state
@@ -106,8 +106,8 @@ def pair_bytes(cfg: ModelConfig, num_frames: int, dtype: str = "float32", aligne
 
 def _video_bytes(cfg: ModelConfig, num_frames: int, transient: bool = True) -> int:
     d, h, r, _, _ = _dims(cfg, num_frames)
-    c_cols = d if cfg.probabilistic else (h if cfg.uses_bridge else 0)  # token term | point bridge's target
-    g_cols = (2 * d + (h if cfg.uses_bridge else 0)) if cfg.probabilistic else 0  # heads [+ mu_v's block]
+    c_cols = d if cfg.probabilistic else (h if cfg.runs_drift else 0)  # token term | point bridge's target
+    g_cols = (2 * d + (h if cfg.runs_drift else 0)) if cfg.probabilistic else 0  # heads [+ mu_v's block]
     n = num_frames * d + 2 * r * d + (r + 2) * c_cols + (r + 3) * g_cols + d + num_frames
     if cfg.probabilistic:  # the quadratic forms and the merged copy of the bases
         n += 3 * (r + 3) ** 2 + (r + 3) * (c_cols + g_cols)

@@ -165,6 +165,8 @@ def _load_teacher(cfg: DistillConfig, device: torch.device):
     if teacher_run.model.bridge is None:
         raise ConfigError(f"{cfg.teacher} is a {teacher_run.model.cfg.variant!r} run: it has no bridge to distill "
                           "(dab distill takes dab or bridge runs)")
+    if not teacher_run.model.cfg.runs_drift:
+        raise ConfigError(f"{cfg.teacher} has a constant drift (model.drift=constant): it runs no steps to distill")
     return teacher_run
 
 

@@ -143,6 +143,11 @@ class Engine:
         return lambda x: pack_kept(x, keep, n_b, n_m)
 
 
+def engine_name(cfg) -> str:
+    """The registry name of a model config's engine: its variant, or ``<variant>/constant`` for a constant drift."""
+    return f"{cfg.variant}/constant" if cfg.uses_bridge and cfg.drift == "constant" else cfg.variant
+
+
 def build_engine(model: DABModel, device: torch.device, mm_dtype: torch.dtype, batch_hint: int = 1024) -> Engine:
-    """The registered engine of ``model``'s variant."""
-    return ENGINES.get(model.cfg.variant)(model, device, mm_dtype, batch_hint)
+    """The registered engine of ``model``'s variant (and drift)."""
+    return ENGINES.get(engine_name(model.cfg))(model, device, mm_dtype, batch_hint)

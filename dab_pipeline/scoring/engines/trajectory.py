@@ -30,10 +30,10 @@ class BridgeSteps:
         self.mm_dtype, self.lo, self.hi = mm_dtype, engine.lo, engine.hi
         self.gaussian = bridge.n_state == 2
         lins = _linears(bridge.drift)
-        width = bridge.n_state * d
-        self.w_first = f32(lins[0].weight)  # (H, n*D + n*D + d_t)
-        self.ws_t = self.w_first[:, :width].T.contiguous()  # (n*D, H) state block
-        self.w_target = self.video_block(bridge, f32)  # (H, n*D): the video side's block
+        w_state, w_target = bridge.first_blocks()  # (H, n*D) each, a residual input block folded in
+        w_state = f32(w_state)
+        self.ws_t = w_state.T.contiguous()  # (n*D, H) state block
+        self.w_target = f32(w_target)  # (H, n*D): the video side's block
         self.time_feat = f32(bridge.time_features())  # (T', H), includes the first layer's bias
         self.chi = [float(c) for c in bridge.chi.detach().cpu()]
 
@@ -59,7 +59,7 @@ class BridgeSteps:
         self.onednn: Optional[OneDNN] = None
         self.kernels: Optional[Kernels] = None
         if mm_dtype == torch.bfloat16 and device.type == "cpu":
-            linears = [(self.w_first[:, :width], None)] + [(f32(m.weight), f32(m.bias)) for m in lins[1:-1]]
+            linears = [(w_state, None)] + [(f32(m.weight), f32(m.bias)) for m in lins[1:-1]]
             linears += [(w_last, b_last), *extra_linears]
             self.onednn = OneDNN.pack(linears, batch_hint)
             if self.onednn is not None:
@@ -68,8 +68,7 @@ class BridgeSteps:
     @staticmethod
     def video_block(bridge, f32) -> Tensor:
         """The first drift layer's video-side block (H, n*D), float32."""
-        width = bridge.n_state * bridge.dim
-        return f32(_linears(bridge.drift)[0].weight)[:, width: 2 * width]
+        return f32(bridge.first_blocks()[1])
 
     def first(self, state: Tensor) -> Tensor:
         """The first step's state block plus time feature and bias, per text: state (Q, n*D) -> (Q, H)."""

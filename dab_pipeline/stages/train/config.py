@@ -25,6 +25,7 @@ class TrainConfig:
     epochs: int = 10
     batch_size: int = 32
     lr: float = 1e-4  # new modules (pooling, probabilistic heads, bridge)
+    bridge_lr: Optional[float] = None  # the bridge alone at another lr (its training study, docs/model.md); None: lr
     clip_lr: float = 1e-6  # fine-tuned CLIP blocks, final LayerNorms and projections
     weight_decay: float = 0.02
     warmup_ratio: float = 0.1
@@ -78,6 +79,8 @@ class TrainConfig:
         if self.logit_scale_group not in LOGIT_SCALE_GROUPS:
             raise ConfigError(f"logit_scale_group must be one of {', '.join(LOGIT_SCALE_GROUPS)}, "
                               f"got {self.logit_scale_group!r}")
+        if self.bridge_lr is not None and not self.bridge_lr > 0:
+            raise ConfigError(f"bridge_lr must be a positive float or None (the new modules' lr), got {self.bridge_lr}")
         if self.score_dtype not in SCORE_DTYPES:
             raise ConfigError(f"score_dtype must be one of {', '.join(SCORE_DTYPES)}, got {self.score_dtype!r}")
 
@@ -131,12 +134,18 @@ LOG_MAX_LOGIT_SCALE = math.log(100.0)
 
 
 def optimizer_groups(model: torch.nn.Module, heads: Optional[torch.nn.Module], cfg: TrainConfig) -> list[dict]:
-    """AdamW parameter groups: the new modules at ``lr``; CLIP's fine-tuned blocks at ``clip_lr``;
-    with ``logit_scale_group="clip"`` the cosine variants' logit scale alone at ``clip_lr`` without
-    weight decay (named ``logit_scale``: the caller clamps it after each step)."""
+    """AdamW parameter groups: the new modules at ``lr`` (the bridge at ``bridge_lr`` when set); CLIP's
+    fine-tuned blocks at ``clip_lr``; with ``logit_scale_group="clip"`` the cosine variants' logit scale
+    alone at ``clip_lr`` without weight decay (named ``logit_scale``: the caller clamps it after each step).
+    Frozen parameters (``model.variance="fixed"``) are in no group."""
     scale = getattr(model, "log_logit_scale", None) if cfg.logit_scale_group == "clip" else None
-    new = [p for p in model.parameters() if p.requires_grad and p is not scale]
+    bridge = getattr(model, "bridge", None)
+    own = {id(p) for p in bridge.parameters()} if bridge is not None and cfg.bridge_lr is not None else set()
+    new = [p for p in model.parameters() if p.requires_grad and p is not scale and id(p) not in own]
     groups = [{"params": new, "lr": cfg.lr, "name": "new"}]
+    if own:
+        groups.append({"params": [p for p in bridge.parameters() if p.requires_grad], "lr": cfg.bridge_lr,
+                       "name": "bridge"})
     if heads is not None:
         groups.append({"params": list(heads.parameters()), "lr": cfg.clip_lr, "name": "clip"})
     if scale is not None:

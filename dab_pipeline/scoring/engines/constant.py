@@ -1,0 +1,41 @@
+"""The ``drift="constant"`` control: a bridge that shifts every text by the same learned amount.
+
+With no video in the shift, the bridged text is a per-text state, so the engines are the
+bridge-free ones (``prob``'s Gaussian cost, ``xpool``'s cosine) on shifted texts: no step
+runs per pair.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..blocks import Texts
+from .base import ENGINES
+from .cosine import CosineEngine
+from .gaussian import GaussianEngine
+
+
+@ENGINES.register("dab/constant")
+class ConstantShiftEngine(GaussianEngine):
+    """C = D(Q_v || N(mu_t + Delta mu, clamp(logvar_t + Delta logvar)))."""
+
+    def texts(self, text: Tensor) -> Texts:
+        out = super().texts(text)
+        assert out.mu is not None and out.logvar is not None and self.model.bridge is not None
+        shift = self.model.bridge
+        out.mu = out.mu + self.f32(shift.shift_mu)  # (Q, D)
+        out.logvar = (out.logvar + self.f32(shift.shift_logvar)).clamp(self.lo, self.hi)  # (Q, D)
+        return out
+
+
+@ENGINES.register("bridge/constant")
+class ConstantPointShiftEngine(CosineEngine):
+    """C = -cos(t / |t| + Delta x, v_c): the point bridge's start shifted, then X-Pool's cosine."""
+
+    def texts(self, text: Tensor) -> Texts:
+        out = super().texts(text)
+        assert self.model.bridge is not None
+        x = F.normalize(text, dim=-1) + self.f32(self.model.bridge.shift_mu)  # (Q, D)
+        out.unit = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-8)
+        return out
