@@ -121,7 +121,7 @@ def _postprocess_label(results: dict[str, Any]) -> str:
 
 def _render_markdown(title: str, results: dict[str, Any], plots: dict[str, Path]) -> str:
     out: list[str] = [f"# {title}", "", f"Post-processing: **{_postprocess_label(results)}**", ""]
-    for section in (_md_retrieval, _md_selective, _md_variance, _md_neighbourhood):
+    for section in (_md_retrieval, _md_selective, _md_variance, _md_bridge, _md_neighbourhood):
         out += section(results)
     if plots:
         out += ["## Plots", ""] + [f"![{name}]({path.name})" for name, path in plots.items()] + [""]
@@ -178,6 +178,48 @@ def _md_variance(results: dict[str, Any]) -> list[str]:
         ["Ratio"] + [f"{variance['ratio'][n]:.2f}" for n in names],
     ]
     return ["## Variance asymmetry", "", _md_table(headers, rows), ""]
+
+
+def bridge_summary(bridge: dict[str, Any]) -> str:
+    """One line: the bridge's pair-dependent share and what its constant control retrieves."""
+    share = ", ".join(f"{k} {v * 100:.1f} %" for k, v in bridge.get("pair_dependent_share", {}).items())
+    if bridge.get("drift") == "constant":
+        return f"the bridge is a constant shift by construction (model.drift=constant): pair-dependent share {share}"
+    probe, ctrl = bridge.get("probe", {}), bridge.get("constant_control", {})
+    parts = bridge.get("decomposition", {}).get("mu", {})
+    split = (f" (mu: text {parts['text'] * 100:.1f} %, video {parts['video'] * 100:.1f} %, "
+             f"pair {parts['interaction'] * 100:.1f} %)") if parts else ""
+    return (f"bridge: pair-dependent share of its shift {share}{split} on {probe.get('texts')} x "
+            f"{probe.get('videos')} {probe.get('split', '')} pairs; with the bridge replaced by its mean shift: "
+            f"R@1 {ctrl.get('R@1', float('nan')):.1f}, MnR {ctrl.get('MnR', float('nan')):.1f}")
+
+
+def _md_bridge(results: dict[str, Any]) -> list[str]:
+    bridge = results.get("bridge")
+    if not isinstance(bridge, dict):
+        return []
+    lines = ["## What the bridge does per pair", ""]
+    if bridge.get("drift") == "constant":
+        return lines + [bridge_summary(bridge), ""]
+    probe = bridge["probe"]
+    lines += [f"The bridge's shift (bridged minus text, per feature) on {probe['texts']} texts x {probe['videos']} "
+              f"videos of the {probe['split']} split ({probe['pairs']} pairs; the split has {probe['of'][0]} x "
+              f"{probe['of'][1]}), as shares of its sum of squares: the mean shift over the pairs (constant), "
+              "what depends on the text alone, on the video alone, and on the pair.", ""]
+    headers = ["state", "pair-dependent", "constant", "text", "video", "pair"]
+    rows = [[k, f"{v['pair_dependent'] * 100:.1f} %"] + [f"{v[p] * 100:.1f} %" for p in
+                                                        ("constant", "text", "video", "interaction")]
+            for k, v in bridge["decomposition"].items()]
+    lines += [_md_table(headers, rows), ""]
+    t2v, ctrl = results.get("t2v", {}), bridge["constant_control"]
+    headers = ["text-to-video", "R@1", "R@5", "R@10", "MdR", "MnR"]
+    rows = [["with the bridge"] + [format_metric(c, t2v.get(c)) for c in headers[1:]],
+            ["bridge replaced by its mean shift"] + [format_metric(c, ctrl.get(c)) for c in headers[1:]]]
+    lines += ["The constant-bridge control: the same trained model with the bridge replaced by its mean shift.", "",
+              _md_table(headers, rows), ""]
+    if bridge.get("acts_as_constant"):
+        lines += ["**The bridge acts as a constant shift (a temperature) on this data.**", ""]
+    return lines
 
 
 def _md_neighbourhood(results: dict[str, Any]) -> list[str]:
@@ -342,6 +384,10 @@ def compare_table(
     if direction not in ("t2v", "v2t"):
         raise ConfigError(f"direction must be 't2v' or 'v2t', got {direction!r}")
     headers = ["Method", *TABLE_COLUMNS]
+    # bridge runs (metrics.json "bridge"): the pair-dependent share and the constant control's R@1
+    bridged = direction == "t2v" and any(isinstance(d, dict) and isinstance(d.get("bridge"), dict) for _, d in runs)
+    if bridged:
+        headers += ["pair-dep. mu", "pair-dep. logvar", "const. R@1"]
     rows: list[list[str]] = []
     for name, data in runs:
         if not isinstance(data, dict):
@@ -350,10 +396,22 @@ def compare_table(
         label = _postprocess_label(data)
         shown = name if label == "none" else f"{name} [{label}]"
         if not isinstance(section, dict):
-            rows.append([shown] + [_MISSING] * len(TABLE_COLUMNS))
+            rows.append([shown] + [_MISSING] * (len(headers) - 1))
             continue
-        rows.append([shown] + [format_metric(c, section.get(c)) for c in TABLE_COLUMNS])
+        row = [shown] + [format_metric(c, section.get(c)) for c in TABLE_COLUMNS]
+        if bridged:
+            row += _bridge_cells(data.get("bridge"))
+        rows.append(row)
     return headers, rows
+
+
+def _bridge_cells(bridge: Any) -> list[str]:
+    if not isinstance(bridge, dict):
+        return [_MISSING] * 3
+    share = bridge.get("pair_dependent_share", {})
+    pct = (lambda v: _MISSING if v is None else f"{v * 100:.1f} %")
+    ctrl = bridge.get("constant_control") or {}
+    return [pct(share.get("mu")), pct(share.get("logvar")), format_metric("R@1", ctrl.get("R@1"))]
 
 
 def compare_markdown(

@@ -111,17 +111,17 @@ def text_store(path: Path, captions: Sequence[str] = SEARCH_CAPTIONS, test_video
     return path
 
 
-def hand_made_run(path: Path, store: Path, variant: str = "dab", **train: Any):
+def hand_made_run(path: Path, store: Path, variant: str = "dab", model_kw: Optional[dict] = None, **train: Any):
     """A run folder as `dab train` leaves it (config.json, checkpoints/best.pt), of a small model whose every
-    parameter is moved off its init; returns (path, the model in eval mode)."""
+    parameter is moved off its init; returns (path, the model in eval mode). ``model_kw``: ModelConfig fields."""
     import torch
 
     from dab_pipeline.model import DABModel, ModelConfig
     from dab_pipeline.runs import RunFolder
     from dab_pipeline.stages.train import TrainConfig
 
-    cfg = TrainConfig(features=store, out=path, model=ModelConfig(embed_dim=32, variant=variant, steps=3,
-                                                                  drift_hidden=24, time_embed_dim=8), **train)
+    model_kw = {"steps": 3, "drift_hidden": 24, "time_embed_dim": 8, **(model_kw or {})}
+    cfg = TrainConfig(features=store, out=path, model=ModelConfig(embed_dim=32, variant=variant, **model_kw), **train)
     torch.manual_seed(0)
     model = DABModel(cfg.model)
     with torch.no_grad():  # a "trained" model: every parameter off its init

@@ -435,3 +435,50 @@ def test_semantic_neighbourhood_ties_by_index_and_sampling_check():
 def test_semantic_neighbourhood_rejects_wrong_feature_shape():
     with pytest.raises(ConfigError, match=r"\(3, D\)"):
         M.semantic_neighbourhood(np.zeros((2, 3)), np.array([0, 1]), np.zeros((4, 8)))
+
+
+# ----------------------------------------------------------------------------- the bridge's shift
+
+
+def naive_shift_decomposition(s: np.ndarray) -> dict[str, float]:
+    """Two-way decomposition with explicit loops over the grid."""
+    n_t, n_v, _ = s.shape
+    m = sum(s[t, v] for t in range(n_t) for v in range(n_v)) / (n_t * n_v)
+    a = [sum(s[t, v] for v in range(n_v)) / n_v - m for t in range(n_t)]
+    b = [sum(s[t, v] for t in range(n_t)) / n_t - m for v in range(n_v)]
+    ss = {"constant": 0.0, "text": 0.0, "video": 0.0, "interaction": 0.0}
+    for t in range(n_t):
+        for v in range(n_v):
+            e = s[t, v] - m - a[t] - b[v]
+            ss["constant"] += float(m @ m)
+            ss["text"] += float(a[t] @ a[t])
+            ss["video"] += float(b[v] @ b[v])
+            ss["interaction"] += float(e @ e)
+    total = float((s * s).sum())
+    return {k: v / total for k, v in ss.items()}
+
+
+def test_shift_decomposition_matches_loops_and_adds_up() -> None:
+    rng = np.random.default_rng(0)
+    s = rng.normal(size=(5, 7, 3)) + np.array([2.0, -1.0, 0.5])
+    got = M.shift_decomposition(s)
+    want = naive_shift_decomposition(s)
+    for k, v in want.items():
+        assert got[k] == pytest.approx(v, rel=1e-10)
+    assert sum(got[k] for k in want) == pytest.approx(1.0)
+    assert got["pair_dependent"] == pytest.approx(1.0 - got["constant"])
+
+
+def test_shift_decomposition_of_shifts_built_to_one_part() -> None:
+    rng = np.random.default_rng(1)
+    const = np.broadcast_to(rng.normal(size=4), (6, 5, 4))
+    assert M.shift_decomposition(const)["pair_dependent"] == pytest.approx(0.0, abs=1e-12)
+    text_only = np.broadcast_to(rng.normal(size=(6, 1, 4)), (6, 5, 4))
+    text_only = text_only - text_only.mean(axis=(0, 1))
+    assert M.shift_decomposition(text_only)["text"] == pytest.approx(1.0)
+    inter = rng.normal(size=(6, 5, 4))
+    inter = inter - inter.mean(axis=0, keepdims=True) - inter.mean(axis=1, keepdims=True) + inter.mean(axis=(0, 1))
+    assert M.shift_decomposition(inter)["interaction"] == pytest.approx(1.0)
+    with pytest.raises(ConfigError, match="grid"):
+        M.shift_decomposition(np.zeros((3, 4)))
+    assert math.isnan(M.shift_decomposition(np.zeros((2, 2, 3)))["pair_dependent"])

@@ -263,6 +263,11 @@ def test_partial_finetuning_trains_clip_blocks(states_store: Path, tmp_path: Pat
     changed = [k for k, v in ck["heads"].items() if not torch.equal(v, init[k])]
     assert any(k.startswith("vision.") for k in changed) and any(k.startswith("text.") for k in changed)
     assert read_costs(res.costs_path).cost.shape == (2, 1)
+    # the bridge diagnostics read the test split through the run's fine-tuned heads
+    from dab_pipeline.stages.evaluate import bridge_report
+
+    bridge = bridge_report(out, read_costs(res.costs_path), states_store)
+    assert bridge["probe"]["pairs"] == 2 and set(bridge["pair_dependent_share"]) == {"mu", "logvar"}
 
 
 def test_cli_train_and_resume(random_store: Path, tmp_path: Path) -> None:

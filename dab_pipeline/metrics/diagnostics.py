@@ -1,4 +1,5 @@
-"""Uncertainty diagnostics: variance asymmetry (Table 6) and the local semantic neighbourhood (Table 7)."""
+"""Uncertainty diagnostics: variance asymmetry (Table 6), the local semantic neighbourhood (Table 7), and how
+much of the bridge's shift depends on the pair (:func:`shift_decomposition`)."""
 
 from __future__ import annotations
 
@@ -136,3 +137,35 @@ def _neighbourhood_counts(c: np.ndarray, g: np.ndarray, unit: np.ndarray, tau_ar
             random_sum[i] += np.count_nonzero(positive) * k / v_count
             sampled_sum[i] += np.count_nonzero(positive & sampled)
     return model_sum, random_sum, sampled_sum
+
+
+def shift_decomposition(shift: Any) -> dict[str, float]:
+    """How much of a bridge's shift depends on the pair: shares of its sum of squares, on a full grid.
+
+    ``shift`` (T, V, D): the bridged text minus the text, for every pair of T texts and V
+    videos. Over the grid it splits as ``s_tv = m + a_t + b_v + e_tv`` (two-way analysis of
+    variance, per feature): ``m`` the mean shift over every pair, ``a_t`` what depends on
+    the text alone, ``b_v`` on the video alone, ``e_tv`` on the pair. The four parts are
+    orthogonal, so their sums of squares add up to ``sum ||s_tv||^2``; the returned shares
+    do too (``constant + text + video + interaction = 1``), and
+    ``pair_dependent = 1 - constant``: the share of the squared shift that its mean over
+    pairs does not explain. A bridge that moves every pair alike (a temperature) has
+    ``pair_dependent = 0``; one that acts like a cross-encoder has a large ``interaction``.
+    A shift that is zero everywhere gives NaN shares.
+    """
+    s = np.asarray(shift, dtype=np.float64)
+    if s.ndim != 3 or min(s.shape) == 0:
+        raise ConfigError(f"shift must be a non-empty (texts, videos, D) grid, got shape {s.shape}")
+    if not np.all(np.isfinite(s)):
+        raise ConfigError("shift contains non-finite values")
+    n_t, n_v, _ = s.shape
+    m = s.mean(axis=(0, 1))  # (D,)
+    a = s.mean(axis=1) - m  # (T, D)
+    b = s.mean(axis=0) - m  # (V, D)
+    e = s - m - a[:, None, :] - b[None, :, :]  # (T, V, D)
+    parts = {"constant": n_t * n_v * float(m @ m), "text": n_v * float((a * a).sum()),
+             "video": n_t * float((b * b).sum()), "interaction": float((e * e).sum())}
+    total = float((s * s).sum())
+    out = {k: (v / total if total > 0 else float("nan")) for k, v in parts.items()}
+    out["pair_dependent"] = 1.0 - out["constant"] if total > 0 else float("nan")
+    return out

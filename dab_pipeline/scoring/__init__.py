@@ -35,6 +35,7 @@ from .budget import default_memory_budget, engine_macs, pair_bytes, reference_ma
 from .blocks import OneDNN, Texts, Videos, pack_kept  # noqa: F401
 from .engines import ENGINES, BridgeSteps, Engine, build_engine  # noqa: F401
 from .driver import inner_tiles, score_all, topk_smallest  # noqa: F401
+from .bridge_probe import PROBE_SIDE, BridgeProbe, bridge_shifts, constant_bridge, probe_bridge, probe_grid  # noqa: F401
 
 __all__ = [
     "ScoreResult",
@@ -50,4 +51,10 @@ __all__ = [
     "Engine",
     "build_engine",
     "inner_tiles",
+    "BridgeProbe",
+    "PROBE_SIDE",
+    "probe_bridge",
+    "probe_grid",
+    "bridge_shifts",
+    "constant_bridge",
 ]

@@ -15,7 +15,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..choices import POSTPROCESS, V2T_CONVENTIONS
-from ..errors import ConfigError, StoreError
+from ..errors import ConfigError, DabError, StoreError
 from ..events import Event, ProgressCallback, null_progress
 from ..runs import RunFolder
 
@@ -121,6 +121,83 @@ def _recipe_of(cfg: EvaluateConfig) -> str:
     return str(json.loads(RunFolder(cfg.run).config_path.read_text()).get("recipe") or "(none: the defaults)")
 
 
+# Below this pair-dependent share (of mu and of logvar alike) the bridge is reported to act as a constant shift.
+CONSTANT_SHARE = 0.05
+
+
+def bridge_report(run: Path, cm, store_path: Optional[Path], seed: int = 0,
+                  progress: ProgressCallback = null_progress) -> Optional[dict[str, Any]]:
+    """What a bridge run's bridge does per pair on the cost file's split (None for a run without a bridge).
+
+    ``pair_dependent_share``: the share of the bridge's squared shift (bridged minus text, per
+    feature) that its mean over pairs does not explain, for mu (the point bridge: x) and log
+    sigma^2, on a seeded grid of at most PROBE_SIDE texts x PROBE_SIDE videos of the split, split
+    further into what depends on the text, the video and the pair (``decomposition``).
+    ``constant_control``: the t2v metrics of the same model with its bridge replaced by that mean
+    shift, scored on every pair of the split, beside the real ones.
+    """
+    import torch
+
+    from ..metrics import selective_report, t2v_metrics
+    from ..scoring import PROBE_SIDE, constant_bridge, probe_bridge, score_all
+    from ..store import open_store
+    from .search import load_run
+    from .train import SplitArrays, TrainConfig
+    from .train.scoring import score_inputs
+
+    run_cfg = RunFolder(run).load_config(TrainConfig)
+    if not run_cfg.model.uses_bridge:
+        return None
+    if run_cfg.model.drift == "constant":
+        return {"drift": "constant", "pair_dependent_share": {"mu": 0.0, "logvar": 0.0}}  # by construction
+    if store_path is None or not Path(store_path).exists():
+        progress(Event("warning", message=f"store {store_path} not found: skipping the bridge diagnostics"))
+        return None
+    try:
+        loaded = load_run(run, heads=True)
+    except DabError as exc:
+        progress(Event("warning", message=f"skipping the bridge diagnostics: {exc}"))
+        return None
+    split = str((cm.attrs or {}).get("split") or run_cfg.test_split)
+    device = torch.device("cpu")
+    with open_store(store_path) as st:
+        tuned = loaded.heads is not None
+        feats = SplitArrays(st.load_split(split, with_states=tuned), device, with_states=tuned)
+    if [str(c) for c in feats.caption_ids] != [str(q) for q in cm.query_ids]:
+        progress(Event("warning", message=f"the {split!r} split of {store_path} does not hold the cost file's "
+                                          "queries in its order: skipping the bridge diagnostics"))
+        return None
+    with torch.no_grad():
+        text, frames = score_inputs(loaded.heads, feats, device, 0, feats.num_queries)
+    probe = probe_bridge(loaded.model, text, frames, feats.mask, seed=seed)
+    control = constant_bridge(loaded.model, probe.mean_shift_mu, probe.mean_shift_logvar)
+    cost = score_all(control, text, frames, feats.mask).cost  # (Q, V)
+    gt = feats.caption_video.numpy()
+    aurc = selective_report(cost, gt).get("R@1", {}).get("aurc") if feats.num_videos > 1 else None
+    share = probe.pair_dependent
+    out: dict[str, Any] = {
+        "pair_dependent_share": share,
+        "decomposition": probe.shares,
+        "probe": {"texts": int(len(probe.texts)), "videos": int(len(probe.videos)),
+                  "pairs": int(len(probe.texts) * len(probe.videos)), "split": split,
+                  "of": [int(feats.num_queries), int(feats.num_videos)], "max_side": PROBE_SIDE, "seed": seed},
+        "mean_shift": {"mu_norm": float(np.linalg.norm(probe.mean_shift_mu))}
+        | ({} if probe.mean_shift_logvar is None else {"logvar_mean": float(probe.mean_shift_logvar.mean())}),
+        "constant_control": t2v_metrics(cost, gt) | {"aurc": aurc},
+        "acts_as_constant": bool(max(share.values()) < CONSTANT_SHARE),
+    }
+    if out["acts_as_constant"]:
+        progress(Event("warning", message=bridge_warning(out)))
+    return out
+
+
+def bridge_warning(bridge: dict[str, Any]) -> str:
+    """The one line a user reads when the bridge moves every pair (nearly) alike."""
+    shares = ", ".join(f"{k} {v * 100:.1f} %" for k, v in bridge["pair_dependent_share"].items())
+    return (f"the bridge acts as a constant shift (a temperature) on this data: its pair-dependent share is "
+            f"{shares} (under {CONSTANT_SHARE:.0%})")
+
+
 def run_evaluate(cfg: EvaluateConfig, progress: ProgressCallback = null_progress) -> dict[str, Any]:
     """Compute every metric and diagnostic; write metrics.json, report.md and plots."""
     from .. import metrics as M
@@ -165,6 +242,12 @@ def run_evaluate(cfg: EvaluateConfig, progress: ProgressCallback = null_progress
         results["neighbourhood"] = M.semantic_neighbourhood(cost, gt, feats, taus=cfg.taus, topk=topk, seed=cfg.seed)
     elif store_path is not None:
         progress(Event("warning", message=f"store {store_path} not found: skipping the neighbourhood diagnostic"))
+
+    if cfg.run is not None and RunFolder(cfg.run).is_run():
+        bridge = bridge_report(Path(cfg.run), cm, Path(store_path) if store_path is not None else None, cfg.seed,
+                               progress)
+        if bridge is not None:
+            results["bridge"] = bridge
 
     if cm.attrs:
         results["run"] = {k: v for k, v in cm.attrs.items() if k != "config"}

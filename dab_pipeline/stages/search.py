@@ -60,11 +60,15 @@ class LoadedRun:
     config: "object"  # the run's TrainConfig (stages/train.py), loaded lazily: importing search stays cheap
     model: DABModel
     checkpoint: Path
+    heads: Optional[torch.nn.Module] = None  # the fine-tuned CLIP blocks (load_run(..., heads=True))
 
 
-def load_run(run_dir: str | Path, device: str | torch.device = "cpu", checkpoint: str = "best.pt") -> LoadedRun:
+def load_run(run_dir: str | Path, device: str | torch.device = "cpu", checkpoint: str = "best.pt",
+             heads: bool = False) -> LoadedRun:
     """Read ``run_dir/config.json`` and ``run_dir/checkpoints/<checkpoint>`` into an eval-mode model.
 
+    ``heads``: also load a fine-tuned run's CLIP blocks (its store's CLIP weights must be
+    available); without it a fine-tuned run is refused.
     Raises :class:`ConfigError` for a folder that is not a run or a fine-tuned run,
     :class:`TrainingError` when the checkpoint is missing or does not fit the config.
     """
@@ -78,7 +82,8 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu", checkpoint
     ck = folder.load_checkpoint(checkpoint)
     if ck is None:
         raise TrainingError(f"{ck_path} does not exist: the run has no {checkpoint} checkpoint yet (did it finish an epoch?)")
-    if cfg.trainable_blocks is not None or ck.get("heads") is not None:
+    tuned = cfg.trainable_blocks is not None or ck.get("heads") is not None
+    if tuned and not heads:
         raise ConfigError(
             f"{run} fine-tunes the last {cfg.trainable_blocks} CLIP blocks; dab search supports runs on frozen "
             "CLIP features only (the query would need the run's fine-tuned text head and the frames its vision head)"
@@ -90,7 +95,17 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu", checkpoint
         raise TrainingError(f"{ck_path} does not fit the run's model config: {str(exc).splitlines()[0]}") from None
     model.eval()
     model.to(device)
-    return LoadedRun(run_dir=run, config=cfg, model=model, checkpoint=ck_path)
+    loaded = LoadedRun(run_dir=run, config=cfg, model=model, checkpoint=ck_path)
+    if tuned:
+        from ..store import open_store
+        from .train import TrainHeads
+
+        with open_store(cfg.features) as st:
+            manifest = st.manifest
+        loaded.heads = TrainHeads(manifest, cfg.trainable_blocks, torch.device(device))
+        loaded.heads.load_state_dict(ck["heads"])
+        loaded.heads.to(device).eval()
+    return loaded
 
 
 def encode_queries(manifest: dict, queries: Sequence[str], device: str | torch.device = "cpu") -> torch.Tensor:

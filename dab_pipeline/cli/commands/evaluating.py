@@ -59,6 +59,11 @@ def evaluate(run, costs, features, out, postprocess, temperature, v2t, examples,
     if var:
         con.print("mean sigma^2: " + ", ".join(f"{k} {v:.3f} (x{var['ratio'].get(k, float('nan')):.2f})"
                                                for k, v in var["mean"].items() if v is not None))
+    bridge = res.get("bridge")
+    if bridge:
+        from ...report import bridge_summary
+
+        con.print(bridge_summary(bridge))  # a bridge acting as a constant was warned about on stderr
     nb = res.get("neighbourhood")
     if nb:
         con.print(f"semantic positives in top-{nb['topk']} (model / random): " + ", ".join(
