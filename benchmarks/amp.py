@@ -67,7 +67,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     caps = capabilities("cpu")
     print(f"capabilities: {caps.summary()}")
-    stores = Q.build(args.world, args.data_dir, need_k2=any(Q.VARIANTS[v][0] == "k2" for v in args.variants),
+    stores = Q.build(*Q.world_of(args.world, []), args.data_dir, need_k2=any(Q.VARIANTS[v][0] == "k2" for v in args.variants),
                      workers=2)
     runs_dir = args.data_dir / f"runs-{args.world}-amp"
     out: dict[str, Any] = {"capabilities": caps.as_dict(), "rows": {}, "cost_error": {}}

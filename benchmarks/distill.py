@@ -59,7 +59,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     ap.add_argument("--epochs", type=int, default=5, help="distillation epochs")
     ap.add_argument("--data-dir", type=Path, default=Path("bench_data"))
     args = ap.parse_args(argv)
-    stores = Q.build(args.world, args.data_dir, need_k2=False, workers=2)
+    stores = Q.build(*Q.world_of(args.world, []), args.data_dir, need_k2=False, workers=2)
     runs_dir = args.data_dir / f"runs-{args.world}"
     table: dict[str, list[dict]] = {}
     for seed in args.seeds:

@@ -3,26 +3,37 @@
 One command: build the world (a fixed preset), extract it once with ``dab-world``
 (the world's own pretrained CLIP) through ``run_extract``, then train and evaluate
 every variant through ``run_train`` and ``run_evaluate``, the stage functions the
-CLI calls, and print one table of mean +- std over seeds:
+CLI calls, and print, per world, two tables of mean +- std over seeds:
 
-* text-to-video R@1 / R@5 / R@10 / MnR, video-to-text R@1;
-* selective prediction by the KL margin (paper Figure 4): AURC of R@1 against
-  random ordering, and R@1 at 25 % and 10 % coverage;
-* the mean sigma^2 of text, bridged text and video (paper Table 6).
+* the 1K-A-like table (one query per test video, against its source video):
+  text-to-video R@1 / R@5 / R@10 / MnR, video-to-text R@1; selective prediction by
+  the KL margin (paper Figure 4): AURC of R@1 against random ordering, R@1 at 25 %
+  and 10 % coverage; the mean sigma^2 of text, bridged text and video (paper
+  Table 6); and the bridge's pair-dependent share (docs/metrics.md);
+* the claim-aware table (``claims.py``): every caption of every test video as a
+  query, relevant = every test video its claim is true of: mAP (overall and per
+  caption level), nDCG@10, P@1, R@1 against the source video, the AURC of "top-1
+  relevant" by the KL margin, the Spearman correlation of text sigma^2 with the log
+  number of relevant videos, and each row's difference to ``dab`` with a paired
+  bootstrap 95 % interval over queries (seeds pooled).
 
 Rows: the claim oracle (a model that knows which test videos each query is true
 of and picks uniformly among them: the ceiling the world's ambiguity allows),
-zero-shot (cosine of mean frame features, CLIP4Clip's baseline), and the trained
-variants. The recipe is the paper's (§4.1) where it fits; what the world needs
-instead is in ``RECIPE`` and docs/quality.md.
+zero-shot (cosine of mean frame features, CLIP4Clip's baseline), the trained
+variants, and the controls: ``prob-fixvar`` / ``dab-fixvar`` (variances frozen at
+e^logvar_init) and ``dab-const`` (the drift replaced by one learned shift). The
+recipe is the paper's (§4.1) where it fits; what the world needs instead is in
+``RECIPE`` and docs/quality.md.
 
-    python benchmarks/quality.py [--quick] [--seeds 1 2 3] [--variants ...] [--data-dir DIR]
-        [--out DIR] [--world PRESET] [--epochs N] [--set KEY=VALUE ...]
+    python benchmarks/quality.py [--quick] [--world PRESET ...] [--world-set KEY=VALUE ...] [--seeds 1 2 3]
+        [--variants ...] [--claims-split test|val|none] [--data-dir DIR] [--out DIR] [--epochs N]
+        [--set KEY=VALUE ...] [--label SUFFIX]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -42,11 +53,13 @@ from dab_pipeline.stages.evaluate import EvaluateConfig, run_evaluate
 from dab_pipeline.stages.extract import ExtractConfig, run_extract
 from dab_pipeline.stages.train import TrainConfig, resolve_train_config, run_train
 from dab_pipeline.store import open_store
-from dab_pipeline.world import load_world, make_world, world_preset
+from dab_pipeline.world import WorldConfig, load_world, make_world, world_preset, world_videos
 from dab_pipeline.world.generate import claim_from_dict
 from dab_pipeline.world.grammar import satisfies
-from dab_pipeline.world.generate import iter_world
 from dab_pipeline.world.recipe import world_recipe
+
+sys.path.insert(0, str(Path(__file__).parent))
+import claims as C  # noqa: E402  (claim-aware evaluation)
 
 # The benchmark's recipe: the paper's §4.1 values, except where the world needs another
 # (dab_pipeline/recipes/world.json says why; the demo trains with it too: --recipe world).
@@ -63,8 +76,17 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "dab-T1": ("frozen", ["model.variant=dab", "model.steps=1"]),
     "dab-T8": ("frozen", ["model.variant=dab", "model.steps=8"]),
     "dab-ft2": ("k2", ["model.variant=dab", "trainable_blocks=2"]),  # last 2 CLIP blocks fine-tuned
+    # controls (docs/model.md): variances frozen at e^logvar_init; the drift replaced by one learned shift
+    "prob-fixvar": ("frozen", ["model.variant=prob", "model.variance=fixed"]),
+    "dab-fixvar": ("frozen", ["model.variant=dab", "model.variance=fixed"]),
+    "dab-const": ("frozen", ["model.variant=dab", "model.drift=constant"]),
 }
-QUICK_VARIANTS = ["xpool", "prob", "dab-T8", "dab"]
+# the full run's rows (dab-ft2, 5.6x dab's time for no measured gain, runs with --variants)
+FULL_VARIANTS = ["xpool", "prob", "prob-fixvar", "bridge", "dab", "dab-fixvar", "dab-const", "dab-w2", "dab-T1",
+                 "dab-T8"]
+QUICK_VARIANTS = ["xpool", "prob", "prob-fixvar", "dab-T8", "dab", "dab-fixvar", "dab-const"]
+FULL_WORLDS, QUICK_WORLDS = ["benchmark", "uncertain"], ["quick", "uncertain-quick"]
+REFERENCE = "dab"  # the row the claim-aware differences are taken against
 
 
 def log(msg: str) -> None:
@@ -74,19 +96,25 @@ def log(msg: str) -> None:
 # --------------------------------------------------------------------------- data
 
 
-def build(preset: str, data_dir: Path, need_k2: bool, workers: int, train_views: int = 0) -> dict[str, Path]:
-    """The world and its stores (reused when already complete)."""
-    cfg = world_preset(preset)
-    root = data_dir / f"world-{preset}"
+def world_of(preset: str, sets: list[str]) -> tuple[str, WorldConfig]:
+    """The named world with ``KEY=VALUE`` overrides (``ambiguity=0``), and its label (``quick-ambiguity0``)."""
+    cfg = apply_overrides(world_preset(preset), sets)
+    return preset + "".join("-" + item.replace("=", "").replace(".", "p") for item in sets), cfg
+
+
+def build(label: str, cfg: WorldConfig, data_dir: Path, need_k2: bool, workers: int, train_views: int = 0,
+          claims: bool = False) -> dict[str, Path]:
+    """The world and its stores (reused when already complete); ``claims``: the eval stores too."""
+    root = data_dir / f"world-{label}"
     t0 = time.time()
     captions = make_world(root, cfg, workers=workers)
-    log(f"world {preset}: {cfg.train}/{cfg.val}/{cfg.test} videos in {root} ({time.time() - t0:.0f} s)")
-    stores = {"world": root, "frozen": data_dir / f"store-{preset}.h5"}
+    log(f"world {label}: {cfg.train}/{cfg.val}/{cfg.test} videos in {root} ({time.time() - t0:.0f} s)")
+    stores = {"world": root, "frozen": data_dir / f"store-{label}.h5"}
     kinds = [("frozen", None, 0)] + ([("k2", 2, 0)] if need_k2 else [])
     if train_views:  # the trained variants read this one instead of the frozen store (zero-shot does not)
         kinds.append(("views", None, train_views))
     for kind, k, views in kinds:
-        out = data_dir / f"store-{preset}{'' if k is None else f'-k{k}'}{f'-views{views}' if views else ''}.h5"
+        out = data_dir / f"store-{label}{'' if k is None else f'-k{k}'}{f'-views{views}' if views else ''}.h5"
         stores[kind] = out
         t0 = time.time()
         res = run_extract(ExtractConfig(dataset="folder", videos=root / "videos", annotations=captions,
@@ -94,6 +122,10 @@ def build(preset: str, data_dir: Path, need_k2: bool, workers: int, train_views:
                                         workers=workers, train_views=views))
         log(f"store {out.name}: {res.videos_ok} encoded, {res.videos_skipped} already there "
             f"({time.time() - t0:.0f} s, {out.stat().st_size / 2**20:.1f} MiB)")
+    if claims:
+        stores["eval"] = C.eval_store(root, data_dir / f"store-{label}-eval.h5", workers)
+        if need_k2:
+            stores["eval-k2"] = C.eval_store(root, data_dir / f"store-{label}-k2-eval.h5", workers, trainable_blocks=2)
     return stores
 
 
@@ -101,7 +133,7 @@ def oracle(world_root: Path) -> dict[str, float]:
     """R@K of a model that knows each test query's claim and ranks the videos it is true of first, at random."""
     meta = load_world(world_root)
     test = [(vid, v) for vid, v in meta["videos"].items() if v["split"] == "test"]
-    videos = {v.video_id: v for v in iter_world(world_preset_of(meta))}
+    videos = world_videos(meta)
     shots = [videos[vid].shots for vid, _ in test]
     m = []
     for _, v in test:
@@ -111,13 +143,6 @@ def oracle(world_root: Path) -> dict[str, float]:
     return {"R@1": float(np.mean(1 / m) * 100), "R@5": float(np.mean(np.minimum(1, 5 / m)) * 100),
             "R@10": float(np.mean(np.minimum(1, 10 / m)) * 100), "unique_queries": float(np.mean(m == 1) * 100),
             "mean_matches": float(np.mean(m))}
-
-
-def world_preset_of(meta: dict) -> Any:
-    from dab_pipeline.world import WorldConfig
-
-    c = meta["config"]
-    return WorldConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in c.items()})
 
 
 # --------------------------------------------------------------------------- runs
@@ -177,10 +202,23 @@ def one_run(variant: str, seed: int, stores: dict[str, Path], runs_dir: Path, ep
     return res | {"seconds": seconds}
 
 
+def run_claims(variant: str, seed: int, stores: dict[str, Path], runs_dir: Path, split: str,
+               t: "C.Truth") -> dict[str, np.ndarray]:
+    """Claim-aware per-query results of a finished run (cached in its folder)."""
+    out = runs_dir / f"{variant}-seed{seed}"
+    store = stores["eval-k2" if VARIANTS.get(variant, ("frozen",))[0] == "k2" else "eval"]
+    return C.run_queries(None if variant == "zero-shot" else out, store, split, t, out)
+
+
 def row_values(res: dict[str, Any]) -> dict[str, Optional[float]]:
     sel = res.get("selective", {}).get("R@1", {})
     var = (res.get("variance") or {}).get("mean", {})
+    bridge = res.get("bridge") or {}
+    share = bridge.get("pair_dependent_share", {})
+    pct = (lambda v: None if v is None else 100 * v)
     return {
+        "pair-dep mu": pct(share.get("mu")), "pair-dep logvar": pct(share.get("logvar")),
+        "const R@1": (bridge.get("constant_control") or {}).get("R@1"),
         "t2v R@1": res["t2v"]["R@1"], "t2v R@5": res["t2v"]["R@5"], "t2v R@10": res["t2v"]["R@10"],
         "t2v MnR": res["t2v"]["MnR"], "v2t R@1": res["v2t"]["R@1"],
         "AURC": sel.get("aurc"), "AURC random": sel.get("aurc_random"),
@@ -191,7 +229,7 @@ def row_values(res: dict[str, Any]) -> dict[str, Optional[float]]:
 
 
 COLUMNS = ["t2v R@1", "t2v R@5", "t2v R@10", "t2v MnR", "v2t R@1", "AURC", "AURC random", "R@1 @25%", "R@1 @10%",
-           "var text", "var bridge", "var video", "seconds"]
+           "var text", "var bridge", "var video", "pair-dep mu", "pair-dep logvar", "const R@1", "seconds"]
 
 
 def aggregate(per_seed: list[dict[str, Optional[float]]]) -> dict[str, Any]:
@@ -238,13 +276,58 @@ def machine() -> dict[str, Any]:
             "python": platform.python_version(), "commit": commit}
 
 
+def run_world(label: str, wcfg: WorldConfig, variants: list[str], seeds: list[int], args, epochs: int
+              ) -> dict[str, Any]:
+    """Every variant and seed on one world: both tables, printed and returned."""
+    claims_split = None if args.claims_split == "none" else args.claims_split
+    stores = build(label, wcfg, args.data_dir, need_k2="dab-ft2" in variants, workers=args.workers,
+                   train_views=args.train_views, claims=claims_split is not None)
+    orc = oracle(stores["world"])
+    log(f"oracle: R@1 {orc['R@1']:.1f} ({orc['unique_queries']:.0f}% of test queries true of one test video only)")
+    runs_dir = args.data_dir / f"runs-{label}{args.label}{f'-views{args.train_views}' if args.train_views else ''}"
+    truth = C.truth(stores["world"], stores["eval"], claims_split) if claims_split else None
+    table, per_run, claim_rows, per_query = {}, {}, {}, {}
+    for variant in variants:
+        rows, queries = [], []
+        for seed in ([0] if variant == "zero-shot" else seeds):
+            res = one_run(variant, seed, stores, runs_dir, epochs, args.overrides)
+            vals = row_values(res)
+            rows.append(vals)
+            per_run[f"{variant}/seed{seed}"] = vals
+            msg = f"{label} {variant} seed {seed}: t2v R@1 {vals['t2v R@1']:.1f} MnR {vals['t2v MnR']:.2f}"
+            if truth is not None:
+                queries.append(run_claims(variant, seed, stores, runs_dir, claims_split, truth))
+                msg += f"; claim-aware mAP {100 * queries[-1]['AP'].mean():.1f}"
+            log(msg + f" ({vals['seconds']:.0f} s)")
+        table[variant] = aggregate(rows)
+        if truth is not None:
+            claim_rows[variant], per_query[variant] = C.claim_row(queries, truth), queries
+    boot = C.bootstrap_rows(per_query, args.reference) if truth is not None else {}
+    text = markdown(table, orc)
+    if truth is not None:
+        text += (f"\n\nClaim-aware ({claims_split} split: {len(truth.levels)} queries, every caption of every "
+                 f"{claims_split} video; relevant = every {claims_split} video its claim is true of, "
+                 f"{truth.n_relevant.mean():.1f} on average):\n\n" + C.claim_markdown(claim_rows, boot, args.reference))
+    return {"world": label, "config": dataclasses.asdict(wcfg), "oracle": orc, "table": table, "runs": per_run,
+            "claims": {"split": claims_split, "rows": claim_rows, "bootstrap": boot,
+                       "queries": None if truth is None else int(len(truth.levels))}, "markdown": text}
+
+
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help=f"the quick world, seed 1, variants {QUICK_VARIANTS}")
-    ap.add_argument("--world", default=None, help="world preset (default: benchmark; quick with --quick)")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"the worlds {QUICK_WORLDS}, seed 1, variants {QUICK_VARIANTS}")
+    ap.add_argument("--world", nargs="+", default=None,
+                    help=f"world presets (default: {' '.join(FULL_WORLDS)}; quick: {' '.join(QUICK_WORLDS)})")
+    ap.add_argument("--world-set", dest="world_sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a field of every world (e.g. ambiguity=0); the world's folders get a suffix")
     ap.add_argument("--seeds", type=int, nargs="+", default=None, help="training seeds (default 1 2 3; quick: 1)")
     ap.add_argument("--variants", nargs="+", default=None,
-                    help=f"of: zero-shot {' '.join(VARIANTS)} (default: all; quick: {' '.join(QUICK_VARIANTS)})")
+                    help=f"of: zero-shot {' '.join(VARIANTS)} (default: zero-shot {' '.join(FULL_VARIANTS)}; "
+                         f"quick: zero-shot {' '.join(QUICK_VARIANTS)})")
+    ap.add_argument("--claims-split", default="test", choices=["test", "val", "none"],
+                    help="the split of the claim-aware table (val for model selection; none: skip it)")
+    ap.add_argument("--reference", default=REFERENCE, help="the row the claim-aware differences are taken against")
     ap.add_argument("--epochs", type=int, default=None, help=f"default {RECIPE['epochs']}")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="extra TrainConfig override for every trained variant (a sweep)")
@@ -255,37 +338,22 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     ap.add_argument("--out", type=Path, default=None, help="write quality.md / quality.json here")
     ap.add_argument("--workers", type=int, default=2, help="world writing and decoding processes")
     args = ap.parse_args(argv)
-    preset = args.world or ("quick" if args.quick else "benchmark")
+    presets = args.world or (QUICK_WORLDS if args.quick else FULL_WORLDS)
     seeds = args.seeds or ([1] if args.quick else [1, 2, 3])
-    variants = args.variants or (["zero-shot"] + (QUICK_VARIANTS if args.quick else list(VARIANTS)))
+    variants = args.variants or (["zero-shot"] + (QUICK_VARIANTS if args.quick else FULL_VARIANTS))
     bad = [v for v in variants if v != "zero-shot" and v not in VARIANTS]
     if bad:
         ap.error(f"unknown variants {bad}; valid: zero-shot, {', '.join(VARIANTS)}")
     epochs = args.epochs or (QUICK_EPOCHS if args.quick else RECIPE["epochs"])
     t_start = time.time()
-    stores = build(preset, args.data_dir, need_k2="dab-ft2" in variants, workers=args.workers,
-                   train_views=args.train_views)
-    orc = oracle(stores["world"])
-    log(f"oracle: R@1 {orc['R@1']:.1f} ({orc['unique_queries']:.0f}% of test queries true of one test video only)")
-    runs_dir = args.data_dir / f"runs-{preset}{args.label}{f'-views{args.train_views}' if args.train_views else ''}"
-    table, per_run = {}, {}
-    for variant in variants:
-        rows = []
-        for seed in ([0] if variant == "zero-shot" else seeds):
-            res = one_run(variant, seed, stores, runs_dir, epochs, args.overrides)
-            vals = row_values(res)
-            rows.append(vals)
-            per_run[f"{variant}/seed{seed}"] = vals
-            log(f"{variant} seed {seed}: t2v R@1 {vals['t2v R@1']:.1f} MnR {vals['t2v MnR']:.2f} "
-                f"({vals['seconds']:.0f} s)")
-        table[variant] = aggregate(rows)
-    text = markdown(table, orc)
-    result = {"world": preset, "seeds": seeds, "epochs": epochs, "recipe": RECIPE, "overrides": args.overrides,
-              "machine": machine(), "oracle": orc, "table": table, "runs": per_run,
-              "wall_seconds": time.time() - t_start}
+    worlds = [world_of(p, args.world_sets) for p in presets]
+    results = [run_world(label, wcfg, variants, seeds, args, epochs) for label, wcfg in worlds]
+    result = {"worlds": results, "seeds": seeds, "epochs": epochs, "recipe": RECIPE, "overrides": args.overrides,
+              "machine": machine(), "wall_seconds": time.time() - t_start}
+    text = "\n\n".join(f"## {r['world']} world\n\n{r['markdown']}" for r in results)
     print(text)
-    print(f"\n{preset} world, seeds {seeds}, {epochs} epochs; wall time {result['wall_seconds'] / 60:.1f} min on "
-          f"{result['machine']['cpu']} ({result['machine']['cores']} cores)")
+    print(f"\nworlds {', '.join(r['world'] for r in results)}, seeds {seeds}, {epochs} epochs; wall time "
+          f"{result['wall_seconds'] / 60:.1f} min on {result['machine']['cpu']} ({result['machine']['cores']} cores)")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "quality.md").write_text(text + "\n")

@@ -482,3 +482,84 @@ def test_shift_decomposition_of_shifts_built_to_one_part() -> None:
     with pytest.raises(ConfigError, match="grid"):
         M.shift_decomposition(np.zeros((3, 4)))
     assert math.isnan(M.shift_decomposition(np.zeros((2, 2, 3)))["pair_dependent"])
+
+
+# ----------------------------------------------------------------------------- several relevant videos
+
+
+def naive_relevance(cost: np.ndarray, rel: np.ndarray, k: int) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {"AP": [], "nDCG": [], "P@1": []}
+    for c, r in zip(cost, rel):
+        order = sorted(range(len(c)), key=lambda j: (c[j], bool(r[j])))  # ties: irrelevant first
+        ranked = [bool(r[j]) for j in order]
+        found, precisions = 0, []
+        for i, hit in enumerate(ranked, 1):
+            if hit:
+                found += 1
+                precisions.append(found / i)
+        out["AP"].append(sum(precisions) / len(precisions))
+        dcg = sum(1 / math.log2(i + 1) for i, hit in enumerate(ranked[:k], 1) if hit)
+        idcg = sum(1 / math.log2(i + 1) for i in range(1, min(k, sum(ranked)) + 1))
+        out["nDCG"].append(dcg / idcg)
+        out["P@1"].append(float(ranked[0]))
+    return out
+
+
+def test_relevance_metrics_hand_case() -> None:
+    cost = np.array([[0.1, 0.2, 0.3, 0.4], [0.5, 0.5, 0.1, 0.9]])
+    rel = np.array([[False, True, False, True], [True, False, False, False]])
+    m = M.relevance_metrics(cost, rel, k=2)
+    # query 0: relevant at ranks 2 and 4 -> AP (1/2 + 2/4) / 2; nDCG@2 = (1/log2 3) / 1; P@1 0
+    third = 1 / math.log2(3)
+    assert m["AP"][0] == pytest.approx(0.5) and m["nDCG@2"][0] == pytest.approx(third / (1 + third))
+    assert m["P@1"][0] == 0.0 and m["relevant"].tolist() == [2.0, 1.0]
+    # query 1: the relevant video ties with an irrelevant one at 0.5: ranked after it (rank 3)
+    assert m["AP"][1] == pytest.approx(1 / 3) and m["nDCG@2"][1] == 0.0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_relevance_metrics_match_naive_with_ties(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    cost = rng.integers(0, 5, size=(30, 12)).astype(np.float32)  # many ties
+    rel = rng.random((30, 12)) < 0.3
+    rel[np.arange(30), rng.integers(0, 12, 30)] = True
+    got, want = M.relevance_metrics(cost, rel, k=5), naive_relevance(cost, rel, 5)
+    np.testing.assert_allclose(got["AP"], want["AP"])
+    np.testing.assert_allclose(got["nDCG@5"], want["nDCG"])
+    np.testing.assert_allclose(got["P@1"], want["P@1"])
+    with pytest.raises(ConfigError, match="no relevant"):
+        M.relevance_metrics(cost, np.zeros_like(rel))
+
+
+def test_paired_bootstrap_hand_case_and_identical_rows() -> None:
+    # two queries with paired differences 0 and 1: a resample's mean is 0, 0.5 or 1 with
+    # probabilities 1/4, 1/2, 1/4, so the 95 % interval is [0, 1] around the mean 0.5
+    res = M.paired_bootstrap([0.0, 1.0], [0.0, 0.0], n_boot=4000, seed=0)
+    assert res["diff"] == 0.5 and res["low"] == 0.0 and res["high"] == 1.0 and not res["excludes_zero"]
+    rng = np.random.default_rng(3)
+    a = rng.random(200)
+    same = M.paired_bootstrap(a, a)
+    assert same["diff"] == same["low"] == same["high"] == 0.0 and not same["excludes_zero"]
+    shifted = M.paired_bootstrap(a + 0.1, a)
+    assert shifted["low"] == pytest.approx(0.1) and shifted["excludes_zero"]
+    # two independent noisy rows of the same mean: the 95 % interval covers 0 about 95 % of the time
+    covered = [not M.paired_bootstrap(rng.random((3, 100)), rng.random((3, 100)), n_boot=500, seed=s)["excludes_zero"]
+               for s in range(40)]
+    assert 34 <= sum(covered) <= 40
+    b = rng.random((3, 200))
+    # seeds pooled: (S, Q) is averaged per query first
+    assert M.paired_bootstrap(b, a)["diff"] == pytest.approx(b.mean() - a.mean())
+    with pytest.raises(ConfigError, match="same queries"):
+        M.paired_bootstrap(a, a[:10])
+
+
+def test_spearman_hand_cases() -> None:
+    assert M.spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
+    assert M.average_ranks([10, 20, 20, 30]).tolist() == [1.0, 2.5, 2.5, 4.0]
+    want = np.corrcoef([1.0, 2.5, 2.5, 4.0], [1.0, 3.0, 2.0, 4.0])[0, 1]
+    assert M.spearman([1, 2, 2, 3], [1, 3, 2, 4]) == pytest.approx(want)
+    assert math.isnan(M.spearman([1, 1, 1], [1, 2, 3]))
+    # rank correlation: any increasing transform of one side leaves it unchanged
+    rng = np.random.default_rng(0)
+    x, y = rng.random(50), rng.random(50)
+    assert M.spearman(np.exp(5 * x), y) == pytest.approx(M.spearman(x, y))

@@ -271,3 +271,23 @@ def test_uncertainty_knobs_are_probabilities() -> None:
     for name in ("partial", "low_contrast", "flash"):
         with pytest.raises(ConfigError, match=name):
             WorldConfig(**{name: 1.5})
+
+
+def test_relevance_matrix_follows_the_claims(small_world: Path) -> None:
+    from dab_pipeline.world import caption_claims, load_world, relevance_matrix, world_videos
+
+    meta = load_world(small_world)
+    videos = world_videos(meta)
+    rows = [r for r in _rows(small_world / "captions_all.csv") if r["split"] == "test"]
+    claims, levels = caption_claims(meta, [r["video_id"] for r in rows], [r["caption"] for r in rows])
+    assert levels == [r["level"] for r in rows]
+    test_ids = sorted({r["video_id"] for r in rows})
+    rel = relevance_matrix(claims, [videos[v] for v in test_ids])
+    for q, r in enumerate(rows):
+        assert rel[q, test_ids.index(r["video_id"])]  # every caption is true of its own video
+        for j, vid in enumerate(test_ids):  # and of exactly the videos satisfies() says
+            assert rel[q, j] == satisfies(videos[vid].shots, claims[q])
+    generic = [q for q, lv in enumerate(levels) if lv == "generic"]
+    assert rel[generic].sum(axis=1).mean() > rel[[q for q, lv in enumerate(levels) if lv == "video"]].sum(axis=1).mean()
+    with pytest.raises(ConfigError, match="no caption"):
+        caption_claims(meta, [rows[0]["video_id"]], ["a caption nobody wrote"])

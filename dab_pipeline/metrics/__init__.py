@@ -22,6 +22,8 @@ from ..choices import V2T_CONVENTIONS  # noqa: F401  (re-exported)
 from .retrieval import POSTPROCESS_NAMES, RECALL_KS, dual_softmax, evaluate_all, inverted_softmax, retrieval_metrics, t2v_metrics, t2v_ranks, v2t_metrics, v2t_ranks, v2t_ranks_by_video  # noqa: F401
 from .selective import accuracy_at_coverage, aurc, aurc_optimal, aurc_random, aurc_random_mc, kl_margin, risk_coverage, selective_report  # noqa: F401
 from .diagnostics import semantic_neighbourhood, shift_decomposition, variance_asymmetry  # noqa: F401
+from .relevance import ranked_relevance, relevance_metrics  # noqa: F401
+from .stats import average_ranks, paired_bootstrap, spearman  # noqa: F401
 
 __all__ = [
     "RECALL_KS",
@@ -47,4 +49,9 @@ __all__ = [
     "variance_asymmetry",
     "semantic_neighbourhood",
     "shift_decomposition",
+    "ranked_relevance",
+    "relevance_metrics",
+    "paired_bootstrap",
+    "average_ranks",
+    "spearman",
 ]
