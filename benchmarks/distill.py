@@ -1,10 +1,14 @@
 """`dab distill` on the procedural world: the S-step student against its T' teacher and against training T'=1 from scratch.
 
-For each seed: the teacher (dab, T'=32, the world recipe), the scratch baselines (dab with T'=1,
-T'=8), and the students of the teacher with S=1 and S=2 (``run_distill``), all through the stage
-functions on the store ``benchmarks/quality.py`` builds. Prints test R@1 / MnR / AURC, the share of
-queries whose top-1 video equals the teacher's, and the test split's scoring rate (pairs/s, the
-fast engine, float32, best of 3), mean +- std over seeds.
+For each seed: the teacher (dab, T'=32, the world recipe, 10 epochs), the scratch baselines (dab
+with T'=1, T'=8, 10 epochs), the compute-matched control (T'=1 from scratch for the teacher's
+epochs plus the distillation's: as many optimiser steps as teacher and student together, since
+a distillation epoch counts steps like its teacher's, one caption per video on the world), and
+the students of the teacher with S=1 and S=2 (``run_distill``, with the teacher's weight decay,
+warm-up and cosine decay), all through the stage functions on the store
+``benchmarks/quality.py`` builds. Prints test R@1 / MnR / AURC, the optimiser steps, the share
+of queries whose top-1 video equals the teacher's, and the test split's scoring rate (pairs/s,
+the fast engine, float32, best of 3), mean +- std over seeds.
 
     python benchmarks/distill.py [--world quick] [--seeds 1 2 3] [--epochs 5] [--data-dir bench_data]
 """
@@ -44,6 +48,21 @@ def pairs_per_second(run_dir: Path, store: Path, repeats: int = 3) -> float:
     return len(test.caption_ids) * len(test.video_ids) / best
 
 
+def train_steps(run_dir: Path) -> int:
+    """Optimiser steps a run (or a student, without its teacher's) took: the step of its last logged epoch, or
+    epochs x steps per epoch for a distillation (whose log has no step)."""
+    import json
+
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    if "step" in records[-1]:
+        return int(records[-1]["step"])
+    cfg = json.loads((run_dir / "config.json").read_text())
+    with open_store(cfg["features"]) as st:
+        train = st.load_split(cfg["train_split"])
+    per_epoch = len(set(np.asarray(train.caption_video).tolist())) if cfg["epoch"] == "videos" else len(train.caption_ids)
+    return len(records) * (per_epoch // cfg["batch_size"])
+
+
 def row(run_dir: Path, store: Path, teacher_top1: Optional[np.ndarray]) -> dict[str, float]:
     res = run_evaluate(EvaluateConfig(run=run_dir, plots=False, examples=0))
     top1 = read_costs(next(run_dir.glob("costs_test.*"))).cost.argmin(1)
@@ -67,10 +86,17 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         teacher = runs_dir / f"dab-seed{seed}"
         t_row = row(teacher, stores["frozen"], None)
         table.setdefault("teacher T'=32", []).append(t_row)
+        t_row["steps"] = train_steps(teacher)
         for name in ("dab-T8", "dab-T1"):
             Q.one_run(name, seed, stores, runs_dir, Q.QUICK_EPOCHS, [])
-            table.setdefault(f"scratch T'={name[5:]}", []).append(row(runs_dir / f"{name}-seed{seed}", stores["frozen"],
-                                                                     t_row["top1"]))
+            run = runs_dir / f"{name}-seed{seed}"
+            table.setdefault(f"scratch T'={name[5:]}", []).append(row(run, stores["frozen"], t_row["top1"])
+                                                                  | {"steps": train_steps(run)})
+        matched = runs_dir / "matched"  # T'=1 for the teacher's epochs + the distillation's
+        Q.one_run("dab-T1", seed, stores, matched, Q.QUICK_EPOCHS + args.epochs, [])
+        run = matched / f"dab-T1-seed{seed}"
+        table.setdefault("scratch T'=1, steps of teacher + student", []).append(
+            row(run, stores["frozen"], t_row["top1"]) | {"steps": train_steps(run)})
         for s in (1, 2):
             out = args.data_dir / f"distill-{args.world}" / f"S{s}-seed{seed}"
             if not (out / "status.json").exists() or '"complete"' not in (out / "status.json").read_text():
@@ -78,9 +104,10 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
 
                 shutil.rmtree(out, ignore_errors=True)
                 run_distill(DistillConfig(teacher=teacher, out=out, student_steps=s, epochs=args.epochs, seed=seed))
-            table.setdefault(f"student S={s}", []).append(row(out, stores["frozen"], t_row["top1"]))
+            table.setdefault(f"student S={s}", []).append(row(out, stores["frozen"], t_row["top1"])
+                                                          | {"steps": t_row["steps"] + train_steps(out)})
         print(f"seed {seed} done", flush=True)
-    cols = ["R@1", "MnR", "AURC", "top-1 = teacher %", "pairs/s"]
+    cols = ["R@1", "MnR", "AURC", "steps", "top-1 = teacher %", "pairs/s"]
     print("\n| model | " + " | ".join(cols) + " |\n| --- |" + " ---: |" * len(cols))
     for name, rows in table.items():
         cells = []

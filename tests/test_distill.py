@@ -133,3 +133,25 @@ def test_a_run_without_a_bridge_is_refused(teacher: Path, tmp_path: Path) -> Non
         run_distill(DistillConfig(teacher=tmp_path / "prob", out=tmp_path / "s"))
     r = CliRunner().invoke(cli, ["distill", "--run", str(tmp_path / "prob"), "--out", str(tmp_path / "s2")])
     assert r.exit_code != 0 and "has no bridge to distill" in r.output and "Traceback" not in r.output
+
+
+def test_distillation_counts_steps_like_its_teacher(tmp_path: Path) -> None:
+    """The teacher's epoch mode (one caption per video), its weight decay and warm-up, then a cosine decay."""
+    from dab_pipeline.events import Event
+
+    store = _random_store(tmp_path / "store.h5")  # 20 training videos, 2 captions each
+    cfg = apply_overrides(TrainConfig(features=store, out=tmp_path / "teacher"),
+                          [*SMALL, "model.variant=dab", "model.steps=2", "epoch=videos", "weight_decay=0.05",
+                           "warmup_ratio=0.2"])
+    with open_store(store) as st:
+        run_train(resolve_train_config(cfg, st.manifest))
+    events: list[Event] = []
+    out = tmp_path / "student"
+    run_distill(DistillConfig(teacher=tmp_path / "teacher", out=out, epochs=3, batch_size=4), progress=events.append)
+    steps = sum(e.n for e in events if e.kind == "advance" and e.task == "distill")
+    assert steps == 3 * (20 // 4)  # videos per epoch, not the 40 captions
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["weight_decay"] == 0.05 and saved["warmup_ratio"] == 0.2 and saved["epoch"] == "videos"
+    ck = load_checkpoint(out / "checkpoints" / "last.pt")
+    assert ck["sched"]["last_epoch"] == steps and ck["optim"]["param_groups"][0]["lr"] == pytest.approx(0.0, abs=1e-9)
+    assert ck["optim"]["param_groups"][0]["weight_decay"] == 0.05

@@ -37,6 +37,7 @@ from ..errors import ConfigError, TrainingError
 from ..events import Event, ProgressCallback, null_progress
 from ..fsutil import sha256_file
 from ..runs import RunFolder
+from .train.config import epoch_length, lr_lambda
 
 __all__ = ["DistillConfig", "DistillResult", "run_distill", "distill_loss"]
 
@@ -49,7 +50,10 @@ class DistillConfig:
     epochs: int = 5
     batch_size: int = 32
     lr: float = 1e-3
-    weight_decay: float = 0.0
+    # None: the teacher's (its recipe's) weight decay and warm-up ratio; a warm-up is followed by a cosine
+    # decay to zero, as `dab train` schedules its lr
+    weight_decay: Optional[float] = None
+    warmup_ratio: Optional[float] = None
     state_weight: float = 1.0
     rank_weight: float = 1.0
     seed: int = 24
@@ -62,6 +66,10 @@ class DistillConfig:
             raise ConfigError("epochs must be >= 1 and batch_size >= 2")
         if self.state_weight < 0 or self.rank_weight < 0 or self.state_weight + self.rank_weight == 0:
             raise ConfigError("state_weight and rank_weight must be >= 0, not both 0")
+        if self.weight_decay is not None and self.weight_decay < 0:
+            raise ConfigError(f"weight_decay must be >= 0 or None (the teacher's), got {self.weight_decay}")
+        if self.warmup_ratio is not None and not 0.0 <= self.warmup_ratio < 1.0:
+            raise ConfigError(f"warmup_ratio must be in [0, 1) or None (the teacher's), got {self.warmup_ratio}")
 
 
 @dataclass
@@ -121,20 +129,27 @@ def run_distill(cfg: DistillConfig, progress: ProgressCallback = null_progress, 
         raise TrainingError(f"{out} already holds a run; use --resume to continue it, or choose another --out")
     train, val, test = _splits(tcfg, device)
     student = build_student(teacher, cfg.student_steps).to(device)
+    # the teacher's schedule where the distillation does not set its own: what an epoch visits (its epoch
+    # mode), weight decay and warm-up, so a student's steps count like its teacher's
+    wd = tcfg.weight_decay if cfg.weight_decay is None else cfg.weight_decay
+    warmup = tcfg.warmup_ratio if cfg.warmup_ratio is None else cfg.warmup_ratio
     run_cfg = dataclasses.replace(tcfg, out=out, model=student.cfg, epochs=cfg.epochs, batch_size=cfg.batch_size,
-                                  lr=cfg.lr, seed=cfg.seed, recipe=None)
+                                  lr=cfg.lr, seed=cfg.seed, recipe=None, weight_decay=wd, warmup_ratio=warmup)
     _open_folder(folder, cfg, run_cfg, teacher_run, resume)
-    optim = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=cfg.lr,
-                              weight_decay=cfg.weight_decay)
+    optim = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=wd)
+    steps = epoch_length(train.caption_video.numpy(), tcfg.epoch) // cfg.batch_size
+    if steps < 1:
+        raise ConfigError(f"batch_size {cfg.batch_size} is larger than an epoch of the teacher's training split")
+    sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_lambda(steps * cfg.epochs, warmup))
     torch.manual_seed(cfg.seed)
-    start, best, best_epoch = _restore(folder, student, optim, device, resume, progress)
+    start, best, best_epoch = _restore(folder, student, optim, sched, device, resume, progress)
     temperature = _temperature(teacher)
-    steps = len(train.caption_video) // cfg.batch_size
     val_metrics = None
     progress(Event("start", task="distill", total=(cfg.epochs - start) * steps))
     for epoch in range(start, cfg.epochs):
         t0 = time.time()
-        losses = _distill_epoch(student, teacher, train, cfg, epoch, steps, optim, temperature, device, progress)
+        losses = _distill_epoch(student, teacher, train, cfg, tcfg.epoch, epoch, steps, optim, sched, temperature,
+                                device, progress)
         record: dict[str, Any] = {"epoch": epoch + 1, "loss": losses, "epoch_seconds": round(time.time() - t0, 3)}
         improved = True
         if val is not None:
@@ -146,7 +161,8 @@ def run_distill(cfg: DistillConfig, progress: ProgressCallback = null_progress, 
         else:
             best_epoch = epoch + 1
         folder.append_metrics(record)
-        state = {"model": student.state_dict(), "heads": None, "optim": optim.state_dict(), "epoch": epoch + 1,
+        state = {"model": student.state_dict(), "heads": None, "optim": optim.state_dict(),
+                 "sched": sched.state_dict(), "epoch": epoch + 1,
                  "best_value": best, "best_epoch": best_epoch, "rng": rng_state(), "config": to_dict(run_cfg)}
         folder.save_checkpoint(RunFolder.LAST, state)
         if improved:
@@ -193,23 +209,26 @@ def _open_folder(folder: RunFolder, cfg: DistillConfig, run_cfg, teacher_run, re
     folder.write_status(state="running", features=str(run_cfg.features))
 
 
-def _restore(folder: RunFolder, student, optim, device: torch.device, resume: bool, progress: ProgressCallback):
+def _restore(folder: RunFolder, student, optim, sched, device: torch.device, resume: bool,
+             progress: ProgressCallback):
     """(first epoch, best value, best epoch): from last.pt with --resume, else a fresh start."""
     ck = folder.load_checkpoint(RunFolder.LAST, map_location=device) if resume else None
     if ck is None:
         return 0, None, None
     student.load_state_dict(ck["model"])
     optim.load_state_dict(ck["optim"])
+    if "sched" in ck:  # students distilled before the schedule kept a constant lr
+        sched.load_state_dict(ck["sched"])
     set_rng_state(ck["rng"])
     progress(Event("info", message=f"resuming {folder.path} at epoch {ck['epoch'] + 1}"))
     return ck["epoch"], ck["best_value"], ck["best_epoch"]
 
 
-def _distill_epoch(student, teacher, train, cfg: DistillConfig, epoch: int, steps: int, optim, temperature,
-                   device: torch.device, progress: ProgressCallback) -> dict[str, float]:
+def _distill_epoch(student, teacher, train, cfg: DistillConfig, mode: str, epoch: int, steps: int, optim, sched,
+                   temperature, device: torch.device, progress: ProgressCallback) -> dict[str, float]:
     from .train import epoch_order
 
-    order = epoch_order(train.caption_video.numpy(), "captions", cfg.seed, epoch)
+    order = epoch_order(train.caption_video.numpy(), mode, cfg.seed, epoch)  # the teacher's epoch mode
     # eval mode for both: the student's copied pooling must see what the teacher's does (no dropout);
     # gradients still reach the bridge, the only part that trains
     student.eval()
@@ -226,6 +245,7 @@ def _distill_epoch(student, teacher, train, cfg: DistillConfig, epoch: int, step
         optim.zero_grad(set_to_none=True)
         loss.backward()
         optim.step()
+        sched.step()
         sums["loss"] += float(loss.detach())
         for k, x in parts.items():
             sums[k] += x
