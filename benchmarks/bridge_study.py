@@ -51,7 +51,7 @@ SETTINGS: dict[str, list[str]] = {
     "residual": DAB + ["model.drift_inputs=residual"],  # mu_v - mu_t as one more input of the drift
 }
 REFERENCES = ("dab", "dab-const", "prob")
-COLUMNS = ["val R@1", "const R@1", "claim mAP", "claim nDCG@10", "claim P@1", "pair-dep mu", "pair-dep logvar",
+COLUMNS = ["val R@1", "const R@1", "same top-1", "claim mAP", "claim nDCG@10", "claim P@1", "pair-dep mu", "pair-dep logvar",
            "pair part mu", "var text", "var bridge", "var video", "seconds"]
 
 
@@ -76,12 +76,15 @@ def run_setting(name: str, seed: int, stores: dict[str, Path], runs_dir: Path, s
         run_evaluate(EvaluateConfig(run=out, plots=False, examples=0))
         bench.write_text(json.dumps({"seconds": time.time() - t0, "config": want}, default=str))
     res = json.loads((out / "metrics.json").read_text())
+    if res.get("bridge", {}).get("decomposition") and "same_top1" not in res["bridge"].get("constant_control", {}):
+        res = run_evaluate(EvaluateConfig(run=out, plots=False, examples=0))  # evaluated before the agreement existed
     queries = C.run_queries(out, stores["eval"], "val", truth, out)
     bridge = res.get("bridge") or {}
     share, parts = bridge.get("pair_dependent_share", {}), bridge.get("decomposition", {}).get("mu", {})
     var = (res.get("variance") or {}).get("mean", {})
     pct = (lambda v: None if v is None else 100 * v)
-    row = {"val R@1": res["t2v"]["R@1"], "const R@1": (bridge.get("constant_control") or {}).get("R@1"),
+    ctrl = bridge.get("constant_control") or {}
+    row = {"val R@1": res["t2v"]["R@1"], "const R@1": ctrl.get("R@1"), "same top-1": ctrl.get("same_top1"),
            "claim mAP": 100 * queries["AP"].mean(), "claim nDCG@10": 100 * queries["nDCG@10"].mean(),
            "claim P@1": 100 * queries["P@1"].mean(), "pair-dep mu": pct(share.get("mu")),
            "pair-dep logvar": pct(share.get("logvar")), "pair part mu": pct(parts.get("interaction")),

@@ -153,8 +153,10 @@ def test_evaluate_reports_a_constant_bridge_and_warns(bridge_runs) -> None:
     assert bridge["pair_dependent_share"]["mu"] < 1e-6 and bridge["pair_dependent_share"]["logvar"] < 1e-6
     assert bridge["acts_as_constant"] is True
     assert any(e.kind == "warning" and "acts as a constant shift" in e.message for e in events)
-    # the control is the same function here: the same retrieval
+    # the control is the same function here: the same retrieval, the same ranking
     assert bridge["constant_control"]["R@1"] == pytest.approx(res["t2v"]["R@1"])
+    assert bridge["constant_control"]["same_top1"] == 100.0
+    assert bridge["constant_control"]["rank_correlation"] == pytest.approx(1.0)
     assert bridge["probe"]["pairs"] == 10 * 5 and bridge["probe"]["of"] == [10, 5]
     saved = json.loads((bridge_runs["constant"] / "metrics.json").read_text())["bridge"]
     assert set(saved) >= {"pair_dependent_share", "constant_control", "decomposition", "probe"}
@@ -166,7 +168,8 @@ def test_evaluate_reports_a_pair_dependent_bridge_without_a_warning(bridge_runs)
     res = run_evaluate(EvaluateConfig(run=bridge_runs["pulling"], plots=False, examples=0), progress=events.append)
     assert res["bridge"]["pair_dependent_share"]["mu"] > 0.5 and res["bridge"]["acts_as_constant"] is False
     assert not any(e.kind == "warning" and "constant shift" in e.message for e in events)
-    assert set(res["bridge"]["constant_control"]) >= {"R@1", "MnR", "aurc"}
+    assert set(res["bridge"]["constant_control"]) >= {"R@1", "MnR", "aurc", "same_top1", "rank_correlation"}
+    assert res["bridge"]["constant_control"]["rank_correlation"] < 1.0
 
 
 def test_a_constant_drift_run_is_constant_by_construction(bridge_runs) -> None:

@@ -134,7 +134,9 @@ def bridge_report(run: Path, cm, store_path: Optional[Path], seed: int = 0,
     sigma^2, on a seeded grid of at most PROBE_SIDE texts x PROBE_SIDE videos of the split, split
     further into what depends on the text, the video and the pair (``decomposition``).
     ``constant_control``: the t2v metrics of the same model with its bridge replaced by that mean
-    shift, scored on every pair of the split, beside the real ones.
+    shift, scored on every pair of the split, beside the real ones, and how alike the two rankings
+    are (``same_top1``: % of queries with the same best video; ``rank_correlation``: the mean
+    per-query Spearman correlation of the two cost rows).
     """
     import torch
 
@@ -183,12 +185,30 @@ def bridge_report(run: Path, cm, store_path: Optional[Path], seed: int = 0,
                   "of": [int(feats.num_queries), int(feats.num_videos)], "max_side": PROBE_SIDE, "seed": seed},
         "mean_shift": {"mu_norm": float(np.linalg.norm(probe.mean_shift_mu))}
         | ({} if probe.mean_shift_logvar is None else {"logvar_mean": float(probe.mean_shift_logvar.mean())}),
-        "constant_control": t2v_metrics(cost, gt) | {"aurc": aurc},
+        "constant_control": t2v_metrics(cost, gt) | {"aurc": aurc} | _agreement(_cost_of(cm), cost),
         "acts_as_constant": bool(max(share.values()) < CONSTANT_SHARE),
     }
     if out["acts_as_constant"]:
         progress(Event("warning", message=bridge_warning(out)))
     return out
+
+
+def _cost_of(cm) -> np.ndarray:
+    return np.asarray(cm.to_cost() if hasattr(cm, "to_cost") else cm.cost, np.float64)
+
+
+def _agreement(real: np.ndarray, control: np.ndarray) -> dict[str, float]:
+    """How alike two rankings of the same queries are: the share of queries with the same best video (%), and the
+    mean over queries of the Spearman correlation of their costs over the videos (ties broken by index)."""
+    same = float(np.mean(real.argmin(axis=1) == control.argmin(axis=1)) * 100)
+    if real.shape[1] < 2:
+        return {"same_top1": same}
+    ra = real.argsort(axis=1).argsort(axis=1).astype(np.float64)  # (Q, V) ranks
+    rb = np.asarray(control, np.float64).argsort(axis=1).argsort(axis=1).astype(np.float64)
+    ra -= ra.mean(axis=1, keepdims=True)
+    rb -= rb.mean(axis=1, keepdims=True)
+    rho = (ra * rb).sum(axis=1) / np.sqrt((ra * ra).sum(axis=1) * (rb * rb).sum(axis=1))
+    return {"same_top1": same, "rank_correlation": float(rho.mean())}
 
 
 def bridge_warning(bridge: dict[str, Any]) -> str:
