@@ -59,3 +59,39 @@ def test_json_round_trip(tmp_path: Path) -> None:
     assert from_dict(Outer, to_dict(cfg)) == cfg
     with pytest.raises(ConfigError, match="unknown Outer keys"):
         from_dict(Outer, {**to_dict(cfg), "bogus": 1})
+
+
+# Numeric fields for which 0 or -1 is a meaningful value (every other 0 / -1 must be refused when built)
+MEANINGFUL = {("TrainConfig", "weight_decay", 0), ("TrainConfig", "seed", 0), ("TrainConfig", "checkpoint_every", 0),
+              ("TrainConfig", "warmup_ratio", 0), ("ModelConfig", "dropout", 0), ("ModelConfig", "drift_init", 0),
+              ("ModelConfig", "logvar_init", 0), ("ModelConfig", "logvar_init", -1), ("ModelConfig", "logvar_max", 0),
+              ("ModelConfig", "logvar_max", -1)}
+
+
+def _numeric_fields(cls) -> list[str]:
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    numeric = (int, float, Optional[int], Optional[float])
+    return [f.name for f in dataclasses.fields(cls) if hints[f.name] in numeric]
+
+
+@pytest.mark.parametrize("section", ["TrainConfig", "ModelConfig"])
+def test_every_numeric_field_is_checked_when_the_config_is_built(section: str) -> None:
+    """A walk over every numeric field with 0 and -1: refused with the field's name and its range, unless the
+    value means something (MEANINGFUL); never accepted to fail an epoch later."""
+    from dab_pipeline.model import ModelConfig
+    from dab_pipeline.stages.train import TrainConfig
+
+    base = TrainConfig(features=Path("s.h5"), out=Path("r"))
+    fields = _numeric_fields(TrainConfig if section == "TrainConfig" else ModelConfig)
+    assert len(fields) >= 10
+    for name in fields:
+        for value in (0, -1):
+            key = name if section == "TrainConfig" else f"model.{name}"
+            if (section, name, value) in MEANINGFUL:
+                apply_overrides(base, [f"{key}={value}"])
+                continue
+            with pytest.raises(ConfigError, match=name) as err:
+                apply_overrides(base, [f"{key}={value}"])
+            assert "valid" in str(err.value) or "must" in str(err.value), str(err.value)

@@ -547,16 +547,23 @@ def test_a_constant_drift_shifts_every_pair_alike_and_starts_as_prob() -> None:
     text, frames, mask = batch()
     with torch.no_grad():
         torch.testing.assert_close(const(text, frames, mask).cost, prob(text, frames, mask).cost)
-        const.bridge.shift_mu.normal_()
-        const.bridge.shift_logvar.uniform_(-1, 1)
+        perturb(const.bridge, scale=0.3)  # a trained constant: the drift network on its time embedding alone
         ts = const.encode_text(text)
         terms = const.pair_terms(ts, const.encode_video(frames, mask))
-    assert terms.bridged_mu.shape == (5, 5, D)
+        delta = const.bridge.total_shift()
+    assert terms.bridged_mu.shape == (5, 5, D) and delta.abs().min() > 0
     shift = terms.bridged_mu - ts.mu[:, None]  # (Q, V, D)
     torch.testing.assert_close(shift, const.bridge.shift_mu.expand_as(shift))
     want_lv = (ts.logvar[:, None] + const.bridge.shift_logvar).clamp(const.cfg.logvar_min, const.cfg.logvar_max)
     torch.testing.assert_close(terms.bridged_logvar, want_lv.expand_as(terms.bridged_logvar))
-    assert sum(p.numel() for p in const.bridge.parameters()) == 2 * D
+    # the same network as the real drift, so the same parameters and learning dynamics
+    real = DABModel(small_cfg(variant="dab"))
+    assert [p.shape for p in const.bridge.parameters()] == [p.shape for p in real.bridge.parameters()]
+    # an explicit shift (the evaluation's constant control) is exact
+    want_mu, want_lv2 = torch.linspace(-1, 1, D), torch.linspace(0.5, -0.5, D)
+    const.bridge.set_shift(want_mu, want_lv2)
+    torch.testing.assert_close(const.bridge.shift_mu, want_mu, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(const.bridge.shift_logvar, want_lv2, rtol=1e-5, atol=1e-6)
 
 
 def test_residual_drift_input_matches_an_explicit_concat_loop() -> None:

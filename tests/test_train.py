@@ -297,3 +297,58 @@ def test_resume_of_a_folder_that_holds_no_run_is_one_line(tmp_path: Path) -> Non
         res = CliRunner().invoke(cli, ["train", "--resume", "--out", str(out), "--quiet"])
         assert res.exit_code != 0 and "not a run folder (no config.json)" in res.output, res.output
         assert "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def _interrupted_run(random_store: Path, out: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A dab run stopped (Ctrl-C) in its second epoch, with a checkpoint to resume from; returns its options."""
+    import dab_pipeline.model.losses as losses
+
+    sets = ["model.variant=dab", "epochs=2", "checkpoint_every=1"]
+    real, calls = losses.model_loss, {"n": 0}
+
+    def dying(model, o):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(model, o)
+
+    monkeypatch.setattr(losses, "model_loss", dying)
+    with pytest.raises(KeyboardInterrupt):
+        run_train(_cfg(random_store, out, *sets))
+    monkeypatch.setattr(losses, "model_loss", real)
+    return sets
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("how", ["copy", "move"])
+def test_a_copied_or_moved_run_resumes_where_out_points(random_store: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    import shutil
+
+    original = tmp_path / "original"
+    _interrupted_run(random_store, original, monkeypatch)
+    target = tmp_path / how
+    (shutil.copytree if how == "copy" else shutil.move)(original, target)
+    before = _snapshot(original) if how == "copy" else {}
+    res = CliRunner().invoke(cli, ["train", "--resume", "--out", str(target), "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert json.loads((target / "status.json").read_text())["state"] == "complete"
+    assert (target / "costs_test.h5").exists()
+    if how == "copy":  # the original is untouched, byte for byte
+        assert _snapshot(original) == before
+    else:
+        assert not original.exists()
+
+
+def test_resuming_a_complete_run_changes_nothing(random_store: Path, tmp_path: Path) -> None:
+    out = tmp_path / "done"
+    run_train(_cfg(random_store, out, "model.variant=prob", "epochs=1"))
+    before = _snapshot(out)
+    res = CliRunner().invoke(cli, ["train", "--resume", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "is complete" in " ".join(res.output.split()) and "nothing to resume" in " ".join(res.output.split())
+    assert _snapshot(out) == before
+    assert json.loads((out / "status.json").read_text())["val"] is not None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -257,30 +257,55 @@ class DistributionBridge(nn.Module):
         return self._trajectory([x_t.float()], [x_v], update)[0]
 
 
-class ConstantShift(nn.Module):
+class ConstantShift(DistributionBridge):
     """The ``drift="constant"`` control (``dab-const``): one learned shift for every pair.
 
     The bridged text is ``(mu_t + Delta mu, clamp(logvar_t + Delta logvar))`` (the point
-    bridge: ``x_t + Delta x``) whatever the video: the drift network's T' steps replaced by
-    what a bridge that does the same thing to every pair can do. Zero-initialised, so it
-    starts as the identity, like the drift.
+    bridge: ``x_t + Delta x``) whatever the video, with ``Delta = -sum_k chi_k d_k`` and
+    ``d_k`` the drift network's output at step k for an input of zeros: the same network,
+    initialisation and schedule as the real drift, which sees only its time embedding.
+    So the control learns its constant at the rate the real drift learns its mean (a raw
+    (D,) parameter at the same lr moved the log-variance shift about 10x less in 620 steps
+    on the world, docs/model.md), and differs from it only in seeing no pair. Only the
+    first layer's time block and bias, and the layers above it, get gradients; its state
+    and video blocks multiply zeros. The clamp applies once, to the shifted log-variance.
     """
 
-    def __init__(self, cfg: ModelConfig, point: bool = False) -> None:
-        super().__init__()
-        d = cfg.embed_dim
-        self.dim, self.point = d, point
-        self.logvar_min, self.logvar_max = cfg.logvar_min, cfg.logvar_max
-        self.shift_mu = nn.Parameter(torch.zeros(d))  # (D,): Delta mu, or Delta x for the point bridge
-        self.shift_logvar = None if point else nn.Parameter(torch.zeros(d))  # (D,)
+    def total_shift(self) -> Tensor:
+        """Delta (n*D,): [Delta mu, Delta logvar] (the point bridge: [Delta x]), float32."""
+        pre = self.time_features()  # (T', H): the first layer on [0, ..., 0, e_k], with its bias
+        delta = self.drift[1:](pre).float()  # (T', n*D)
+        return -(self.chi[:, None] * delta).sum(dim=0)  # (n*D,)
+
+    @property
+    def shift_mu(self) -> Tensor:
+        return self.total_shift()[: self.dim]  # (D,)
+
+    @property
+    def shift_logvar(self) -> Optional[Tensor]:
+        return None if self.point else self.total_shift()[self.dim:]  # (D,)
+
+    def set_shift(self, shift_mu: Tensor, shift_logvar: Optional[Tensor]) -> None:
+        """Make the shift exactly ``(shift_mu, shift_logvar)``: the output layer's weight zeroed, its bias set."""
+        last: nn.Linear = self.drift[-1]  # type: ignore[assignment]
+        parts = [shift_mu] if self.point else [shift_mu, shift_logvar]
+        if any(p is None for p in parts):
+            raise ValueError("a Gaussian bridge's constant shift needs a log-variance shift")
+        with torch.no_grad():
+            last.weight.zero_()
+            last.bias.copy_(-torch.cat([torch.as_tensor(p, dtype=torch.float32) for p in parts]) / self.chi.sum())
 
     def forward(self, mu_t: Tensor, logvar_t: Tensor, mu_v: Tensor, logvar_v: Tensor) -> tuple[Tensor, Tensor]:
         """Inputs broadcast as :meth:`DistributionBridge.forward`'s -> (mu, logvar) of the broadcast shape."""
-        assert self.shift_logvar is not None, "a point shift has no variances; call forward_point"
+        if self.point:
+            raise RuntimeError("a point shift has no variances; call forward_point")
+        shift = self.total_shift()
         shape = torch.broadcast_shapes(mu_t.shape, mu_v.shape)
-        mu = (mu_t.float() + self.shift_mu).expand(shape)
-        logvar = (logvar_t.float() + self.shift_logvar).clamp(self.logvar_min, self.logvar_max).expand(shape)
+        mu = (mu_t.float() + shift[: self.dim]).expand(shape)
+        logvar = (logvar_t.float() + shift[self.dim:]).clamp(self.logvar_min, self.logvar_max).expand(shape)
         return mu, logvar
 
     def forward_point(self, x_t: Tensor, x_v: Tensor) -> Tensor:
-        return (x_t.float() + self.shift_mu).expand(torch.broadcast_shapes(x_t.shape, x_v.shape))
+        if not self.point:
+            raise RuntimeError("a distribution bridge needs variances; call forward")
+        return (x_t.float() + self.total_shift()).expand(torch.broadcast_shapes(x_t.shape, x_v.shape))

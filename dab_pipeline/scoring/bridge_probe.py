@@ -100,10 +100,7 @@ def constant_bridge(model: DABModel, shift_mu: np.ndarray, shift_logvar: Optiona
     assert not unexpected and all(k.startswith("bridge.") for k in missing), (missing, unexpected)
     shift = control.bridge
     assert shift is not None
-    with torch.no_grad():
-        shift.shift_mu.copy_(torch.as_tensor(shift_mu, dtype=torch.float32))
-        if shift.shift_logvar is not None:
-            if shift_logvar is None:
-                raise ConfigError("a Gaussian bridge's control needs a log-variance shift")
-            shift.shift_logvar.copy_(torch.as_tensor(shift_logvar, dtype=torch.float32))
+    if not shift.point and shift_logvar is None:
+        raise ConfigError("a Gaussian bridge's control needs a log-variance shift")
+    shift.set_shift(torch.as_tensor(shift_mu), None if shift_logvar is None else torch.as_tensor(shift_logvar))
     return control.to(next(model.parameters()).device).eval()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 import click
 from ...choices import DIST_COSTS, VARIANTS
@@ -86,6 +87,8 @@ def _train_config(features, out, recipe, variant, cost, steps, epochs, batch_siz
         if chosen is not None and chosen.name != saved.recipe:
             raise click.UsageError(f"--resume continues {out} with its saved configuration (recipe {saved.recipe!r}); "
                                    f"drop --recipe {recipe}, or start a new run with another --out")
+        # a run folder is relocatable: a copied or moved run resumes where --out points, never where it was made
+        saved = dataclasses.replace(saved, out=Path(out))
         _refuse_changes_on_resume(saved, apply_overrides(saved, opts), Path(out))
         return saved
     if features is None:

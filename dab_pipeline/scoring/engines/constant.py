@@ -23,9 +23,9 @@ class ConstantShiftEngine(GaussianEngine):
     def texts(self, text: Tensor) -> Texts:
         out = super().texts(text)
         assert out.mu is not None and out.logvar is not None and self.model.bridge is not None
-        shift = self.model.bridge
-        out.mu = out.mu + self.f32(shift.shift_mu)  # (Q, D)
-        out.logvar = (out.logvar + self.f32(shift.shift_logvar)).clamp(self.lo, self.hi)  # (Q, D)
+        shift = self.f32(self.model.bridge.total_shift())  # (2D,): [Delta mu, Delta logvar]
+        out.mu = out.mu + shift[: self.d]  # (Q, D)
+        out.logvar = (out.logvar + shift[self.d:]).clamp(self.lo, self.hi)  # (Q, D)
         return out
 
 
@@ -36,6 +36,6 @@ class ConstantPointShiftEngine(CosineEngine):
     def texts(self, text: Tensor) -> Texts:
         out = super().texts(text)
         assert self.model.bridge is not None
-        x = F.normalize(text, dim=-1) + self.f32(self.model.bridge.shift_mu)  # (Q, D)
+        x = F.normalize(text, dim=-1) + self.f32(self.model.bridge.total_shift())  # (Q, D)
         out.unit = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-8)
         return out

@@ -68,6 +68,7 @@ class TrainConfig:
             raise ConfigError(f"batch_size must be >= 2 (contrastive loss), got {self.batch_size}")
         if not 0.0 <= self.warmup_ratio < 1.0:
             raise ConfigError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        self._check_ranges()
         if self.select_metric not in SELECT_METRICS:
             raise ConfigError(f"select_metric must be one of {', '.join(SELECT_METRICS)}, got {self.select_metric!r}")
         if self.amp not in AMP_MODES:
@@ -83,6 +84,27 @@ class TrainConfig:
             raise ConfigError(f"bridge_lr must be a positive float or None (the new modules' lr), got {self.bridge_lr}")
         if self.score_dtype not in SCORE_DTYPES:
             raise ConfigError(f"score_dtype must be one of {', '.join(SCORE_DTYPES)}, got {self.score_dtype!r}")
+
+
+    def _check_ranges(self) -> None:
+        """Every numeric field in its range when the config is built, never a traceback an epoch later."""
+        checks = [  # (field, ok, the range in words)
+            ("lr", self.lr > 0, "a float > 0"),
+            ("clip_lr", self.clip_lr > 0, "a float > 0"),
+            ("weight_decay", self.weight_decay >= 0, "a float >= 0"),
+            ("grad_clip", self.grad_clip is None or self.grad_clip > 0, "a float > 0, or none (no clipping)"),
+            ("seed", 0 <= self.seed < 2**63, "an integer >= 0"),
+            ("trainable_blocks", self.trainable_blocks is None or self.trainable_blocks >= 1,
+             "an integer >= 1, or none (CLIP frozen)"),
+            ("text_chunk", self.text_chunk >= 1, "an integer >= 1"),
+            ("video_chunk", self.video_chunk >= 1, "an integer >= 1"),
+            ("checkpoint_every", self.checkpoint_every >= 0, "an integer >= 0 (0: at the end of each epoch only)"),
+            ("max_steps_per_epoch", self.max_steps_per_epoch is None or self.max_steps_per_epoch >= 1,
+             "an integer >= 1, or none (whole epochs)"),
+        ]
+        for name, ok, valid in checks:
+            if not ok:
+                raise ConfigError(f"{name}={getattr(self, name)!r} is invalid; valid: {valid}")
 
 
 @dataclass

@@ -43,8 +43,10 @@ class TrainRun:
             if not folder.is_run():
                 raise TrainingError(f"--resume: {run_dir} is not a run folder (no config.json)")
             saved = from_dict(TrainConfig, json.loads(folder.config_path.read_text()))
-            if to_dict(saved) != to_dict(cfg):
-                diff = sorted(k for k, v in to_dict(cfg).items() if to_dict(saved).get(k) != v)
+            # where the folder was made does not matter: a copied or moved run resumes in place
+            mine, theirs = to_dict(cfg) | {"out": None}, to_dict(saved) | {"out": None}
+            if mine != theirs:
+                diff = sorted(k for k, v in mine.items() if theirs.get(k) != v)
                 raise TrainingError(f"--resume: {run_dir} was started with another configuration ({', '.join(diff)} differ)")
         elif folder.is_run():
             status = folder.read_status()

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from ...checkpoint import rng_state, set_rng_state
 from ...config import to_dict
-from ...errors import TrainingError
+from ...errors import ConfigError, StoreError, TrainingError
 from ...events import Event, ProgressCallback, null_progress
 from ...devices import resolve_device
 from .config import LOG_MAX_LOGIT_SCALE, TrainConfig, TrainResult, _seed_everything, epoch_length, epoch_order, epoch_views, lr_lambda, optimizer_groups
@@ -31,6 +31,9 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
     resume from.
     """
     folder: dict[str, bool] = {}
+    done = RunFolder(cfg.out).read_status() if resume else {}
+    if done.get("state") == "complete":
+        return _already_complete(cfg, done, progress)
     try:
         return _run_train(cfg, progress, resume, dist, folder)
     except BaseException as exc:
@@ -41,6 +44,20 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
             folder_.write_status(state=state, error=reason, features=str(cfg.features),
                                  resumable=folder_.checkpoint(RunFolder.LAST).exists())
         raise
+
+
+def _already_complete(cfg: TrainConfig, status: dict, progress: ProgressCallback) -> TrainResult:
+    """--resume of a finished run: nothing to do, and nothing in its folder is rewritten."""
+    run = RunFolder(cfg.out)
+    progress(Event("info", message=f"{run.path} is complete (best epoch {status.get('best_epoch')}): nothing to "
+                                   "resume"))
+    try:
+        costs: Optional[Path] = run.find_costs()
+    except (ConfigError, StoreError):  # a complete run without test costs (no test split)
+        costs = None
+    return TrainResult(run_dir=run.path, epochs_done=int(status.get("epochs") or cfg.epochs),
+                       best_epoch=status.get("best_epoch"), best_value=status.get("best_value"),
+                       val_metrics=status.get("val"), test_metrics=status.get("test_t2v"), costs_path=costs)
 
 
 def _resolve_precision(cfg: TrainConfig, device: torch.device, progress: ProgressCallback
