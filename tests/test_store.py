@@ -360,6 +360,36 @@ def test_missing_and_corrupt_stores(tmp_path: Path) -> None:
         open_store(tmp_path / "holed.h5")
 
 
+def test_a_truncated_hdf5_store_is_called_damaged_not_locked(tmp_path: Path) -> None:
+    with make_store(tmp_path / "whole.h5", n=6):
+        pass
+    data = (tmp_path / "whole.h5").read_bytes()
+    for keep in (len(data) // 2, 200):
+        cut = tmp_path / f"cut{keep}.h5"
+        cut.write_bytes(data[:keep])
+        with pytest.raises(StoreError) as err:
+            open_store(cut)
+        msg = str(err.value)
+        assert "damaged" in msg and f"truncated to {keep:,} bytes" in msg and f"expects {len(data):,}" in msg, msg
+        assert "locked" not in msg
+
+
+@pytest.mark.skipif(os.environ.get("HDF5_USE_FILE_LOCKING", "").upper() == "FALSE", reason="HDF5 file locking is off")
+def test_a_store_another_process_writes_is_locked(tmp_path: Path) -> None:
+    with make_store(tmp_path / "busy.h5", n=3):
+        pass
+    holder = subprocess.Popen([sys.executable, "-c", "import h5py, sys, time; f = h5py.File(sys.argv[1], 'r+'); "
+                               "print('open', flush=True); time.sleep(60)", str(tmp_path / "busy.h5")],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        with pytest.raises(StoreError, match="locked by another process"):
+            open_store(tmp_path / "busy.h5")
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_read_only_store_refuses_writes(tmp_path: Path, suffix: str) -> None:
     with make_store(tmp_path / f"s{suffix}", n=2):
         pass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Sequence
 import numpy as np
@@ -58,7 +59,14 @@ class H5Backend(Backend):
         try:
             self.f = h5py.File(path, "r" if mode == "r" else "r+", **_h5_locking_kwargs())
         except OSError as e:
-            if "lock" in str(e).lower():
+            msg = str(e)
+            trunc = re.search(r"truncated file: eof = (\d+).*stored_eof = (\d+)", msg)
+            if trunc:  # HDF5's header records the file's size: a copy or download cut short, or a full disk
+                have, want = (int(x) for x in trunc.groups())
+                raise StoreError(f"{path} is damaged: truncated to {have:,} bytes, while its HDF5 header expects "
+                                 f"{want:,} (a copy or download cut short, or a disk that filled up); copy it again, "
+                                 "or re-run `dab extract` into a new --out") from None
+            if re.search(r"\block|unable to lock|lock(ing)? (failed|error)", msg, re.IGNORECASE):
                 # HDF5 allows one writer and nobody else, or any number of readers.
                 raise StoreError(
                     f"{path} is locked by another process ({'a writer is' if mode == 'r' else 'a reader or writer is'} "
