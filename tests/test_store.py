@@ -324,6 +324,24 @@ def test_refuses_to_create_over_existing_store(tmp_path: Path, suffix: str) -> N
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp or old copies left
 
 
+@pytest.mark.parametrize("suffix", [".h5", ".zarr"])
+def test_overwrite_leaves_what_is_not_a_dab_store_alone(tmp_path: Path, suffix: str) -> None:
+    path = tmp_path / f"mine{suffix}"
+    if suffix == ".zarr":
+        path.mkdir()
+        (path / "keep.txt").write_text("my notes")
+    else:
+        import h5py
+
+        with h5py.File(path, "w") as f:
+            f["results"] = [1, 2, 3]
+    before = sorted(p.name for p in path.iterdir()) if path.is_dir() else path.read_bytes()
+    with pytest.raises(StoreError, match="replaces dab feature stores only.*left alone"):
+        make_store(path, n=3, overwrite=True)
+    assert (sorted(p.name for p in path.iterdir()) if path.is_dir() else path.read_bytes()) == before
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp copies either
+
+
 def test_bad_suffix_is_refused(tmp_path: Path) -> None:
     for fn in (lambda p: make_store(p), open_store):
         with pytest.raises(StoreError, match=r"features\.db.*\.h5, \.hdf5, \.zarr"):

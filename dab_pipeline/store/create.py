@@ -115,6 +115,10 @@ def _check_request(p: Path, overwrite: bool, dtype: str, num_frames: int, dim: i
     """Refuse an existing path (without ``overwrite``) and bad sizes; the manifest as plain JSON."""
     if (p.exists() or p.is_symlink()) and not overwrite:
         raise StoreError(f"{p} already exists; pass overwrite=True (--overwrite) to replace it, or open it to resume")
+    if p.exists() and overwrite and not is_dab_store(p):
+        what = "folder" if p.is_dir() else "file"
+        raise StoreError(f"--overwrite replaces dab feature stores only, and {p} is a {what} without dab's store "
+                         "attributes; it is left alone: choose another --out, or move it away yourself")
     if np.dtype(dtype) not in (np.dtype(np.float16), np.dtype(np.float32)):
         raise ValueError(f"dtype must be 'float16' or 'float32', got {dtype!r}")
     if int(num_frames) < 1 or int(dim) < 1:
@@ -225,6 +229,35 @@ def _create_atomically(p: Path, layout: dict, attrs: dict, init: dict, overwrite
     except OSError as exc:
         raise StoreError(f"cannot create {p}: {os_reason(exc)}") from None
     _fsync_dir(p.parent)
+
+
+def is_dab_store(p: Path) -> bool:
+    """Whether ``p`` carries a dab store's attributes (what --overwrite may replace).
+
+    A Zarr folder is read from its ``zarr.json`` alone, so a damaged dab store can still be
+    rebuilt; an HDF5 file must open (a truncated one says so when opened, and is not replaced).
+    """
+    import json as _json
+
+    if p.is_dir():
+        try:
+            meta = _json.loads((p / "zarr.json").read_text())
+        except (OSError, ValueError):
+            return False
+        return isinstance(meta, dict) and "dab_store_format" in (meta.get("attributes") or {})
+    try:
+        import h5py
+
+        with h5py.File(p, "r", **_h5_kwargs()) as f:
+            return "dab_store_format" in f.attrs
+    except (OSError, ValueError):
+        return False
+
+
+def _h5_kwargs() -> dict:
+    from .backend_h5 import _h5_locking_kwargs
+
+    return _h5_locking_kwargs()
 
 
 def os_reason(exc: OSError) -> str:
