@@ -383,3 +383,21 @@ def test_folder_path_errors(tmp_path: Path) -> None:
         load_dataset("folder", tmp_path, tmp_path / "j.jsonl")
     with pytest.raises(DatasetError, match="annotations file is required"):
         load_dataset("folder", tmp_path, None)
+
+
+@pytest.mark.parametrize("kind", ["dotdot", "absolute", "symlink"])
+def test_folder_refuses_videos_outside_the_videos_folder(tmp_path: Path, kind: str) -> None:
+    videos, outside = tmp_path / "videos", tmp_path / "private"
+    _touch(videos, "ok.mp4")
+    _touch(outside, "secret.mp4")
+    rel = {"dotdot": "../private/secret.mp4", "absolute": str(outside / "secret.mp4"), "symlink": "link.mp4"}[kind]
+    if kind == "symlink":
+        (videos / "link.mp4").symlink_to(outside / "secret.mp4")
+    ann = _write_csv(tmp_path / "c.csv", ["video", "caption"], [["ok.mp4", "fine"], [rel, "sneaky"]])
+    with pytest.raises(DatasetError, match=r"c.csv: line 3: video .* outside the videos folder") as err:
+        load_dataset("folder", videos, ann)
+    assert len(str(err.value).splitlines()) == 1
+    # a symlink that stays inside the folder is fine
+    (videos / "inner.mp4").symlink_to(videos / "ok.mp4")
+    ann = _write_csv(tmp_path / "d.csv", ["video", "caption"], [["inner.mp4", "fine"]])
+    assert load_dataset("folder", videos, ann).videos[0].path == (videos / "ok.mp4").resolve()

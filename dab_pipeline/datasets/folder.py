@@ -37,6 +37,7 @@ def load_folder(
         records = _folder_jsonl(annotations)
     else:
         raise DatasetError(f"{annotations}: unsupported annotation format {suffix!r} (expected .csv or .jsonl)")
+    _refuse_outside(records, video_dir, annotations)
     order, rel_paths, splits, captions = _group_by_video(records, annotations)
     hashed = [v for v in order if v not in splits]
     for vid in hashed:
@@ -100,6 +101,16 @@ def _group_by_video(records: list["_Record"], annotations: Path
 
 
 _Record = tuple[str, str, str, str, list[str]]  # (where, video, video_id, split, captions)
+
+
+def _refuse_outside(records: list[_Record], video_dir: Path, annotations: Path) -> None:
+    """Every video path must resolve inside the videos folder: no ``..``, no absolute path, no symlink out of it."""
+    for where, rel, *_ in records:
+        target = (video_dir / rel).resolve()
+        if Path(rel).is_absolute() or not target.is_relative_to(video_dir):
+            raise DatasetError(f"{annotations}: {where}: video {rel!r} resolves to {target}, outside the videos "
+                               f"folder {video_dir}; video paths must stay inside it (relative, no '..', no symlink "
+                               "out of it)")
 
 
 def _folder_csv(path: Path) -> list[_Record]:
