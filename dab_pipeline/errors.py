@@ -50,6 +50,10 @@ class TrainingError(DabError):
     """Training cannot go on (non-finite loss, incompatible run folder...)."""
 
 
+class RunLockedError(TrainingError):
+    """Another live process is writing the run folder (its advisory lock is held)."""
+
+
 class CheckpointError(DabError):
     """A checkpoint cannot be read, or holds objects that loading would have to execute."""
 

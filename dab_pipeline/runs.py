@@ -13,18 +13,24 @@
       checkpoints/best.pt    the state selected on the validation split
       costs_<split>.h5|.zarr test cost matrix, rankings, per-query variances
       metrics.json, report.md, examples.html   written by `dab evaluate`
+      .lock                  the advisory lock of the process writing the folder (its pid inside)
 
 Every write is atomic (a temporary sibling renamed into place), so a killed run
-leaves each file either old or new, never half written.
+leaves each file either old or new, never half written. One process writes a run
+folder at a time: :meth:`RunFolder.writer_lock` (``flock``, released by the
+kernel when its process dies, so a killed run leaves no stale lock).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
-from .errors import ConfigError, StoreError
+from .errors import ConfigError, RunLockedError, StoreError
 from .fsutil import atomic_write_text
 
 COST_SUFFIXES = (".h5", ".zarr")
@@ -43,6 +49,7 @@ class RunFolder:
     METRICS = "metrics.json"
     REPORT = "report.md"
     EXAMPLES = "examples.html"
+    LOCK = ".lock"
     # what a run that stopped before its first checkpoint leaves, removed when it starts over
     START_FILES = (CONFIG, STATUS, METRICS_LOG, STORE_MANIFEST)
 
@@ -69,6 +76,41 @@ class RunFolder:
     def costs_path(self, split: str, fmt: str = "h5") -> Path:
         """Where the cost file of ``split`` goes: ``costs_<split>.h5`` or ``.zarr``."""
         return self.path / f"costs_{split}.{fmt}"
+
+    # ---- one writer at a time
+
+    @contextmanager
+    def writer_lock(self, what: str) -> Iterator[None]:
+        """Hold the folder's advisory lock while this process writes it (the folder must exist).
+
+        A second writer gets :class:`RunLockedError` naming the holder's pid and command at once;
+        a lock whose process died is free again (the kernel drops a dead process's flock), so it
+        is taken over without a question.
+        """
+        fd = os.open(self.path / self.LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "a process"
+            os.close(fd)
+            raise RunLockedError(f"{self.path} is being written by another process ({holder}); wait for it to "
+                                 "finish, or stop it, before you run this again") from None
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()}: {what}".encode(), 0)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def lock_holder(self) -> Optional[str]:
+        """Who holds the writer lock ("pid N: command"), or None when no live process writes the folder."""
+        try:
+            with self.writer_lock("a check"):
+                return None
+        except RunLockedError as exc:
+            return str(exc).split("(", 1)[1].split(")", 1)[0]
+        except OSError:  # no folder, or not writable: nobody can be writing it from here
+            return None
 
     # ---- state
 

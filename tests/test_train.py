@@ -352,3 +352,72 @@ def test_resuming_a_complete_run_changes_nothing(random_store: Path, tmp_path: P
     assert "is complete" in " ".join(res.output.split()) and "nothing to resume" in " ".join(res.output.split())
     assert _snapshot(out) == before
     assert json.loads((out / "status.json").read_text())["val"] is not None
+
+
+def _hold_lock(folder: Path) -> "subprocess.Popen":
+    """Another process holding the run folder's writer lock, as a live `dab train` does."""
+    import subprocess
+    import sys
+
+    code = ("import sys, time; from dab_pipeline.runs import RunFolder; "
+            "lock = RunFolder(sys.argv[1]).writer_lock('dab train --resume'); lock.__enter__(); "
+            "print('locked', flush=True); time.sleep(120)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def test_a_live_run_refuses_a_second_writer_and_a_dead_ones_lock_is_taken_over(
+        random_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "live"
+    _interrupted_run(random_store, out, monkeypatch)
+    before = _snapshot(out)
+    holder = _hold_lock(out)
+    try:
+        res = CliRunner().invoke(cli, ["train", "--resume", "--out", str(out), "--quiet"])
+        text = " ".join(res.output.split())
+        assert res.exit_code != 0 and "Traceback" not in res.output, res.output
+        assert f"being written by another process (pid {holder.pid}: dab train --resume)" in text, text
+        assert {k: v for k, v in _snapshot(out).items() if k != ".lock"} == \
+            {k: v for k, v in before.items() if k != ".lock"}  # nothing written, its status not marked failed
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder died (SIGKILL): its lock went with it, and the run resumes
+    res = CliRunner().invoke(cli, ["train", "--resume", "--out", str(out), "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "status.json").read_text())["state"] == "complete"
+
+
+def test_distill_takes_the_lock_too(tmp_path: Path) -> None:
+    from dab_pipeline.errors import RunLockedError
+    from dab_pipeline.stages.distill import DistillConfig, run_distill
+
+    store = _random_store(tmp_path / "store.h5")
+    run_train(_cfg(store, tmp_path / "teacher", "model.variant=dab", "model.steps=2", "epochs=1"))
+    (tmp_path / "student").mkdir()
+    holder = _hold_lock(tmp_path / "student")
+    try:
+        with pytest.raises(RunLockedError, match=f"pid {holder.pid}"):
+            run_distill(DistillConfig(teacher=tmp_path / "teacher", out=tmp_path / "student", epochs=1, batch_size=4))
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_starting_over_a_live_run_names_its_process(random_store: Path, tmp_path: Path) -> None:
+    from dab_pipeline.runs import RunFolder
+
+    out = tmp_path / "busy"
+    run_train(_cfg(random_store, out, "model.variant=prob", "epochs=1"))
+    RunFolder(out).write_status(state="running")  # as a live run's folder reads
+    holder = _hold_lock(out)
+    try:
+        with pytest.raises(TrainingError, match=f"being trained by another process \\(pid {holder.pid}"):
+            run_train(_cfg(random_store, out, "model.variant=prob", "epochs=1"))
+    finally:
+        holder.kill()
+        holder.wait()
+    # a "running" folder nobody holds was left by a killed run: --resume is the way on
+    with pytest.raises(TrainingError, match="use --resume"):
+        run_train(_cfg(random_store, out, "model.variant=prob", "epochs=1"))

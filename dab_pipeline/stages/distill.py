@@ -135,6 +135,18 @@ def run_distill(cfg: DistillConfig, progress: ProgressCallback = null_progress, 
     warmup = tcfg.warmup_ratio if cfg.warmup_ratio is None else cfg.warmup_ratio
     run_cfg = dataclasses.replace(tcfg, out=out, model=student.cfg, epochs=cfg.epochs, batch_size=cfg.batch_size,
                                   lr=cfg.lr, seed=cfg.seed, recipe=None, weight_decay=wd, warmup_ratio=warmup)
+    folder.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    with folder.writer_lock("dab distill" + (" --resume" if resume else "")):
+        return _distill(cfg, folder, teacher_run, run_cfg, student, (train, val, test), resume, device, progress)
+
+
+def _distill(cfg: DistillConfig, folder: RunFolder, teacher_run, run_cfg, student, splits, resume: bool,
+             device: torch.device, progress: ProgressCallback) -> DistillResult:
+    """The distillation proper, with the folder's writer lock held."""
+    teacher, tcfg = teacher_run.model, teacher_run.config
+    train, val, test = splits
+    out = folder.path
+    wd, warmup = run_cfg.weight_decay, run_cfg.warmup_ratio
     _open_folder(folder, cfg, run_cfg, teacher_run, resume)
     optim = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=wd)
     steps = epoch_length(train.caption_video.numpy(), tcfg.epoch) // cfg.batch_size

@@ -1,11 +1,12 @@
 """One training run's folder, data and checkpoint I/O (what every step of training shares)."""
 
 from __future__ import annotations
+import contextlib
 import json
 from dataclasses import dataclass
 from typing import Optional
 from ...config import from_dict, to_dict
-from ...errors import ConfigError, StoreError, TrainingError
+from ...errors import ConfigError, RunLockedError, StoreError, TrainingError
 from ...events import Event, ProgressCallback
 from .config import TrainConfig, epoch_length
 from ...runs import RunFolder
@@ -29,6 +30,7 @@ class TrainRun:
         self.cfg, self.ctx, self.progress, self.resume = cfg, ctx, progress, resume
         self.folder = RunFolder(cfg.out)
         self.dir = self.folder.path
+        self.locks = contextlib.ExitStack()  # the folder's writer lock, held until the run returns
 
     def shared(self, exc: Exception) -> Exception:
         """An error every rank raises at the same point: rank 0 alone reports it."""
@@ -58,6 +60,10 @@ class TrainRun:
                 folder.clear_start()
                 return
             state = status.get("state", "unknown")
+            holder = folder.lock_holder() if state == "running" else None
+            if holder is not None:
+                raise RunLockedError(f"{run_dir} is being trained by another process ({holder}); wait for it to "
+                                     "finish, or choose another --out")
             hint = "use --resume to continue it" if state != "complete" else "it is complete"
             raise TrainingError(f"{run_dir} already holds a run (state {state!r}); {hint}, or choose another --out")
 
@@ -107,11 +113,16 @@ class TrainRun:
                 f"pass a smaller --batch-size (at most {per_epoch})"))
 
     def open_folder(self, asked: TrainConfig, precision: dict, manifest: dict, folder: dict) -> None:
-        """Rank 0 writes the folder's config, precision and store manifest, and marks the run running."""
+        """Rank 0 takes the folder's writer lock, writes its config, precision and store manifest, and marks the
+        run running. A folder another live process writes is refused before anything in it changes."""
         if not self.ctx.is_main:
             return
         run = self.folder
         run.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        self.locks.enter_context(run.writer_lock("dab train" + (" --resume" if self.resume else "")))
+        if self.resume and run.state == "complete":  # finished by another process since this one looked
+            raise TrainingError(f"{run.path} was completed by another process while this one started: "
+                                "nothing to resume")
         folder["ready"] = True
         run.write_json(RunFolder.PRECISION, precision)
         if not self.resume:

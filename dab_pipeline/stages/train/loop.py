@@ -30,20 +30,23 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
     so, and a rerun of the same command starts over when there is no checkpoint to
     resume from.
     """
-    folder: dict[str, bool] = {}
+    folder: dict[str, Any] = {}
     done = RunFolder(cfg.out).read_status() if resume else {}
     if done.get("state") == "complete":
         return _already_complete(cfg, done, progress)
     try:
         return _run_train(cfg, progress, resume, dist, folder)
     except BaseException as exc:
-        if folder.get("ready"):
+        if folder.get("ready"):  # the folder is this process's (it holds the lock): say why it stopped
             state = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             folder_ = RunFolder(cfg.out)
             folder_.write_status(state=state, error=reason, features=str(cfg.features),
                                  resumable=folder_.checkpoint(RunFolder.LAST).exists())
         raise
+    finally:
+        if "locks" in folder:
+            folder["locks"].close()  # the folder's writer lock, last
 
 
 def _already_complete(cfg: TrainConfig, status: dict, progress: ProgressCallback) -> TrainResult:
@@ -96,7 +99,8 @@ def _run_train(cfg: TrainConfig, progress: ProgressCallback, resume: bool, dist,
     cfg, precision = _resolve_precision(cfg, ctx.device, progress)
     run.cfg = cfg
     data = run.load_data()
-    run.open_folder(asked, precision, data.manifest, folder)
+    folder["locks"] = run.locks  # released by run_train, after a failure is recorded
+    ctx.run_on_main(lambda: run.open_folder(asked, precision, data.manifest, folder))
     trainer = _Trainer(run, data)
     trainer.restore()
     trainer.fit()
