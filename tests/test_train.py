@@ -421,3 +421,23 @@ def test_starting_over_a_live_run_names_its_process(random_store: Path, tmp_path
     # a "running" folder nobody holds was left by a killed run: --resume is the way on
     with pytest.raises(TrainingError, match="use --resume"):
         run_train(_cfg(random_store, out, "model.variant=prob", "epochs=1"))
+
+
+@pytest.mark.parametrize("suffix", [".zarr", ".h5"])
+def test_an_incomplete_store_is_refused_with_the_command_that_completes_it(tmp_path: Path, suffix: str) -> None:
+    from dab_pipeline.errors import StoreError
+
+    store = _random_store(tmp_path / f"store{suffix}")
+    with open_store(store, "a") as st:  # an extraction that stopped: three videos still pending
+        st.set_status(np.array([0, 21, 27]), 0)
+    out = tmp_path / "run"
+    with pytest.raises(StoreError) as err:
+        run_train(_cfg(store, out, "model.variant=prob", "epochs=1"))
+    msg = str(err.value)
+    assert "is incomplete: 3 of 30 videos" in msg and "dab train needs a complete store" in msg
+    assert f"dab extract --dataset random --out {store}" in msg and len(msg.splitlines()) == 1
+    assert not out.exists()  # nothing written
+    from dab_pipeline.stages.search import search
+
+    with pytest.raises(StoreError, match="dab search needs a complete store"):
+        search(tmp_path / "nowhere", store, ["x"])

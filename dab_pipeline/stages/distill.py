@@ -204,6 +204,7 @@ def _splits(tcfg, device: torch.device):
     from .train import SplitArrays
 
     with open_store(tcfg.features) as st:
+        st.require_complete("dab distill")
         train = SplitArrays(st.load_split(tcfg.train_split), device, False)
         val = SplitArrays(st.load_split(tcfg.val_split), device, False) if tcfg.val_split in st.splits() else None
         test = SplitArrays(st.load_split(tcfg.test_split), device, False)

@@ -63,6 +63,7 @@ def _frame_mean_features(store_path: Path, video_ids: np.ndarray) -> Optional[np
     from ..store import open_store
 
     with open_store(store_path) as st:
+        st.require_complete("dab evaluate (the neighbourhood diagnostic reads its video features)")
         pos = {str(v): i for i, v in enumerate(st.video_ids)}
         try:
             idx = np.array([pos[str(v)] for v in video_ids], dtype=np.int64)
@@ -163,6 +164,7 @@ def bridge_report(run: Path, cm, store_path: Optional[Path], seed: int = 0,
     split = str((cm.attrs or {}).get("split") or run_cfg.test_split)
     device = torch.device("cpu")
     with open_store(store_path) as st:
+        st.require_complete("dab evaluate (the bridge diagnostics read the split)")
         tuned = loaded.heads is not None
         feats = SplitArrays(st.load_split(split, with_states=tuned), device, with_states=tuned)
     if [str(c) for c in feats.caption_ids] != [str(q) for q in cm.query_ids]:

@@ -164,6 +164,8 @@ def search(
     if choice.warning:
         warn(choice.warning)
     dtype = choice.dtype
+    with open_store(store_path) as store:  # the store first: an incomplete one is refused before a model loads
+        store.require_complete("dab search")
     run = load_run(run_dir, dev)
     with open_store(store_path) as store:
         manifest = store.manifest

@@ -195,6 +195,19 @@ class FeatureStore(_StoreWrites):
     def is_complete(self) -> bool:
         return not (self.status() == STATUS_PENDING).any() and self.captions_done()
 
+    def require_complete(self, purpose: str) -> None:
+        """Refuse an incomplete store (an extraction stopped, or still running) for ``purpose``, saying what is
+        missing and the command that completes it."""
+        if self.is_complete:
+            return
+        videos = int((self.status() == STATUS_PENDING).sum())
+        captions = int((~self.caption_done()).sum())
+        raise StoreError(
+            f"{self.path} is incomplete: {videos} of {self.num_videos} videos and {captions} of {self.num_captions} "
+            f"captions are not extracted yet (was `dab extract` stopped, or is it still running?); {purpose} needs a "
+            f"complete store. Finish it with `{extract_command(self.manifest, self.path)}`: it resumes where it "
+            "stopped")
+
     def failures(self) -> list[tuple[str, str]]:
         """(video_id, error message) of every failed video, in store order."""
         return self._messages(np.flatnonzero(self.status() == STATUS_FAILED))
@@ -416,3 +429,17 @@ class FeatureStore(_StoreWrites):
             f"captions={self.num_captions}, frames={self.num_frames}, dim={self.dim}, dtype={self.dtype}, "
             f"states={self.state_layout}, mode={self.mode!r})"
         )
+
+
+def extract_command(manifest: dict, path: Path) -> str:
+    """The `dab extract` command line that made (and so resumes) a store, from its manifest."""
+    cfg = manifest.get("config") or {}
+    parts = ["dab extract", f"--dataset {cfg.get('dataset') or manifest.get('dataset', '?')}"]
+    for key, flag in (("videos", "--videos"), ("annotations", "--annotations"), ("model", "--model"),
+                      ("pretrained", "--pretrained"), ("trainable_blocks", "--trainable-blocks"),
+                      ("train_views", "--train-views")):
+        value = cfg.get(key)
+        if value not in (None, "", 0):
+            parts.append(f"{flag} {value}")
+    parts.append(f"--out {path}")
+    return " ".join(parts)

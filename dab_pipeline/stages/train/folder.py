@@ -75,6 +75,7 @@ class TrainRun:
         with_states = cfg.trainable_blocks is not None
         store = open_store(cfg.features)
         try:
+            store.require_complete("dab train")
             with_views = cfg.views and store.train_views > 0
             train = SplitArrays(store.load_split(cfg.train_split, with_states=with_states, with_views=with_views),
                               device, with_states)
