@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import os
 import shutil
 from pathlib import Path
 
@@ -427,3 +428,22 @@ def test_single_process_over_part_files_of_a_torchrun_job_warns_and_leaves_them(
     assert [p for p, _, _ in part_files(out)] == [part] and part.read_bytes() == b"an unfinished rank's part"
     with open_store(out) as st:
         assert st.is_complete
+
+
+def test_a_lost_zarr_chunk_is_found_and_the_same_command_extracts_it_again(tiny_folder_dataset: Path,
+                                                                          tmp_path: Path) -> None:
+    out = tmp_path / "store.zarr"
+    assert _invoke(_args(tiny_folder_dataset, out)).exit_code == 0
+    with open_store(out) as st:
+        frames_before = st.load_split("train").frames
+        chunk = st.raw_backend.raw_chunks("videos/frames").chunk_file(0)
+    os.remove(chunk)
+    res = CliRunner().invoke(cli, ["inspect", str(out), "--verify"])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 1 and "damaged: 1 chunk file(s)" in text and "is missing" in text, res.output
+    res = _invoke(_args(tiny_folder_dataset, out))
+    assert res.exit_code == 0 and "had lost chunk files" in " ".join(res.output.split()), res.output
+    res = CliRunner().invoke(cli, ["inspect", str(out), "--verify"])
+    assert res.exit_code == 0 and "verify: every written array reads back" in " ".join(res.output.split())
+    with open_store(out) as st:
+        np.testing.assert_array_equal(st.load_split("train").frames, frames_before)

@@ -55,6 +55,7 @@ class ZarrBackend(Backend):
             raise StoreError(f"{path} is not a readable zarr store: {type(e).__name__}: {e}") from None
         self._arr: dict[str, Any] = {}
         self._raw: dict[str, RawChunks | None] = {}
+        self.mode = mode
 
     def _take_writer_lock(self, writer: tuple[int, int] | None = None) -> None:
         if not self.path.is_dir():
@@ -102,6 +103,22 @@ class ZarrBackend(Backend):
             for p in self.path.rglob("*.partial"):
                 p.unlink(missing_ok=True)
 
+    # Arrays whose rows are read only where the store says they were written (ok videos, done
+    # captions): there a missing chunk file is damage, not zarr's sparse zeros. FeatureStore sets it.
+    strict: frozenset[str] = frozenset()
+
+    def _missing(self, name: str, path: str) -> None:
+        """A chunk file absent where zarr would give zeros: zeros for a sparse array, an error for a strict one."""
+        if name in self.strict:
+            raise StoreError(f"{self.path} is damaged: chunk file {path} of array {name!r} is missing, while the "
+                             "store records its rows as written; `dab inspect --verify` lists every missing chunk, "
+                             "and `dab extract ... --overwrite` rebuilds the store")
+
+    def chunk_files(self, name: str, chunks: np.ndarray) -> list[str] | None:
+        """The chunk files of ``chunks`` (indices along the first axis), or None for an array not read raw."""
+        raw = self.raw_chunks(name)
+        return None if raw is None else [raw.chunk_file(int(c)) for c in chunks]
+
     def raw(self, name: str) -> Any:
         a = self._arr.get(name)
         if a is None:
@@ -109,6 +126,10 @@ class ZarrBackend(Backend):
                 a = self.g[name]
             except KeyError:
                 raise StoreError(f"{self.path}: array {name!r} is missing") from None
+            if self.mode != "r":
+                # zarr drops a chunk whose values are all zero (its fill value) by default; written rows must
+                # leave a chunk file, so a missing one is damage, never data (FeatureStore.missing_chunks)
+                a = a.with_config({"write_empty_chunks": True})
             self._arr[name] = a
         return a
 
@@ -176,7 +197,8 @@ class ZarrBackend(Backend):
             try:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
-                # zarr drops chunks that are all fill value (0).
+                # zarr drops chunks that are all fill value (0); in a strict array that is damage
+                self._missing(name, path)
                 out[row - start : hi - start] = 0
                 row = hi
                 continue
@@ -206,6 +228,7 @@ class ZarrBackend(Backend):
             try:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
+                self._missing(name, path)
                 out[lo:hi] = 0  # zarr drops chunks that are all fill value (0)
                 continue
             try:
@@ -281,6 +304,7 @@ class ZarrBackend(Backend):
                 chunks=(rows, *spec.shape[1:]),
                 compressors=compressors,
                 fill_value=0,
+                config={"write_empty_chunks": True},
             )
             if spec.name in init and n:
                 a[...] = init[spec.name]

@@ -49,6 +49,35 @@ class _StoreWrites:
         self._write_rows("videos/status", idx, np.full(len(idx), value, np.int8))
         self._b.flush()
 
+    def reopen_damaged(self) -> tuple[int, int]:
+        """Mark the videos and captions whose chunk files are missing (Zarr) as not extracted, so that resuming
+        the extraction writes them again; -> (videos, captions) marked. Every written row of a missing chunk is
+        marked, since rewriting part of a chunk would zero the rest of it."""
+        self._require_writable()
+        videos, captions = set(), set()
+        for name, path, _ in self.missing_chunks():
+            rpc = self._b.raw_chunks(name).rows_per_chunk
+            chunks = np.asarray([c for c, p in zip(*self._chunk_index(name)) if p == path])
+            if name == "captions/token_states":
+                lo, hi = self._token_offsets[:-1], self._token_offsets[1:]
+                for c in chunks:
+                    captions.update(np.flatnonzero((lo < (c + 1) * rpc) & (hi > c * rpc)).tolist())
+            else:
+                rows = {int(r) for c in chunks for r in range(c * rpc, min((c + 1) * rpc, self._b.shape(name)[0]))}
+                (captions if name.startswith("captions/") else videos).update(rows)
+        v = np.asarray(sorted(r for r in videos if self.status()[r] == 1), np.int64)
+        if len(v):
+            self.set_status(v, 0)
+        c = np.asarray(sorted(r for r in captions if self.caption_done()[r]), np.int64)
+        if len(c):
+            self._write_rows("captions/done", c, np.zeros(len(c), bool))
+            self._b.flush()
+        return len(v), len(c)
+
+    def _chunk_index(self, name: str) -> tuple[np.ndarray, list[str]]:
+        chunks, _ = self.written_chunks(name)
+        return chunks, self._b.chunk_files(name, chunks) or []
+
     def _cast(self, x: Any, shape: tuple[int, ...], what: str, ids: np.ndarray) -> np.ndarray:
         arr = np.asarray(x)
         if arr.shape != shape:

@@ -121,7 +121,9 @@ def _extract_summary(res) -> None:
 @cli.command()
 @click.argument("store", type=_EXISTING)
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest and summary as JSON.")
-def inspect(store: Path, as_json: bool) -> None:
+@click.option("--verify", is_flag=True,
+              help="Also read back every array the store records as written, end to end (exit 1 on damage).")
+def inspect(store: Path, as_json: bool, verify: bool) -> None:
     """Print a store's manifest, counts per split and array sizes."""
     from rich.table import Table
 
@@ -132,9 +134,13 @@ def inspect(store: Path, as_json: bool) -> None:
         summary = st.summary()
         warnings = st.warnings()
         failures = st.failures()
+        problems = st.verify() if verify else None
     if as_json:
         click.echo(json.dumps({"manifest": manifest, "summary": summary, "warnings": dict(warnings),
-                               "failures": dict(failures)}, indent=2, default=str))
+                               "failures": dict(failures)} | ({} if problems is None else {"verify": problems}),
+                              indent=2, default=str))
+        if problems:
+            raise SystemExit(1)
         return
     con = _console()
     t = Table(title=f"{store}", show_header=False)
@@ -170,5 +176,17 @@ def inspect(store: Path, as_json: bool) -> None:
             con.print(w)
             if len(rows) > 50:
                 con.print(f"... and {len(rows) - 50} more (dab inspect --json lists all)")
-    state = "complete" if summary.get("complete") else "incomplete (run the same extract command to resume)"
+    if summary.get("missing_chunks"):
+        state = (f"damaged: {summary['missing_chunks']} chunk file(s) of written rows are missing (run the same "
+                 "extract command to extract them again)")
+    elif summary.get("complete"):
+        state = "complete"
+    else:
+        state = "incomplete (run the same extract command to resume)"
     con.print(f"{summary.get('backend')} store, {state}; file size {_human_bytes(summary.get('file_bytes'))}")
+    if problems is not None:
+        for line in problems[:50]:
+            con.print(f"[red]damaged:[/] {line}")
+        con.print(f"verify: {len(problems)} problem(s)" if problems else "verify: every written array reads back")
+        if problems:
+            raise SystemExit(1)

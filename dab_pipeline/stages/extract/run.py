@@ -56,6 +56,9 @@ def run_extract(cfg: ExtractConfig, progress: ProgressCallback = null_progress,
     job = ExtractJob(cfg=cfg, out=out, bundle=bundle, manifest=manifest, videos=videos, captions=captions, ctx=ctx)
     writer = choose_writer(job)
     state = ctx.run_on_main(lambda: existing_store(job))
+    if state is not None and state.repaired != (0, 0):
+        progress(Event("warning", message=f"{out} had lost chunk files: extracting the {state.repaired[0]} videos "
+                                          f"and {state.repaired[1]} captions they held again"))
     writer.check(state, progress)
     if state is not None and state.complete:
         progress(Event("info", message=f"{out} is complete; nothing to do"))

@@ -37,6 +37,7 @@ class ExistingStore:
     world_size: int
     share_rows: Optional[int]
     status: np.ndarray  # (N,) uint8, one status per video
+    repaired: tuple[int, int] = (0, 0)  # videos and captions of lost chunk files, marked to be extracted again
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,13 @@ def existing_store(job: ExtractJob) -> Optional[ExistingStore]:
         return None
     with open_store(job.out, "r") as st:
         check_resumable(st, job.manifest, job.videos, job.captions, job.out)
-        return ExistingStore(complete=st.is_complete, world_size=int(st.manifest.get("world_size") or 1),
+        damaged = bool(st.missing_chunks())
+    repaired = (0, 0)
+    if damaged:  # chunk files lost (Zarr): extract the rows they held again, as a resume extracts pending ones
+        with open_store(job.out, "a") as st:
+            repaired = st.reopen_damaged()
+    with open_store(job.out, "r") as st:
+        return ExistingStore(repaired=repaired, complete=st.is_complete, world_size=int(st.manifest.get("world_size") or 1),
                              share_rows=st.share_rows, status=st.status())
 
 
