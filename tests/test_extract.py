@@ -336,8 +336,43 @@ def test_rerun_of_an_all_failed_extraction_fails_the_same_way(tmp_path: Path) ->
     first = CliRunner().invoke(cli, args)
     again = CliRunner().invoke(cli, args)
     for res in (first, again):
-        assert res.exit_code == 1 and "every video failed (4 failed, 0 missing)" in res.output, res.output
+        text = " ".join(res.output.split())
+        assert res.exit_code == 1 and "every video failed (4 failed, 0 missing on disk)" in text, res.output
         assert "a.mp4" in res.output  # the first reason, also when it was recorded by an earlier run
+        assert "retries failed and missing videos" in text
+
+
+def test_a_rerun_retries_failed_and_missing_videos(tiny_folder_dataset: Path, tmp_path: Path) -> None:
+    """Replacing a broken or absent file and running the same command again is how a user repairs a store."""
+    from dab_pipeline.synthetic import write_corrupt_video
+
+    videos = tmp_path / "videos"
+    shutil.copytree(tiny_folder_dataset.parent / "videos", videos)
+    captions = tmp_path / "captions.csv"
+    shutil.copy(tiny_folder_dataset, captions)
+    names = sorted(p.name for p in videos.iterdir())
+    good = {n: (videos / n).read_bytes() for n in names[:2]}
+    write_corrupt_video(videos / names[0])
+    (videos / names[1]).unlink()
+    out = tmp_path / "s.h5"
+    assert _invoke(_args(captions, out)).exit_code == 0
+    with open_store(out) as st:
+        assert (st.status() == 2).sum() == 1 and (st.status() == 3).sum() == 1
+    for name, data in good.items():  # the user puts the right files back
+        (videos / name).write_bytes(data)
+    res = _invoke(_args(captions, out))
+    assert res.exit_code == 0 and "2 videos encoded" in " ".join(res.output.split()), res.output
+    with open_store(out) as st:
+        assert (st.status() == 1).all()
+
+
+def test_an_extraction_whose_videos_are_all_missing_says_so(tmp_path: Path) -> None:
+    (tmp_path / "videos").mkdir()
+    (tmp_path / "captions.csv").write_text("video,caption,split\na.mp4,x,test\nb.mp4,y,test\n")
+    res = CliRunner().invoke(cli, _args(tmp_path / "captions.csv", tmp_path / "s.h5"))
+    text = " ".join(res.output.split())
+    assert res.exit_code == 1 and "(0 failed, 2 missing on disk)" in text and "no video file was found" in text
+    assert "n/a" not in text and str(tmp_path / "videos" / "a.mp4") in text
 
 
 def test_summary_reports_time_and_rate(tiny_folder_dataset: Path, tmp_path: Path) -> None:

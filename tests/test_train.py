@@ -441,3 +441,17 @@ def test_an_incomplete_store_is_refused_with_the_command_that_completes_it(tmp_p
 
     with pytest.raises(StoreError, match="dab search needs a complete store"):
         search(tmp_path / "nowhere", store, ["x"])
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_non_finite_features_are_blamed_on_the_store_at_load(tmp_path: Path, split: str) -> None:
+    from dab_pipeline.errors import StoreError
+
+    store = _random_store(tmp_path / "store.h5")
+    with open_store(store) as st:
+        row = int(st.load_split(split).caption_index[1])
+    with open_store(store, "a") as st:  # one caption's features broken behind the store's back (its writes refuse NaN)
+        st.raw_backend.raw("captions/features")[row] = np.full(st.dim, np.nan, np.float32)
+    with pytest.raises(StoreError, match=f"'{split}' split holds non-finite features .* store row {row}"):
+        run_train(_cfg(store, tmp_path / "run", "model.variant=prob", "epochs=1"))
+    assert not (tmp_path / "run").exists()

@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 from ..errors import StoreError
 
-from .layout import FORMAT_VERSION, STATUS_FAILED, STATUS_NAMES, STATUS_OK, STATUS_PENDING, SplitFeatures, array_specs, _runs, default_share_rows, pad_ragged, video_share
+from .layout import FORMAT_VERSION, STATUS_FAILED, STATUS_MISSING, STATUS_NAMES, STATUS_OK, STATUS_PENDING, SplitFeatures, array_specs, _runs, default_share_rows, pad_ragged, video_share
 from .backend_h5 import Backend
 from .writes import _StoreWrites
 
@@ -171,12 +171,14 @@ class FeatureStore(_StoreWrites):
         """(N,) bool: the video needs no more work (ok, failed or missing)."""
         return self.status() != STATUS_PENDING
 
-    def pending_videos(self, include_failed: bool = False) -> np.ndarray:
-        """Indices still to extract (status pending; plus failed ones to retry them)."""
+    def pending_videos(self, include_failed: bool = False, include_missing: bool = False) -> np.ndarray:
+        """Indices still to extract (status pending; plus failed and missing ones, to retry them)."""
         st = self.status()
         todo = st == STATUS_PENDING
         if include_failed:
             todo |= st == STATUS_FAILED
+        if include_missing:
+            todo |= st == STATUS_MISSING
         return np.flatnonzero(todo)
 
     def num_video_frames(self) -> np.ndarray:
@@ -420,6 +422,8 @@ class FeatureStore(_StoreWrites):
             num_excluded_videos=int(in_split.sum() - len(vidx)),
             num_dropped_captions=int(len(cap_in) - len(cidx)),
         )
+        self._check_finite(split, sf.frames, sf.video_ids, vidx, "video")
+        self._check_finite(split, sf.text, sf.caption_ids, cidx, "caption")
         if with_views:
             if not self.train_views:
                 raise StoreError(f"{self.path} holds no augmented views (extracted without --train-views)")
@@ -439,6 +443,19 @@ class FeatureStore(_StoreWrites):
                 self._b.read_runs("captions/token_states", runs, flat)
                 sf.text_states, sf.text_lengths, sf.text_offsets = flat, lengths, offsets
         return sf
+
+    def _check_finite(self, split: str, values: np.ndarray, ids: np.ndarray, rows: np.ndarray, what: str) -> None:
+        """Non-finite features (a broken encoder run, a damaged file) are the store's fault: say so at load, with
+        the first bad row, before training blames its learning rate or a metric counts NaN costs."""
+        if values.size == 0:
+            return
+        ok = np.isfinite(values.reshape(len(values), -1)).all(axis=1)
+        if ok.all():
+            return
+        bad = np.flatnonzero(~ok)
+        raise StoreError(f"{self.path}: the {split!r} split holds non-finite features (NaN or inf) for {len(bad)} "
+                         f"{what}(s), the first {ids[bad[0]]!r} (store row {int(rows[bad[0]])}); re-extract the "
+                         "store (`dab extract ... --overwrite`)")
 
     # -- reporting -------------------------------------------------------------
 

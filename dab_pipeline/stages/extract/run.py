@@ -119,8 +119,12 @@ def _combine_results(ctx, local: ExtractResult, videos, n_caps: int, out: Path) 
                            video_seconds=max(r[3] for r in rows), **{k: sum(r[0][k] for r in rows) for k in _COUNTS})
     if not result.failures and result.store_failed:
         result.failures = ctx.run_on_main(lambda: _earlier_failures(out))
+    first_missing = ""
+    if result.store_ok == 0 and result.store_missing:
+        missing = [v for v in videos if not Path(v.path).is_file()]
+        first_missing = f"{missing[0].video_id} at {missing[0].path}" if missing else ""
     try:
-        _raise_if_all_failed(result)
+        _raise_if_all_failed(result, first_missing)
     except ExtractionFailed as exc:
         raise mark_shared(exc) from None
     return result
@@ -133,12 +137,16 @@ def _earlier_failures(out: Path) -> list[tuple[str, str]]:
         return st.failures()[:5]
 
 
-def _raise_if_all_failed(result: ExtractResult) -> None:
+def _raise_if_all_failed(result: ExtractResult, first_missing: str = "") -> None:
     """No video of the store encoded: the same answer on the first run and on every rerun."""
     if result.videos_total > 0 and result.store_ok == 0:
+        if result.failures:
+            why = f"first error: {result.failures[0][0]}: {result.failures[0][1]}"
+        else:
+            why = f"no video file was found (first: {first_missing}); check --videos" if first_missing else "n/a"
         raise ExtractionFailed(
-            f"every video failed ({result.store_failed} failed, {result.store_missing} missing); "
-            f"first error: {result.failures[0][1] if result.failures else 'n/a'}"
+            f"every video failed ({result.store_failed} failed, {result.store_missing} missing on disk); {why}. "
+            "Fix or replace the files and rerun the same command: it retries failed and missing videos"
         )
 
 

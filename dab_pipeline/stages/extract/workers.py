@@ -94,7 +94,8 @@ def encode_videos(store, bundle, videos, missing: set[str], cfg: ExtractConfig, 
                    progress: ProgressCallback, encode_images, rows: Optional[np.ndarray] = None) -> ExtractResult:
     """Encode the pending videos (of ``rows`` only, when given: one rank's share)."""
     total = len(videos) if rows is None else len(rows)
-    pending = [int(i) for i in store.pending_videos()]
+    # a rerun retries the videos that failed or were missing: their files may have been replaced since
+    pending = [int(i) for i in store.pending_videos(include_failed=True, include_missing=True)]
     if rows is not None:
         pending = [int(i) for i in np.intersect1d(pending, rows)]  # sorted, like pending_videos()
     skipped = total - len(pending)

@@ -87,7 +87,9 @@ def existing_store(job: ExtractJob) -> Optional[ExistingStore]:
         with open_store(job.out, "a") as st:
             repaired = st.reopen_damaged()
     with open_store(job.out, "r") as st:
-        return ExistingStore(repaired=repaired, complete=st.is_complete, world_size=int(st.manifest.get("world_size") or 1),
+        # nothing to do only when no video waits for a retry (failed or missing ones are retried on a rerun)
+        retry = bool(len(st.pending_videos(include_failed=True, include_missing=True)))
+        return ExistingStore(repaired=repaired, complete=st.is_complete and not retry, world_size=int(st.manifest.get("world_size") or 1),
                              share_rows=st.share_rows, status=st.status())
 
 
