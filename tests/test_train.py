@@ -452,6 +452,6 @@ def test_non_finite_features_are_blamed_on_the_store_at_load(tmp_path: Path, spl
         row = int(st.load_split(split).caption_index[1])
     with open_store(store, "a") as st:  # one caption's features broken behind the store's back (its writes refuse NaN)
         st.raw_backend.raw("captions/features")[row] = np.full(st.dim, np.nan, np.float32)
-    with pytest.raises(StoreError, match=f"'{split}' split holds non-finite features .* store row {row}"):
+    with pytest.raises(StoreError, match=rf"'{split}' split holds non-finite features .* \(store row {row}\)"):
         run_train(_cfg(store, tmp_path / "run", "model.variant=prob", "epochs=1"))
     assert not (tmp_path / "run").exists()

@@ -454,7 +454,7 @@ class FeatureStore(_StoreWrites):
             return
         bad = np.flatnonzero(~ok)
         raise StoreError(f"{self.path}: the {split!r} split holds non-finite features (NaN or inf) for {len(bad)} "
-                         f"{what}(s), the first {ids[bad[0]]!r} (store row {int(rows[bad[0]])}); re-extract the "
+                         f"{what}(s), the first {str(ids[bad[0]])!r} (store row {int(rows[bad[0]])}); re-extract the "
                          "store (`dab extract ... --overwrite`)")
 
     # -- reporting -------------------------------------------------------------
