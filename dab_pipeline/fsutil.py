@@ -32,7 +32,9 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    remove_stale_temps(path)
+    # the writer's pid in the name: a later write of the same file knows a dead writer's leftover
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}-", suffix=".tmp")
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb") as fh:
@@ -46,6 +48,52 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
         except OSError:
             pass
         raise
+
+
+def remove_stale_temps(path: Path) -> int:
+    """Remove the temp files of earlier writes of ``path`` whose writer is dead (a killed run's litter); -> count.
+
+    A temp file of a live process (another writer of the same file, right now) is left alone,
+    and so is one whose name carries no pid (written by a dab before pids were recorded) unless
+    it is older than a day.
+    """
+    import time
+
+    removed = 0
+    prefix = f".{path.name}."
+    try:
+        entries = list(os.scandir(path.parent))
+    except OSError:
+        return 0
+    for entry in entries:
+        name = entry.name
+        if not (name.startswith(prefix) and name.endswith(".tmp")):
+            continue
+        pid_text = name[len(prefix):].split("-", 1)[0]
+        if pid_text.isdigit():
+            stale = not _alive(int(pid_text))
+        else:
+            try:
+                stale = time.time() - entry.stat().st_mtime > 86400
+            except OSError:
+                continue
+        if stale:
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+                removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

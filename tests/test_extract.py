@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -482,3 +483,37 @@ def test_a_lost_zarr_chunk_is_found_and_the_same_command_extracts_it_again(tiny_
     assert res.exit_code == 0 and "verify: every written array reads back" in " ".join(res.output.split())
     with open_store(out) as st:
         np.testing.assert_array_equal(st.load_split("train").frames, frames_before)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_decode_workers_die_with_their_parent(tmp_path: Path) -> None:
+    """A SIGKILLed extraction must not leave workers that hold the store's lock for seconds."""
+    import signal
+    import subprocess
+    import time
+
+    code = ("import os, sys, time\n"
+            "from dab_pipeline.stages.extract.workers import die_with_parent\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    ok = die_with_parent()\n"
+            "    print(os.getpid(), ok, flush=True)\n"
+            "    time.sleep(60)\n"
+            "    os._exit(0)\n"
+            "time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child, ok = parent.stdout.readline().split()
+    assert ok == "True"
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+
+    def gone() -> bool:
+        try:
+            return Path(f"/proc/{child}/stat").read_text().split(") ")[1][0] in "ZX"
+        except (OSError, IndexError):
+            return True
+
+    deadline = time.time() + 5
+    while not gone() and time.time() < deadline:
+        time.sleep(0.02)
+    assert gone(), "the worker outlived its parent"

@@ -69,6 +69,33 @@ def collate_items(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def decode_worker_init(_: int) -> None:
     # Two one-thread decoders beat one two-thread decoder (measured 2x on 2 cores).
     torch.set_num_threads(1)
+    die_with_parent()
+
+
+def die_with_parent() -> bool:
+    """Have the kernel kill this process the moment its parent dies (Linux ``PR_SET_PDEATHSIG``); -> whether set.
+
+    A decode worker is forked after the store is open and shares its file lock: without this,
+    a SIGKILLed extraction's workers kept the HDF5 store locked until the DataLoader's watchdog
+    noticed, seconds later. Elsewhere (macOS) nothing is set and the watchdog still ends them.
+    """
+    import ctypes
+    import signal
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        if libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    # the parent may have died between the fork and the prctl: then nobody would send the signal
+    if os.getppid() == 1:
+        os._exit(1)
+    return True
 
 
 def encode_captions(store, bundle, texts: list[str], cfg: ExtractConfig, progress: ProgressCallback, encode_texts) -> int:
