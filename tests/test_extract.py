@@ -64,7 +64,8 @@ def test_extract_h5_matches_open_clip(tiny_folder_dataset: Path, tmp_path: Path)
         split = st.load_split("train")
     root = tiny_folder_dataset.parent / "videos"
     for i, vid in enumerate(vids):
-        dec = decode_video(root / f"{vid}.mp4", num_frames=12, short_side=bundle.image_size)
+        # open_clip's own pipeline: its transform resizes the full-resolution frame (dab's default)
+        dec = decode_video(root / f"{vid}.mp4", num_frames=12, short_side=None)
         pixels = torch.stack([bundle.preprocess(Image.fromarray(f)) for f in dec.frames])  # (F, 3, S, S)
         with torch.no_grad():
             ref = bundle.model.encode_image(pixels).float().numpy()  # (F, D)
@@ -226,7 +227,7 @@ def _one_video_dataset(root: Path, write) -> Path:
     return root / "captions.csv"
 
 
-@pytest.mark.parametrize("setting", ["decode_backend=pyav-seek", "decode_short_side=None", "decode_short_side=64"])
+@pytest.mark.parametrize("setting", ["decode_backend=pyav-seek", "decode_short_side=0", "decode_short_side=64"])
 def test_resume_refuses_decode_settings_that_change_the_features(tiny_folder_dataset: Path, tmp_path: Path,
                                                                  setting: str) -> None:
     out = tmp_path / "store.h5"
@@ -517,3 +518,15 @@ def test_decode_workers_die_with_their_parent(tmp_path: Path) -> None:
     while not gone() and time.time() < deadline:
         time.sleep(0.02)
     assert gone(), "the worker outlived its parent"
+
+
+def test_a_store_that_resized_at_decode_time_resumes_with_its_setting(tiny_folder_dataset: Path,
+                                                                      tmp_path: Path) -> None:
+    """Before dab resized as open_clip does, it resized in swscale at decode time: such a store says how to resume."""
+    out = tmp_path / "store.h5"
+    assert _invoke(_args(tiny_folder_dataset, out, "--limit", "3", "--set", "decode_short_side=0")).exit_code == 0
+    res = CliRunner().invoke(cli, _args(tiny_folder_dataset, out, "--limit", "3"))
+    text = " ".join(res.output.split())
+    assert res.exit_code != 0 and "resume it with --set decode_short_side=0" in text, res.output
+    res = _invoke(_args(tiny_folder_dataset, out, "--limit", "3", "--set", "decode_short_side=0"))
+    assert res.exit_code == 0 and "0 videos encoded" in " ".join(res.output.split())

@@ -65,7 +65,10 @@ class ExtractConfig:
     text_batch_size: int = 256
     workers: int = 2
     device: str = "auto"
-    decode_short_side: Optional[int] = 0  # 0: CLIP's image size; None: decode at full resolution
+    # None (default): decode at full resolution and let open_clip's transform resize (PIL bicubic with
+    # antialiasing: the pixels CLIP was trained on); 0: resize in FFmpeg's swscale to CLIP's image size
+    # at decode time; N: to N pixels (docs/extraction.md, benchmarks/resize.py)
+    decode_short_side: Optional[int] = None
     decode_backend: str = "pyav"  # pyav | pyav-seek | decord (dab_pipeline.video)
     limit: Optional[int] = None  # only the first N videos (and their captions): quick trials
     # augmented views per training video (X-Pool's train transform, seeded; dab_pipeline.augment)
@@ -197,7 +200,7 @@ def build_manifest(cfg: ExtractConfig, bundle, index, world_size: int = 1,
         # Everything about decoding that changes the pixels a video gets (compared on resume).
         "decoder": {"backend": cfg.decode_backend, "short_side": _short_side(cfg, bundle), "rules": DECODE_RULES,
                     "frame_order": "sequential decode order" if cfg.decode_backend == "pyav" else
-                    "timestamps (seeking)", "resize": "bicubic (FFmpeg swscale), display rotation applied"},
+                    "timestamps (seeking)", "resize": _resize_note(cfg)},
         "compute_dtype": cfg.compute_dtype,
         "store_dtype": cfg.store_dtype,
         "trainable_blocks": cfg.trainable_blocks,
@@ -213,6 +216,12 @@ def build_manifest(cfg: ExtractConfig, bundle, index, world_size: int = 1,
         "world_size": world_size,
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(cfg).items()},
     }
+
+
+def _resize_note(cfg: ExtractConfig) -> str:
+    if cfg.decode_short_side is None:
+        return "none at decode (open_clip's transform: PIL bicubic with antialiasing), display rotation applied"
+    return "bicubic (FFmpeg swscale), display rotation applied"
 
 
 def _short_side(cfg: ExtractConfig, bundle) -> Optional[int]:

@@ -67,8 +67,11 @@ def check_resumable(store, manifest: dict, videos, captions, out: Path) -> None:
     ]
     if diff or not same_ids:
         what = ", ".join(diff) if diff else "the video/caption lists"
+        old_resize = "decoder" in diff and store.manifest.get("decode_short_side") is not None
+        hint = (" (a store that resized frames at decode time, dab's default before it resized as open_clip does: "
+                "resume it with --set decode_short_side=0)") if old_resize else ""
         raise StoreMismatchError(
-            f"{out} was built with a different configuration ({what} differ); "
+            f"{out} was built with a different configuration ({what} differ){hint}; "
             "choose another --out or pass --overwrite to rebuild it"
         )
 
