@@ -51,7 +51,7 @@ SETTINGS: dict[str, list[str]] = {
     "residual": DAB + ["model.drift_inputs=residual"],  # mu_v - mu_t as one more input of the drift
 }
 REFERENCES = ("dab", "dab-const", "prob")
-COLUMNS = ["val R@1", "const R@1", "same top-1", "claim mAP", "claim nDCG@10", "claim P@1", "pair-dep mu", "pair-dep logvar",
+COLUMNS = ["train loss", "val R@1", "const R@1", "same top-1", "claim mAP", "claim nDCG@10", "claim P@1", "pair-dep mu", "pair-dep logvar",
            "pair part mu", "var text", "var bridge", "var video", "seconds"]
 
 
@@ -84,7 +84,8 @@ def run_setting(name: str, seed: int, stores: dict[str, Path], runs_dir: Path, s
     var = (res.get("variance") or {}).get("mean", {})
     pct = (lambda v: None if v is None else 100 * v)
     ctrl = bridge.get("constant_control") or {}
-    row = {"val R@1": res["t2v"]["R@1"], "const R@1": ctrl.get("R@1"), "same top-1": ctrl.get("same_top1"),
+    log_lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    row = {"train loss": log_lines[-1]["train_loss"], "val R@1": res["t2v"]["R@1"], "const R@1": ctrl.get("R@1"), "same top-1": ctrl.get("same_top1"),
            "claim mAP": 100 * queries["AP"].mean(), "claim nDCG@10": 100 * queries["nDCG@10"].mean(),
            "claim P@1": 100 * queries["P@1"].mean(), "pair-dep mu": pct(share.get("mu")),
            "pair-dep logvar": pct(share.get("logvar")), "pair part mu": pct(parts.get("interaction")),
@@ -97,7 +98,7 @@ def cell(values: list[Optional[float]], col: str) -> str:
     vals = [v for v in values if v is not None]
     if not vals:
         return "-"
-    digits = 3 if col.startswith("var") else (0 if col == "seconds" else 1)
+    digits = 3 if col.startswith(("var", "train")) else (0 if col == "seconds" else 1)
     m = statistics.mean(vals)
     return f"{m:.{digits}f}" if len(vals) == 1 else f"{m:.{digits}f} ± {statistics.stdev(vals):.{digits}f}"
 
