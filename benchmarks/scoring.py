@@ -188,9 +188,26 @@ def runnable_dtypes(requested: list[str], device: torch.device,
     for dt in requested:
         if dt == "bfloat16" and not caps.bf16 and not force:
             skipped[dt] = f"{caps.device} has no native bf16 ({caps.bf16_why}); --force-bf16 runs them anyway"
+        elif dt == "tfloat32" and not caps.tf32:
+            skipped[dt] = f"{caps.device} has no TF32 (a CUDA device of compute capability 8.0+ does)"
         else:
             keep.append(dt)
     return keep, skipped
+
+
+def score_dtype(dt: str) -> str:
+    """The engine's dtype of a row: "tfloat32" is float32 scoring with TF32 matrix products allowed."""
+    return "float32" if dt == "tfloat32" else dt
+
+
+def torch_dtype(dt: str) -> torch.dtype:
+    return getattr(torch, score_dtype(dt))
+
+
+def use_tf32(dt: str) -> None:
+    """Allow (tfloat32 rows) or forbid TF32 products for this process, CUDA's matmul and cuDNN alike."""
+    torch.backends.cuda.matmul.allow_tf32 = dt == "tfloat32"
+    torch.backends.cudnn.allow_tf32 = dt == "tfloat32"
 
 
 def prepare_kernels(device: torch.device, dtypes: list[str]) -> str:
@@ -215,6 +232,8 @@ def measure(impl: str, dtype: str, steps: int, n_q: int, n_v: int, device: torch
     The engine's exact runs are also measured paired (:class:`Paired`): "paired" is its
     rate over the matmul rate of the same moments.
     """
+    use_tf32(dtype)
+    dtype_name, dtype = dtype, score_dtype(dtype)  # the row's name; the engine's dtype
     model = random_model(steps)
     text, frames, mask = random_features(n_q, n_v)
     if impl == "reference":
@@ -229,7 +248,7 @@ def measure(impl: str, dtype: str, steps: int, n_q: int, n_v: int, device: torch
         score_all_reference(model, text[warm], frames[warm], mask[warm], device=device)
     else:
         score_all(model, text[warm], frames[warm], mask[warm], device=device, dtype=dtype)
-    rate = matmul_rate(getattr(torch, dtype), device, repeats=3)
+    rate = matmul_rate(torch_dtype(dtype_name), device, repeats=3)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         base = torch.cuda.memory_allocated(device)
@@ -255,7 +274,7 @@ def measure(impl: str, dtype: str, steps: int, n_q: int, n_v: int, device: torch
         k: v for k, v in res.info.items() if isinstance(v, (str, int, float))}}
     if impl == "engine" and not shortlist:
         em = engine_macs(model.cfg, NUM_FRAMES)
-        paired = Paired(getattr(torch, dtype), device, 2.0 * total_macs(em, n_q, n_v))
+        paired = Paired(torch_dtype(dtype_name), device, 2.0 * total_macs(em, n_q, n_v))
         paired.start()
         score_all(model, text, frames, mask, device=device, dtype=dtype, progress=paired)
         paired.finish()
@@ -441,7 +460,8 @@ def main() -> None:
     ap.add_argument("--full", action="store_true", help="T' = 8 and 32 on CPU (about 3x the default's time)")
     ap.add_argument("--force-bf16", action="store_true", help="run bf16 rows even where bf16 is emulated (slow)")
     ap.add_argument("--device", default="auto", help="cpu, cuda or auto")
-    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "tfloat32", "bfloat16"],
+                    help="tfloat32: float32 scoring with TF32 products (CUDA, compute capability 8.0+)")
     ap.add_argument("--repeats", type=int, default=1, help="runs per row (interleaved); the fastest is shown")
     ap.add_argument("--no-reference", action="store_true", help="skip the reference (no speed-up / error columns)")
     ap.add_argument("--shortlist", type=int, default=None, help="K of the shortlist row (default V/10; 0: skip)")
@@ -473,7 +493,11 @@ def main() -> None:
         bench_run(args.run, args.features, args.split, device, args.shortlist)
         return
     # float32 always: the reference and the shortlist run in it; bf16 only where it is timed
-    rates = {dt: matmul_rate(getattr(torch, dt), device) for dt in dict.fromkeys(["float32", *dtypes])}
+    rates = {}
+    for dt in dict.fromkeys(["float32", *dtypes]):
+        use_tf32(dt)
+        rates[dt] = matmul_rate(torch_dtype(dt), device)
+    use_tf32("float32")
     RATES.update(rates)
     print("matmul rate: " + ", ".join(f"{dt} {r:.0f} GFLOP/s" for dt, r in rates.items())
           + " (at start; %best divides by the best rate seen in the whole session, %paired by the rate of "

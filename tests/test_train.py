@@ -455,3 +455,23 @@ def test_non_finite_features_are_blamed_on_the_store_at_load(tmp_path: Path, spl
     with pytest.raises(StoreError, match=rf"'{split}' split holds non-finite features .* \(store row {row}\)"):
         run_train(_cfg(store, tmp_path / "run", "model.variant=prob", "epochs=1"))
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("amp", ["none", "bf16"])
+def test_a_run_on_cuda_trains_and_scores(random_store: Path, tmp_path: Path, amp: str) -> None:
+    """The CUDA path of `dab train`: bf16 autocast where the device has it, the engine's scoring on the GPU, the
+    test costs equal to scoring the best checkpoint again."""
+    from dab_pipeline.scoring import score_all
+    from dab_pipeline.stages.search import load_run
+
+    out = tmp_path / f"cuda-{amp}"
+    res = run_train(_cfg(random_store, out, "model.variant=dab", "epochs=2", "device=cuda", f"amp={amp}"))
+    precision = json.loads((out / "precision.json").read_text())
+    assert precision["device"]["device"] == "cuda"
+    cost = read_costs(res.costs_path).cost
+    assert np.isfinite(cost).all()
+    with open_store(random_store) as st:
+        test = st.load_split("test")
+    again = score_all(load_run(out).model, test.text, test.frames, test.frame_mask, device="cuda").cost
+    np.testing.assert_allclose(again, cost, rtol=1e-4, atol=1e-4)
