@@ -43,6 +43,9 @@ SETTINGS: dict[str, list[str]] = {
     "dab-const": DAB + ["model.drift=constant"],
     "prob": ["model.variant=prob"],
     "long": DAB + ["epochs=50"],  # 5x the recipe's steps
+    "dab-const-long": DAB + ["model.drift=constant", "epochs=50"],  # the same length for the references
+    "prob-long": ["model.variant=prob", "epochs=50"],
+    "residual-long": DAB + ["model.drift_inputs=residual", "epochs=50"],
     "bridge-lr-x10": DAB + ["bridge_lr=0.01"],  # the bridge at 10x the new modules' lr (1e-3)
     "bridge-lr-x0.1": DAB + ["bridge_lr=0.0001"],
     "init-1e-3": DAB + ["model.drift_init=0.001"],  # a small random drift output instead of zeros
@@ -50,7 +53,7 @@ SETTINGS: dict[str, list[str]] = {
     "chi-sum": DAB + ["model.chi_norm=sum"],  # steps summing to 1 instead of min-max onto [0.2, 0.6]
     "residual": DAB + ["model.drift_inputs=residual"],  # mu_v - mu_t as one more input of the drift
 }
-REFERENCES = ("dab", "dab-const", "prob")
+REFERENCES = ("dab", "dab-const", "prob", "dab-const-long", "prob-long")
 COLUMNS = ["train loss", "val R@1", "const R@1", "same top-1", "claim mAP", "claim nDCG@10", "claim P@1", "pair-dep mu", "pair-dep logvar",
            "pair part mu", "var text", "var bridge", "var video", "seconds"]
 
