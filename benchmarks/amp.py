@@ -7,7 +7,7 @@ training time, mean +- std over seeds. Then, for each variant's first seed, it s
 float32-trained model's test split twice, with and without autocast, and prints the cost
 difference, in cost units and in logits of the loss (cost / tau for prob and dab).
 
-bf16 autocast needs native bf16 to pay (dab_pipeline.capabilities); on a CPU without it the
+bf16 autocast needs native bf16 to pay (dab_pipeline.runtime.capabilities); on a CPU without it the
 bf16 rows run in float32 (amp falls back, with a warning) and the comparison says nothing.
 
     python benchmarks/amp.py [--world quick] [--seeds 1 2 3] [--variants dab-T8 xpool] [--data-dir bench_data]
@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import quality as Q  # noqa: E402  (the world, its stores and the runs, shared with the quality benchmark)
 
-from dab_pipeline.capabilities import capabilities  # noqa: E402
+from dab_pipeline.runtime.capabilities import capabilities  # noqa: E402
 from dab_pipeline.stages.search import load_run  # noqa: E402
 from dab_pipeline.store import open_store  # noqa: E402
 

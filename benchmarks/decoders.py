@@ -38,8 +38,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from extract import _moving_frames, parse_size  # noqa: E402  (the benchmarks' shared clip content)
 
-from dab_pipeline.errors import VideoDecodeError  # noqa: E402
-from dab_pipeline.synthetic import VIDEO_FORMATS, write_video  # noqa: E402
+from dab_pipeline.core.errors import VideoDecodeError  # noqa: E402
+from dab_pipeline.video.synthetic import VIDEO_FORMATS, write_video  # noqa: E402
 from dab_pipeline.video import BACKENDS, decode_video  # noqa: E402
 from dab_pipeline.video.reference import read_every_frame  # noqa: E402
 

@@ -37,8 +37,8 @@ def rate(n: int, dtype: torch.dtype, device: torch.device, repeats: int, tf32: b
 
 
 def main(argv: Optional[list[str]] = None) -> dict:
-    from dab_pipeline.capabilities import capabilities
-    from dab_pipeline.devices import resolve_device
+    from dab_pipeline.runtime.capabilities import capabilities
+    from dab_pipeline.runtime.devices import resolve_device
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="auto")

@@ -29,7 +29,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     import open_clip
 
     from dab_pipeline.clip_models import encode_images, load_clip
-    from dab_pipeline.devices import resolve_device
+    from dab_pipeline.runtime.devices import resolve_device
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="auto")

@@ -1,7 +1,7 @@
 """Stage-one (``dab extract``) throughput: decode alone, encode alone, end to end.
 
 Generates N synthetic videos (panning sinusoidal texture plus a bouncing box,
-lossless libx264 via ``dab_pipeline.synthetic.write_video``) and a
+lossless libx264 via ``dab_pipeline.video.synthetic.write_video``) and a
 ``captions.csv`` in a temp dir, then measures, in videos per second:
 
 * **decode**: the extract stage's own DataLoader path (``DecodeDataset``,
@@ -65,10 +65,10 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from dab_pipeline.capabilities import capabilities, resolve_clip_dtype
+from dab_pipeline.runtime.capabilities import capabilities, resolve_clip_dtype
 from dab_pipeline.clip_models import ClipBundle, encode_images, load_clip, write_tiny_weights
 from dab_pipeline.stages.extract import ExtractConfig, collate_items, DecodeDataset, decode_worker_init, run_extract
-from dab_pipeline.synthetic import write_video
+from dab_pipeline.video.synthetic import write_video
 from dab_pipeline.video import DecodedVideo
 from dab_pipeline.video.pyav_decoder import decode_sequential
 

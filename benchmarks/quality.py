@@ -47,8 +47,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from dab_pipeline.config import apply_overrides
-from dab_pipeline.costfile import CostMatrix, write_costs
+from dab_pipeline.core.overrides import apply_overrides
+from dab_pipeline.runs.costfile import CostMatrix, write_costs
 from dab_pipeline.stages.evaluate import EvaluateConfig, run_evaluate
 from dab_pipeline.stages.extract import ExtractConfig, run_extract
 from dab_pipeline.stages.train import TrainConfig, resolve_train_config, run_train
@@ -178,7 +178,7 @@ def train_config(variant: str, stores: dict[str, Path], out: Path, seed: int, ep
 
 def one_run(variant: str, seed: int, stores: dict[str, Path], runs_dir: Path, epochs: int,
             extra: list[str]) -> dict[str, Any]:
-    from dab_pipeline.config import to_dict
+    from dab_pipeline.core.overrides import to_dict
 
     out = runs_dir / f"{variant}-seed{seed}"
     cfg = None if variant == "zero-shot" else train_config(variant, stores, out, seed, epochs, extra)

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from dab_pipeline.synthetic import write_video
+from dab_pipeline.video.synthetic import write_video
 from dab_pipeline.video import decode_video
 
 

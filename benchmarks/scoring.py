@@ -30,7 +30,7 @@ Sizes: 256 x 256 pairs at T' = 8 on CPU (``--full``: T' = 8 and 32; ``--large``:
 cores; ``--full`` about 3x longer.
 
 bf16 rows run only where the device multiplies bf16 natively
-(:mod:`dab_pipeline.capabilities`: AMX / AVX512-BF16 with oneDNN on CPU, compute
+(:mod:`dab_pipeline.runtime.capabilities`: AMX / AVX512-BF16 with oneDNN on CPU, compute
 capability 8.0+ on CUDA): elsewhere they are skipped with the reason (emulated bf16 ran
 ~100x slower than float32 on an AVX2 CPU); ``--force-bf16`` runs them anyway.  The fused
 CPU kernels are built before any timing starts, and every row says which products and
@@ -181,7 +181,7 @@ class Paired:
 def runnable_dtypes(requested: list[str], device: torch.device,
                     force: bool = False) -> tuple[list[str], dict[str, str]]:
     """The dtypes to time on ``device``, and why each skipped one is skipped (bf16 where it is emulated)."""
-    from dab_pipeline.capabilities import capabilities
+    from dab_pipeline.runtime.capabilities import capabilities
 
     caps = capabilities(device)
     keep, skipped = [], {}
@@ -212,12 +212,12 @@ def use_tf32(dt: str) -> None:
 
 def prepare_kernels(device: torch.device, dtypes: list[str]) -> str:
     """Build the fused CPU kernels now (the timed children load the cached build), and say what is used."""
-    from dab_pipeline.capabilities import capabilities
+    from dab_pipeline.runtime.capabilities import capabilities
 
     line = f"capabilities: {capabilities(device).summary()}"
     if device.type != "cpu" or "bfloat16" not in dtypes:
         return line + "; fused CPU kernels not used by these rows"
-    from dab_pipeline.cpu_kernels import get_kernels
+    from dab_pipeline.scoring.kernels.cpu import get_kernels
 
     t = time.perf_counter()
     k = get_kernels()

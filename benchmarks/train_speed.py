@@ -101,7 +101,7 @@ def make_store(path: Path, bundle, pretrained: Optional[str], videos: int, per_v
 
 
 def train_once(store: Path, out: Path, amp: str, k: Optional[int], steps: int, device: str, tiny: bool) -> dict:
-    from dab_pipeline.config import apply_overrides
+    from dab_pipeline.core.overrides import apply_overrides
     from dab_pipeline.stages.train import TrainConfig, resolve_train_config, run_train
     from dab_pipeline.store import open_store
 
@@ -139,7 +139,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     ap.add_argument("--clip", default="ViT-B-32")
     ap.add_argument("--tiny", action="store_true", help="a CPU check of every path: dab-tiny, 48 videos, 3 steps")
     args = ap.parse_args(argv)
-    from dab_pipeline.devices import resolve_device
+    from dab_pipeline.runtime.devices import resolve_device
 
     device = str(resolve_device(args.device))
     if args.tiny:

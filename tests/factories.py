@@ -117,7 +117,7 @@ def hand_made_run(path: Path, store: Path, variant: str = "dab", model_kw: Optio
     import torch
 
     from dab_pipeline.model import DABModel, ModelConfig
-    from dab_pipeline.runs import RunFolder
+    from dab_pipeline.runs.folder import RunFolder
     from dab_pipeline.stages.train import TrainConfig
 
     model_kw = {"steps": 3, "drift_hidden": 24, "time_embed_dim": 8, **(model_kw or {})}

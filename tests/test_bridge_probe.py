@@ -12,10 +12,10 @@ import torch
 from click.testing import CliRunner
 
 from dab_pipeline.cli import cli
-from dab_pipeline.costfile import CostMatrix, write_costs
-from dab_pipeline.events import Event
+from dab_pipeline.runs.costfile import CostMatrix, write_costs
+from dab_pipeline.core.events import Event
 from dab_pipeline.model import DABModel, ModelConfig
-from dab_pipeline.runs import RunFolder
+from dab_pipeline.runs.folder import RunFolder
 from dab_pipeline.scoring import constant_bridge, probe_bridge, score_all
 from dab_pipeline.stages.evaluate import EvaluateConfig, run_evaluate
 from dab_pipeline.store import open_store

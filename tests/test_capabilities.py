@@ -14,9 +14,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from dab_pipeline import capabilities as caps_mod
-from dab_pipeline import cpu_kernels
-from dab_pipeline.capabilities import (
+from dab_pipeline.runtime import capabilities as caps_mod
+from dab_pipeline.scoring.kernels import cpu as cpu_kernels
+from dab_pipeline.runtime.capabilities import (
     ALLOW_EMULATED_ENV,
     Capabilities,
     override,
@@ -25,8 +25,8 @@ from dab_pipeline.capabilities import (
     resolve_score_dtype,
 )
 from dab_pipeline.cli import cli
-from dab_pipeline.errors import ConfigError
-from dab_pipeline.events import Event
+from dab_pipeline.core.errors import ConfigError
+from dab_pipeline.core.events import Event
 from dab_pipeline.model import ModelConfig
 from dab_pipeline.store import open_store
 
@@ -263,6 +263,6 @@ def test_portable_build_without_avx512_matches_the_eager_spec(tmp_path: Path) ->
     assert "skipped" not in tail and " passed" in tail, tail  # the fused fixture did not skip
     built = list(tmp_path.glob("dab_cpu_*/dab_cpu_*.so"))
     assert len(built) == 1, built
-    code = ("from dab_pipeline.cpu_kernels import get_kernels; k = get_kernels(build=False); print(k.name)")
+    code = ("from dab_pipeline.scoring.kernels.cpu import get_kernels; k = get_kernels(build=False); print(k.name)")
     name = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert name.stdout.strip() == "fused (x86-64-v3)"

@@ -21,8 +21,8 @@ from PIL import Image
 from torch import nn
 
 from dab_pipeline import clip_models as cm
-from dab_pipeline.errors import ConfigError, UnknownNameError, WeightsError
-from dab_pipeline.fsutil import sha256_file
+from dab_pipeline.core.errors import ConfigError, UnknownNameError, WeightsError
+from dab_pipeline.core.fsutil import sha256_file
 
 TEXTS = ["a dog runs on the beach", "hi", "a man is cooking pasta in a small kitchen while talking"]
 

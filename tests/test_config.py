@@ -6,8 +6,8 @@ from typing import Optional
 
 import pytest
 
-from dab_pipeline.config import apply_overrides, from_dict, load_config, save_config, to_dict
-from dab_pipeline.errors import ConfigError
+from dab_pipeline.core.overrides import apply_overrides, from_dict, load_config, save_config, to_dict
+from dab_pipeline.core.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dab_pipeline.costfile import CostMatrix, read_costs, write_costs
-from dab_pipeline.errors import StoreError
+from dab_pipeline.runs.costfile import CostMatrix, read_costs, write_costs
+from dab_pipeline.core.errors import StoreError
 
 
 def sample(kind: str = "cost", q: int = 5, v: int = 4) -> CostMatrix:

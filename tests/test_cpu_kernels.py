@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dab_pipeline import cpu_kernels
-from dab_pipeline.cpu_kernels import (
+from dab_pipeline.scoring.kernels import cpu as cpu_kernels
+from dab_pipeline.scoring.kernels.cpu import (
     add_silu_bf16_eager,
     bridge_update_eager,
     eager_kernels,
@@ -198,7 +198,7 @@ def test_turned_off_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_no_compiler_falls_back_with_the_reason(tmp_path) -> None:
     # a fresh process, an empty cache and no compiler: the eager kernels, and why
     env = {**os.environ, "DAB_KERNEL_CACHE": str(tmp_path), "CXX": "/nonexistent/c++", "DAB_CPU_KERNELS": "auto"}
-    code = ("from dab_pipeline.cpu_kernels import get_kernels; k = get_kernels(); "
+    code = ("from dab_pipeline.scoring.kernels.cpu import get_kernels; k = get_kernels(); "
             "print(k.fused, '|', k.reason)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     fused_flag, reason = out.stdout.strip().split(" | ", 1)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dab_pipeline.datasets import DATASETS, DatasetIndex, hash_split, load_dataset
-from dab_pipeline.errors import ConfigError, DatasetError, UnknownNameError
+from dab_pipeline.core.errors import ConfigError, DatasetError, UnknownNameError
 
 
 def _check_invariants(index: DatasetIndex) -> None:

@@ -10,10 +10,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from dab_pipeline.checkpoint import load_checkpoint
+from dab_pipeline.runs.checkpoint import load_checkpoint
 from dab_pipeline.cli import cli
-from dab_pipeline.config import apply_overrides
-from dab_pipeline.errors import ConfigError
+from dab_pipeline.core.overrides import apply_overrides
+from dab_pipeline.core.errors import ConfigError
 from dab_pipeline.stages.distill import DistillConfig, pair_outputs, distill_loss, run_distill
 from dab_pipeline.stages.search import load_run
 from dab_pipeline.stages.train import TrainConfig, resolve_train_config, run_train
@@ -137,7 +137,7 @@ def test_a_run_without_a_bridge_is_refused(teacher: Path, tmp_path: Path) -> Non
 
 def test_distillation_counts_steps_like_its_teacher(tmp_path: Path) -> None:
     """The teacher's epoch mode (one caption per video), its weight decay and warm-up, then a cosine decay."""
-    from dab_pipeline.events import Event
+    from dab_pipeline.core.events import Event
 
     store = _random_store(tmp_path / "store.h5")  # 20 training videos, 2 captions each
     cfg = apply_overrides(TrainConfig(features=store, out=tmp_path / "teacher"),

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from dab_pipeline.checkpoint import load_checkpoint
+from dab_pipeline.runs.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 WORLD = 2
@@ -139,7 +139,7 @@ def _tiny_store(path: Path, n: int = 10, share_rows: int | None = None):
 def test_zarr_multi_writer_chunks_never_straddle_shares(tmp_path: Path) -> None:
     import zarr
 
-    from dab_pipeline.errors import StoreError
+    from dab_pipeline.core.errors import StoreError
     from dab_pipeline.store import open_store, video_share
 
     _tiny_store(tmp_path / "s.zarr", share_rows=4).close()
@@ -175,7 +175,7 @@ def test_zarr_multi_writer_chunks_never_straddle_shares(tmp_path: Path) -> None:
 
 
 def test_merge_parts_is_atomic_and_exact(tmp_path: Path) -> None:
-    from dab_pipeline.errors import StoreError
+    from dab_pipeline.core.errors import StoreError
     from dab_pipeline.store import merge_parts, open_store, video_share
 
     shares = [video_share(10, 2, r, 2) for r in range(2)]
@@ -208,8 +208,8 @@ def test_merge_parts_is_atomic_and_exact(tmp_path: Path) -> None:
 
 
 def test_part_files_of_another_world_size_are_refused(tmp_path: Path) -> None:
-    from dab_pipeline.distributed import part_files, part_path
-    from dab_pipeline.errors import StoreMismatchError
+    from dab_pipeline.runtime.distributed import part_files, part_path
+    from dab_pipeline.core.errors import StoreMismatchError
     from dab_pipeline.stages.extract import check_part_files
 
     out = tmp_path / "store.h5"
@@ -225,8 +225,8 @@ def test_part_files_of_another_world_size_are_refused(tmp_path: Path) -> None:
 
 
 def test_distributed_flag_needs_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
-    from dab_pipeline.distributed import TORCHRUN_ENV, want_distributed
-    from dab_pipeline.errors import ConfigError
+    from dab_pipeline.runtime.distributed import TORCHRUN_ENV, want_distributed
+    from dab_pipeline.core.errors import ConfigError
 
     for k in TORCHRUN_ENV:
         monkeypatch.delenv(k, raising=False)
@@ -283,7 +283,7 @@ def test_distributed_extract_equals_single_process(kind: str, tiny_folder_datase
 @pytest.mark.distributed
 def test_distributed_h5_extract_resumes_a_lost_rank(tiny_folder_dataset: Path, single_stores: dict,
                                                     tmp_path: Path) -> None:
-    from dab_pipeline.distributed import part_path
+    from dab_pipeline.runtime.distributed import part_path
     from dab_pipeline.store import open_store, video_share
 
     out = tmp_path / "store.h5"
@@ -336,7 +336,7 @@ GRAD_CASES = {"dab": ("dab", False), "xpool": ("xpool", False), "dab_heads": ("d
 
 @pytest.mark.distributed
 def test_distributed_loss_and_gradients_equal_one_process_with_the_global_batch(tmp_path: Path) -> None:
-    from dab_pipeline.model.losses import model_loss
+    from dab_pipeline.model.losses import contrastive_loss, loss_of
 
     _ok(_helper("train-grads", [str(tmp_path / "grads.pt")], tmp_path))
     got = torch.load(tmp_path / "grads.pt", weights_only=True)
@@ -344,7 +344,8 @@ def test_distributed_loss_and_gradients_equal_one_process_with_the_global_batch(
         model, heads, (text_in, lengths, video_in, mask) = _grad_case(variant, with_heads)
         text = heads.encode_text(text_in, lengths) if heads is not None else text_in
         frames = heads.encode_frames(video_in) if heads is not None else video_in
-        loss = model_loss(model, model(text, frames, mask))  # one process, batch 8
+        cost = model(text, frames, mask).cost  # one process, batch 8
+        loss = contrastive_loss(loss_of(model.cfg.spec), cost, model.temperature())
         loss.backward()
         ref = {f"model.{k}": p.grad for k, p in model.named_parameters() if p.grad is not None}
         if heads is not None:
@@ -365,7 +366,7 @@ def test_distributed_loss_and_gradients_equal_one_process_with_the_global_batch(
 
 @pytest.mark.distributed
 def test_distributed_train_run_and_exact_resume(tmp_path: Path) -> None:
-    from dab_pipeline.costfile import read_costs
+    from dab_pipeline.runs.costfile import read_costs
     from tests.test_train import _random_store
 
     store = _random_store(tmp_path / "store.h5")
@@ -427,26 +428,28 @@ def _main_extract_rank1_dies(flag: str, args: list[str]) -> None:
 
 
 def _main_train_rank0_dies(at_call: int, args: list[str]) -> None:
-    import dab_pipeline.model.losses as losses
+    import dab_pipeline.stages.train.loop as loop
     from dab_pipeline.cli import cli
 
-    real = losses.model_loss
+    real = loop.loss_of
     calls = {"n": 0}
 
-    def dying(model, out):
-        calls["n"] += 1
-        if int(os.environ["RANK"]) == 0 and calls["n"] == at_call:
-            os._exit(3)
-        return real(model, out)
+    def dying_loss_of(spec):
+        def loss(cost, temperature):
+            calls["n"] += 1
+            if int(os.environ["RANK"]) == 0 and calls["n"] == at_call:
+                os._exit(3)
+            return real(spec)(cost, temperature)
+        return loss
 
-    losses.model_loss = dying
+    loop.loss_of = dying_loss_of  # where the trainer looks it up
     cli.main(args, prog_name="dab")
 
 
 def _main_train_grads(out: str) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
-    from dab_pipeline.distributed import distributed_session
+    from dab_pipeline.runtime.distributed import distributed_session
     from dab_pipeline.stages.train import TrainStep, distributed_batch_loss
 
     with distributed_session("cpu") as ctx:
@@ -481,7 +484,7 @@ def test_local_context_offers_every_call_of_a_rank_context() -> None:
     """Code written against a context runs in one process: LocalContext has DistContext's every public call."""
     import inspect
 
-    from dab_pipeline.distributed import DistContext, LocalContext
+    from dab_pipeline.runtime.distributed import DistContext, LocalContext
 
     def calls(cls) -> set[str]:
         return {n for n, v in inspect.getmembers(cls) if not n.startswith("_") and (callable(v) or isinstance(v, property))}
@@ -502,7 +505,7 @@ def test_extract_picks_the_writer_of_its_backend_and_world_size(tmp_path: Path, 
     from dataclasses import dataclass
 
     import dab_pipeline.stages.extract as ex
-    from dab_pipeline.errors import StoreMismatchError
+    from dab_pipeline.core.errors import StoreMismatchError
 
     @dataclass
     class Rank:  # the calls the writers make of a context, without a process group

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from dab_pipeline.cli import cli
-from dab_pipeline.costfile import CostMatrix, write_costs
+from dab_pipeline.runs.costfile import CostMatrix, write_costs
 from dab_pipeline.stages.evaluate import EvaluateConfig, run_evaluate
 
 from .test_train import _cfg, _random_store
@@ -38,7 +38,7 @@ def test_evaluate_run_writes_reports(two_runs) -> None:
     assert set(m["t2v"]) >= {"R@1", "R@5", "R@10", "R@50", "MdR", "MnR", "RSum"}
     assert m["postprocess"]["name"] == "none"
     # the numbers agree with metrics computed straight from the cost file
-    from dab_pipeline.costfile import read_costs
+    from dab_pipeline.runs.costfile import read_costs
     from dab_pipeline.metrics import t2v_metrics
 
     cm = read_costs(run / "costs_test.h5")

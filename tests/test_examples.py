@@ -14,11 +14,11 @@ from click.testing import CliRunner
 from PIL import Image
 
 from dab_pipeline.cli import cli
-from dab_pipeline.costfile import read_costs
-from dab_pipeline.examples import select_queries
+from dab_pipeline.runs.costfile import read_costs
+from dab_pipeline.results.page import select_queries
 from dab_pipeline.metrics import t2v_ranks
 from dab_pipeline.store import open_store
-from dab_pipeline.thumbnails import THUMB_BYTES, make_thumbnail
+from dab_pipeline.results.thumbnails import THUMB_BYTES, make_thumbnail
 
 
 class _Page(HTMLParser):

@@ -32,7 +32,7 @@ def _invoke(args: list[str]):
 @pytest.fixture()
 def broken_dataset(tiny_folder_dataset: Path, tmp_path: Path) -> Path:
     """The tiny dataset plus one corrupt video and one listed but missing video."""
-    from dab_pipeline.synthetic import write_corrupt_video
+    from dab_pipeline.video.synthetic import write_corrupt_video
 
     root = tmp_path / "broken"
     shutil.copytree(tiny_folder_dataset.parent, root)
@@ -151,7 +151,7 @@ def test_mismatched_config_is_refused(tiny_folder_dataset: Path, tmp_path: Path)
 
 
 def test_every_video_failing_exits_nonzero(tmp_path: Path) -> None:
-    from dab_pipeline.synthetic import write_corrupt_video
+    from dab_pipeline.video.synthetic import write_corrupt_video
 
     (tmp_path / "videos").mkdir()
     write_corrupt_video(tmp_path / "videos" / "a.mp4")
@@ -186,8 +186,8 @@ def test_inspect_prints_manifest(tiny_folder_dataset: Path, tmp_path: Path) -> N
 
 
 def test_dtype_auto_resolution() -> None:
-    from dab_pipeline.capabilities import capabilities
-    from dab_pipeline.errors import ConfigError
+    from dab_pipeline.runtime.capabilities import capabilities
+    from dab_pipeline.core.errors import ConfigError
     from dab_pipeline.stages.extract import resolve_compute_dtype
 
     native = capabilities("cpu").bf16  # the both-ways cases are in test_capabilities.py
@@ -304,7 +304,7 @@ def test_disk_full_during_extraction_is_one_line_and_resumable(tiny_folder_datas
 
 
 def test_truncated_video_is_stored_with_a_warning(tmp_path: Path) -> None:
-    from dab_pipeline.synthetic import truncate_file, write_index_video
+    from dab_pipeline.video.synthetic import truncate_file, write_index_video
 
     def write(folder: Path) -> None:
         full = write_index_video(tmp_path / "full.mp4", 300, (64, 48), noise=12, faststart=True)
@@ -327,7 +327,7 @@ def test_truncated_video_is_stored_with_a_warning(tmp_path: Path) -> None:
 
 
 def test_rerun_of_an_all_failed_extraction_fails_the_same_way(tmp_path: Path) -> None:
-    from dab_pipeline.synthetic import write_corrupt_video
+    from dab_pipeline.video.synthetic import write_corrupt_video
 
     (tmp_path / "videos").mkdir()
     for name in ("a", "b", "c", "d"):
@@ -346,7 +346,7 @@ def test_rerun_of_an_all_failed_extraction_fails_the_same_way(tmp_path: Path) ->
 
 def test_a_rerun_retries_failed_and_missing_videos(tiny_folder_dataset: Path, tmp_path: Path) -> None:
     """Replacing a broken or absent file and running the same command again is how a user repairs a store."""
-    from dab_pipeline.synthetic import write_corrupt_video
+    from dab_pipeline.video.synthetic import write_corrupt_video
 
     videos = tmp_path / "videos"
     shutil.copytree(tiny_folder_dataset.parent / "videos", videos)
@@ -419,7 +419,7 @@ def test_zarr_store_is_clean_for_plain_zarr_readers(tiny_folder_dataset: Path, t
 def test_no_ffmpeg_console_noise_for_files_dab_handles(tmp_path: Path, capfd: pytest.CaptureFixture,
                                                        decoder: str) -> None:
     """FFmpeg and decord print to the process's stderr (fd 2) unless silenced; dab reports what matters."""
-    from dab_pipeline.synthetic import damage_video, truncate_file, write_corrupt_video, write_index_video
+    from dab_pipeline.video.synthetic import damage_video, truncate_file, write_corrupt_video, write_index_video
 
     def write(folder: Path) -> None:
         clean = write_index_video(tmp_path / "clean.mp4", 150, (64, 48), fmt="x264-bframes")
@@ -454,7 +454,7 @@ def test_store_resumes_with_another_weights_cache(tiny_folder_dataset: Path, tmp
 
 def test_single_process_over_part_files_of_a_torchrun_job_warns_and_leaves_them(tiny_folder_dataset: Path,
                                                                                tmp_path: Path) -> None:
-    from dab_pipeline.distributed import part_files, part_path
+    from dab_pipeline.runtime.distributed import part_files, part_path
 
     out = tmp_path / "store.h5"
     part = part_path(out, 1, 2)

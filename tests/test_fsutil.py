@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from dab_pipeline.fsutil import atomic_file, atomic_write_text, remove_stale_temps
+from dab_pipeline.core.fsutil import atomic_file, atomic_write_text, remove_stale_temps
 
 DEAD_PID = 2**22 + 7  # above Linux's largest pid: no process has it
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dab_pipeline.model.losses import clip_infonce_loss, pac_loss, model_loss
 from dab_pipeline.model import DABModel, ModelConfig
+from dab_pipeline.model.losses import contrastive_loss, infonce_loss, loss_of, pac_loss
 
 
 def test_pac_equals_bidirectional_cross_entropy() -> None:
@@ -41,32 +41,32 @@ def test_pac_tensor_tau_gets_gradient() -> None:
     assert log_tau.grad is not None and log_tau.grad.abs() > 0
 
 
-def test_clip_infonce_is_xpool_average() -> None:
+def test_infonce_is_xpool_average() -> None:
     gen = torch.Generator().manual_seed(2)
     sim = torch.rand(6, 6, generator=gen) * 2 - 1
-    log_scale = math.log(100.0)
-    logits = sim * 100.0
+    logits = sim * 100.0  # CLIP's logit_scale * cos
     target = torch.arange(6)
     ref = 0.5 * (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target))
-    torch.testing.assert_close(clip_infonce_loss(sim, log_scale), ref)
+    torch.testing.assert_close(infonce_loss(-sim, torch.tensor(1 / 100.0)), ref)
 
 
 def test_losses_reject_non_square() -> None:
     with pytest.raises(ValueError, match="square"):
         pac_loss(torch.zeros(3, 4), 1.0)
     with pytest.raises(ValueError, match="square"):
-        clip_infonce_loss(torch.zeros(3), 0.0)
+        infonce_loss(torch.zeros(3), 1.0)
 
 
 @pytest.mark.parametrize("variant", ["xpool", "prob", "bridge", "dab"])
-def test_model_loss_dispatches_by_variant(variant: str) -> None:
+def test_each_variant_trains_with_its_spec_s_loss_and_temperature(variant: str) -> None:
     torch.manual_seed(0)
     cfg = ModelConfig(embed_dim=8, variant=variant, steps=2, drift_hidden=8, time_embed_dim=4, dropout=0.0)
     model = DABModel(cfg)
     out = model(torch.randn(3, 8), torch.randn(3, 2, 8), torch.ones(3, 2, dtype=torch.bool))
     if variant in ("xpool", "bridge"):
-        ref = clip_infonce_loss(-out.cost, model.log_logit_scale)
+        assert loss_of(cfg.spec) is infonce_loss
+        ref = infonce_loss(out.cost, 1 / model.log_logit_scale.exp())
     else:
+        assert loss_of(cfg.spec) is pac_loss
         ref = pac_loss(out.cost, model.tau())
-    torch.testing.assert_close(model_loss(model, out), ref)
-    torch.testing.assert_close(model.loss(out), ref)
+    torch.testing.assert_close(contrastive_loss(loss_of(cfg.spec), out.cost, model.temperature()), ref)

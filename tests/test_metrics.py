@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dab_pipeline import metrics as M
-from dab_pipeline.errors import ConfigError
+from dab_pipeline.core.errors import ConfigError
 
 # --------------------------------------------------------------------------
 # naive references (loops, written independently of the vectorised code)

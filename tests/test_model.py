@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from dab_pipeline.model.costs import kl_diag_gaussian
-from dab_pipeline.errors import ConfigError
+from dab_pipeline.core.errors import ConfigError
 from dab_pipeline.model import (
     VARIANTS,
     DABModel,
@@ -41,6 +41,13 @@ def batch(b: int = 5, f: int = F_, seed: int = 0) -> tuple[torch.Tensor, torch.T
     mask[1, -1] = False  # one short video
     mask[3, 1:] = False  # and a one-frame video
     return text, frames, mask
+
+
+def train_loss(model: DABModel, out):
+    """The loss the trainer computes: the variant's loss over the batch's costs at the model's temperature."""
+    from dab_pipeline.model.losses import contrastive_loss, loss_of
+
+    return contrastive_loss(loss_of(model.cfg.spec), out.cost, model.temperature())
 
 
 def perturb(model: DABModel, seed: int = 0, scale: float = 0.1) -> DABModel:
@@ -400,7 +407,7 @@ def test_every_parameter_gets_a_gradient(options: dict) -> None:
     model = DABModel(small_cfg(dropout=0.3, learn_tau=True, **options))
     text, frames, mask = batch()
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}  # fixed variances: frozen
-    model.loss(model(text, frames, mask)).backward()
+    train_loss(model, model(text, frames, mask)).backward()
     for name, p in params.items():
         assert p.grad is not None, f"{name} got no gradient"
         assert torch.isfinite(p.grad).all(), name
@@ -408,7 +415,7 @@ def test_every_parameter_gets_a_gradient(options: dict) -> None:
     # first step only; after one update every parameter must receive signal
     torch.optim.SGD(model.parameters(), lr=0.05).step()
     model.zero_grad()
-    model.loss(model(text, frames, mask)).backward()
+    train_loss(model, model(text, frames, mask)).backward()
     silent = [n for n, p in params.items() if p.grad is None or p.grad.abs().max() == 0]
     assert not silent, f"no gradient reached {silent}"
 
@@ -424,7 +431,7 @@ def test_each_variant_overfits_16_pairs(variant: str) -> None:
     model = DABModel(small_cfg(variant=variant))
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     for _ in range(150):
-        loss = model.loss(model(text, frames, mask))
+        loss = train_loss(model, model(text, frames, mask))
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -447,8 +454,6 @@ def test_point_bridge_variant_equals_xpool_at_init() -> None:
 
 @pytest.mark.parametrize("variant", ["xpool", "bridge", "prob", "dab"])
 def test_costs_and_loss_stay_float32_under_bf16_autocast(variant: str) -> None:
-    from dab_pipeline.model.losses import model_loss
-
     torch.manual_seed(0)
     model = DABModel(ModelConfig(embed_dim=32, variant=variant, steps=2, drift_hidden=16, time_embed_dim=8)).eval()
     text, frames = torch.randn(6, 32), torch.randn(6, 4, 32)
@@ -457,7 +462,7 @@ def test_costs_and_loss_stay_float32_under_bf16_autocast(variant: str) -> None:
         ref = model(text, frames, mask)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = model(text, frames, mask)
-            loss = model_loss(model, out)
+            loss = train_loss(model, out)
     assert out.cost.dtype == torch.float32 and loss.dtype == torch.float32
     # only the products before the cost ran in bf16: the cost is close to float32's, not bf16-rounded
     rel = ((out.cost - ref.cost).abs().max() / ref.cost.abs().max()).item()
@@ -525,7 +530,7 @@ def test_fixed_variances_stay_at_their_initial_value_and_train_nothing() -> None
         assert frozen and all(n.startswith(("prob.logvar_head.", "token_unc.")) for n in frozen)
         opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=0.05)
         for _ in range(3):
-            loss = model.loss(model(text, frames, mask))
+            loss = train_loss(model, model(text, frames, mask))
             opt.zero_grad()
             loss.backward()
             opt.step()

@@ -9,7 +9,7 @@ from rich.console import Console
 
 from dab_pipeline.cli import progress as progress_mod
 from dab_pipeline.cli.progress import RichProgress
-from dab_pipeline.events import Event
+from dab_pipeline.core.events import Event
 
 
 def test_rate_is_the_average_since_the_task_started(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,8 +10,8 @@ import torch
 from click.testing import CliRunner
 
 from dab_pipeline.cli import cli
-from dab_pipeline.config import apply_overrides
-from dab_pipeline.errors import ConfigError, UnknownNameError
+from dab_pipeline.core.overrides import apply_overrides
+from dab_pipeline.core.errors import ConfigError, UnknownNameError
 from dab_pipeline.recipes import load_recipe, recipe_names
 from dab_pipeline.stages.train import TrainConfig, optimizer_groups
 
@@ -71,7 +71,7 @@ def _extract(captions: Path, out: Path, *extra: str):
 
 @pytest.mark.slow
 def test_paper_recipe_fine_tunes_every_clip_block(tiny_folder_dataset: Path, tmp_path: Path) -> None:
-    from dab_pipeline.checkpoint import load_checkpoint
+    from dab_pipeline.runs.checkpoint import load_checkpoint
     from dab_pipeline.stages.train import TrainHeads
     from dab_pipeline.store import open_store
 
@@ -105,7 +105,7 @@ def test_paper_recipe_fine_tunes_every_clip_block(tiny_folder_dataset: Path, tmp
 def test_logit_scale_is_clamped_at_100_during_training(tmp_path: Path) -> None:
     import math
 
-    from dab_pipeline.checkpoint import load_checkpoint
+    from dab_pipeline.runs.checkpoint import load_checkpoint
     from dab_pipeline.model import ModelConfig
     from dab_pipeline.stages.train import run_train
 
@@ -123,7 +123,7 @@ def test_logit_scale_is_clamped_at_100_during_training(tmp_path: Path) -> None:
 
 
 def test_select_last_keeps_the_last_epoch_and_says_nothing(tmp_path: Path) -> None:
-    from dab_pipeline.events import Event
+    from dab_pipeline.core.events import Event
     from dab_pipeline.model import ModelConfig
     from dab_pipeline.stages.train import run_train
 

@@ -1,4 +1,4 @@
-"""Tests of dab_pipeline.report: files written, readable and consistent with the metrics."""
+"""Tests of dab_pipeline.results.report: files written, readable and consistent with the metrics."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from dab_pipeline import metrics as M
-from dab_pipeline.errors import ConfigError
-from dab_pipeline.report import compare_markdown, compare_table, format_metric, write_report
+from dab_pipeline.core.errors import ConfigError
+from dab_pipeline.results.report import compare_markdown, compare_table, format_metric, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

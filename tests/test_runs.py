@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dab_pipeline.errors import ConfigError, StoreError
-from dab_pipeline.runs import RunFolder
+from dab_pipeline.core.errors import ConfigError, StoreError
+from dab_pipeline.runs.folder import RunFolder
 from dab_pipeline.stages.train import TrainConfig
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from dab_pipeline.events import Event
+from dab_pipeline.core.events import Event
 from dab_pipeline.model import DABModel, ModelConfig
 from dab_pipeline.scoring import ScoreResult, score_all, score_all_reference
 

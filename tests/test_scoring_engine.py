@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from dab_pipeline.errors import ConfigError
-from dab_pipeline.events import Event
+from dab_pipeline.core.errors import ConfigError
+from dab_pipeline.core.events import Event
 from dab_pipeline.model import DABModel, ModelConfig, bridge_macs_per_pair_step
 from dab_pipeline.scoring import (
     ENGINES,

@@ -11,7 +11,7 @@ import torch
 from click.testing import CliRunner
 
 from dab_pipeline.cli import cli
-from dab_pipeline.errors import ConfigError, TrainingError, WeightsError
+from dab_pipeline.core.errors import ConfigError, TrainingError, WeightsError
 from dab_pipeline.model import DABModel
 from dab_pipeline.scoring import score_all
 from dab_pipeline.stages.search import search
@@ -136,7 +136,7 @@ def test_a_checkpoint_that_would_run_code_is_refused(store: Path, tmp_path: Path
 
 
 def test_checkpoints_dab_writes_load_with_weights_only(tmp_path: Path) -> None:
-    from dab_pipeline.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+    from dab_pipeline.runs.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 
     path = tmp_path / "ck.pt"
     np.random.seed(3)
@@ -153,7 +153,7 @@ def test_checkpoint_of_an_older_dab_still_loads(tmp_path: Path) -> None:
     """Before the weights-only rule, dab stored NumPy's random state as an array."""
     import random
 
-    from dab_pipeline.checkpoint import load_checkpoint, set_rng_state
+    from dab_pipeline.runs.checkpoint import load_checkpoint, set_rng_state
 
     np.random.seed(5)
     old = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),

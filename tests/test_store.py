@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dab_pipeline.errors import StoreError
+from dab_pipeline.core.errors import StoreError
 from dab_pipeline.store import (
     ERROR_BYTES,
     STATUS_FAILED,

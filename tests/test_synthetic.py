@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from dab_pipeline.datasets import load_dataset
-from dab_pipeline.errors import ConfigError
-from dab_pipeline.synthetic import (
+from dab_pipeline.core.errors import ConfigError
+from dab_pipeline.video.synthetic import (
     PALETTE,
     index_frame,
     make_demo_dataset,

@@ -10,11 +10,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from dab_pipeline.checkpoint import load_checkpoint
+from dab_pipeline.runs.checkpoint import load_checkpoint
 from dab_pipeline.cli import cli
-from dab_pipeline.config import apply_overrides
-from dab_pipeline.costfile import read_costs
-from dab_pipeline.errors import ConfigError, TrainingError
+from dab_pipeline.core.overrides import apply_overrides
+from dab_pipeline.runs.costfile import read_costs
+from dab_pipeline.core.errors import ConfigError, TrainingError
 from dab_pipeline.stages.train import TrainConfig, resolve_train_config, run_train
 from dab_pipeline.store import open_store
 
@@ -32,6 +32,33 @@ def _random_store(path: Path, n_videos: int = 30, caps_per_video: int = 2, dim: 
 @pytest.fixture(scope="module")
 def random_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _random_store(tmp_path_factory.mktemp("rs") / "store.h5")
+
+
+def _patch_loss(monkeypatch: pytest.MonkeyPatch, wrap):
+    """Wrap the trainer's loss: ``wrap(n, compute)`` at the n-th step (from 1), ``compute()`` the real loss.
+    Returns the function that takes the patch off."""
+    import dab_pipeline.stages.train.loop as loop
+
+    real, calls = loop.loss_of, {"n": 0}
+
+    def loss_of(spec):
+        base = real(spec)
+
+        def loss(cost, temperature):
+            calls["n"] += 1
+            return wrap(calls["n"], lambda: base(cost, temperature))
+        return loss
+
+    monkeypatch.setattr(loop, "loss_of", loss_of)
+    return lambda: monkeypatch.setattr(loop, "loss_of", real)
+
+
+def _interrupt_at(n: int):
+    def wrap(step: int, compute):
+        if step == n:
+            raise KeyboardInterrupt
+        return compute()
+    return wrap
 
 
 def _cfg(store: Path, out: Path, *sets: str) -> TrainConfig:
@@ -78,24 +105,12 @@ def test_bf16_scoring_gives_the_float32_ranking(random_store: Path, tmp_path: Pa
 @pytest.mark.parametrize("epoch", ["captions", "videos"])
 def test_resume_equals_uninterrupted(random_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                      epoch: str) -> None:
-    import dab_pipeline.model.losses as losses
-
     sets = ["model.variant=dab", "epochs=3", "checkpoint_every=1", f"epoch={epoch}"]
     a = run_train(_cfg(random_store, tmp_path / "a", *sets))
-
-    real = losses.model_loss
-    calls = {"n": 0}
-
-    def dying(model, out):
-        calls["n"] += 1
-        if calls["n"] == 4:  # second step of the second epoch (2 steps per epoch)
-            raise KeyboardInterrupt
-        return real(model, out)
-
-    monkeypatch.setattr(losses, "model_loss", dying)
+    restore = _patch_loss(monkeypatch, _interrupt_at(4))  # second step of the second epoch (2 steps per epoch)
     with pytest.raises(KeyboardInterrupt):
         run_train(_cfg(random_store, tmp_path / "b", *sets))
-    monkeypatch.setattr(losses, "model_loss", real)
+    restore()
     b = run_train(_cfg(random_store, tmp_path / "b", *sets), resume=True)
 
     sa = load_checkpoint(tmp_path / "a" / "checkpoints" / "last.pt")["model"]
@@ -130,17 +145,7 @@ def test_epoch_orders() -> None:
 
 def test_nan_loss_stops_with_a_clear_message(random_store: Path, tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    import dab_pipeline.model.losses as losses
-
-    real = losses.model_loss
-    calls = {"n": 0}
-
-    def poisoned(model, out):
-        calls["n"] += 1
-        loss = real(model, out)
-        return loss * float("nan") if calls["n"] == 6 else loss  # 5 steps an epoch
-
-    monkeypatch.setattr(losses, "model_loss", poisoned)
+    _patch_loss(monkeypatch, lambda n, compute: compute() * float("nan") if n == 6 else compute())  # 5 steps an epoch
     out = tmp_path / "nan"
     with pytest.raises(TrainingError, match=r"epoch 2, step 1 \(global step 6\)"):
         run_train(_cfg(random_store, out, "epochs=3"))
@@ -301,21 +306,11 @@ def test_resume_of_a_folder_that_holds_no_run_is_one_line(tmp_path: Path) -> Non
 
 def _interrupted_run(random_store: Path, out: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """A dab run stopped (Ctrl-C) in its second epoch, with a checkpoint to resume from; returns its options."""
-    import dab_pipeline.model.losses as losses
-
     sets = ["model.variant=dab", "epochs=2", "checkpoint_every=1"]
-    real, calls = losses.model_loss, {"n": 0}
-
-    def dying(model, o):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt
-        return real(model, o)
-
-    monkeypatch.setattr(losses, "model_loss", dying)
+    restore = _patch_loss(monkeypatch, _interrupt_at(3))
     with pytest.raises(KeyboardInterrupt):
         run_train(_cfg(random_store, out, *sets))
-    monkeypatch.setattr(losses, "model_loss", real)
+    restore()
     return sets
 
 
@@ -359,7 +354,7 @@ def _hold_lock(folder: Path) -> "subprocess.Popen":
     import subprocess
     import sys
 
-    code = ("import sys, time; from dab_pipeline.runs import RunFolder; "
+    code = ("import sys, time; from dab_pipeline.runs.folder import RunFolder; "
             "lock = RunFolder(sys.argv[1]).writer_lock('dab train --resume'); lock.__enter__(); "
             "print('locked', flush=True); time.sleep(120)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True)
@@ -390,7 +385,7 @@ def test_a_live_run_refuses_a_second_writer_and_a_dead_ones_lock_is_taken_over(
 
 
 def test_distill_takes_the_lock_too(tmp_path: Path) -> None:
-    from dab_pipeline.errors import RunLockedError
+    from dab_pipeline.core.errors import RunLockedError
     from dab_pipeline.stages.distill import DistillConfig, run_distill
 
     store = _random_store(tmp_path / "store.h5")
@@ -406,7 +401,7 @@ def test_distill_takes_the_lock_too(tmp_path: Path) -> None:
 
 
 def test_starting_over_a_live_run_names_its_process(random_store: Path, tmp_path: Path) -> None:
-    from dab_pipeline.runs import RunFolder
+    from dab_pipeline.runs.folder import RunFolder
 
     out = tmp_path / "busy"
     run_train(_cfg(random_store, out, "model.variant=prob", "epochs=1"))
@@ -425,7 +420,7 @@ def test_starting_over_a_live_run_names_its_process(random_store: Path, tmp_path
 
 @pytest.mark.parametrize("suffix", [".zarr", ".h5"])
 def test_an_incomplete_store_is_refused_with_the_command_that_completes_it(tmp_path: Path, suffix: str) -> None:
-    from dab_pipeline.errors import StoreError
+    from dab_pipeline.core.errors import StoreError
 
     store = _random_store(tmp_path / f"store{suffix}")
     with open_store(store, "a") as st:  # an extraction that stopped: three videos still pending
@@ -445,7 +440,7 @@ def test_an_incomplete_store_is_refused_with_the_command_that_completes_it(tmp_p
 
 @pytest.mark.parametrize("split", ["train", "test"])
 def test_non_finite_features_are_blamed_on_the_store_at_load(tmp_path: Path, split: str) -> None:
-    from dab_pipeline.errors import StoreError
+    from dab_pipeline.core.errors import StoreError
 
     store = _random_store(tmp_path / "store.h5")
     with open_store(store) as st:

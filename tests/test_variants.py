@@ -7,11 +7,11 @@ import re
 import pytest
 import torch
 
-from dab_pipeline.choices import VARIANTS
-from dab_pipeline.errors import ConfigError, UnknownNameError
+from dab_pipeline.core.choices import VARIANTS
+from dab_pipeline.core.errors import ConfigError, UnknownNameError
 from dab_pipeline.model import DABModel, ModelConfig
 from dab_pipeline.scoring import ENGINES, build_engine
-from dab_pipeline.variants import VARIANT_NAMES, VARIANT_SPECS
+from dab_pipeline.core.variants import VARIANT_NAMES, VARIANT_SPECS
 
 
 def test_every_variant_has_a_spec_and_an_engine_and_the_cli_offers_it() -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dab_pipeline.errors import ConfigError, VideoDecodeError
-from dab_pipeline.synthetic import read_frame_index, write_corrupt_video
+from dab_pipeline.core.errors import ConfigError, VideoDecodeError
+from dab_pipeline.video.synthetic import read_frame_index, write_corrupt_video
 from dab_pipeline.video import DecodedVideo, decode_video, resized_shape, sample_frame_indices
 
 BACKENDS = ["pyav", "pyav-seek", "decord"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dab_pipeline.synthetic import (
+from dab_pipeline.video.synthetic import (
     VIDEO_FORMATS,
     damage_video,
     read_frame_index,
@@ -189,7 +189,7 @@ def test_every_format_gives_a_store_thumbnail(clips, fmt: str) -> None:
 
     from PIL import Image
 
-    from dab_pipeline.thumbnails import THUMB_BYTES, make_thumbnail
+    from dab_pipeline.results.thumbnails import THUMB_BYTES, make_thumbnail
 
     dec = decode_video(clips[fmt], 12, short_side=48)
     data = make_thumbnail(dec.frames, dec.mask)
@@ -204,8 +204,8 @@ def test_rotated_and_damaged_videos_give_thumbnails_and_views(clips, tmp_path: P
 
     from PIL import Image
 
-    from dab_pipeline.augment import augmented_views
-    from dab_pipeline.thumbnails import make_thumbnail
+    from dab_pipeline.video.augment import augmented_views
+    from dab_pipeline.results.thumbnails import make_thumbnail
 
     phone = write_index_video(tmp_path / "phone.mp4", 20, (64, 48), rotation=270)
     dec = decode_video(phone, 4, short_side=24)

@@ -10,11 +10,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from dab_pipeline.augment import augmented_views, crop_params, view_seed
-from dab_pipeline.checkpoint import load_checkpoint
+from dab_pipeline.video.augment import augmented_views, crop_params, view_seed
+from dab_pipeline.runs.checkpoint import load_checkpoint
 from dab_pipeline.cli import cli
-from dab_pipeline.config import apply_overrides
-from dab_pipeline.costfile import read_costs
+from dab_pipeline.core.overrides import apply_overrides
+from dab_pipeline.runs.costfile import read_costs
 from dab_pipeline.stages.train import TrainConfig, epoch_views, resolve_train_config, run_train
 from dab_pipeline.store import open_store
 
@@ -77,7 +77,7 @@ def test_extract_stores_views_of_training_videos_only(tiny_folder_dataset: Path,
     assert res.exit_code != 0 and "train_views" in res.output
     plain = tmp_path / "plain.h5"
     assert _extract(tiny_folder_dataset, plain).exit_code == 0
-    from dab_pipeline.errors import StoreError
+    from dab_pipeline.core.errors import StoreError
 
     with open_store(plain) as st, pytest.raises(StoreError, match="no augmented views"):
         st.load_split("train", with_views=True)
@@ -149,23 +149,14 @@ def test_training_uses_the_views_and_scores_on_the_eval_view(tmp_path: Path, mon
 
 
 def test_resume_with_views_equals_uninterrupted(tmp_path: Path, monkeypatch) -> None:
-    import dab_pipeline.model.losses as losses
+    from .test_train import _interrupt_at, _patch_loss
 
     store = _view_store(tmp_path / "s.h5")
     run_train(_cfg(store, tmp_path / "a"))
-    real = losses.model_loss
-    calls = {"n": 0}
-
-    def dying(model, out):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise KeyboardInterrupt
-        return real(model, out)
-
-    monkeypatch.setattr(losses, "model_loss", dying)
+    restore = _patch_loss(monkeypatch, _interrupt_at(4))
     with pytest.raises(KeyboardInterrupt):
         run_train(_cfg(store, tmp_path / "b"))
-    monkeypatch.setattr(losses, "model_loss", real)
+    restore()
     run_train(_cfg(store, tmp_path / "b"), resume=True)
     sa = load_checkpoint(tmp_path / "a" / "checkpoints" / "last.pt")["model"]
     sb = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")["model"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dab_pipeline.errors import ConfigError
+from dab_pipeline.core.errors import ConfigError
 from dab_pipeline.video import decode_video, sample_frame_indices
 from dab_pipeline.world import (
     COLOURS,
@@ -181,7 +181,7 @@ def test_bad_world_configs_are_refused() -> None:
 
 
 def test_presets_are_named_and_fixed() -> None:
-    from dab_pipeline.errors import UnknownNameError
+    from dab_pipeline.core.errors import UnknownNameError
     from dab_pipeline.world import PRESETS, world_preset
 
     bench = world_preset("benchmark")

@@ -1,7 +1,7 @@
 """The ``dab`` command line: click commands over the stages.
 
 Configs are resolved here, at the edge, from options and ``--set key=value``;
-library errors (:class:`~dab_pipeline.errors.DabError`) become a one-line
+library errors (:class:`~dab_pipeline.core.errors.DabError`) become a one-line
 message and a non-zero exit, never a traceback.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import click
 
 from .. import __version__
-from ..errors import DabError
+from ..core.errors import DabError
 
 
 class UserError(click.ClickException):

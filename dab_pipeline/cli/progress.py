@@ -15,7 +15,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from ..events import Event
+from ..core.events import Event
 
 
 def _clock(seconds: float) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ..choices import SCORE_DTYPES
+from ..core.choices import SCORE_DTYPES
 from . import cli
 
 _EXISTING = click.Path(path_type=Path, exists=True)
@@ -80,7 +80,7 @@ def _write_page(path: Path, results, features: Path, run_dir: Path, about: dict,
     """The free-text queries' results as an examples page (no ground truth to mark)."""
     import numpy as np
 
-    from ..examples import build_queries, render_page
+    from ..results.page import build_queries, render_page
     from ..stages.evaluate import store_context
 
     videos = np.asarray(results[0].video_ids)

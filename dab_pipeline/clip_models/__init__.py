@@ -4,7 +4,7 @@ What this module adds to open_clip:
 
 * :func:`load_clip` resolves an architecture plus a pretrained tag or a local
   weights file, works offline from open_clip's cache, turns every failure into a
-  typed :class:`~dab_pipeline.errors.DabError`, and picks the QuickGELU variant
+  typed :class:`~dab_pipeline.core.errors.DabError`, and picks the QuickGELU variant
   whenever the weights are OpenAI's (loading them into a GELU model raises no
   error but silently gives wrong features).
 * ``dab-tiny``: a tiny architecture (config in ``model_configs/``) with

@@ -8,7 +8,7 @@ import torch
 from open_clip.model import CLIP
 from open_clip.transformer import VisionTransformer
 from torch import Tensor, nn
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 
 from .bundle import ClipBundle, TextEncoding
 

@@ -6,7 +6,7 @@ import copy
 from typing import Any, Optional, Union
 import torch
 from torch import Tensor, nn
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 
 from .bundle import ClipBundle
 from .encode import _check_text, _check_vision, _pool_vision, _project, _run_blocks

@@ -14,8 +14,8 @@ from open_clip.model import CLIP, convert_to_custom_text_state_dict, resize_pos_
 from open_clip.transform import PreprocessCfg, image_transform_v2
 from open_clip.transformer import QuickGELU, VisionTransformer
 from torch import Tensor, nn
-from ..errors import ConfigError, UnknownNameError, WeightsError
-from ..fsutil import sha256_file
+from ..core.errors import ConfigError, UnknownNameError, WeightsError
+from ..core.fsutil import sha256_file
 
 from .bundle import ClipBundle, TINY_MODEL, _DTYPES, _OUR_MODELS, _first_line, quiet_open_clip
 from .weights import _fetch_tag, _looks_like_path, _model_has_quickgelu, _normalise_name, _openai_hint, _quickgelu_sibling, _read_weights, _tag_cfg, builtin_weights, default_tiny_weights

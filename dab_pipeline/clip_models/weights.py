@@ -17,8 +17,8 @@ from open_clip import pretrained as oc_pretrained
 from open_clip.constants import HF_WEIGHTS_NAME
 from open_clip.factory import load_state_dict as oc_load_state_dict
 from torch import Tensor
-from ..errors import UnknownNameError, WeightsError
-from ..fsutil import sha256_file
+from ..core.errors import UnknownNameError, WeightsError
+from ..core.fsutil import sha256_file
 
 from .bundle import TINY_MODEL, _OPENAI_EXTRA_KEYS, _WEIGHT_SUFFIXES, _cache_dir, _first_line, quiet_open_clip
 
@@ -53,7 +53,7 @@ def write_tiny_weights(path: Union[str, Path], seed: int = 0, model: str = TINY_
     path.parent.mkdir(parents=True, exist_ok=True)
     # Written then renamed (several processes, torchrun ranks, may create the default file at
     # once), and byte-identical for the same seed, so its sha256 is the same in every cache.
-    from ..fsutil import atomic_torch_save
+    from ..core.fsutil import atomic_torch_save
 
     atomic_torch_save(state, path)
     return path

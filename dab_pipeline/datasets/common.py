@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 import numpy as np
-from ..errors import ConfigError, DatasetError
-from ..registry import Registry
+from ..core.errors import ConfigError, DatasetError
+from ..core.registry import Registry
 
 
 

@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 from typing import Any
-from ..errors import DatasetError
+from ..core.errors import DatasetError
 
 from .common import CaptionItem, DATASETS, DatasetIndex, SPLITS, VideoItem, _read_csv, _reject_unknown, hash_split
 

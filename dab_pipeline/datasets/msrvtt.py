@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Iterable
-from ..errors import ConfigError, DatasetError
+from ..core.errors import ConfigError, DatasetError
 
 from .common import DATASETS, DatasetIndex, SPLITS, _build, _drop_uncaptioned, _holdout, _read_csv, _read_json, _reject_unknown, _require, _resolve_dirs, _wanted_splits
 

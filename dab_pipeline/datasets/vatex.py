@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Iterable
-from ..errors import DatasetError
+from ..core.errors import DatasetError
 
 from .common import DATASETS, DatasetIndex, SPLITS, _build, _caption_lists, _check_disjoint, _drop_uncaptioned, _in_dir, _read_json, _read_list, _reject_unknown, _require, _resolve_dirs, _wanted_splits
 

@@ -17,7 +17,7 @@ functions stay testable on hand-written matrices."""
 
 from __future__ import annotations
 
-from ..choices import V2T_CONVENTIONS  # noqa: F401  (re-exported)
+from ..core.choices import V2T_CONVENTIONS  # noqa: F401  (re-exported)
 
 from .retrieval import POSTPROCESS_NAMES, RECALL_KS, dual_softmax, evaluate_all, inverted_softmax, retrieval_metrics, t2v_metrics, t2v_ranks, v2t_metrics, v2t_ranks, v2t_ranks_by_video  # noqa: F401
 from .selective import accuracy_at_coverage, aurc, aurc_optimal, aurc_random, aurc_random_mc, kl_margin, risk_coverage, selective_report  # noqa: F401

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 import numpy as np
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 
 from .retrieval import _as_cost, _as_gt, _blocks
 

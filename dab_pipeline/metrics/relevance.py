@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from .retrieval import _as_cost
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any, Iterator
 import numpy as np
-from ..choices import V2T_CONVENTIONS
-from ..errors import ConfigError
+from ..core.choices import V2T_CONVENTIONS
+from ..core.errors import ConfigError
 
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 import numpy as np
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 
 from .retrieval import _as_1d, _as_cost, _blocks, t2v_ranks
 
@@ -164,7 +164,7 @@ def selective_report(
                     "random": {"R@1": f, ...}}}
 
     Accuracies are percentages (like recalls), AURCs fractions (like the paper).
-    ``curves`` holds numpy arrays for plotting; :mod:`dab_pipeline.report`
+    ``curves`` holds numpy arrays for plotting; :mod:`dab_pipeline.results.report`
     keeps them out of metrics.json.
     """
     c = _as_cost(cost)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 
 
 def _per_query(x: Any, name: str) -> np.ndarray:

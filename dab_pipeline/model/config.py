@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from typing import Optional
 import torch
 from torch import Tensor
-from ..choices import CHI_NORMS, DIST_COSTS, DRIFT_INPUTS, DRIFTS, VARIANCE_MODES, VARIANTS
-from ..errors import ConfigError
-from ..variants import VARIANT_SPECS, VariantSpec
+from ..core.choices import CHI_NORMS, DIST_COSTS, DRIFT_INPUTS, DRIFTS, VARIANCE_MODES, VARIANTS
+from ..core.errors import ConfigError
+from ..core.variants import VARIANT_SPECS, VariantSpec
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ class ModelConfig:
 
     @property
     def spec(self) -> VariantSpec:
-        """What the variant is made of (:mod:`dab_pipeline.variants`)."""
+        """What the variant is made of (:mod:`dab_pipeline.core.variants`)."""
         return VARIANT_SPECS.get(self.variant)
 
     @property

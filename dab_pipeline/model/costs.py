@@ -20,7 +20,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from ..registry import Registry
+from ..core.registry import Registry
 
 __all__ = [
     "COSTS",

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from .costs import COSTS, neg_cosine
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 
 from .config import ModelConfig, resolve_tau
 from .layers import ConstantShift, DistributionBridge, ProbabilisticEncoder, TextConditionedPooling, TokenUncertainty, float32_math
@@ -142,6 +142,11 @@ class DABModel(nn.Module):
             raise ConfigError(f"variant {self.cfg.variant!r} has no PAC temperature (it uses logit_scale)")
         return torch.exp(self.log_tau)
 
+    def temperature(self) -> Tensor:
+        """The temperature of the training loss's logits (``-cost / temperature``): PAC's tau (prob, dab), or the
+        inverse of the learned logit scale (xpool, bridge: CLIP's ``logit_scale * cos``)."""
+        return self.tau() if self.cfg.probabilistic else torch.exp(-self.log_logit_scale)
+
     # ---- encoders
 
     def encode_text(self, text: Tensor) -> TextState:
@@ -247,9 +252,3 @@ class DABModel(nn.Module):
             bridged_mu_diag=_diag(terms.bridged_mu),
             bridged_logvar_diag=_diag(terms.bridged_logvar),
         )
-
-    def loss(self, out: ModelOutput) -> Tensor:
-        """The variant's training loss (see :func:`dab_pipeline.model.losses.model_loss`)."""
-        from .losses import model_loss
-
-        return model_loss(self, out)

@@ -1,25 +1,38 @@
-"""Contrastive losses over a (B, B) batch matrix whose diagonal holds the matched pairs.
+"""Contrastive losses over a (B, B) cost matrix whose diagonal holds the matched pairs.
 
-Rows are texts and columns videos throughout.
+Rows are texts and columns videos throughout. Every loss takes what it needs, the costs and
+a temperature (logits = -cost / temperature), as open_clip's ``ClipLoss`` takes features and a
+scale, and knows nothing of the model; :func:`loss_of` picks the one a variant trains with
+from its spec (:mod:`dab_pipeline.core.variants`), and the model gives the temperature
+(:meth:`~dab_pipeline.model.DABModel.temperature`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-if TYPE_CHECKING:  # imported for type hints only; dab.py imports this module
-    from .dab import DABModel, ModelOutput
+from ..core.registry import Registry
+from ..core.variants import VariantSpec
 
-__all__ = ["pac_loss", "clip_infonce_loss", "model_loss"]
+__all__ = ["LossFn", "LOSSES", "pac_loss", "infonce_loss", "loss_of", "contrastive_loss"]
+
+LossFn = Callable[[Tensor, Tensor], Tensor]  # (cost (B, B), temperature) -> loss
 
 
 def _check_square(m: Tensor, what: str) -> None:
     if m.dim() != 2 or m.shape[0] != m.shape[1]:
         raise ValueError(f"{what} must be a square (B, B) matrix, got shape {tuple(m.shape)}")
+
+
+def _directions(logits: Tensor) -> tuple[Tensor, Tensor]:
+    """Text->video (softmax over videos per text) and video->text cross-entropies of the diagonal."""
+    t2v = -torch.diagonal(F.log_softmax(logits, dim=1)).mean()
+    v2t = -torch.diagonal(F.log_softmax(logits, dim=0)).mean()
+    return t2v, v2t
 
 
 def pac_loss(cost: Tensor, tau: Tensor | float) -> Tensor:
@@ -32,36 +45,30 @@ def pac_loss(cost: Tensor, tau: Tensor | float) -> Tensor:
     gradient is twice as large at a given learning rate).
     """
     _check_square(cost, "cost")
-    logits = -cost / tau  # (B, B)
-    t2v = -torch.diagonal(F.log_softmax(logits, dim=1)).mean()  # softmax over videos per text
-    v2t = -torch.diagonal(F.log_softmax(logits, dim=0)).mean()  # softmax over texts per video
+    t2v, v2t = _directions(-cost / tau)  # (B, B) logits
     return t2v + v2t
 
 
-def clip_infonce_loss(sim: Tensor, log_logit_scale: Tensor | float) -> Tensor:
-    """X-Pool's symmetric InfoNCE on cosine similarities (its ``CLIPLoss``).
-
-    ``log_logit_scale`` is the log of the multiplier (CLIP stores it that way);
-    the two directions are *averaged*, as X-Pool does.
-    """
-    _check_square(sim, "similarity")
-    scale = torch.exp(torch.as_tensor(log_logit_scale, dtype=sim.dtype, device=sim.device))
-    logits = sim * scale  # (B, B)
-    t2v = -torch.diagonal(F.log_softmax(logits, dim=1)).mean()
-    v2t = -torch.diagonal(F.log_softmax(logits, dim=0)).mean()
+def infonce_loss(cost: Tensor, temperature: Tensor | float) -> Tensor:
+    """X-Pool's symmetric InfoNCE (its ``CLIPLoss``) on cosine costs: logits ``-cost / temperature``, the two
+    directions *averaged*, as X-Pool does. With ``cost = -cos`` and ``temperature = 1 / logit_scale`` the logits
+    are CLIP's ``logit_scale * cos``."""
+    _check_square(cost, "cost")
+    t2v, v2t = _directions(-cost / temperature)  # (B, B) logits
     return 0.5 * (t2v + v2t)
 
 
-def model_loss(model: "DABModel", out: "ModelOutput") -> Tensor:
-    """The training loss of ``model``'s variant for a forward output.
+LOSSES: Registry[LossFn] = Registry("loss")
+LOSSES.register("distribution", pac_loss)  # prob, dab: PAC over the distributional cost
+LOSSES.register("cosine", infonce_loss)  # xpool, bridge: X-Pool's InfoNCE, so bridge differs from xpool by the bridge alone
 
-    Cosine variants (``xpool``, ``bridge``) keep X-Pool's loss and learnable logit
-    scale, so the ``bridge`` ablation differs from the baseline only by the bridge;
-    distributional variants (``prob``, ``dab``) use PAC over ``-C / tau``.
-    """
-    with torch.autocast(device_type=out.cost.device.type, enabled=False):  # the loss in float32 under amp
-        cost = out.cost.float()
-        if not model.cfg.probabilistic:
-            # cost = -cos, so the similarity is its negation
-            return clip_infonce_loss(-cost, model.log_logit_scale.float())
-        return pac_loss(cost, model.tau().float())
+
+def loss_of(spec: VariantSpec) -> LossFn:
+    """The loss a variant trains with (by its cost family)."""
+    return LOSSES.get(spec.cost_family)
+
+
+def contrastive_loss(loss: LossFn, cost: Tensor, temperature: Tensor) -> Tensor:
+    """``loss(cost, temperature)`` in float32, also under autocast: a softmax over B^2 logits is never bf16."""
+    with torch.autocast(device_type=cost.device.type, enabled=False):
+        return loss(cost.float(), temperature.float())

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ..errors import ConfigError, UnknownNameError
+from ..core.errors import ConfigError, UnknownNameError
 
 __all__ = ["Recipe", "RECIPE_DIR", "recipe_names", "load_recipe"]
 
@@ -38,7 +38,7 @@ class Recipe:
         return out
 
     def overrides(self, manifest: Optional[dict] = None) -> list[str]:
-        """``["key=value", ...]`` for :func:`dab_pipeline.config.apply_overrides`."""
+        """``["key=value", ...]`` for :func:`dab_pipeline.core.overrides.apply_overrides`."""
         return [f"{k}={v}" for k, v in self.resolved(manifest).items()]
 
 

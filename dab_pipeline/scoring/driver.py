@@ -9,8 +9,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from ..devices import resolve_device
-from ..events import Event, ProgressCallback, null_progress
+from ..runtime.devices import resolve_device
+from ..core.events import Event, ProgressCallback, null_progress
 from ..model import DABModel, ModelConfig
 
 from .reference import SCORE_DTYPES, ScoreResult, _prepare_inputs
@@ -186,7 +186,7 @@ def _costs(eng: Engine, ts: Texts, text_t: Tensor, frames_t: Tensor, mask_t: Ten
 
 
 def _check_options(dtype: str, topk: Optional[int], shortlist: Optional[int], memory_budget: Optional[int]) -> None:
-    from ..errors import ConfigError
+    from ..core.errors import ConfigError
 
     if dtype not in SCORE_DTYPES:
         raise ConfigError(f"dtype={dtype!r} is invalid; valid: {' | '.join(SCORE_DTYPES)}")

@@ -7,7 +7,7 @@ from typing import Optional
 import numpy as np
 import torch
 from torch import Tensor
-from ..events import Event, ProgressCallback, null_progress
+from ..core.events import Event, ProgressCallback, null_progress
 from ..model import DABModel
 
 

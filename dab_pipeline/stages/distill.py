@@ -30,13 +30,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..checkpoint import rng_state, set_rng_state
-from ..config import to_dict
-from ..devices import resolve_device
-from ..errors import ConfigError, TrainingError
-from ..events import Event, ProgressCallback, null_progress
-from ..fsutil import sha256_file
-from ..runs import RunFolder
+from ..runs.checkpoint import rng_state, set_rng_state
+from ..core.overrides import to_dict
+from ..runtime.devices import resolve_device
+from ..core.errors import ConfigError, TrainingError
+from ..core.events import Event, ProgressCallback, null_progress
+from ..core.fsutil import sha256_file
+from ..runs.folder import RunFolder
 from .train.config import epoch_length, lr_lambda
 
 __all__ = ["DistillConfig", "DistillResult", "run_distill", "distill_loss"]
@@ -86,10 +86,6 @@ def pair_outputs(model, text: torch.Tensor, frames: torch.Tensor, mask: torch.Te
     terms = model.pair_terms(model.encode_text(text), model.encode_video(frames, mask), grid=True)
     state = [terms.bridged_mu] + ([terms.bridged_logvar] if terms.bridged_logvar is not None else [])
     return terms.cost, state
-
-
-def _temperature(model) -> torch.Tensor:
-    return model.tau().detach() if model.cfg.probabilistic else (-model.log_logit_scale).exp().detach()
 
 
 def distill_loss(student_cost: torch.Tensor, student_state: list[torch.Tensor], teacher_cost: torch.Tensor,
@@ -155,7 +151,7 @@ def _distill(cfg: DistillConfig, folder: RunFolder, teacher_run, run_cfg, studen
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_lambda(steps * cfg.epochs, warmup))
     torch.manual_seed(cfg.seed)
     start, best, best_epoch = _restore(folder, student, optim, sched, device, resume, progress)
-    temperature = _temperature(teacher)
+    temperature = teacher.temperature().detach()  # the loss's temperature
     val_metrics = None
     progress(Event("start", task="distill", total=(cfg.epochs - start) * steps))
     for epoch in range(start, cfg.epochs):
@@ -278,7 +274,7 @@ def _metrics(model, feats, tcfg, device: torch.device) -> dict:
 
 def _finish(student, test, run_cfg, out: Path, best, best_epoch, val_metrics, device) -> DistillResult:
     """Score the test split with best.pt, write its cost file and mark the run complete (as `dab train` does)."""
-    from ..costfile import CostMatrix, write_costs
+    from ..runs.costfile import CostMatrix, write_costs
     from ..metrics import t2v_metrics
     from ..scoring import score_all
     folder = RunFolder(out)

@@ -14,10 +14,10 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..choices import POSTPROCESS, V2T_CONVENTIONS
-from ..errors import ConfigError, DabError, StoreError
-from ..events import Event, ProgressCallback, null_progress
-from ..runs import RunFolder
+from ..core.choices import POSTPROCESS, V2T_CONVENTIONS
+from ..core.errors import ConfigError, DabError, StoreError
+from ..core.events import Event, ProgressCallback, null_progress
+from ..runs.folder import RunFolder
 
 
 
@@ -97,7 +97,7 @@ def store_context(store_path: Optional[Path], video_ids: np.ndarray, query_ids: 
 def _write_examples(path: Path, cfg: EvaluateConfig, cm, cost: np.ndarray, gt: np.ndarray, results: dict,
                     store_path: Optional[Path]) -> Path:
     """examples.html: a seeded sample of queries across the confidence range, with thumbnails."""
-    from ..examples import build_queries, render_page, select_queries
+    from ..results.page import build_queries, render_page, select_queries
 
     picks = select_queries(cost, gt, cfg.examples, seed=cfg.seed)
     videos = np.asarray(cm.video_ids)
@@ -223,8 +223,8 @@ def bridge_warning(bridge: dict[str, Any]) -> str:
 def run_evaluate(cfg: EvaluateConfig, progress: ProgressCallback = null_progress) -> dict[str, Any]:
     """Compute every metric and diagnostic; write metrics.json, report.md and plots."""
     from .. import metrics as M
-    from ..costfile import read_costs
-    from ..report import write_report
+    from ..runs.costfile import read_costs
+    from ..results.report import write_report
 
     costs_path = Path(cfg.costs) if cfg.costs is not None else find_costs(Path(cfg.run))
     cm = read_costs(costs_path)

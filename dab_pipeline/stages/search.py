@@ -20,8 +20,8 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from ..devices import resolve_device
-from ..errors import ConfigError, StoreError, TrainingError, UnknownNameError, WeightsError
+from ..runtime.devices import resolve_device
+from ..core.errors import ConfigError, StoreError, TrainingError, UnknownNameError, WeightsError
 from ..model import DABModel
 
 __all__ = ["SearchHit", "SearchResult", "LoadedRun", "load_run", "encode_queries", "search", "load_descriptions"]
@@ -72,7 +72,7 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu", checkpoint
     Raises :class:`ConfigError` for a folder that is not a run or a fine-tuned run,
     :class:`TrainingError` when the checkpoint is missing or does not fit the config.
     """
-    from ..runs import RunFolder
+    from ..runs.folder import RunFolder
     from .train import TrainConfig
 
     folder = RunFolder(run_dir)
@@ -147,10 +147,10 @@ def search(
 
     ``shortlist`` and ``memory_budget`` are passed to :func:`~dab_pipeline.scoring.score_all`;
     ``dtype`` (``float32``: exact, the default; ``bfloat16``; ``auto``) is resolved for the
-    device first (:func:`dab_pipeline.capabilities.resolve_score_dtype`): bf16 asked where it
+    device first (:func:`dab_pipeline.runtime.capabilities.resolve_score_dtype`): bf16 asked where it
     is not native runs in float32 and ``warn`` gets the reason.
     """
-    from ..capabilities import resolve_score_dtype
+    from ..runtime.capabilities import resolve_score_dtype
     from ..scoring import score_all
     from ..store import open_store
 

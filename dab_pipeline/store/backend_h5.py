@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 import numpy as np
-from ..errors import StoreError
+from ..core.errors import StoreError
 
 from .layout import _COMPRESSED, _ZERO_INIT, array_specs, _runs
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 import numpy as np
-from ..errors import StoreError
+from ..core.errors import StoreError
 
 from .layout import _COMPRESSED, _LEGACY_LOCK, _SHARE_LOCK, _ZARR_CHUNK_BYTES, array_specs, _chunk_rows_in_unit, _runs, _zstd
 from .backend_h5 import Backend, H5Backend

@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 import numpy as np
-from ..errors import StoreError
-from ..fsutil import publish, remove_path, temp_sibling
+from ..core.errors import StoreError
+from ..core.fsutil import publish, remove_path, temp_sibling
 
 from .layout import ERROR_BYTES, FORMAT_VERSION, store_backend
 from .backend_h5 import _fsync_dir

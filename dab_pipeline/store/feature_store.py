@@ -7,7 +7,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Sequence
 import numpy as np
-from ..errors import StoreError
+from ..core.errors import StoreError
 
 from .layout import FORMAT_VERSION, STATUS_FAILED, STATUS_MISSING, STATUS_NAMES, STATUS_OK, STATUS_PENDING, SplitFeatures, array_specs, _runs, default_share_rows, pad_ragged, video_share
 from .backend_h5 import Backend

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 import numpy as np
-from ..errors import StoreError
+from ..core.errors import StoreError
 
 
 

@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 from typing import Sequence
 import numpy as np
-from ..errors import StoreError
-from ..fsutil import publish, remove_path, temp_sibling
+from ..core.errors import StoreError
+from ..core.fsutil import publish, remove_path, temp_sibling
 
 from .layout import FORMAT_VERSION, STATUS_PENDING, array_specs, _runs, store_backend
 from .backend_h5 import Backend, _fsync_dir

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 import numpy as np
-from ..errors import StoreError
+from ..core.errors import StoreError
 
 from .layout import STATUS_FAILED, STATUS_MISSING, STATUS_OK, _message_rows, _runs
 

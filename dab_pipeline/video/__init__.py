@@ -25,8 +25,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from ..choices import DECODE_BACKENDS as BACKENDS
-from ..errors import ConfigError, VideoDecodeError
+from ..core.choices import DECODE_BACKENDS as BACKENDS
+from ..core.errors import ConfigError, VideoDecodeError
 from .pyav_decoder import StreamInfo, decode_seeking, decode_sequential, open_video, probe_video
 from .sampling import resized_shape, sample_frame_indices
 from .types import DecodedVideo

@@ -18,7 +18,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import VideoDecodeError
+from ..core.errors import VideoDecodeError
 from .pyav_decoder import StreamInfo, shortfall_warning
 from .sampling import gather_slots, resized_shape, sample_frame_indices
 from .types import DecodedVideo

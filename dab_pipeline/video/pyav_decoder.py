@@ -33,7 +33,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from ..errors import VideoDecodeError
+from ..core.errors import VideoDecodeError
 from .sampling import gather_slots, resized_shape, sample_frame_indices
 from .types import DecodedVideo
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ConfigError, VideoDecodeError
+from ..core.errors import ConfigError, VideoDecodeError
 
 
 def sample_frame_indices(num_video_frames: int, num_frames: int = 12) -> tuple[np.ndarray, np.ndarray]:

@@ -26,7 +26,7 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from .grammar import Caption, Claim, ObjectClaim, ShotClaim, describe, make_captions, satisfies
 from .render import render_scene, render_video
 from .scene import Scene, Shot, random_scene, random_shots
@@ -127,7 +127,7 @@ def iter_world(cfg: WorldConfig) -> Iterator[WorldVideo]:
 
 
 def _write_one(job: tuple[WorldConfig, int, str, str]) -> None:
-    from ..synthetic import write_video
+    from ..video.synthetic import write_video
 
     cfg, i, split, path = job
     video = world_video(cfg, i, split)

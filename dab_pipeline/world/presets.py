@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..registry import Registry
+from ..core.registry import Registry
 from .generate import WorldConfig
 
 PRESETS: Registry[WorldConfig] = Registry("world preset")

@@ -217,7 +217,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     state, report = pretrain(cfg, log)
     import io
 
-    from ..fsutil import atomic_write_bytes, atomic_write_text
+    from ..core.fsutil import atomic_write_bytes, atomic_write_text
 
     buf = io.BytesIO()
     torch.save(state, buf)

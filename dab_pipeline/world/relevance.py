@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from .generate import WorldConfig, WorldVideo, claim_from_dict, iter_world
 from .grammar import Claim, satisfies
 

@@ -34,8 +34,8 @@ def _quiet_shared_errors(ctx):
     Rank 0 prints *before* the ranks leave together: torchrun stops the whole job
     as soon as one rank ends with an error, which could cut rank 0 short.
     """
-    from ...distributed import is_shared_error
-    from ...errors import DabError
+    from ...runtime.distributed import is_shared_error
+    from ...core.errors import DabError
     from .. import UserError
 
     try:
@@ -105,7 +105,7 @@ def _echo_run(res) -> None:
 
 def _refuse_changes_on_resume(saved, asked, out: Path) -> None:
     """--resume continues a run as it was configured; options that would change it are an error, not ignored."""
-    from ...config import to_dict
+    from ...core.overrides import to_dict
 
     def flat(d: dict, prefix: str = "") -> dict:
         items = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 import click
-from ...choices import POSTPROCESS, V2T_CONVENTIONS
+from ...core.choices import POSTPROCESS, V2T_CONVENTIONS
 from .. import cli
 from ..progress import RichProgress
 
@@ -61,7 +61,7 @@ def evaluate(run, costs, features, out, postprocess, temperature, v2t, examples,
                                                for k, v in var["mean"].items() if v is not None))
     bridge = res.get("bridge")
     if bridge:
-        from ...report import bridge_summary
+        from ...results.report import bridge_summary
 
         con.print(bridge_summary(bridge))  # a bridge acting as a constant was warned about on stderr
     nb = res.get("neighbourhood")
@@ -78,9 +78,9 @@ def compare(runs, out) -> None:
     """One table of several evaluated runs (the paper's ablation tables)."""
     from rich.table import Table
 
-    from ...config import atomic_write_text
-    from ...errors import StoreError
-    from ...report import compare_markdown, compare_table
+    from ...core.overrides import atomic_write_text
+    from ...core.errors import StoreError
+    from ...results.report import compare_markdown, compare_table
 
     loaded = []
     for r in runs:

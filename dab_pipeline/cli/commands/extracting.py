@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 import click
-from ...choices import CLIP_DTYPES, DECODE_BACKENDS, STORE_DTYPES
+from ...core.choices import CLIP_DTYPES, DECODE_BACKENDS, STORE_DTYPES
 from .. import cli
 from ..progress import RichProgress
 
@@ -61,7 +61,7 @@ def extract(dataset, videos, annotations, out, model, pretrained, frames, traina
     Running the same command again resumes: finished videos are skipped.
     Several processes: `torchrun --nproc-per-node N -m dab_pipeline.cli extract ...`.
     """
-    from ...config import apply_overrides
+    from ...core.overrides import apply_overrides
     from ...clip_models import full_depth
     from ...stages.extract import ExtractConfig, run_extract
 
@@ -78,10 +78,10 @@ def extract(dataset, videos, annotations, out, model, pretrained, frames, traina
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     cfg = apply_overrides(cfg, overrides)
-    from ...distributed import want_distributed
+    from ...runtime.distributed import want_distributed
 
     if want_distributed(distributed):
-        from ...distributed import distributed_session
+        from ...runtime.distributed import distributed_session
 
         # gloo even on GPUs: extraction exchanges only small control messages (the
         # features go to the store), and gloo's long timeout covers ranks that

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 import click
-from ...choices import DIST_COSTS, VARIANTS
+from ...core.choices import DIST_COSTS, VARIANTS
 from .. import cli
 from ..progress import RichProgress
 
@@ -42,7 +42,7 @@ def train(features, out, recipe, variant, cost, steps, epochs, batch_size, train
 
     Several processes / GPUs: `torchrun --nproc-per-node N -m dab_pipeline.cli train ...`.
     """
-    from ...distributed import want_distributed
+    from ...runtime.distributed import want_distributed
     from ...stages.train import run_train
 
     use_dist = want_distributed(distributed)
@@ -50,7 +50,7 @@ def train(features, out, recipe, variant, cost, steps, epochs, batch_size, train
     cfg = _train_config(features, out, recipe, variant, cost, steps, epochs, batch_size, trainable_blocks, device,
                         overrides, resume)
     if use_dist:
-        from ...distributed import distributed_session
+        from ...runtime.distributed import distributed_session
 
         with distributed_session(cfg.device) as ctx:  # nccl on CUDA, gloo on CPU
             with _quiet_shared_errors(ctx), RichProgress(quiet=quiet or not ctx.is_main) as prog:
@@ -65,9 +65,9 @@ def train(features, out, recipe, variant, cost, steps, epochs, batch_size, train
 
 def _train_config(features, out, recipe, variant, cost, steps, epochs, batch_size, trainable_blocks, device,
                   overrides, resume):
-    from ...config import apply_overrides
+    from ...core.overrides import apply_overrides
     from ...recipes import load_recipe
-    from ...runs import RunFolder
+    from ...runs.folder import RunFolder
     from ...stages.train import TrainConfig, resolve_train_config
     from ...store import open_store
 
@@ -122,7 +122,7 @@ def distill(teacher, out, student_steps, epochs, overrides, resume, quiet) -> No
     The student copies the teacher's weights and trains its bridge alone to reach the teacher's
     state after T' steps (and its ranking of every batch pair) in S. See docs/model.md.
     """
-    from ...config import apply_overrides
+    from ...core.overrides import apply_overrides
     from ...stages.distill import DistillConfig, run_distill
 
     cfg = apply_overrides(DistillConfig(teacher=teacher, out=out, student_steps=student_steps, epochs=epochs),

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ...model import DABModel, masked_softmax
-from ...registry import Registry
+from ...core.registry import Registry
 from ..blocks import Texts, Videos, pack_kept
 from ..budget import _center
 

@@ -3,7 +3,7 @@
 Shared by the two bridge engines (the point bridge's state is [x], DAB's
 [mu, logvar / 2]); on CPU in bf16 the products run as oneDNN linears on
 pre-packed weights and the elementwise work in the fused kernels
-(:mod:`dab_pipeline.cpu_kernels`).
+(:mod:`dab_pipeline.scoring.kernels.cpu`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...cpu_kernels import Kernels, get_kernels
+from ..kernels.cpu import Kernels, get_kernels
 from ..blocks import OneDNN
 from ..budget import _BIAS_PAD, _linears
 

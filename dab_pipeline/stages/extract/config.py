@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 import torch
 from ... import __version__
-from ...events import Event, ProgressCallback, null_progress
-from ...augment import VIEW_TRANSFORM
-from ...thumbnails import THUMBNAIL_NOTE
-from ...capabilities import capabilities
-from ...choices import CLIP_DTYPES, STORE_DTYPES
-from ...devices import resolve_device
-from ...fsutil import sha256_file
-from ...errors import ConfigError, DabError
+from ...core.events import Event, ProgressCallback, null_progress
+from ...video.augment import VIEW_TRANSFORM
+from ...results.thumbnails import THUMBNAIL_NOTE
+from ...runtime.capabilities import capabilities
+from ...core.choices import CLIP_DTYPES, STORE_DTYPES
+from ...runtime.devices import resolve_device
+from ...core.fsutil import sha256_file
+from ...core.errors import ConfigError, DabError
 from ...video import DECODE_RULES
 if TYPE_CHECKING:
     pass
@@ -71,9 +71,9 @@ class ExtractConfig:
     decode_short_side: Optional[int] = None
     decode_backend: str = "pyav"  # pyav | pyav-seek | decord (dab_pipeline.video)
     limit: Optional[int] = None  # only the first N videos (and their captions): quick trials
-    # augmented views per training video (X-Pool's train transform, seeded; dab_pipeline.augment)
+    # augmented views per training video (X-Pool's train transform, seeded; dab_pipeline.video.augment)
     train_views: int = 0
-    thumbnails: bool = True  # a small JPEG strip per video in the store (dab_pipeline.thumbnails), for result pages
+    thumbnails: bool = True  # a small JPEG strip per video in the store (dab_pipeline.results.thumbnails), for result pages
     overwrite: bool = False
 
     def __post_init__(self) -> None:
@@ -142,13 +142,13 @@ def parse_options(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
 
 def resolve_compute_dtype(dtype: str, device: "str | torch.device", out: Optional[Path] = None,
                           progress: ProgressCallback = null_progress) -> str:
-    """CLIP's compute dtype for this device (:func:`dab_pipeline.capabilities.resolve_clip_dtype`).
+    """CLIP's compute dtype for this device (:func:`dab_pipeline.runtime.capabilities.resolve_clip_dtype`).
 
     ``auto`` resuming an existing store takes the store's own dtype, so the same
     command resumes on a machine whose ``auto`` would pick another one.  A bf16
     request on a device without native bf16 becomes float32, with one warning.
     """
-    from ...capabilities import resolve_clip_dtype
+    from ...runtime.capabilities import resolve_clip_dtype
 
     dev = resolve_device(device)
     requested = dtype

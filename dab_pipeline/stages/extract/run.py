@@ -8,16 +8,16 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from ...devices import resolve_device
-from ...distributed import LocalContext, mark_shared
-from ...errors import ExtractionFailed, StoreError
-from ...events import Event, ProgressCallback, null_progress
+from ...runtime.devices import resolve_device
+from ...runtime.distributed import LocalContext, mark_shared
+from ...core.errors import ExtractionFailed, StoreError
+from ...core.events import Event, ProgressCallback, null_progress
 from .config import ExtractConfig, ExtractResult, build_manifest, parse_options, resolve_compute_dtype
 from .workers import encode_captions, encode_videos
 from .writers import ExistingStore, ExtractJob, StoreWriter, choose_writer, existing_store
 
 if TYPE_CHECKING:
-    from ...distributed import DistContext
+    from ...runtime.distributed import DistContext
 
 _COUNTS = ("videos_total", "videos_ok", "videos_failed", "videos_missing", "videos_skipped", "store_ok",
            "store_failed", "store_missing")
@@ -28,7 +28,7 @@ def run_extract(cfg: ExtractConfig, progress: ProgressCallback = null_progress,
     """Build (or resume) the feature store described by ``cfg``.
 
     ``dist``: this process is one rank of a torchrun job (see
-    :mod:`dab_pipeline.distributed`); each rank encodes its share of the videos.
+    :mod:`dab_pipeline.runtime.distributed`); each rank encodes its share of the videos.
     None (or a one-process job) is the plain single-process extraction. Captions
     are encoded by rank 0 alone: the text tower costs a small fraction of the
     frames' work, and the ragged token-state array cannot be cut at caption

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 import numpy as np
 import torch
-from ...events import Event, ProgressCallback
-from ...thumbnails import make_thumbnail
-from ...errors import VideoDecodeError
+from ...core.events import Event, ProgressCallback
+from ...results.thumbnails import make_thumbnail
+from ...core.errors import VideoDecodeError
 if TYPE_CHECKING:
     pass
 
@@ -51,7 +51,7 @@ class DecodeDataset(torch.utils.data.Dataset):
                     "warning": "; ".join(dec.warnings) or None, "views": None,
                     "thumbnail": make_thumbnail(dec.frames, dec.mask)}
             if len(self.items[i]) > 2 and self.items[i][3] and self.view_geometry is not None:
-                from ...augment import augmented_views
+                from ...video.augment import augmented_views
 
                 size, mean, std = self.view_geometry
                 item["views"] = augmented_views(dec.frames, self.items[i][2], self.items[i][3], size, mean, std)

@@ -22,10 +22,10 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ...distributed import mark_shared, part_files, part_path
-from ...errors import StoreError, StoreMismatchError
-from ...events import Event, ProgressCallback
-from ...thumbnails import THUMB_BYTES
+from ...runtime.distributed import mark_shared, part_files, part_path
+from ...core.errors import StoreError, StoreMismatchError
+from ...core.events import Event, ProgressCallback
+from ...results.thumbnails import THUMB_BYTES
 from .config import COMPATIBILITY_KEYS, ExtractConfig
 
 

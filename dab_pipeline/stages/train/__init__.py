@@ -12,7 +12,7 @@ A run folder holds everything needed to trace and rebuild a result:
       costs_test.h5|.zarr    test cost matrix, rankings, per-query variances (read by `dab evaluate`)
       status.json            running / complete, with the final numbers
 
-(the layout's one home is :class:`dab_pipeline.runs.RunFolder`).
+(the layout's one home is :class:`dab_pipeline.runs.folder.RunFolder`).
 
 * ``config``: TrainConfig, its dataset-dependent defaults, the optimiser groups and schedule;
 * ``inputs``: a split's arrays in RAM, the fine-tuned CLIP heads, one batch's inputs;

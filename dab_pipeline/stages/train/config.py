@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Optional
 import numpy as np
 import torch
-from ...choices import AMP_MODES, COST_FORMATS, EPOCH_MODES, LOGIT_SCALE_GROUPS, SCORE_DTYPES, SELECT_METRICS
-from ...errors import ConfigError
+from ...core.choices import AMP_MODES, COST_FORMATS, EPOCH_MODES, LOGIT_SCALE_GROUPS, SCORE_DTYPES, SELECT_METRICS
+from ...core.errors import ConfigError
 from ...model import ModelConfig
 
 

@@ -5,11 +5,11 @@ import contextlib
 import json
 from dataclasses import dataclass
 from typing import Optional
-from ...config import from_dict, to_dict
-from ...errors import ConfigError, RunLockedError, StoreError, TrainingError
-from ...events import Event, ProgressCallback
+from ...core.overrides import from_dict, to_dict
+from ...core.errors import ConfigError, RunLockedError, StoreError, TrainingError
+from ...core.events import Event, ProgressCallback
 from .config import TrainConfig, epoch_length
-from ...runs import RunFolder
+from ...runs.folder import RunFolder
 from .inputs import SplitArrays
 
 
@@ -34,7 +34,7 @@ class TrainRun:
 
     def shared(self, exc: Exception) -> Exception:
         """An error every rank raises at the same point: rank 0 alone reports it."""
-        from ...distributed import mark_shared
+        from ...runtime.distributed import mark_shared
 
         return mark_shared(exc)
 

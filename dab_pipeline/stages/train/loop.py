@@ -8,13 +8,14 @@ from pathlib import Path
 from typing import Any, Optional
 import numpy as np
 import torch
-from ...checkpoint import rng_state, set_rng_state
-from ...config import to_dict
-from ...errors import ConfigError, StoreError, TrainingError
-from ...events import Event, ProgressCallback, null_progress
-from ...devices import resolve_device
+from ...runs.checkpoint import rng_state, set_rng_state
+from ...core.overrides import to_dict
+from ...core.errors import ConfigError, StoreError, TrainingError
+from ...core.events import Event, ProgressCallback, null_progress
+from ...model.losses import loss_of
+from ...runtime.devices import resolve_device
 from .config import LOG_MAX_LOGIT_SCALE, TrainConfig, TrainResult, _seed_everything, epoch_length, epoch_order, epoch_views, lr_lambda, optimizer_groups
-from ...runs import RunFolder
+from ...runs.folder import RunFolder
 from .inputs import TrainHeads, batch_inputs
 from .scoring import score_split
 from .step import TrainStep, distributed_batch_loss
@@ -66,7 +67,7 @@ def _already_complete(cfg: TrainConfig, status: dict, progress: ProgressCallback
 def _resolve_precision(cfg: TrainConfig, device: torch.device, progress: ProgressCallback
                        ) -> tuple[TrainConfig, dict[str, Any]]:
     """``amp`` and ``score_dtype`` as this device runs them, and the record written as precision.json."""
-    from ...capabilities import capabilities, resolve_amp, resolve_score_dtype
+    from ...runtime.capabilities import capabilities, resolve_amp, resolve_score_dtype
 
     amp, score = resolve_amp(cfg.amp, device), resolve_score_dtype(cfg.score_dtype, device)
     for choice in (amp, score):
@@ -81,14 +82,14 @@ def _resolve_precision(cfg: TrainConfig, device: torch.device, progress: Progres
 def _run_train(cfg: TrainConfig, progress: ProgressCallback, resume: bool, dist, folder: dict) -> TrainResult:
     """The body of :func:`run_train`; sets ``folder["ready"]`` once this process owns a run folder.
 
-    ``dist`` (a :class:`dab_pipeline.distributed.DistContext` of a torchrun job
+    ``dist`` (a :class:`dab_pipeline.runtime.distributed.DistContext` of a torchrun job
     with several processes): DistributedDataParallel training; ``batch_size``
     is the *global* batch, split evenly over the ranks, so a run gives the same
     updates whatever the number of processes (dropout noise aside). Only rank 0
     writes the run folder; every rank reads the store. One process runs the same
-    code with a :class:`~dab_pipeline.distributed.LocalContext`.
+    code with a :class:`~dab_pipeline.runtime.distributed.LocalContext`.
     """
-    from ...distributed import LocalContext
+    from ...runtime.distributed import LocalContext
 
     ctx = dist if dist is not None and dist.world_size > 1 else LocalContext(resolve_device(cfg.device))
     if not ctx.is_main:
@@ -224,15 +225,13 @@ class _Trainer:
 
     def batch_loss(self, q: torch.Tensor, views: Optional[torch.Tensor]) -> torch.Tensor:
         """The loss of the global batch ``q``: this rank's slice against every video of it."""
-        from ...model.losses import model_loss
-
         ctx, train, device = self.run.ctx, self.data.train, self.run.ctx.device
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=self.cfg.amp == "bf16"):
             local_b = self.cfg.batch_size // ctx.world_size
             q_local = q[ctx.rank * local_b: (ctx.rank + 1) * local_b]  # (b,) this rank's slice (one rank: all)
             text_in, lengths, video_in, mask = batch_inputs(train, q_local, self.heads, device, views)
             return distributed_batch_loss(self.step_module, self.model, text_in, lengths, video_in, mask,
-                                          model_loss, ctx)
+                                          loss_of(self.model.cfg.spec), ctx)
 
     def step(self, q: torch.Tensor, views: Optional[torch.Tensor], epoch: int, step: int) -> torch.Tensor:
         """One optimiser step on batch ``q``; a non-finite loss stops the run (every rank alike)."""
@@ -293,7 +292,7 @@ class _Trainer:
 
     def test(self) -> tuple[Optional[dict], Optional[Path]]:
         """Score the test split with best.pt and write the cost file; (t2v metrics, its path) or Nones."""
-        from ...costfile import CostMatrix, write_costs
+        from ...runs.costfile import CostMatrix, write_costs
         from ...metrics import t2v_metrics
 
         run, cfg, test = self.run, self.cfg, self.data.test

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Optional
 import numpy as np
 import torch
-from ...events import ProgressCallback, null_progress
+from ...core.events import ProgressCallback, null_progress
 from .config import TrainConfig
 from .inputs import SplitArrays, TrainHeads, text_state_batch
 
@@ -35,7 +35,7 @@ def score_split(model, heads: Optional[TrainHeads], feats: SplitArrays, cfg: Tra
     the whole matrix (and takes the same model-selection decision). One process
     scores every query (its chunk is the whole split).
     """
-    from ...distributed import LocalContext, shard_range
+    from ...runtime.distributed import LocalContext, shard_range
     from ...scoring import ScoreResult, score_all
 
     ctx = dist if dist is not None else LocalContext(device)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 from typing import Optional
 import torch
+from ...model.losses import contrastive_loss, loss_of
 from .inputs import TrainHeads
 
 
@@ -56,23 +57,19 @@ def distributed_batch_loss(step: torch.nn.Module, model, text_in: torch.Tensor, 
     rather than the 2 * b * B of computing rows and columns separately.
 
     ``ctx``: the run's context (None: the default process group); with a
-    one-process :class:`~dab_pipeline.distributed.LocalContext` the gathers are
+    one-process :class:`~dab_pipeline.runtime.distributed.LocalContext` the gathers are
     the identity and this is the plain loss of the whole batch.
     """
-    from ...model import ModelOutput
-
-    if loss_fn is None:
-        from ...model.losses import model_loss as loss_fn
+    loss = loss_fn if loss_fn is not None else loss_of(model.cfg.spec)
     rows = step(text_in, lengths, video_in, mask)  # (b, B)
     cost = _gather_of(ctx)(rows)  # (B, B): row i = text i of the global batch, diagonal = matched pairs
-    # model_loss reads only the cost (and the model's temperature); the other outputs are per-pair extras.
-    return loss_fn(model, ModelOutput(cost=cost))
+    return contrastive_loss(loss, cost, model.temperature())
 
 
 def _gather_of(ctx):
     """The context's gather with gradients; without one, the default process group's."""
     if ctx is not None:
         return ctx.gather_with_grad
-    from ...distributed import all_gather_with_grad
+    from ...runtime.distributed import all_gather_with_grad
 
     return all_gather_with_grad

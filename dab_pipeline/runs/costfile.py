@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import StoreError
-from .fsutil import publish, remove_path, temp_sibling
-from .store import HDF5_SUFFIXES, ZARR_SUFFIXES
+from ..core.errors import StoreError
+from ..core.fsutil import publish, remove_path, temp_sibling
+from ..store import HDF5_SUFFIXES, ZARR_SUFFIXES
 
 __all__ = ["CostMatrix", "write_costs", "read_costs", "COST_SUFFIXES", "COST_FORMAT_VERSION"]
 

@@ -19,7 +19,7 @@ flag is part of the cache key like everything else that changes the binary.
 unavailable -- turned off, no compiler, a failed build -- :func:`get_kernels` returns the
 eager ATen versions below, which compute the same thing (they are the reference the
 tests hold the compiled kernels to), and :attr:`Kernels.reason` says why.
-``python -m dab_pipeline.cpu_kernels`` builds them now and prints the outcome.
+``python -m dab_pipeline.scoring.kernels.cpu`` builds them now and prints the outcome.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .model.costs import kl_diag_gaussian
+from ...model.costs import kl_diag_gaussian
 
 __all__ = [
     "Kernels",

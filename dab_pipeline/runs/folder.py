@@ -30,8 +30,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from .errors import ConfigError, RunLockedError, StoreError
-from .fsutil import atomic_write_text
+from ..core.errors import ConfigError, RunLockedError, StoreError
+from ..core.fsutil import atomic_write_text
 
 COST_SUFFIXES = (".h5", ".zarr")
 
@@ -148,13 +148,13 @@ class RunFolder:
     # ---- config and checkpoints
 
     def save_config(self, cfg: Any) -> None:
-        from .config import save_config
+        from ..core.overrides import save_config
 
         save_config(cfg, self.config_path)
 
     def load_config(self, cls: type) -> Any:
         """The run's config as ``cls``; ConfigError for a folder that is not a run."""
-        from .config import load_config
+        from ..core.overrides import load_config
 
         if not self.is_run():
             raise ConfigError(f"{self.path} is not a run folder (no {self.CONFIG}); pass the folder "

@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .errors import ConfigError
+from ..core.errors import ConfigError
 
 # 4 x 4 blocks = 16 bits, enough for 65536 frames.
 _GRID_ROWS, _GRID_COLS = 4, 4

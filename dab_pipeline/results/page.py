@@ -49,7 +49,7 @@ def select_queries(cost: np.ndarray, gt: np.ndarray, n: int, seed: int = 0) -> n
 
     Deterministic in ``seed``; returned most confident first.
     """
-    from .metrics import kl_margin, t2v_ranks
+    from ..metrics import kl_margin, t2v_ranks
 
     q = cost.shape[0]
     n = min(int(n), q)
@@ -108,7 +108,7 @@ def build_queries(cost: np.ndarray, picks: Sequence[int], texts: Sequence[str], 
                   gt: Optional[np.ndarray] = None, thumbs: Optional[Mapping[str, Optional[bytes]]] = None,
                   captions: Optional[Mapping[str, str]] = None, k: int = 5, plots: bool = True) -> list[ExampleQuery]:
     """The blocks of the page for the queries ``picks`` (rows of ``cost`` (Q, V), lower is better)."""
-    from .metrics import kl_margin, t2v_ranks
+    from ..metrics import kl_margin, t2v_ranks
 
     thumbs, captions = thumbs or {}, captions or {}
     picks = np.asarray(picks, np.int64)
@@ -137,9 +137,9 @@ def render_page(path: str | Path, title: str, summary: Sequence[tuple[str, str]]
     """Write the self-contained page; returns its path."""
     import jinja2
 
-    from .fsutil import atomic_write_text
+    from ..core.fsutil import atomic_write_text
 
-    env = jinja2.Environment(loader=jinja2.PackageLoader("dab_pipeline", "templates"),
+    env = jinja2.Environment(loader=jinja2.PackageLoader("dab_pipeline.results", "templates"),
                              autoescape=jinja2.select_autoescape(["html", "j2"]), undefined=jinja2.StrictUndefined)
     html = env.get_template(TEMPLATE).render(title=title, summary=list(summary), queries=list(queries))
     path = Path(path)

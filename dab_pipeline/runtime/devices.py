@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .errors import ConfigError
+from ..core.errors import ConfigError
 
 
 def resolve_device(device: str | torch.device) -> torch.device:

@@ -26,9 +26,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .errors import ConfigError
-from .fsutil import atomic_write_bytes
-from .runs import RunFolder
+from ..core.errors import ConfigError
+from ..core.fsutil import atomic_write_bytes
+from ..runs.folder import RunFolder
 
 __all__ = [
     "TABLE_COLUMNS",

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .errors import ConfigError
+from ..core.errors import ConfigError
 
 __all__ = [
     "TORCHRUN_ENV",

@@ -24,8 +24,8 @@ from typing import Iterator, Optional
 
 import torch
 
-from .choices import AMP_MODES, CLIP_DTYPES, SCORE_DTYPES
-from .errors import ConfigError
+from ..core.choices import AMP_MODES, CLIP_DTYPES, SCORE_DTYPES
+from ..core.errors import ConfigError
 
 __all__ = [
     "Capabilities",

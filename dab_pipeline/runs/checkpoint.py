@@ -19,8 +19,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from .errors import CheckpointError
-from .fsutil import atomic_torch_save
+from ..core.errors import CheckpointError
+from ..core.fsutil import atomic_torch_save
 
 __all__ = ["save_checkpoint", "load_checkpoint", "rng_state", "set_rng_state"]
 
