@@ -36,7 +36,7 @@ import av
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from extract import _moving_frames, parse_size  # noqa: E402  (the benchmarks' shared clip content)
+from extract import moving_frames, parse_size  # noqa: E402  (the benchmarks' shared clip content)
 
 from dab_pipeline.core.errors import VideoDecodeError  # noqa: E402
 from dab_pipeline.video.synthetic import VIDEO_FORMATS, write_video  # noqa: E402
@@ -80,10 +80,10 @@ def timings(paths: list[Path], repeats: int) -> dict[tuple[str, str], list[float
 
 def make_clips(root: Path, frames: int, size: tuple[int, int], long_frames: int) -> list[Path]:
     w, h = size
-    content = _moving_frames(0, frames, w, h)
+    content = moving_frames(0, frames, w, h)
     paths = [write_video(root / f"{name}{spec.suffix}", content, fmt=name) for name, spec in VIDEO_FORMATS.items()]
     if long_frames:
-        long = _moving_frames(1, long_frames, w, h)
+        long = moving_frames(1, long_frames, w, h)
         paths.append(write_video(root / f"long-x264-{long_frames}.mp4", long, fmt="x264-bframes"))
     return paths
 

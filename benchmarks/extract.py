@@ -83,7 +83,7 @@ def log(msg: str) -> None:
 # --------------------------------------------------------------------------- synthetic data
 
 
-def _moving_frames(seed: int, n: int, w: int, h: int) -> np.ndarray:
+def moving_frames(seed: int, n: int, w: int, h: int) -> np.ndarray:
     """(n, h, w, 3) uint8: a panning two-axis sinusoid, diagonal colour stripes and a bouncing box."""
     rng = np.random.default_rng(seed)
     xs = np.arange(w, dtype=np.float32)
@@ -110,7 +110,7 @@ def _moving_frames(seed: int, n: int, w: int, h: int) -> np.ndarray:
 
 def _write_one(job: tuple[str, int, int, int, int]) -> None:
     path, seed, n, w, h = job
-    write_video(Path(path), _moving_frames(seed, n, w, h))
+    write_video(Path(path), moving_frames(seed, n, w, h))
 
 
 def make_videos(root: Path, count: int, frames: int, size: tuple[int, int], procs: int) -> tuple[Path, Path, float]:

@@ -141,3 +141,36 @@ def test_select_last_keeps_the_last_epoch_and_says_nothing(tmp_path: Path) -> No
     assert res.best_epoch == 3
     lines = (tmp_path / "val" / "metrics.jsonl").read_text().splitlines()
     assert all("val" in json.loads(line) for line in lines)  # still measured each epoch, for the log
+
+
+def test_options_override_their_recipe_and_seed_is_an_option(tmp_path: Path) -> None:
+    """`--recipe xpool` fine-tunes every CLIP block; on a frozen store `--trainable-blocks none` overrides that,
+    and `--trainable-blocks 0` (which needs pooled states) says how."""
+    from dab_pipeline.stages.train import build_train_config
+
+    from .factories import random_store
+
+    store = random_store(tmp_path / "s.h5")
+    cfg = build_train_config(store, tmp_path / "r", recipe="xpool", options={"trainable_blocks": "none", "seed": 7})
+    assert cfg.trainable_blocks is None and cfg.seed == 7 and cfg.model.variant == "xpool" and cfg.recipe == "xpool"
+    with pytest.raises(ConfigError, match="--trainable-blocks none"):
+        build_train_config(store, tmp_path / "r", recipe="xpool", options={"trainable_blocks": 0})
+    res = CliRunner().invoke(cli, ["train", "--features", str(store), "--recipe", "xpool", "--trainable-blocks",
+                                   "none", "--seed", "5", "--epochs", "1", "--out", str(tmp_path / "cli"), "--quiet"])
+    assert res.exit_code == 0, res.output
+    saved = json.loads((tmp_path / "cli" / "config.json").read_text())
+    assert saved["seed"] == 5 and saved["trainable_blocks"] is None and saved["lr"] == 3e-5
+
+
+def test_a_recipe_applies_as_typed_values(tmp_path: Path) -> None:
+    """Applying a recipe's dict equals applying its values through `--set` strings, value for value."""
+    from dab_pipeline.core.overrides import apply_overrides, replace_values, to_dict
+    from dab_pipeline.stages.train import TrainConfig
+
+    base = TrainConfig(features=tmp_path / "s.h5", out=tmp_path / "r")
+    for name in ("paper", "paper-ablation", "world", "frozen"):
+        values = {k: v for k, v in load_recipe(name).resolved({"dataset": "msrvtt"}).items()
+                  if str(v) != "all"}
+        typed = replace_values(base, values)
+        parsed = apply_overrides(base, [f"{k}={v}" for k, v in values.items()])
+        assert to_dict(typed) == to_dict(parsed), name

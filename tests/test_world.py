@@ -198,11 +198,11 @@ def test_worlds_without_uncertainty_are_unchanged() -> None:
     written before they existed (sha256 of the metadata, computed by the code of commit 10cb691)."""
     import hashlib
 
-    from dab_pipeline.world.generate import _metadata
+    from dab_pipeline.world.generate import world_metadata
 
     for cfg, digest in ((SMALL, "fed64132945617b582f3fe27a852203e436c117f5b6ec4cc6421b837bc9549b0"),
                         (world_preset_named("tiny"), "ce21d8fff53910777982738fb63654293587c7d01c6b693b2a57f34052b05d39")):
-        meta = json.dumps(_metadata(cfg, list(iter_world(cfg))), indent=1)
+        meta = json.dumps(world_metadata(cfg, list(iter_world(cfg))), indent=1)
         assert hashlib.sha256(meta.encode()).hexdigest() == digest
 
 

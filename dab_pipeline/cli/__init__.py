@@ -62,15 +62,15 @@ def cli() -> None:
     """
 
 
-def _register() -> None:
+def register_commands() -> None:
     # Command modules import the stages lazily, so `dab --help` never loads torch.
     from . import commands  # noqa: F401
     from . import search  # noqa: F401
 
 
 def main() -> None:
-    _register()
+    register_commands()
     cli(prog_name="dab")
 
 
-_register()
+register_commands()

@@ -43,10 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
 
-    from . import _register
+    from . import register_commands
     from ..world import make_world, world_preset
 
-    _register()
+    register_commands()
     t0 = time.time()
     out: Path = args.out
     if out.exists():

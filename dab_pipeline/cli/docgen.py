@@ -27,9 +27,9 @@ def _section(title: str, cmd: click.Command, info_name: str, parent: click.Conte
 
 
 def render() -> str:
-    from . import _register, cli
+    from . import register_commands, cli
 
-    _register()
+    register_commands()
     root = cli.make_context("dab", [], resilient_parsing=True, terminal_width=100, max_content_width=100)
     parts = [HEADER, _section("dab", cli, "dab", None)]
     for name in sorted(cli.commands):

@@ -20,21 +20,21 @@ TINY_MODEL = "dab-tiny"
 MODEL_CONFIG_DIR = Path(__file__).parents[1] / "model_configs"
 
 
-_OUR_MODELS = sorted(p.stem for p in MODEL_CONFIG_DIR.glob("*.json"))
+OUR_MODELS = sorted(p.stem for p in MODEL_CONFIG_DIR.glob("*.json"))
 
 
-if not all(name in open_clip.list_models() for name in _OUR_MODELS):
+if not all(name in open_clip.list_models() for name in OUR_MODELS):
     open_clip.add_model_config(MODEL_CONFIG_DIR)
 
 
 # Keys that only OpenAI's TorchScript release carries; open_clip's own checkpoints never do.
-_OPENAI_EXTRA_KEYS = ("input_resolution", "context_length", "vocab_size")
+OPENAI_EXTRA_KEYS = ("input_resolution", "context_length", "vocab_size")
 
 
-_DTYPES = ("float32", "bfloat16", "float16", "autocast-bf16")
+DTYPES = ("float32", "bfloat16", "float16", "autocast-bf16")
 
 
-_WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".npz", ".ckpt")
+WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".npz", ".ckpt")
 
 
 @dataclass
@@ -124,12 +124,12 @@ def list_clip_models() -> list[str]:
     return list(open_clip.list_models())
 
 
-def _cache_dir() -> Path:
+def dab_cache_dir() -> Path:
     env = os.environ.get("DAB_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "dab"
 
 
-def _first_line(exc: BaseException, limit: int = 200) -> str:
+def first_line(exc: BaseException, limit: int = 200) -> str:
     text = str(exc).strip().splitlines()
     line = text[0] if text else type(exc).__name__
     return line if len(line) <= limit else line[: limit - 3] + "..."

@@ -20,7 +20,7 @@ def _check_blocks(k: Optional[int], layers: Optional[int], tower: str) -> None:
         raise ConfigError(f"trainable_blocks={k!r} is invalid for the {tower} tower; expected 0..{layers}")
 
 
-def _check_vision(bundle: ClipBundle, k: int) -> VisionTransformer:
+def check_vision_blocks(bundle: ClipBundle, k: int) -> VisionTransformer:
     v = bundle.model.visual
     _check_blocks(k, len(v.transformer.resblocks) if isinstance(v, VisionTransformer) else None, "vision")
     if not isinstance(v, VisionTransformer):
@@ -43,7 +43,7 @@ def _check_vision(bundle: ClipBundle, k: int) -> VisionTransformer:
     return v
 
 
-def _check_text(bundle: ClipBundle, k: int) -> CLIP:
+def check_text_blocks(bundle: ClipBundle, k: int) -> CLIP:
     clip = bundle.model
     _check_blocks(k, len(clip.transformer.resblocks) if isinstance(clip, CLIP) else None, "text")
     if not isinstance(clip, CLIP):
@@ -61,7 +61,7 @@ def _check_text(bundle: ClipBundle, k: int) -> CLIP:
     return clip
 
 
-def _run_blocks(blocks: Any, x: Tensor, batch_first: bool, attn_mask: Optional[Tensor] = None) -> Tensor:
+def run_blocks(blocks: Any, x: Tensor, batch_first: bool, attn_mask: Optional[Tensor] = None) -> Tensor:
     """Run residual blocks on batch-first tokens (B, L, W), whatever layout they expect."""
     if not batch_first:
         x = x.transpose(0, 1).contiguous()  # (L, B, W)
@@ -82,7 +82,7 @@ def _vision_embed(v: VisionTransformer, images: Tensor) -> Tensor:
     return v.ln_pre(x)
 
 
-def _pool_vision(x: Tensor, pool_type: str, final_ln_after_pool: bool, ln_post: nn.Module) -> Tensor:
+def pool_vision(x: Tensor, pool_type: str, final_ln_after_pool: bool, ln_post: nn.Module) -> Tensor:
     """(B, L, W) tokens after the last block -> (B, W) pooled and normalised, as open_clip does."""
     if final_ln_after_pool or pool_type == "tok":
         # LayerNorm acts per token, so for 'tok' normalising the class token alone is the same thing.
@@ -91,7 +91,7 @@ def _pool_vision(x: Tensor, pool_type: str, final_ln_after_pool: bool, ln_post: 
     return ln_post(x)[:, 1:].mean(dim=1)
 
 
-def _project(x: Tensor, proj: Union[None, nn.Parameter, nn.Module]) -> Tensor:
+def project(x: Tensor, proj: Union[None, nn.Parameter, nn.Module]) -> Tensor:
     if proj is None:
         return x
     if isinstance(proj, nn.Module):
@@ -115,17 +115,17 @@ def encode_images(
         if trainable_blocks is None:
             return bundle.model.encode_image(images).float(), None
         k = trainable_blocks
-        v = _check_vision(bundle, k)
+        v = check_vision_blocks(bundle, k)
         batch_first = getattr(v.transformer, "batch_first", False)
         blocks = list(v.transformer.resblocks)
         x = _vision_embed(v, images)  # (B, L, W)
-        x = _run_blocks(blocks[: len(blocks) - k], x, batch_first)
+        x = run_blocks(blocks[: len(blocks) - k], x, batch_first)
         states = x  # (B, L, W) entering the last K blocks
-        x = _run_blocks(blocks[len(blocks) - k :], x, batch_first)
+        x = run_blocks(blocks[len(blocks) - k :], x, batch_first)
         if k == 0:
             states = x[:, 0] if v.pool_type == "tok" else x[:, 1:].mean(dim=1)  # (B, W) before ln_post
-        pooled = _pool_vision(x, v.pool_type, v.final_ln_after_pool, v.ln_post)  # (B, W)
-        feats = _project(pooled, v.proj)  # (B, D)
+        pooled = pool_vision(x, v.pool_type, v.final_ln_after_pool, v.ln_post)  # (B, W)
+        feats = project(pooled, v.proj)  # (B, D)
     return feats.float(), states.float()
 
 
@@ -160,18 +160,18 @@ def encode_texts(bundle: ClipBundle, texts: list[str], trainable_blocks: Optiona
             feats = clip.encode_text(tokens).float()
             return TextEncoding(features=feats, states=None, lengths=lengths, tokens=tokens.cpu())
         k = trainable_blocks
-        _check_text(bundle, k)
+        check_text_blocks(bundle, k)
         cast_dtype = clip.transformer.get_cast_dtype()
         x = clip.token_embedding(tokens).to(cast_dtype)  # (M, ctx, W)
         x = x + clip.positional_embedding.to(cast_dtype)
         batch_first = getattr(clip.transformer, "batch_first", False)
         blocks = list(clip.transformer.resblocks)
-        x = _run_blocks(blocks[: len(blocks) - k], x, batch_first, clip.attn_mask)
+        x = run_blocks(blocks[: len(blocks) - k], x, batch_first, clip.attn_mask)
         entering = x  # (M, ctx, W)
-        x = _run_blocks(blocks[len(blocks) - k :], x, batch_first, clip.attn_mask)
+        x = run_blocks(blocks[len(blocks) - k :], x, batch_first, clip.attn_mask)
         rows = torch.arange(x.shape[0], device=x.device)
         last = x[rows, eot]  # (M, W) EOT token before ln_final
-        feats = _project(clip.ln_final(last), clip.text_projection).float()  # (M, D)
+        feats = project(clip.ln_final(last), clip.text_projection).float()  # (M, D)
     if k == 0:
         states: Union[Tensor, list[Tensor]] = last.float()
     else:

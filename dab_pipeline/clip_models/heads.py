@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from ..core.errors import ConfigError
 
 from .bundle import ClipBundle
-from .encode import _check_text, _check_vision, _pool_vision, _project, _run_blocks
+from .encode import check_text_blocks, check_vision_blocks, pool_vision, project, run_blocks
 
 
 def _fresh_copy(module: Any) -> Any:
@@ -43,7 +43,7 @@ class VisionHead(nn.Module):
 
     @classmethod
     def from_bundle(cls, bundle: ClipBundle, trainable_blocks: int) -> "VisionHead":
-        v = _check_vision(bundle, trainable_blocks)
+        v = check_vision_blocks(bundle, trainable_blocks)
         resblocks = list(v.transformer.resblocks)
         chosen = resblocks[len(resblocks) - trainable_blocks :] if trainable_blocks else []
         head = cls(
@@ -62,14 +62,14 @@ class VisionHead(nn.Module):
         if self.num_blocks == 0:
             if states.dim() != 2:
                 raise ConfigError(f"VisionHead with 0 blocks expects states (B, W), got {tuple(states.shape)}")
-            return _project(self.ln_post(states.to(dtype)), self.proj)  # (B, D)
+            return project(self.ln_post(states.to(dtype)), self.proj)  # (B, D)
         if states.dim() != 3:
             raise ConfigError(
                 f"VisionHead with {self.num_blocks} blocks expects states (B, L, W), got {tuple(states.shape)}"
             )
-        x = _run_blocks(self.blocks, states.to(dtype), self.batch_first)  # (B, L, W)
-        pooled = _pool_vision(x, self.pool_type, self.final_ln_after_pool, self.ln_post)  # (B, W)
-        return _project(pooled, self.proj)  # (B, D)
+        x = run_blocks(self.blocks, states.to(dtype), self.batch_first)  # (B, L, W)
+        pooled = pool_vision(x, self.pool_type, self.final_ln_after_pool, self.ln_post)  # (B, W)
+        return project(pooled, self.proj)  # (B, D)
 
 
 class TextHead(nn.Module):
@@ -90,7 +90,7 @@ class TextHead(nn.Module):
 
     @classmethod
     def from_bundle(cls, bundle: ClipBundle, trainable_blocks: int) -> "TextHead":
-        clip = _check_text(bundle, trainable_blocks)
+        clip = check_text_blocks(bundle, trainable_blocks)
         resblocks = list(clip.transformer.resblocks)
         chosen = resblocks[len(resblocks) - trainable_blocks :] if trainable_blocks else []
         mask = clip.attn_mask.detach().float().clone() if clip.attn_mask is not None else None
@@ -107,7 +107,7 @@ class TextHead(nn.Module):
         """states (B, W) for K=0, or padded (B, T, W) with lengths (B,) (EOT index + 1) -> (B, D)."""
         dtype = self.ln_final.weight.dtype
         if self.num_blocks == 0 and states.dim() == 2:
-            return _project(self.ln_final(states.to(dtype)), self.text_projection)  # (B, D)
+            return project(self.ln_final(states.to(dtype)), self.text_projection)  # (B, D)
         if states.dim() != 3 or lengths is None:
             raise ConfigError(
                 f"TextHead with {self.num_blocks} blocks expects padded states (B, T, W) and lengths (B,), "
@@ -115,7 +115,7 @@ class TextHead(nn.Module):
             )
         T = states.shape[1]
         mask = self.attn_mask[:T, :T] if self.attn_mask is not None else None  # (T, T) causal
-        x = _run_blocks(self.blocks, states.to(dtype), self.batch_first, mask)  # (B, T, W)
+        x = run_blocks(self.blocks, states.to(dtype), self.batch_first, mask)  # (B, T, W)
         rows = torch.arange(x.shape[0], device=x.device)
         eot = x[rows, lengths.to(x.device).long() - 1]  # (B, W)
-        return _project(self.ln_final(eot), self.text_projection)  # (B, D)
+        return project(self.ln_final(eot), self.text_projection)  # (B, D)

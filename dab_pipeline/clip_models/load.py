@@ -17,20 +17,20 @@ from torch import Tensor, nn
 from ..core.errors import ConfigError, UnknownNameError, WeightsError
 from ..core.fsutil import sha256_file
 
-from .bundle import ClipBundle, TINY_MODEL, _DTYPES, _OUR_MODELS, _first_line, quiet_open_clip
-from .weights import _fetch_tag, _looks_like_path, _model_has_quickgelu, _normalise_name, _openai_hint, _quickgelu_sibling, _read_weights, _tag_cfg, builtin_weights, default_tiny_weights
+from .bundle import ClipBundle, TINY_MODEL, DTYPES, OUR_MODELS, first_line, quiet_open_clip
+from .weights import fetch_tag, looks_like_path, model_has_quickgelu, normalise_name, openai_hint, quickgelu_sibling, read_weights, tag_cfg, builtin_weights, default_tiny_weights
 
 
 def _resolve_dtype(dtype: Union[str, torch.dtype], device: torch.device) -> str:
     if isinstance(dtype, torch.dtype):
         names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
         if dtype not in names:
-            raise ConfigError(f"unsupported CLIP dtype {dtype}; expected one of {', '.join(_DTYPES)}")
+            raise ConfigError(f"unsupported CLIP dtype {dtype}; expected one of {', '.join(DTYPES)}")
         dtype = names[dtype]
     aliases = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
     dtype = aliases.get(str(dtype), str(dtype))
-    if dtype not in _DTYPES:
-        raise ConfigError(f"unknown CLIP dtype {dtype!r}; expected one of {', '.join(_DTYPES)}")
+    if dtype not in DTYPES:
+        raise ConfigError(f"unknown CLIP dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
     if dtype in ("float16", "autocast-bf16") and device.type != "cuda":
         raise ConfigError(
             f"CLIP dtype {dtype!r} needs a CUDA device (got {device}); on CPU use 'bfloat16' or 'float32'"
@@ -55,7 +55,7 @@ def _fit_state_dict(model: nn.Module, state: dict[str, Tensor], path: Path, name
         result = model.load_state_dict(state, strict=False)
     except RuntimeError as exc:  # shape mismatches
         raise WeightsError(
-            f"weights file {path} does not fit architecture {name}: {_first_line(exc, 300)}"
+            f"weights file {path} does not fit architecture {name}: {first_line(exc, 300)}"
         ) from None
     if result.missing_keys or result.unexpected_keys:
         missing = ", ".join(result.missing_keys[:4]) + (" ..." if len(result.missing_keys) > 4 else "")
@@ -89,12 +89,12 @@ def load_clip(
     GELU architecture, the ``-quickgelu`` variant is built instead and the switch is
     recorded in ``bundle.warnings``.  ``quick_gelu=True/False`` overrides detection.
     """
-    name = _normalise_name(model)
+    name = normalise_name(model)
     device = torch.device(device)
     dtype_name = _resolve_dtype(dtype, device)
     src = _locate_weights(name, pretrained, cache_dir)
     sha = sha256_file(src.path)
-    state, format_reason = _read_weights(src.path)
+    state, format_reason = read_weights(src.path)
     act = _choose_activation(name, src, sha, format_reason, quick_gelu)
     clip = _build(act.name, dtype_name, src.tag_cfg, act.force_quick)
     _fit_state_dict(clip, state, src.path, act.name)
@@ -127,7 +127,7 @@ class _Activation:
 def _locate_weights(name: str, pretrained: Optional[str], cache_dir: Optional[str]) -> _WeightsSource:
     """The weights file of (name, pretrained): dab's own, a local file, or an open_clip tag (cache first)."""
     if pretrained is None or str(pretrained).strip() == "":
-        if name not in _OUR_MODELS:
+        if name not in OUR_MODELS:
             tags = ", ".join(oc_pretrained.list_pretrained_tags_by_model(name)) or "(none)"
             raise WeightsError(
                 f"no weights given for CLIP model {name}; pass a pretrained tag ({tags}) or a local weights file"
@@ -144,9 +144,9 @@ def _locate_weights(name: str, pretrained: Optional[str], cache_dir: Optional[st
             raise WeightsError(f"weights path {path} is not a file (expected a .pt/.bin/.safetensors file)")
         return _WeightsSource(path, str(path), {})
     tag = str(pretrained)
-    found_under, tag_cfg = _tag_cfg(name, tag)
+    found_under, tag_cfg = tag_cfg(name, tag)
     if not tag_cfg:
-        if _looks_like_path(tag):
+        if looks_like_path(tag):
             raise WeightsError(
                 f"weights file {Path(tag).expanduser().absolute()} does not exist "
                 f"(pass an existing file or an open_clip tag for {name})"
@@ -156,7 +156,7 @@ def _locate_weights(name: str, pretrained: Optional[str], cache_dir: Optional[st
             f"unknown pretrained tag {tag!r} for CLIP model {name} and no file of that name; "
             f"valid tags: {tags}; or pass a local weights file"
         )
-    return _WeightsSource(_fetch_tag(found_under, tag, tag_cfg, cache_dir), tag, tag_cfg)
+    return _WeightsSource(fetch_tag(found_under, tag, tag_cfg, cache_dir), tag, tag_cfg)
 
 
 def _choose_activation(name: str, src: _WeightsSource, sha: str, format_reason: Optional[str],
@@ -170,8 +170,8 @@ def _choose_activation(name: str, src: _WeightsSource, sha: str, format_reason: 
             openai_reason = "pretrained tag 'openai'"
         source = f"pretrained tag {src.pretrained!r}"
     else:
-        openai_reason = format_reason or _openai_hint(src.path, sha)
-        wants_quick = openai_reason is not None or _model_has_quickgelu(name)
+        openai_reason = format_reason or openai_hint(src.path, sha)
+        wants_quick = openai_reason is not None or model_has_quickgelu(name)
         source = f"weights file {src.path} ({openai_reason})" if openai_reason else ""
     if quick_gelu is not None and quick_gelu != wants_quick:
         if openai_reason or src.tag_cfg:
@@ -181,8 +181,8 @@ def _choose_activation(name: str, src: _WeightsSource, sha: str, format_reason: 
             )
         wants_quick = quick_gelu
     force_quick = False
-    if wants_quick != _model_has_quickgelu(name):
-        sibling = _quickgelu_sibling(name, wants_quick)
+    if wants_quick != model_has_quickgelu(name):
+        sibling = quickgelu_sibling(name, wants_quick)
         if wants_quick:
             why = f"{source} needs QuickGELU" if source else "quick_gelu=True was requested"
             if sibling:
@@ -207,7 +207,7 @@ def _build(name: str, dtype_name: str, tag_cfg: dict, force_quick: bool) -> nn.M
             return open_clip.create_model(name, pretrained=None, precision=precision, device="cpu",
                                           force_quick_gelu=force_quick, force_preprocess_cfg=pp_override or None)
     except Exception as exc:  # e.g. a timm/hf tower whose backbone config needs the network
-        raise WeightsError(f"cannot build CLIP model {name}: {type(exc).__name__}: {_first_line(exc)}") from None
+        raise WeightsError(f"cannot build CLIP model {name}: {type(exc).__name__}: {first_line(exc)}") from None
 
 
 def _bundle(clip: nn.Module, act: _Activation, src: _WeightsSource, sha: str, dtype_name: str,

@@ -20,7 +20,7 @@ from torch import Tensor
 from ..core.errors import UnknownNameError, WeightsError
 from ..core.fsutil import sha256_file
 
-from .bundle import TINY_MODEL, _OPENAI_EXTRA_KEYS, _WEIGHT_SUFFIXES, _cache_dir, _first_line, quiet_open_clip
+from .bundle import TINY_MODEL, OPENAI_EXTRA_KEYS, WEIGHT_SUFFIXES, dab_cache_dir, first_line, quiet_open_clip
 
 
 def _tiny_tensor(key: str, shape: torch.Size, gen: torch.Generator) -> Tensor:
@@ -61,7 +61,7 @@ def write_tiny_weights(path: Union[str, Path], seed: int = 0, model: str = TINY_
 
 def default_tiny_weights() -> Path:
     """The cached ``dab-tiny`` weights file ($DAB_CACHE or ~/.cache/dab/), created when absent."""
-    path = _cache_dir() / "dab-tiny-seed0.pt"
+    path = dab_cache_dir() / "dab-tiny-seed0.pt"
     if not path.is_file():
         write_tiny_weights(path, seed=0)
     return path
@@ -202,7 +202,7 @@ def read_torchscript_tensors(path: Path) -> dict[str, Tensor]:
     return out
 
 
-def _read_weights(path: Path) -> tuple[dict[str, Tensor], Optional[str]]:
+def read_weights(path: Path) -> tuple[dict[str, Tensor], Optional[str]]:
     """Load a weights file -> (state dict, why its format says OpenAI or None)."""
     torchscript = _is_torchscript(path)
     try:
@@ -213,10 +213,10 @@ def _read_weights(path: Path) -> tuple[dict[str, Tensor], Optional[str]]:
     except WeightsError:
         raise
     except Exception as exc:  # pickle, zip or safetensors errors all mean the same thing here
-        raise WeightsError(f"cannot read weights file {path}: {type(exc).__name__}: {_first_line(exc)}") from None
+        raise WeightsError(f"cannot read weights file {path}: {type(exc).__name__}: {first_line(exc)}") from None
     state = expand_compact_state(state)
-    has_openai_keys = any(k in state for k in _OPENAI_EXTRA_KEYS)
-    for k in _OPENAI_EXTRA_KEYS:
+    has_openai_keys = any(k in state for k in OPENAI_EXTRA_KEYS)
+    for k in OPENAI_EXTRA_KEYS:
         state.pop(k, None)
     if torchscript:
         return state, "it is a TorchScript archive (OpenAI's release format)"
@@ -236,11 +236,11 @@ def detect_openai_weights(path: Union[str, Path], sha256: Optional[str] = None) 
     copies live in ``timm/*.openai`` repos).
     """
     path = Path(path)
-    _, reason = _read_weights(path)
-    return reason or _openai_hint(path, sha256 or sha256_file(path))
+    _, reason = read_weights(path)
+    return reason or openai_hint(path, sha256 or sha256_file(path))
 
 
-def _openai_hint(path: Path, sha256: str) -> Optional[str]:
+def openai_hint(path: Path, sha256: str) -> Optional[str]:
     release = _openai_release_hashes().get(sha256)
     if release:
         return f"its sha256 matches OpenAI's release {release}"
@@ -252,7 +252,7 @@ def _openai_hint(path: Path, sha256: str) -> Optional[str]:
     return None
 
 
-def _normalise_name(model: str) -> str:
+def normalise_name(model: str) -> str:
     name = model.strip().replace("/", "-")  # OpenAI spells it ViT-B/32
     if name not in open_clip.list_models():
         valid = ", ".join(open_clip.list_models())
@@ -260,25 +260,25 @@ def _normalise_name(model: str) -> str:
     return name
 
 
-def _quickgelu_sibling(name: str, want: bool) -> Optional[str]:
+def quickgelu_sibling(name: str, want: bool) -> Optional[str]:
     """The registered variant of ``name`` with (want=True) or without QuickGELU."""
     base = name[: -len("-quickgelu")] if name.endswith("-quickgelu") else name
     cand = f"{base}-quickgelu" if want else base
     return cand if cand in open_clip.list_models() else None
 
 
-def _model_has_quickgelu(name: str) -> bool:
+def model_has_quickgelu(name: str) -> bool:
     cfg = open_clip.get_model_config(name) or {}
     return bool(cfg.get("quick_gelu", False))
 
 
-def _tag_cfg(name: str, tag: str) -> tuple[str, dict]:
+def tag_cfg(name: str, tag: str) -> tuple[str, dict]:
     """Pretrained config of ``tag`` for ``name`` or its QuickGELU sibling -> (name it was found under, cfg)."""
     cfg = oc_pretrained.get_pretrained_cfg(name, tag)
     if cfg:
         return name, cfg
     for want in (True, False):
-        sib = _quickgelu_sibling(name, want)
+        sib = quickgelu_sibling(name, want)
         if sib and sib != name:
             cfg = oc_pretrained.get_pretrained_cfg(sib, tag)
             if cfg:
@@ -336,7 +336,7 @@ def offline_reason(cfg: dict) -> Optional[str]:
         return f"{host} is not reachable ({exc.strerror or type(exc).__name__})"
 
 
-def _fetch_tag(name: str, tag: str, cfg: dict, cache_dir: Optional[str]) -> Path:
+def fetch_tag(name: str, tag: str, cfg: dict, cache_dir: Optional[str]) -> Path:
     cached = _cached_tag_file(cfg, cache_dir)
     if cached:
         return Path(cached).absolute()
@@ -349,7 +349,7 @@ def _fetch_tag(name: str, tag: str, cfg: dict, cache_dir: Optional[str]) -> Path
     try:
         got = oc_pretrained.download_pretrained(cfg, cache_dir=cache_dir)
     except Exception as exc:
-        got, reason = None, f"{type(exc).__name__}: {_first_line(exc)}"
+        got, reason = None, f"{type(exc).__name__}: {first_line(exc)}"
     else:
         reason = "the download returned no file"
     if not got or not os.path.isfile(got):
@@ -361,5 +361,5 @@ def _fetch_tag(name: str, tag: str, cfg: dict, cache_dir: Optional[str]) -> Path
     return Path(got).absolute()
 
 
-def _looks_like_path(value: str) -> bool:
-    return os.sep in value or "/" in value or value.startswith(("~", ".")) or value.lower().endswith(_WEIGHT_SUFFIXES)
+def looks_like_path(value: str) -> bool:
+    return os.sep in value or "/" in value or value.startswith(("~", ".")) or value.lower().endswith(WEIGHT_SUFFIXES)

@@ -12,7 +12,7 @@ import json
 import types
 import typing
 from pathlib import Path
-from typing import Any, Iterable, TypeVar, Union
+from typing import Any, Iterable, Mapping, TypeVar, Union
 
 from .errors import ConfigError
 from .fsutil import atomic_write_text
@@ -90,6 +90,59 @@ def apply_overrides(cfg: C, overrides: Iterable[str]) -> C:
         key, raw = item.split("=", 1)
         cfg = _set_path(cfg, key.strip().split("."), raw.strip(), key.strip())
     return cfg
+
+
+def replace_values(cfg: C, values: Mapping[str, Any], source: str = "--set") -> C:
+    """Return a copy of ``cfg`` with typed values applied (``{"model.dropout": 0.4, "epochs": 5}``).
+
+    What a recipe or a Python caller hands over: no round trip through strings. A string for a
+    field of another type is parsed as ``--set`` parses it (``"none"`` for an optional field, ``"all"``
+    stays a string for the caller to resolve); ``source`` names where the values came from in errors.
+    """
+    for key, value in values.items():
+        cfg = _set_value(cfg, key.split("."), value, key, source)
+    return cfg
+
+
+def _set_value(cfg: Any, parts: list[str], value: Any, full_key: str, source: str) -> Any:
+    if not dataclasses.is_dataclass(cfg):
+        raise ConfigError(f"{source} {full_key}: {'.'.join(parts)} is not a config section")
+    names = [f.name for f in dataclasses.fields(cfg)]
+    head = parts[0]
+    if head not in names:
+        raise ConfigError(f"{source} {full_key}: unknown key {head!r}; valid: {', '.join(names)}")
+    if len(parts) > 1:
+        return dataclasses.replace(cfg, **{head: _set_value(getattr(cfg, head), parts[1:], value, full_key, source)})
+    tp = _field_types(type(cfg))[head]
+    inner, _ = _strip_optional(tp)
+    if isinstance(value, str) and inner is not str and inner is not Any:
+        value = parse_value(value, tp, full_key)
+    elif inner is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    elif inner is Path and isinstance(value, str):
+        value = Path(value)
+    try:
+        return dataclasses.replace(cfg, **{head: value})
+    except (ValueError, TypeError) as exc:  # __post_init__ validation
+        raise ConfigError(f"{source} {full_key}={value!r}: {exc}") from None
+
+
+def differences(saved: Any, asked: Any, ignore: Iterable[str] = ()) -> list[str]:
+    """``"key (saved X, given Y)"`` for every (dotted) key whose value differs between two configs or dicts.
+
+    The one resume check of dab: `dab train --resume` and `dab distill --resume` compare their saved
+    configuration with the one asked for, `dab extract` a store's manifest with the new run's.
+    """
+    def flat(d: Any, prefix: str = "") -> dict:
+        d = to_dict(d) if dataclasses.is_dataclass(d) else d
+        items: dict = {}
+        for k, v in d.items():
+            items.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return items
+
+    a, b, skip = flat(saved), flat(asked), set(ignore)
+    return [f"{k} (saved {a.get(k)!r}, given {b.get(k)!r})" for k in sorted(set(a) | set(b))
+            if k not in skip and a.get(k) != b.get(k)]
 
 
 def _set_path(cfg: Any, parts: list[str], raw: str, full_key: str) -> Any:

@@ -69,7 +69,7 @@ def load_dataset(name: str, videos: Path | None, annotations: Path | None, **opt
     return loader(Path(videos) if videos is not None else None, Path(annotations) if annotations is not None else None, **options)
 
 
-def _resolve_dirs(name: str, videos: Path | None, annotations: Path | None) -> tuple[Path, Path, Path | None]:
+def resolve_dirs(name: str, videos: Path | None, annotations: Path | None) -> tuple[Path, Path, Path | None]:
     """(videos folder, annotation folder, single annotation file or None)."""
     if videos is None and annotations is None:
         raise DatasetError(f"dataset {name!r}: give a videos folder or an annotations path (got neither)")
@@ -90,13 +90,13 @@ def _resolve_dirs(name: str, videos: Path | None, annotations: Path | None) -> t
     return video_dir, ann_dir, ann_file
 
 
-def _require(path: Path, what: str) -> Path:
+def require_file(path: Path, what: str) -> Path:
     if not path.is_file():
         raise DatasetError(f"missing annotation file {path} (expected {what})")
     return path
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
     try:
         with open(path, encoding="utf-8") as fh:
             return json.load(fh)
@@ -106,7 +106,7 @@ def _read_json(path: Path) -> Any:
         raise DatasetError(f"{path}: not UTF-8 text ({exc})") from None
 
 
-def _read_list(path: Path) -> list[str]:
+def read_list(path: Path) -> list[str]:
     """Ids of a split list file, one per line; blank lines ignored, duplicates rejected."""
     try:
         ids = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
@@ -119,7 +119,7 @@ def _read_list(path: Path) -> list[str]:
     return ids
 
 
-def _read_csv(path: Path, required: Sequence[str]) -> list[dict[str, str]]:
+def read_csv(path: Path, required: Sequence[str]) -> list[dict[str, str]]:
     try:
         with open(path, newline="", encoding="utf-8-sig") as fh:
             reader = csv.DictReader(fh)
@@ -160,7 +160,7 @@ def _video_path(video_dir: Path, video_id: str, found: dict[str, list[str]], pre
     return video_dir / sorted(names)[0], True
 
 
-def _wanted_splits(splits: Iterable[str] | str | None) -> tuple[str, ...] | None:
+def wanted_splits(splits: Iterable[str] | str | None) -> tuple[str, ...] | None:
     if splits is None:
         return None
     if isinstance(splits, str):
@@ -172,7 +172,7 @@ def _wanted_splits(splits: Iterable[str] | str | None) -> tuple[str, ...] | None
     return out
 
 
-def _build(
+def build_index(
     name: str,
     video_dir: Path,
     split_ids: dict[str, list[str]],
@@ -197,7 +197,7 @@ def _build(
     return DatasetIndex(name, videos, caps, annotation_files, missing, options)
 
 
-def _drop_uncaptioned(split_ids: dict[str, list[str]], captions: dict[str, list[str]], source: Path, warnings: list[str]) -> None:
+def drop_uncaptioned(split_ids: dict[str, list[str]], captions: dict[str, list[str]], source: Path, warnings: list[str]) -> None:
     for split, ids in split_ids.items():
         kept = [i for i in ids if captions.get(i)]
         if len(kept) != len(ids):
@@ -209,7 +209,7 @@ def _drop_uncaptioned(split_ids: dict[str, list[str]], captions: dict[str, list[
             split_ids[split] = kept
 
 
-def _holdout(ids: Sequence[str], val_size: int, seed: int, source: Path) -> tuple[list[str], list[str]]:
+def holdout(ids: Sequence[str], val_size: int, seed: int, source: Path) -> tuple[list[str], list[str]]:
     """(train, val): ``val_size`` ids chosen by a seeded permutation of the sorted ids."""
     if val_size == 0:
         return list(ids), []
@@ -222,7 +222,7 @@ def _holdout(ids: Sequence[str], val_size: int, seed: int, source: Path) -> tupl
     return [i for i in ids if i not in chosen], [i for i in ordered if i in chosen]
 
 
-def _caption_lists(data: Any, path: Path) -> dict[str, list[str]]:
+def caption_lists(data: Any, path: Path) -> dict[str, list[str]]:
     if not isinstance(data, dict):
         raise DatasetError(f"{path}: expected an object mapping video id -> list of captions")
     out: dict[str, list[str]] = {}
@@ -235,7 +235,7 @@ def _caption_lists(data: Any, path: Path) -> dict[str, list[str]]:
     return out
 
 
-def _check_disjoint(split_ids: dict[str, list[str]], where: Path) -> None:
+def check_disjoint(split_ids: dict[str, list[str]], where: Path) -> None:
     seen: dict[str, str] = {}
     for split, ids in split_ids.items():
         for vid in ids:
@@ -244,7 +244,7 @@ def _check_disjoint(split_ids: dict[str, list[str]], where: Path) -> None:
             seen[vid] = split
 
 
-def _in_dir(folder: Path, name: str) -> Path:
+def in_dir(folder: Path, name: str) -> Path:
     p = Path(name)
     return p if p.is_absolute() else folder / p
 
@@ -255,6 +255,6 @@ def hash_split(video_id: str, seed: int = 0) -> str:
     return "train" if bucket < 8 else ("val" if bucket == 8 else "test")
 
 
-def _reject_unknown(name: str, unused: dict) -> None:
+def reject_unknown(name: str, unused: dict) -> None:
     if unused:
         raise ConfigError(f"dataset {name!r} has no option(s) {', '.join(sorted(unused))}")

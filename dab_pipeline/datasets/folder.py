@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 from ..core.errors import DatasetError
 
-from .common import CaptionItem, DATASETS, DatasetIndex, SPLITS, VideoItem, _read_csv, _reject_unknown, hash_split
+from .common import CaptionItem, DATASETS, DatasetIndex, SPLITS, VideoItem, read_csv, reject_unknown, hash_split
 
 
 @DATASETS.register("folder")
@@ -25,7 +25,7 @@ def load_folder(
     (default: ``video`` without its suffix). Rows without a split are assigned
     train/val/test 80/10/10 by a hash of the video id (salted with ``seed``).
     """
-    _reject_unknown("folder", unused)
+    reject_unknown("folder", unused)
     annotations = _annotation_file(annotations)
     video_dir = Path(videos).resolve() if videos is not None else annotations.parent
     if not video_dir.is_dir():
@@ -114,7 +114,7 @@ def _refuse_outside(records: list[_Record], video_dir: Path, annotations: Path) 
 
 
 def _folder_csv(path: Path) -> list[_Record]:
-    rows = _read_csv(path, ["video", "caption"])
+    rows = read_csv(path, ["video", "caption"])
     out: list[_Record] = []
     for line, row in enumerate(rows, start=2):
         where = f"line {line}"

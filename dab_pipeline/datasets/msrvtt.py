@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Iterable
 from ..core.errors import ConfigError, DatasetError
 
-from .common import DATASETS, DatasetIndex, SPLITS, _build, _drop_uncaptioned, _holdout, _read_csv, _read_json, _reject_unknown, _require, _resolve_dirs, _wanted_splits
+from .common import DATASETS, DatasetIndex, SPLITS, build_index, drop_uncaptioned, holdout, read_csv, read_json, reject_unknown, require_file, resolve_dirs, wanted_splits
 
 
 MSRVTT_TEST = "MSRVTT_JSFUSION_test.csv"
@@ -35,11 +35,11 @@ def load_msrvtt(
     selection never looks at test. Without MSRVTT_data.json only the test split
     is loaded (with a warning) unless train/val were asked for in ``splits``.
     """
-    _reject_unknown("msrvtt", unused)
+    reject_unknown("msrvtt", unused)
     if train_split not in MSRVTT_TRAIN:
         raise ConfigError(f"msrvtt train_split must be one of {', '.join(MSRVTT_TRAIN)}, got {train_split!r}")
-    wanted = _wanted_splits(splits)
-    video_dir, ann_dir, ann_file = _resolve_dirs("msrvtt", videos, annotations)
+    wanted = wanted_splits(splits)
+    video_dir, ann_dir, ann_file = resolve_dirs("msrvtt", videos, annotations)
     test_path, train_path, data_path = ann_dir / MSRVTT_TEST, ann_dir / MSRVTT_TRAIN[train_split], ann_dir / MSRVTT_DATA
     if ann_file is not None:
         if ann_file.suffix.lower() == ".json":
@@ -64,7 +64,7 @@ def load_msrvtt(
     if want & {"train", "val"}:
         train_ids = _training_ids(train_path, data_path, train_split, captions, split_ids.get("test", []), warnings)
         val_n = int(val_size) if "val" in want else 0
-        train_ids, val_ids = _holdout(train_ids, val_n, seed, train_path)
+        train_ids, val_ids = holdout(train_ids, val_n, seed, train_path)
         if "train" in want:
             split_ids["train"] = train_ids
         if val_ids:
@@ -72,12 +72,12 @@ def load_msrvtt(
         files += [train_path, data_path]
 
     options = {"train_split": train_split, "val_size": int(val_size), "seed": int(seed), "splits": sorted(want, key=SPLITS.index), "warnings": warnings}
-    return _build("msrvtt", video_dir, split_ids, captions, ".mp4", files, options)
+    return build_index("msrvtt", video_dir, split_ids, captions, ".mp4", files, options)
 
 
 def _test_pairs(test_path: Path, captions: dict[str, list[str]]) -> list[str]:
     """The 1K-A test video ids, in file order; their sentences go into ``captions``."""
-    rows = _read_csv(_require(test_path, "the 1K-A test pairs, columns key,vid_key,video_id,sentence"),
+    rows = read_csv(require_file(test_path, "the 1K-A test pairs, columns key,vid_key,video_id,sentence"),
                      ["video_id", "sentence"])
     ids: list[str] = []
     for row in rows:
@@ -94,11 +94,11 @@ def _test_pairs(test_path: Path, captions: dict[str, list[str]]) -> list[str]:
 def _training_ids(train_path: Path, data_path: Path, train_split: str, captions: dict[str, list[str]],
                   test_ids: list[str], warnings: list[str]) -> list[str]:
     """The 9k / 7k training ids that have captions (theirs go into ``captions``, in sen_id order)."""
-    train_rows = _read_csv(_require(train_path, f"the {train_split} training ids, header video_id"), ["video_id"])
+    train_rows = read_csv(require_file(train_path, f"the {train_split} training ids, header video_id"), ["video_id"])
     train_ids = [r["video_id"] for r in train_rows if r["video_id"]]
     if len(set(train_ids)) != len(train_ids):
         raise DatasetError(f"{train_path}: duplicate video ids")
-    data = _read_json(_require(data_path, 'the MSR-VTT captions, {"sentences": [{"video_id", "caption", "sen_id"}, ...]}'))
+    data = read_json(require_file(data_path, 'the MSR-VTT captions, {"sentences": [{"video_id", "caption", "sen_id"}, ...]}'))
     sentences = data.get("sentences") if isinstance(data, dict) else None
     if not isinstance(sentences, list):
         raise DatasetError(f'{data_path}: expected an object with a "sentences" list')
@@ -116,5 +116,5 @@ def _training_ids(train_path: Path, data_path: Path, train_split: str, captions:
     if overlap:
         raise DatasetError(f"{train_path}: {len(overlap)} training ids are also test ids (first: {sorted(overlap)[0]})")
     train_only = {"train": train_ids}
-    _drop_uncaptioned(train_only, captions, data_path, warnings)
+    drop_uncaptioned(train_only, captions, data_path, warnings)
     return train_only["train"]

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Iterable
 from ..core.errors import DatasetError
 
-from .common import DATASETS, DatasetIndex, SPLITS, _build, _caption_lists, _check_disjoint, _drop_uncaptioned, _in_dir, _read_json, _read_list, _reject_unknown, _require, _resolve_dirs, _wanted_splits
+from .common import DATASETS, DatasetIndex, SPLITS, build_index, caption_lists, check_disjoint, drop_uncaptioned, in_dir, read_json, read_list, reject_unknown, require_file, resolve_dirs, wanted_splits
 
 
 VATEX_OFFICIAL = ("vatex_training_v1.0.json", "vatex_validation_v1.0.json", "vatex_public_test_english_v1.1.json")
@@ -32,9 +32,9 @@ def load_vatex(
     Listed ids without captions are dropped and counted in options["warnings"].
     A val id that is also in the chosen test list is dropped from val.
     """
-    _reject_unknown("vatex", unused)
-    wanted = _wanted_splits(splits) or SPLITS
-    video_dir, ann_dir, ann_file = _resolve_dirs("vatex", videos, annotations)
+    reject_unknown("vatex", unused)
+    wanted = wanted_splits(splits) or SPLITS
+    video_dir, ann_dir, ann_file = resolve_dirs("vatex", videos, annotations)
     list_names = {"train": train_list or "train_list.txt", "val": val_list or "val_list.txt", "test": test_list or "test_list.txt"}
 
     if ann_file is not None and ann_file.suffix.lower() == ".json":
@@ -49,10 +49,10 @@ def load_vatex(
             )
     captions: dict[str, list[str]] = {}
     for path in cap_files:
-        captions.update(_vatex_captions(_read_json(path), path))
+        captions.update(_vatex_captions(read_json(path), path))
 
-    split_files = {s: _require(_in_dir(ann_dir, list_names[s]), f"the VATEX {s} ids, one per line") for s in wanted}
-    split_ids = {s: _read_list(p) for s, p in split_files.items()}
+    split_files = {s: require_file(in_dir(ann_dir, list_names[s]), f"the VATEX {s} ids, one per line") for s in wanted}
+    split_ids = {s: read_list(p) for s, p in split_files.items()}
     warnings: list[str] = []
     if "val" in split_ids and "test" in split_ids:
         test_set = set(split_ids["test"])
@@ -61,16 +61,16 @@ def load_vatex(
             # Selecting on videos that are also tested on would leak test into model selection.
             warnings.append(f"val: dropped {len(shared)} ids that are also in the test list {split_files['test'].name}")
             split_ids["val"] = [i for i in split_ids["val"] if i not in test_set]
-    _check_disjoint(split_ids, ann_dir)
+    check_disjoint(split_ids, ann_dir)
     source = cap_files[0] if len(cap_files) == 1 else ann_dir
-    _drop_uncaptioned(split_ids, captions, source, warnings)
+    drop_uncaptioned(split_ids, captions, source, warnings)
     options = {"splits": list(wanted), "lists": {s: split_files[s].name for s in wanted}, "warnings": warnings}
-    return _build("vatex", video_dir, split_ids, captions, ".mp4", cap_files + list(split_files.values()), options)
+    return build_index("vatex", video_dir, split_ids, captions, ".mp4", cap_files + list(split_files.values()), options)
 
 
 def _vatex_captions(data: Any, path: Path) -> dict[str, list[str]]:
     if isinstance(data, dict):
-        return _caption_lists(data, path)
+        return caption_lists(data, path)
     if not isinstance(data, list):
         raise DatasetError(f'{path}: expected a list of {{"videoID", "enCap"}} objects or an {{id: {{"enCap": [...]}}}} map')
     out: dict[str, list[str]] = {}

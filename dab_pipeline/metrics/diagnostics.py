@@ -7,7 +7,7 @@ from typing import Any, Sequence
 import numpy as np
 from ..core.errors import ConfigError
 
-from .retrieval import _as_cost, _as_gt, _blocks
+from .retrieval import as_cost, as_gt, row_blocks
 
 
 def variance_asymmetry(
@@ -71,9 +71,9 @@ def semantic_neighbourhood(
     Returns ``{"topk": k, "counts_gt": False, "rows": [{"tau", "model",
     "random", "random_sampled", "ratio"}, ...]}``.
     """
-    c = _as_cost(cost)
+    c = as_cost(cost)
     q_count, v_count = c.shape
-    g = _as_gt(gt, q_count, v_count)
+    g = as_gt(gt, q_count, v_count)
     unit = _unit_features(video_features, c.shape)  # (V, D)
     k = int(topk)
     if not 1 <= k <= v_count:
@@ -120,7 +120,7 @@ def _neighbourhood_counts(c: np.ndarray, g: np.ndarray, unit: np.ndarray, tau_ar
     rng = np.random.default_rng(seed)
     model_sum, random_sum, sampled_sum = np.zeros(tau_arr.size), np.zeros(tau_arr.size), np.zeros(tau_arr.size)
     # Blocks are sized by the (b, V) cosine matrix, the largest temporary.
-    for rows in _blocks(q_count, v_count):
+    for rows in row_blocks(q_count, v_count):
         block = c[rows]  # (b, V)
         b = block.shape[0]
         gt_b = g[rows]  # (b,)

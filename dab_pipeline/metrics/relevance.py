@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import ConfigError
-from .retrieval import _as_cost
+from .retrieval import as_cost
 
 
 def _as_relevant(relevant: Any, shape: tuple[int, int]) -> np.ndarray:
@@ -33,7 +33,7 @@ def _as_relevant(relevant: Any, shape: tuple[int, int]) -> np.ndarray:
 
 def ranked_relevance(cost: Any, relevant: Any) -> np.ndarray:
     """Each query's relevance in ranked order (Q, V) bool: best cost first, ties pessimistic."""
-    c = _as_cost(cost)
+    c = as_cost(cost)
     rel = _as_relevant(relevant, c.shape)
     # lexsort: by cost, then irrelevant (0) before relevant (1) among equal costs
     order = np.lexsort((rel.astype(np.int8), c), axis=1)  # (Q, V)

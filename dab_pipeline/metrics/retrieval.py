@@ -21,7 +21,7 @@ POSTPROCESS_NAMES: tuple[str, ...] = ("none", "dsl", "is")
 _BLOCK_ELEMS = 1 << 22
 
 
-def _as_cost(cost: Any, name: str = "cost") -> np.ndarray:
+def as_cost(cost: Any, name: str = "cost") -> np.ndarray:
     arr = np.asarray(cost)
     if arr.ndim != 2:
         raise ConfigError(f"{name} must be a 2-D (Q, V) matrix, got shape {arr.shape}")
@@ -36,7 +36,7 @@ def _as_cost(cost: Any, name: str = "cost") -> np.ndarray:
     return arr
 
 
-def _as_gt(gt: Any, num_queries: int, num_videos: int) -> np.ndarray:
+def as_gt(gt: Any, num_queries: int, num_videos: int) -> np.ndarray:
     arr = np.asarray(gt)
     if arr.ndim != 1 or arr.shape[0] != num_queries:
         raise ConfigError(
@@ -56,7 +56,7 @@ def _as_gt(gt: Any, num_queries: int, num_videos: int) -> np.ndarray:
     return arr
 
 
-def _as_1d(values: Any, name: str, dtype: Any = np.float64) -> np.ndarray:
+def as_1d(values: Any, name: str, dtype: Any = np.float64) -> np.ndarray:
     arr = np.asarray(values, dtype=dtype)
     if arr.ndim != 1:
         raise ConfigError(f"{name} must be 1-D, got shape {arr.shape}")
@@ -65,7 +65,7 @@ def _as_1d(values: Any, name: str, dtype: Any = np.float64) -> np.ndarray:
     return arr
 
 
-def _blocks(n: int, width: int) -> Iterator[slice]:
+def row_blocks(n: int, width: int) -> Iterator[slice]:
     step = max(1, _BLOCK_ELEMS // max(1, width))
     for start in range(0, n, step):
         yield slice(start, min(n, start + step))
@@ -80,11 +80,11 @@ def t2v_ranks(cost: Any, gt: Any) -> np.ndarray:
 
     cost (Q, V), gt (Q,) -> (Q,) int64 in [1, V].
     """
-    c = _as_cost(cost)
+    c = as_cost(cost)
     q_count, v_count = c.shape
-    g = _as_gt(gt, q_count, v_count)
+    g = as_gt(gt, q_count, v_count)
     ranks = np.empty(q_count, dtype=np.int64)
-    for rows in _blocks(q_count, v_count):
+    for rows in row_blocks(q_count, v_count):
         block = c[rows]  # (b, V)
         gt_cost = block[np.arange(block.shape[0]), g[rows]]  # (b,)
         # The ground truth itself always satisfies <=, so the count is already 1-based.
@@ -115,9 +115,9 @@ def v2t_ranks(cost: Any, gt: Any, convention: str = "videos") -> np.ndarray:
         raise ConfigError(f"unknown video-to-text convention {convention!r}; valid: {', '.join(V2T_CONVENTIONS)}")
     if convention == "videos":
         return v2t_ranks_by_video(cost, gt)
-    c = _as_cost(cost)
+    c = as_cost(cost)
     q_count, v_count = c.shape
-    g = _as_gt(gt, q_count, v_count)
+    g = as_gt(gt, q_count, v_count)
     best_own = np.full(v_count, np.inf, dtype=np.float64)  # (V,)
     own_cost = c[np.arange(q_count), g].astype(np.float64)  # (Q,)
     np.minimum.at(best_own, g, own_cost)
@@ -125,7 +125,7 @@ def v2t_ranks(cost: Any, gt: Any, convention: str = "videos") -> np.ndarray:
 
     ahead = np.zeros(v_count, dtype=np.int64)  # (V,) queries with cost <= best own
     own_ahead = np.zeros(v_count, dtype=np.int64)  # (V,) of which own captions
-    for rows in _blocks(q_count, v_count):
+    for rows in row_blocks(q_count, v_count):
         le = c[rows] <= best_own[None, :]  # (b, V)
         ahead += np.count_nonzero(le, axis=0)
         rows_idx = np.arange(le.shape[0])
@@ -142,13 +142,13 @@ def v2t_ranks_by_video(cost: Any, gt: Any) -> np.ndarray:
     (pessimistic ties, as everywhere here). cost (Q, V), gt (Q,) -> (V',) int64 in
     video-index order, V' = captioned videos.
     """
-    c = _as_cost(cost)
+    c = as_cost(cost)
     q_count, v_count = c.shape
-    g = _as_gt(gt, q_count, v_count)
+    g = as_gt(gt, q_count, v_count)
     order = np.argsort(g, kind="stable")  # (Q,) captions grouped by their video
     videos, starts = np.unique(g[order], return_index=True)  # (V',) captioned videos, group starts
     ranks = np.empty(len(videos), dtype=np.int64)
-    for cols in _blocks(v_count, q_count):  # video columns in blocks: best is (V', b)
+    for cols in row_blocks(v_count, q_count):  # video columns in blocks: best is (V', b)
         best = np.minimum.reduceat(c[order, cols], starts, axis=0)  # (V', b)
         in_block = (videos >= cols.start) & (videos < cols.stop)  # which captioned videos are columns here
         pos = np.nonzero(in_block)[0]  # rows of best that are the block's own videos
@@ -163,7 +163,7 @@ def retrieval_metrics(ranks: Any) -> dict[str, float]:
     ranks: (N,) 1-based ranks.  RSum = R@1 + R@5 + R@10 as in the paper's
     tables.  ``n`` is the number of ranked items.
     """
-    r = _as_1d(ranks, "ranks")
+    r = as_1d(ranks, "ranks")
     if np.any(r < 1):
         raise ConfigError("ranks must be 1-based (all >= 1)")
     out: dict[str, float] = {}
@@ -216,7 +216,7 @@ def _log_normaliser(neg_scaled: _LazyScaled, axis: int) -> np.ndarray:
     other = 1 - axis
     n_other = neg_scaled.shape[other]
     out = np.empty(n_other, dtype=np.float64)
-    for sl in _blocks(n_other, neg_scaled.shape[axis]):
+    for sl in row_blocks(n_other, neg_scaled.shape[axis]):
         block = neg_scaled[:, sl] if axis == 0 else neg_scaled[sl, :]
         peak = np.max(block, axis=axis, keepdims=True)
         peak = np.where(np.isfinite(peak), peak, 0.0)
@@ -233,10 +233,10 @@ def _apply_log_prior(
     out = np.empty(c.shape, dtype=out_dtype)
     norm = temperature * normaliser
     if axis == 0:
-        for sl in _blocks(c.shape[0], c.shape[1]):
+        for sl in row_blocks(c.shape[0], c.shape[1]):
             out[sl] = weight * c[sl].astype(np.float64) + norm[None, :]
     else:
-        for sl in _blocks(c.shape[0], c.shape[1]):
+        for sl in row_blocks(c.shape[0], c.shape[1]):
             out[sl] = weight * c[sl].astype(np.float64) + norm[sl, None]
     return out
 
@@ -259,7 +259,7 @@ def dual_softmax(cost: Any, temperature: float = 1.0, axis: int = 0) -> np.ndarr
     ``axis=1`` normalises over videos instead, for video-to-text ranking.
     Memory: one output matrix plus blocks of a few MB.
     """
-    c = _as_cost(cost)
+    c = as_cost(cost)
     t = _check_temperature(temperature)
     ax = _check_axis(axis)
     normaliser = _log_normaliser(_LazyScaled(c, t), ax)
@@ -279,10 +279,10 @@ def inverted_softmax(
     :func:`evaluate_all`).  For ``axis=1`` the bank is (Q, B) bank videos.
     Returned cost: ``cost + T * logsumexp_b(-bank_cost / T)``.
     """
-    c = _as_cost(cost)
+    c = as_cost(cost)
     t = _check_temperature(temperature)
     ax = _check_axis(axis)
-    bank = c if bank_cost is None else _as_cost(bank_cost, "bank_cost")
+    bank = c if bank_cost is None else as_cost(bank_cost, "bank_cost")
     if bank.shape[1 - ax] != c.shape[1 - ax]:
         raise ConfigError(
             f"bank_cost shape {bank.shape} does not match cost shape {c.shape} "
@@ -324,8 +324,8 @@ def evaluate_all(
     text-to-video only, video-to-text then uses the evaluated videos as bank).
     Returns ``{"t2v": {...}, "v2t": {...}, "postprocess": {...}}``.
     """
-    c = _as_cost(cost)
-    g = _as_gt(gt, *c.shape)
+    c = as_cost(cost)
+    g = as_gt(gt, *c.shape)
     if postprocess not in POSTPROCESS_NAMES:
         raise ConfigError(
             f"unknown post-processing {postprocess!r}; valid: {', '.join(POSTPROCESS_NAMES)}"

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 import numpy as np
 from ..core.errors import ConfigError
 
-from .retrieval import _as_1d, _as_cost, _blocks, t2v_ranks
+from .retrieval import as_1d, as_cost, row_blocks, t2v_ranks
 
 
 def kl_margin(cost: Any) -> np.ndarray:
@@ -16,20 +16,20 @@ def kl_margin(cost: Any) -> np.ndarray:
     With KL costs this is the paper's "top-1 / top-2 KL margin"; larger means
     more confident, 0 when the two best videos tie.  cost (Q, V), V >= 2 -> (Q,).
     """
-    c = _as_cost(cost)
+    c = as_cost(cost)
     q_count, v_count = c.shape
     if v_count < 2:
         raise ConfigError(f"kl_margin needs at least 2 videos, cost has shape {c.shape}")
     out = np.empty(q_count, dtype=np.float64)
-    for rows in _blocks(q_count, v_count):
+    for rows in row_blocks(q_count, v_count):
         two = np.partition(c[rows], 1, axis=1)[:, :2].astype(np.float64)  # (b, 2)
         out[rows] = two[:, 1] - two[:, 0]
     return out
 
 
 def _check_pair(confidence: Any, correct: Any) -> tuple[np.ndarray, np.ndarray]:
-    conf = _as_1d(confidence, "confidence")
-    corr = _as_1d(correct, "correct")
+    conf = as_1d(confidence, "confidence")
+    corr = as_1d(correct, "correct")
     if conf.shape != corr.shape:
         raise ConfigError(
             f"confidence {conf.shape} and correct {corr.shape} must have the same shape"
@@ -88,13 +88,13 @@ def aurc_random(correct: Any) -> float:
     Under a uniformly random order the expected accuracy of any ``k`` kept
     queries is the overall accuracy, so the expected risk is flat.
     """
-    corr = _as_1d(correct, "correct")
+    corr = as_1d(correct, "correct")
     return float(1.0 - np.mean(corr))
 
 
 def aurc_random_mc(correct: Any, *, trials: int = 200, seed: int = 0) -> float:
     """Monte-Carlo estimate of :func:`aurc_random` from ``trials`` seeded permutations."""
-    corr = _as_1d(correct, "correct")
+    corr = as_1d(correct, "correct")
     if trials < 1:
         raise ConfigError(f"trials must be >= 1, got {trials}")
     rng = np.random.default_rng(seed)
@@ -114,7 +114,7 @@ def aurc_optimal(correct: Any) -> float:
     ``1 - c/k`` after, so AURC* = ``(Q - c - c * (H_Q - H_c)) / Q`` (``H`` the
     harmonic numbers).  Binary ``correct`` only.
     """
-    corr = _as_1d(correct, "correct")
+    corr = as_1d(correct, "correct")
     n = corr.shape[0]
     c = int(np.count_nonzero(corr))
     k = np.arange(c + 1, n + 1, dtype=np.float64)
@@ -167,12 +167,12 @@ def selective_report(
     ``curves`` holds numpy arrays for plotting; :mod:`dab_pipeline.results.report`
     keeps them out of metrics.json.
     """
-    c = _as_cost(cost)
+    c = as_cost(cost)
     ranks = t2v_ranks(c, gt)
     if confidence is None:
         conf = kl_margin(c)
     else:
-        conf = _as_1d(confidence, "confidence")
+        conf = as_1d(confidence, "confidence")
         if conf.shape[0] != c.shape[0]:
             raise ConfigError(
                 f"confidence has shape {conf.shape}, expected ({c.shape[0]},) for cost {c.shape}"

@@ -30,7 +30,8 @@ the model.  Two implementations share one result type:
 
 from __future__ import annotations
 
-from .reference import SCORE_DTYPES, ScoreResult, score_all_reference  # noqa: F401
+from .result import SCORE_DTYPES, ScoreResult  # noqa: F401
+from .reference import score_all_reference  # noqa: F401
 from .budget import default_memory_budget, engine_macs, pair_bytes, reference_macs  # noqa: F401
 from .blocks import OneDNN, Texts, Videos, pack_kept  # noqa: F401
 from .engines import ENGINES, BridgeSteps, Engine, build_engine  # noqa: F401

@@ -99,3 +99,16 @@ class OneDNN:
         """x W_i^T + bias + other, the add fused into the product; other (P, out) bf16."""
         b = bias if bias is not None else self.biases[i]
         return torch.ops.mkldnn._linear_pointwise.binary(x, other, self.weights[i], b, "add")
+
+
+# ---- the merged weights' helpers (the engines and the budget)
+
+BIAS_PAD = 16  # columns after H in the hidden buffers: a 1 (bias input) and zeros
+
+
+def center(x: Tensor) -> Tensor:
+    return x - x.mean(dim=-1, keepdim=True)
+
+
+def linear_layers(seq: torch.nn.Sequential) -> list[torch.nn.Linear]:
+    return [m for m in seq if isinstance(m, torch.nn.Linear)]

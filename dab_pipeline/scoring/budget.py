@@ -7,18 +7,8 @@ import torch
 from torch import Tensor
 from ..model import ModelConfig
 
-from .reference import _GiB, _MiB
 
-
-_BIAS_PAD = 16  # columns after H in the hidden buffers: a 1 (bias input) and zeros
-
-
-def _center(x: Tensor) -> Tensor:
-    return x - x.mean(dim=-1, keepdim=True)
-
-
-def _linears(seq: torch.nn.Sequential) -> list[torch.nn.Linear]:
-    return [m for m in seq if isinstance(m, torch.nn.Linear)]
+from .result import GiB, MiB
 
 
 def _dims(cfg: ModelConfig, num_frames: int) -> tuple[int, int, int, int, int]:
@@ -100,11 +90,11 @@ def pair_bytes(cfg: ModelConfig, num_frames: int, dtype: str = "float32", aligne
     mm = 2 if dtype == "bfloat16" else 4
     n = 4 * (3 * r + 10 * d + 2 * h) + mm * (4 * d + 3 * h)
     if aligned:  # per-video bases gathered per pair
-        n += _video_bytes(cfg, num_frames, transient=False)
+        n += video_bytes(cfg, num_frames, transient=False)
     return n
 
 
-def _video_bytes(cfg: ModelConfig, num_frames: int, transient: bool = True) -> int:
+def video_bytes(cfg: ModelConfig, num_frames: int, transient: bool = True) -> int:
     d, h, r, _, _ = _dims(cfg, num_frames)
     c_cols = d if cfg.probabilistic else (h if cfg.runs_drift else 0)  # token term | point bridge's target
     g_cols = (2 * d + (h if cfg.runs_drift else 0)) if cfg.probabilistic else 0  # heads [+ mu_v's block]
@@ -145,7 +135,7 @@ def default_memory_budget(device: str | torch.device = "cpu") -> int:
     dev = torch.device(device)
     if dev.type == "cuda":
         free, _total = torch.cuda.mem_get_info(dev)
-        return int(max(64 * _MiB, min(0.5 * free, 6 * _GiB)))
+        return int(max(64 * MiB, min(0.5 * free, 6 * GiB)))
     avail = _available_ram()
-    cap = 64 * _MiB
-    return int(cap if avail is None else max(16 * _MiB, min(0.25 * avail, cap)))
+    cap = 64 * MiB
+    return int(cap if avail is None else max(16 * MiB, min(0.25 * avail, cap)))

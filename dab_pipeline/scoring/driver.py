@@ -13,8 +13,8 @@ from ..runtime.devices import resolve_device
 from ..core.events import Event, ProgressCallback, null_progress
 from ..model import DABModel, ModelConfig
 
-from .reference import SCORE_DTYPES, ScoreResult, _prepare_inputs
-from .budget import _video_bytes, default_memory_budget, pair_bytes
+from .result import SCORE_DTYPES, ScoreResult, prepare_inputs
+from .budget import video_bytes, default_memory_budget, pair_bytes
 from .blocks import Texts
 from .engines import Engine, build_engine
 
@@ -145,7 +145,7 @@ def score_all(
     """
     _check_options(dtype, topk, shortlist, memory_budget)
     progress = progress or null_progress
-    text_t, frames_t, mask_t, gt_t = _prepare_inputs(model, text, frames, mask, gt, text_chunk, video_chunk)
+    text_t, frames_t, mask_t, gt_t = prepare_inputs(model, text, frames, mask, gt, text_chunk, video_chunk)
     dev, cfg, was_training = resolve_device(device), model.cfg, model.training
     n_q, n_v, n_f = text_t.shape[0], frames_t.shape[0], frames_t.shape[1]
     plan = _plan(cfg, n_q, n_v, n_f, dev, dtype, memory_budget, text_chunk, video_chunk)
@@ -221,7 +221,7 @@ def _plan(cfg: ModelConfig, n_q: int, n_v: int, n_f: int, dev: torch.device, dty
     per_pair = pair_bytes(cfg, n_f, dtype)
     p_max = max(1, budget // per_pair)
     # one video chunk's bases take at most half the budget
-    v_cap = max(1, min(n_v, (budget // 2) // _video_bytes(cfg, n_f)))
+    v_cap = max(1, min(n_v, (budget // 2) // video_bytes(cfg, n_f)))
     if text_chunk is None and video_chunk is None:
         tc, vc = inner_tiles(max(n_q, 1), max(n_v, 1), p_max, video_cap=max(v_cap, 1))
     else:
@@ -280,7 +280,7 @@ def _score_shortlist(eng: Engine, ts: Texts, frames: Tensor, mask: Tensor, cand:
     q_idx, v_idx = q_idx[order], v_idx[order]
     bounds = np.searchsorted(v_idx, np.arange(0, n_v + vc, vc))
     per_pair = pair_bytes(cfg, n_f, dtype)
-    per_row_video = _video_bytes(cfg, n_f, transient=False)
+    per_row_video = video_bytes(cfg, n_f, transient=False)
     n_vc = -(-n_v // vc)
     progress(Event("start", task="score", total=n_vc))
     sink = _Sink(cost, dev)
@@ -322,7 +322,7 @@ def _diagnostics(eng: Engine, ts: Texts, frames: Tensor, mask: Tensor, gt: Tenso
     assert ts.logvar is not None
     n_q = len(gt)
     result.text_var = ts.logvar.exp().mean(dim=-1).float().cpu().numpy()
-    step = max(1, budget // (pair_bytes(cfg, n_f, dtype) + _video_bytes(cfg, n_f)))
+    step = max(1, budget // (pair_bytes(cfg, n_f, dtype) + video_bytes(cfg, n_f)))
     bridged, video = [], []
     for q0 in range(0, n_q, step):
         g = gt[q0: q0 + step]

@@ -1,4 +1,4 @@
-"""ScoreResult, input checks and the plain reference scorer the fast engine is tested against."""
+"""The plain reference scorer the fast engine is tested against."""
 
 from __future__ import annotations
 
@@ -9,67 +9,8 @@ import torch
 from torch import Tensor
 from ..core.events import Event, ProgressCallback, null_progress
 from ..model import DABModel
+from .result import ScoreResult, prepare_inputs
 
-
-
-SCORE_DTYPES = ("float32", "bfloat16")
-
-
-_MiB = 1 << 20
-
-
-_GiB = 1 << 30
-
-
-@dataclass
-class ScoreResult:
-    """Costs of every (query, video) pair plus optional ground-truth diagnostics and top-k."""
-
-    cost: np.ndarray  # (Q, V) float32, lower is better (+inf: not scored, shortlist mode)
-    text_var: Optional[np.ndarray] = None  # (Q,) mean sigma^2 of the text Gaussian
-    bridged_var: Optional[np.ndarray] = None  # (Q,) ... of the bridged text for (q, gt[q])
-    video_var: Optional[np.ndarray] = None  # (Q,) ... of the video Gaussian for (q, gt[q])
-    topk_indices: Optional[np.ndarray] = None  # (Q, k) int64, each query's best videos, best first
-    topk_costs: Optional[np.ndarray] = None  # (Q, k) float32, their costs
-    shortlist: Optional[int] = None  # K of shortlist mode (None: every pair scored exactly)
-    info: dict = field(default_factory=dict)  # engine plan: dtype, blocks, budget (for benchmarks / logs)
-
-
-def _as_tensor(x: np.ndarray | Tensor) -> Tensor:
-    if isinstance(x, Tensor):
-        return x
-    a = np.asarray(x)
-    # torch warns on (and must not write through) read-only arrays such as memory maps
-    return torch.from_numpy(a if a.flags.writeable else a.copy())
-
-
-def _prepare_inputs(model: DABModel, text, frames, mask, gt, text_chunk: Optional[int],
-                    video_chunk: Optional[int]) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
-    """Inputs as float32 / bool / long tensors, checked against the model: text (Q, D), frames (V, F, D), mask (V, F), gt (Q,)."""
-    text_t = _as_tensor(text).to(torch.float32)
-    frames_t = _as_tensor(frames).to(torch.float32)
-    mask_t = _as_tensor(mask).to(torch.bool)
-    gt_t = None if gt is None else _as_tensor(gt).to(torch.long)
-    _check_inputs(model, text_t, frames_t, mask_t, text_chunk, video_chunk, gt_t)
-    return text_t, frames_t, mask_t, gt_t
-
-
-def _check_inputs(model: DABModel, text: Tensor, frames: Tensor, mask: Tensor,
-                  text_chunk: Optional[int], video_chunk: Optional[int], gt: Optional[Tensor]) -> None:
-    d = model.cfg.embed_dim
-    if text.dim() != 2 or text.shape[1] != d:
-        raise ValueError(f"text must be (Q, {d}), got {tuple(text.shape)}")
-    if frames.dim() != 3 or frames.shape[2] != d:
-        raise ValueError(f"frames must be (V, F, {d}), got {tuple(frames.shape)}")
-    if tuple(mask.shape) != tuple(frames.shape[:2]):
-        raise ValueError(f"mask must be {tuple(frames.shape[:2])}, got {tuple(mask.shape)}")
-    if (text_chunk is not None and text_chunk < 1) or (video_chunk is not None and video_chunk < 1):
-        raise ValueError(f"chunk sizes must be positive, got text_chunk={text_chunk}, video_chunk={video_chunk}")
-    if gt is not None:
-        if tuple(gt.shape) != (text.shape[0],):
-            raise ValueError(f"gt must be ({text.shape[0]},), got {tuple(gt.shape)}")
-        if len(gt) and (int(gt.min()) < 0 or int(gt.max()) >= frames.shape[0]):
-            raise ValueError(f"gt indexes videos 0..{frames.shape[0] - 1}, got values in [{int(gt.min())}, {int(gt.max())}]")
 
 
 @torch.no_grad()
@@ -93,7 +34,7 @@ def score_all_reference(
     Emits "start" / "advance" (one per block) / "end" events for task "score".
     """
     progress = progress or null_progress
-    text_t, frames_t, mask_t, gt_t = _prepare_inputs(model, text, frames, mask, gt, text_chunk, video_chunk)
+    text_t, frames_t, mask_t, gt_t = prepare_inputs(model, text, frames, mask, gt, text_chunk, video_chunk)
 
     was_training = model.training
     model.eval()

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 from ..core.errors import StoreError
 
-from .layout import _COMPRESSED, _ZERO_INIT, array_specs, _runs
+from .layout import COMPRESSED, ZERO_INIT, array_specs, index_runs
 
 
 class Backend:
@@ -39,11 +39,11 @@ class Backend:
 
     def read_rows(self, name: str, idx_sorted: np.ndarray, out: np.ndarray) -> np.ndarray:
         """Rows ``idx_sorted`` (sorted, unique), in ``out`` or in a new array it returns."""
-        self.read_runs(name, _runs(idx_sorted), out)
+        self.read_runs(name, index_runs(idx_sorted), out)
         return out
 
 
-def _h5_locking_kwargs() -> dict:
+def h5_locking_kwargs() -> dict:
     # An explicit HDF5_USE_FILE_LOCKING wins (HDF5 reads it itself); otherwise
     # lock where the file system can, and carry on where it cannot (NFS, some FUSE).
     return {} if "HDF5_USE_FILE_LOCKING" in os.environ else {"locking": "best-effort"}
@@ -57,7 +57,7 @@ class H5Backend(Backend):
 
         self.path = path
         try:
-            self.f = h5py.File(path, "r" if mode == "r" else "r+", **_h5_locking_kwargs())
+            self.f = h5py.File(path, "r" if mode == "r" else "r+", **h5_locking_kwargs())
         except OSError as e:
             msg = str(e)
             trunc = re.search(r"truncated file: eof = (\d+).*stored_eof = (\d+)", msg)
@@ -107,7 +107,7 @@ class H5Backend(Backend):
         out[...] = self.raw(name)[start:stop]
 
     def read_rows(self, name: str, idx_sorted: np.ndarray, out: np.ndarray) -> np.ndarray:
-        runs = _runs(idx_sorted)
+        runs = index_runs(idx_sorted)
         if len(runs) <= 2:
             self.read_runs(name, runs, out)
             return out
@@ -140,7 +140,7 @@ class H5Backend(Backend):
     def create(tmp: Path, layout: dict, attrs: dict, init: dict[str, np.ndarray]) -> None:
         import h5py
 
-        with h5py.File(tmp, "w", **_h5_locking_kwargs()) as f:
+        with h5py.File(tmp, "w", **h5_locking_kwargs()) as f:
             for k, v in attrs.items():
                 f.attrs[k] = v if isinstance(v, int) else json.dumps(v, sort_keys=True)
             for spec in array_specs(layout):
@@ -148,7 +148,7 @@ class H5Backend(Backend):
                     # Strings are written once, here, before the file is published.
                     f.create_dataset(spec.name, data=np.asarray(init[spec.name], dtype=object), dtype=h5py.string_dtype())
                     continue
-                if spec.name in _COMPRESSED:
+                if spec.name in COMPRESSED:
                     # JPEG rows padded with zeros: chunked + deflate stores about the JPEGs' bytes
                     # (a contiguous array would hold every row's padding: the sieve buffer writes it).
                     f.create_dataset(spec.name, shape=spec.shape, dtype=spec.dtype, fillvalue=0,
@@ -163,7 +163,7 @@ class H5Backend(Backend):
                 ds = f.create_dataset(spec.name, shape=spec.shape, dtype=spec.dtype, dcpl=dcpl, fill_time="never")
                 if spec.name in init:
                     ds[...] = init[spec.name]
-                elif spec.name in _ZERO_INIT:
+                elif spec.name in ZERO_INIT:
                     # Unwritten "never"-filled storage is formally undefined; the
                     # flags and masks are read before anything is written.
                     ds[...] = np.zeros(spec.shape, spec.dtype)
@@ -173,16 +173,3 @@ class H5Backend(Backend):
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from ..core.errors import StoreError
 
-from .layout import _COMPRESSED, _LEGACY_LOCK, _SHARE_LOCK, _ZARR_CHUNK_BYTES, array_specs, _chunk_rows_in_unit, _runs, _zstd
+from .layout import COMPRESSED, LEGACY_LOCK, SHARE_LOCK, ZARR_CHUNK_BYTES, array_specs, chunk_rows_in_unit, index_runs, zstd
 from .backend_h5 import Backend, H5Backend
 
 
@@ -69,10 +69,10 @@ class ZarrBackend(Backend):
             raise StoreError(f"{self.path} is locked: another process has it open for writing") from None
         self._lock_fd = fd
         if writer is None:
-            (self.path / _LEGACY_LOCK).unlink(missing_ok=True)
+            (self.path / LEGACY_LOCK).unlink(missing_ok=True)
         else:
             rank, world = writer
-            share_lock = self.path.parent / _SHARE_LOCK.format(store=self.path.name, rank=rank, world=world)
+            share_lock = self.path.parent / SHARE_LOCK.format(store=self.path.name, rank=rank, world=world)
             sfd = os.open(share_lock, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(sfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -232,7 +232,7 @@ class ZarrBackend(Backend):
                 out[lo:hi] = 0  # zarr drops chunks that are all fill value (0)
                 continue
             try:
-                runs = _runs(rows)
+                runs = index_runs(rows)
                 if len(runs) <= 8:
                     j = lo
                     for a, b in runs:
@@ -284,19 +284,19 @@ class ZarrBackend(Backend):
                     a[...] = np.asarray(init[spec.name], dtype=str)
                 continue
             row_bytes = int(np.prod(spec.shape[1:], dtype=np.int64)) * spec.dtype.itemsize
-            rows = int(min(max(n, 1), max(1, _ZARR_CHUNK_BYTES // max(row_bytes, 1))))
+            rows = int(min(max(n, 1), max(1, ZARR_CHUNK_BYTES // max(row_bytes, 1))))
             if share_rows and spec.name.startswith("videos/"):
                 # Multi-writer layout: no per-video chunk may straddle a share unit,
                 # or two writers would rewrite the same chunk file (zarr rewrites
                 # whole chunks) and one of them would lose its rows. Small arrays
                 # (status, masks) get one unit a chunk; big ones keep ~1 MiB chunks
                 # cut to a divisor of the unit.
-                rows = _chunk_rows_in_unit(rows, int(share_rows))
+                rows = chunk_rows_in_unit(rows, int(share_rows))
             # No sharding and no compression: a shard rewrite per batch costs a
             # whole shard, shard reads need an index lookup (measured 35-50 ms per
             # 32 random rows), and compression saved ~7% on float16 features.
             # Thumbnail rows are mostly zero padding after their JPEG: the one compressed array.
-            compressors = None if spec.name not in _COMPRESSED else [_zstd()]
+            compressors = None if spec.name not in COMPRESSED else [zstd()]
             a = g.create_array(
                 spec.name,
                 shape=spec.shape,

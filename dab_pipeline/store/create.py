@@ -11,7 +11,7 @@ from ..core.errors import StoreError
 from ..core.fsutil import publish, remove_path, temp_sibling
 
 from .layout import ERROR_BYTES, FORMAT_VERSION, store_backend
-from .backend_h5 import _fsync_dir
+from ..core.fsutil import fsync_dir
 from .backend_zarr import ZarrBackend, backend_class
 from .feature_store import FeatureStore
 
@@ -228,7 +228,7 @@ def _create_atomically(p: Path, layout: dict, attrs: dict, init: dict, overwrite
             raise
     except OSError as exc:
         raise StoreError(f"cannot create {p}: {os_reason(exc)}") from None
-    _fsync_dir(p.parent)
+    fsync_dir(p.parent)
 
 
 def is_dab_store(p: Path) -> bool:
@@ -255,9 +255,9 @@ def is_dab_store(p: Path) -> bool:
 
 
 def _h5_kwargs() -> dict:
-    from .backend_h5 import _h5_locking_kwargs
+    from .backend_h5 import h5_locking_kwargs
 
-    return _h5_locking_kwargs()
+    return h5_locking_kwargs()
 
 
 def os_reason(exc: OSError) -> str:

@@ -9,12 +9,12 @@ from typing import Sequence
 import numpy as np
 from ..core.errors import StoreError
 
-from .layout import FORMAT_VERSION, STATUS_FAILED, STATUS_MISSING, STATUS_NAMES, STATUS_OK, STATUS_PENDING, SplitFeatures, array_specs, _runs, default_share_rows, pad_ragged, video_share
+from .layout import FORMAT_VERSION, STATUS_FAILED, STATUS_MISSING, STATUS_NAMES, STATUS_OK, STATUS_PENDING, SplitFeatures, array_specs, index_runs, default_share_rows, pad_ragged, video_share
 from .backend_h5 import Backend
-from .writes import _StoreWrites
+from .writes import StoreWrites
 
 
-class FeatureStore(_StoreWrites):
+class FeatureStore(StoreWrites):
     """An open feature store; use :func:`create_store` / :func:`open_store` to get one."""
 
     def __init__(self, path: Path, backend: Backend, mode: str, writer: tuple[int, int] | None = None) -> None:
@@ -439,7 +439,7 @@ class FeatureStore(_StoreWrites):
                 offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
                 flat = np.empty((int(offsets[-1]), self.text_state_width), self.dtype)  # (sum T, W)
                 # Captions consecutive in the store are consecutive in the flat array.
-                runs = [(int(self._token_offsets[a]), int(self._token_offsets[b])) for a, b in _runs(cidx)]
+                runs = [(int(self._token_offsets[a]), int(self._token_offsets[b])) for a, b in index_runs(cidx)]
                 self._b.read_runs("captions/token_states", runs, flat)
                 sf.text_states, sf.text_lengths, sf.text_offsets = flat, lengths, offsets
         return sf

@@ -49,7 +49,7 @@ _ALL_SUFFIXES = HDF5_SUFFIXES + ZARR_SUFFIXES
 # zarr chunks along the row axis are sized to about this many bytes: big enough
 # that a whole-split read is a few large reads, small enough that rewriting the
 # chunk of a batch (zarr rewrites whole chunks) stays cheap.
-_ZARR_CHUNK_BYTES = 1 << 20
+ZARR_CHUNK_BYTES = 1 << 20
 
 
 _STRING_ARRAYS = frozenset({"videos/ids", "videos/split", "captions/ids", "captions/split", "captions/text"})
@@ -60,10 +60,10 @@ _STRING_ARRAYS = frozenset({"videos/ids", "videos/split", "captions/ids", "capti
 # Multi-writer mode (distributed extraction into one zarr store): every writer holds
 # the folder's lock *shared* (so a single writer, which takes it exclusively, is kept
 # out) and its own per-share lock file, next to the store, exclusively (one writer per share).
-_SHARE_LOCK = ".{store}.writer-{rank:05d}-of-{world:05d}.lock"
+SHARE_LOCK = ".{store}.writer-{rank:05d}-of-{world:05d}.lock"
 
 
-_LEGACY_LOCK = ".dab-writer.lock"  # inside the store, written by dab before the folder lock
+LEGACY_LOCK = ".dab-writer.lock"  # inside the store, written by dab before the folder lock
 
 
 # Largest share unit default_share_rows picks: a status chunk of 4 KiB.
@@ -71,16 +71,16 @@ _MAX_SHARE_ROWS = 4096
 
 
 # Arrays read before they are written (all-pending flags): HDF5 writes real zeros into them.
-_COMPRESSED = frozenset({"videos/thumbnail"})  # zarr: variable-length content in fixed rows
+COMPRESSED = frozenset({"videos/thumbnail"})  # zarr: variable-length content in fixed rows
 
 
-def _zstd():
+def zstd():
     from zarr.codecs import ZstdCodec
 
     return ZstdCodec(level=3)
 
 
-_ZERO_INIT = frozenset({"videos/status", "videos/num_video_frames", "videos/frame_mask", "captions/done",
+ZERO_INIT = frozenset({"videos/status", "videos/num_video_frames", "videos/frame_mask", "captions/done",
                         "videos/thumbnail_size"})
 
 
@@ -148,7 +148,7 @@ def video_share(num_videos: int, share_rows: int, rank: int, world_size: int) ->
     return rows[rows < num_videos]
 
 
-def _chunk_rows_in_unit(default_rows: int, share_rows: int) -> int:
+def chunk_rows_in_unit(default_rows: int, share_rows: int) -> int:
     """Largest divisor of ``share_rows`` not above ``default_rows``: such chunks never straddle a unit."""
     for d in range(min(default_rows, share_rows), 0, -1):
         if share_rows % d == 0:
@@ -202,7 +202,7 @@ def array_specs(layout: dict) -> list[ArraySpec]:
     return specs
 
 
-def _runs(sorted_idx: np.ndarray) -> list[tuple[int, int]]:
+def index_runs(sorted_idx: np.ndarray) -> list[tuple[int, int]]:
     """Maximal runs ``[start, stop)`` of consecutive values in a sorted unique index array."""
     if len(sorted_idx) == 0:
         return []
@@ -212,7 +212,7 @@ def _runs(sorted_idx: np.ndarray) -> list[tuple[int, int]]:
     return [(int(sorted_idx[a]), int(sorted_idx[b - 1]) + 1) for a, b in zip(starts, stops)]
 
 
-def _message_rows(messages: Sequence[str]) -> np.ndarray:
+def message_rows(messages: Sequence[str]) -> np.ndarray:
     """(B, ERROR_BYTES) uint8: each message as UTF-8, cut at a character boundary, zero padded."""
     rows = np.zeros((len(messages), ERROR_BYTES), np.uint8)
     for i, m in enumerate(messages):

@@ -9,8 +9,9 @@ import numpy as np
 from ..core.errors import StoreError
 from ..core.fsutil import publish, remove_path, temp_sibling
 
-from .layout import FORMAT_VERSION, STATUS_PENDING, array_specs, _runs, store_backend
-from .backend_h5 import Backend, _fsync_dir
+from .layout import FORMAT_VERSION, STATUS_PENDING, array_specs, index_runs, store_backend
+from ..core.fsutil import fsync_dir
+from .backend_h5 import Backend
 from .backend_zarr import backend_class
 from .feature_store import FeatureStore
 from .create import open_store
@@ -81,7 +82,7 @@ def merge_parts(
     finally:
         for st in opened:
             st.close()
-    _fsync_dir(d.parent)
+    fsync_dir(d.parent)
     return d
 
 
@@ -129,7 +130,7 @@ def _write_merged(tmp: Path, kind: str, opened: Sequence[FeatureStore], shares: 
                 continue
             if spec.name.startswith("videos/"):
                 for st, share in zip(opened, shares):
-                    _copy_rows(st.raw_backend, out, spec.name, _runs(np.sort(np.asarray(share, np.int64))),
+                    _copy_rows(st.raw_backend, out, spec.name, index_runs(np.sort(np.asarray(share, np.int64))),
                                spec.shape[1:], spec.dtype)
             else:  # caption arrays (features, done, states, token rows): all from part 0
                 _copy_rows(ref.raw_backend, out, spec.name, [(0, spec.shape[0])], spec.shape[1:], spec.dtype)

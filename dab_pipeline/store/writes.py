@@ -6,10 +6,10 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from ..core.errors import StoreError
 
-from .layout import STATUS_FAILED, STATUS_MISSING, STATUS_OK, _message_rows, _runs
+from .layout import STATUS_FAILED, STATUS_MISSING, STATUS_OK, message_rows, index_runs
 
 
-class _StoreWrites:
+class StoreWrites:
     """The writing half of :class:`FeatureStore`: every method that changes a store (a mixin)."""
 
     def _require_writable(self) -> None:
@@ -39,7 +39,7 @@ class _StoreWrites:
 
     def _write_rows(self, name: str, idx_sorted: np.ndarray, values: np.ndarray) -> None:
         j = 0
-        for a, b in _runs(idx_sorted):
+        for a, b in index_runs(idx_sorted):
             self._b.write_range(name, a, values[j : j + (b - a)])
             j += b - a
 
@@ -128,7 +128,7 @@ class _StoreWrites:
 
         if warnings is not None and len(warnings) != b:
             raise ValueError(f"warnings has {len(warnings)} entries, expected {b}")
-        notes = _message_rows([w or "" for w in warnings] if warnings is not None else [""] * b)  # (B, E)
+        notes = message_rows([w or "" for w in warnings] if warnings is not None else [""] * b)  # (B, E)
 
         order = np.argsort(idx, kind="stable")
         idx = idx[order]
@@ -148,7 +148,7 @@ class _StoreWrites:
         self._require_writable()
         idx = self._indices([index], self.num_videos, "video")
         self._require_own_videos(idx)
-        self._write_rows("videos/error", idx, _message_rows([error]))
+        self._write_rows("videos/error", idx, message_rows([error]))
         self._b.flush()
         self.set_status(idx, STATUS_FAILED)
 
@@ -198,7 +198,7 @@ class _StoreWrites:
                 parts.append(self._cast(seq[q], want, f"text_states of caption {ids[q]!r}", ids[q : q + 1]))
             # Consecutive captions are consecutive in the flat token array: one write per run.
             j = 0
-            for a, e in _runs(sidx):
+            for a, e in index_runs(sidx):
                 rows = np.concatenate(parts[j : j + (e - a)], axis=0)  # (sum T, W)
                 self._b.write_range("captions/token_states", int(self._token_offsets[a]), rows)
                 j += e - a

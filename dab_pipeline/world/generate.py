@@ -143,7 +143,7 @@ def make_world(root: Path, cfg: WorldConfig = WorldConfig(), workers: int = 1) -
     root = Path(root)
     meta_path = root / "world.json"
     videos = list(iter_world(cfg))
-    meta = _metadata(cfg, videos)
+    meta = world_metadata(cfg, videos)
     if meta_path.is_file() and json.loads(meta_path.read_text()) == meta:
         return root / "captions.csv"
     (root / "videos").mkdir(parents=True, exist_ok=True)
@@ -172,7 +172,7 @@ def _write_captions(path: Path, videos: list[WorldVideo], every: bool) -> None:
                 w.writerow([v.video_id, f"{v.video_id}.mp4", c.text, v.split, c.level])
 
 
-def _metadata(cfg: WorldConfig, videos: list[WorldVideo]) -> dict[str, Any]:
+def world_metadata(cfg: WorldConfig, videos: list[WorldVideo]) -> dict[str, Any]:
     return {
         "format": "dab-world",
         "version": 1,

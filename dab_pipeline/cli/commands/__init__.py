@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .common import OWN_WEIGHTS  # noqa: F401
+from .options import OWN_WEIGHTS  # noqa: F401
 from .extracting import extract, inspect  # noqa: F401
 from .training import distill, train  # noqa: F401
 from .evaluating import compare, evaluate  # noqa: F401

@@ -9,15 +9,16 @@ from ...core.choices import POSTPROCESS, V2T_CONVENTIONS
 from .. import cli
 from ..progress import RichProgress
 
-from .common import _EXISTING, _PATH, _console, _metric_table, _v2t_label
+from .options import EXISTING, PATH
+from .output import console, metric_table, v2t_label
 
 
 @cli.command()
-@click.option("--run", type=_EXISTING, default=None, help="Run folder written by `dab train`.")
-@click.option("--costs", type=_EXISTING, default=None,
+@click.option("--run", type=EXISTING, default=None, help="Run folder written by `dab train`.")
+@click.option("--costs", type=EXISTING, default=None,
               help="Any cost/similarity file of the documented layout (h5, zarr, npz) instead of a run.")
-@click.option("--features", type=_EXISTING, default=None, help="Store for the neighbourhood diagnostic.")
-@click.option("--out", type=_PATH, default=None, help="Where to write metrics.json, report.md and plots.")
+@click.option("--features", type=EXISTING, default=None, help="Store for the neighbourhood diagnostic.")
+@click.option("--out", type=PATH, default=None, help="Where to write metrics.json, report.md and plots.")
 @click.option("--postprocess", type=click.Choice(POSTPROCESS), default="none", show_default=True,
               help="Optional post-processing: dual softmax (dsl) or inverted softmax (is); labelled in outputs.")
 @click.option("--temperature", type=float, default=0.01, show_default=True, help="Post-processing temperature.")
@@ -43,11 +44,11 @@ def evaluate(run, costs, features, out, postprocess, temperature, v2t, examples,
     if as_json:
         click.echo(json.dumps(res, indent=2, default=str))
         return
-    con = _console()
+    con = console()
     pp = res.get("postprocess", {})
     pp_name = pp.get("label") or pp.get("name", "none") if isinstance(pp, dict) else str(pp)
-    con.print(_metric_table(f"{res['source']}  (postprocess: {pp_name})",
-                            [("text-to-video", res["t2v"]), (_v2t_label(res), res["v2t"])]))
+    con.print(metric_table(f"{res['source']}  (postprocess: {pp_name})",
+                            [("text-to-video", res["t2v"]), (v2t_label(res), res["v2t"])]))
     sel = res.get("selective", {})
     for k in ("R@1", "R@5"):
         r = sel.get(k)
@@ -72,8 +73,8 @@ def evaluate(run, costs, features, out, postprocess, temperature, v2t, examples,
 
 
 @cli.command()
-@click.argument("runs", nargs=-1, required=True, type=_EXISTING)
-@click.option("--out", type=_PATH, default=None, help="Also write the table as markdown to this file.")
+@click.argument("runs", nargs=-1, required=True, type=EXISTING)
+@click.option("--out", type=PATH, default=None, help="Also write the table as markdown to this file.")
 def compare(runs, out) -> None:
     """One table of several evaluated runs (the paper's ablation tables)."""
     from rich.table import Table
@@ -94,7 +95,7 @@ def compare(runs, out) -> None:
         t.add_column(h, justify="left" if h == headers[0] else "right")
     for row in rows:
         t.add_row(*row)
-    _console().print(t)
+    console().print(t)
     if out:
         atomic_write_text(Path(out), compare_markdown(loaded))
         click.echo(f"wrote {out}")

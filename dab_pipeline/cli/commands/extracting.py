@@ -9,14 +9,15 @@ from ...core.choices import CLIP_DTYPES, DECODE_BACKENDS, STORE_DTYPES
 from .. import cli
 from ..progress import RichProgress
 
-from .common import _EXISTING, _EXTRACT_TIMEOUT, _PATH, _blocks_option, _console, _human_bytes, _quiet_shared_errors, _resolve_pretrained
+from .options import EXISTING, EXTRACT_TIMEOUT, PATH, blocks_option, resolve_pretrained
+from .output import console, human_bytes, quiet_shared_errors
 
 
 @cli.command()
 @click.option("--dataset", required=True, help="Dataset format: msrvtt, msvd, vatex or folder.")
-@click.option("--videos", type=_PATH, default=None, help="Folder holding the video files.")
-@click.option("--annotations", type=_PATH, default=None, help="Annotation folder or file (captions and splits).")
-@click.option("--out", type=_PATH, default=Path("store.h5"), show_default=True,
+@click.option("--videos", type=PATH, default=None, help="Folder holding the video files.")
+@click.option("--annotations", type=PATH, default=None, help="Annotation folder or file (captions and splits).")
+@click.option("--out", type=PATH, default=Path("store.h5"), show_default=True,
               help="Store to write: *.h5 (HDF5) or *.zarr (Zarr v3).")
 @click.option("--model", default="ViT-B-32", show_default=True,
               help="open_clip architecture, or dab-world (the procedural world's CLIP) / dab-tiny (tests).")
@@ -69,8 +70,8 @@ def extract(dataset, videos, annotations, out, model, pretrained, frames, traina
         cfg = ExtractConfig(
             dataset=dataset, out=out, videos=videos, annotations=annotations,
             dataset_options=tuple(dataset_options), model=model,
-            pretrained=_resolve_pretrained(model, pretrained),
-            frames=frames, trainable_blocks=_blocks_option(trainable_blocks, lambda: full_depth(model)),
+            pretrained=resolve_pretrained(model, pretrained),
+            frames=frames, trainable_blocks=blocks_option(trainable_blocks, lambda: full_depth(model)),
             compute_dtype=compute_dtype,
             store_dtype=store_dtype, train_views=train_views, batch_size=batch_size, workers=workers, device=device,
             decode_backend=decode_backend, limit=limit, overwrite=overwrite,
@@ -86,8 +87,8 @@ def extract(dataset, videos, annotations, out, model, pretrained, frames, traina
         # gloo even on GPUs: extraction exchanges only small control messages (the
         # features go to the store), and gloo's long timeout covers ranks that
         # wait for a slower share or for rank 0's HDF5 merge.
-        with distributed_session(cfg.device, backend="gloo", timeout=_EXTRACT_TIMEOUT) as ctx:
-            with _quiet_shared_errors(ctx), RichProgress(quiet=quiet or not ctx.is_main) as prog:
+        with distributed_session(cfg.device, backend="gloo", timeout=EXTRACT_TIMEOUT) as ctx:
+            with quiet_shared_errors(ctx), RichProgress(quiet=quiet or not ctx.is_main) as prog:
                 res = run_extract(cfg, progress=prog, dist=ctx)
             if not ctx.is_main:
                 return
@@ -119,7 +120,7 @@ def _extract_summary(res) -> None:
 
 
 @cli.command()
-@click.argument("store", type=_EXISTING)
+@click.argument("store", type=EXISTING)
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest and summary as JSON.")
 @click.option("--verify", is_flag=True,
               help="Also read back every array the store records as written, end to end (exit 1 on damage).")
@@ -142,7 +143,7 @@ def inspect(store: Path, as_json: bool, verify: bool) -> None:
         if problems:
             raise SystemExit(1)
         return
-    con = _console()
+    con = console()
     t = Table(title=f"{store}", show_header=False)
     for key in ("model", "pretrained", "weights_sha256", "quick_gelu", "frames", "image_size", "compute_dtype",
                 "store_dtype", "trainable_blocks", "decoder", "dataset", "dataset_options", "package_version",
@@ -164,7 +165,7 @@ def inspect(store: Path, as_json: bool, verify: bool) -> None:
             a.add_column(col, justify="left" if col in ("name", "dtype") else "right")
         for name, info in arrays.items():
             a.add_row(name, "x".join(map(str, info.get("shape", []))), str(info.get("dtype", "")),
-                      _human_bytes(info.get("stored_bytes")))
+                      human_bytes(info.get("stored_bytes")))
         con.print(a)
     for title, rows in (("failed videos", failures), ("decoder warnings", warnings)):
         if rows:
@@ -183,7 +184,7 @@ def inspect(store: Path, as_json: bool, verify: bool) -> None:
         state = "complete"
     else:
         state = "incomplete (run the same extract command to resume)"
-    con.print(f"{summary.get('backend')} store, {state}; file size {_human_bytes(summary.get('file_bytes'))}")
+    con.print(f"{summary.get('backend')} store, {state}; file size {human_bytes(summary.get('file_bytes'))}")
     if problems is not None:
         for line in problems[:50]:
             con.print(f"[red]damaged:[/] {line}")

@@ -16,7 +16,7 @@ from torch import Tensor
 from ...model import DABModel, masked_softmax
 from ...core.registry import Registry
 from ..blocks import Texts, Videos, pack_kept
-from ..budget import _center
+from ..blocks import center
 
 # variant name -> engine class; a variant without an engine has no fast path (score_all says so)
 ENGINES: Registry[type["Engine"]] = Registry("scoring engine")
@@ -48,10 +48,10 @@ class Engine:
         self.bo = self.f32(pool.out_proj.bias)
         # a's constant (b1) passes through the residual and linear_proj
         self.r0 = b1 + b1 @ self.wl_t + self.f32(pool.linear_proj.bias)  # (D,)
-        self.v_a, self.v_b = self.g2 * _center(self.r0), self.b2  # v_c's constant rows (coefficients rs2 and 1)
-        self.c0 = _center(self.r0)  # (D,) C(r0), the constant row of C(o)
+        self.v_a, self.v_b = self.g2 * center(self.r0), self.b2  # v_c's constant rows (coefficients rs2 and 1)
+        self.c0 = center(self.r0)  # (D,) C(r0), the constant row of C(o)
         self.m0 = float(self.b2.mean())  # v_c's moments are taken around mean(b2)
-        self.b2c = _center(self.b2)  # (D,)
+        self.b2c = center(self.b2)  # (D,)
         self.b2c_sq = float(self.b2c.square().sum())
         self.lo, self.hi = cfg.logvar_min, cfg.logvar_max
 
@@ -90,7 +90,7 @@ class Engine:
         # the weights of each head sum to one, so out_proj's bias splits evenly over the heads
         u = torch.einsum("vfhd,hde->vhfe", val, self.wo_heads) + self.bo / self.heads  # (V, Hh, F, D)
         u = u.reshape(n_v, self.heads * n_f, d)  # (V, R, D), row r = h * F + f
-        a1 = self.g1 * _center(u)  # (V, R, D)
+        a1 = self.g1 * center(u)  # (V, R, D)
         rm = a1 + a1 @ self.wl_t  # (V, R, D)
         out = Videos(mask=mask, key_t=key.permute(0, 2, 3, 1).contiguous(),  # (V, Hh, Dh, F)
                      ur=torch.cat([u, rm], dim=-1))  # (V, R, 2D)

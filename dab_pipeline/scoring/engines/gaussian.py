@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from ..blocks import Texts, Videos
-from ..budget import _center
+from ..blocks import center
 from .base import ENGINES, Engine, PairCosts
 
 
@@ -35,7 +35,7 @@ class GaussianEngine(Engine):
         self.w_mu, self.b_mu = f32(pr.mu_head.weight), f32(pr.mu_head.bias)
         w_lv, b_lv = f32(pr.logvar_head.weight), f32(pr.logvar_head.bias)
         # g basis: linear maps of h = LN_p(v_c / |v_c|) (coefficients w rs1 rs2 g, rs2 g, g, 1)
-        self.h_rows = torch.stack([self.gp * _center(self.v_a), self.gp * _center(self.v_b), self.bp])  # (3, D)
+        self.h_rows = torch.stack([self.gp * center(self.v_a), self.gp * center(self.v_b), self.bp])  # (3, D)
         self.gh_w = torch.cat([self.w_mu, w_lv]).T.contiguous()  # (D, 2D)
         self.gh_rows = self.h_rows @ self.gh_w
         self.gh_rows[2] += torch.cat([self.b_mu, b_lv])
@@ -52,16 +52,16 @@ class GaussianEngine(Engine):
         out, u, rm = self.pool_videos(frames, mask)
         m, d, n_v = self.model, self.d, frames.shape[0]
         assert m.token_unc is not None
-        rm_c = _center(rm)  # (V, R, D)
+        rm_c = center(rm)  # (V, R, D)
         v1 = self.g2 * rm_c  # (V, R, D)
         c_basis = self.basis(v1, self.c_w, self.c_rows)  # (V, R + 2, D)
-        hb = self.gp * _center(v1)  # (V, R, D)
+        hb = self.gp * center(v1)  # (V, R, D)
         parts = [self.basis(hb, self.gh_w, self.gh_rows)]  # (V, R + 3, 2D)
         if self.gt_w is not None:
             parts.append(self.basis(hb, self.gt_w, self.gt_rows))  # (V, R + 3, H)
         out.tok = m.token_unc.video_term(frames, mask)  # (V, D)
         # LN_attn's input is y = w @ U, so C(y) = w @ C(U) and var = w^T (C(U) C(U)^T / D) w.
-        uc = _center(u)  # (V, R, D)
+        uc = center(u)  # (V, R, D)
         out.quad1 = uc @ uc.transpose(1, 2) / d  # (V, R, R)
         # C(o) = z @ A with z = [rs1 w, 1] and A = [C(Rm); C(r0)], so LN_out's variance is
         # z^T (A A^T / D) z, and v_c - m0 = rs2 (z @ A) * g2 + C(b2) (m0 = mean(b2)) gives

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..blocks import Texts, Videos
-from ..budget import _center
+from ..blocks import center
 from .base import ENGINES, Engine, PairCosts
 from .trajectory import BridgeSteps
 
@@ -32,7 +32,7 @@ class PointBridgeEngine(Engine):
 
     def videos(self, frames: Tensor, mask: Tensor) -> Videos:
         out, _, rm = self.pool_videos(frames, mask)
-        out.c_basis = self.basis(self.g2 * _center(rm), self.c_w, self.c_rows)  # (V, R + 2, H)
+        out.c_basis = self.basis(self.g2 * center(rm), self.c_w, self.c_rows)  # (V, R + 2, H)
         return out
 
     def pairs(self, ts: Texts, vs: Videos, keep: Optional[Tensor] = None, want_var: bool = False) -> PairCosts:

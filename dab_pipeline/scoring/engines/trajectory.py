@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ..kernels.cpu import Kernels, get_kernels
 from ..blocks import OneDNN
-from ..budget import _BIAS_PAD, _linears
+from ..blocks import BIAS_PAD, linear_layers
 
 
 class BridgeSteps:
@@ -29,7 +29,7 @@ class BridgeSteps:
         d = self.d = engine.d
         self.mm_dtype, self.lo, self.hi = mm_dtype, engine.lo, engine.hi
         self.gaussian = bridge.n_state == 2
-        lins = _linears(bridge.drift)
+        lins = linear_layers(bridge.drift)
         w_state, w_target = bridge.first_blocks()  # (H, n*D) each, a residual input block folded in
         w_state = f32(w_state)
         self.ws_t = w_state.T.contiguous()  # (n*D, H) state block
@@ -43,7 +43,7 @@ class BridgeSteps:
         # dimensions for AVX-512 / AMX and cuBLAS).
         def with_bias(w: Tensor, b: Tensor) -> Tensor:
             w = torch.cat([w.T, b[None]])  # (H+1, out)
-            return F.pad(w, (0, 0, 0, _BIAS_PAD - 1)).to(mm_dtype)  # (H+pad, out)
+            return F.pad(w, (0, 0, 0, BIAS_PAD - 1)).to(mm_dtype)  # (H+pad, out)
 
         # The trajectory carries logvar / 2 (sigma = exp of it, no multiply per step):
         # the output layer's logvar rows are halved, which is exact in floating point.
@@ -108,7 +108,7 @@ class BridgeSteps:
         if hv is not None:
             torch.mul(state[1].expand(n_b, n_m, d), 0.5, out=hv.view(n_b, n_m, d))
         delta32 = None if f32 else torch.empty(p, width, device=dev, dtype=torch.float32)
-        h_a = torch.zeros(p, hidden + _BIAS_PAD, device=dev, dtype=mm)  # (P, H+pad)
+        h_a = torch.zeros(p, hidden + BIAS_PAD, device=dev, dtype=mm)  # (P, H+pad)
         h_a[:, hidden] = 1.0  # the bias input; the rest of the padding stays 0
         h_b = h_a.clone() if self.mids else h_a
         delta = torch.empty(p, width, device=dev, dtype=mm)  # (P, n*D)

@@ -15,6 +15,7 @@ A run folder holds everything needed to trace and rebuild a result:
 (the layout's one home is :class:`dab_pipeline.runs.folder.RunFolder`).
 
 * ``config``: TrainConfig, its dataset-dependent defaults, the optimiser groups and schedule;
+* ``build``: a TrainConfig from typed values (options, a recipe, ``--set``, ``--resume``);
 * ``inputs``: a split's arrays in RAM, the fine-tuned CLIP heads, one batch's inputs;
 * ``step``: the training step as one module, and its loss across ranks;
 * ``scoring``: scoring a split (validation, the test cost file);
@@ -31,3 +32,4 @@ from .step import TrainStep, distributed_batch_loss  # noqa: F401
 from .scoring import score_split  # noqa: F401
 from .folder import RunData, TrainRun  # noqa: F401
 from .loop import run_train  # noqa: F401
+from .build import build_train_config, store_depth  # noqa: F401

@@ -94,8 +94,8 @@ class TrainConfig:
             ("weight_decay", self.weight_decay >= 0, "a float >= 0"),
             ("grad_clip", self.grad_clip is None or self.grad_clip > 0, "a float > 0, or none (no clipping)"),
             ("seed", 0 <= self.seed < 2**63, "an integer >= 0"),
-            ("trainable_blocks", self.trainable_blocks is None or self.trainable_blocks >= 1,
-             "an integer >= 1, or none (CLIP frozen)"),
+            ("trainable_blocks", self.trainable_blocks is None or self.trainable_blocks >= 0,
+             "an integer >= 0 (0: the final LayerNorms and projections only), or none (CLIP frozen)"),
             ("text_chunk", self.text_chunk >= 1, "an integer >= 1"),
             ("video_chunk", self.video_chunk >= 1, "an integer >= 1"),
             ("checkpoint_every", self.checkpoint_every >= 0, "an integer >= 0 (0: at the end of each epoch only)"),
@@ -142,7 +142,8 @@ def resolve_train_config(cfg: TrainConfig, manifest: dict, explicit: set[str] = 
         if k_store is None:
             raise ConfigError(
                 f"--trainable-blocks {cfg.trainable_blocks} needs a store extracted with --trainable-blocks; "
-                f"{cfg.features} holds projected features only"
+                f"{cfg.features} holds projected features only (to train with CLIP frozen, also over a recipe "
+                "that fine-tunes it: --trainable-blocks none)"
             )
         if int(k_store) != cfg.trainable_blocks:
             raise ConfigError(
@@ -175,7 +176,7 @@ def optimizer_groups(model: torch.nn.Module, heads: Optional[torch.nn.Module], c
     return groups
 
 
-def _seed_everything(seed: int) -> None:
+def seed_everything(seed: int) -> None:
     import random
 
     random.seed(seed)

@@ -14,7 +14,7 @@ from ...core.errors import ConfigError, StoreError, TrainingError
 from ...core.events import Event, ProgressCallback, null_progress
 from ...model.losses import loss_of
 from ...runtime.devices import resolve_device
-from .config import LOG_MAX_LOGIT_SCALE, TrainConfig, TrainResult, _seed_everything, epoch_length, epoch_order, epoch_views, lr_lambda, optimizer_groups
+from .config import LOG_MAX_LOGIT_SCALE, TrainConfig, TrainResult, seed_everything, epoch_length, epoch_order, epoch_views, lr_lambda, optimizer_groups
 from ...runs.folder import RunFolder
 from .inputs import TrainHeads, batch_inputs
 from .scoring import score_split
@@ -117,7 +117,7 @@ class _Trainer:
 
         self.run, self.data, self.cfg = run, data, run.cfg
         cfg, ctx = self.cfg, run.ctx
-        _seed_everything(cfg.seed)
+        seed_everything(cfg.seed)
         self.model = DABModel(cfg.model).to(ctx.device)
         self.heads = None
         if cfg.trainable_blocks is not None:

@@ -1,0 +1,74 @@
+"""What the commands print: the console, metric tables, byte counts, a run's summary, and one error for every
+rank of a torchrun job."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import click
+
+
+def console():
+    from rich.console import Console
+
+    return Console()
+
+
+@contextmanager
+def quiet_shared_errors(ctx):
+    """An error that every rank raised is printed once, by rank 0, and every rank exits with its code.
+
+    Rank 0 prints *before* the ranks leave together: torchrun stops the whole job
+    as soon as one rank ends with an error, which could cut rank 0 short.
+    """
+    from ...runtime.distributed import is_shared_error
+    from ...core.errors import DabError
+    from .. import UserError
+
+    try:
+        yield
+    except DabError as err:
+        if not is_shared_error(err):
+            raise
+        if ctx.is_main:
+            UserError(err).show()
+        ctx.barrier()
+        raise SystemExit(err.exit_code) from None
+
+
+def human_bytes(n) -> str:
+    if n is None:
+        return "-"
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def echo_run(res) -> None:
+    """The run folder and its test numbers, as `dab train` and `dab distill` print them."""
+    click.echo(f"run folder: {res.run_dir}")
+    if res.test_metrics:
+        m = res.test_metrics
+        click.echo(f"test t2v: R@1 {m['R@1']:.1f}  R@5 {m['R@5']:.1f}  R@10 {m['R@10']:.1f}  "
+                   f"MdR {m['MdR']:.1f}  MnR {m['MnR']:.1f}  (best epoch {res.best_epoch})")
+
+
+def v2t_label(res: dict) -> str:
+    """The v2t row's name; the stricter per-caption convention says so (the default is the field's)."""
+    return "video-to-text (every caption)" if res.get("v2t_convention") == "captions" else "video-to-text"
+
+
+def metric_table(title: str, rows: list[tuple[str, dict]]):
+    from rich.table import Table
+
+    cols = ["R@1", "R@5", "R@10", "R@50", "MdR", "MnR", "RSum"]
+    t = Table(title=title)
+    t.add_column("")
+    for c in cols:
+        t.add_column(c, justify="right")
+    for name, m in rows:
+        t.add_row(name, *[("-" if m.get(c) is None else f"{m[c]:.1f}") for c in cols])
+    return t
