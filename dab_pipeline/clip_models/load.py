@@ -18,7 +18,7 @@ from ..core.errors import ConfigError, UnknownNameError, WeightsError
 from ..core.fsutil import sha256_file
 
 from .bundle import ClipBundle, TINY_MODEL, DTYPES, OUR_MODELS, first_line, quiet_open_clip
-from .weights import fetch_tag, looks_like_path, model_has_quickgelu, normalise_name, openai_hint, quickgelu_sibling, read_weights, tag_cfg, builtin_weights, default_tiny_weights
+from .weights import fetch_tag, looks_like_path, model_has_quickgelu, normalise_name, openai_hint, quickgelu_sibling, read_weights, pretrained_tag_config, builtin_weights, default_tiny_weights
 
 
 def _resolve_dtype(dtype: Union[str, torch.dtype], device: torch.device) -> str:
@@ -144,7 +144,7 @@ def _locate_weights(name: str, pretrained: Optional[str], cache_dir: Optional[st
             raise WeightsError(f"weights path {path} is not a file (expected a .pt/.bin/.safetensors file)")
         return _WeightsSource(path, str(path), {})
     tag = str(pretrained)
-    found_under, tag_cfg = tag_cfg(name, tag)
+    found_under, tag_cfg = pretrained_tag_config(name, tag)
     if not tag_cfg:
         if looks_like_path(tag):
             raise WeightsError(

@@ -272,7 +272,7 @@ def model_has_quickgelu(name: str) -> bool:
     return bool(cfg.get("quick_gelu", False))
 
 
-def tag_cfg(name: str, tag: str) -> tuple[str, dict]:
+def pretrained_tag_config(name: str, tag: str) -> tuple[str, dict]:
     """Pretrained config of ``tag`` for ``name`` or its QuickGELU sibling -> (name it was found under, cfg)."""
     cfg = oc_pretrained.get_pretrained_cfg(name, tag)
     if cfg:
