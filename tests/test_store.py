@@ -636,7 +636,7 @@ def test_zarr_direct_chunk_reads_match_zarr(tmp_path: Path, monkeypatch: pytest.
 
     # 5 rows of frames per chunk: 23 videos give an edge chunk of 3 rows, and
     # unwritten videos leave whole chunks absent.
-    monkeypatch.setattr(zarr_backend, "_ZARR_CHUNK_BYTES", 5 * F * D * 2)
+    monkeypatch.setattr(zarr_backend, "ZARR_CHUNK_BYTES", 5 * F * D * 2)
     with make_store(tmp_path / "s.zarr", n=23, states="tokens") as s:
         written = [i for i in range(23) if not 5 <= i < 10]
         write_all(s, videos=written, states="tokens")
