@@ -29,9 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    sys.path.insert(0, str(REPO))
     from dab_pipeline.runs.costfile import read_costs
-    from tests.factories import random_store
+    from dab_pipeline.testing import random_store
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="auto")

@@ -21,7 +21,7 @@
 # as wheels in .whl/ (carried; fetch them here first with `bash benchmarks/device_check.sh --fetch-wheels`).
 # Logs go to $OUT (the device tool brings that folder back), else ./device_check_out. Exit status: 0 all
 # passed, 1 a step failed, 3 no CUDA device. DEVICE_CHECK_ON_CPU=1 runs every step on the CPU at a tiny
-# size (tests/test_device_check.py does, as a slow test), so the GPU run cannot fail on a typo.
+# size (tests/benchmarks/test_device_check.py does, as a slow test), so the GPU run cannot fail on a typo.
 set -uo pipefail
 
 if [ "${1:-}" = "--fetch-wheels" ]; then  # here, before a device run: the wheels the device lacks
@@ -84,7 +84,7 @@ step() {  # step NAME SECONDS LOG COMMAND...: run one step under a time limit; a
 
 step "matrix-product peak" 45 peak.txt "$PY" benchmarks/device_peak.py --device "$dev" "${peak_args[@]}"
 step "tests ($tests_filter)" 90 tests.txt "$PY" -m pytest -q -p no:cacheprovider \
-  tests/test_scoring_engine.py tests/test_model.py tests/test_train.py -k "$tests_filter"
+  tests/scoring/test_scoring_engine.py tests/model/test_model.py tests/stages/test_train.py -k "$tests_filter"
 step "scoring 1000 x 1000, T'=32" 120 scoring.txt "$PY" benchmarks/scoring.py "${scoring_args[@]}"
 step "training throughput" 150 train.txt "$PY" benchmarks/train_speed.py "${train_args[@]}"
 step "encoder throughput" 30 encode.txt "$PY" benchmarks/encode_speed.py "${encode_args[@]}"

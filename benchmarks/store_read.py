@@ -18,7 +18,6 @@ token grids (K>0: F=12, L=50, W=768) times ``read_vision_states`` for 8 videos.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,8 +27,7 @@ import numpy as np
 
 from dab_pipeline.store import open_store
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.factories
-from tests.factories import empty_store  # noqa: E402
+from dab_pipeline.testing import empty_store  # noqa: E402
 
 
 def timed(fn: Callable[[], object], repeats: int) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -27,20 +28,96 @@ def test_every_library_module_is_in_the_contracts() -> None:
 
     contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
     layers, forbidden = contracts[0], contracts[1]
-    library = {m.strip() for m in layers["layers"][2].split(":")}
+    assert layers["layers"][:3] == ["dab_pipeline.cli", "dab_pipeline.testing", "dab_pipeline.stages"]
+    library = {m.strip() for m in layers["layers"][3].split(":")}
     top = {p.stem if p.is_file() else p.name for p in (REPO / "dab_pipeline").iterdir()
            if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())}
-    expected = {f"dab_pipeline.{m}" for m in top - {"cli", "stages"}}
+    expected = {f"dab_pipeline.{m}" for m in top - {"cli", "stages", "testing"}}
     assert library == expected, (sorted(expected - library), sorted(library - expected))
-    assert set(forbidden["source_modules"]) == expected | {"dab_pipeline.stages"}
+    assert set(forbidden["source_modules"]) == expected | {"dab_pipeline.stages", "dab_pipeline.testing"}
 
 
-def test_every_test_the_reliability_page_cites_exists() -> None:
-    """docs/reliability.md states promises by the tests that hold them: each must exist."""
+def test_the_root_is_packages_and_few_modules() -> None:
+    """The package's root holds packages by concern and at most five modules (issue 25)."""
+    modules = [p.name for p in (REPO / "dab_pipeline").glob("*.py") if p.name != "__init__.py"]
+    assert len(modules) <= 5, modules
+
+
+def test_every_test_the_docs_cite_exists() -> None:
+    """The docs state promises by the tests that hold them (docs/reliability.md above all): each must exist."""
     import re
 
     repo = Path(__file__).resolve().parents[1]
-    cited = set(re.findall(r"`(test_\w+\.py)::(test_\w+)`", (repo / "docs" / "reliability.md").read_text()))
-    assert len(cited) >= 20
+    by_name = {p.name: p for p in (repo / "tests").rglob("test_*.py")}
+    reliability = set(re.findall(r"`(test_\w+\.py)::(test_\w+)`", (repo / "docs" / "reliability.md").read_text()))
+    assert len(reliability) >= 20
+    cited = set(reliability)
+    for page in [*(repo / "docs").glob("*.md"), repo / "README.md"]:
+        for path, name in re.findall(r"(tests/[\w/]+\.py)(?:::(test_\w+))?", page.read_text()):
+            assert (repo / path).is_file(), f"{page.name} cites {path}"
+            cited.add((Path(path).name, name))
     for module, name in sorted(cited):
-        assert re.search(rf"^def {name}\(", (repo / "tests" / module).read_text(), re.M), f"{module}::{name}"
+        assert module in by_name, f"{module} is cited but no such test file exists"
+        if name:
+            assert re.search(rf"^def {name}\(", by_name[module].read_text(), re.M), f"{module}::{name}"
+
+
+def _project_imports(path: Path, tree: ast.Module | None = None) -> list[tuple[ast.stmt, str]]:
+    """(import statement, the dab_pipeline module it names) for every import of the project in a file."""
+    pkg = list(path.relative_to(REPO).parts[:-1])
+    found = []
+    for node in ast.walk(tree or ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = pkg[:len(pkg) - node.level + 1]
+            found.append((node, ".".join(base + ([node.module] if node.module else []))))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dab_pipeline"):
+            found.append((node, node.module))
+        elif isinstance(node, ast.Import):
+            found += [(node, a.name) for a in node.names if a.name.startswith("dab_pipeline")]
+    return found
+
+
+def test_the_root_graph_is_acyclic_and_at_most_seven_floors() -> None:
+    """Draw the root's packages and modules with their import arrows: no circle, and at most 7 floors (issue 25)."""
+    root = REPO / "dab_pipeline"
+    edges: dict[str, set[str]] = {}
+    for path in root.rglob("*.py"):
+        src = path.relative_to(root).parts[0].removesuffix(".py")
+        for node, module in _project_imports(path):
+            parts = module.split(".")
+            if len(parts) == 1:  # `from .. import x` at the root: x is the node
+                parts += [node.names[0].name]
+            if parts[1] not in (src, "__init__"):
+                edges.setdefault(src, set()).add(parts[1])
+    edges.pop("__init__", None)
+
+    def floor(node: str, path: tuple[str, ...] = ()) -> int:
+        assert node not in path, f"import circle: {' -> '.join(path + (node,))}"
+        return 1 + max((floor(m, path + (node,)) for m in edges.get(node, ())), default=0)
+
+    floors = {n: floor(n) for n in edges}
+    assert max(floors.values()) <= 7, floors
+
+
+def test_in_function_imports_of_the_project_are_deferred_with_a_reason() -> None:
+    """Imports of the project's own modules sit at the top of a file, except in the CLI, where each defers a
+    heavy import for start-up time and says so: `dab --help` stays torch-free (issue 25)."""
+    misplaced = []
+    for path in (REPO / "dab_pipeline").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        lines = path.read_text().splitlines()
+        top_level = {id(n) for n in tree.body}
+        for node, module in _project_imports(path, tree):
+            if id(node) in top_level or module.endswith("TYPE_CHECKING"):
+                continue
+            in_type_block = any(isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test) and node in ast.walk(n)
+                                for n in tree.body)
+            if in_type_block:
+                continue
+            cli = path.relative_to(REPO).parts[1] == "cli"
+            if not (cli and "# deferred:" in lines[node.lineno - 1]):
+                misplaced.append(f"{path.relative_to(REPO)}:{node.lineno} {module}")
+    assert not misplaced, misplaced
+    code = "import sys, dab_pipeline.cli; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "False", done.stdout + done.stderr

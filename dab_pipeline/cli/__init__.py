@@ -40,7 +40,7 @@ class DabGroup(click.Group):
         except OSError as err:
             # The file system said no (full disk, read-only, permissions) outside the places
             # that turn it into a DabError: one line naming the file, never a traceback.
-            from ..store import os_reason
+            from ..store import os_reason  # deferred: start-up (h5py, zarr)
 
             where = f" ({err.filename})" if getattr(err, "filename", None) and err.filename not in str(err) else ""
             raise click.ClickException(f"{os_reason(err)}{where}") from None
@@ -64,8 +64,7 @@ def cli() -> None:
 
 def register_commands() -> None:
     # Command modules import the stages lazily, so `dab --help` never loads torch.
-    from . import commands  # noqa: F401
-    from . import search  # noqa: F401
+    from . import commands  # noqa: F401  # deferred: they import `cli` from this module, defined above
 
 
 def main() -> None:

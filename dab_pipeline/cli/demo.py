@@ -18,13 +18,14 @@ import sys
 import time
 from pathlib import Path
 
+from ..world import make_world, world_preset
+from . import cli, register_commands
+
 # Free-text queries for `dab search`: words of the world, phrasings of one's own.
 QUERIES = ("a large red circle", "two shapes on sand", "a small white ring on a navy background")
 
 
 def _run(args: list[str]) -> None:
-    from . import cli
-
     print(f"\n$ dab {shlex.join(args)}", flush=True)
     try:
         cli.main(args=args, prog_name="dab", standalone_mode=False)
@@ -42,9 +43,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", choices=["h5", "zarr"], default="h5")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
-
-    from . import register_commands
-    from ..world import make_world, world_preset
 
     register_commands()
     t0 = time.time()

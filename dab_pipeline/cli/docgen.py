@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from . import cli, register_commands
+
 HEADER = """# CLI reference
 
 Generated from the click commands by `make docs-cli`
@@ -27,8 +29,6 @@ def _section(title: str, cmd: click.Command, info_name: str, parent: click.Conte
 
 
 def render() -> str:
-    from . import register_commands, cli
-
     register_commands()
     root = cli.make_context("dab", [], resilient_parsing=True, terminal_width=100, max_content_width=100)
     parts = [HEADER, _section("dab", cli, "dab", None)]

@@ -10,6 +10,7 @@ import pickle
 import zipfile
 from pathlib import Path
 from typing import Any, Optional, Union
+
 import numpy as np
 import open_clip
 import torch
@@ -17,10 +18,10 @@ from open_clip import pretrained as oc_pretrained
 from open_clip.constants import HF_WEIGHTS_NAME
 from open_clip.factory import load_state_dict as oc_load_state_dict
 from torch import Tensor
-from ..core.errors import UnknownNameError, WeightsError
-from ..core.fsutil import sha256_file
 
-from .bundle import TINY_MODEL, OPENAI_EXTRA_KEYS, WEIGHT_SUFFIXES, dab_cache_dir, first_line, quiet_open_clip
+from ..core.errors import UnknownNameError, WeightsError
+from ..core.fsutil import atomic_torch_save, sha256_file
+from .bundle import OPENAI_EXTRA_KEYS, TINY_MODEL, WEIGHT_SUFFIXES, dab_cache_dir, first_line, quiet_open_clip
 
 
 def _tiny_tensor(key: str, shape: torch.Size, gen: torch.Generator) -> Tensor:
@@ -53,8 +54,6 @@ def write_tiny_weights(path: Union[str, Path], seed: int = 0, model: str = TINY_
     path.parent.mkdir(parents=True, exist_ok=True)
     # Written then renamed (several processes, torchrun ranks, may create the default file at
     # once), and byte-identical for the same seed, so its sha256 is the same in every cache.
-    from ..core.fsutil import atomic_torch_save
-
     atomic_torch_save(state, path)
     return path
 

@@ -127,22 +127,38 @@ def _set_value(cfg: Any, parts: list[str], value: Any, full_key: str, source: st
         raise ConfigError(f"{source} {full_key}={value!r}: {exc}") from None
 
 
-def differences(saved: Any, asked: Any, ignore: Iterable[str] = ()) -> list[str]:
-    """``"key (saved X, given Y)"`` for every (dotted) key whose value differs between two configs or dicts.
+def flat_values(config: Any, prefix: str = "") -> dict[str, Any]:
+    """A config (dataclass) or nested dict as ``{"dotted.key": value}``, each value after a JSON round trip
+    (a tuple and the list a JSON file gives back compare equal)."""
+    d = to_dict(config) if dataclasses.is_dataclass(config) else config
+    items: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            items.update(flat_values(v, f"{prefix}{k}."))
+        else:
+            items[f"{prefix}{k}"] = json.loads(json.dumps(v, sort_keys=True, default=str))
+    return items
 
-    The one resume check of dab: `dab train --resume` and `dab distill --resume` compare their saved
-    configuration with the one asked for, `dab extract` a store's manifest with the new run's.
+
+def changed_keys(saved: Any, asked: Any, keys: Iterable[str] | None = None, ignore: Iterable[str] = ()) -> list[str]:
+    """The (dotted) keys whose values differ between two configs or dicts, a key on one side only included.
+
+    With ``keys``, only those are compared, each with everything under it (``"decoder"`` covers
+    ``"decoder.backend"``), and they are returned as given. The one resume check of dab: `dab train
+    --resume` and `dab distill --resume` compare their saved configuration with the one asked for,
+    `dab extract` a store's manifest with the new run's (through :func:`differences` or this).
     """
-    def flat(d: Any, prefix: str = "") -> dict:
-        d = to_dict(d) if dataclasses.is_dataclass(d) else d
-        items: dict = {}
-        for k, v in d.items():
-            items.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-        return items
+    a, b, skip = flat_values(saved), flat_values(asked), set(ignore)
+    changed = [k for k in sorted(set(a) | set(b)) if k not in skip and (k not in a or k not in b or a[k] != b[k])]
+    if keys is None:
+        return changed
+    return [k for k in keys if any(c == k or c.startswith(k + ".") for c in changed)]
 
-    a, b, skip = flat(saved), flat(asked), set(ignore)
-    return [f"{k} (saved {a.get(k)!r}, given {b.get(k)!r})" for k in sorted(set(a) | set(b))
-            if k not in skip and a.get(k) != b.get(k)]
+
+def differences(saved: Any, asked: Any, ignore: Iterable[str] = ()) -> list[str]:
+    """``"key (saved X, given Y)"`` for every key :func:`changed_keys` reports: what a refused resume prints."""
+    a, b = flat_values(saved), flat_values(asked)
+    return [f"{k} (saved {a.get(k)!r}, given {b.get(k)!r})" for k in changed_keys(saved, asked, ignore=ignore)]
 
 
 def _set_path(cfg: Any, parts: list[str], raw: str, full_key: str) -> Any:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 from ..core.errors import DatasetError
 
-from .common import CaptionItem, DATASETS, DatasetIndex, SPLITS, VideoItem, read_csv, reject_unknown, hash_split
+from .index import CaptionItem, DATASETS, DatasetIndex, SPLITS, VideoItem, read_csv, reject_unknown, hash_split
 
 
 @DATASETS.register("folder")

@@ -17,6 +17,9 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
+from ..core.fsutil import atomic_write_text
+from ..metrics import kl_margin, t2v_ranks
+
 __all__ = ["ExampleHit", "ExampleQuery", "select_queries", "build_queries", "render_page", "cost_plot"]
 
 TEMPLATE = "examples.html.j2"
@@ -49,8 +52,6 @@ def select_queries(cost: np.ndarray, gt: np.ndarray, n: int, seed: int = 0) -> n
 
     Deterministic in ``seed``; returned most confident first.
     """
-    from ..metrics import kl_margin, t2v_ranks
-
     q = cost.shape[0]
     n = min(int(n), q)
     if n <= 0:
@@ -108,8 +109,6 @@ def build_queries(cost: np.ndarray, picks: Sequence[int], texts: Sequence[str], 
                   gt: Optional[np.ndarray] = None, thumbs: Optional[Mapping[str, Optional[bytes]]] = None,
                   captions: Optional[Mapping[str, str]] = None, k: int = 5, plots: bool = True) -> list[ExampleQuery]:
     """The blocks of the page for the queries ``picks`` (rows of ``cost`` (Q, V), lower is better)."""
-    from ..metrics import kl_margin, t2v_ranks
-
     thumbs, captions = thumbs or {}, captions or {}
     picks = np.asarray(picks, np.int64)
     margins = kl_margin(cost[picks]) if cost.shape[1] >= 2 else np.full(len(picks), np.nan)
@@ -136,8 +135,6 @@ def render_page(path: str | Path, title: str, summary: Sequence[tuple[str, str]]
                 queries: Sequence[ExampleQuery]) -> Path:
     """Write the self-contained page; returns its path."""
     import jinja2
-
-    from ..core.fsutil import atomic_write_text
 
     env = jinja2.Environment(loader=jinja2.PackageLoader("dab_pipeline.results", "templates"),
                              autoescape=jinja2.select_autoescape(["html", "j2"]), undefined=jinja2.StrictUndefined)

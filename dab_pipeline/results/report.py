@@ -28,7 +28,7 @@ import numpy as np
 
 from ..core.errors import ConfigError
 from ..core.fsutil import atomic_write_bytes
-from ..runs.folder import RunFolder
+from ..runs.run_folder import RunFolder
 
 __all__ = [
     "TABLE_COLUMNS",

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from typing import Optional
+
 import torch
-from ..model import ModelConfig
 
-
+from ..model import ModelConfig, bridge_macs_per_pair_step
 from .result import GiB, MiB
 
 
@@ -29,8 +29,6 @@ def reference_macs(cfg: ModelConfig, num_frames: int) -> dict[str, int]:
     (:func:`~dab_pipeline.model.bridge_macs_per_pair_step` x T', the drift on the full
     concatenation plus the time MLP, per pair) plus the pooling and heads.
     """
-    from ..model import bridge_macs_per_pair_step
-
     d, h, _, n, _ = _dims(cfg, num_frames)
     f = num_frames
     pool = 2 * f * d + 2 * d * d  # logits, weighted values, out_proj, linear_proj

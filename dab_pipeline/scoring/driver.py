@@ -5,18 +5,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Optional
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from ..runtime.devices import resolve_device
+
+from ..core.errors import ConfigError
 from ..core.events import Event, ProgressCallback, null_progress
 from ..model import DABModel, ModelConfig
-
-from .result import SCORE_DTYPES, ScoreResult, prepare_inputs
-from .budget import video_bytes, default_memory_budget, pair_bytes
+from ..runtime.devices import resolve_device
 from .blocks import Texts
+from .budget import default_memory_budget, pair_bytes, video_bytes
 from .engines import Engine, build_engine
+from .result import SCORE_DTYPES, ScoreResult, prepare_inputs
 
 
 def topk_smallest(cost: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -186,8 +188,6 @@ def _costs(eng: Engine, ts: Texts, text_t: Tensor, frames_t: Tensor, mask_t: Ten
 
 
 def _check_options(dtype: str, topk: Optional[int], shortlist: Optional[int], memory_budget: Optional[int]) -> None:
-    from ..core.errors import ConfigError
-
     if dtype not in SCORE_DTYPES:
         raise ConfigError(f"dtype={dtype!r} is invalid; valid: {' | '.join(SCORE_DTYPES)}")
     if topk is not None and topk < 1:

@@ -30,13 +30,20 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..runs.checkpoint import rng_state, set_rng_state
-from ..core.overrides import to_dict
-from ..runtime.devices import resolve_device
 from ..core.errors import ConfigError, TrainingError
 from ..core.events import Event, ProgressCallback, null_progress
 from ..core.fsutil import sha256_file
-from ..runs.folder import RunFolder
+from ..core.overrides import differences, to_dict
+from ..metrics import t2v_metrics
+from ..model import DABModel
+from ..runs.checkpoint import rng_state, set_rng_state
+from ..runs.costfile import CostMatrix, write_costs
+from ..runs.run_folder import RunFolder
+from ..runtime.devices import resolve_device
+from ..scoring import score_all
+from ..store import open_store
+from .search import load_run
+from .train import SplitArrays, epoch_order
 from .train.config import epoch_length, lr_lambda
 
 __all__ = ["DistillConfig", "DistillResult", "run_distill", "distill_loss"]
@@ -104,8 +111,6 @@ def distill_loss(student_cost: torch.Tensor, student_state: list[torch.Tensor], 
 
 def build_student(teacher, steps: int):
     """The teacher's model with ``steps`` bridge steps, every weight copied; only the bridge trains."""
-    from ..model import DABModel
-
     cfg = dataclasses.replace(teacher.cfg, steps=steps)
     student = DABModel(cfg)
     student.load_state_dict(teacher.state_dict())
@@ -183,8 +188,6 @@ def _distill(cfg: DistillConfig, folder: RunFolder, teacher_run, run_cfg, studen
 
 def _load_teacher(cfg: DistillConfig, device: torch.device):
     """The teacher run, which must have a bridge to distill."""
-    from .search import load_run
-
     teacher_run = load_run(cfg.teacher, device)
     if teacher_run.model.bridge is None:
         raise ConfigError(f"{cfg.teacher} is a {teacher_run.model.cfg.variant!r} run: it has no bridge to distill "
@@ -196,9 +199,6 @@ def _load_teacher(cfg: DistillConfig, device: torch.device):
 
 def _splits(tcfg, device: torch.device):
     """The teacher's train, val (None without one) and test splits, in RAM."""
-    from ..store import open_store
-    from .train import SplitArrays
-
     with open_store(tcfg.features) as st:
         st.require_complete("dab distill")
         train = SplitArrays(st.load_split(tcfg.train_split), device, False)
@@ -210,12 +210,27 @@ def _splits(tcfg, device: torch.device):
 def _open_folder(folder: RunFolder, cfg: DistillConfig, run_cfg, teacher_run, resume: bool) -> None:
     """The run folder as `dab train` lays it out, plus distill.json (the teacher and its checkpoint's sha256)."""
     folder.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    if not resume:
+    if resume:
+        _check_resume(folder, cfg, teacher_run)
+    else:
         folder.save_config(run_cfg)
         folder.write_json("distill.json", {"teacher": str(cfg.teacher),
                                            "teacher_checkpoint_sha256": sha256_file(teacher_run.checkpoint),
                                            "teacher_steps": teacher_run.model.cfg.steps, "distill": to_dict(cfg)})
     folder.write_status(state="running", features=str(run_cfg.features))
+
+
+def _check_resume(folder: RunFolder, cfg: DistillConfig, teacher_run) -> None:
+    """ConfigError unless --resume asks for the distillation the folder holds, from the same teacher weights."""
+    saved = json.loads((folder.path / "distill.json").read_text())
+    # the folders are relocatable: where the teacher and the student live now is not compared
+    diff = differences(saved["distill"], to_dict(cfg), ignore=("teacher", "out"))
+    if diff:
+        raise ConfigError(f"--resume continues {folder.path} with its saved configuration; these options differ "
+                          f"from it: {', '.join(diff)}. Drop them, or start a new run with another --out")
+    if saved["teacher_checkpoint_sha256"] != sha256_file(teacher_run.checkpoint):
+        raise ConfigError(f"--resume continues {folder.path} from a teacher whose checkpoint has changed since "
+                          f"(sha256 differs from distill.json); start a new run with another --out")
 
 
 def _restore(folder: RunFolder, student, optim, sched, device: torch.device, resume: bool,
@@ -235,8 +250,6 @@ def _restore(folder: RunFolder, student, optim, sched, device: torch.device, res
 
 def _distill_epoch(student, teacher, train, cfg: DistillConfig, mode: str, epoch: int, steps: int, optim, sched,
                    temperature, device: torch.device, progress: ProgressCallback) -> dict[str, float]:
-    from .train import epoch_order
-
     order = epoch_order(train.caption_video.numpy(), mode, cfg.seed, epoch)  # the teacher's epoch mode
     # eval mode for both: the student's copied pooling must see what the teacher's does (no dropout);
     # gradients still reach the bridge, the only part that trains
@@ -264,9 +277,6 @@ def _distill_epoch(student, teacher, train, cfg: DistillConfig, mode: str, epoch
 
 
 def _metrics(model, feats, tcfg, device: torch.device) -> dict:
-    from ..metrics import t2v_metrics
-    from ..scoring import score_all
-
     res = score_all(model, feats.text, feats.frames, feats.mask, device=device, text_chunk=tcfg.text_chunk,
                     video_chunk=tcfg.video_chunk)
     return t2v_metrics(res.cost, feats.caption_video.numpy())
@@ -274,9 +284,6 @@ def _metrics(model, feats, tcfg, device: torch.device) -> dict:
 
 def _finish(student, test, run_cfg, out: Path, best, best_epoch, val_metrics, device) -> DistillResult:
     """Score the test split with best.pt, write its cost file and mark the run complete (as `dab train` does)."""
-    from ..runs.costfile import CostMatrix, write_costs
-    from ..metrics import t2v_metrics
-    from ..scoring import score_all
     folder = RunFolder(out)
     student.load_state_dict(folder.load_checkpoint(RunFolder.BEST, map_location=device)["model"])
     student.eval()

@@ -14,11 +14,20 @@ from typing import Any, Optional
 
 import numpy as np
 
+from .. import metrics as M
 from ..core.choices import POSTPROCESS, V2T_CONVENTIONS
 from ..core.errors import ConfigError, DabError, StoreError
 from ..core.events import Event, ProgressCallback, null_progress
-from ..runs.folder import RunFolder
-
+from ..metrics import selective_report, t2v_metrics
+from ..results.page import build_queries, render_page, select_queries
+from ..results.report import write_report
+from ..runs.costfile import read_costs
+from ..runs.run_folder import RunFolder
+from ..scoring import PROBE_SIDE, constant_bridge, probe_bridge, score_all
+from ..store import open_store
+from .search import load_run
+from .train import SplitArrays, TrainConfig
+from .train.scoring import score_inputs
 
 
 @dataclass(frozen=True)
@@ -60,8 +69,6 @@ def find_costs(run: Path) -> Path:
 
 def _frame_mean_features(store_path: Path, video_ids: np.ndarray) -> Optional[np.ndarray]:
     """Frame-mean CLIP features of the given videos (paper Table 7 uses visual features)."""
-    from ..store import open_store
-
     with open_store(store_path) as st:
         st.require_complete("dab evaluate (the neighbourhood diagnostic reads its video features)")
         pos = {str(v): i for i, v in enumerate(st.video_ids)}
@@ -77,8 +84,6 @@ def _frame_mean_features(store_path: Path, video_ids: np.ndarray) -> Optional[np
 def store_context(store_path: Optional[Path], video_ids: np.ndarray, query_ids: Optional[np.ndarray] = None
                   ) -> tuple[dict[str, Optional[bytes]], dict[str, str], dict[str, str]]:
     """From a store (when it exists): thumbnails and first captions of these videos, texts of these queries."""
-    from ..store import open_store
-
     if store_path is None or not Path(store_path).exists():
         return {}, {}, {}
     with open_store(store_path) as st:
@@ -97,8 +102,6 @@ def store_context(store_path: Optional[Path], video_ids: np.ndarray, query_ids: 
 def _write_examples(path: Path, cfg: EvaluateConfig, cm, cost: np.ndarray, gt: np.ndarray, results: dict,
                     store_path: Optional[Path]) -> Path:
     """examples.html: a seeded sample of queries across the confidence range, with thumbnails."""
-    from ..results.page import build_queries, render_page, select_queries
-
     picks = select_queries(cost, gt, cfg.examples, seed=cfg.seed)
     videos = np.asarray(cm.video_ids)
     thumbs, captions, texts = store_context(store_path, videos, np.asarray(cm.query_ids)[picks])
@@ -140,13 +143,6 @@ def bridge_report(run: Path, cm, store_path: Optional[Path], seed: int = 0,
     per-query Spearman correlation of the two cost rows).
     """
     import torch
-
-    from ..metrics import selective_report, t2v_metrics
-    from ..scoring import PROBE_SIDE, constant_bridge, probe_bridge, score_all
-    from ..store import open_store
-    from .search import load_run
-    from .train import SplitArrays, TrainConfig
-    from .train.scoring import score_inputs
 
     run_cfg = RunFolder(run).load_config(TrainConfig)
     if not run_cfg.model.uses_bridge:
@@ -222,10 +218,6 @@ def bridge_warning(bridge: dict[str, Any]) -> str:
 
 def run_evaluate(cfg: EvaluateConfig, progress: ProgressCallback = null_progress) -> dict[str, Any]:
     """Compute every metric and diagnostic; write metrics.json, report.md and plots."""
-    from .. import metrics as M
-    from ..runs.costfile import read_costs
-    from ..results.report import write_report
-
     costs_path = Path(cfg.costs) if cfg.costs is not None else find_costs(Path(cfg.run))
     cm = read_costs(costs_path)
     cost = cm.to_cost() if hasattr(cm, "to_cost") else cm.cost  # (Q, V), lower is better

@@ -20,9 +20,15 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from ..runtime.devices import resolve_device
+from ..clip_models import check_store_weights, encode_texts, load_clip
 from ..core.errors import ConfigError, StoreError, TrainingError, UnknownNameError, WeightsError
 from ..model import DABModel
+from ..runs.run_folder import RunFolder
+from ..runtime.capabilities import resolve_score_dtype
+from ..runtime.devices import resolve_device
+from ..scoring import score_all
+from ..store import open_store
+from .train import TrainConfig, TrainHeads
 
 __all__ = ["SearchHit", "SearchResult", "LoadedRun", "load_run", "encode_queries", "search", "load_descriptions"]
 
@@ -72,9 +78,6 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu", checkpoint
     Raises :class:`ConfigError` for a folder that is not a run or a fine-tuned run,
     :class:`TrainingError` when the checkpoint is missing or does not fit the config.
     """
-    from ..runs.folder import RunFolder
-    from .train import TrainConfig
-
     folder = RunFolder(run_dir)
     run = folder.path
     cfg = folder.load_config(TrainConfig)
@@ -97,9 +100,6 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu", checkpoint
     model.to(device)
     loaded = LoadedRun(run_dir=run, config=cfg, model=model, checkpoint=ck_path)
     if tuned:
-        from ..store import open_store
-        from .train import TrainHeads
-
         with open_store(cfg.features) as st:
             manifest = st.manifest
         loaded.heads = TrainHeads(manifest, cfg.trainable_blocks, torch.device(device))
@@ -114,8 +114,6 @@ def encode_queries(manifest: dict, queries: Sequence[str], device: str | torch.d
     Raises :class:`WeightsError` (one line) when those weights are not available here
     or differ from the ones the store recorded.
     """
-    from ..clip_models import check_store_weights, encode_texts, load_clip
-
     name, pretrained = manifest.get("model"), manifest.get("pretrained")
     if not name:
         raise StoreError("the store's manifest names no CLIP model; cannot encode a query in its feature space")
@@ -150,10 +148,6 @@ def search(
     device first (:func:`dab_pipeline.runtime.capabilities.resolve_score_dtype`): bf16 asked where it
     is not native runs in float32 and ``warn`` gets the reason.
     """
-    from ..runtime.capabilities import resolve_score_dtype
-    from ..scoring import score_all
-    from ..store import open_store
-
     queries = [str(q) for q in queries]
     if not queries or any(not q.strip() for q in queries):
         raise ConfigError("dab search needs at least one non-empty query")

@@ -6,14 +6,15 @@ import json
 import os
 from pathlib import Path
 from typing import Any, Sequence
-import numpy as np
-from ..core.errors import StoreError
-from ..core.fsutil import publish, remove_path, temp_sibling
 
-from .layout import ERROR_BYTES, FORMAT_VERSION, store_backend
-from ..core.fsutil import fsync_dir
+import numpy as np
+
+from ..core.errors import StoreError
+from ..core.fsutil import fsync_dir, publish, remove_path, temp_sibling
+from .backend_h5 import h5_locking_kwargs
 from .backend_zarr import ZarrBackend, backend_class
 from .feature_store import FeatureStore
+from .layout import ERROR_BYTES, FORMAT_VERSION, store_backend
 
 
 def open_store(path: str | os.PathLike, mode: str = "r", *, writer: tuple[int, int] | None = None) -> FeatureStore:
@@ -255,8 +256,6 @@ def is_dab_store(p: Path) -> bool:
 
 
 def _h5_kwargs() -> dict:
-    from .backend_h5 import h5_locking_kwargs
-
     return h5_locking_kwargs()
 
 

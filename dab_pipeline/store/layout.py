@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 from ..core.errors import StoreError
+from ..core.overrides import changed_keys
 
 
 
@@ -98,26 +99,10 @@ def store_backend(path: str | os.PathLike) -> str:
 
 
 def manifest_compatible(existing: dict, new: dict, keys: Iterable[str]) -> list[str]:
-    """Keys (dotted paths allowed, e.g. ``"dataset.options"``) whose values differ.
-
-    Values are compared after a JSON round trip, so a tuple written into a store
-    (read back as a list) is not reported as a difference. A key present on one
-    side only counts as different.
-    """
-    missing = object()
-
-    def lookup(d: dict, key: str) -> Any:
-        cur: Any = d
-        for part in key.split("."):
-            if not isinstance(cur, dict) or part not in cur:
-                return missing
-            cur = cur[part]
-        return cur
-
-    def norm(v: Any) -> Any:
-        return v if v is missing else json.loads(json.dumps(v, sort_keys=True, default=str))
-
-    return [k for k in keys if norm(lookup(existing, k)) != norm(lookup(new, k))]
+    """Keys (dotted paths allowed, e.g. ``"dataset.options"``) whose values differ: the resume check of
+    :func:`~dab_pipeline.core.overrides.changed_keys` on two manifests (a tuple written into a store and
+    the list read back are equal; a key present on one side only counts as different)."""
+    return changed_keys(existing, new, keys=list(keys))
 
 
 def default_share_rows(num_videos: int, world_size: int) -> int:

@@ -27,6 +27,7 @@ from typing import Optional
 
 from ..core.choices import DECODE_BACKENDS as BACKENDS
 from ..core.errors import ConfigError, VideoDecodeError
+from .decord_decoder import decode_decord, decord_can_decode  # imports decord itself only when called
 from .pyav_decoder import StreamInfo, decode_seeking, decode_sequential, open_video, probe_video
 from .sampling import resized_shape, sample_frame_indices
 from .types import DecodedVideo
@@ -91,8 +92,6 @@ def decode_video(
 
 def _try_decord(path: Path, num_frames: int, short_side: Optional[int], reasons: list[str]) -> Optional[DecodedVideo]:
     """decord's frames where they can be trusted, else None (PyAV decodes); failures are noted."""
-    from .decord_decoder import decode_decord, decord_can_decode
-
     info, rotation = probe_video(path)
     if not decord_can_decode(info, rotation):
         return None

@@ -22,7 +22,7 @@ from .generate import (
 from .presets import PRESETS, PRETRAIN_SEED, world_preset
 from .grammar import LEVELS, Caption, Claim, describe, level_weights, make_captions, satisfies
 from .scene import BACKGROUNDS, COLOURS, SHAPES, SIZES
-from .relevance import caption_claims, relevance_matrix, world_config, world_videos
+from .truth import caption_claims, relevance_matrix, world_config, world_videos
 
 __all__ = [
     "WorldConfig", "WorldVideo", "make_world", "iter_world", "world_video", "load_world", "descriptions",

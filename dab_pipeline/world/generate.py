@@ -27,6 +27,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from ..core.errors import ConfigError
+from ..video.synthetic import write_video
 from .grammar import Caption, Claim, ObjectClaim, ShotClaim, describe, make_captions, satisfies
 from .render import render_scene, render_video
 from .scene import Scene, Shot, random_scene, random_shots
@@ -127,8 +128,6 @@ def iter_world(cfg: WorldConfig) -> Iterator[WorldVideo]:
 
 
 def _write_one(job: tuple[WorldConfig, int, str, str]) -> None:
-    from ..video.synthetic import write_video
-
     cfg, i, split, path = job
     video = world_video(cfg, i, split)
     write_video(Path(path), render_video(list(video.shots), cfg.size, seed=cfg.seed * 1_000_003 + i),

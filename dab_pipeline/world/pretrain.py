@@ -31,8 +31,13 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
+from ..clip_models import expand_compact_state, quiet_open_clip
+from ..core.fsutil import atomic_write_bytes, atomic_write_text
+from ..metrics import t2v_metrics
+from ..video import sample_frame_indices
 from .generate import WorldConfig, frame_caption_pairs, iter_world
-from .presets import PRETRAIN_SEED
+from .presets import PRETRAIN_SEED, world_preset
+from .render import render_video
 
 MODEL = "dab-world"
 
@@ -113,10 +118,6 @@ def zero_shot_videos(model, tokenizer, mean: tuple, std: tuple, world: WorldConf
     queries are the 1K-A-like ones (one per test video). benchmarks/quality.py
     measures the same through mp4 files and the store.
     """
-    from ..metrics import t2v_metrics
-    from ..video import sample_frame_indices
-    from .render import render_video
-
     videos = [v for v in iter_world(world) if v.split == "test"]
     feats = []
     with torch.no_grad():
@@ -135,8 +136,6 @@ def zero_shot_videos(model, tokenizer, mean: tuple, std: tuple, world: WorldConf
 def pretrain(cfg: PretrainConfig, log: Callable[[str], None] = print) -> tuple[dict[str, torch.Tensor], dict]:
     """Train dab-world; returns (compact float16 state dict, report)."""
     import open_clip
-
-    from ..clip_models import quiet_open_clip, expand_compact_state  # also registers dab's model configs
 
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
@@ -182,8 +181,6 @@ def pretrain(cfg: PretrainConfig, log: Callable[[str], None] = print) -> tuple[d
         "vocabulary_rows": int(len(rows)),
         "frame_to_caption": frame_to_caption(shipped, tokenizer, held, texts[cfg.frames:]),
     }
-    from .presets import world_preset
-
     report["zero_shot_video"] = {"world": cfg.zero_shot_world, **zero_shot_videos(
         shipped, tokenizer, mean, std, world_preset(cfg.zero_shot_world))}
     log(f"held-out frame -> caption: {report['frame_to_caption']}")
@@ -216,8 +213,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     log(f"config: {json.dumps(dataclasses.asdict(cfg))}")
     state, report = pretrain(cfg, log)
     import io
-
-    from ..core.fsutil import atomic_write_bytes, atomic_write_text
 
     buf = io.BytesIO()
     torch.save(state, buf)

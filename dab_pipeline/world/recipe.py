@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..recipes import load_recipe
+
 
 def world_recipe() -> dict[str, Any]:
     """TrainConfig values (``key: value``) of the world recipe; its ``_doc`` says why each differs from the paper."""
-    from ..recipes import load_recipe
-
     return load_recipe("world").resolved()

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
 import click
+
 from ...core.choices import POSTPROCESS, V2T_CONVENTIONS
+from ...core.errors import StoreError
+from ...core.fsutil import atomic_write_text
 from .. import cli
 from ..progress import RichProgress
-
 from .options import EXISTING, PATH
 from .output import console, metric_table, v2t_label
 
@@ -32,7 +35,7 @@ from .output import console, metric_table, v2t_label
 @click.option("--json", "as_json", is_flag=True, help="Print metrics.json to stdout instead of tables.")
 def evaluate(run, costs, features, out, postprocess, temperature, v2t, examples, no_plots, as_json) -> None:
     """Retrieval metrics, uncertainty diagnostics and reports for a run (or any cost file)."""
-    from ...stages.evaluate import EvaluateConfig, run_evaluate
+    from ...stages.evaluate import EvaluateConfig, run_evaluate  # deferred: `dab --help` must not import torch
 
     try:
         cfg = EvaluateConfig(run=run, costs=costs, features=features, out=out, postprocess=postprocess,
@@ -62,7 +65,7 @@ def evaluate(run, costs, features, out, postprocess, temperature, v2t, examples,
                                                for k, v in var["mean"].items() if v is not None))
     bridge = res.get("bridge")
     if bridge:
-        from ...results.report import bridge_summary
+        from ...results.report import bridge_summary  # deferred: `dab --help` must not import torch
 
         con.print(bridge_summary(bridge))  # a bridge acting as a constant was warned about on stderr
     nb = res.get("neighbourhood")
@@ -79,9 +82,7 @@ def compare(runs, out) -> None:
     """One table of several evaluated runs (the paper's ablation tables)."""
     from rich.table import Table
 
-    from ...core.overrides import atomic_write_text
-    from ...core.errors import StoreError
-    from ...results.report import compare_markdown, compare_table
+    from ...results.report import compare_markdown, compare_table  # deferred: `dab --help` must not import torch
 
     loaded = []
     for r in runs:

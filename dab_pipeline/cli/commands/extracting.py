@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
 import click
+
 from ...core.choices import CLIP_DTYPES, DECODE_BACKENDS, STORE_DTYPES
+from ...core.overrides import apply_overrides
 from .. import cli
 from ..progress import RichProgress
-
 from .options import EXISTING, EXTRACT_TIMEOUT, PATH, blocks_option, resolve_pretrained
 from .output import console, human_bytes, quiet_shared_errors
 
@@ -62,9 +64,8 @@ def extract(dataset, videos, annotations, out, model, pretrained, frames, traina
     Running the same command again resumes: finished videos are skipped.
     Several processes: `torchrun --nproc-per-node N -m dab_pipeline.cli extract ...`.
     """
-    from ...core.overrides import apply_overrides
-    from ...clip_models import full_depth
-    from ...stages.extract import ExtractConfig, run_extract
+    from ...clip_models import full_depth  # deferred: `dab --help` must not import torch
+    from ...stages.extract import ExtractConfig, run_extract  # deferred: `dab --help` must not import torch
 
     try:
         cfg = ExtractConfig(
@@ -79,10 +80,10 @@ def extract(dataset, videos, annotations, out, model, pretrained, frames, traina
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     cfg = apply_overrides(cfg, overrides)
-    from ...runtime.distributed import want_distributed
+    from ...runtime.distributed import want_distributed  # deferred: `dab --help` must not import torch
 
     if want_distributed(distributed):
-        from ...runtime.distributed import distributed_session
+        from ...runtime.distributed import distributed_session  # deferred: `dab --help` must not import torch
 
         # gloo even on GPUs: extraction exchanges only small control messages (the
         # features go to the store), and gloo's long timeout covers ranks that
@@ -128,7 +129,7 @@ def inspect(store: Path, as_json: bool, verify: bool) -> None:
     """Print a store's manifest, counts per split and array sizes."""
     from rich.table import Table
 
-    from ...store import open_store
+    from ...store import open_store  # deferred: start-up (h5py, zarr)
 
     with open_store(store) as st:
         manifest = st.manifest

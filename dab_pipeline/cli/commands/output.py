@@ -7,6 +7,9 @@ from contextlib import contextmanager
 
 import click
 
+from ...core.errors import DabError
+from .. import UserError
+
 
 def console():
     from rich.console import Console
@@ -21,10 +24,7 @@ def quiet_shared_errors(ctx):
     Rank 0 prints *before* the ranks leave together: torchrun stops the whole job
     as soon as one rank ends with an error, which could cut rank 0 short.
     """
-    from ...runtime.distributed import is_shared_error
-    from ...core.errors import DabError
-    from .. import UserError
-
+    from ...runtime.distributed import is_shared_error  # deferred: `dab --help` must not import torch
     try:
         yield
     except DabError as err:

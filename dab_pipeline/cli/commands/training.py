@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import click
+
 from ...core.choices import DIST_COSTS, VARIANTS
+from ...core.overrides import apply_overrides
 from .. import cli
 from ..progress import RichProgress
-
 from .options import EXISTING, PATH
 from .output import echo_run, quiet_shared_errors
 
@@ -42,8 +43,8 @@ def train(features, out, recipe, variant, cost, steps, epochs, batch_size, train
 
     Several processes / GPUs: `torchrun --nproc-per-node N -m dab_pipeline.cli train ...`.
     """
-    from ...runtime.distributed import want_distributed
-    from ...stages.train import build_train_config, run_train
+    from ...runtime.distributed import want_distributed  # deferred: `dab --help` must not import torch
+    from ...stages.train import build_train_config, run_train  # deferred: `dab --help` must not import torch
 
     use_dist = want_distributed(distributed)
     # Resolved on every rank alike (each reads the store manifest, or config.json on --resume).
@@ -51,7 +52,7 @@ def train(features, out, recipe, variant, cost, steps, epochs, batch_size, train
                "batch_size": batch_size, "trainable_blocks": trainable_blocks, "seed": seed, "device": device}
     cfg = build_train_config(features, out, recipe=recipe, options=options, overrides=overrides, resume=resume)
     if use_dist:
-        from ...runtime.distributed import distributed_session
+        from ...runtime.distributed import distributed_session  # deferred: `dab --help` must not import torch
 
         with distributed_session(cfg.device) as ctx:  # nccl on CUDA, gloo on CPU
             with quiet_shared_errors(ctx), RichProgress(quiet=quiet or not ctx.is_main) as prog:
@@ -80,8 +81,7 @@ def distill(teacher, out, student_steps, epochs, overrides, resume, quiet) -> No
     The student copies the teacher's weights and trains its bridge alone to reach the teacher's
     state after T' steps (and its ranking of every batch pair) in S. See docs/model.md.
     """
-    from ...core.overrides import apply_overrides
-    from ...stages.distill import DistillConfig, run_distill
+    from ...stages.distill import DistillConfig, run_distill  # deferred: `dab --help` must not import torch
 
     cfg = apply_overrides(DistillConfig(teacher=teacher, out=out, student_steps=student_steps, epochs=epochs),
                           overrides)

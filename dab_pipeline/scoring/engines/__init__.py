@@ -2,7 +2,8 @@
 
 * ``base``: the pooling, merged (every variant pools the same way);
 * ``trajectory``: the bridge's T' steps (generic and oneDNN bf16 paths);
-* ``cosine`` (xpool), ``point_bridge`` (bridge), ``gaussian`` (prob), ``dab`` (dab);
+* one module per variant: ``xpool`` (the cosine), ``prob`` (the video Gaussian), ``point_bridge`` (the ``bridge``
+  ablation), ``dab``;
 * ``constant``: the bridge variants with ``drift="constant"`` (shifted texts, no steps).
 """
 
@@ -10,8 +11,8 @@ from __future__ import annotations
 
 from .base import ENGINES, Engine, PairCosts, build_engine, engine_name  # noqa: F401
 from .trajectory import BridgeSteps  # noqa: F401
-from .cosine import CosineEngine  # noqa: F401  (each module registers its engine)
+from .xpool import CosineEngine  # noqa: F401  (each module registers its engine)
 from .point_bridge import PointBridgeEngine  # noqa: F401
-from .gaussian import GaussianEngine  # noqa: F401
+from .prob import GaussianEngine  # noqa: F401
 from .dab import DABEngine  # noqa: F401
 from .constant import ConstantPointShiftEngine, ConstantShiftEngine  # noqa: F401

@@ -12,8 +12,8 @@ from torch import Tensor
 
 from ..blocks import Texts
 from .base import ENGINES
-from .cosine import CosineEngine
-from .gaussian import GaussianEngine
+from .xpool import CosineEngine
+from .prob import GaussianEngine
 
 
 @ENGINES.register("dab/constant")

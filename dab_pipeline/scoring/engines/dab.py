@@ -9,7 +9,7 @@ from torch import Tensor
 
 from ..blocks import Texts, Videos
 from .base import ENGINES, PairCosts
-from .gaussian import GaussianEngine
+from .prob import GaussianEngine
 from .trajectory import BridgeSteps
 
 

@@ -8,17 +8,21 @@ import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
+
 import torch
+
 from ... import __version__
-from ...core.events import Event, ProgressCallback, null_progress
-from ...video.augment import VIEW_TRANSFORM
-from ...results.thumbnails import THUMBNAIL_NOTE
-from ...runtime.capabilities import capabilities
 from ...core.choices import CLIP_DTYPES, STORE_DTYPES
-from ...runtime.devices import resolve_device
-from ...core.fsutil import sha256_file
 from ...core.errors import ConfigError, DabError
-from ...video import DECODE_RULES
+from ...core.events import Event, ProgressCallback, null_progress
+from ...core.fsutil import sha256_file
+from ...results.thumbnails import THUMBNAIL_NOTE
+from ...runtime.capabilities import capabilities, resolve_clip_dtype
+from ...runtime.devices import resolve_device
+from ...store import open_store
+from ...video import BACKENDS, DECODE_RULES
+from ...video.augment import VIEW_TRANSFORM
+
 if TYPE_CHECKING:
     pass
 
@@ -93,8 +97,6 @@ class ExtractConfig:
             raise ConfigError(f"store_dtype must be one of {', '.join(STORE_DTYPES)}, got {self.store_dtype!r}")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"limit must be >= 1, got {self.limit}")
-        from ...video import BACKENDS
-
         if self.decode_backend not in BACKENDS:
             raise ConfigError(f"decode_backend must be one of {', '.join(BACKENDS)}, got {self.decode_backend!r}")
         if self.decode_short_side is not None and self.decode_short_side < 0:
@@ -148,8 +150,6 @@ def resolve_compute_dtype(dtype: str, device: "str | torch.device", out: Optiona
     command resumes on a machine whose ``auto`` would pick another one.  A bf16
     request on a device without native bf16 becomes float32, with one warning.
     """
-    from ...runtime.capabilities import resolve_clip_dtype
-
     dev = resolve_device(device)
     requested = dtype
     if dtype == "auto" and out is not None:
@@ -164,8 +164,6 @@ def _stored_dtype(out: Path) -> Optional[str]:
     """The compute dtype an existing store records, or None (no store, or not readable as one)."""
     if not out.exists():
         return None
-    from ...store import open_store
-
     try:
         with open_store(out, "r") as st:
             return st.manifest.get("compute_dtype")

@@ -8,10 +8,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from ...runtime.devices import resolve_device
-from ...runtime.distributed import LocalContext, mark_shared
+from ...clip_models import encode_images, encode_texts, load_clip
 from ...core.errors import ExtractionFailed, StoreError
 from ...core.events import Event, ProgressCallback, null_progress
+from ...datasets import load_dataset
+from ...runtime.devices import resolve_device
+from ...runtime.distributed import LocalContext, mark_shared
+from ...store import STATUS_FAILED, STATUS_MISSING, STATUS_OK, open_store
 from .config import ExtractConfig, ExtractResult, build_manifest, parse_options, resolve_compute_dtype
 from .workers import encode_captions, encode_videos
 from .writers import ExistingStore, ExtractJob, StoreWriter, choose_writer, existing_store
@@ -34,8 +37,6 @@ def run_extract(cfg: ExtractConfig, progress: ProgressCallback = null_progress,
     frames' work, and the ragged token-state array cannot be cut at caption
     boundaries into chunk-aligned shares.
     """
-    from ...clip_models import load_clip
-
     t0 = time.perf_counter()
     ctx = dist if dist is not None and dist.world_size > 1 else LocalContext(resolve_device(cfg.device))
     if not ctx.is_main:
@@ -76,8 +77,6 @@ def run_extract(cfg: ExtractConfig, progress: ProgressCallback = null_progress,
 def _encode(job: ExtractJob, writer: StoreWriter, state: Optional[ExistingStore], missing: set[str],
             progress: ProgressCallback) -> ExtractResult:
     """Open this rank's store, encode its pending captions (rank 0) and videos, close it."""
-    from ...clip_models import encode_images, encode_texts
-
     cfg, ctx = job.cfg, job.ctx
     store, rows = writer.open(state, progress)
     try:
@@ -94,8 +93,6 @@ def _encode(job: ExtractJob, writer: StoreWriter, state: Optional[ExistingStore]
 
 def _counts_of_complete(state: ExistingStore, writer: StoreWriter, n_caps: int, out: Path) -> ExtractResult:
     """This rank's result for a store that was complete before the run: every video skipped."""
-    from ...store import STATUS_FAILED, STATUS_MISSING, STATUS_OK
-
     share = writer.share(state)
     mine = state.status if share is None else state.status[share]
     return ExtractResult(store=out, videos_total=len(mine), videos_ok=0, videos_failed=0, videos_missing=0,
@@ -131,8 +128,6 @@ def _combine_results(ctx, local: ExtractResult, videos, n_caps: int, out: Path) 
 
 
 def _earlier_failures(out: Path) -> list[tuple[str, str]]:
-    from ...store import open_store
-
     with open_store(out, "r") as st:
         return st.failures()[:5]
 
@@ -167,8 +162,6 @@ def _store_errors(out: Path):
 
 def _load_index(cfg: ExtractConfig, progress: ProgressCallback):
     """The dataset's videos and captions (``--limit`` applied) and the ids missing on disk."""
-    from ...datasets import load_dataset
-
     index = load_dataset(cfg.dataset, cfg.videos, cfg.annotations, **parse_options(cfg.dataset_options))
     for w in index.options.get("warnings", []) or []:
         progress(Event("warning", message=str(w)))

@@ -7,14 +7,20 @@ import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
+
 import numpy as np
 import torch
+
+from ...core.errors import VideoDecodeError
 from ...core.events import Event, ProgressCallback
 from ...results.thumbnails import make_thumbnail
-from ...core.errors import VideoDecodeError
+
 if TYPE_CHECKING:
     pass
 
+from ...store import STATUS_FAILED, STATUS_MISSING, STATUS_OK
+from ...video import decode_video
+from ...video.augment import augmented_views
 from .config import ExtractConfig, ExtractResult
 
 
@@ -39,8 +45,6 @@ class DecodeDataset(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> dict[str, Any]:
         from PIL import Image
 
-        from ...video import decode_video
-
         index, path = self.items[i][:2]
         try:
             dec = decode_video(Path(path), num_frames=self.frames, short_side=self.short_side, backend=self.backend)
@@ -51,8 +55,6 @@ class DecodeDataset(torch.utils.data.Dataset):
                     "warning": "; ".join(dec.warnings) or None, "views": None,
                     "thumbnail": make_thumbnail(dec.frames, dec.mask)}
             if len(self.items[i]) > 2 and self.items[i][3] and self.view_geometry is not None:
-                from ...video.augment import augmented_views
-
                 size, mean, std = self.view_geometry
                 item["views"] = augmented_views(dec.frames, self.items[i][2], self.items[i][3], size, mean, std)
             return item
@@ -149,8 +151,6 @@ def encode_videos(store, bundle, videos, missing: set[str], cfg: ExtractConfig, 
     seconds = time.perf_counter() - t0
     progress(Event("end", task="videos", message=f"{ok} ok, {failed} failed, {len(miss_idx)} missing"))
     status = store.status() if rows is None else store.status()[np.asarray(rows, np.int64)]
-    from ...store import STATUS_FAILED, STATUS_MISSING, STATUS_OK
-
     return ExtractResult(store=Path(cfg.out), videos_total=total, videos_ok=ok, videos_failed=failed,
                          videos_missing=len(miss_idx), videos_skipped=skipped, captions=0, failures=failures,
                          warnings=warnings, store_ok=int((status == STATUS_OK).sum()),

@@ -22,10 +22,20 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ...runtime.distributed import mark_shared, part_files, part_path
+from ...clip_models import tokenize_lengths
 from ...core.errors import StoreError, StoreMismatchError
 from ...core.events import Event, ProgressCallback
 from ...results.thumbnails import THUMB_BYTES
+from ...runtime.distributed import mark_shared, part_files, part_path
+from ...store import (
+    create_store,
+    default_share_rows,
+    manifest_compatible,
+    merge_parts,
+    open_store,
+    store_backend,
+    video_share,
+)
 from .config import COMPATIBILITY_KEYS, ExtractConfig
 
 
@@ -59,8 +69,6 @@ class ExtractJob:
 
 def check_resumable(store, manifest: dict, videos, captions, out: Path) -> None:
     """StoreMismatchError unless ``store`` was built with this configuration and these videos/captions."""
-    from ...store import manifest_compatible
-
     diff = manifest_compatible(store.manifest, manifest, COMPATIBILITY_KEYS)
     same_ids = list(store.video_ids) == [v.video_id for v in videos] and list(store.caption_ids) == [
         c.caption_id for c in captions
@@ -78,8 +86,6 @@ def check_resumable(store, manifest: dict, videos, captions, out: Path) -> None:
 
 def existing_store(job: ExtractJob) -> Optional[ExistingStore]:
     """The store already at ``--out`` (checked against this run), or None for a fresh start."""
-    from ...store import open_store
-
     if job.cfg.overwrite or not job.out.exists():
         return None
     with open_store(job.out, "r") as st:
@@ -98,9 +104,6 @@ def existing_store(job: ExtractJob) -> Optional[ExistingStore]:
 
 def create_for(job: ExtractJob, path: Path, *, overwrite: bool, share_rows: Optional[int] = None):
     """A new, preallocated store at ``path`` for the job's videos and captions (open for writing)."""
-    from ...clip_models import tokenize_lengths
-    from ...store import create_store
-
     cfg, bundle, videos, captions = job.cfg, job.bundle, job.videos, job.captions
     vid_pos = {v.video_id: i for i, v in enumerate(videos)}
     text_lengths = text_width = vision_state_shape = None
@@ -161,8 +164,6 @@ class StoreWriter:
         self.job = job
 
     def check(self, state: Optional[ExistingStore], progress: ProgressCallback) -> None:
-        from ...store import store_backend
-
         out = self.job.out
         worlds = sorted({w for _, _, w in part_files(out)}) if store_backend(out) == "hdf5" else []
         if worlds:
@@ -174,8 +175,6 @@ class StoreWriter:
         return None  # every row
 
     def open(self, state: Optional[ExistingStore], progress: ProgressCallback):
-        from ...store import open_store
-
         if state is None:
             return create_for(self.job, self.job.out, overwrite=self.job.cfg.overwrite), None
         store = open_store(self.job.out, mode="a")
@@ -193,8 +192,6 @@ class _SharedWriter(StoreWriter):
     """Base of the many-rank writers: a resumed store must come from a run of the same world size."""
 
     def share(self, state: ExistingStore) -> np.ndarray:
-        from ...store import default_share_rows, video_share
-
         j = self.job
         rows = state.share_rows or default_share_rows(j.num_videos, j.ctx.world_size)
         return video_share(j.num_videos, rows, j.ctx.rank, j.ctx.world_size)
@@ -213,8 +210,6 @@ class ZarrSharesWriter(_SharedWriter):
     """Every rank writes its own rows (and their chunk files) of the one Zarr store."""
 
     def open(self, state: Optional[ExistingStore], progress: ProgressCallback):
-        from ...store import default_share_rows, open_store
-
         j = self.job
         rank, world = j.ctx.rank, j.ctx.world_size
 
@@ -255,8 +250,6 @@ class H5PartsWriter(_SharedWriter):
         return [part_path(self.job.out, r, world) for r in range(world)]
 
     def open(self, state: Optional[ExistingStore], progress: ProgressCallback):
-        from ...store import default_share_rows, open_store, video_share
-
         j = self.job
         rank, world = j.ctx.rank, j.ctx.world_size
         j.ctx.run_on_main(lambda: check_part_files(j.out, world, j.cfg.overwrite))
@@ -279,8 +272,6 @@ class H5PartsWriter(_SharedWriter):
         return store, video_share(j.num_videos, default_share_rows(j.num_videos, world), rank, world)
 
     def finish(self, progress: ProgressCallback) -> None:
-        from ...store import default_share_rows, merge_parts, video_share
-
         j = self.job
         n, world = j.num_videos, j.ctx.world_size
 
@@ -300,8 +291,6 @@ class H5PartsWriter(_SharedWriter):
 
 def choose_writer(job: ExtractJob) -> StoreWriter:
     """The writer for this store backend and number of processes."""
-    from ...store import store_backend
-
     if job.ctx.world_size == 1:
         return StoreWriter(job)
     return ZarrSharesWriter(job) if store_backend(job.out) == "zarr" else H5PartsWriter(job)

@@ -12,7 +12,7 @@ A run folder holds everything needed to trace and rebuild a result:
       costs_test.h5|.zarr    test cost matrix, rankings, per-query variances (read by `dab evaluate`)
       status.json            running / complete, with the final numbers
 
-(the layout's one home is :class:`dab_pipeline.runs.folder.RunFolder`).
+(the layout's one home is :class:`dab_pipeline.runs.run_folder.RunFolder`).
 
 * ``config``: TrainConfig, its dataset-dependent defaults, the optimiser groups and schedule;
 * ``build``: a TrainConfig from typed values (options, a recipe, ``--set``, ``--resume``);
@@ -30,6 +30,6 @@ from .config import (LOG_MAX_LOGIT_SCALE, TrainConfig, TrainResult, epoch_length
 from .inputs import SplitArrays, TrainHeads, batch_inputs, text_state_batch  # noqa: F401
 from .step import TrainStep, distributed_batch_loss  # noqa: F401
 from .scoring import score_split  # noqa: F401
-from .folder import RunData, TrainRun  # noqa: F401
+from .session import RunData, TrainRun  # noqa: F401
 from .loop import run_train  # noqa: F401
 from .build import build_train_config, store_depth  # noqa: F401

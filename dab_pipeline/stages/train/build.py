@@ -12,6 +12,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
+from ...clip_models import full_depth
 from ...core.errors import ConfigError
 from ...core.overrides import apply_overrides, differences, replace_values
 from ...recipes import load_recipe
@@ -81,8 +82,6 @@ def _resumed(out: Optional[Path], recipe: Optional[str], given: Mapping[str, Any
 
 def store_depth(manifest: dict) -> int:
     """What ``trainable_blocks=all`` means for a store: its CLIP's depth (both towers alike)."""
-    from ...clip_models import full_depth  # open_clip: only when "all" is asked for
-
     clip = manifest.get("clip", {})
     vision, text = clip.get("num_vision_layers"), clip.get("num_text_layers")
     if isinstance(vision, int) and vision == text:

@@ -1,9 +1,13 @@
 """A split's training inputs in RAM, the fine-tuned CLIP heads, and the inputs of one batch."""
 
 from __future__ import annotations
+
 from typing import Optional
+
 import numpy as np
 import torch
+
+from ...clip_models import TextHead, VisionHead, check_store_weights, load_clip
 
 
 class SplitArrays:
@@ -46,8 +50,6 @@ class TrainHeads(torch.nn.Module):
 
     def __init__(self, manifest: dict, k: int, device: torch.device) -> None:
         super().__init__()
-        from ...clip_models import TextHead, VisionHead, check_store_weights, load_clip
-
         bundle = load_clip(manifest["model"], manifest.get("pretrained"), device="cpu", dtype="float32")
         check_store_weights(bundle, manifest, "fine-tuning from the store's token states needs the same weights")
         self.vision = VisionHead.from_bundle(bundle, k)

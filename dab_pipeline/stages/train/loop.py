@@ -1,25 +1,43 @@
 """run_train and the trainer: restore, fit (epochs of steps), test, finish; one code path for one process and many."""
 
 from __future__ import annotations
+
 import dataclasses
 import json
 import time
 from pathlib import Path
 from typing import Any, Optional
+
 import numpy as np
 import torch
-from ...runs.checkpoint import rng_state, set_rng_state
-from ...core.overrides import to_dict
+
 from ...core.errors import ConfigError, StoreError, TrainingError
 from ...core.events import Event, ProgressCallback, null_progress
+from ...core.overrides import to_dict
+from ...metrics import t2v_metrics
+from ...model import DABModel
 from ...model.losses import loss_of
+from ...runs.checkpoint import rng_state, set_rng_state
+from ...runs.costfile import CostMatrix, write_costs
+from ...runs.run_folder import RunFolder
+from ...runtime.capabilities import capabilities, resolve_amp, resolve_score_dtype
 from ...runtime.devices import resolve_device
-from .config import LOG_MAX_LOGIT_SCALE, TrainConfig, TrainResult, seed_everything, epoch_length, epoch_order, epoch_views, lr_lambda, optimizer_groups
-from ...runs.folder import RunFolder
+from ...runtime.distributed import LocalContext
+from .config import (
+    LOG_MAX_LOGIT_SCALE,
+    TrainConfig,
+    TrainResult,
+    epoch_length,
+    epoch_order,
+    epoch_views,
+    lr_lambda,
+    optimizer_groups,
+    seed_everything,
+)
 from .inputs import TrainHeads, batch_inputs
 from .scoring import score_split
+from .session import RunData, TrainRun
 from .step import TrainStep, distributed_batch_loss
-from .folder import RunData, TrainRun
 
 
 def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resume: bool = False,
@@ -67,8 +85,6 @@ def _already_complete(cfg: TrainConfig, status: dict, progress: ProgressCallback
 def _resolve_precision(cfg: TrainConfig, device: torch.device, progress: ProgressCallback
                        ) -> tuple[TrainConfig, dict[str, Any]]:
     """``amp`` and ``score_dtype`` as this device runs them, and the record written as precision.json."""
-    from ...runtime.capabilities import capabilities, resolve_amp, resolve_score_dtype
-
     amp, score = resolve_amp(cfg.amp, device), resolve_score_dtype(cfg.score_dtype, device)
     for choice in (amp, score):
         if choice.warning:
@@ -89,8 +105,6 @@ def _run_train(cfg: TrainConfig, progress: ProgressCallback, resume: bool, dist,
     writes the run folder; every rank reads the store. One process runs the same
     code with a :class:`~dab_pipeline.runtime.distributed.LocalContext`.
     """
-    from ...runtime.distributed import LocalContext
-
     ctx = dist if dist is not None and dist.world_size > 1 else LocalContext(resolve_device(cfg.device))
     if not ctx.is_main:
         progress = null_progress  # one progress display: rank 0's
@@ -113,8 +127,6 @@ class _Trainer:
     """The model, its optimiser and the position in the run; each step of training a method."""
 
     def __init__(self, run: TrainRun, data: RunData) -> None:
-        from ...model import DABModel
-
         self.run, self.data, self.cfg = run, data, run.cfg
         cfg, ctx = self.cfg, run.ctx
         seed_everything(cfg.seed)
@@ -260,8 +272,6 @@ class _Trainer:
 
     def end_epoch(self, epoch: int, loss: tuple[float, int], seconds: float) -> None:
         """Validate, select (never on test), log the epoch and write last.pt / best.pt."""
-        from ...metrics import t2v_metrics
-
         run, cfg, val = self.run, self.cfg, self.data.val
         record: dict[str, Any] = {"epoch": epoch + 1, "step": self.global_step,
                                   "train_loss": loss[0] / max(1, loss[1]), "lr": self.sched.get_last_lr()[0],
@@ -292,9 +302,6 @@ class _Trainer:
 
     def test(self) -> tuple[Optional[dict], Optional[Path]]:
         """Score the test split with best.pt and write the cost file; (t2v metrics, its path) or Nones."""
-        from ...runs.costfile import CostMatrix, write_costs
-        from ...metrics import t2v_metrics
-
         run, cfg, test = self.run, self.cfg, self.data.test
         if test is None:
             return None, None

@@ -1,10 +1,15 @@
 """Scoring a split with the fast engine (validation, the test cost file), its inputs through the heads."""
 
 from __future__ import annotations
+
 from typing import Optional
+
 import numpy as np
 import torch
+
 from ...core.events import ProgressCallback, null_progress
+from ...runtime.distributed import LocalContext, shard_range
+from ...scoring import ScoreResult, score_all
 from .config import TrainConfig
 from .inputs import SplitArrays, TrainHeads, text_state_batch
 
@@ -35,9 +40,6 @@ def score_split(model, heads: Optional[TrainHeads], feats: SplitArrays, cfg: Tra
     the whole matrix (and takes the same model-selection decision). One process
     scores every query (its chunk is the whole split).
     """
-    from ...runtime.distributed import LocalContext, shard_range
-    from ...scoring import ScoreResult, score_all
-
     ctx = dist if dist is not None else LocalContext(device)
     n_q, world = feats.num_queries, ctx.world_size
     bounds = [shard_range(n_q, r, world) for r in range(world)]

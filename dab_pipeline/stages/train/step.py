@@ -1,9 +1,13 @@
 """The training step as one module (DDP averages DAB's and the heads' gradients) and its loss across ranks."""
 
 from __future__ import annotations
+
 from typing import Optional
+
 import torch
+
 from ...model.losses import contrastive_loss, loss_of
+from ...runtime.distributed import all_gather_with_grad
 from .inputs import TrainHeads
 
 
@@ -70,6 +74,4 @@ def _gather_of(ctx):
     """The context's gather with gradients; without one, the default process group's."""
     if ctx is not None:
         return ctx.gather_with_grad
-    from ...runtime.distributed import all_gather_with_grad
-
     return all_gather_with_grad

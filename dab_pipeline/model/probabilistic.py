@@ -1,0 +1,74 @@
+"""The Gaussian heads (paper §3.2): the probabilistic encoder and the video's token-based uncertainty."""
+
+from __future__ import annotations
+
+import math
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .pooling import masked_softmax
+
+
+class ProbabilisticEncoder(nn.Module):
+    """Shared Gaussian head (paper §3.2): L2-normalise -> LayerNorm -> (mu, logvar).
+
+    The logvar bias starts at ``logvar_init`` so every Gaussian starts at
+    sigma^2 ~ e^-2; logvar is clamped to [logvar_min, logvar_max].
+    """
+
+    def __init__(self, dim: int, logvar_init: float, logvar_min: float, logvar_max: float) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(dim)
+        self.mu_head = nn.Linear(dim, dim)
+        self.logvar_head = nn.Linear(dim, dim)
+        nn.init.constant_(self.logvar_head.bias, logvar_init)
+        self.logvar_min, self.logvar_max = logvar_min, logvar_max
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """x (..., D) -> mu (..., D), logvar (..., D)."""
+        h = self.ln(F.normalize(x, dim=-1))  # (..., D)
+        mu = self.mu_head(h)  # (..., D)
+        logvar = self.logvar_head(h).clamp(self.logvar_min, self.logvar_max)  # (..., D)
+        return mu, logvar
+
+
+class TokenUncertainty(nn.Module):
+    """Video token-based uncertainty (paper §3.2).
+
+    ``H = SelfAttn(frames)``, ``h_bar = mean over real frames``,
+    ``logvar_tok = W1 h_bar + b1 + W2 v_c + b2``.  The W1 term depends only on the
+    video (:meth:`video_term`, cached in :class:`VideoState`); the W2 term on the
+    pooled pair (:meth:`pair_term`).  Tokens are LayerNorm-ed before attention
+    (pre-LN) because raw CLIP frame features are not normalised.  b1 = b2 =
+    logvar_init / 2 so the fused logvar starts near logvar_init.
+    """
+
+    def __init__(self, dim: int, logvar_init: float) -> None:
+        super().__init__()
+        self.dim = dim
+        self.ln = nn.LayerNorm(dim)
+        self.q_proj = nn.Linear(dim, dim)
+        self.k_proj = nn.Linear(dim, dim)
+        self.v_proj = nn.Linear(dim, dim)
+        self.out_proj = nn.Linear(dim, dim)
+        self.w1 = nn.Linear(dim, dim)
+        self.w2 = nn.Linear(dim, dim)
+        nn.init.constant_(self.w1.bias, logvar_init / 2.0)
+        nn.init.constant_(self.w2.bias, logvar_init / 2.0)
+
+    def video_term(self, frames: Tensor, mask: Tensor) -> Tensor:
+        """frames (V, F, D), mask (V, F) -> W1 h_bar + b1 (V, D)."""
+        x = self.ln(frames)  # (V, F, D)
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (V, F, D) each
+        logits = torch.einsum("vid,vjd->vij", q, k) / math.sqrt(self.dim)  # (V, F, F)
+        w = masked_softmax(logits, mask[:, None, :], dim=-1)  # (V, F, F): padded keys get 0
+        h = self.out_proj(torch.einsum("vij,vjd->vid", w, v))  # (V, F, D)
+        m = mask.to(h.dtype)[..., None]  # (V, F, 1)
+        # padded queries are excluded from the mean, so garbage frames cannot leak in
+        h_bar = (h * m).sum(dim=1) / m.sum(dim=1).clamp_min(1.0)  # (V, D)
+        return self.w1(h_bar)  # (V, D)
+
+    def pair_term(self, v_c: Tensor) -> Tensor:
+        """v_c (..., D) -> W2 v_c + b2 (..., D)."""
+        return self.w2(v_c)

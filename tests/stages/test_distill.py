@@ -1,0 +1,161 @@
+"""`dab distill`: the S-step student of a trained bridge, as an ordinary run folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from dab_pipeline.runs.checkpoint import load_checkpoint
+from dab_pipeline.cli import cli
+from dab_pipeline.core.overrides import apply_overrides
+from dab_pipeline.core.errors import ConfigError
+from dab_pipeline.stages.distill import DistillConfig, pair_outputs, distill_loss, run_distill
+from dab_pipeline.stages.search import load_run
+from dab_pipeline.stages.train import TrainConfig, resolve_train_config, run_train
+from dab_pipeline.store import open_store
+from ..runner import invoke
+
+from .test_train import _random_store
+
+SMALL = ["model.drift_hidden=16", "model.time_embed_dim=8", "batch_size=8", "lr=3e-3", "epochs=2"]
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("distill")
+    store = _random_store(root / "store.h5")
+    cfg = apply_overrides(TrainConfig(features=store, out=root / "teacher"), [*SMALL, "model.variant=dab",
+                                                                              "model.steps=4"])
+    with open_store(store) as st:
+        run_train(resolve_train_config(cfg, st.manifest))
+    return root / "teacher"
+
+
+def test_loss_is_zero_for_identical_outputs_and_positive_otherwise() -> None:
+    torch.manual_seed(0)
+    cost, state = torch.randn(6, 6), [torch.randn(6, 6, 4), torch.randn(6, 6, 4)]
+    zero, parts = distill_loss(cost, state, cost, state, torch.tensor(1.0), 1.0, 1.0)
+    assert float(zero) == pytest.approx(0.0, abs=1e-6) and parts["state"] == 0.0
+    loss, parts = distill_loss(cost + torch.randn(6, 6), state, cost, state, torch.tensor(1.0), 1.0, 1.0)
+    assert parts["rank"] > 0 and float(loss) > 0
+
+
+def test_student_reaches_the_teachers_state_and_scores_everywhere(teacher: Path, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "student"
+    res = run_distill(DistillConfig(teacher=teacher, out=out, student_steps=1, epochs=30, batch_size=8, lr=3e-3,
+                                    rank_weight=0.1))
+    t = load_run(teacher).model
+    s = load_run(out, checkpoint="last.pt").model
+    assert s.cfg.steps == 1 and t.cfg.steps == 4
+    with open_store(load_run(teacher).config.features) as st:
+        train = st.load_split("train")
+    text = torch.as_tensor(train.text[:8])
+    frames = torch.as_tensor(train.frames[train.caption_video[:8]])
+    mask = torch.as_tensor(train.frame_mask[train.caption_video[:8]])
+    with torch.no_grad():
+        _, t_state = pair_outputs(t, text, frames, mask)
+        _, s_state = pair_outputs(s, text, frames, mask)
+        from dab_pipeline.stages.distill import build_student
+
+        untrained = build_student(load_run(teacher).model, 1)  # the student before any distillation
+        _, u_state = pair_outputs(untrained.eval(), text, frames, mask)
+    err = max(float((a - b).abs().mean()) for a, b in zip(s_state, t_state))
+    before = max(float((a - b).abs().mean()) for a, b in zip(u_state, t_state))
+    assert err < 0.5 * before, (err, before)  # the distillation closed most of the gap on training pairs
+    # only the bridge trained: every other weight is the teacher's
+    ts, ss = load_checkpoint(teacher / "checkpoints" / "best.pt")["model"], load_checkpoint(
+        out / "checkpoints" / "last.pt")["model"]
+    assert all(torch.equal(ts[k], ss[k]) for k in ts if not k.startswith("bridge."))
+    assert any(not torch.equal(ts[k], ss[k]) for k in ts if k.startswith("bridge."))
+    info = json.loads((out / "distill.json").read_text())
+    assert info["teacher_steps"] == 4 and len(info["teacher_checkpoint_sha256"]) == 64
+    assert json.loads((out / "config.json").read_text())["model"]["steps"] == 1
+    assert res.test_metrics is not None
+    # the scoring benchmark compares it with its teacher on the same pairs
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_scoring", Path(__file__).parents[2] / "benchmarks" / "scoring.py")
+    bench = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(bench)
+    bench.bench_teacher(str(out), str(teacher), str(load_run(teacher).config.features), "test", torch.device("cpu"),
+                        repeats=1)
+    # an ordinary run folder: evaluate, compare and search read it
+    runner = CliRunner()
+    printed = capsys.readouterr().out
+    assert "speed-up" in printed and "T'=4" in printed and "T'=1" in printed
+    for args in (["evaluate", "--run", str(out), "--no-plots", "--examples", "2"],
+                 ["evaluate", "--run", str(teacher), "--no-plots", "--examples", "0", "--out", str(tmp_path / "t")],
+                 ["compare", str(tmp_path / "t"), str(out)]):
+        r = runner.invoke(cli, args, catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+
+
+def test_resume_equals_uninterrupted(teacher: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dab_pipeline.stages.distill as D
+
+    cfg = dict(teacher=teacher, student_steps=2, epochs=3, batch_size=8)
+    run_distill(DistillConfig(out=tmp_path / "a", **cfg))
+    real = D._distill_epoch
+    calls = {"n": 0}
+
+    def dying(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(D, "_distill_epoch", dying)
+    with pytest.raises(KeyboardInterrupt):
+        run_distill(DistillConfig(out=tmp_path / "b", **cfg))
+    monkeypatch.setattr(D, "_distill_epoch", real)
+    run_distill(DistillConfig(out=tmp_path / "b", **cfg), resume=True)
+    a = load_checkpoint(tmp_path / "a" / "checkpoints" / "last.pt")["model"]
+    b = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")["model"]
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=k)
+    ca = np.asarray(load_checkpoint(tmp_path / "a" / "checkpoints" / "best.pt")["best_value"] or 0)
+    cb = np.asarray(load_checkpoint(tmp_path / "b" / "checkpoints" / "best.pt")["best_value"] or 0)
+    assert ca == cb
+    # a resume that asks for another distillation than the folder holds is refused, naming the option
+    with pytest.raises(ConfigError, match=r"student_steps \(saved 2, given 3\)"):
+        run_distill(DistillConfig(out=tmp_path / "b", **{**cfg, "student_steps": 3}), resume=True)
+
+
+def test_a_run_without_a_bridge_is_refused(teacher: Path, tmp_path: Path) -> None:
+    store = load_run(teacher).config.features
+    cfg = apply_overrides(TrainConfig(features=store, out=tmp_path / "prob"), [*SMALL, "model.variant=prob"])
+    with open_store(store) as st:
+        run_train(resolve_train_config(cfg, st.manifest))
+    with pytest.raises(ConfigError, match="has no bridge to distill"):
+        run_distill(DistillConfig(teacher=tmp_path / "prob", out=tmp_path / "s"))
+    r = invoke(["distill", "--run", str(tmp_path / "prob"), "--out", str(tmp_path / "s2")])
+    assert r.exit_code != 0 and "has no bridge to distill" in r.output and "Traceback" not in r.output
+
+
+def test_distillation_counts_steps_like_its_teacher(tmp_path: Path) -> None:
+    """The teacher's epoch mode (one caption per video), its weight decay and warm-up, then a cosine decay."""
+    from dab_pipeline.core.events import Event
+
+    store = _random_store(tmp_path / "store.h5")  # 20 training videos, 2 captions each
+    cfg = apply_overrides(TrainConfig(features=store, out=tmp_path / "teacher"),
+                          [*SMALL, "model.variant=dab", "model.steps=2", "epoch=videos", "weight_decay=0.05",
+                           "warmup_ratio=0.2"])
+    with open_store(store) as st:
+        run_train(resolve_train_config(cfg, st.manifest))
+    events: list[Event] = []
+    out = tmp_path / "student"
+    run_distill(DistillConfig(teacher=tmp_path / "teacher", out=out, epochs=3, batch_size=4), progress=events.append)
+    steps = sum(e.n for e in events if e.kind == "advance" and e.task == "distill")
+    assert steps == 3 * (20 // 4)  # videos per epoch, not the 40 captions
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["weight_decay"] == 0.05 and saved["warmup_ratio"] == 0.2 and saved["epoch"] == "videos"
+    ck = load_checkpoint(out / "checkpoints" / "last.pt")
+    assert ck["sched"]["last_epoch"] == steps and ck["optim"]["param_groups"][0]["lr"] == pytest.approx(0.0, abs=1e-9)
+    assert ck["optim"]["param_groups"][0]["weight_decay"] == 0.05

@@ -1,0 +1,137 @@
+"""`dab evaluate`, `dab compare`, the CLI reference and the demo pipeline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dab_pipeline.runs.costfile import CostMatrix, write_costs
+from dab_pipeline.stages.evaluate import EvaluateConfig, run_evaluate
+from ..runner import invoke
+
+from .test_train import _cfg, _random_store
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    from dab_pipeline.stages.train import run_train
+
+    root = tmp_path_factory.mktemp("runs")
+    store = _random_store(root / "store.h5")
+    for variant in ("xpool", "dab"):
+        run_train(_cfg(store, root / variant, f"model.variant={variant}", "epochs=2"))
+    return store, root / "xpool", root / "dab"
+
+
+def test_evaluate_run_writes_reports(two_runs) -> None:
+    store, _, run = two_runs
+    res = invoke(["evaluate", "--run", str(run)], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert "text-to-video" in res.output and "video-to-text" in res.output
+    m = json.loads((run / "metrics.json").read_text())
+    assert set(m["t2v"]) >= {"R@1", "R@5", "R@10", "R@50", "MdR", "MnR", "RSum"}
+    assert m["postprocess"]["name"] == "none"
+    # the numbers agree with metrics computed straight from the cost file
+    from dab_pipeline.runs.costfile import read_costs
+    from dab_pipeline.metrics import t2v_metrics
+
+    cm = read_costs(run / "costs_test.h5")
+    assert m["t2v"]["R@1"] == pytest.approx(t2v_metrics(cm.cost, cm.gt)["R@1"])
+    assert "variance" in m and m["variance"]["mean"]["video"] > 0
+    assert "neighbourhood" in m and len(m["neighbourhood"]["rows"]) == 4  # read the store for video features
+    assert {"R@1", "R@5"} <= set(m["selective"])
+    report = (run / "report.md").read_text()
+    assert "R@1" in report and "MnR" in report
+    for png in ("risk_coverage.png", "rank_hist.png"):
+        data = (run / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+
+
+def test_run_folder_files_follow_the_umask(two_runs) -> None:
+    """Labs share run folders: files are 0666 less the umask, like any other file, not mkstemp's 0600."""
+    import os
+
+    _, _, run = two_runs
+    assert invoke(["evaluate", "--run", str(run)]).exit_code == 0
+    mask = os.umask(0o022)
+    os.umask(mask)
+    names = ["config.json", "status.json", "metrics.json", "report.md", "risk_coverage.png", "rank_hist.png",
+             "store_manifest.json", "checkpoints/last.pt", "checkpoints/best.pt"]
+    for name in names:
+        assert (run / name).stat().st_mode & 0o777 == 0o666 & ~mask, name
+
+
+def test_postprocessing_is_labelled(two_runs, tmp_path: Path) -> None:
+    _, run, _ = two_runs
+    res = run_evaluate(EvaluateConfig(run=run, out=tmp_path, postprocess="dsl", temperature=0.1, plots=False))
+    assert res["postprocess"]["name"] == "dsl"
+    assert json.loads((tmp_path / "metrics.json").read_text())["postprocess"]["name"] == "dsl"
+    assert "dsl" in (tmp_path / "report.md").read_text().lower() or "dual" in (tmp_path / "report.md").read_text().lower()
+
+
+def test_evaluate_any_cost_file(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    sim = rng.normal(size=(6, 4)).astype(np.float32)
+    gt = np.array([0, 0, 1, 2, 3, 3])
+    sim[np.arange(6), gt] += 5.0  # a method that is always right
+    np.savez(tmp_path / "other.npz", similarity=sim, gt=gt, query_ids=np.array([f"q{i}" for i in range(6)]),
+             video_ids=np.array([f"v{i}" for i in range(4)]))
+    res = invoke(["evaluate", "--costs", str(tmp_path / "other.npz"), "--json", "--no-plots"],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    m = json.loads(res.output)
+    assert m["t2v"]["R@1"] == 100.0 and m["v2t"]["R@1"] == 100.0
+    # the same matrix as an h5 cost file written by the library
+    write_costs(tmp_path / "c.h5", CostMatrix(cost=-sim, query_ids=np.array([f"q{i}" for i in range(6)]),
+                                              video_ids=np.array([f"v{i}" for i in range(4)]), gt=gt))
+    m2 = run_evaluate(EvaluateConfig(costs=tmp_path / "c.h5", plots=False))
+    assert m2["t2v"] == m["t2v"]
+
+
+def test_evaluate_errors_are_one_line(tmp_path: Path) -> None:
+    res = invoke(["evaluate"])
+    assert res.exit_code != 0 and "--run" in res.output
+    (tmp_path / "empty").mkdir()
+    res = invoke(["evaluate", "--run", str(tmp_path / "empty")])
+    assert res.exit_code != 0 and "no cost file" in res.output and "Traceback" not in res.output
+
+
+def test_compare_two_runs(two_runs, tmp_path: Path) -> None:
+    _, a, b = two_runs
+    for run in (a, b):
+        assert invoke(["evaluate", "--run", str(run), "--no-plots"]).exit_code == 0
+    res = invoke(["compare", str(a), str(b), "--out", str(tmp_path / "cmp.md")],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert "xpool" in res.output and "dab" in res.output
+    md = (tmp_path / "cmp.md").read_text()
+    assert "| xpool" in md and "| dab" in md and "R@1" in md
+
+
+def test_cli_reference_is_current() -> None:
+    from dab_pipeline.cli.docgen import render
+
+    assert (REPO / "docs" / "cli.md").read_text() == render(), "docs/cli.md is stale: run `make docs-cli`"
+
+
+def test_demo_pipeline_small(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The demo end to end on the tiny world: extract with dab-world, train, evaluate, compare, search."""
+    from dab_pipeline.cli.demo import QUERIES, main
+
+    assert main(["--out", str(tmp_path / "demo"), "--world", "tiny", "--epochs", "2", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    for command in ("extract", "train", "evaluate", "compare", "search"):
+        assert f"$ dab {command}" in out
+    md = (tmp_path / "demo" / "comparison.md").read_text()
+    assert "xpool" in md and "dab" in md
+    for variant in ("xpool", "dab"):
+        assert (tmp_path / "demo" / "runs" / variant / "metrics.json").exists()
+    # search shows each query's hits with what the videos really contain
+    descriptions = json.loads((tmp_path / "demo" / "world" / "descriptions.json").read_text())
+    assert all(q in out for q in QUERIES) and "what the video shows" in out
+    assert any(text[:40] in out for text in descriptions.values())

@@ -1,0 +1,168 @@
+"""dab search end to end: a tiny store encoded with dab-tiny, a hand-written run folder, the library and the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from dab_pipeline.cli import cli
+from dab_pipeline.core.errors import ConfigError, TrainingError, WeightsError
+from dab_pipeline.model import DABModel
+from dab_pipeline.scoring import score_all
+from dab_pipeline.stages.search import search
+from dab_pipeline.store import open_store
+
+from dab_pipeline.testing import SEARCH_CAPTIONS as CAPTIONS
+from dab_pipeline.testing import hand_made_run, text_store
+from ..runner import invoke
+
+F_ = 4
+TEST_VIDEOS = 6  # videos 0..5 are "test", 6..7 "train"
+
+
+def build_store(path: Path, pretrained: str | None = None) -> Path:
+    """One caption per video; caption features from dab-tiny, so a query string re-encodes to them."""
+    return text_store(path, CAPTIONS, test_videos=TEST_VIDEOS, frames=F_, pretrained=pretrained)
+
+
+def build_run(path: Path, store: Path, variant: str = "dab", **train) -> tuple[Path, DABModel]:
+    return hand_made_run(path, store, variant, **train)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_store(tmp_path_factory.mktemp("search") / "store.h5")
+
+
+@pytest.mark.parametrize("variant", ["dab", "xpool"])
+def test_search_ranks_like_score_all(store: Path, tmp_path: Path, variant: str) -> None:
+    run, model = build_run(tmp_path / "run", store, variant)
+    queries = [CAPTIONS[0], CAPTIONS[3]]
+    results = search(run, store, queries, topk=4, device="cpu")
+    with open_store(store) as s:
+        feats = s.load_split("test")
+    assert len(feats.video_ids) == TEST_VIDEOS
+    ref = score_all(model, feats.text[[0, 3]], feats.frames, feats.frame_mask).cost  # the stored caption features
+    for r, q, row in zip(results, queries, ref):
+        order = np.argsort(row, kind="stable")
+        assert r.query == q
+        assert [h.video_id for h in r.hits] == [str(feats.video_ids[j]) for j in order[:4]]
+        assert [h.rank for h in r.hits] == [1, 2, 3, 4]
+        np.testing.assert_allclose([h.cost for h in r.hits], row[order[:4]], rtol=1e-4, atol=1e-6)
+        assert r.margin == pytest.approx(row[order[1]] - row[order[0]], rel=1e-3, abs=1e-5)
+        assert r.margin >= 0
+
+
+def test_search_topk_larger_than_the_split(store: Path, tmp_path: Path) -> None:
+    run, _ = build_run(tmp_path / "run", store)
+    (res,) = search(run, store, ["anything at all"], topk=50, device="cpu", dtype="bfloat16")
+    assert len(res.hits) == TEST_VIDEOS and len({h.video_id for h in res.hits}) == TEST_VIDEOS
+    costs = [h.cost for h in res.hits]
+    assert costs == sorted(costs)
+
+
+def test_cli_prints_the_table_and_json(store: Path, tmp_path: Path) -> None:
+    run, _ = build_run(tmp_path / "run", store)
+    expected = search(run, store, [CAPTIONS[2]], topk=3, device="cpu")[0]
+    runner = CliRunner()
+    out = runner.invoke(cli, ["search", "--run", str(run), "--features", str(store), "-k", "3", "--device", "cpu",
+                              CAPTIONS[2]])
+    assert out.exit_code == 0, out.output
+    assert expected.hits[0].video_id in out.output and "confidence" in out.output and CAPTIONS[2] in out.output
+    out = runner.invoke(cli, ["search", "--run", str(run), "--features", str(store), "-k", "3", "--device", "cpu",
+                              "--json", CAPTIONS[2], CAPTIONS[5]])
+    assert out.exit_code == 0, out.output
+    payload = json.loads(out.output)
+    assert [p["query"] for p in payload] == [CAPTIONS[2], CAPTIONS[5]]
+    assert [h["video_id"] for h in payload[0]["hits"]] == [h.video_id for h in expected.hits]
+    assert payload[0]["margin"] == pytest.approx(expected.margin, rel=1e-4)  # batch of 2 vs 1: last bits
+
+
+def test_missing_clip_weights_are_a_one_line_error(tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store.h5", pretrained=str(tmp_path / "gone" / "dab-tiny.pt"))
+    run, _ = build_run(tmp_path / "run", store)
+    with pytest.raises(WeightsError, match="needs its weights, which are not available here"):
+        search(run, store, ["a red ball"], device="cpu")
+    out = invoke(["search", "--run", str(run), "--features", str(store), "--device", "cpu", "a red ball"])
+    assert out.exit_code != 0
+    assert out.output.startswith("Error: dab search encodes the query with the store's CLIP model dab-tiny")
+    assert "Traceback" not in out.output and len(out.output.strip().splitlines()) == 1
+
+
+def test_run_folder_errors(store: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not a run folder"):
+        search(tmp_path, store, ["x"], device="cpu")
+    run, _ = build_run(tmp_path / "ft", store, trainable_blocks=1)
+    with pytest.raises(ConfigError, match="frozen"):
+        search(run, store, ["x"], device="cpu")
+    run, _ = build_run(tmp_path / "nock", store)
+    (run / "checkpoints" / "best.pt").unlink()
+    with pytest.raises(TrainingError, match="best.pt"):
+        search(run, store, ["x"], device="cpu")
+    run, _ = build_run(tmp_path / "ok", store)
+    with pytest.raises(ConfigError, match="non-empty query"):
+        search(run, store, [" "], device="cpu")
+
+
+class _Payload:
+    """Pickles to a call of os.system: what a hostile checkpoint can run on plain torch.load."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_checkpoint_that_would_run_code_is_refused(store: Path, tmp_path: Path) -> None:
+    run, model = build_run(tmp_path / "shared-run", store)
+    marker = tmp_path / "pwned"
+    ck = run / "checkpoints" / "best.pt"
+    torch.save({"model": model.state_dict(), "heads": None, "epoch": 1, "note": _Payload(marker)}, ck)
+    # The payload is real: a plain unpickling runs it.
+    torch.load(ck, weights_only=False)
+    assert marker.exists()
+    marker.unlink()
+    out = invoke(["search", "--run", str(run), "--features", str(store), "--device", "cpu", "x"])
+    assert out.exit_code != 0 and "Traceback" not in out.output
+    assert out.output.startswith(f"Error: refused to load {ck}") and len(out.output.strip().splitlines()) == 1
+    assert not marker.exists()  # nothing ran
+
+
+def test_checkpoints_dab_writes_load_with_weights_only(tmp_path: Path) -> None:
+    from dab_pipeline.runs.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+
+    path = tmp_path / "ck.pt"
+    np.random.seed(3)
+    save_checkpoint(path, {"rng": rng_state(), "model": {"w": torch.ones(2)}, "epoch_loss": (1.5, 2)})
+    state = torch.load(path, weights_only=True)  # no allowlist needed
+    expected = np.random.random(4)
+    np.random.seed(99)
+    set_rng_state(state["rng"])
+    np.testing.assert_array_equal(np.random.random(4), expected)
+    assert load_checkpoint(path)["epoch_loss"] == (1.5, 2)
+
+
+def test_checkpoint_of_an_older_dab_still_loads(tmp_path: Path) -> None:
+    """Before the weights-only rule, dab stored NumPy's random state as an array."""
+    import random
+
+    from dab_pipeline.runs.checkpoint import load_checkpoint, set_rng_state
+
+    np.random.seed(5)
+    old = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+           "cuda": None}
+    path = tmp_path / "old.pt"
+    torch.save({"rng": old, "model": {}}, path)
+    expected = np.random.random(3)
+    ck = load_checkpoint(path)
+    np.random.seed(0)
+    set_rng_state(ck["rng"])
+    np.testing.assert_array_equal(np.random.random(3), expected)
