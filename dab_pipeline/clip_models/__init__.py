@@ -19,11 +19,20 @@ What this module adds to open_clip:
 
 from __future__ import annotations
 
-from .bundle import ClipBundle, MODEL_CONFIG_DIR, TINY_MODEL, TextEncoding, list_clip_models, quiet_open_clip  # noqa: F401
-from .weights import WEIGHTS_DIR, offline_reason, builtin_weights, default_tiny_weights, detect_openai_weights, expand_compact_state, read_torchscript_tensors, write_tiny_weights  # noqa: F401
-from .load import check_store_weights, full_depth, load_clip  # noqa: F401
+from .bundle import MODEL_CONFIG_DIR, TINY_MODEL, ClipBundle, TextEncoding, list_clip_models, quiet_open_clip  # noqa: F401
 from .encode import encode_images, encode_texts, pad_text_states, tokenize_lengths  # noqa: F401
 from .heads import TextHead, VisionHead  # noqa: F401
+from .load import check_store_weights, full_depth, load_clip  # noqa: F401
+from .weights import (  # noqa: F401
+    WEIGHTS_DIR,
+    builtin_weights,
+    default_tiny_weights,
+    detect_openai_weights,
+    expand_compact_state,
+    offline_reason,
+    read_torchscript_tensors,
+    write_tiny_weights,
+)
 
 __all__ = [
     "TINY_MODEL",

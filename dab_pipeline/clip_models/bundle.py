@@ -8,11 +8,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Union
+
 import open_clip
 import torch
 from torch import Tensor, nn
-
-
 
 TINY_MODEL = "dab-tiny"
 

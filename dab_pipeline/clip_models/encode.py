@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from typing import Any, Optional, Union
+
 import numpy as np
 import torch
 from open_clip.model import CLIP
 from open_clip.transformer import VisionTransformer
 from torch import Tensor, nn
-from ..core.errors import ConfigError
 
+from ..core.errors import ConfigError
 from .bundle import ClipBundle, TextEncoding
 
 

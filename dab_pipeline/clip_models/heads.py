@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import copy
 from typing import Any, Optional, Union
+
 import torch
 from torch import Tensor, nn
-from ..core.errors import ConfigError
 
+from ..core.errors import ConfigError
 from .bundle import ClipBundle
 from .encode import check_text_blocks, check_vision_blocks, pool_vision, project, run_blocks
 

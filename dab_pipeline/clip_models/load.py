@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
+
 import open_clip
 import torch
 from open_clip import pretrained as oc_pretrained
@@ -14,11 +15,22 @@ from open_clip.model import CLIP, convert_to_custom_text_state_dict, resize_pos_
 from open_clip.transform import PreprocessCfg, image_transform_v2
 from open_clip.transformer import QuickGELU, VisionTransformer
 from torch import Tensor, nn
+
 from ..core.errors import ConfigError, UnknownNameError, WeightsError
 from ..core.fsutil import sha256_file
-
-from .bundle import ClipBundle, TINY_MODEL, DTYPES, OUR_MODELS, first_line, quiet_open_clip
-from .weights import fetch_tag, looks_like_path, model_has_quickgelu, normalise_name, openai_hint, quickgelu_sibling, read_weights, pretrained_tag_config, builtin_weights, default_tiny_weights
+from .bundle import DTYPES, OUR_MODELS, TINY_MODEL, ClipBundle, first_line, quiet_open_clip
+from .weights import (
+    builtin_weights,
+    default_tiny_weights,
+    fetch_tag,
+    looks_like_path,
+    model_has_quickgelu,
+    normalise_name,
+    openai_hint,
+    pretrained_tag_config,
+    quickgelu_sibling,
+    read_weights,
+)
 
 
 def _resolve_dtype(dtype: Union[str, torch.dtype], device: torch.device) -> str:

@@ -15,8 +15,18 @@ See docs/datasets.md for the formats and split rules."""
 
 from __future__ import annotations
 
-from .index import CaptionItem, DATASETS, DatasetIndex, Loader, SPLITS, VIDEO_EXTENSIONS, VideoItem, hash_split, load_dataset  # noqa: F401
+from .folder import load_folder  # noqa: F401
+from .index import (  # noqa: F401
+    DATASETS,
+    SPLITS,
+    VIDEO_EXTENSIONS,
+    CaptionItem,
+    DatasetIndex,
+    Loader,
+    VideoItem,
+    hash_split,
+    load_dataset,
+)
 from .msrvtt import MSRVTT_DATA, MSRVTT_TEST, MSRVTT_TRAIN, load_msrvtt  # noqa: F401
 from .msvd import load_msvd  # noqa: F401
 from .vatex import VATEX_OFFICIAL, VATEX_VARIANT, load_vatex  # noqa: F401
-from .folder import load_folder  # noqa: F401

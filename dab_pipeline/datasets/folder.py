@@ -6,9 +6,9 @@ import json
 import os
 from pathlib import Path
 from typing import Any
-from ..core.errors import DatasetError
 
-from .index import CaptionItem, DATASETS, DatasetIndex, SPLITS, VideoItem, read_csv, reject_unknown, hash_split
+from ..core.errors import DatasetError
+from .index import DATASETS, SPLITS, CaptionItem, DatasetIndex, VideoItem, hash_split, read_csv, reject_unknown
 
 
 @DATASETS.register("folder")

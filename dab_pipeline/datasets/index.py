@@ -9,11 +9,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
+
 import numpy as np
+
 from ..core.errors import ConfigError, DatasetError
 from ..core.registry import Registry
-
-
 
 SPLITS = ("train", "val", "test")
 

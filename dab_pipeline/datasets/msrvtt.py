@@ -4,10 +4,22 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Iterable
+
 from ..core.errors import ConfigError, DatasetError
-
-from .index import DATASETS, DatasetIndex, SPLITS, build_index, drop_uncaptioned, holdout, read_csv, read_json, reject_unknown, require_file, resolve_dirs, wanted_splits
-
+from .index import (
+    DATASETS,
+    SPLITS,
+    DatasetIndex,
+    build_index,
+    drop_uncaptioned,
+    holdout,
+    read_csv,
+    read_json,
+    reject_unknown,
+    require_file,
+    resolve_dirs,
+    wanted_splits,
+)
 
 MSRVTT_TEST = "MSRVTT_JSFUSION_test.csv"
 

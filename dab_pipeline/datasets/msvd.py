@@ -5,7 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable
 
-from .index import DATASETS, DatasetIndex, SPLITS, build_index, caption_lists, check_disjoint, drop_uncaptioned, read_json, read_list, reject_unknown, require_file, resolve_dirs, wanted_splits
+from .index import (
+    DATASETS,
+    SPLITS,
+    DatasetIndex,
+    build_index,
+    caption_lists,
+    check_disjoint,
+    drop_uncaptioned,
+    read_json,
+    read_list,
+    reject_unknown,
+    require_file,
+    resolve_dirs,
+    wanted_splits,
+)
 
 
 @DATASETS.register("msvd")

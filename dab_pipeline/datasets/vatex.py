@@ -4,10 +4,24 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Iterable
+
 from ..core.errors import DatasetError
-
-from .index import DATASETS, DatasetIndex, SPLITS, build_index, caption_lists, check_disjoint, drop_uncaptioned, in_dir, read_json, read_list, reject_unknown, require_file, resolve_dirs, wanted_splits
-
+from .index import (
+    DATASETS,
+    SPLITS,
+    DatasetIndex,
+    build_index,
+    caption_lists,
+    check_disjoint,
+    drop_uncaptioned,
+    in_dir,
+    read_json,
+    read_list,
+    reject_unknown,
+    require_file,
+    resolve_dirs,
+    wanted_splits,
+)
 
 VATEX_OFFICIAL = ("vatex_training_v1.0.json", "vatex_validation_v1.0.json", "vatex_public_test_english_v1.1.json")
 

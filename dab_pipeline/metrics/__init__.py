@@ -18,11 +18,31 @@ functions stay testable on hand-written matrices."""
 from __future__ import annotations
 
 from ..core.choices import V2T_CONVENTIONS  # noqa: F401  (re-exported)
-
-from .retrieval import POSTPROCESS_NAMES, RECALL_KS, dual_softmax, evaluate_all, inverted_softmax, retrieval_metrics, t2v_metrics, t2v_ranks, v2t_metrics, v2t_ranks, v2t_ranks_by_video  # noqa: F401
-from .selective import accuracy_at_coverage, aurc, aurc_optimal, aurc_random, aurc_random_mc, kl_margin, risk_coverage, selective_report  # noqa: F401
 from .diagnostics import semantic_neighbourhood, shift_decomposition, variance_asymmetry  # noqa: F401
 from .relevance import ranked_relevance, relevance_metrics  # noqa: F401
+from .retrieval import (  # noqa: F401
+    POSTPROCESS_NAMES,
+    RECALL_KS,
+    dual_softmax,
+    evaluate_all,
+    inverted_softmax,
+    retrieval_metrics,
+    t2v_metrics,
+    t2v_ranks,
+    v2t_metrics,
+    v2t_ranks,
+    v2t_ranks_by_video,
+)
+from .selective import (  # noqa: F401
+    accuracy_at_coverage,
+    aurc,
+    aurc_optimal,
+    aurc_random,
+    aurc_random_mc,
+    kl_margin,
+    risk_coverage,
+    selective_report,
+)
 from .stats import average_ranks, paired_bootstrap, spearman  # noqa: F401
 
 __all__ = [

@@ -4,9 +4,10 @@ much of the bridge's shift depends on the pair (:func:`shift_decomposition`)."""
 from __future__ import annotations
 
 from typing import Any, Sequence
-import numpy as np
-from ..core.errors import ConfigError
 
+import numpy as np
+
+from ..core.errors import ConfigError
 from .retrieval import as_cost, as_gt, row_blocks
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 from typing import Any, Iterator
+
 import numpy as np
+
 from ..core.choices import V2T_CONVENTIONS
 from ..core.errors import ConfigError
-
-
 
 RECALL_KS: tuple[int, ...] = (1, 5, 10, 50)
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 from typing import Any, Sequence
-import numpy as np
-from ..core.errors import ConfigError
 
+import numpy as np
+
+from ..core.errors import ConfigError
 from .retrieval import as_1d, as_cost, row_blocks, t2v_ranks
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Callable, Optional
+
 import torch
 from torch import Tensor, nn
 

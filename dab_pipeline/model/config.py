@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Optional
+
 import torch
 from torch import Tensor
+
 from ..core.choices import CHI_NORMS, DIST_COSTS, DRIFT_INPUTS, DRIFTS, VARIANCE_MODES, VARIANTS
 from ..core.errors import ConfigError
 from ..core.variants import VARIANT_SPECS, VariantSpec

@@ -5,16 +5,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from .costs import COSTS, neg_cosine
-from ..core.errors import ConfigError
 
-from .config import ModelConfig, resolve_tau
+from ..core.errors import ConfigError
 from .bridge import ConstantShift, DistributionBridge
-from .probabilistic import ProbabilisticEncoder, TokenUncertainty
+from .config import ModelConfig, resolve_tau
+from .costs import COSTS, neg_cosine
 from .pooling import TextConditionedPooling, float32_math
+from .probabilistic import ProbabilisticEncoder, TokenUncertainty
 
 
 @dataclass

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+
 import torch
 from torch import Tensor, nn
+
 
 def float32_math(like: Tensor):
     """A block whose ops run in float32 even inside ``torch.autocast``: the costs and the loss.

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
+
 import torch
 from torch import Tensor
-
 
 
 @dataclass

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch import Tensor
+
 from ..core.events import Event, ProgressCallback, null_progress
 from ..model import DABModel
 from .result import ScoreResult, prepare_inputs
-
 
 
 @torch.no_grad()

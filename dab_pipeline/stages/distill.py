@@ -24,7 +24,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from ..core.errors import ConfigError, TrainingError
 from ..core.events import Event, ProgressCallback, null_progress
 from ..core.fsutil import sha256_file
-from ..core.overrides import differences, to_dict
+from ..core.overrides import apply_overrides, differences, to_dict
 from ..metrics import t2v_metrics
 from ..model import DABModel
 from ..runs.checkpoint import rng_state, set_rng_state
@@ -77,6 +77,14 @@ class DistillConfig:
             raise ConfigError(f"weight_decay must be >= 0 or None (the teacher's), got {self.weight_decay}")
         if self.warmup_ratio is not None and not 0.0 <= self.warmup_ratio < 1.0:
             raise ConfigError(f"warmup_ratio must be in [0, 1) or None (the teacher's), got {self.warmup_ratio}")
+
+
+def build_distill_config(teacher: Path, out: Path, *, options: Optional[Mapping[str, Any]] = None,
+                         overrides: Sequence[str] = ()) -> DistillConfig:
+    """The DistillConfig of one `dab distill` call (the sibling of ``build_train_config``): ``options`` by name,
+    None meaning "not given", then ``--set`` strings. A resume is checked against the folder by the stage."""
+    given = {k: v for k, v in (options or {}).items() if v is not None}
+    return apply_overrides(DistillConfig(teacher=Path(teacher), out=Path(out), **given), overrides)
 
 
 @dataclass

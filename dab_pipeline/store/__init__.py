@@ -18,11 +18,29 @@ opens and resumes) rests on three rules:
 
 from __future__ import annotations
 
-from .layout import ERROR_BYTES, FORMAT_VERSION, HDF5_SUFFIXES, STATUS_FAILED, STATUS_MISSING, STATUS_NAMES, STATUS_OK, STATUS_PENDING, SplitFeatures, ZARR_SUFFIXES, ArraySpec, array_specs, default_share_rows, manifest_compatible, pad_ragged, store_backend, video_share  # noqa: F401
 from .backend_h5 import Backend, H5Backend  # noqa: F401
 from .backend_zarr import RawChunks, ZarrBackend, backend_class  # noqa: F401
-from .feature_store import FeatureStore  # noqa: F401
 from .create import create_store, open_store, os_reason  # noqa: F401
+from .feature_store import FeatureStore  # noqa: F401
+from .layout import (  # noqa: F401
+    ERROR_BYTES,
+    FORMAT_VERSION,
+    HDF5_SUFFIXES,
+    STATUS_FAILED,
+    STATUS_MISSING,
+    STATUS_NAMES,
+    STATUS_OK,
+    STATUS_PENDING,
+    ZARR_SUFFIXES,
+    ArraySpec,
+    SplitFeatures,
+    array_specs,
+    default_share_rows,
+    manifest_compatible,
+    pad_ragged,
+    store_backend,
+    video_share,
+)
 from .merge import merge_parts  # noqa: F401
 
 __all__ = [

@@ -7,9 +7,10 @@ import os
 import re
 from pathlib import Path
 from typing import Any, Sequence
-import numpy as np
-from ..core.errors import StoreError
 
+import numpy as np
+
+from ..core.errors import StoreError
 from .layout import COMPRESSED, ZERO_INIT, array_specs, index_runs
 
 

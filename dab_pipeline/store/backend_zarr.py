@@ -7,11 +7,21 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-import numpy as np
-from ..core.errors import StoreError
 
-from .layout import COMPRESSED, LEGACY_LOCK, SHARE_LOCK, ZARR_CHUNK_BYTES, array_specs, chunk_rows_in_unit, index_runs, zstd
+import numpy as np
+
+from ..core.errors import StoreError
 from .backend_h5 import Backend, H5Backend
+from .layout import (
+    COMPRESSED,
+    LEGACY_LOCK,
+    SHARE_LOCK,
+    ZARR_CHUNK_BYTES,
+    array_specs,
+    chunk_rows_in_unit,
+    index_runs,
+    zstd,
+)
 
 
 @dataclass(frozen=True)

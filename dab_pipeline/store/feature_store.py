@@ -6,11 +6,25 @@ import os
 from functools import cached_property
 from pathlib import Path
 from typing import Sequence
-import numpy as np
-from ..core.errors import StoreError
 
-from .layout import FORMAT_VERSION, STATUS_FAILED, STATUS_MISSING, STATUS_NAMES, STATUS_OK, STATUS_PENDING, SplitFeatures, array_specs, index_runs, default_share_rows, pad_ragged, video_share
+import numpy as np
+
+from ..core.errors import StoreError
 from .backend_h5 import Backend
+from .layout import (
+    FORMAT_VERSION,
+    STATUS_FAILED,
+    STATUS_MISSING,
+    STATUS_NAMES,
+    STATUS_OK,
+    STATUS_PENDING,
+    SplitFeatures,
+    array_specs,
+    default_share_rows,
+    index_runs,
+    pad_ragged,
+    video_share,
+)
 from .writes import StoreWrites
 
 

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Callable, Iterable, Sequence
+
 import numpy as np
+
 from ..core.errors import StoreError
 from ..core.overrides import changed_keys
-
-
 
 FORMAT_VERSION = 1
 

@@ -5,17 +5,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Sequence
-import numpy as np
-from ..core.errors import StoreError
-from ..core.fsutil import publish, remove_path, temp_sibling
 
-from .layout import FORMAT_VERSION, STATUS_PENDING, array_specs, index_runs, store_backend
-from ..core.fsutil import fsync_dir
+import numpy as np
+
+from ..core.errors import StoreError
+from ..core.fsutil import fsync_dir, publish, remove_path, temp_sibling
 from .backend_h5 import Backend
 from .backend_zarr import backend_class
-from .feature_store import FeatureStore
 from .create import open_store
-
+from .feature_store import FeatureStore
+from .layout import FORMAT_VERSION, STATUS_PENDING, array_specs, index_runs, store_backend
 
 # Bytes copied per read/write while merging (bounds memory for token-state grids).
 _MERGE_BLOCK_BYTES = 64 << 20

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
-import numpy as np
-from ..core.errors import StoreError
 
-from .layout import STATUS_FAILED, STATUS_MISSING, STATUS_OK, message_rows, index_runs
+import numpy as np
+
+from ..core.errors import StoreError
+from .layout import STATUS_FAILED, STATUS_MISSING, STATUS_OK, index_runs, message_rows
 
 
 class StoreWrites:

@@ -19,8 +19,8 @@ from .generate import (
     pretrain_frame,
     world_video,
 )
-from .presets import PRESETS, PRETRAIN_SEED, world_preset
 from .grammar import LEVELS, Caption, Claim, describe, level_weights, make_captions, satisfies
+from .presets import PRESETS, PRETRAIN_SEED, world_preset
 from .scene import BACKGROUNDS, COLOURS, SHAPES, SIZES
 from .truth import caption_claims, relevance_matrix, world_config, world_videos
 

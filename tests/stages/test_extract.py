@@ -530,3 +530,20 @@ def test_a_store_that_resized_at_decode_time_resumes_with_its_setting(tiny_folde
     assert res.exit_code != 0 and "resume it with --set decode_short_side=0" in text, res.output
     res = _invoke(_args(tiny_folder_dataset, out, "--limit", "3", "--set", "decode_short_side=0"))
     assert res.exit_code == 0 and "0 videos encoded" in " ".join(res.output.split())
+
+
+def test_build_extract_config_decides_what_the_cli_used_to(tmp_path: Path) -> None:
+    """The stage's builder, not the CLI, picks a model's default weights and what trainable_blocks=all means."""
+    from dab_pipeline.clip_models import full_depth
+    from dab_pipeline.core.errors import ConfigError
+    from dab_pipeline.stages.extract import build_extract_config
+
+    out = tmp_path / "s.h5"
+    assert build_extract_config("folder", out, options={"model": "ViT-B-32"}).pretrained == "openai"
+    assert build_extract_config("folder", out, options={"model": "dab-tiny", "pretrained": None}).pretrained is None
+    assert build_extract_config("folder", out, options={"pretrained": "none"}).pretrained is None
+    cfg = build_extract_config("folder", out, options={"model": "dab-tiny", "trainable_blocks": "all", "frames": None},
+                               overrides=["batch_size=3"])
+    assert cfg.trainable_blocks == full_depth("dab-tiny") and cfg.frames == 12 and cfg.batch_size == 3
+    with pytest.raises(ConfigError, match="expected a number of blocks or 'all'"):
+        build_extract_config("folder", out, options={"trainable_blocks": "some"})

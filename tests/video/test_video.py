@@ -151,12 +151,12 @@ def test_decord_backend_falls_back_to_pyav_without_decord(index_video, monkeypat
 
 
 def test_decord_backend_falls_back_to_pyav_when_decord_fails(index_video, monkeypatch) -> None:
-    from dab_pipeline.video import decord_decoder
+    import dab_pipeline.video as video
 
     def broken(*args, **kwargs):
         raise VideoDecodeError("cannot open (simulated)")
 
-    monkeypatch.setattr(decord_decoder, "decode_decord", broken)
+    monkeypatch.setattr(video, "decode_decord", broken)  # the name decode_video calls
     dec = decode_video(index_video(37), num_frames=12, backend="decord")
     assert dec.backend == "pyav"
     assert [read_frame_index(f) for f in dec.frames] == sample_frame_indices(37, 12)[0].tolist()

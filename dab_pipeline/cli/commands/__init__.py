@@ -4,6 +4,5 @@ from __future__ import annotations
 
 from .evaluating import compare, evaluate  # noqa: F401
 from .extracting import extract, inspect  # noqa: F401
-from .options import OWN_WEIGHTS  # noqa: F401
 from .searching import search  # noqa: F401
 from .training import distill, train  # noqa: F401

@@ -8,10 +8,9 @@ from pathlib import Path
 import click
 
 from ...core.choices import CLIP_DTYPES, DECODE_BACKENDS, STORE_DTYPES
-from ...core.overrides import apply_overrides
 from .. import cli
 from ..progress import RichProgress
-from .options import EXISTING, EXTRACT_TIMEOUT, PATH, blocks_option, resolve_pretrained
+from .options import EXISTING, EXTRACT_TIMEOUT, PATH
 from .output import console, human_bytes, quiet_shared_errors
 
 
@@ -64,22 +63,14 @@ def extract(dataset, videos, annotations, out, model, pretrained, frames, traina
     Running the same command again resumes: finished videos are skipped.
     Several processes: `torchrun --nproc-per-node N -m dab_pipeline.cli extract ...`.
     """
-    from ...clip_models import full_depth  # deferred: `dab --help` must not import torch
-    from ...stages.extract import ExtractConfig, run_extract  # deferred: `dab --help` must not import torch
+    from ...stages.extract import build_extract_config, run_extract  # deferred: `dab --help` must not import torch
 
-    try:
-        cfg = ExtractConfig(
-            dataset=dataset, out=out, videos=videos, annotations=annotations,
-            dataset_options=tuple(dataset_options), model=model,
-            pretrained=resolve_pretrained(model, pretrained),
-            frames=frames, trainable_blocks=blocks_option(trainable_blocks, lambda: full_depth(model)),
-            compute_dtype=compute_dtype,
-            store_dtype=store_dtype, train_views=train_views, batch_size=batch_size, workers=workers, device=device,
-            decode_backend=decode_backend, limit=limit, overwrite=overwrite,
-        )
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-    cfg = apply_overrides(cfg, overrides)
+    options = dict(videos=videos, annotations=annotations, dataset_options=tuple(dataset_options), model=model,
+                   pretrained=pretrained, frames=frames, trainable_blocks=trainable_blocks,
+                   compute_dtype=compute_dtype, store_dtype=store_dtype, train_views=train_views,
+                   batch_size=batch_size, workers=workers, device=device, decode_backend=decode_backend, limit=limit,
+                   overwrite=overwrite)
+    cfg = build_extract_config(dataset, out, options=options, overrides=overrides)
     from ...runtime.distributed import want_distributed  # deferred: `dab --help` must not import torch
 
     if want_distributed(distributed):

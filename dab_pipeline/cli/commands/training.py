@@ -5,7 +5,6 @@ from __future__ import annotations
 import click
 
 from ...core.choices import DIST_COSTS, VARIANTS
-from ...core.overrides import apply_overrides
 from .. import cli
 from ..progress import RichProgress
 from .options import EXISTING, PATH
@@ -81,10 +80,10 @@ def distill(teacher, out, student_steps, epochs, overrides, resume, quiet) -> No
     The student copies the teacher's weights and trains its bridge alone to reach the teacher's
     state after T' steps (and its ranking of every batch pair) in S. See docs/model.md.
     """
-    from ...stages.distill import DistillConfig, run_distill  # deferred: `dab --help` must not import torch
+    from ...stages.distill import build_distill_config, run_distill  # deferred: `dab --help` must not import torch
 
-    cfg = apply_overrides(DistillConfig(teacher=teacher, out=out, student_steps=student_steps, epochs=epochs),
-                          overrides)
+    cfg = build_distill_config(teacher, out, options={"student_steps": student_steps, "epochs": epochs},
+                               overrides=overrides)
     with RichProgress(quiet=quiet) as prog:
         res = run_distill(cfg, progress=prog, resume=resume)
     echo_run(res)

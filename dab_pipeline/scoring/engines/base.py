@@ -13,10 +13,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ...model import DABModel, masked_softmax
 from ...core.registry import Registry
-from ..blocks import Texts, Videos, pack_kept
-from ..blocks import center
+from ...model import DABModel, masked_softmax
+from ..blocks import Texts, Videos, center, pack_kept
 
 # variant name -> engine class; a variant without an engine has no fast path (score_all says so)
 ENGINES: Registry[type["Engine"]] = Registry("scoring engine")

@@ -12,8 +12,8 @@ from torch import Tensor
 
 from ..blocks import Texts
 from .base import ENGINES
-from .xpool import CosineEngine
 from .prob import GaussianEngine
+from .xpool import CosineEngine
 
 
 @ENGINES.register("dab/constant")

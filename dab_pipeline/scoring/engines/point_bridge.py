@@ -8,8 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..blocks import Texts, Videos
-from ..blocks import center
+from ..blocks import Texts, Videos, center
 from .base import ENGINES, Engine, PairCosts
 from .trajectory import BridgeSteps
 

@@ -7,8 +7,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..blocks import Texts, Videos
-from ..blocks import center
+from ..blocks import Texts, Videos, center
 from .base import ENGINES, Engine, PairCosts
 
 

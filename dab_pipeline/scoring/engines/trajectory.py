@@ -14,9 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..blocks import BIAS_PAD, OneDNN, linear_layers
 from ..kernels.cpu import Kernels, get_kernels
-from ..blocks import OneDNN
-from ..blocks import BIAS_PAD, linear_layers
 
 
 class BridgeSteps:

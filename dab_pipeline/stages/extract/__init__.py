@@ -5,6 +5,7 @@ processes, overlapped with batched encoding in the main process; results are
 written to the store batch by batch, so a killed run resumes where it stopped.
 
 * ``config``: ExtractConfig, the store manifest, the compatibility rules of a resume;
+* ``build``: ``build_extract_config``, the config of one call from typed values (the CLI's and a script's);
 * ``workers``: the decoding dataset and the encode-and-write loop;
 * ``writers``: one store, Zarr shares or HDF5 part files (what differs between one process and many);
 * ``run``: ``run_extract``, one code path for one process and every rank of a torchrun job.
@@ -12,9 +13,24 @@ written to the store batch by batch, so a killed run resumes where it stopped.
 
 from __future__ import annotations
 
-from .config import (COMPATIBILITY_KEYS, ExtractConfig, ExtractResult, build_manifest, parse_options,  # noqa: F401
-                     resolve_compute_dtype)
+from .build import build_extract_config, default_pretrained  # noqa: F401
+from .config import (  # noqa: F401
+                     COMPATIBILITY_KEYS,
+                     ExtractConfig,
+                     ExtractResult,
+                     build_manifest,
+                     parse_options,
+                     resolve_compute_dtype,
+)
 from .run import run_extract  # noqa: F401
 from .workers import DecodeDataset, collate_items, decode_worker_init, encode_captions, encode_videos  # noqa: F401
-from .writers import (ExistingStore, ExtractJob, H5PartsWriter, StoreWriter, ZarrSharesWriter,  # noqa: F401
-                      check_part_files, check_resumable, choose_writer)
+from .writers import (  # noqa: F401
+                     ExistingStore,
+                     ExtractJob,
+                     H5PartsWriter,
+                     StoreWriter,
+                     ZarrSharesWriter,
+                     check_part_files,
+                     check_resumable,
+                     choose_writer,
+)

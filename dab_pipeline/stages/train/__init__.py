@@ -25,11 +25,20 @@ A run folder holds everything needed to trace and rebuild a result:
 
 from __future__ import annotations
 
-from .config import (LOG_MAX_LOGIT_SCALE, TrainConfig, TrainResult, epoch_length, epoch_order,  # noqa: F401
-                     epoch_views, lr_lambda, optimizer_groups, resolve_train_config)
+from .build import build_train_config, store_depth  # noqa: F401
+from .config import (  # noqa: F401
+                     LOG_MAX_LOGIT_SCALE,
+                     TrainConfig,
+                     TrainResult,
+                     epoch_length,
+                     epoch_order,
+                     epoch_views,
+                     lr_lambda,
+                     optimizer_groups,
+                     resolve_train_config,
+)
 from .inputs import SplitArrays, TrainHeads, batch_inputs, text_state_batch  # noqa: F401
-from .step import TrainStep, distributed_batch_loss  # noqa: F401
+from .loop import run_train  # noqa: F401
 from .scoring import score_split  # noqa: F401
 from .session import RunData, TrainRun  # noqa: F401
-from .loop import run_train  # noqa: F401
-from .build import build_train_config, store_depth  # noqa: F401
+from .step import TrainStep, distributed_batch_loss  # noqa: F401

@@ -7,12 +7,13 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
+
 import numpy as np
 import torch
+
 from ...core.choices import AMP_MODES, COST_FORMATS, EPOCH_MODES, LOGIT_SCALE_GROUPS, SCORE_DTYPES, SELECT_METRICS
 from ...core.errors import ConfigError
 from ...model import ModelConfig
-
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-// Fused elementwise kernels for the bf16 scoring engine on CPU (dab_pipeline/cpu_kernels.py).
+// Fused elementwise kernels for the bf16 scoring engine on CPU (dab_pipeline/scoring/kernels/cpu.py).
 //
 // On a CPU with bf16 matrix units the bridge's products run several times faster than
 // float32 ones, while ATen's elementwise ops between them (SiLU, the state update, the
