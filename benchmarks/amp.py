@@ -71,7 +71,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                      workers=2)
     runs_dir = args.data_dir / f"runs-{args.world}-amp"
     out: dict[str, Any] = {"capabilities": caps.as_dict(), "rows": {}, "cost_error": {}}
-    print(f"\n| variant | amp | t2v R@1 | t2v MnR | seconds |\n| --- | --- | ---: | ---: | ---: |")
+    print("\n| variant | amp | t2v R@1 | t2v MnR | seconds |\n| --- | --- | ---: | ---: | ---: |")
     for variant in args.variants:
         for amp in ("none", "bf16"):
             rows = [Q.row_values(Q.one_run(variant, s, stores, runs_dir / amp, args.epochs, [f"amp={amp}"]))

@@ -30,7 +30,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 import claims as C  # noqa: E402
 import quality as Q  # noqa: E402
 
-from dab_pipeline import metrics as M  # noqa: E402
 from dab_pipeline.config import apply_overrides, to_dict  # noqa: E402
 from dab_pipeline.stages.evaluate import EvaluateConfig, run_evaluate  # noqa: E402
 from dab_pipeline.stages.train import TrainConfig, resolve_train_config, run_train  # noqa: E402

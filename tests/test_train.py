@@ -354,7 +354,7 @@ def test_resuming_a_complete_run_changes_nothing(random_store: Path, tmp_path: P
     assert json.loads((out / "status.json").read_text())["val"] is not None
 
 
-def _hold_lock(folder: Path) -> "subprocess.Popen":
+def _hold_lock(folder: Path):
     """Another process holding the run folder's writer lock, as a live `dab train` does."""
     import subprocess
     import sys
