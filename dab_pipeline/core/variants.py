@@ -44,3 +44,18 @@ VARIANT_SPECS: Registry[VariantSpec] = Registry("model variant")
 for _spec in _SPECS:
     VARIANT_SPECS.register(_spec.name, _spec)
 VARIANT_NAMES: tuple[str, ...] = tuple(s.name for s in _SPECS)
+
+
+# ModelConfig fields that only some variants read: a sweep collapses rows that differ in these alone
+# (``model.steps`` on xpool trains the same model twice), and says so.
+BRIDGE_FIELDS = ("steps", "total_steps", "beta_min", "beta_max", "chi_min", "chi_max", "time_embed_dim",
+                 "drift_hidden", "drift_layers", "drift", "drift_init", "drift_inputs", "chi_norm")
+GAUSSIAN_FIELDS = ("cost", "logvar_init", "logvar_min", "logvar_max", "tau", "learn_tau", "variance")
+COSINE_FIELDS = ("logit_scale_init",)
+
+
+def unused_model_fields(name: str) -> tuple[str, ...]:
+    """The ModelConfig fields variant ``name`` never reads (its config may hold any value there)."""
+    spec = VARIANT_SPECS.get(name)
+    unused = () if spec.bridge else BRIDGE_FIELDS
+    return unused + (COSINE_FIELDS if spec.gaussian else GAUSSIAN_FIELDS)

@@ -5,4 +5,5 @@ from __future__ import annotations
 from .evaluating import compare, evaluate  # noqa: F401
 from .extracting import extract, inspect  # noqa: F401
 from .searching import search  # noqa: F401
+from .sweeping import sweep  # noqa: F401
 from .training import distill, train  # noqa: F401

@@ -144,6 +144,7 @@ class _Trainer:
         self.total = self.steps_per_epoch * cfg.epochs
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.optim, lr_lambda(self.total, cfg.warmup_ratio))
         self.start_epoch, self.start_step, self.best_value, self.best_epoch = 0, 0, None, None
+        self.test_scoring: Optional[dict] = None  # seconds and pairs/s of the test pass (test())
         self.resumed_loss: tuple[float, int] = (0.0, 0)  # running loss sum and count of a partly done epoch
         self.val_metrics: Optional[dict] = None
         self.step_module = None
@@ -309,8 +310,13 @@ class _Trainer:
         self.model.load_state_dict(best["model"])
         if self.heads is not None:
             self.heads.load_state_dict(best["heads"])
+        t0 = time.perf_counter()
         res = score_split(self.model, self.heads, test, cfg, run.ctx.device, progress=run.progress,
                           with_diagnostics=True, dist=run.ctx)
+        seconds = time.perf_counter() - t0
+        pairs = int(test.num_queries) * int(test.num_videos)
+        # what a sweep's table reports as scoring speed (the test pass, its diagnostics included)
+        self.test_scoring = {"seconds": round(seconds, 3), "pairs": pairs, "pairs_per_s": round(pairs / seconds, 1)}
         gt = test.caption_video.numpy()
         extras = {k: np.asarray(getattr(res, k)) for k in ("text_var", "bridged_var", "video_var")
                   if getattr(res, k, None) is not None}
@@ -335,7 +341,8 @@ class _Trainer:
             run.folder.write_status(state="complete", epochs=cfg.epochs, best_epoch=self.best_epoch,
                                     best_value=self.best_value, select_metric=cfg.select_metric,
                                     val=self.val_metrics, test_t2v=test_metrics,
-                                    costs=str(costs_path) if costs_path else None)
+                                    costs=str(costs_path) if costs_path else None,
+                                    test_scoring=self.test_scoring)
         run.ctx.barrier()
         return TrainResult(run_dir=run.dir, epochs_done=cfg.epochs, best_epoch=self.best_epoch,
                            best_value=self.best_value, val_metrics=self.val_metrics, test_metrics=test_metrics,

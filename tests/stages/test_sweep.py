@@ -1,0 +1,214 @@
+"""`dab sweep` on a tiny store: the grid, reuse, collapsed rows, failures, interruption, --jobs, the table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dab_pipeline.core.errors import ConfigError
+from dab_pipeline.results.sweep import sweep_table
+from dab_pipeline.runs.costfile import read_costs
+from dab_pipeline.stages.sweep import (SweepConfig, grid_plan, load_plan, load_sweep_config, plan_names,
+                                       resolve_plan, run_sweep)
+from dab_pipeline.testing import random_store
+
+from ..runner import invoke
+
+SMALL = ("model.drift_hidden=16", "model.time_embed_dim=8", "batch_size=8", "lr=3e-3", "epochs=2")
+GRID = ["model.variant=xpool,dab", "model.steps=2,4"]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return random_store(tmp_path_factory.mktemp("sweep") / "s.h5", n_videos=30)
+
+
+@pytest.fixture(scope="module")
+def swept(store: Path, tmp_path_factory: pytest.TempPathFactory):
+    out = tmp_path_factory.mktemp("sweep") / "one"
+    events = []
+    res = run_sweep(SweepConfig(features=store, out=out, plan=grid_plan(GRID, seeds=(1, 2)), overrides=SMALL),
+                    progress=events.append)
+    return out, res, events
+
+
+def test_a_grid_runs_every_row_and_seed_and_collapses_what_a_variant_ignores(swept) -> None:
+    out, res, events = swept
+    rows = list(res.table["rows"])
+    assert rows == ["variant=xpool,steps=2", "variant=dab,steps=2", "variant=dab,steps=4"]
+    assert res.notes == ["row variant=xpool,steps=4 is row variant=xpool,steps=2 (model.steps has no effect on "
+                         "xpool): run once"]
+    assert len(res.done) == 6 and not res.failed and not res.reused
+    for row in rows:  # ordinary run folders: trained, evaluated
+        for seed in (1, 2):
+            run = out / row / f"seed{seed}"
+            assert json.loads((run / "status.json").read_text())["state"] == "complete"
+            assert json.loads((run / "config.json").read_text())["seed"] == seed
+            assert (run / "metrics.json").is_file()
+    assert {p.name for p in out.iterdir() if p.is_file()} >= {"sweep.json", "sweep.md", "sweep.png", "sweep_plan.json"}
+    table = json.loads((out / "sweep.json").read_text())
+    r1 = table["rows"]["variant=dab,steps=4"]["columns"]["R@1"]
+    got = [json.loads((out / "variant=dab,steps=4" / f"seed{s}" / "metrics.json").read_text())["t2v"]["R@1"]
+           for s in (1, 2)]
+    assert r1["values"] == got and r1["mean"] == pytest.approx(np.mean(got))
+    assert table["rows"]["variant=xpool,steps=2"]["vs_baseline"] is None  # the baseline row
+    vs = table["rows"]["variant=dab,steps=2"]["vs_baseline"]
+    assert vs["seeds"] == [1, 2] and vs["low"] <= vs["diff"] <= vs["high"]
+    md = (out / "sweep.md").read_text()
+    assert "R@1 - variant=xpool,steps=2" in md and "run once" in md
+    assert any(e.kind == "info" and "run once" in e.message for e in events)
+
+
+def test_the_same_sweep_again_reuses_every_run(swept, store: Path) -> None:
+    out, first, _ = swept
+    stamps = {p: p.stat().st_mtime_ns for p in out.rglob("checkpoints/*.pt")}
+    res = run_sweep(SweepConfig(features=store, out=out, plan=grid_plan(GRID, seeds=(1, 2)), overrides=SMALL))
+    assert not res.done and len(res.reused) == 6
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("checkpoints/*.pt")} == stamps  # nothing retrained
+    assert res.table["rows"] == json.loads(json.dumps(first.table["rows"], default=float))
+
+
+def test_jobs_2_gives_the_numbers_of_jobs_1(swept, store: Path, tmp_path: Path) -> None:
+    out, first, _ = swept
+    res = run_sweep(SweepConfig(features=store, out=tmp_path / "two", plan=grid_plan(GRID, seeds=(1, 2)),
+                                overrides=SMALL, jobs=2))
+    assert len(res.done) == 6 and not res.failed
+    for row, vals in first.table["rows"].items():
+        for col in ("R@1", "R@5", "R@10", "MdR", "MnR", "v2t R@1"):
+            assert res.table["rows"][row]["columns"][col]["values"] == vals["columns"][col]["values"], (row, col)
+        for seed in (1, 2):  # the costs themselves, up to float32 summation order (2 threads against 1)
+            a = read_costs(next((out / row / f"seed{seed}").glob("costs_test.*"))).cost
+            b = read_costs(next((tmp_path / "two" / row / f"seed{seed}").glob("costs_test.*"))).cost
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-4)
+
+
+def test_a_failed_run_does_not_stop_the_others_and_a_rerun_retries_it(store: Path, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import dab_pipeline.stages.sweep.one as one
+
+    real = one.run_train
+
+    def broken_for_seed_2(cfg, **kw):
+        if cfg.seed == 2:
+            raise RuntimeError("simulated: the disk went away")
+        return real(cfg, **kw)
+
+    monkeypatch.setattr(one, "run_train", broken_for_seed_2)
+    plan = grid_plan(["model.variant=xpool,prob"], seeds=(1, 2))
+    args = ["sweep", "--features", store, "--out", tmp_path / "s", "--grid", "model.variant=xpool,prob",
+            "--seeds", "1", "2", *[a for s in SMALL for a in ("--set", s)], "--quiet"]
+    r = invoke(args)
+    assert r.exit_code == 1, r.output
+    assert "2 run(s) failed" in r.output and "simulated: the disk went away" in r.output and "Traceback" not in r.output
+    assert "variant=prob" in r.output  # the table of what finished is printed all the same
+    table = json.loads((tmp_path / "s" / "sweep.json").read_text())
+    assert sorted(table["failed"]) == [str(tmp_path / "s" / r / "seed2") for r in ("variant=prob", "variant=xpool")]
+    assert table["rows"]["variant=prob"]["seeds"] == [1]
+    monkeypatch.setattr(one, "run_train", real)
+    res = run_sweep(load_sweep_config(tmp_path / "s"))  # what --resume runs: only the two that failed
+    assert sorted(res.done) == sorted(table["failed"]) and len(res.reused) == 2 and not res.failed
+    assert resolve_plan(plan, store, tmp_path / "s", SMALL).runs[0].config.seed == 1
+
+
+def test_an_interrupted_sweep_loses_only_the_run_in_flight(store: Path, tmp_path: Path) -> None:
+    cfg = SweepConfig(features=store, out=tmp_path / "k", plan=grid_plan(["model.variant=prob"], seeds=(1, 2)),
+                      overrides=(*SMALL[:-1], "epochs=3"))
+    epochs = []
+
+    def stop_in_the_second_run(event) -> None:
+        if event.kind == "metrics" and "epoch" in event.data:
+            epochs.append(event.data["epoch"])
+            if len(epochs) == 5:  # run 1 done (3 epochs), run 2 at its second epoch
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(cfg, progress=stop_in_the_second_run)
+    second = tmp_path / "k" / "variant=prob" / "seed2"
+    assert json.loads((second / "status.json").read_text())["state"] == "interrupted"
+    res = run_sweep(cfg)
+    assert res.reused == [str(tmp_path / "k" / "variant=prob" / "seed1")] and res.done == [str(second)]
+    log = [json.loads(x)["epoch"] for x in (second / "metrics.jsonl").read_text().splitlines()]
+    assert log == [1, 2, 3]  # resumed after its checkpoint, not started over
+
+
+def test_bad_plans_fail_before_any_run_naming_the_row(store: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"sweep row nope=1: .*unknown key 'nope'; valid: .*epochs"):
+        run_sweep(SweepConfig(features=store, out=tmp_path / "a", plan=grid_plan(["nope=1"], seeds=(1,))))
+    with pytest.raises(ConfigError, match=r"sweep row steps=0: .*model.steps=0 is invalid"):
+        run_sweep(SweepConfig(features=store, out=tmp_path / "a", plan=grid_plan(["model.steps=0"], seeds=(1,)),
+                              overrides=("model.variant=xpool",)))
+    assert not (tmp_path / "a").exists()
+    with pytest.raises(ConfigError, match="--baseline model.variant=prob: no row has these values"):
+        grid_plan(["model.variant=xpool,dab"], baseline="model.variant=prob")
+
+
+def test_another_plan_in_a_sweep_folder_is_refused(swept, store: Path) -> None:
+    out, _, _ = swept
+    with pytest.raises(ConfigError, match="holds a sweep of another plan"):
+        run_sweep(SweepConfig(features=store, out=out, plan=grid_plan(GRID, seeds=(1, 3)), overrides=SMALL))
+    r = invoke(["sweep", "--resume", "--out", out, "--grid", "model.variant=dab"])
+    assert r.exit_code != 0 and "drop the options" in r.output
+
+
+def test_the_cli_prints_the_table_and_accepts_seed_lists(swept, store: Path) -> None:
+    out, first, _ = swept
+    sets = [a for s in SMALL for a in ("--set", s)]
+    r = invoke(["sweep", "--features", store, "--out", out, *[a for g in GRID for a in ("--grid", g)],
+                "--seeds", "1,2", *sets, "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert "0 run(s) done, 6 reused, 0 failed" in r.output and "variant=dab" in r.output
+    r = invoke(["sweep", "--resume", "--out", out, "--json", "--quiet"])
+    assert r.exit_code == 0 and json.loads(r.output)["baseline"] == "variant=xpool,steps=2"
+    r = invoke(["sweep", "--features", store, "--out", out, "3"])
+    assert r.exit_code != 0 and "seeds go after --seeds" in r.output
+
+
+def test_shipped_plans_are_the_papers_tables() -> None:
+    assert plan_names() == ("paper-table4", "paper-table5a", "paper-table5b")
+    t4, t5a, t5b = (load_plan(n) for n in plan_names())
+    assert [r.values["model.steps"] for r in t4.rows] == [8, 16, 32, 64] and t4.baseline_row == "steps=32"
+    assert [r.values["model.variant"] for r in t5a.rows] == ["xpool", "prob", "bridge", "dab"]
+    assert t5a.baseline_row == "variant=xpool" and t5b.baseline_row == "cost=kl"
+    assert {p.recipe for p in (t4, t5a, t5b)} == {"paper-ablation"} and t4.seeds == (1, 2, 3)
+    with pytest.raises(ConfigError, match="unknown sweep plan 'table9'; valid: paper-table4"):
+        load_plan("table9")
+
+
+def test_the_table_of_identical_rows_has_an_interval_around_zero() -> None:
+    rng = np.random.default_rng(0)
+    hits = {s: (rng.random(50) < 0.4).astype(float) for s in (1, 2, 3)}
+
+    def runs(h):
+        return {s: {"metrics": {"t2v": {"R@1": 100 * h[s].mean()}}, "hits": h[s], "query_ids": list(range(50))}
+                for s in h}
+
+    table = sweep_table({"a": runs(hits), "b": runs(hits)}, "a")
+    v = table["rows"]["b"]["vs_baseline"]
+    assert v["diff"] == 0 and v["low"] == 0 and v["high"] == 0 and not v["excludes_zero"]
+    assert table["rows"]["a"]["columns"]["R@1"]["values"] == [100 * hits[s].mean() for s in (1, 2, 3)]
+    other = {s: 1.0 - h for s, h in hits.items()}  # another row on the same queries: paired, seeds pooled
+    v = sweep_table({"a": runs(hits), "b": runs(other)}, "a")["rows"]["b"]["vs_baseline"]
+    expected = 100 * (np.mean([other[s] for s in hits], axis=0) - np.mean([hits[s] for s in hits], axis=0)).mean()
+    assert v["diff"] == pytest.approx(expected) and v["excludes_zero"]
+
+
+@pytest.mark.slow
+def test_the_ray_backend_runs_the_sweep_on_a_local_instance(swept, store: Path, tmp_path: Path) -> None:
+    """Two Ray tasks on a local instance write the same runs as the in-process sweep (skipped without ray)."""
+    ray = pytest.importorskip("ray")
+    out, first, _ = swept
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        res = run_sweep(SweepConfig(features=store, out=tmp_path / "ray",
+                                    plan=grid_plan(["model.variant=xpool,dab", "model.steps=2"], seeds=(1,)),
+                                    overrides=SMALL, backend="ray"))
+    finally:
+        ray.shutdown()
+    assert len(res.done) == 2 and not res.failed, res.failed
+    for row in ("variant=xpool,steps=2", "variant=dab,steps=2"):
+        a = read_costs(next((tmp_path / "ray" / row / "seed1").glob("costs_test.*"))).cost
+        b = read_costs(next((out / row / "seed1").glob("costs_test.*"))).cost
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-4, err_msg=row)
