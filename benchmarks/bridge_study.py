@@ -30,10 +30,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import claims as C  # noqa: E402
 import quality as Q  # noqa: E402
 
-from dab_pipeline.core.overrides import apply_overrides, to_dict  # noqa: E402
 from dab_pipeline.stages.evaluate import EvaluateConfig, run_evaluate  # noqa: E402
-from dab_pipeline.stages.train import TrainConfig, resolve_train_config, run_train  # noqa: E402
-from dab_pipeline.store import open_store  # noqa: E402
+from dab_pipeline.stages.sweep import SweepConfig, SweepPlan, SweepRow, run_sweep  # noqa: E402
 
 DAB = ["model.variant=dab"]
 # setting -> overrides on top of the world recipe (and model.steps from --steps for the bridge settings)
@@ -54,29 +52,31 @@ SETTINGS: dict[str, list[str]] = {
 }
 REFERENCES = ("dab", "dab-const", "prob", "dab-const-long", "prob-long")
 COLUMNS = ["train loss", "val R@1", "const R@1", "same top-1", "claim mAP", "claim nDCG@10", "claim P@1", "pair-dep mu", "pair-dep logvar",
-           "pair part mu", "var text", "var bridge", "var video", "seconds"]
+           "pair part mu", "var text", "var bridge", "var video", "seconds"]  # seconds: training
 
 
-def run_setting(name: str, seed: int, stores: dict[str, Path], runs_dir: Path, steps: int, extra: list[str],
-                truth: "C.Truth") -> tuple[dict[str, Optional[float]], dict[str, np.ndarray]]:
-    """One trained run of a setting (reused when its config is unchanged): its row values and claim queries."""
-    out = runs_dir / f"{name}-seed{seed}"
+def setting_values(name: str, steps: int) -> dict[str, Any]:
+    """TrainConfig values of a setting: the world recipe, the setting, T' for the bridge settings, val scored."""
     sets = SETTINGS[name] + ([f"model.steps={steps}"] if "model.variant=dab" in SETTINGS[name] else [])
-    opts = [f"{k}={v}" for k, v in Q.RECIPE.items() if not (k == "epochs" and any(s.startswith("epochs=") for s in sets))]
-    opts += sets + [f"seed={seed}", "test_split=val", "select_metric=last"] + list(extra)
-    cfg = apply_overrides(TrainConfig(features=stores["frozen"], out=out), opts)
-    with open_store(cfg.features) as st:
-        cfg = resolve_train_config(cfg, st.manifest, {o.split("=", 1)[0] for o in opts})
-    want, bench = to_dict(cfg), out / "bench.json"
-    if not (bench.is_file() and json.loads(bench.read_text()).get("config") == want and (out / "metrics.json").is_file()):
-        if out.exists():
-            import shutil
+    return {**Q.RECIPE, **dict(s.split("=", 1) for s in sets), "test_split": "val", "select_metric": "last"}
 
-            shutil.rmtree(out)
-        t0 = time.time()
-        run_train(cfg)
-        run_evaluate(EvaluateConfig(run=out, plots=False, examples=0))
-        bench.write_text(json.dumps({"seconds": time.time() - t0, "config": want}, default=str))
+
+def train_settings(names: list[str], seeds: list[int], stores: dict[str, Path], runs_dir: Path, steps: int,
+                   extra: list[str]) -> None:
+    """Every setting and seed through `dab sweep`'s driver (runs_dir is a cache: done runs are reused)."""
+    plan = SweepPlan(name="bridge-study", rows=tuple(SweepRow(n, setting_values(n, steps)) for n in names),
+                     seeds=tuple(seeds))
+    res = run_sweep(SweepConfig(features=stores["frozen"], out=runs_dir, plan=plan, overrides=tuple(extra),
+                                layout="{row}-seed{seed}", cache=True),
+                    progress=lambda e: Q.log(e.message) if e.kind in ("info", "warning") else None)
+    if res.failed:
+        raise SystemExit("runs failed: " + "; ".join(f"{k}: {v}" for k, v in res.failed.items()))
+
+
+def run_setting(name: str, seed: int, runs_dir: Path, stores: dict[str, Path], truth: "C.Truth"
+                ) -> tuple[dict[str, Optional[float]], dict[str, np.ndarray]]:
+    """One finished run of a setting: its row values and claim queries."""
+    out = runs_dir / f"{name}-seed{seed}"
     res = json.loads((out / "metrics.json").read_text())
     if res.get("bridge", {}).get("decomposition") and "same_top1" not in res["bridge"].get("constant_control", {}):
         res = run_evaluate(EvaluateConfig(run=out, plots=False, examples=0))  # evaluated before the agreement existed
@@ -92,7 +92,7 @@ def run_setting(name: str, seed: int, stores: dict[str, Path], runs_dir: Path, s
            "claim P@1": 100 * queries["P@1"].mean(), "pair-dep mu": pct(share.get("mu")),
            "pair-dep logvar": pct(share.get("logvar")), "pair part mu": pct(parts.get("interaction")),
            "var text": var.get("text"), "var bridge": var.get("bridge"), "var video": var.get("video"),
-           "seconds": json.loads(bench.read_text())["seconds"]}
+           "seconds": sum(float(r.get("epoch_seconds") or 0.0) for r in log_lines)}
     return row, queries
 
 
@@ -126,9 +126,10 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     rows: dict[str, list[dict]] = {}
     per_query: dict[str, list[dict[str, np.ndarray]]] = {}
     t_start = time.time()
+    train_settings(args.settings, args.seeds, stores, runs_dir, args.steps, args.overrides)
     for name in args.settings:
         for seed in args.seeds:
-            row, queries = run_setting(name, seed, stores, runs_dir, args.steps, args.overrides, truth)
+            row, queries = run_setting(name, seed, runs_dir, stores, truth)
             rows.setdefault(name, []).append(row)
             per_query.setdefault(name, []).append(queries)
             share = "-" if row["pair-dep mu"] is None else f"{row['pair-dep mu']:.1f} %"

@@ -37,7 +37,6 @@ import dataclasses
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -48,10 +47,11 @@ import numpy as np
 import torch
 
 from dab_pipeline.core.overrides import apply_overrides
+from dab_pipeline.results.sweep import collect_run, mean_std
 from dab_pipeline.runs.costfile import CostMatrix, write_costs
 from dab_pipeline.stages.evaluate import EvaluateConfig, run_evaluate
 from dab_pipeline.stages.extract import ExtractConfig, run_extract
-from dab_pipeline.stages.train import TrainConfig, resolve_train_config, run_train
+from dab_pipeline.stages.sweep import SweepConfig, SweepPlan, SweepRow, run_sweep
 from dab_pipeline.store import open_store
 from dab_pipeline.world import WorldConfig, load_world, make_world, world_preset, world_videos
 from dab_pipeline.world.generate import claim_from_dict
@@ -164,39 +164,59 @@ def zero_shot(store: Path, out: Path) -> dict[str, Any]:
     return run_evaluate(EvaluateConfig(costs=costs, out=out, plots=False))
 
 
-def train_config(variant: str, stores: dict[str, Path], out: Path, seed: int, epochs: int,
-                 extra: list[str]) -> TrainConfig:
+def train_values(variant: str, stores: dict[str, Path], epochs: int) -> dict[str, Any]:
+    """The TrainConfig values of a trained variant: the recipe, its own settings, and the store it trains on."""
     kind, sets = VARIANTS[variant]
     if kind == "frozen" and "views" in stores:
         kind = "views"
-    recipe = {**RECIPE, "epochs": epochs}
-    opts = [f"{k}={v}" for k, v in recipe.items()] + sets + [f"seed={seed}"] + list(extra)
-    cfg = apply_overrides(TrainConfig(features=stores[kind], out=out), opts)
-    with open_store(cfg.features) as st:
-        return resolve_train_config(cfg, st.manifest, {o.split("=", 1)[0] for o in opts})
+    return {**RECIPE, "epochs": epochs, **dict(s.split("=", 1) for s in sets), "features": str(stores[kind])}
+
+
+def quality_plan(variants: list[str], stores: dict[str, Path], seeds: list[int], epochs: int) -> SweepPlan:
+    """The trained variants as one sweep: a row per variant (each on its store), every seed."""
+    rows = tuple(SweepRow(v, train_values(v, stores, epochs)) for v in variants)
+    return SweepPlan(name="quality", rows=rows, seeds=tuple(seeds))
+
+
+def sweep_runs(variants: list[str], seeds: list[int], stores: dict[str, Path], runs_dir: Path, epochs: int,
+               extra: list[str]) -> None:
+    """Train and evaluate what is missing, through `dab sweep`'s driver: a finished run of the same config is
+    reused, a stopped one resumed, one of another config (a changed recipe) replaced (runs_dir is a cache)."""
+    if not variants:
+        return
+    cfg = SweepConfig(features=stores["frozen"], out=runs_dir, plan=quality_plan(variants, stores, seeds, epochs),
+                      overrides=tuple(extra), layout="{row}-seed{seed}", cache=True)
+    res = run_sweep(cfg, progress=lambda e: log(e.message) if e.kind in ("info", "warning") else None)
+    if res.failed:
+        raise SystemExit("runs failed: " + "; ".join(f"{k}: {v}" for k, v in res.failed.items()))
+
+
+def finished_run(out: Path) -> dict[str, Any]:
+    """metrics.json of a finished run, with its training seconds."""
+    got = collect_run(out)
+    if got is None:
+        raise SystemExit(f"{out} is not a finished, evaluated run")
+    return got["metrics"] | {"seconds": got["metrics"]["train_seconds"]}
 
 
 def one_run(variant: str, seed: int, stores: dict[str, Path], runs_dir: Path, epochs: int,
             extra: list[str]) -> dict[str, Any]:
-    from dab_pipeline.core.overrides import to_dict
-
+    """One variant and seed (zero-shot included), trained unless done: the sweep's driver for one run."""
     out = runs_dir / f"{variant}-seed{seed}"
-    cfg = None if variant == "zero-shot" else train_config(variant, stores, out, seed, epochs, extra)
-    want = {"store": str(stores["frozen"])} if cfg is None else to_dict(cfg)
+    if variant == "zero-shot":
+        return zero_shot_run(stores, out)
+    sweep_runs([variant], [seed], stores, runs_dir, epochs, extra)
+    return finished_run(out)
+
+
+def zero_shot_run(stores: dict[str, Path], out: Path) -> dict[str, Any]:
+    """Zero-shot has nothing to train: its cost file is written once, and evaluated."""
+    want = {"store": str(stores["frozen"])}
     bench = out / "bench.json"
     if (out / "metrics.json").is_file() and bench.is_file() and json.loads(bench.read_text()).get("config") == want:
-        # a finished run of an earlier invocation, with exactly this configuration
         return json.loads((out / "metrics.json").read_text()) | {"seconds": json.loads(bench.read_text())["seconds"]}
-    if out.exists():
-        import shutil
-
-        shutil.rmtree(out)  # unfinished, or made with another configuration: start it over
     t0 = time.time()
-    if cfg is None:
-        res = zero_shot(stores["frozen"], out)
-    else:
-        run_train(cfg)
-        res = run_evaluate(EvaluateConfig(run=out, plots=False))
+    res = zero_shot(stores["frozen"], out)
     seconds = time.time() - t0
     bench.write_text(json.dumps({"seconds": seconds, "config": want}, default=str))
     return res | {"seconds": seconds}
@@ -236,11 +256,7 @@ def aggregate(per_seed: list[dict[str, Optional[float]]]) -> dict[str, Any]:
     out = {}
     for col in COLUMNS:
         vals = [r[col] for r in per_seed if r.get(col) is not None]
-        if not vals:
-            out[col] = None
-            continue
-        out[col] = {"mean": statistics.mean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
-                    "values": vals}
+        out[col] = mean_std(vals) if vals else None
     return out
 
 
@@ -287,10 +303,12 @@ def run_world(label: str, wcfg: WorldConfig, variants: list[str], seeds: list[in
     runs_dir = args.data_dir / f"runs-{label}{args.label}{f'-views{args.train_views}' if args.train_views else ''}"
     truth = C.truth(stores["world"], stores["eval"], claims_split) if claims_split else None
     table, per_run, claim_rows, per_query = {}, {}, {}, {}
+    sweep_runs([v for v in variants if v != "zero-shot"], seeds, stores, runs_dir, epochs, args.overrides)
     for variant in variants:
         rows, queries = [], []
         for seed in ([0] if variant == "zero-shot" else seeds):
-            res = one_run(variant, seed, stores, runs_dir, epochs, args.overrides)
+            out = runs_dir / f"{variant}-seed{seed}"
+            res = zero_shot_run(stores, out) if variant == "zero-shot" else finished_run(out)
             vals = row_values(res)
             rows.append(vals)
             per_run[f"{variant}/seed{seed}"] = vals

@@ -21,7 +21,7 @@ from ..metrics import paired_bootstrap, t2v_ranks
 from ..runs.costfile import read_costs
 from ..runs.run_folder import RunFolder
 
-__all__ = ["SWEEP_FILES", "COLUMNS", "collect_run", "sweep_table", "sweep_markdown", "write_sweep"]
+__all__ = ["SWEEP_FILES", "COLUMNS", "collect_run", "mean_std", "sweep_table", "sweep_markdown", "write_sweep"]
 
 SWEEP_FILES = ("sweep.json", "sweep.md", "sweep.png")
 # (column, where it comes from, decimals); "train s" and "pairs/s" from the run folder, the rest from metrics.json
@@ -53,10 +53,13 @@ def collect_run(run_dir: Path) -> Optional[dict[str, Any]]:
     scoring = status.get("test_scoring") or {}
     metrics["train_seconds"] = sum(float(r.get("epoch_seconds") or 0.0) for r in log)
     metrics["pairs_per_s"] = scoring.get("pairs_per_s")
-    return {"metrics": metrics, "hits": hits, "query_ids": list(map(str, cm.query_ids))}
+    model = json.loads(folder.config_path.read_text()).get("model", {})
+    # what sets the scoring cost: the variant, and T' where there is a bridge
+    scorer = model.get("variant", "?") + (f" T'={model.get('steps')}" if model.get("variant") in ("bridge", "dab") else "")
+    return {"metrics": metrics, "hits": hits, "query_ids": list(map(str, cm.query_ids)), "scorer": scorer}
 
 
-def _mean_std(values: list[float]) -> dict[str, Any]:
+def mean_std(values: list[float]) -> dict[str, Any]:
     return {"mean": statistics.mean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
             "values": values}
 
@@ -65,8 +68,14 @@ def _row(runs: dict[int, dict[str, Any]]) -> dict[str, Any]:
     cols = {}
     for name, path, _ in COLUMNS:
         vals = [v for v in (_dig(r["metrics"], path) for r in runs.values()) if v is not None and math.isfinite(v)]
-        cols[name] = _mean_std(vals) if vals else None
-    return {"seeds": sorted(runs), "columns": cols}
+        cols[name] = mean_std(vals) if vals else None
+    interval = None
+    if runs and len({len(r["hits"]) for r in runs.values()}) == 1:
+        hits = np.stack([runs[s]["hits"] for s in sorted(runs)]) * 100  # (S, Q)
+        boot = paired_bootstrap(hits, np.zeros_like(hits))  # the row's own mean R@1, over queries, seeds pooled
+        interval = {"low": boot["low"], "high": boot["high"]}
+    scorers = sorted({r.get("scorer", "") for r in runs.values()})
+    return {"seeds": sorted(runs), "columns": cols, "r1_interval": interval, "scorer": ", ".join(scorers)}
 
 
 def _against(runs: dict[int, dict[str, Any]], base: dict[int, dict[str, Any]]) -> Optional[dict[str, Any]]:
@@ -140,31 +149,28 @@ def _plot(path: Path, table: dict[str, Any]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [n for n, r in table["rows"].items() if r["columns"]["R@1"] is not None]
-    if not names:
+    rows = {n: r for n, r in table["rows"].items() if r["columns"]["R@1"] is not None and r.get("r1_interval")}
+    if not rows:
         return
-    r1 = [table["rows"][n]["columns"]["R@1"] for n in names]
-    base = table["rows"].get(table["baseline"], {}).get("columns", {}).get("R@1")
-    err = []
-    for n, col in zip(names, r1):  # the bootstrap interval of the row's difference, placed on its mean
-        v = table["rows"][n]["vs_baseline"]
-        err.append((col["mean"] - (base["mean"] + v["low"]), (base["mean"] + v["high"]) - col["mean"])
-                   if v and base else (col["std"], col["std"]))
-    speed = [table["rows"][n]["columns"]["pairs/s"] for n in names]
-    cost_axis = all(s is not None for s in speed) and len({round(s["mean"], -1) for s in speed}) > 1
+    names = list(rows)
+    mean = np.array([rows[n]["columns"]["R@1"]["mean"] for n in names])
+    err = np.array([(m - rows[n]["r1_interval"]["low"], rows[n]["r1_interval"]["high"] - m)
+                    for n, m in zip(names, mean)]).T  # (2, rows)
+    speed = [rows[n]["columns"]["pairs/s"] for n in names]
+    cost_axis = all(s is not None for s in speed) and len({rows[n]["scorer"] for n in names}) > 1
     fig, axes = plt.subplots(1, 2 if cost_axis else 1, figsize=(10 if cost_axis else 6, 3.6), squeeze=False)
     ax = axes[0][0]
-    ax.errorbar(range(len(names)), [c["mean"] for c in r1], yerr=np.array(err).T, fmt="o", capsize=4)
+    ax.errorbar(range(len(names)), mean, yerr=err, fmt="o", capsize=4)
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("t2v R@1")
-    ax.set_title(f"R@1 (bars: 95 % interval of the difference to {table['baseline']})", fontsize=9)
+    ax.set_title("R@1, mean over seeds (bars: bootstrap 95 % interval over queries)", fontsize=9)
     if cost_axis:
         ax2 = axes[0][1]
-        us = [1e6 / s["mean"] for s in speed]  # microseconds of scoring per pair
-        ax2.errorbar(us, [c["mean"] for c in r1], yerr=np.array(err).T, fmt="o", capsize=4)
-        for x, y, n in zip(us, [c["mean"] for c in r1], names):
+        us = [statistics.mean(1e6 / v for v in s["values"]) for s in speed]  # microseconds of scoring per pair
+        ax2.errorbar(us, mean, yerr=err, fmt="o", capsize=4)
+        for x, y, n in zip(us, mean, names):
             ax2.annotate(n, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        ax2.set_xlabel("scoring cost (µs per pair, measured)")
+        ax2.set_xlabel("scoring cost (µs per pair, measured on the test pass)")
         ax2.set_ylabel("t2v R@1")
     fig.tight_layout()
     tmp = path.with_name(path.name + ".tmp.png")

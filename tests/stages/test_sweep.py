@@ -119,7 +119,7 @@ def test_an_interrupted_sweep_loses_only_the_run_in_flight(store: Path, tmp_path
     epochs = []
 
     def stop_in_the_second_run(event) -> None:
-        if event.kind == "metrics" and "epoch" in event.data:
+        if event.kind == "advance" and "epoch" in event.data:  # a run's epoch, shown on the sweep's line
             epochs.append(event.data["epoch"])
             if len(epochs) == 5:  # run 1 done (3 epochs), run 2 at its second epoch
                 raise KeyboardInterrupt
@@ -145,10 +145,18 @@ def test_bad_plans_fail_before_any_run_naming_the_row(store: Path, tmp_path: Pat
         grid_plan(["model.variant=xpool,dab"], baseline="model.variant=prob")
 
 
-def test_another_plan_in_a_sweep_folder_is_refused(swept, store: Path) -> None:
+def test_more_seeds_reuse_the_runs_and_a_foreign_run_is_refused(swept, store: Path) -> None:
     out, _, _ = swept
-    with pytest.raises(ConfigError, match="holds a sweep of another plan"):
-        run_sweep(SweepConfig(features=store, out=out, plan=grid_plan(GRID, seeds=(1, 3)), overrides=SMALL))
+    res = run_sweep(SweepConfig(features=store, out=out, plan=grid_plan(GRID, seeds=(2, 3)), overrides=SMALL))
+    rows = ("variant=xpool,steps=2", "variant=dab,steps=2", "variant=dab,steps=4")
+    assert sorted(res.reused) == sorted(str(out / r / "seed2") for r in rows)  # the runs it shares: reused
+    assert sorted(res.done) == sorted(str(out / r / "seed3") for r in rows)
+    assert res.table["rows"]["variant=dab,steps=4"]["seeds"] == [2, 3]
+    stamps = {p: p.stat().st_mtime_ns for p in out.rglob("config.json")}
+    with pytest.raises(ConfigError, match=r"holds a run of another configuration \(lr \(saved 0.003, given 0.01\)"):
+        run_sweep(SweepConfig(features=store, out=out, plan=grid_plan(GRID, seeds=(1,)),
+                              overrides=(*SMALL, "lr=0.01")))
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("config.json")} == stamps  # refused before anything ran
     r = invoke(["sweep", "--resume", "--out", out, "--grid", "model.variant=dab"])
     assert r.exit_code != 0 and "drop the options" in r.output
 

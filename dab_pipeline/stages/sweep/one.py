@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import time
 import traceback
 from typing import Any
@@ -18,17 +19,20 @@ from .plan import PlannedRun
 __all__ = ["run_state", "execute_run"]
 
 
-def run_state(run: PlannedRun) -> str:
+def run_state(run: PlannedRun, replace: bool = False) -> str:
     """"done" (complete, evaluated, same config), "evaluate" (complete, not evaluated), "resume", "start".
 
     Raises ConfigError when the folder holds a run of another configuration: a sweep never trains
-    over a run it did not plan.
+    over a run it did not plan (``replace``: a cache's folder, emptied instead, and the run starts).
     """
     folder = RunFolder(run.config.out)
     if not folder.is_run():
         return "start"
     saved = dataclasses.replace(folder.load_config(TrainConfig), out=run.config.out)
     diff = differences(saved, run.config)
+    if diff and replace:
+        shutil.rmtree(folder.path)
+        return "start"
     if diff:
         raise ConfigError(f"{folder.path} holds a run of another configuration ({', '.join(diff[:3])}); move it "
                           "away, or choose another --out")
@@ -38,14 +42,14 @@ def run_state(run: PlannedRun) -> str:
     return "resume" if folder.checkpoint(RunFolder.LAST).exists() else "start"
 
 
-def execute_run(config: dict[str, Any], examples: int = 0, progress: ProgressCallback = null_progress
-                ) -> dict[str, Any]:
+def execute_run(config: dict[str, Any], examples: int = 0, progress: ProgressCallback = null_progress,
+                replace: bool = False) -> dict[str, Any]:
     """Train (or resume) and evaluate one run: ``{"ok", "seconds", "error"}``. Never raises for a run's failure,
     so a worker process or a Ray task reports it instead of dying (a KeyboardInterrupt still stops it)."""
     cfg = from_dict(TrainConfig, config)
     t0 = time.perf_counter()
     try:
-        state = run_state(PlannedRun("", cfg.seed, cfg))
+        state = run_state(PlannedRun("", cfg.seed, cfg), replace=replace)
         if state in ("start", "resume"):
             run_train(cfg, progress=progress, resume=state == "resume")
         if state != "done":

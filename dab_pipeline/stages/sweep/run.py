@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 from ...core.errors import ConfigError
 from ...core.events import Event, ProgressCallback, null_progress
 from ...core.fsutil import atomic_write_text
-from ...core.overrides import differences, to_dict
+from ...core.overrides import to_dict
 from ...results.sweep import SWEEP_FILES, collect_run, sweep_table, write_sweep
 from .local import local_executor
 from .one import execute_run, run_state
@@ -42,6 +42,8 @@ class SweepConfig:
     ray_address: Optional[str] = None  # None: RAY_ADDRESS, else a local Ray instance
     layout: str = "{row}/seed{seed}"  # a run's folder under out
     evaluate_examples: int = 0  # examples.html of every run (0: none; `dab evaluate --run` writes one later)
+    # out is a cache of runs (a benchmark's): a run folder of another configuration is replaced, not refused
+    cache: bool = False
 
     def __post_init__(self) -> None:
         if self.jobs < 1:
@@ -87,17 +89,11 @@ def load_sweep_config(out: Path, **changes: Any) -> SweepConfig:
                        layout=rec.get("layout", "{row}/seed{seed}"), **changes)
 
 
-def _check_folder(cfg: SweepConfig) -> None:
-    """A sweep folder holds one plan: the same command again resumes it, another plan is refused."""
-    path = cfg.out / PLAN_FILE
-    want = _plan_record(cfg)
-    if path.is_file():
-        diff = differences(json.loads(path.read_text()), json.loads(json.dumps(want, default=str)))
-        if diff:
-            raise ConfigError(f"{cfg.out} holds a sweep of another plan ({'; '.join(diff[:3])}"
-                              f"{' ...' if len(diff) > 3 else ''}); resume it with --resume, or choose another --out")
+def _record_plan(cfg: SweepConfig) -> None:
+    """sweep_plan.json: what `--resume` runs. Another plan may use the folder (more seeds, more rows): the runs
+    it shares with the last one are reused, and a run folder of another configuration was refused already."""
     cfg.out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(want, indent=2, default=str) + "\n")
+    atomic_write_text(cfg.out / PLAN_FILE, json.dumps(_plan_record(cfg), indent=2, default=str) + "\n")
 
 
 Executor = Callable[[Sequence[PlannedRun], int, ProgressCallback], Iterator[tuple[PlannedRun, dict[str, Any]]]]
@@ -106,23 +102,35 @@ Executor = Callable[[Sequence[PlannedRun], int, ProgressCallback], Iterator[tupl
 def _in_process(runs: Sequence[PlannedRun], examples: int, progress: ProgressCallback
                 ) -> Iterator[tuple[PlannedRun, dict[str, Any]]]:
     for run in runs:
-        progress(Event("info", message=f"running {run.config.out}"))
-        yield run, execute_run(to_dict(run.config), examples, progress)
+        yield run, execute_run(to_dict(run.config), examples, _run_progress(run, progress))
+
+
+def _run_progress(run: PlannedRun, progress: ProgressCallback) -> ProgressCallback:
+    """A run's events as the sweep shows them: its epochs on the sweep's line, its warnings; not its own bars."""
+    def forward(event: Event) -> None:
+        if event.kind == "metrics" and "epoch" in event.data:
+            progress(Event("advance", task="sweep", n=0, data={"epoch": event.data["epoch"], "run": str(run.config.out)},
+                           message=f"{run.row} seed {run.seed}: epoch {event.data['epoch']}/{run.config.epochs}"))
+        elif event.kind == "warning":
+            progress(event)
+
+    return forward
 
 
 def run_sweep(cfg: SweepConfig, progress: ProgressCallback = null_progress) -> SweepResult:
     """Run every missing run of the plan, then write sweep.json / sweep.md / sweep.png from all of them."""
     t0 = time.perf_counter()
     plan = resolve_plan(cfg.plan, cfg.features, cfg.out, cfg.overrides, cfg.layout)
-    states = {str(r.config.out): run_state(r) for r in plan.runs}  # refuses a foreign run before anything starts
-    _check_folder(cfg)
+    states = {str(r.config.out): run_state(r, replace=cfg.cache) for r in plan.runs}  # a foreign run: refused now
+    _record_plan(cfg)
     for note in plan.notes:
         progress(Event("info", message=note))
     res = SweepResult(out=cfg.out, table={}, notes=list(plan.notes))
     todo = [r for r in plan.runs if states[str(r.config.out)] != "done"]
     res.reused = [k for k, s in states.items() if s == "done"]
-    progress(Event("start", task="sweep", total=len(plan.runs)))
-    progress(Event("advance", task="sweep", n=len(res.reused)))
+    parallel = 1 if cfg.backend == "local" and cfg.jobs == 1 else (cfg.jobs if cfg.backend == "local" else len(todo))
+    progress(Event("start", task="sweep", total=len(todo),
+                   message=f"{len(res.reused)} reused, {min(parallel, len(todo))} running"))
     for run, outcome in _executor(cfg)(todo, cfg.evaluate_examples, progress):
         key = str(run.config.out)
         if outcome["ok"]:
@@ -130,7 +138,9 @@ def run_sweep(cfg: SweepConfig, progress: ProgressCallback = null_progress) -> S
         else:
             res.failed[key] = outcome["error"]
             progress(Event("warning", message=f"{key} failed: {outcome['error']}"))
-        progress(Event("advance", task="sweep", n=1, data={"failed": len(res.failed)}))
+        left = len(todo) - len(res.done) - len(res.failed)
+        progress(Event("advance", task="sweep", n=1, data={"unit": "runs"},
+                       message=f"{len(res.done)} done, {min(parallel, left)} running, {len(res.failed)} failed"))
     progress(Event("end", task="sweep"))
     res.table = sweep_table(_collect(plan), plan.baseline, notes=plan.notes, failed=res.failed)
     write_sweep(cfg.out, res.table)
