@@ -88,7 +88,7 @@ def apply_overrides(cfg: C, overrides: Iterable[str]) -> C:
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected key=value")
         key, raw = item.split("=", 1)
-        cfg = _set_path(cfg, key.strip().split("."), raw.strip(), key.strip())
+        cfg = _set_value(cfg, key.strip().split("."), raw.strip(), key.strip(), "--set", parse=True)
     return cfg
 
 
@@ -104,18 +104,23 @@ def replace_values(cfg: C, values: Mapping[str, Any], source: str = "--set") -> 
     return cfg
 
 
-def _set_value(cfg: Any, parts: list[str], value: Any, full_key: str, source: str) -> Any:
+def _set_value(cfg: Any, parts: list[str], value: Any, full_key: str, source: str, parse: bool = False) -> Any:
+    """``cfg`` with the (dotted) field ``parts`` set to ``value``; ``parse``: value is a --set string, read by
+    the field's type (so ``none`` is None for an optional string too)."""
     if not dataclasses.is_dataclass(cfg):
         raise ConfigError(f"{source} {full_key}: {'.'.join(parts)} is not a config section")
     names = [f.name for f in dataclasses.fields(cfg)]
     head = parts[0]
     if head not in names:
         raise ConfigError(f"{source} {full_key}: unknown key {head!r}; valid: {', '.join(names)}")
+    current = getattr(cfg, head)
     if len(parts) > 1:
-        return dataclasses.replace(cfg, **{head: _set_value(getattr(cfg, head), parts[1:], value, full_key, source)})
+        return dataclasses.replace(cfg, **{head: _set_value(current, parts[1:], value, full_key, source, parse)})
+    if dataclasses.is_dataclass(current):
+        raise ConfigError(f"{source} {full_key}: {head} is a section; set one of its keys ({head}.KEY=VALUE)")
     tp = _field_types(type(cfg))[head]
     inner, _ = _strip_optional(tp)
-    if isinstance(value, str) and inner is not str and inner is not Any:
+    if parse or (isinstance(value, str) and inner is not str and inner is not Any):
         value = parse_value(value, tp, full_key)
     elif inner is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
@@ -124,7 +129,7 @@ def _set_value(cfg: Any, parts: list[str], value: Any, full_key: str, source: st
     try:
         return dataclasses.replace(cfg, **{head: value})
     except (ValueError, TypeError) as exc:  # __post_init__ validation
-        raise ConfigError(f"{source} {full_key}={value!r}: {exc}") from None
+        raise ConfigError(f"{source} {full_key}={value if parse else repr(value)}: {exc}") from None
 
 
 def flat_values(config: Any, prefix: str = "") -> dict[str, Any]:
@@ -159,25 +164,6 @@ def differences(saved: Any, asked: Any, ignore: Iterable[str] = ()) -> list[str]
     """``"key (saved X, given Y)"`` for every key :func:`changed_keys` reports: what a refused resume prints."""
     a, b = flat_values(saved), flat_values(asked)
     return [f"{k} (saved {a.get(k)!r}, given {b.get(k)!r})" for k in changed_keys(saved, asked, ignore=ignore)]
-
-
-def _set_path(cfg: Any, parts: list[str], raw: str, full_key: str) -> Any:
-    if not dataclasses.is_dataclass(cfg):
-        raise ConfigError(f"--set {full_key}: {'.'.join(parts)} is not a config section")
-    names = [f.name for f in dataclasses.fields(cfg)]
-    head = parts[0]
-    if head not in names:
-        raise ConfigError(f"--set {full_key}: unknown key {head!r}; valid: {', '.join(names)}")
-    current = getattr(cfg, head)
-    if len(parts) > 1:
-        return dataclasses.replace(cfg, **{head: _set_path(current, parts[1:], raw, full_key)})
-    if dataclasses.is_dataclass(current):
-        raise ConfigError(f"--set {full_key}: {head} is a section; set one of its keys ({head}.KEY=VALUE)")
-    value = parse_value(raw, _field_types(type(cfg))[head], full_key)
-    try:
-        return dataclasses.replace(cfg, **{head: value})
-    except (ValueError, TypeError) as exc:  # __post_init__ validation
-        raise ConfigError(f"--set {full_key}={raw}: {exc}") from None
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

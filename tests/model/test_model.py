@@ -265,10 +265,8 @@ def test_dab_model_bridge_identity_at_init() -> None:
     torch.testing.assert_close(out.cost, out_prob.cost)
 
 
-def test_bridge_matches_an_explicit_concat_loop() -> None:
-    """The split first layer must equal the paper's drift on [mu_t, sigma_t, mu_v, sigma_v, e_t]."""
-    cfg = small_cfg(steps=5)
-    bridge = perturb(DistributionBridge(cfg), scale=0.3)
+def _explicit_bridge(bridge, cfg, residual: bool = False) -> None:
+    """The bridge's T' steps written out as the paper's drift on the concatenated inputs, checked against it."""
     gen = torch.Generator().manual_seed(1)
     mu_t, lv_t = torch.randn(3, D, generator=gen), torch.rand(3, D, generator=gen) - 2
     mu_v, lv_v = torch.randn(3, D, generator=gen), torch.rand(3, D, generator=gen) - 2
@@ -278,12 +276,18 @@ def test_bridge_matches_an_explicit_concat_loop() -> None:
         m, l = mu_t.clone(), lv_t.clone()
         for s in range(cfg.steps, 0, -1):
             e = bridge.time_mlp(sinusoidal_embedding(torch.tensor([float(s)]), cfg.time_embed_dim))  # (1, d_t)
-            x = torch.cat([m, torch.exp(l / 2), mu_v, torch.exp(lv_v / 2), e.expand(3, -1)], dim=-1)
-            delta = bridge.drift(x)
+            parts = [m, torch.exp(l / 2), mu_v, torch.exp(lv_v / 2)] + ([mu_v - m] if residual else [])
+            delta = bridge.drift(torch.cat([*parts, e.expand(3, -1)], dim=-1))
             m = m - chi[s - 1] * delta[:, :D]
             l = (l - chi[s - 1] * delta[:, D:]).clamp(cfg.logvar_min, cfg.logvar_max)
     torch.testing.assert_close(mu, m, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(lv, l, rtol=1e-5, atol=1e-5)
+
+
+def test_bridge_matches_an_explicit_concat_loop() -> None:
+    """The split first layer must equal the paper's drift on [mu_t, sigma_t, mu_v, sigma_v, e_t]."""
+    cfg = small_cfg(steps=5)
+    _explicit_bridge(perturb(DistributionBridge(cfg), scale=0.3), cfg)
 
 
 # ----------------------------------------------------------------------------- variants
@@ -575,21 +579,7 @@ def test_residual_drift_input_matches_an_explicit_concat_loop() -> None:
     cfg = small_cfg(steps=5, drift_inputs="residual")
     bridge = perturb(DistributionBridge(cfg), scale=0.3)
     assert bridge.drift[0].in_features == 5 * D + cfg.time_embed_dim
-    gen = torch.Generator().manual_seed(1)
-    mu_t, lv_t = torch.randn(3, D, generator=gen), torch.rand(3, D, generator=gen) - 2
-    mu_v, lv_v = torch.randn(3, D, generator=gen), torch.rand(3, D, generator=gen) - 2
-    with torch.no_grad():
-        mu, lv = bridge(mu_t, lv_t, mu_v, lv_v)
-        chi = step_sizes(cfg)
-        m, l = mu_t.clone(), lv_t.clone()
-        for s in range(cfg.steps, 0, -1):
-            e = bridge.time_mlp(sinusoidal_embedding(torch.tensor([float(s)]), cfg.time_embed_dim))  # (1, d_t)
-            x = torch.cat([m, torch.exp(l / 2), mu_v, torch.exp(lv_v / 2), mu_v - m, e.expand(3, -1)], dim=-1)
-            delta = bridge.drift(x)
-            m = m - chi[s - 1] * delta[:, :D]
-            l = (l - chi[s - 1] * delta[:, D:]).clamp(cfg.logvar_min, cfg.logvar_max)
-    torch.testing.assert_close(mu, m, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(lv, l, rtol=1e-5, atol=1e-5)
+    _explicit_bridge(bridge, cfg, residual=True)
 
 
 def test_sum_normalised_step_sizes_integrate_over_unit_time() -> None:
