@@ -58,6 +58,8 @@ def cli() -> None:
     dab evaluate  retrieval metrics, uncertainty diagnostics and reports for a run
     dab compare   one table for several runs
     dab search    top-k videos of a store for a free-text query
+    dab index     a FAISS first stage over a store's videos, for search at scale
+    dab serve     a search page and JSON API over a run, a store and an index
     dab distill   a trained T'-step bridge in S steps: an ordinary run folder, scored at S steps' cost
     """
 

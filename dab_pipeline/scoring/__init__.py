@@ -35,13 +35,14 @@ from .bridge_probe import PROBE_SIDE, BridgeProbe, bridge_shifts, constant_bridg
 from .budget import default_memory_budget, engine_macs, pair_bytes, reference_macs  # noqa: F401
 from .driver import inner_tiles, score_all, topk_smallest  # noqa: F401
 from .engines import ENGINES, BridgeSteps, Engine, build_engine  # noqa: F401
-from .reference import score_all_reference  # noqa: F401
+from .reference import score_all_reference, score_query  # noqa: F401
 from .result import SCORE_DTYPES, ScoreResult  # noqa: F401
 
 __all__ = [
     "ScoreResult",
     "score_all",
     "score_all_reference",
+    "score_query",
     "default_memory_budget",
     "pair_bytes",
     "engine_macs",

@@ -69,3 +69,27 @@ def score_all_reference(
         return result
     finally:
         model.train(was_training)
+
+
+@torch.no_grad()
+def score_query(model: DABModel, text: np.ndarray | Tensor, frames: np.ndarray | Tensor, mask: np.ndarray | Tensor,
+                *, dtype: str = "float32", video_chunk: int = 1024) -> np.ndarray:
+    """One query's costs over a few videos (a shortlist) -> (V,) float32, through the model's own path.
+
+    The fast engine precomputes per-video bases that many texts then share; one query cannot amortise them
+    (measured at D = 512, T' = 8, 100 videos: 60 ms with the engine, 33 ms here, bf16).  ``dtype``
+    "bfloat16": the model under CPU/CUDA autocast (the bridge keeps its state in float32).  text (D,) or
+    (1, D), frames (V, F, D), mask (V, F).  The model must be in eval mode on the inputs' device.
+    """
+    t = torch.as_tensor(np.asarray(text, np.float32) if not isinstance(text, Tensor) else text).float()
+    t = t.reshape(1, -1)  # (1, D)
+    fr = torch.as_tensor(frames).float()  # (V, F, D)
+    mk = torch.as_tensor(mask).bool()  # (V, F)
+    dev = next(model.parameters()).device
+    out = np.empty(len(fr), np.float32)
+    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+        ts = model.encode_text(t.to(dev))
+        for v0 in range(0, len(fr), video_chunk):
+            vs = model.encode_video(fr[v0: v0 + video_chunk].to(dev), mk[v0: v0 + video_chunk].to(dev))
+            out[v0: v0 + len(vs)] = model.pair_costs(ts, vs)[0].float().cpu().numpy()  # (tv,)
+    return out

@@ -9,10 +9,16 @@ validation and ``dab train``'s test costs use.
 Only runs trained on frozen CLIP features are supported: a run fine-tuned with
 ``trainable_blocks=K`` would need the query through its fine-tuned text head and
 the frames through its vision head, and is refused with a :class:`ConfigError`.
+
+With an index (``dab index``, a FAISS first stage) a query reads only its shortlist's
+K videos from the store and re-ranks them; :class:`Searcher` keeps the run, the
+store, its CLIP and the index loaded between queries (``dab serve``).
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -22,15 +28,18 @@ import torch
 
 from ..clip_models import check_store_weights, encode_texts, load_clip
 from ..core.errors import ConfigError, StoreError, TrainingError, UnknownNameError, WeightsError
+from ..core.fsutil import sha256_file
+from ..index import VECTOR_KINDS, load_index, query_vectors, split_rows, store_fingerprint
 from ..model import DABModel
 from ..runs.run_folder import RunFolder
 from ..runtime.capabilities import resolve_score_dtype
 from ..runtime.devices import resolve_device
-from ..scoring import score_all
+from ..scoring import score_all, score_query, topk_smallest
 from ..store import open_store
 from .train import TrainConfig, TrainHeads
 
-__all__ = ["SearchHit", "SearchResult", "LoadedRun", "load_run", "encode_queries", "search", "load_descriptions"]
+__all__ = ["SearchHit", "SearchResult", "LoadedRun", "Searcher", "load_run", "encode_queries", "search",
+           "load_descriptions", "DEFAULT_SHORTLIST"]
 
 
 @dataclass(frozen=True)
@@ -52,10 +61,11 @@ class SearchResult:
     # best-vs-second-best cost gap over the whole split (the paper's top-1/top-2 KL
     # margin for KL runs); larger is more confident; None with fewer than 2 videos
     margin: Optional[float]
-    # every video's cost for this query (V,) and the split's video ids, for result pages; may be
-    # +inf outside a shortlist
+    # the costs of the videos scored for this query (V,) and their ids, for result pages: the whole split
+    # (+inf outside a cosine shortlist), or with an index only the K shortlisted videos
     costs: Optional[np.ndarray] = None
     video_ids: Optional[np.ndarray] = None
+    shortlist: Optional[int] = None  # K videos re-ranked (None: every video of the split scored)
 
 
 @dataclass
@@ -108,12 +118,8 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu", checkpoint
     return loaded
 
 
-def encode_queries(manifest: dict, queries: Sequence[str], device: str | torch.device = "cpu") -> torch.Tensor:
-    """Encode free-text queries with the CLIP model and weights the store was built with -> (M, D) float32.
-
-    Raises :class:`WeightsError` (one line) when those weights are not available here
-    or differ from the ones the store recorded.
-    """
+def _query_clip(manifest: dict, device: str | torch.device):
+    """The CLIP model and weights the store was built with, checked against the store's record."""
     name, pretrained = manifest.get("model"), manifest.get("pretrained")
     if not name:
         raise StoreError("the store's manifest names no CLIP model; cannot encode a query in its feature space")
@@ -125,7 +131,177 @@ def encode_queries(manifest: dict, queries: Sequence[str], device: str | torch.d
             f"its weights, which are not available here: {exc}"
         ) from None
     check_store_weights(bundle, manifest, "a query encoded with them would not match the stored features")
-    return encode_texts(bundle, list(queries)).features.float()  # (M, D)
+    return bundle
+
+
+def encode_queries(manifest: dict, queries: Sequence[str], device: str | torch.device = "cpu") -> torch.Tensor:
+    """Encode free-text queries with the CLIP model and weights the store was built with -> (M, D) float32.
+
+    Raises :class:`WeightsError` (one line) when those weights are not available here
+    or differ from the ones the store recorded.
+    """
+    return encode_texts(_query_clip(manifest, device), list(queries)).features.float()  # (M, D)
+
+
+DEFAULT_SHORTLIST = 100
+
+
+class Searcher:
+    """What a search needs, loaded once: the run, the open store, the store's CLIP and, optionally, an index.
+
+    With an ``index`` (``dab index``) a query reads only its shortlist's K videos from the store
+    (``FeatureStore.read_videos``, sorted and coalesced) and re-ranks them with the run's full cost; without
+    one, the split is loaded into memory once and every video is scored (or a cosine shortlist of it).
+    ``search`` is not re-entrant: a server serialises calls (``lock``).
+    """
+
+    def __init__(self, run_dir: str | Path, store_path: str | Path, *, split: str = "test",
+                 index: str | Path | None = None, device: str = "auto", dtype: str = "float32",
+                 warn: Callable[[str], None] = lambda message: None, encoder: bool = True) -> None:
+        self.device = resolve_device(device)
+        choice = resolve_score_dtype(dtype, self.device)
+        if choice.warning:
+            warn(choice.warning)
+        self.dtype, self.split, self.store_path = choice.dtype, split, Path(store_path)
+        self.lock = threading.Lock()
+        self.store = open_store(store_path)  # the store first: an incomplete one is refused before a model loads
+        try:
+            self.store.require_complete("dab search")
+            self.rows = split_rows(self.store, split)  # (V,) store rows of the split's encoded videos
+            if len(self.rows) == 0:
+                raise StoreError(f"{store_path}: split {split!r} has no encoded videos to search")
+            self.run = load_run(run_dir, self.device)
+            d = self.run.model.cfg.embed_dim
+            if self.store.dim != d:
+                raise ConfigError(f"{store_path} holds D={self.store.dim} features but the run's model has embed_dim={d}")
+            self.index = None
+            if index is not None:
+                self.index = load_index(index)
+                self._check_index(store_fingerprint(self.store, self.rows))
+            # encoder=False: ranks given text features only (benchmarks of stores without a CLIP)
+            self.bundle = _query_clip(self.store.manifest, self.device) if encoder else None
+        except BaseException:
+            self.store.close()
+            raise
+        self._feats = None  # the whole split, loaded on the first search without an index
+        self._engines: dict = {}  # score_all's engines, built once (the model never changes here)
+
+    def _check_index(self, fingerprint: str) -> None:
+        assert self.index is not None
+        meta = self.index.meta
+        if meta.split != self.split:
+            raise ConfigError(f"{self.index.path} indexes split {meta.split!r}, not {self.split!r}")
+        self.index.check_store(fingerprint, self.store_path)
+        if VECTOR_KINDS.get(meta.vector).needs_run and meta.run.get("checkpoint_sha256") != sha256_file(self.run.checkpoint):
+            raise ConfigError(f"{self.index.path} holds the {meta.vector!r} vectors of another run "
+                              f"({meta.run.get('path')}); rebuild it with `dab index --run {self.run.run_dir} ...`")
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> "Searcher":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def num_videos(self) -> int:
+        return len(self.rows)
+
+    def encode(self, queries: Sequence[str]) -> torch.Tensor:
+        """(M, D) float32 features of the queries, in the store's CLIP space."""
+        if self.bundle is None:
+            raise ConfigError("this Searcher was opened without its query encoder (encoder=False)")
+        return encode_texts(self.bundle, list(queries)).features.float()
+
+    def search(self, queries: Sequence[str], topk: int = 10, shortlist: Optional[int] = None,
+               nprobe: Optional[int] = None, memory_budget: Optional[int] = None) -> list[SearchResult]:
+        """Each query's ``topk`` videos, best first, with its top-1/top-2 margin.
+
+        ``shortlist``: K videos re-ranked a query (with an index: default 100; without: None scores them all).
+        """
+        queries = _check_queries(queries, topk, shortlist)
+        return self.rank(queries, self.encode(queries), topk, shortlist, nprobe, memory_budget)
+
+    def rank(self, queries: Sequence[str], text: torch.Tensor | np.ndarray, topk: int = 10,
+             shortlist: Optional[int] = None, nprobe: Optional[int] = None,
+             memory_budget: Optional[int] = None, timings: Optional[dict] = None) -> list[SearchResult]:
+        """:meth:`search` for queries already encoded (``text`` (M, D)); ``timings`` (a dict) gets the seconds
+        spent in each step added to it: index, read, score."""
+        text = torch.as_tensor(np.asarray(text, np.float32))  # (M, D)
+        timings = timings if timings is not None else {}
+        if self.index is None:
+            return self._search_split(queries, text, topk, shortlist, memory_budget)
+        k_sl = int(shortlist or DEFAULT_SHORTLIST)
+        t0 = time.perf_counter()
+        qv = query_vectors(self.index.meta.vector, text, self.run.model)  # (M, D)
+        cand, _ = self.index.search(qv, k_sl, nprobe=nprobe)  # (M, K) store rows
+        _tick(timings, "index", t0)
+        out = []
+        for i, q in enumerate(queries):
+            t0 = time.perf_counter()
+            rows = np.unique(cand[i][cand[i] >= 0])  # sorted: the store reads coalesce
+            frames, mask = self.store.read_videos(rows)  # (K, F, D), (K, F): only the shortlist
+            t0 = _tick(timings, "read", t0)
+            # one query: the model's own path beats the engine, whose per-video bases need many texts to pay
+            cost = score_query(self.run.model, text[i], frames, mask, dtype=self.dtype)  # (K,)
+            res = _Ranked(cost[None], *topk_smallest(cost[None], min(max(topk, 2), len(rows))))
+            _tick(timings, "score", t0)
+            ids = self.store.video_ids[rows]
+            out.append(_result(q, res, 0, ids, np.searchsorted(self.rows, rows), topk, k_sl))
+        return out
+
+    def _search_split(self, queries: list[str], text: torch.Tensor, topk: int, shortlist: Optional[int],
+                      memory_budget: Optional[int]) -> list[SearchResult]:
+        if self._feats is None:
+            self._feats = self.store.load_split(self.split)
+        feats = self._feats
+        n_v = len(feats.video_ids)
+        res = score_all(self.run.model, text, feats.frames, feats.frame_mask, device=self.device, dtype=self.dtype,
+                        topk=min(max(topk, 2), n_v), shortlist=shortlist, memory_budget=memory_budget,
+                        engines=self._engines)
+        return [_result(q, res, i, feats.video_ids, np.arange(n_v), topk, shortlist)
+                for i, q in enumerate(queries)]
+
+
+@dataclass
+class _Ranked:
+    """The parts of a ScoreResult that :func:`_result` reads."""
+
+    cost: np.ndarray  # (M, V)
+    topk_indices: np.ndarray  # (M, k)
+    topk_costs: np.ndarray  # (M, k)
+
+
+def _tick(timings: dict, name: str, t0: float) -> float:
+    now = time.perf_counter()
+    timings[name] = timings.get(name, 0.0) + now - t0
+    return now
+
+
+def _check_queries(queries: Sequence[str], topk: int, shortlist: Optional[int]) -> list[str]:
+    queries = [str(q) for q in queries]
+    if not queries or any(not q.strip() for q in queries):
+        raise ConfigError("dab search needs at least one non-empty query")
+    if topk < 1:
+        raise ConfigError(f"topk must be a positive integer, got {topk}")
+    if shortlist is not None and shortlist < 1:
+        raise ConfigError(f"shortlist must be a positive integer, got {shortlist}")
+    return queries
+
+
+def _result(query: str, res, i: int, ids: np.ndarray, split_pos: np.ndarray, topk: int,
+            shortlist: Optional[int]) -> SearchResult:
+    """Row ``i`` of a score_all result over the videos ``ids`` (their positions in the split: ``split_pos``)."""
+    assert res.topk_indices is not None and res.topk_costs is not None
+    idx, costs = res.topk_indices[i], res.topk_costs[i]
+    margin = float(costs[1] - costs[0]) if len(ids) >= 2 and np.isfinite(costs[:2]).all() else None
+    hits = [SearchHit(rank=r + 1, video_index=int(split_pos[j]), video_id=str(ids[j]), cost=float(c))
+            for r, (j, c) in enumerate(zip(idx[:topk], costs[:topk]))]
+    row = np.asarray(res.cost[i], np.float32) if res.cost is not None else None
+    return SearchResult(query=query, hits=hits, margin=margin, costs=row, video_ids=np.asarray(ids),
+                        shortlist=shortlist)
 
 
 def search(
@@ -138,51 +314,22 @@ def search(
     *,
     dtype: str = "float32",
     shortlist: Optional[int] = None,
+    index: str | Path | None = None,
+    nprobe: Optional[int] = None,
     memory_budget: Optional[int] = None,
     warn: Callable[[str], None] = lambda message: None,
 ) -> list[SearchResult]:
     """The ``topk`` videos of ``split`` for each free-text query, best first, with each query's margin.
 
-    ``shortlist`` and ``memory_budget`` are passed to :func:`~dab_pipeline.scoring.score_all`;
-    ``dtype`` (``float32``: exact, the default; ``bfloat16``; ``auto``) is resolved for the
-    device first (:func:`dab_pipeline.runtime.capabilities.resolve_score_dtype`): bf16 asked where it
-    is not native runs in float32 and ``warn`` gets the reason.
+    One-shot :class:`Searcher`. ``index``: a ``dab index`` folder as the first stage (then ``shortlist``
+    defaults to 100 and only those videos are read); ``shortlist`` without an index: a cosine first stage over
+    the split in memory. ``dtype`` (``float32``: exact, the default; ``bfloat16``; ``auto``) is resolved for the
+    device first (:func:`dab_pipeline.runtime.capabilities.resolve_score_dtype`): bf16 asked where it is not
+    native runs in float32 and ``warn`` gets the reason.
     """
-    queries = [str(q) for q in queries]
-    if not queries or any(not q.strip() for q in queries):
-        raise ConfigError("dab search needs at least one non-empty query")
-    if topk < 1:
-        raise ConfigError(f"topk must be a positive integer, got {topk}")
-    dev = resolve_device(device)
-    choice = resolve_score_dtype(dtype, dev)
-    if choice.warning:
-        warn(choice.warning)
-    dtype = choice.dtype
-    with open_store(store_path) as store:  # the store first: an incomplete one is refused before a model loads
-        store.require_complete("dab search")
-    run = load_run(run_dir, dev)
-    with open_store(store_path) as store:
-        manifest = store.manifest
-        feats = store.load_split(split)
-    n_v = len(feats.video_ids)
-    if n_v == 0:
-        raise StoreError(f"{store_path}: split {split!r} has no encoded videos to search")
-    d = run.model.cfg.embed_dim
-    if feats.frames.shape[2] != d:
-        raise ConfigError(f"{store_path} holds D={feats.frames.shape[2]} features but the run's model has embed_dim={d}")
-    text = encode_queries(manifest, queries, dev)  # (M, D)
-    res = score_all(run.model, text, feats.frames, feats.frame_mask, device=dev, dtype=dtype,
-                    topk=min(max(topk, 2), n_v), shortlist=shortlist, memory_budget=memory_budget)
-    assert res.topk_indices is not None and res.topk_costs is not None
-    out = []
-    for i, q in enumerate(queries):
-        idx, costs = res.topk_indices[i], res.topk_costs[i]
-        margin = float(costs[1] - costs[0]) if n_v >= 2 and np.isfinite(costs[:2]).all() else None
-        hits = [SearchHit(rank=r + 1, video_index=int(j), video_id=str(feats.video_ids[j]), cost=float(c))
-                for r, (j, c) in enumerate(zip(idx[:topk], costs[:topk]))]
-        row = np.asarray(res.cost[i], np.float32) if res.cost is not None else None
-        out.append(SearchResult(query=q, hits=hits, margin=margin, costs=row, video_ids=feats.video_ids))
-    return out
+    _check_queries(queries, topk, shortlist)
+    with Searcher(run_dir, store_path, split=split, index=index, device=device, dtype=dtype, warn=warn) as s:
+        return s.search(queries, topk, shortlist=shortlist, nprobe=nprobe, memory_budget=memory_budget)
 
 
 def load_descriptions(path: str | Path) -> dict[str, str]:

@@ -50,6 +50,10 @@ class StoreReads:
         mask = self._read_any("videos/frame_mask", idx, self.num_videos, "video").astype(bool)
         return frames, mask
 
+    def read_captions(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Caption features (B, D) float32 of these store rows (written ones: see ``caption_done``)."""
+        return self._read_any("captions/features", indices, self.num_captions, "caption").astype(np.float32)
+
     def read_vision_states(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """(B, F, W) or (B, F, L, W) in the store dtype."""
         if not self.has_states:

@@ -24,8 +24,13 @@ _EXISTING = click.Path(path_type=Path, exists=True)
               help="Precision of the bridge's matrix products (bfloat16: several times faster where the device "
                    "multiplies bf16 natively, costs within ~1e-3; float32 with a warning elsewhere; auto: bf16 "
                    "where native).")
+@click.option("--index", "index_dir", type=_EXISTING, default=None,
+              help="Index folder from `dab index`: the first stage; only each query's shortlist is read from the "
+                   "store and re-ranked (large stores).")
 @click.option("--shortlist", type=int, default=None,
-              help="Score only each query's K best videos by a cheap cosine first stage (large galleries).")
+              help="Videos re-ranked per query: with --index the index's K best (default 100); without, the K best "
+                   "by a cosine over the split in memory (default: every video).")
+@click.option("--nprobe", type=int, default=None, help="IVF lists scanned a query (default: the index's).")
 @click.option("--descriptions", type=_EXISTING, default=None,
               help="JSON {video_id: text} or CSV (video_id, description) shown beside each hit, e.g. the "
                    "descriptions.json of a procedural world.")
@@ -33,7 +38,8 @@ _EXISTING = click.Path(path_type=Path, exists=True)
               help="Also write a self-contained page with each query's top-k as thumbnails (from the store), "
                    "costs, the confidence and a plot of its costs over every video.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-def search(queries, run_dir, features, split, topk, device, dtype, shortlist, descriptions, html, as_json) -> None:
+def search(queries, run_dir, features, split, topk, device, dtype, index_dir, shortlist, nprobe, descriptions, html,
+           as_json) -> None:
     """Top-k videos of a store for each QUERY, with costs and the top-1/top-2 margin.
 
     The query is encoded with the store's own CLIP model, so its weights must be
@@ -44,7 +50,7 @@ def search(queries, run_dir, features, split, topk, device, dtype, shortlist, de
 
     about = load_descriptions(descriptions) if descriptions else {}
     results = run_search(run_dir, features, list(queries), topk=topk, split=split, device=device,
-                         dtype=dtype, shortlist=shortlist,
+                         dtype=dtype, shortlist=shortlist, index=index_dir, nprobe=nprobe,
                          warn=lambda message: click.echo(f"warning: {message}", err=True))
     if html is not None:
         page = _write_page(html, results, features, run_dir, about, topk)
@@ -82,8 +88,11 @@ def _write_page(path: Path, results, features: Path, run_dir: Path, about: dict,
     from ...results.page import build_queries, render_page  # deferred: start-up
     from ...stages.evaluate import store_context  # deferred: `dab --help` must not import torch
 
-    videos = np.asarray(results[0].video_ids)
-    cost = np.stack([r.costs for r in results])  # (M, V)
+    # with an index every query scored its own shortlist: the union of the videos, +inf where not scored
+    videos = np.unique(np.concatenate([np.asarray(r.video_ids) for r in results]))  # (V,)
+    cost = np.full((len(results), len(videos)), np.inf, np.float32)  # (M, V)
+    for i, r in enumerate(results):
+        cost[i, np.searchsorted(videos, np.asarray(r.video_ids))] = r.costs
     thumbs, captions, _ = store_context(features, videos)
     captions = {**captions, **about}  # a description (world ground truth) says more than a caption
     queries = build_queries(cost, range(len(results)), [r.query for r in results], videos, thumbs=thumbs,

@@ -1,0 +1,216 @@
+"""Search at scale: synthetic stores of 10k / 100k / 1M videos, the first stages side by side.
+
+For each N a store of the real layout is written (HDF5, F = 12 frames, D = 512, float16,
+ViT-B/32's shape; features are 2,000 random topics plus per-video and per-frame noise,
+one caption per 50 videos) into ``--work``, then, in one run:
+
+* the index build (``dab index``'s library call: default vector, auto factory): time,
+  size on disk;
+* per-query latency, p50 / p99 over ``--queries`` queries (a caption of a random video,
+  one query at a time) of
+  - brute-force full scoring of every video (the split in RAM; only where affordable),
+  - the cosine shortlist over the split in RAM + DAB re-rank (``score_all(shortlist=K)``),
+  - the FAISS shortlist + DAB re-rank (:class:`Searcher`: reads only the K videos),
+  each at K in {100, 1000} for a T' = 8 and a T' = 32 run and an S = 1 (distilled-size)
+  run, float32 (``--dtype``); the FAISS path is split into index / store read / scoring;
+* the FAISS shortlist's recall of the exact first stage's (the same vectors, Flat) at 100k;
+  the recall of the full-scoring top-10 on the world is benchmarks/search_recall.py's;
+* peak RSS of the serving process (a fresh process that opens the run, the store and the
+  index and answers the queries), against the store's size.
+
+Runs are random-weight models of the real shapes (D = 512): latency depends on shapes,
+not on what was learned. The query encoder (ViT-B/32's text tower) is timed apart.
+
+    python benchmarks/search_scale.py [--sizes 10000 100000 1000000] [--work bench_data/scale]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import resource
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dab_pipeline.index import build_index, load_index, query_vectors
+from dab_pipeline.model import DABModel, ModelConfig
+from dab_pipeline.runs.run_folder import RunFolder
+from dab_pipeline.scoring import score_all
+from dab_pipeline.stages.search import Searcher, load_run
+from dab_pipeline.stages.train import TrainConfig
+from dab_pipeline.store import create_store, open_store
+
+F, D, TOPICS, CAPS_EVERY = 12, 512, 2000, 50
+RUNS = {"T8": 8, "T32": 32, "S1": 1}
+
+
+def write_store(path: Path, n: int, seed: int = 0, chunk: int = 16384) -> float:
+    if path.exists():
+        return 0.0
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    topics = rng.standard_normal((TOPICS, D)).astype(np.float32)
+    topic = rng.integers(0, TOPICS, n)
+    vids = [f"s{i:07d}" for i in range(n)]
+    cap_v = np.arange(0, n, CAPS_EVERY)
+    tmp = path.with_name("writing-" + path.name)
+    st = create_store(tmp, manifest={"model": "synthetic", "clip": {"embed_dim": D}, "frames": F}, video_ids=vids,
+                      video_split=["test"] * n, caption_ids=[f"{vids[v]}#0" for v in cap_v],
+                      caption_video_index=cap_v, caption_text=["synthetic"] * len(cap_v),
+                      caption_split=["test"] * len(cap_v), num_frames=F, dim=D, dtype="float16", overwrite=True)
+    with st:
+        for a in range(0, n, chunk):
+            b = min(a + chunk, n)
+            centre = topics[topic[a:b]] + 0.7 * rng.standard_normal((b - a, D), dtype=np.float32)  # (B, D)
+            fr = centre[:, None] + 0.7 * rng.standard_normal((b - a, F, D), dtype=np.float32)  # (B, F, D)
+            st.write_videos(np.arange(a, b), fr.astype(np.float16), np.ones((b - a, F), bool), np.full(b - a, F))
+        cap = topics[topic[cap_v]] + 0.7 * rng.standard_normal((len(cap_v), D), dtype=np.float32)
+        st.write_captions(np.arange(len(cap_v)), cap.astype(np.float16))
+    os.rename(tmp, path)
+    return time.perf_counter() - t0
+
+
+def make_runs(root: Path, store: Path) -> dict[str, Path]:
+    out = {}
+    for name, steps in RUNS.items():
+        path = root / f"run-{name}"
+        out[name] = path
+        if (path / "checkpoints" / "best.pt").exists():
+            continue
+        cfg = TrainConfig(features=store, out=path, model=ModelConfig(embed_dim=D, variant="dab", steps=steps))
+        torch.manual_seed(0)
+        model = DABModel(cfg.model)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.02)
+        run = RunFolder(path)
+        run.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        run.save_config(cfg)
+        run.save_checkpoint(RunFolder.BEST, {"model": model.state_dict(), "heads": None, "epoch": 1})
+    return out
+
+
+def queries(store: Path, m: int, seed: int = 1) -> np.ndarray:
+    with open_store(store) as st:
+        pick = np.sort(np.random.default_rng(seed).choice(st.num_captions, min(m, st.num_captions), replace=False))
+        return st.read_captions(pick)  # (M, D)
+
+
+def pct(ms: list[float]) -> str:
+    return f"{np.percentile(ms, 50):8.1f} {np.percentile(ms, 99):8.1f}"
+
+
+def timed_queries(fn, text: np.ndarray) -> list[float]:
+    fn(text[:1])  # warm-up
+    out = []
+    for i in range(len(text)):
+        t0 = time.perf_counter()
+        fn(text[i: i + 1])
+        out.append(1000 * (time.perf_counter() - t0))
+    return out
+
+
+def serve_child(args: tuple) -> dict:
+    """In a fresh process: what `dab serve` holds (run, store, index), the FAISS path's latencies, peak RSS."""
+    run, store, index, text, ks, dtype = args
+    torch.set_num_threads(2)
+    rows = {}
+    with Searcher(run, store, index=index, device="cpu", dtype=dtype, encoder=False) as s:
+        rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        for k in ks:
+            t: dict = {}
+            ms = timed_queries(lambda q: s.rank(["q"], q, topk=10, shortlist=k, timings=t), text)
+            n = len(text) + 1
+            rows[k] = {"ms": ms, "parts": {p: 1000 * v / n for p, v in t.items()}}
+    return {"rows": rows, "rss_loaded_mb": rss_loaded,
+            "rss_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def in_ram_paths(run_dirs: dict, store: Path, text: np.ndarray, ks: list[int], n: int, dtype: str,
+                 full_max: int) -> list[str]:
+    lines = []
+    with open_store(store) as st:
+        feats = st.load_split("test")
+    for name, rd in run_dirs.items():
+        model = load_run(rd, "cpu").model
+        if n <= full_max:
+            ms = timed_queries(lambda q: score_all(model, q, feats.frames, feats.frame_mask, dtype=dtype, topk=10),
+                               text[:5])
+            lines.append(f"{n:>9,} {name:4} {'full scoring':28} {'-':>5} {pct(ms)}")
+        for k in ks:
+            ms = timed_queries(lambda q: score_all(model, q, feats.frames, feats.frame_mask, dtype=dtype, topk=10,
+                                                   shortlist=k), text)
+            lines.append(f"{n:>9,} {name:4} {'cosine shortlist + DAB':28} {k:>5} {pct(ms)}")
+    return lines
+
+
+def ann_recall(store: Path, index: Path, work: Path, text: np.ndarray, k: int = 100) -> float:
+    """The index's shortlist against the exact (Flat) search of the same vectors."""
+    exact = work / "index-exact"
+    with open_store(store) as st:
+        meta = load_index(index).meta
+        build_index(st, exact, split="test", vector=meta.vector, factory="Flat", overwrite=True)
+    a, e = load_index(index), load_index(exact)
+    qv = query_vectors(meta.vector, text)
+    ra, _ = a.search(qv, k)
+    re_, _ = e.search(qv, k)
+    return float(np.mean([len(np.intersect1d(x, y)) / k for x, y in zip(ra, re_)]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", nargs="+", type=int, default=[10_000, 100_000, 1_000_000])
+    ap.add_argument("--work", type=Path, default=Path("bench_data/scale"))
+    ap.add_argument("--queries", type=int, default=50)
+    ap.add_argument("--ks", nargs="+", type=int, default=[100, 1000])
+    ap.add_argument("--dtype", default="auto", help="float32, bfloat16 or auto (bf16 where the CPU has it)")
+    ap.add_argument("--ram-max", type=int, default=100_000, help="largest N whose split is loaded in RAM")
+    ap.add_argument("--full-max", type=int, default=10_000, help="largest N scored in full")
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    report: dict = {"sizes": {}}
+    lines = [f"{'videos':>9} {'run':4} {'path':28} {'K':>5} {'p50 ms':>8} {'p99 ms':>8}"]
+    for n in args.sizes:
+        root = args.work / f"n{n}"
+        root.mkdir(parents=True, exist_ok=True)
+        store = root / "store.h5"
+        t_store = write_store(store, n)
+        runs = make_runs(root, store)
+        text = queries(store, args.queries)
+        index = root / "index"
+        t0 = time.perf_counter()
+        with open_store(store) as st:
+            meta = build_index(st, index, split="test", overwrite=True)
+        t_build = time.perf_counter() - t0
+        size = sum(p.stat().st_size for p in index.iterdir())
+        info = {"store_gb": store.stat().st_size / 1e9, "store_write_s": t_store, "build_s": t_build,
+                "factory": meta.factory, "vectors": meta.count * meta.per_video, "index_mb": size / 1e6}
+        print(f"N={n:,}: store {info['store_gb']:.2f} GB (written in {t_store:.0f} s), index {meta.factory} over "
+              f"{info['vectors']:,} vectors built in {t_build:.1f} s, {info['index_mb']:.1f} MB", flush=True)
+        if n <= args.ram_max:
+            lines += in_ram_paths(runs, store, text, args.ks, n, args.dtype, args.full_max)
+        with mp.get_context("spawn").Pool(1) as pool:
+            for name, rd in runs.items():
+                res = pool.apply(serve_child, ((rd, store, index, text, args.ks, args.dtype),))
+                for k, r in res["rows"].items():
+                    parts = ", ".join(f"{p} {v:.1f}" for p, v in r["parts"].items())
+                    lines.append(f"{n:>9,} {name:4} {'FAISS shortlist + DAB':28} {k:>5} {pct(r['ms'])}   ({parts})")
+                info[f"rss_{name}_mb"] = res["rss_peak_mb"]
+                print(lines[-1], f"peak RSS {res['rss_peak_mb']:.0f} MB", flush=True)
+        if meta.factory != "Flat":
+            info["ann_recall_at_100"] = ann_recall(store, index, root, text)
+            print(f"N={n:,}: the index's top-100 holds {100 * info['ann_recall_at_100']:.1f} % of the exact "
+                  "first stage's", flush=True)
+        report["sizes"][n] = info
+    print("\n".join(lines))
+    print(json.dumps(report, indent=1))
+    (args.work / "search_scale.json").write_text(json.dumps({"report": report, "lines": lines}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

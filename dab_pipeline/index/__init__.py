@@ -1,0 +1,9 @@
+"""The search's first stage: one vector per video in a FAISS index (faiss-cpu, an optional extra)."""
+
+from .build import average_query, build_index, split_rows, staging_path, store_fingerprint
+from .faiss_index import FLAT_MAX, IndexMeta, VideoIndex, auto_factory, load_index, require_faiss
+from .vectors import DEFAULT_VECTOR, VECTOR_KINDS, query_vectors, video_vectors
+
+__all__ = ["average_query", "build_index", "split_rows", "staging_path", "store_fingerprint", "FLAT_MAX",
+           "IndexMeta", "VideoIndex", "auto_factory", "load_index", "require_faiss", "DEFAULT_VECTOR",
+           "VECTOR_KINDS", "query_vectors", "video_vectors"]

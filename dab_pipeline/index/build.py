@@ -1,0 +1,168 @@
+"""Building a video index from a store: streamed in chunks, resumable, published in one rename.
+
+The vectors are computed chunk by chunk (``chunk`` videos read at a time, so memory is
+bounded by one chunk plus the vectors, N x D float32 on disk through a memory map) into
+a staging folder beside ``out``; a stopped build resumes from its last finished chunk
+when the store, the vector kind and the run are unchanged.  The FAISS index is then
+trained (IVF: on an evenly spaced sample), filled, and the folder renamed into place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from ..core.errors import ConfigError, StoreError
+from ..core.events import Event, ProgressCallback, null_progress
+from ..core.fsutil import atomic_write_text, publish, remove_path
+from ..model import DABModel
+from ..store import STATUS_OK, FeatureStore
+from .faiss_index import IndexMeta, auto_factory, new_faiss_index, require_faiss
+from .vectors import DEFAULT_VECTOR, VECTOR_KINDS, video_vectors
+
+__all__ = ["store_fingerprint", "split_rows", "average_query", "build_index", "staging_path"]
+
+FINGERPRINT_SAMPLE = 64
+TRAIN_PER_LIST = 64
+
+
+def split_rows(store: FeatureStore, split: str) -> np.ndarray:
+    """The store rows of ``split``'s videos that have features, ascending."""
+    if split not in store.splits():
+        raise StoreError(f"{store.path}: no split {split!r}; splits in this store: {', '.join(store.splits())}")
+    return np.flatnonzero((store.video_split == split) & (store.status() == STATUS_OK))
+
+
+def store_fingerprint(store: FeatureStore, rows: np.ndarray) -> str:
+    """A cheap identity of the indexed videos: the manifest, the layout, the ids and status of ``rows``, and the
+    feature bytes of up to 64 of them spread evenly (a re-extraction changes those), hashed (sha256)."""
+    h = hashlib.sha256()
+    h.update(json.dumps(store.manifest, sort_keys=True, default=str).encode())
+    h.update(json.dumps(store.layout, sort_keys=True, default=str).encode())
+    h.update(np.asarray(rows, np.int64).tobytes())
+    h.update("\x00".join(map(str, store.video_ids[rows])).encode())
+    h.update(store.status()[rows].tobytes())
+    if len(rows):
+        sample = rows[np.unique(np.linspace(0, len(rows) - 1, min(FINGERPRINT_SAMPLE, len(rows))).astype(np.int64))]
+        frames, mask = store.read_videos(sample)
+        h.update(frames.astype(np.float32).tobytes())
+        h.update(mask.tobytes())
+    return h.hexdigest()
+
+
+def average_query(store: FeatureStore, max_captions: int = 10_000) -> np.ndarray:
+    """The mean of (up to ``max_captions`` evenly spaced) written caption features -> (D,) float32."""
+    done = np.flatnonzero(store.caption_done())
+    if len(done) == 0:
+        raise StoreError(f"{store.path} holds no caption features: the pooled index vector needs an average query")
+    pick = done[np.unique(np.linspace(0, len(done) - 1, min(max_captions, len(done))).astype(np.int64))]
+    return store.read_captions(pick).mean(axis=0)
+
+
+def staging_path(out: Path) -> Path:
+    return out.parent / f".{out.name}.building"
+
+
+def _staging(out: Path, state: dict, n: int, dim: int) -> tuple[Path, np.ndarray, int]:
+    """The staging folder's vector memmap and the first row still to compute (0 unless a matching build stopped)."""
+    stage = staging_path(out)
+    state_file = stage / "state.json"
+    done = 0
+    if state_file.is_file():
+        try:
+            old = json.loads(state_file.read_text())
+        except ValueError:
+            old = {}
+        if {k: old.get(k) for k in state} == state and (stage / "vectors.npy").is_file():
+            done = int(old.get("done", 0))
+    if done == 0:
+        remove_path(stage)
+        stage.mkdir(parents=True)
+        vecs = np.lib.format.open_memmap(stage / "vectors.npy", mode="w+", dtype=np.float32, shape=(n, dim))
+    else:
+        vecs = np.load(stage / "vectors.npy", mmap_mode="r+")
+    return stage, vecs, done
+
+
+def build_index(store: FeatureStore, out: str | Path, *, split: str = "test", vector: str = DEFAULT_VECTOR,
+                model: Optional[DABModel] = None, run: Optional[dict] = None, factory: str = "auto",
+                chunk: int = 4096, nprobe: int = 32, ef_search: int = 64, overwrite: bool = False,
+                progress: ProgressCallback = null_progress) -> IndexMeta:
+    """Index ``split``'s videos of an open, complete ``store`` into the folder ``out``; returns its metadata.
+
+    ``model`` / ``run`` ({"path", "checkpoint_sha256"}): the run the index serves (needed by run-dependent
+    vectors, recorded always). ``factory``: a FAISS factory string or "auto" (:func:`auto_factory`).
+    """
+    out = Path(out)
+    kind = VECTOR_KINDS.get(vector)
+    if kind.needs_run and model is None:
+        raise ConfigError(f"the {vector!r} index vector is the run's own pooling: pass --run")
+    if chunk < 1:
+        raise ConfigError(f"chunk must be a positive number of videos, got {chunk}")
+    if out.exists() and not overwrite:
+        raise ConfigError(f"{out} already exists; pass --overwrite to replace it")
+    if out.exists() and not (out / "index.json").is_file():
+        raise ConfigError(f"{out} exists and is not a dab index folder (no index.json); refusing to overwrite it")
+    faiss = require_faiss()
+    t0 = time.perf_counter()
+    rows = split_rows(store, split)
+    if len(rows) == 0:
+        raise StoreError(f"{store.path}: split {split!r} has no encoded videos to index")
+    n, dim, per = len(rows), store.dim, kind.per_video
+    factory = auto_factory(n * per, dim) if factory == "auto" else factory
+    index = new_faiss_index(factory, dim)  # a bad factory string fails before any reading
+    avg = average_query(store) if kind.needs_run else None
+    fp = store_fingerprint(store, rows)
+    run = run or {"path": None, "checkpoint_sha256": None}
+    state = {"fingerprint": fp, "vector": vector, "run": run.get("checkpoint_sha256") if kind.needs_run else None,
+             "n": n, "dim": dim}
+    stage, vecs, done = _staging(out, state, n * per, dim)
+    progress(Event("start", task="vectors", total=n))
+    progress(Event("advance", task="vectors", n=done))
+    for c0 in range(done, n, chunk):
+        c1 = min(c0 + chunk, n)
+        frames, mask = store.read_videos(rows[c0:c1])  # (B, F, D), (B, F)
+        vecs[c0 * per: c1 * per] = video_vectors(vector, frames, mask, model, avg).reshape(-1, dim)
+        vecs.flush()
+        atomic_write_text(stage / "state.json", json.dumps({**state, "done": c1}))
+        progress(Event("advance", task="vectors", n=c1 - c0))
+    progress(Event("end", task="vectors"))
+    t_vec = time.perf_counter() - t0
+    _fill(faiss, index, vecs, progress)
+    meta = IndexMeta(vector=vector, factory=factory, dim=dim, count=n, per_video=per, split=split,
+                     store={"path": str(store.path), "fingerprint": fp}, run=run, nprobe=nprobe,
+                     ef_search=ef_search, avg_query=None if avg is None else [float(x) for x in avg],
+                     build={"seconds": round(time.perf_counter() - t0, 3), "vector_seconds": round(t_vec, 3),
+                            "faiss": faiss.__version__, "chunk": chunk})
+    faiss.write_index(index, str(stage / "index.faiss"))
+    np.save(stage / "rows.npy", np.repeat(rows, per))  # the store row of each vector
+    del vecs
+    (stage / "vectors.npy").unlink()
+    (stage / "state.json").unlink()
+    atomic_write_text(stage / "index.json", json.dumps(meta.to_json(), indent=2))
+    publish(stage, out, overwrite=overwrite)
+    return meta
+
+
+def _fill(faiss, index, vecs: np.ndarray, progress: ProgressCallback, add_chunk: int = 65_536) -> None:
+    """Train the index (IVF: on an evenly spaced sample of TRAIN_PER_LIST vectors a list) and add every vector."""
+    n = len(vecs)
+    if not index.is_trained:
+        ivf = faiss.try_extract_index_ivf(index)
+        want = TRAIN_PER_LIST * (ivf.nlist if ivf is not None else 256)
+        pick = np.unique(np.linspace(0, n - 1, min(n, want)).astype(np.int64))
+        if ivf is not None and len(pick) < ivf.nlist:
+            raise ConfigError(f"an IVF index of {ivf.nlist} lists needs at least as many videos; got {n} "
+                              "(use a smaller nlist, or Flat)")
+        progress(Event("info", message=f"training the index on {len(pick):,} vectors"))
+        index.train(np.ascontiguousarray(vecs[pick]))
+    progress(Event("start", task="index", total=n))
+    for a in range(0, n, add_chunk):
+        index.add(np.ascontiguousarray(vecs[a: a + add_chunk]))
+        progress(Event("advance", task="index", n=min(add_chunk, n - a)))
+    progress(Event("end", task="index"))

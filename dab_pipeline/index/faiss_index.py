@@ -1,0 +1,158 @@
+"""A FAISS index over one vector per video, saved as a folder with its provenance.
+
+``INDEX/`` holds ``index.faiss`` (the FAISS index), ``rows.npy`` (the store row of
+each index id) and ``index.json`` (what it was built from: the vector kind, the
+factory string, the store's and the run's fingerprints, search defaults).  FAISS is
+an optional extra (``pip install 'dab-pipeline[index]'``, faiss-cpu); importing this
+module does not need it, building or loading an index does.
+
+Factories: exact inner product (``Flat``) up to ``FLAT_MAX`` vectors, where one query
+costs N x D multiply-adds (262k x 512: ~30 ms on two cores) and the float32 vectors
+(0.5 GB) fit in memory; above it ``IVF{nlist},PQ{D/8}``: D/8 bytes a vector (a million
+videos' 4M segment vectors in 256 MB, where Flat needs 8 GB), ``nprobe`` lists scanned
+a query.  The measurements behind the choice are in docs/search.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from ..core.errors import ConfigError, StoreMismatchError
+
+__all__ = ["FLAT_MAX", "IndexMeta", "VideoIndex", "auto_factory", "require_faiss", "new_faiss_index",
+           "load_index", "INDEX_FORMAT"]
+
+INDEX_FORMAT = 1
+FLAT_MAX = 262_144
+DEFAULT_NPROBE = 32
+
+
+def require_faiss():
+    """The faiss module, or a one-line :class:`ConfigError` naming the extra to install."""
+    try:
+        import faiss
+    except ImportError:
+        raise ConfigError("FAISS is not installed: `pip install 'dab-pipeline[index]'` (faiss-cpu) to build or "
+                          "load a video index") from None
+    return faiss
+
+
+def auto_factory(n: int, dim: int) -> str:
+    """Exact up to :data:`FLAT_MAX` vectors; above it IVF with about 2 sqrt(N) lists (a power of two) and
+    product-quantised codes of D/8 bytes (64 at D = 512: 4M vectors, a million videos' segments, in 256 MB)."""
+    if n <= FLAT_MAX:
+        return "Flat"
+    nlist = 1 << max(4, round(math.log2(2 * math.sqrt(n))))
+    m = max(1, dim // 8)
+    while dim % m:
+        m -= 1
+    return f"IVF{nlist},PQ{m}"
+
+
+def new_faiss_index(factory: str, dim: int):
+    faiss = require_faiss()
+    try:
+        return faiss.index_factory(int(dim), factory, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else "invalid"
+        raise ConfigError(f"FAISS cannot build the factory string {factory!r}: {first}") from None
+
+
+@dataclass
+class IndexMeta:
+    """index.json: what an index was built from and how to search it."""
+
+    vector: str
+    factory: str
+    dim: int
+    count: int
+    split: str
+    store: dict  # {"path", "fingerprint"}
+    run: dict  # {"path", "checkpoint_sha256"}
+    per_video: int = 1  # vectors a video (ntotal = count x per_video)
+    nprobe: int = DEFAULT_NPROBE
+    ef_search: int = 64
+    avg_query: Optional[list] = None  # the pooled kind's average query (D floats)
+    build: dict = field(default_factory=dict)  # seconds, faiss version, chunk
+    format: int = INDEX_FORMAT
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, data: dict, where: Path) -> "IndexMeta":
+        if int(data.get("format", 0)) > INDEX_FORMAT:
+            raise ConfigError(f"{where}: index format {data.get('format')}; this dab reads {INDEX_FORMAT} or older")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ConfigError(f"{where}: not a dab index.json ({exc})") from None
+
+
+class VideoIndex:
+    """A loaded index: ``search(queries (M, D), k)`` -> each query's k best videos' store rows (M, k) (-1 where
+    fewer exist) and their scores (a video's best vector)."""
+
+    def __init__(self, path: Path, meta: IndexMeta, index: Any, rows: np.ndarray) -> None:
+        self.path, self.meta, self.index, self.rows = path, meta, index, rows
+
+    def search(self, queries: np.ndarray, k: int, nprobe: Optional[int] = None,
+               ef_search: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
+        faiss = require_faiss()
+        q = np.ascontiguousarray(queries, dtype=np.float32)  # (M, D)
+        if q.ndim != 2 or q.shape[1] != self.meta.dim:
+            raise ConfigError(f"queries of shape {q.shape} for an index of D={self.meta.dim}")
+        params = None
+        ivf = faiss.try_extract_index_ivf(self.index)
+        if ivf is not None:
+            params = faiss.SearchParametersIVF(nprobe=int(nprobe or self.meta.nprobe))
+        elif "HNSW" in self.meta.factory:
+            params = faiss.SearchParametersHNSW(efSearch=int(max(ef_search or self.meta.ef_search, k)))
+        k = int(min(k, self.meta.count))
+        per = self.meta.per_video
+        # S vectors a video: the k * S best vectors hold at least k videos
+        scores, ids = self.index.search(q, k * per, params=params)  # (M, k * S) each
+        rows = np.where(ids >= 0, self.rows[np.clip(ids, 0, None)], -1)
+        if per == 1:
+            return rows.astype(np.int64), scores
+        out_rows = np.full((len(q), k), -1, np.int64)
+        out_scores = np.full((len(q), k), -np.inf, np.float32)
+        for i in range(len(q)):
+            valid = rows[i] >= 0
+            uniq, first = np.unique(rows[i][valid], return_index=True)  # a video's first hit is its best
+            order = np.sort(first)[:k]
+            out_rows[i, : len(order)] = rows[i][valid][order]
+            out_scores[i, : len(order)] = scores[i][valid][order]
+        return out_rows, out_scores
+
+    def check_store(self, fingerprint: str, store_path: Path) -> None:
+        if fingerprint != self.meta.store["fingerprint"]:
+            raise StoreMismatchError(
+                f"{self.path} was built from another store (or the store changed since): its fingerprint "
+                f"{self.meta.store['fingerprint'][:12]} != {fingerprint[:12]} of {store_path}; rebuild it with "
+                f"`dab index --features {store_path} --out {self.path} --overwrite`")
+
+
+def load_index(path: str | Path) -> VideoIndex:
+    """Read an index folder written by :func:`dab_pipeline.index.build.build_index`."""
+    faiss = require_faiss()
+    p = Path(path)
+    meta_path = p / "index.json"
+    if not meta_path.is_file():
+        raise ConfigError(f"{p} is not a dab index folder (no index.json); build one with `dab index`")
+    try:
+        meta = IndexMeta.from_json(json.loads(meta_path.read_text()), meta_path)
+        rows = np.load(p / "rows.npy")
+        index = faiss.read_index(str(p / "index.faiss"))
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ConfigError(f"{p}: cannot read the index ({str(exc).strip().splitlines()[-1]})") from None
+    if index.ntotal != meta.count * meta.per_video or len(rows) != index.ntotal:
+        raise ConfigError(f"{p}: damaged index ({index.ntotal} vectors, {len(rows)} rows, index.json says "
+                          f"{meta.count}); rebuild it with `dab index ... --overwrite`")
+    return VideoIndex(p, meta, index, rows)

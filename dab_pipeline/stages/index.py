@@ -1,0 +1,63 @@
+"""``dab index``: a FAISS first stage over one vector per video of a store's split.
+
+Writes the index folder (see :mod:`dab_pipeline.index`) with the resolved config
+beside it (``config.json``); ``dab search --index`` and ``dab serve --index`` read it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+from ..core.errors import ConfigError
+from ..core.events import ProgressCallback, null_progress
+from ..core.fsutil import atomic_write_text, sha256_file
+from ..index import DEFAULT_VECTOR, VECTOR_KINDS, IndexMeta, build_index
+from ..store import open_store
+from .search import load_run
+
+__all__ = ["IndexConfig", "run_index"]
+
+
+@dataclass(frozen=True)
+class IndexConfig:
+    """What ``dab index`` builds: ``vector`` (a name of :data:`VECTOR_KINDS`), ``factory`` ("auto" or a FAISS
+    factory string), search defaults ``nprobe`` (IVF) and ``ef_search`` (HNSW)."""
+
+    features: Path
+    out: Path
+    run: Optional[Path] = None
+    split: str = "test"
+    vector: str = DEFAULT_VECTOR
+    factory: str = "auto"
+    chunk: int = 4096
+    nprobe: int = 32
+    ef_search: int = 64
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        VECTOR_KINDS.get(self.vector)  # an unknown name lists the valid ones
+        for name in ("chunk", "nprobe", "ef_search"):
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
+
+
+def run_index(cfg: IndexConfig, progress: ProgressCallback = null_progress) -> IndexMeta:
+    """Build the index of ``cfg``; returns its metadata (index.json)."""
+    model, run = None, None
+    if cfg.run is not None:
+        loaded = load_run(cfg.run, "cpu")
+        model = loaded.model
+        run = {"path": str(loaded.run_dir), "checkpoint_sha256": sha256_file(loaded.checkpoint)}
+    with open_store(cfg.features) as store:
+        store.require_complete("dab index")
+        if model is not None and store.dim != model.cfg.embed_dim:
+            raise ConfigError(f"{cfg.features} holds D={store.dim} features but the run's model has "
+                              f"embed_dim={model.cfg.embed_dim}")
+        meta = build_index(store, cfg.out, split=cfg.split, vector=cfg.vector, model=model, run=run,
+                           factory=cfg.factory, chunk=cfg.chunk, nprobe=cfg.nprobe, ef_search=cfg.ef_search,
+                           overwrite=cfg.overwrite, progress=progress)
+    atomic_write_text(Path(cfg.out) / "config.json", json.dumps(asdict(cfg), indent=2, default=str))
+    return meta
