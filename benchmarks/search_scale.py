@@ -39,6 +39,7 @@ import torch
 
 from dab_pipeline.index import build_index, load_index, query_vectors
 from dab_pipeline.model import DABModel, ModelConfig
+from dab_pipeline.runtime.capabilities import resolve_score_dtype
 from dab_pipeline.runs.run_folder import RunFolder
 from dab_pipeline.scoring import score_all
 from dab_pipeline.stages.search import Searcher, load_run
@@ -140,7 +141,7 @@ def in_ram_paths(run_dirs: dict, store: Path, text: np.ndarray, ks: list[int], n
         model = load_run(rd, "cpu").model
         if n <= full_max:
             ms = timed_queries(lambda q: score_all(model, q, feats.frames, feats.frame_mask, dtype=dtype, topk=10),
-                               text[:5])
+                               text)
             lines.append(f"{n:>9,} {name:4} {'full scoring':28} {'-':>5} {pct(ms)}")
         for k in ks:
             ms = timed_queries(lambda q: score_all(model, q, feats.frames, feats.frame_mask, dtype=dtype, topk=10,
@@ -171,8 +172,12 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto", help="float32, bfloat16 or auto (bf16 where the CPU has it)")
     ap.add_argument("--ram-max", type=int, default=100_000, help="largest N whose split is loaded in RAM")
     ap.add_argument("--full-max", type=int, default=10_000, help="largest N scored in full")
+    ap.add_argument("--ram-queries", type=int, default=5, help="queries timed on the in-RAM paths (slow)")
     args = ap.parse_args()
     torch.set_num_threads(2)
+    choice = resolve_score_dtype(args.dtype, torch.device("cpu"))
+    args.dtype = choice.dtype
+    print(f"scoring dtype {args.dtype}" + (f" ({choice.warning})" if choice.warning else ""), flush=True)
     report: dict = {"sizes": {}}
     lines = [f"{'videos':>9} {'run':4} {'path':28} {'K':>5} {'p50 ms':>8} {'p99 ms':>8}"]
     for n in args.sizes:
@@ -193,7 +198,8 @@ def main() -> None:
         print(f"N={n:,}: store {info['store_gb']:.2f} GB (written in {t_store:.0f} s), index {meta.factory} over "
               f"{info['vectors']:,} vectors built in {t_build:.1f} s, {info['index_mb']:.1f} MB", flush=True)
         if n <= args.ram_max:
-            lines += in_ram_paths(runs, store, text, args.ks, n, args.dtype, args.full_max)
+            lines += in_ram_paths(runs, store, text[: args.ram_queries], args.ks, n, args.dtype, args.full_max)
+            print("\n".join(lines[-9:]), flush=True)
         with mp.get_context("spawn").Pool(1) as pool:
             for name, rd in runs.items():
                 res = pool.apply(serve_child, ((rd, store, index, text, args.ks, args.dtype),))
