@@ -42,6 +42,7 @@ from .selective import (  # noqa: F401
     kl_margin,
     risk_coverage,
     selective_report,
+    threshold_outcome,
 )
 from .stats import average_ranks, paired_bootstrap, spearman  # noqa: F401
 
@@ -66,6 +67,7 @@ __all__ = [
     "aurc_optimal",
     "accuracy_at_coverage",
     "selective_report",
+    "threshold_outcome",
     "variance_asymmetry",
     "semantic_neighbourhood",
     "shift_decomposition",

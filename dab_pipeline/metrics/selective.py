@@ -203,3 +203,16 @@ def selective_report(
         }
     out["curves"] = curves
     return out
+
+
+def threshold_outcome(confidence: Any, correct: Any, threshold: float) -> tuple[float, float]:
+    """Answer only the queries whose confidence is at least ``threshold`` (abstain on the rest).
+
+    -> (coverage: share of queries answered, precision: mean correctness of the answered ones; NaN when none
+    is answered).
+    """
+    conf, corr = _check_pair(confidence, correct)
+    keep = conf >= threshold
+    if not keep.any():
+        return 0.0, float("nan")
+    return float(keep.mean()), float(corr[keep].mean())

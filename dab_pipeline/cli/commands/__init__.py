@@ -6,5 +6,6 @@ from .evaluating import compare, evaluate  # noqa: F401
 from .extracting import extract, inspect  # noqa: F401
 from .indexing import index  # noqa: F401
 from .searching import search  # noqa: F401
+from .serving import serve  # noqa: F401
 from .sweeping import sweep  # noqa: F401
 from .training import distill, train  # noqa: F401

@@ -18,12 +18,13 @@ from .options import EXISTING
 @click.option("--run", type=EXISTING, default=None,
               help="Run folder the index serves (required by --vector pooled; recorded always).")
 @click.option("--split", default="test", show_default=True, help="Split of the store to index.")
-@click.option("--vector", default="meanp", show_default=True,
-              help="One vector per video: meanp (mean of the L2-normalised frames), mean, pooled (the run's "
-                   "pooling with the mean caption as query). docs/search.md measures them.")
+@click.option("--vector", default="segments", show_default=True,  # = index.DEFAULT_VECTOR (a test checks)
+              help="What the index holds: segments (4 vectors a video, the meanP of consecutive frame runs; the "
+                   "best counts), meanp (mean of the L2-normalised frames), mean, pooled (the run's pooling with "
+                   "the mean caption as query). docs/search.md measures them.")
 @click.option("--factory", default="auto", show_default=True,
-              help="FAISS factory string (Flat, IVF4096,SQ8, HNSW32, ...); auto: Flat up to 262,144 videos, "
-                   "IVF(~2 sqrt N),SQ8 above.")
+              help="FAISS factory string (Flat, IVF4096,PQ64, HNSW32, ...); auto: Flat up to 262,144 vectors, "
+                   "IVF(~2 sqrt N),PQ(D/8) above.")
 @click.option("--nprobe", type=int, default=32, show_default=True, help="IVF lists scanned a query (default).")
 @click.option("--ef-search", type=int, default=64, show_default=True, help="HNSW search breadth (default).")
 @click.option("--chunk", type=int, default=4096, show_default=True, help="Videos read from the store at a time.")

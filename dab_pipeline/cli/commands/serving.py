@@ -1,0 +1,67 @@
+"""`dab serve`: the search page and JSON API (FastAPI + uvicorn, the `serve` extra)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ...core.choices import SCORE_DTYPES
+from .. import cli
+from .options import EXISTING
+
+
+@cli.command()
+@click.option("--run", "run_dir", type=EXISTING, required=True, help="Run folder written by `dab train`.")
+@click.option("--features", type=EXISTING, required=True, help="Feature store whose videos are searched.")
+@click.option("--index", "index_dir", type=EXISTING, default=None,
+              help="Index folder from `dab index` (large stores: only each query's shortlist is read).")
+@click.option("--split", default="test", show_default=True, help="Split of the store to search.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=int, default=8000, show_default=True, help="Port to listen on.")
+@click.option("--k", "k", type=int, default=10, show_default=True, help="Videos a query returns by default.")
+@click.option("--shortlist", type=int, default=None,
+              help="Videos re-ranked a query (with --index: default 100; without: every video).")
+@click.option("--abstain-below", type=float, default=None,
+              help="Flag answers whose confidence (the KL margin) is below this; the page and /search say what "
+                   "the threshold gave on the run's test split.")
+@click.option("--descriptions", type=EXISTING, default=None,
+              help="JSON {video_id: text} or CSV (video_id, description) shown beside each hit.")
+@click.option("--threads", type=int, default=2, show_default=True, help="CPU threads for the model and FAISS.")
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@click.option("--dtype", type=click.Choice(SCORE_DTYPES), default="auto", show_default=True,
+              help="Precision of the re-ranking (auto: bf16 where the device has it natively).")
+def serve(run_dir, features, index_dir, split, host, port, k, shortlist, abstain_below, descriptions, threads,
+          device, dtype) -> None:
+    """Serve a search page (/) and a JSON API (/search?q=...&k=10) over a run and a store.
+
+    One worker; the run, the store's CLIP and the index are loaded once.
+    """
+    import torch  # deferred: `dab --help` must not import torch
+
+    from ...stages.search import Searcher, load_descriptions  # deferred: `dab --help` must not import torch
+    from ...stages.serve import ServeSettings, abstain_report, create_app  # deferred: FastAPI is an extra
+
+    try:
+        import uvicorn
+    except ImportError:
+        raise click.ClickException("dab serve needs uvicorn and FastAPI: pip install 'dab-pipeline[serve]'") from None
+    torch.set_num_threads(max(1, threads))
+    try:
+        import faiss
+
+        faiss.omp_set_num_threads(max(1, threads))
+    except ImportError:
+        pass
+    about = load_descriptions(descriptions) if descriptions else {}
+    searcher = Searcher(run_dir, features, split=split, index=index_dir, device=device, dtype=dtype,
+                        warn=lambda message: click.echo(f"warning: {message}", err=True))
+    settings = ServeSettings(k=k, shortlist=shortlist, abstain_below=abstain_below, descriptions=about,
+                             title=f"dab search: {Path(run_dir).name}")
+    app = create_app(searcher, settings, abstain_report(Path(run_dir), abstain_below))
+    click.echo(f"serving {searcher.num_videos:,} videos of {features} on http://{host}:{port}/ (Ctrl-C stops)",
+               err=True)
+    try:
+        uvicorn.run(app, host=host, port=port, workers=1, log_level="warning")
+    finally:
+        searcher.close()

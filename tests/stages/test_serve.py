@@ -1,0 +1,232 @@
+"""dab search --index and dab serve: the shortlist path against exact search, the API, its errors, the page,
+and a real server under a bounded concurrent load on a loopback port."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dab_pipeline.core.errors import ConfigError, StoreMismatchError
+from dab_pipeline.index import build_index
+from dab_pipeline.runs.costfile import CostMatrix, write_costs
+from dab_pipeline.stages.search import Searcher, search
+from dab_pipeline.store import open_store
+from dab_pipeline.testing import SEARCH_CAPTIONS as CAPTIONS
+from dab_pipeline.testing import hand_made_run, text_store
+
+from ..runner import invoke
+
+pytest.importorskip("faiss")
+
+TEST_VIDEOS = 6
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("serve")
+    store = text_store(root / "store.h5", CAPTIONS, test_videos=TEST_VIDEOS, frames=4)
+    run, _ = hand_made_run(root / "run", store, "dab")
+    with open_store(store) as st:
+        build_index(st, root / "index", split="test")
+    return {"store": store, "run": run, "index": root / "index", "root": root}
+
+
+def test_index_search_equals_exact_search_when_the_shortlist_holds_every_video(world: dict) -> None:
+    queries = [CAPTIONS[0], CAPTIONS[4], "something else entirely"]
+    exact = search(world["run"], world["store"], queries, topk=5, device="cpu")
+    short = search(world["run"], world["store"], queries, topk=5, device="cpu", index=world["index"],
+                   shortlist=TEST_VIDEOS)
+    for e, s in zip(exact, short):
+        assert [h.video_id for h in s.hits] == [h.video_id for h in e.hits]
+        assert [h.video_index for h in s.hits] == [h.video_index for h in e.hits]
+        np.testing.assert_allclose([h.cost for h in s.hits], [h.cost for h in e.hits], rtol=1e-4)
+        assert s.margin == pytest.approx(e.margin, rel=1e-3, abs=1e-5)
+
+
+def test_index_search_reads_only_the_shortlist(world: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    with Searcher(world["run"], world["store"], index=world["index"], device="cpu") as s:
+        asked: list[np.ndarray] = []
+        real = s.store.read_videos
+        monkeypatch.setattr(s.store, "read_videos", lambda rows: (asked.append(np.asarray(rows)), real(rows))[1])
+        monkeypatch.setattr(s.store, "load_split", lambda *a, **k: pytest.fail("the split was loaded"))
+        (res,) = s.search([CAPTIONS[1]], topk=2, shortlist=3)
+    assert len(asked) == 1 and len(asked[0]) == 3 and list(asked[0]) == sorted(asked[0])
+    assert len(res.hits) == 2 and res.shortlist == 3 and len(res.costs) == 3
+
+
+def test_an_index_of_another_store_or_split_is_refused(world: dict, tmp_path: Path) -> None:
+    # the same frames and ids, one test video fewer (new captions alone would not matter: the index holds videos)
+    other = text_store(tmp_path / "other.h5", CAPTIONS, test_videos=TEST_VIDEOS - 1, frames=4)
+    with pytest.raises(StoreMismatchError, match="another store"):
+        Searcher(world["run"], other, index=world["index"], device="cpu")
+    with pytest.raises(ConfigError, match="indexes split 'test'"):
+        Searcher(world["run"], world["store"], split="train", index=world["index"], device="cpu")
+
+
+def test_cli_index_then_search(world: dict, tmp_path: Path) -> None:
+    out = invoke(["index", "--features", world["store"], "--out", tmp_path / "idx", "--json"])
+    assert out.exit_code == 0, out.output
+    meta = json.loads(out.output)
+    assert meta["vector"] == "segments" and meta["count"] == TEST_VIDEOS and meta["factory"] == "Flat"
+    assert json.loads((tmp_path / "idx" / "config.json").read_text())["vector"] == "segments"
+    out = invoke(["index", "--features", world["store"], "--out", tmp_path / "idx"])
+    assert out.exit_code != 0 and "already exists" in out.output and "Traceback" not in out.output
+    out = invoke(["search", "--run", world["run"], "--features", world["store"], "--index", tmp_path / "idx",
+                  "--device", "cpu", "-k", "2", "--json", CAPTIONS[2]])
+    assert out.exit_code == 0, out.output
+    assert len(json.loads(out.output)[0]["hits"]) == 2
+    out = invoke(["index", "--features", world["store"], "--out", tmp_path / "x", "--vector", "nope"])
+    assert out.exit_code != 0 and "valid:" in out.output
+
+
+# ----------------------------------------------------------------------------- the app
+
+fastapi = pytest.importorskip("fastapi")
+
+
+@pytest.fixture(scope="module")
+def client(world: dict):
+    from fastapi.testclient import TestClient
+
+    from dab_pipeline.stages.serve import ServeSettings, abstain_report, create_app
+
+    searcher = Searcher(world["run"], world["store"], index=world["index"], device="cpu")
+    app = create_app(searcher, ServeSettings(abstain_below=1e9, max_k=5),
+                     abstain_report(world["run"], 1e9))
+    with TestClient(app, raise_server_exceptions=False) as c:
+        c.searcher = searcher
+        yield c
+    searcher.close()
+
+
+def test_search_api_returns_hits_confidence_and_abstain(client, world: dict) -> None:
+    r = client.get("/search", params={"q": CAPTIONS[3], "k": 3})
+    assert r.status_code == 200
+    body = r.json()
+    ref = search(world["run"], world["store"], [CAPTIONS[3]], topk=3, device="cpu", index=world["index"])[0]
+    assert [h["video_id"] for h in body["hits"]] == [h.video_id for h in ref.hits]
+    assert [h["rank"] for h in body["hits"]] == [1, 2, 3]
+    assert body["confidence"] == pytest.approx(ref.margin, rel=1e-4)
+    assert body["abstain"] is True  # every margin is below 1e9
+    assert body["abstain_threshold"]["test"] is None  # the hand-made run has no test costs
+
+
+@pytest.mark.parametrize("params, status, words", [
+    ({}, 400, "empty"), ({"q": "   "}, 400, "empty"), ({"q": "x" * 501}, 400, "at most 500"),
+    ({"q": "a\x07b"}, 400, "control"), ({"q": "ok", "k": 0}, 422, "greater than"),
+    ({"q": "ok", "k": 6}, 422, "less than"), ({"q": "ok", "k": "many"}, 422, "integer"),
+])
+def test_bad_requests_get_a_4xx_with_a_message(client, params: dict, status: int, words: str) -> None:
+    r = client.get("/search", params=params)
+    assert r.status_code == status
+    assert words in r.text and "Traceback" not in r.text
+
+
+def test_a_failure_inside_is_a_500_with_one_line(client, monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*a, **k):
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(client.searcher, "search", boom)
+    r = client.get("/search", params={"q": "fine"})
+    assert r.status_code == 500 and r.json() == {"error": "internal error (RuntimeError)"}
+
+
+def test_page_shows_results_and_escapes_the_query(client) -> None:
+    r = client.get("/", params={"q": "<script>alert('x')</script> " + CAPTIONS[0], "k": 2})
+    assert r.status_code == 200
+    assert "<script>alert" not in r.text and "&lt;script&gt;" in r.text
+    assert r.text.count('class="hit"') == 2 and "<svg" in r.text and "low confidence" in r.text
+    r = client.get("/", params={"q": "\x01"})
+    assert r.status_code == 200 and 'data-error="1"' in r.text
+    assert client.get("/healthz").json()["videos"] == TEST_VIDEOS
+
+
+def test_abstain_report_against_a_naive_count(tmp_path: Path) -> None:
+    from dab_pipeline.stages.serve import abstain_report
+
+    rng = np.random.default_rng(0)
+    cost = rng.standard_normal((40, 12)).astype(np.float32)
+    gt = rng.integers(0, 12, 40)
+    run = tmp_path / "run"
+    run.mkdir()
+    write_costs(run / "costs_test.npz", CostMatrix(cost=cost, query_ids=np.array([f"q{i}" for i in range(40)]),
+                                                    video_ids=np.array([f"v{j}" for j in range(12)]), gt=gt))
+    srt = np.sort(cost, axis=1)
+    margin = srt[:, 1] - srt[:, 0]
+    t = float(np.median(margin))
+    keep = [i for i in range(40) if margin[i] >= t]
+    precision = np.mean([np.argmin(cost[i]) == gt[i] for i in keep])
+    rep = abstain_report(run, t)["test"]
+    assert rep["coverage"] == pytest.approx(len(keep) / 40)
+    assert rep["precision_at_1"] == pytest.approx(precision)
+
+
+# ----------------------------------------------------------------------------- a real server
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_real_server_answers_a_bounded_concurrent_load(world: dict, tmp_path: Path) -> None:
+    """`dab serve` in a subprocess on a free loopback port; 8 clients x 50 queries, every one answered."""
+    import subprocess
+    import sys
+    import urllib.parse
+    import urllib.request
+
+    pytest.importorskip("uvicorn")
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "dab_pipeline.cli", "serve", "--run", str(world["run"]),
+                             "--features", str(world["store"]), "--index", str(world["index"]),
+                             "--host", "127.0.0.1", "--port", str(port), "--threads", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(base + "/healthz", timeout=2).read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"the server did not come up: {proc.stderr.read() if proc.poll() is not None else ''}")
+                time.sleep(0.2)
+        latencies: list[float] = []
+        errors: list[str] = []
+        lock = threading.Lock()
+
+        def client(c: int) -> None:
+            for i in range(50):
+                q = urllib.parse.quote_plus(f"{CAPTIONS[(c + i) % len(CAPTIONS)]} {i}")
+                t0 = time.perf_counter()
+                try:
+                    body = json.loads(urllib.request.urlopen(f"{base}/search?q={q}&k=3", timeout=60).read())
+                    ok = len(body["hits"]) == 3
+                except OSError as exc:
+                    ok, body = False, str(exc)
+                with lock:
+                    latencies.append(time.perf_counter() - t0)
+                    if not ok:
+                        errors.append(str(body)[:200])
+
+        threads = [threading.Thread(target=client, args=(c,)) for c in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        assert not any(t.is_alive() for t in threads), "a client hung"
+        assert errors == [] and len(latencies) == 400
+        ms = 1000 * np.array(latencies)
+        print(f"\n8 clients x 50 queries: p50 {np.percentile(ms, 50):.1f} ms, p99 {np.percentile(ms, 99):.1f} ms")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
