@@ -19,6 +19,7 @@ from .blocks import Texts
 from .budget import default_memory_budget, pair_bytes, video_bytes
 from .engines import Engine, build_engine
 from .result import SCORE_DTYPES, ScoreResult, prepare_inputs
+from .tiles import TUNE_MIN_PAIRS, tuned_pairs, tuning_enabled
 
 
 def topk_smallest(cost: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -155,8 +156,13 @@ def score_all(
     dev, cfg, was_training = resolve_device(device), model.cfg, model.training
     n_q, n_v, n_f = text_t.shape[0], frames_t.shape[0], frames_t.shape[1]
     plan = _plan(cfg, n_q, n_v, n_f, dev, dtype, memory_budget, text_chunk, video_chunk)
-    info = plan.info()
     model.eval().to(dev)
+    if (dtype == "bfloat16" and dev.type == "cpu" and cfg.runs_drift and shortlist is None
+            and n_q * n_v >= TUNE_MIN_PAIRS and tuning_enabled()):
+        # the sub-block size at which this CPU's bf16 products run fastest (scoring/tiles.py)
+        best = tuned_pairs(model, dev, torch.bfloat16, n_f, plan.p_max)
+        plan = _plan(cfg, n_q, n_v, n_f, dev, dtype, memory_budget, text_chunk, video_chunk, pairs_cap=best)
+    info = plan.info()
     try:
         with torch.no_grad():
             mm_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
@@ -222,14 +228,18 @@ class _Plan:
 
     def info(self) -> dict:
         return {"engine": "fast", "dtype": self.dtype, "device": self.device, "memory_budget": self.budget,
-                "pair_bytes": self.per_pair, "text_chunk": self.tc, "video_chunk": self.vc, "sub_blocks": 0}
+                "pair_bytes": self.per_pair, "text_chunk": self.tc, "video_chunk": self.vc, "sub_blocks": 0,
+                "block_pairs": self.p_max}
 
 
 def _plan(cfg: ModelConfig, n_q: int, n_v: int, n_f: int, dev: torch.device, dtype: str,
-          memory_budget: Optional[int], text_chunk: Optional[int], video_chunk: Optional[int]) -> _Plan:
+          memory_budget: Optional[int], text_chunk: Optional[int], video_chunk: Optional[int],
+          pairs_cap: Optional[int] = None) -> _Plan:
     budget = int(memory_budget) if memory_budget is not None else default_memory_budget(dev)
     per_pair = pair_bytes(cfg, n_f, dtype)
     p_max = max(1, budget // per_pair)
+    if pairs_cap is not None:
+        p_max = max(1, min(p_max, pairs_cap))
     # one video chunk's bases take at most half the budget
     v_cap = max(1, min(n_v, (budget // 2) // video_bytes(cfg, n_f)))
     if text_chunk is None and video_chunk is None:

@@ -1,0 +1,105 @@
+"""Sub-block sizes from measured rates on the running CPU (bf16, cached per CPU like the kernel builds).
+
+The engine scores a grid in sub-blocks of P pairs; each bridge step is three products of
+P rows ((P, n*D) x (n*D, H), (P, H) x (H, H), (P, H) x (H, n*D)) and fused elementwise
+passes over P rows. oneDNN's bf16 kernels (AMX tiles on Sapphire Rapids) run at very
+different rates for different P: measured on this machine kind at H = 1024, 512 rows ran
+at 983 GFLOP/s, 1,024 at 1,304, 1,536 at 577 and 4,096 at 1,359. The memory budget alone
+(~1,400 pairs at D = 512) can land on a slow one, and the best P differs between CPUs.
+
+So before a large bf16 grid on CPU (at least ``TUNE_MIN_PAIRS`` pairs), :func:`tuned_pairs`
+times the engine's own sub-block (``Engine.pairs`` on a synthetic near-square grid of P
+pairs: the products, the kernels, the pooling) for each candidate P up to the budget's,
+and keeps the fastest per pair. The result is cached in ``<dab cache>/tiles.json`` under
+a key of the CPU's flags, torch's version, the thread count and the model's shapes, so a
+machine measures once. ``DAB_TILE_TUNING=0`` turns it off (the budget's P is used).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from ..model import DABModel
+from .engines import build_engine
+from .kernels.cpu import _cpu_signature, kernel_cache_dir
+
+__all__ = ["CANDIDATES", "TUNE_MIN_PAIRS", "tuning_enabled", "tuned_pairs", "tiles_cache_path", "tile_key"]
+
+CANDIDATES = (256, 384, 512, 768, 1024, 1280, 1536, 2048, 2560, 3072, 4096)
+TUNE_MIN_PAIRS = 50_000  # the timing (~2-4 s, once per machine and shape) costs less than such a grid
+_memo: dict[str, int] = {}
+
+
+def tuning_enabled() -> bool:
+    return os.environ.get("DAB_TILE_TUNING", "auto").strip().lower() not in ("0", "off", "false", "no")
+
+
+def tiles_cache_path() -> Path:
+    return kernel_cache_dir().parent / "tiles.json"
+
+
+def tile_key(model: DABModel, num_frames: int, dtype: torch.dtype) -> str:
+    cfg = model.cfg
+    parts = [_cpu_signature(), torch.__version__, str(torch.get_num_threads()), str(dtype), cfg.variant,
+             str(cfg.embed_dim), str(cfg.drift_hidden), str(cfg.drift_layers), str(cfg.steps), str(cfg.num_heads),
+             str(num_frames), str(cfg.cost)]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
+
+
+def _time_block(model: DABModel, device: torch.device, dtype: torch.dtype, num_frames: int, pairs: int,
+                repeats: int = 3) -> float:
+    """Seconds a pair of one engine sub-block of ``pairs`` pairs (best of ``repeats`` after a warm-up)."""
+    eng = build_engine(model, device, dtype, batch_hint=pairs)
+    tq = max(1, math.isqrt(pairs))
+    tv = max(1, pairs // tq)
+    gen = torch.Generator().manual_seed(0)
+    d = model.cfg.embed_dim
+    ts = eng.texts(torch.randn(tq, d, generator=gen))
+    vs = eng.videos(torch.randn(tv, num_frames, d, generator=gen), torch.ones(tv, num_frames, dtype=torch.bool))
+    block = ts.take((None, slice(0, tq)))
+    eng.pairs(block, vs)
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        eng.pairs(block, vs)
+        best = min(best, time.perf_counter() - t0)
+    return best / (tq * tv)
+
+
+def tuned_pairs(model: DABModel, device: torch.device, dtype: torch.dtype, num_frames: int, p_max: int,
+                measure: Optional[Callable[[int], float]] = None) -> int:
+    """The candidate sub-block size (pairs, at most ``p_max``) that scored fastest per pair here; measured once
+    per key and cached. ``measure(P) -> seconds a pair`` replaces the timing (tests)."""
+    key = f"{tile_key(model, num_frames, dtype)}:{p_max}"
+    if key in _memo:
+        return _memo[key]
+    path = tiles_cache_path()
+    try:
+        cached = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        cached = {}
+    if key in cached and isinstance(cached[key].get("pairs"), int):
+        _memo[key] = int(cached[key]["pairs"])
+        return _memo[key]
+    cands = [p for p in CANDIDATES if p <= p_max] or [max(1, p_max)]
+    with torch.no_grad():
+        per_pair = {p: (measure(p) if measure else _time_block(model, device, dtype, num_frames, p)) for p in cands}
+    best = min(per_pair, key=per_pair.get)
+    cached[key] = {"pairs": best, "pairs_per_s": {str(p): round(1.0 / s) for p, s in per_pair.items()}}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(cached, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache: measured again in the next process
+    _memo[key] = best
+    return best
