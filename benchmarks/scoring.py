@@ -59,7 +59,7 @@ import numpy as np
 import torch
 
 from dab_pipeline.model import DABModel, ModelConfig
-from dab_pipeline.scoring import engine_macs, reference_macs, score_all, score_all_reference
+from dab_pipeline.scoring import engine_macs, reference_macs, score_all, score_all_reference, tune_blocks
 
 NUM_FRAMES = 12
 
@@ -233,6 +233,9 @@ def measure(impl: str, dtype: str, steps: int, n_q: int, n_v: int, device: torch
     rate over the matmul rate of the same moments.
     """
     use_tf32(dtype)
+    if impl == "engine-untuned":  # the budget's sub-block size, as before scoring/tiles.py
+        os.environ["DAB_TILE_TUNING"] = "0"
+        impl = "engine"
     dtype_name, dtype = dtype, score_dtype(dtype)  # the row's name; the engine's dtype
     model = random_model(steps)
     text, frames, mask = random_features(n_q, n_v)
@@ -248,6 +251,8 @@ def measure(impl: str, dtype: str, steps: int, n_q: int, n_v: int, device: torch
         score_all_reference(model, text[warm], frames[warm], mask[warm], device=device)
     else:
         score_all(model, text[warm], frames[warm], mask[warm], device=device, dtype=dtype)
+        if impl == "engine":  # the sub-block size is measured once per machine and shape: not inside the timing
+            tune_blocks(model, n_q, n_v, NUM_FRAMES, device, dtype)
     rate = matmul_rate(torch_dtype(dtype_name), device, repeats=3)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -272,7 +277,7 @@ def measure(impl: str, dtype: str, steps: int, n_q: int, n_v: int, device: torch
         np.save(out, res.cost)
     result = {"seconds": seconds, "peak": max(0, peak), "rate": rate, "info": {
         k: v for k, v in res.info.items() if isinstance(v, (str, int, float))}}
-    if impl == "engine" and not shortlist:
+    if impl == "engine" and not shortlist:  # engine-untuned too (renamed above)
         em = engine_macs(model.cfg, NUM_FRAMES)
         paired = Paired(torch_dtype(dtype_name), device, 2.0 * total_macs(em, n_q, n_v))
         paired.start()
@@ -333,6 +338,8 @@ def bench_size(n_q: int, n_v: int, steps: int, device: torch.device, dtypes: lis
     print(HEADER, flush=True)
     runs = [("reference", "float32")] if reference else []
     runs += [("engine", dt) for dt in dtypes]
+    if device.type == "cpu":  # side by side: sub-blocks of the measured size (scoring/tiles.py) and of the budget's
+        runs += [("engine-untuned", dt) for dt in dtypes]
     best: dict[tuple[str, str], dict] = {}
     for _ in range(repeats):  # interleaved, so a burst of load on the machine hits every row alike
         for impl, dt in runs:
@@ -348,14 +355,14 @@ def bench_size(n_q: int, n_v: int, steps: int, device: torch.device, dtypes: lis
     for impl, dt in runs:
         r = best[(impl, dt)]
         err = top1 = None
-        if impl == "engine" and ref_cost is not None:
+        if impl.startswith("engine") and ref_cost is not None:
             cost = np.load(os.path.join(tmp, f"{impl}-{dt}.npy"))
             err = float(np.max(np.abs(cost - ref_cost) / np.abs(ref_cost)))
             top1 = float(np.mean(cost.argmin(1) == ref_cost.argmin(1)))
         macs = total_macs(rm if impl == "reference" else em, n_q, n_v)
         print(row(f"{impl} {dt}", r["seconds"], r["peak"], pairs, macs, model_macs, RATES[dt],
-                  ref_s if impl == "engine" else None, err, top1, PAIRED.get((impl, dt))))
-        extra = {k: r["info"][k] for k in ("products", "kernels") if k in r.get("info", {})}
+                  ref_s if impl.startswith("engine") else None, err, top1, PAIRED.get((impl, dt))))
+        extra = {k: r["info"][k] for k in ("products", "kernels", "block_pairs") if k in r.get("info", {})}
         if extra:
             print(f"  {'':<22} ({', '.join(f'{k}: {v}' for k, v in extra.items())})")
     if shortlist and ("engine", "float32") in best:

@@ -22,7 +22,7 @@ from ..core.events import Event, ProgressCallback, null_progress
 from ..core.fsutil import atomic_write_text, publish, remove_path
 from ..model import DABModel
 from ..store import STATUS_OK, FeatureStore
-from .faiss_index import IndexMeta, auto_factory, new_faiss_index, require_faiss
+from .faiss_index import REFINE_FILE, IndexMeta, auto_factory, new_faiss_index, require_faiss
 from .vectors import DEFAULT_VECTOR, VECTOR_KINDS, video_vectors
 
 __all__ = ["store_fingerprint", "split_rows", "average_query", "build_index", "staging_path"]
@@ -91,12 +91,14 @@ def _staging(out: Path, state: dict, n: int, dim: int) -> tuple[Path, np.ndarray
 
 def build_index(store: FeatureStore, out: str | Path, *, split: str = "test", vector: str = DEFAULT_VECTOR,
                 model: Optional[DABModel] = None, run: Optional[dict] = None, factory: str = "auto",
-                chunk: int = 4096, nprobe: int = 32, ef_search: int = 64, overwrite: bool = False,
+                chunk: int = 4096, nprobe: int = 32, ef_search: int = 64, refine: int = 4, overwrite: bool = False,
                 progress: ProgressCallback = null_progress) -> IndexMeta:
     """Index ``split``'s videos of an open, complete ``store`` into the folder ``out``; returns its metadata.
 
     ``model`` / ``run`` ({"path", "checkpoint_sha256"}): the run the index serves (needed by run-dependent
     vectors, recorded always). ``factory``: a FAISS factory string or "auto" (:func:`auto_factory`).
+    ``refine``: for an approximate factory, keep the exact vectors (float16, ``refine.f16``) and re-score
+    ``refine`` x k x S candidates a search (0: the quantised scores alone).
     """
     out = Path(out)
     kind = VECTOR_KINDS.get(vector)
@@ -134,9 +136,13 @@ def build_index(store: FeatureStore, out: str | Path, *, split: str = "test", ve
     progress(Event("end", task="vectors"))
     t_vec = time.perf_counter() - t0
     _fill(faiss, index, vecs, progress)
+    quantised = any(tag in factory for tag in ("PQ", "SQ", "LSH", "RaBitQ"))  # the codes lose precision
+    refine = refine if quantised else 0
+    if refine:
+        _write_refine(stage / REFINE_FILE, vecs, progress)
     meta = IndexMeta(vector=vector, factory=factory, dim=dim, count=n, per_video=per, split=split,
                      store={"path": str(store.path), "fingerprint": fp}, run=run, nprobe=nprobe,
-                     ef_search=ef_search, avg_query=None if avg is None else [float(x) for x in avg],
+                     ef_search=ef_search, refine=refine, avg_query=None if avg is None else [float(x) for x in avg],
                      build={"seconds": round(time.perf_counter() - t0, 3), "vector_seconds": round(t_vec, 3),
                             "faiss": faiss.__version__, "chunk": chunk})
     faiss.write_index(index, str(stage / "index.faiss"))
@@ -147,6 +153,14 @@ def build_index(store: FeatureStore, out: str | Path, *, split: str = "test", ve
     atomic_write_text(stage / "index.json", json.dumps(meta.to_json(), indent=2))
     publish(stage, out, overwrite=overwrite)
     return meta
+
+
+def _write_refine(path: Path, vecs: np.ndarray, progress: ProgressCallback, chunk: int = 65_536) -> None:
+    """The exact vectors as float16 rows, for re-scoring an approximate index's candidates."""
+    with open(path, "wb") as fh:
+        for a in range(0, len(vecs), chunk):
+            fh.write(np.ascontiguousarray(vecs[a: a + chunk], dtype=np.float16).tobytes())
+    progress(Event("info", message=f"wrote {path.name} ({path.stat().st_size / 1e9:.2f} GB)"))
 
 
 def _fill(faiss, index, vecs: np.ndarray, progress: ProgressCallback, add_chunk: int = 65_536) -> None:

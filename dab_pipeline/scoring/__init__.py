@@ -33,7 +33,7 @@ from __future__ import annotations
 from .blocks import OneDNN, Texts, Videos, pack_kept  # noqa: F401
 from .bridge_probe import PROBE_SIDE, BridgeProbe, bridge_shifts, constant_bridge, probe_bridge, probe_grid  # noqa: F401
 from .budget import default_memory_budget, engine_macs, pair_bytes, reference_macs  # noqa: F401
-from .driver import inner_tiles, score_all, topk_smallest  # noqa: F401
+from .driver import inner_tiles, score_all, topk_smallest, tune_blocks  # noqa: F401
 from .engines import ENGINES, BridgeSteps, Engine, build_engine  # noqa: F401
 from .reference import score_all_reference, score_query  # noqa: F401
 from .result import SCORE_DTYPES, ScoreResult  # noqa: F401
@@ -48,6 +48,7 @@ __all__ = [
     "engine_macs",
     "reference_macs",
     "topk_smallest",
+    "tune_blocks",
     "SCORE_DTYPES",
     "ENGINES",
     "Engine",

@@ -157,10 +157,8 @@ def score_all(
     n_q, n_v, n_f = text_t.shape[0], frames_t.shape[0], frames_t.shape[1]
     plan = _plan(cfg, n_q, n_v, n_f, dev, dtype, memory_budget, text_chunk, video_chunk)
     model.eval().to(dev)
-    if (dtype == "bfloat16" and dev.type == "cpu" and cfg.runs_drift and shortlist is None
-            and n_q * n_v >= TUNE_MIN_PAIRS and tuning_enabled()):
-        # the sub-block size at which this CPU's bf16 products run fastest (scoring/tiles.py)
-        best = tuned_pairs(model, dev, torch.bfloat16, n_f, plan.p_max)
+    best = tune_blocks(model, n_q, n_v, n_f, dev, dtype, memory_budget) if shortlist is None else None
+    if best is not None:
         plan = _plan(cfg, n_q, n_v, n_f, dev, dtype, memory_budget, text_chunk, video_chunk, pairs_cap=best)
     info = plan.info()
     try:
@@ -182,6 +180,25 @@ def score_all(
         if topk is not None:
             result.topk_indices, result.topk_costs = topk_smallest(cost, topk)
         return result
+    finally:
+        model.train(was_training)
+
+
+def tune_blocks(model: DABModel, n_q: int, n_v: int, num_frames: int, device: str | torch.device = "cpu",
+                dtype: str = "float32", memory_budget: Optional[int] = None) -> Optional[int]:
+    """The sub-block size (pairs) :func:`score_all` uses for an exact ``n_q`` x ``n_v`` grid, measured now when
+    this CPU and model shape have no cached measurement (scoring/tiles.py); None where it does not tune (GPU,
+    a variant without a bridge, an explicit memory budget, grids under ``TUNE_MIN_PAIRS``, DAB_TILE_TUNING=0).
+    Benchmarks call it before timing."""
+    dev, cfg = resolve_device(device), model.cfg
+    if not (dev.type == "cpu" and cfg.runs_drift and memory_budget is None and n_q * n_v >= TUNE_MIN_PAIRS
+            and tuning_enabled()):
+        return None
+    p_max = _plan(cfg, n_q, n_v, num_frames, dev, dtype, None, None, None).p_max
+    was_training = model.training
+    model.eval()
+    try:
+        return tuned_pairs(model, dev, torch.bfloat16 if dtype == "bfloat16" else torch.float32, num_frames, p_max)
     finally:
         model.train(was_training)
 

@@ -1,4 +1,4 @@
-"""Sub-block sizes from measured rates on the running CPU (bf16, cached per CPU like the kernel builds).
+"""Sub-block sizes from measured rates on the running CPU (cached per CPU like the kernel builds).
 
 The engine scores a grid in sub-blocks of P pairs; each bridge step is three products of
 P rows ((P, n*D) x (n*D, H), (P, H) x (H, H), (P, H) x (H, n*D)) and fused elementwise
@@ -7,7 +7,8 @@ different rates for different P: measured on this machine kind at H = 1024, 512 
 at 983 GFLOP/s, 1,024 at 1,304, 1,536 at 577 and 4,096 at 1,359. The memory budget alone
 (~1,400 pairs at D = 512) can land on a slow one, and the best P differs between CPUs.
 
-So before a large bf16 grid on CPU (at least ``TUNE_MIN_PAIRS`` pairs), :func:`tuned_pairs`
+So before a large grid on CPU (at least ``TUNE_MIN_PAIRS`` pairs, bf16 or float32, no explicit memory
+budget), :func:`tuned_pairs`
 times the engine's own sub-block (``Engine.pairs`` on a synthetic near-square grid of P
 pairs: the products, the kernels, the pooling) for each candidate P up to the budget's,
 and keeps the fastest per pair. The result is cached in ``<dab cache>/tiles.json`` under

@@ -189,3 +189,21 @@ def test_cli_default_vector_is_the_librarys() -> None:
 
     opt = next(p for p in index.params if p.name == "vector")
     assert opt.default == DEFAULT_VECTOR
+
+
+def test_a_quantised_index_re_scores_on_exact_vectors(store: Path, tmp_path: Path) -> None:
+    with open_store(store) as st:
+        build_index(st, tmp_path / "pq", split="test", factory="IVF2,PQ4x4", nprobe=2, refine=4)
+        build_index(st, tmp_path / "flat", split="test")
+        text = st.read_captions(np.arange(0, 80, 7))
+    pq, flat = load_index(tmp_path / "pq"), load_index(tmp_path / "flat")
+    assert (tmp_path / "pq" / "refine.f16").stat().st_size == 40 * SEGMENTS * 16 * 2
+    assert pq.meta.refine == 4 and flat.meta.refine == 0 and not (tmp_path / "flat" / "refine.f16").exists()
+    qv = query_vectors(DEFAULT_VECTOR, text)
+    rows, scores = pq.search(qv, 10)  # 4 x 10 x 4 candidates cover the 160 vectors: the exact ranking
+    ref_rows, ref_scores = flat.search(qv, 10)
+    np.testing.assert_array_equal(rows, ref_rows)
+    np.testing.assert_allclose(scores, ref_scores, atol=2e-3)  # float16 vectors
+    pq.meta.refine = 0
+    assert not np.array_equal(pq.search(qv, 10)[0], ref_rows)  # 4-bit codes alone do reorder
+    pq.close()
