@@ -103,7 +103,7 @@ def video_bytes(cfg: ModelConfig, num_frames: int, transient: bool = True) -> in
     return 4 * n
 
 
-def _available_ram() -> Optional[int]:
+def available_ram() -> Optional[int]:
     try:
         import psutil  # type: ignore[import-not-found]
 
@@ -133,6 +133,6 @@ def default_memory_budget(device: str | torch.device = "cpu") -> int:
     if dev.type == "cuda":
         free, _total = torch.cuda.mem_get_info(dev)
         return int(max(64 * MiB, min(0.5 * free, 6 * GiB)))
-    avail = _available_ram()
+    avail = available_ram()
     cap = 64 * MiB
     return int(cap if avail is None else max(16 * MiB, min(0.25 * avail, cap)))

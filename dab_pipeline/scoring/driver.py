@@ -16,10 +16,10 @@ from ..core.events import Event, ProgressCallback, null_progress
 from ..model import DABModel, ModelConfig
 from ..runtime.devices import resolve_device
 from .blocks import Texts
-from .budget import default_memory_budget, pair_bytes, video_bytes
+from .budget import available_ram, default_memory_budget, pair_bytes, video_bytes
 from .engines import Engine, build_engine
 from .result import SCORE_DTYPES, ScoreResult, prepare_inputs
-from .tiles import TUNE_MIN_PAIRS, tuned_pairs, tuning_enabled
+from .tiles import CANDIDATES, TUNE_MIN_PAIRS, tuned_pairs, tuning_enabled
 
 
 def topk_smallest(cost: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -194,11 +194,23 @@ def tune_blocks(model: DABModel, n_q: int, n_v: int, num_frames: int, device: st
     if not (dev.type == "cpu" and cfg.runs_drift and memory_budget is None and n_q * n_v >= TUNE_MIN_PAIRS
             and tuning_enabled()):
         return None
-    p_max = _plan(cfg, n_q, n_v, num_frames, dev, dtype, None, None, None).p_max
+    per_pair = pair_bytes(cfg, num_frames, dtype)
+    ram = available_ram() or default_memory_budget(dev) * 4
+    limit = max(_plan(cfg, n_q, n_v, num_frames, dev, dtype, None, None, None).p_max, int(0.25 * ram) // per_pair)
+    caps = [c for c in CANDIDATES if c <= min(limit, n_q * n_v)]
+    if not caps:
+        return None
+
+    def shape(cap: int) -> tuple[int, int]:
+        """The first sub-block the driver cuts under this cap (the others are equal or smaller)."""
+        plan = _plan(cfg, n_q, n_v, num_frames, dev, dtype, None, None, None, pairs_cap=cap)
+        return inner_tiles(min(plan.tc, n_q), min(plan.vc, n_v), plan.p_max)
+
     was_training = model.training
     model.eval()
     try:
-        return tuned_pairs(model, dev, torch.bfloat16 if dtype == "bfloat16" else torch.float32, num_frames, p_max)
+        return tuned_pairs(model, dev, torch.bfloat16 if dtype == "bfloat16" else torch.float32, num_frames, caps,
+                           shape, (n_q, n_v))
     finally:
         model.train(was_training)
 
@@ -254,6 +266,8 @@ def _plan(cfg: ModelConfig, n_q: int, n_v: int, n_f: int, dev: torch.device, dty
           pairs_cap: Optional[int] = None) -> _Plan:
     budget = int(memory_budget) if memory_budget is not None else default_memory_budget(dev)
     per_pair = pair_bytes(cfg, n_f, dtype)
+    if pairs_cap is not None:  # a measured sub-block size (tune_blocks): the budget follows it
+        budget = max(budget, pairs_cap * per_pair)
     p_max = max(1, budget // per_pair)
     if pairs_cap is not None:
         p_max = max(1, min(p_max, pairs_cap))

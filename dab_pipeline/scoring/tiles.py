@@ -8,10 +8,10 @@ at 983 GFLOP/s, 1,024 at 1,304, 1,536 at 577 and 4,096 at 1,359. The memory budg
 (~1,400 pairs at D = 512) can land on a slow one, and the best P differs between CPUs.
 
 So before a large grid on CPU (at least ``TUNE_MIN_PAIRS`` pairs, bf16 or float32, no explicit memory
-budget), :func:`tuned_pairs`
-times the engine's own sub-block (``Engine.pairs`` on a synthetic near-square grid of P
-pairs: the products, the kernels, the pooling) for each candidate P up to the budget's,
-and keeps the fastest per pair. The result is cached in ``<dab cache>/tiles.json`` under
+budget), :func:`tuned_pairs` times the engine's own sub-block (``Engine.pairs``: the products, the
+kernels, the pooling) for each candidate cap on P, at exactly the (texts x videos) shape the driver
+cuts the grid into under that cap, up to what a quarter of the free RAM holds, and keeps the
+fastest per pair. The result is cached in ``<dab cache>/tiles.json`` under
 a key of the CPU's flags, torch's version, the thread count and the model's shapes, so a
 machine measures once. ``DAB_TILE_TUNING=0`` turns it off (the budget's P is used).
 """
@@ -34,7 +34,7 @@ from .kernels.cpu import _cpu_signature, kernel_cache_dir
 
 __all__ = ["CANDIDATES", "TUNE_MIN_PAIRS", "tuning_enabled", "tuned_pairs", "tiles_cache_path", "tile_key"]
 
-CANDIDATES = (256, 384, 512, 768, 1024, 1280, 1536, 2048, 2560, 3072, 4096)
+CANDIDATES = (256, 384, 512, 768, 1024, 1280, 1536, 2048, 2560, 3072, 4096, 6144, 8192)
 TUNE_MIN_PAIRS = 50_000  # the timing (~2-4 s, once per machine and shape) costs less than such a grid
 _memo: dict[str, int] = {}
 
@@ -55,12 +55,10 @@ def tile_key(model: DABModel, num_frames: int, dtype: torch.dtype) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
 
 
-def _time_block(model: DABModel, device: torch.device, dtype: torch.dtype, num_frames: int, pairs: int,
+def _time_block(model: DABModel, device: torch.device, dtype: torch.dtype, num_frames: int, tq: int, tv: int,
                 repeats: int = 3) -> float:
-    """Seconds a pair of one engine sub-block of ``pairs`` pairs (best of ``repeats`` after a warm-up)."""
-    eng = build_engine(model, device, dtype, batch_hint=pairs)
-    tq = max(1, math.isqrt(pairs))
-    tv = max(1, pairs // tq)
+    """Seconds a pair of one engine sub-block of tq texts x tv videos (best of ``repeats`` after a warm-up)."""
+    eng = build_engine(model, device, dtype, batch_hint=tq * tv)
     gen = torch.Generator().manual_seed(0)
     d = model.cfg.embed_dim
     ts = eng.texts(torch.randn(tq, d, generator=gen))
@@ -75,11 +73,13 @@ def _time_block(model: DABModel, device: torch.device, dtype: torch.dtype, num_f
     return best / (tq * tv)
 
 
-def tuned_pairs(model: DABModel, device: torch.device, dtype: torch.dtype, num_frames: int, p_max: int,
-                measure: Optional[Callable[[int], float]] = None) -> int:
-    """The candidate sub-block size (pairs, at most ``p_max``) that scored fastest per pair here; measured once
-    per key and cached. ``measure(P) -> seconds a pair`` replaces the timing (tests)."""
-    key = f"{tile_key(model, num_frames, dtype)}:{p_max}"
+def tuned_pairs(model: DABModel, device: torch.device, dtype: torch.dtype, num_frames: int, caps: list[int],
+                shape: Callable[[int], tuple[int, int]], grid: tuple[int, int],
+                measure: Optional[Callable[[int, int], float]] = None) -> int:
+    """Of the candidate caps on the sub-block's pairs, the one whose sub-block (``shape(cap)`` -> (texts,
+    videos), exactly as the driver will cut the ``grid``) scored fastest per pair here; measured once per key and
+    cached. ``measure(tq, tv) -> seconds a pair`` replaces the timing (tests)."""
+    key = f"{tile_key(model, num_frames, dtype)}:{grid[0]}x{grid[1]}:{','.join(map(str, caps))}"
     if key in _memo:
         return _memo[key]
     path = tiles_cache_path()
@@ -90,11 +90,16 @@ def tuned_pairs(model: DABModel, device: torch.device, dtype: torch.dtype, num_f
     if key in cached and isinstance(cached[key].get("pairs"), int):
         _memo[key] = int(cached[key]["pairs"])
         return _memo[key]
-    cands = [p for p in CANDIDATES if p <= p_max] or [max(1, p_max)]
+    shapes = {}  # the sub-block each cap gives; several caps may give one shape
+    for cap in caps:
+        shapes.setdefault(shape(cap), cap)
     with torch.no_grad():
-        per_pair = {p: (measure(p) if measure else _time_block(model, device, dtype, num_frames, p)) for p in cands}
-    best = min(per_pair, key=per_pair.get)
-    cached[key] = {"pairs": best, "pairs_per_s": {str(p): round(1.0 / s) for p, s in per_pair.items()}}
+        per_pair = {sh: (measure(*sh) if measure else _time_block(model, device, dtype, num_frames, *sh))
+                    for sh in shapes}
+    best_shape = min(per_pair, key=per_pair.get)
+    best = shapes[best_shape]
+    cached[key] = {"pairs": best, "block": list(best_shape),
+                   "pairs_per_s": {f"{tq}x{tv}": round(1.0 / sec) for (tq, tv), sec in per_pair.items()}}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}")

@@ -20,28 +20,38 @@ def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tiles, "_memo", {})
 
 
-def test_picks_the_fastest_candidate_within_the_budget_and_caches_it() -> None:
+def square(cap: int) -> tuple[int, int]:
+    t = int(cap ** 0.5)
+    return t, cap // t
+
+
+def test_picks_the_fastest_shape_and_caches_it() -> None:
     model = small_model("dab")
-    rate = {256: 3.0, 512: 2.0, 768: 1.0, 1024: 1.5, 2048: 0.5}  # seconds a pair, made up; 2048 is over p_max
-    asked: list[int] = []
+    rate = {square(256): 3.0, square(512): 2.0, square(768): 1.0, square(1024): 1.5}  # seconds a pair, made up
+    asked: list[tuple[int, int]] = []
 
-    def measure(p: int) -> float:
-        asked.append(p)
-        return rate.get(p, 9.0)
+    def measure(tq: int, tv: int) -> float:
+        asked.append((tq, tv))
+        return rate[(tq, tv)]
 
-    assert tiles.tuned_pairs(model, torch.device("cpu"), torch.bfloat16, 4, p_max=1100, measure=measure) == 768
-    assert max(asked) <= 1100 and 2048 not in asked
+    caps = [256, 512, 768, 1024]
+    cpu = torch.device("cpu")
+    assert tiles.tuned_pairs(model, cpu, torch.bfloat16, 4, caps, square, (300, 300), measure=measure) == 768
+    assert sorted(asked) == sorted(rate)  # each sub-block shape measured once
     tiles._memo.clear()  # a new process: the file answers, nothing is measured
-    assert tiles.tuned_pairs(model, torch.device("cpu"), torch.bfloat16, 4, p_max=1100,
-                             measure=lambda p: pytest.fail("measured again")) == 768
+    assert tiles.tuned_pairs(model, cpu, torch.bfloat16, 4, caps, square, (300, 300),
+                             measure=lambda *a: pytest.fail("measured again")) == 768
     assert tiles.tiles_cache_path().is_file()
     other = small_model("dab", steps=5)  # another shape: its own key
     assert tiles.tile_key(other, 4, torch.bfloat16) != tiles.tile_key(model, 4, torch.bfloat16)
 
 
-def test_a_budget_below_every_candidate_uses_the_budget() -> None:
+def test_caps_that_cut_the_same_sub_block_are_measured_once() -> None:
     model = small_model("dab")
-    assert tiles.tuned_pairs(model, torch.device("cpu"), torch.bfloat16, 4, p_max=100, measure=lambda p: 1.0) == 100
+    asked: list[tuple[int, int]] = []
+    got = tiles.tuned_pairs(model, torch.device("cpu"), torch.float32, 4, [100, 120, 140], lambda cap: (10, 10),
+                            (50, 50), measure=lambda tq, tv: asked.append((tq, tv)) or 1.0)
+    assert got == 100 and asked == [(10, 10)]
 
 
 def test_switch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -59,6 +69,6 @@ def test_tuned_blocks_score_like_untuned_ones(monkeypatch: pytest.MonkeyPatch) -
     tuned = score_all(model, text, frames, mask, dtype="bfloat16")
     monkeypatch.setenv("DAB_TILE_TUNING", "0")
     plain = score_all(model, text, frames, mask, dtype="bfloat16")
-    assert tuned.info["block_pairs"] in tiles.CANDIDATES or tuned.info["block_pairs"] == plain.info["block_pairs"]
+    assert tuned.info["block_pairs"] in tiles.CANDIDATES
     np.testing.assert_allclose(tuned.cost, plain.cost, rtol=2e-3, atol=2e-3)
     assert (tuned.cost.argmin(1) == plain.cost.argmin(1)).mean() > 0.95
