@@ -238,7 +238,7 @@ def main() -> None:
             m = args.ram_queries if n <= args.full_max else 2
             lines += in_ram_paths(runs, store, text[:m], args.ks, n, args.dtype, args.full_max)
             print("\n".join(lines[-9:]), flush=True)
-        with mp.get_context("spawn").Pool(1) as pool:
+        with mp.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:  # a fresh process a run
             for name, rd in runs.items():
                 res = pool.apply(serve_child, ((rd, store, index, text, args.ks, args.dtype),))
                 for k, r in res["rows"].items():

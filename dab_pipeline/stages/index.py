@@ -24,7 +24,8 @@ __all__ = ["IndexConfig", "run_index"]
 @dataclass(frozen=True)
 class IndexConfig:
     """What ``dab index`` builds: ``vector`` (a name of :data:`VECTOR_KINDS`), ``factory`` ("auto" or a FAISS
-    factory string), search defaults ``nprobe`` (IVF) and ``ef_search`` (HNSW)."""
+    factory string), search defaults ``nprobe`` (IVF) and ``ef_search`` (HNSW), ``refine`` (quantised
+    factories: candidates re-scored on exact float16 vectors, x K x S; 0 off)."""
 
     features: Path
     out: Path
@@ -35,6 +36,7 @@ class IndexConfig:
     chunk: int = 4096
     nprobe: int = 32
     ef_search: int = 64
+    refine: int = 4
     overwrite: bool = False
 
     def __post_init__(self) -> None:
@@ -42,6 +44,8 @@ class IndexConfig:
         for name in ("chunk", "nprobe", "ef_search"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if int(self.refine) < 0:
+            raise ConfigError(f"refine must be 0 (off) or a positive integer, got {self.refine}")
 
 
 def run_index(cfg: IndexConfig, progress: ProgressCallback = null_progress) -> IndexMeta:
@@ -58,6 +62,7 @@ def run_index(cfg: IndexConfig, progress: ProgressCallback = null_progress) -> I
                               f"embed_dim={model.cfg.embed_dim}")
         meta = build_index(store, cfg.out, split=cfg.split, vector=cfg.vector, model=model, run=run,
                            factory=cfg.factory, chunk=cfg.chunk, nprobe=cfg.nprobe, ef_search=cfg.ef_search,
+                           refine=cfg.refine,
                            overwrite=cfg.overwrite, progress=progress)
     atomic_write_text(Path(cfg.out) / "config.json", json.dumps(asdict(cfg), indent=2, default=str))
     return meta
