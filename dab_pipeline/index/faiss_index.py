@@ -174,7 +174,10 @@ class VideoIndex:
         out_i = np.full((len(q), want), -1, np.int64)
         for m in range(len(q)):
             cand = np.unique(ids[m][ids[m] >= 0])  # sorted: the reads go forward through the file
-            exact = self._exact_vectors(cand) @ q[m]  # (n,)
+            # einsum, not `@`: numpy's BLAS would wake its thread pool for this small product, and its threads
+            # spin for tens of ms afterwards, taking the cores from the re-rank that follows (measured: the
+            # search + re-rank went from 31 ms to 133 ms with `@` here)
+            exact = np.einsum("nd,d->n", self._exact_vectors(cand), q[m])  # (n,)
             top = np.argsort(-exact, kind="stable")[:want]
             out_s[m, : len(top)], out_i[m, : len(top)] = exact[top], cand[top]
         return out_s, out_i
