@@ -122,14 +122,17 @@ def video_vectors(kind: str, frames: np.ndarray | Tensor, mask: np.ndarray | Ten
                   model: Optional[DABModel] = None, avg_query: Optional[np.ndarray] = None) -> np.ndarray:
     """frames (B, F, D), mask (B, F) -> (B, S, D) float32 unit vectors of ``kind`` (S = its ``per_video``)."""
     vk = VECTOR_KINDS.get(kind)
-    fr = torch.as_tensor(np.asarray(frames, np.float32))
-    mk = torch.as_tensor(np.asarray(mask, bool))
-    avg = None if avg_query is None else torch.as_tensor(np.asarray(avg_query, np.float32))
-    return vk.videos(fr, mk, model, avg).float().numpy()
+    dev = next(model.parameters()).device if model is not None else torch.device("cpu")
+    fr = torch.as_tensor(np.asarray(frames, np.float32), device=dev)
+    mk = torch.as_tensor(np.asarray(mask, bool), device=dev)
+    avg = None if avg_query is None else torch.as_tensor(np.asarray(avg_query, np.float32), device=dev)
+    return vk.videos(fr, mk, model, avg).float().cpu().numpy()
 
 
 @torch.no_grad()
 def query_vectors(kind: str, text: np.ndarray | Tensor, model: Optional[DABModel] = None) -> np.ndarray:
     """text (M, D) -> (M, D) float32 unit vectors in the same space as :func:`video_vectors`."""
     vk = VECTOR_KINDS.get(kind)
-    return vk.queries(torch.as_tensor(np.asarray(text, np.float32)), model).float().numpy()
+    dev = next(model.parameters()).device if model is not None else torch.device("cpu")
+    t = text.float() if isinstance(text, Tensor) else torch.as_tensor(np.asarray(text, np.float32))
+    return vk.queries(t.to(dev), model).float().cpu().numpy()

@@ -3,17 +3,18 @@
 The engine scores a grid in sub-blocks of P pairs; each bridge step is three products of
 P rows ((P, n*D) x (n*D, H), (P, H) x (H, H), (P, H) x (H, n*D)) and fused elementwise
 passes over P rows. oneDNN's bf16 kernels (AMX tiles on Sapphire Rapids) run at very
-different rates for different P: measured on this machine kind at H = 1024, 512 rows ran
-at 983 GFLOP/s, 1,024 at 1,304, 1,536 at 577 and 4,096 at 1,359. The memory budget alone
+different rates for different P: a packed (P, 1024) x (1024, 1024) linear, measured on this
+machine kind, ran at 2,303 GFLOP/s for P = 512, 1,344 for 1,024, 2,655-2,888 for 1,369 and
+2,712-2,730 for 4,096 (docs/performance.md). The memory budget alone
 (~1,400 pairs at D = 512) can land on a slow one, and the best P differs between CPUs.
 
 So before a large grid on CPU (at least ``TUNE_MIN_PAIRS`` pairs, bf16 or float32, no explicit memory
 budget), :func:`tuned_pairs` times the engine's own sub-block (``Engine.pairs``: the products, the
 kernels, the pooling) for each candidate cap on P, at exactly the (texts x videos) shape the driver
 cuts the grid into under that cap, up to what a quarter of the free RAM holds, and keeps the
-fastest per pair. The result is cached in ``<dab cache>/tiles.json`` under
-a key of the CPU's flags, torch's version, the thread count and the model's shapes, so a
-machine measures once. ``DAB_TILE_TUNING=0`` turns it off (the budget's P is used).
+fastest per pair. The rates are cached in ``<dab cache>/tiles.json`` under a key of
+the CPU's flags, torch's version, the thread count, the model's shapes and the grid's, so a
+machine measures a shape once. ``DAB_TILE_TUNING=0`` turns it off (the budget's P is used).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ __all__ = ["CANDIDATES", "TUNE_MIN_PAIRS", "tuning_enabled", "tuned_pairs", "til
 
 CANDIDATES = (256, 384, 512, 768, 1024, 1280, 1536, 2048, 2560, 3072, 4096, 6144, 8192)
 TUNE_MIN_PAIRS = 50_000  # the timing (~2-4 s, once per machine and shape) costs less than such a grid
-_memo: dict[str, int] = {}
+_memo: dict[str, dict[str, float]] = {}  # key -> the rates measured in this process
 
 
 def tuning_enabled() -> bool:
@@ -77,35 +78,36 @@ def tuned_pairs(model: DABModel, device: torch.device, dtype: torch.dtype, num_f
                 shape: Callable[[int], tuple[int, int]], grid: tuple[int, int],
                 measure: Optional[Callable[[int, int], float]] = None) -> int:
     """Of the candidate caps on the sub-block's pairs, the one whose sub-block (``shape(cap)`` -> (texts,
-    videos), exactly as the driver will cut the ``grid``) scored fastest per pair here; measured once per key and
-    cached. ``measure(tq, tv) -> seconds a pair`` replaces the timing (tests)."""
-    key = f"{tile_key(model, num_frames, dtype)}:{grid[0]}x{grid[1]}:{','.join(map(str, caps))}"
-    if key in _memo:
-        return _memo[key]
+    videos), exactly as the driver will cut the ``grid``) scored fastest per pair here. Each shape's rate is
+    measured once per key (CPU, torch, threads, model, grid) and cached, so a later call with other caps
+    (another amount of free RAM) measures only shapes it has not seen. ``measure(tq, tv) -> seconds a pair``
+    replaces the timing (tests)."""
+    key = f"{tile_key(model, num_frames, dtype)}:{grid[0]}x{grid[1]}"
+    shapes: dict[tuple[int, int], int] = {}  # the sub-block each cap gives; several caps may give one shape
+    for cap in caps:
+        shapes.setdefault(shape(cap), cap)
     path = tiles_cache_path()
     try:
         cached = json.loads(path.read_text()) if path.is_file() else {}
     except (OSError, ValueError):
         cached = {}
-    if key in cached and isinstance(cached[key].get("pairs"), int):
-        _memo[key] = int(cached[key]["pairs"])
-        return _memo[key]
-    shapes = {}  # the sub-block each cap gives; several caps may give one shape
-    for cap in caps:
-        shapes.setdefault(shape(cap), cap)
-    with torch.no_grad():
-        per_pair = {sh: (measure(*sh) if measure else _time_block(model, device, dtype, num_frames, *sh))
-                    for sh in shapes}
-    best_shape = min(per_pair, key=per_pair.get)
-    best = shapes[best_shape]
-    cached[key] = {"pairs": best, "block": list(best_shape),
-                   "pairs_per_s": {f"{tq}x{tv}": round(1.0 / sec) for (tq, tv), sec in per_pair.items()}}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(cached, indent=1))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only cache: measured again in the next process
-    _memo[key] = best
-    return best
+    entry = cached.get(key) if isinstance(cached.get(key), dict) else {}
+    rates = {k: float(v) for k, v in entry.get("pairs_per_s", {}).items()}  # "TQxTV" -> pairs/s
+    rates.update(_memo.get(key, {}))
+    missing = [sh for sh in shapes if f"{sh[0]}x{sh[1]}" not in rates]
+    if missing:
+        with torch.no_grad():
+            for sh in missing:
+                sec = measure(*sh) if measure else _time_block(model, device, dtype, num_frames, *sh)
+                rates[f"{sh[0]}x{sh[1]}"] = 1.0 / sec
+        cached[key] = {"pairs_per_s": {k: round(v, 1) for k, v in rates.items()}}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}")
+            tmp.write_text(json.dumps(cached, indent=1))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a read-only cache: measured again in the next process
+    _memo[key] = rates
+    best = max(shapes, key=lambda sh: rates[f"{sh[0]}x{sh[1]}"])
+    return shapes[best]

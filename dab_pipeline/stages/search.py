@@ -131,6 +131,10 @@ def _query_clip(manifest: dict, device: str | torch.device):
             f"its weights, which are not available here: {exc}"
         ) from None
     check_store_weights(bundle, manifest, "a query encoded with them would not match the stored features")
+    # a query needs the text tower only: the vision tower's weights (ViT-B/32: 88M parameters, 350 MB in
+    # float32) would only fill a server's memory
+    if hasattr(bundle.model, "visual"):
+        bundle.model.visual = None
     return bundle
 
 
@@ -235,7 +239,7 @@ class Searcher:
             return self._search_split(queries, text, topk, shortlist, memory_budget)
         k_sl = int(shortlist or DEFAULT_SHORTLIST)
         t0 = time.perf_counter()
-        qv = query_vectors(self.index.meta.vector, text, self.run.model)  # (M, D)
+        qv = query_vectors(self.index.meta.vector, text.to(self.device), self.run.model)  # (M, D)
         cand, _ = self.index.search(qv, k_sl, nprobe=nprobe)  # (M, K) store rows
         _tick(timings, "index", t0)
         out = []
@@ -297,8 +301,9 @@ def _result(query: str, res, i: int, ids: np.ndarray, split_pos: np.ndarray, top
     assert res.topk_indices is not None and res.topk_costs is not None
     idx, costs = res.topk_indices[i], res.topk_costs[i]
     margin = float(costs[1] - costs[0]) if len(ids) >= 2 and np.isfinite(costs[:2]).all() else None
+    # a video outside a cosine shortlist was not scored (+inf): never a hit
     hits = [SearchHit(rank=r + 1, video_index=int(split_pos[j]), video_id=str(ids[j]), cost=float(c))
-            for r, (j, c) in enumerate(zip(idx[:topk], costs[:topk]))]
+            for r, (j, c) in enumerate(zip(idx[:topk], costs[:topk])) if np.isfinite(c)]
     row = np.asarray(res.cost[i], np.float32) if res.cost is not None else None
     return SearchResult(query=query, hits=hits, margin=margin, costs=row, video_ids=np.asarray(ids),
                         shortlist=shortlist)

@@ -67,6 +67,8 @@ def abstain_report(run_dir: Path, threshold: Optional[float]) -> Optional[dict]:
     cm = read_costs(path)
     cost = cm.to_cost()  # (Q, V)
     ok = cm.gt >= 0
+    if not ok.any() or cost.shape[1] < 2:
+        return {"threshold": threshold, "test": None, "note": f"{path} has no queries with a known ground truth"}
     margin = kl_margin(cost[ok])
     correct = np.argmin(cost[ok], axis=1) == cm.gt[ok]
     coverage, precision = threshold_outcome(margin, correct, threshold)
@@ -171,7 +173,7 @@ def create_app(searcher: Searcher, settings: ServeSettings = ServeSettings(), ab
     return app
 
 
-MAX_CAPTIONS_SHOWN = 2_000_000  # above it the page shows no store captions (their texts would fill memory)
+MAX_CAPTIONS_SHOWN = 200_000  # above it the page shows no store captions (their texts would fill memory)
 
 
 def _first_captions(searcher: Searcher):

@@ -113,9 +113,13 @@ def test_ivf_index_builds_and_searches(store: Path, tmp_path: Path) -> None:
     assert auto_factory(4_000_000, 512) == "IVF4096,PQ64"
     with open_store(store) as st:
         build_index(st, tmp_path / "ivf", split="test", vector="meanp", factory="IVF4,Flat", nprobe=4)
+        build_index(st, tmp_path / "flat", split="test", vector="meanp")
         text = st.read_captions(np.arange(5))
-    rows, _ = load_index(tmp_path / "ivf").search(query_vectors("meanp", text), 5)
-    assert rows.shape == (5, 5) and (rows >= 0).all()  # nprobe = every list: exact
+    qv = query_vectors("meanp", text)
+    rows, _ = load_index(tmp_path / "ivf").search(qv, 5)
+    np.testing.assert_array_equal(rows, load_index(tmp_path / "flat").search(qv, 5)[0])  # every list probed: exact
+    with pytest.raises(ConfigError, match="nprobe"):
+        load_index(tmp_path / "ivf").search(qv, 5, nprobe=0)
     with open_store(store) as st, pytest.raises(ConfigError, match="factory string"):
         build_index(st, tmp_path / "bad", split="test", factory="NotAFactory")
 

@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from dab_pipeline.runtime.capabilities import onednn_bf16
-from dab_pipeline.scoring import score_all
-from dab_pipeline.scoring import tiles
+from dab_pipeline.scoring import driver, score_all, tiles, tune_blocks
 from dab_pipeline.testing import random_inputs, small_model
 
 
@@ -42,6 +41,13 @@ def test_picks_the_fastest_shape_and_caches_it() -> None:
     assert tiles.tuned_pairs(model, cpu, torch.bfloat16, 4, caps, square, (300, 300),
                              measure=lambda *a: pytest.fail("measured again")) == 768
     assert tiles.tiles_cache_path().is_file()
+    # less free RAM, fewer caps: the cached rates answer; a new cap's shape alone is measured
+    assert tiles.tuned_pairs(model, cpu, torch.bfloat16, 4, [256, 512], square, (300, 300),
+                             measure=lambda *a: pytest.fail("measured again")) == 512
+    more: list[tuple[int, int]] = []
+    assert tiles.tuned_pairs(model, cpu, torch.bfloat16, 4, caps + [2048], square, (300, 300),
+                             measure=lambda tq, tv: more.append((tq, tv)) or 0.1) == 2048
+    assert more == [square(2048)]
     other = small_model("dab", steps=5)  # another shape: its own key
     assert tiles.tile_key(other, 4, torch.bfloat16) != tiles.tile_key(model, 4, torch.bfloat16)
 
@@ -61,14 +67,34 @@ def test_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert tiles.tuning_enabled()
 
 
-@pytest.mark.skipif(not onednn_bf16(), reason="bf16 products are not native on this CPU")
-def test_tuned_blocks_score_like_untuned_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_tuned_blocks_score_like_untuned_ones(monkeypatch: pytest.MonkeyPatch, dtype: str) -> None:
+    if dtype == "bfloat16" and not onednn_bf16():
+        pytest.skip("bf16 products are not native on this CPU")
     model = small_model("dab")
     text, frames, mask, _ = random_inputs(q=250, v=200, frames=4, dim=16)  # 50,000 pairs: tuned
-    monkeypatch.setattr(tiles, "TUNE_MIN_PAIRS", 50_000)
-    tuned = score_all(model, text, frames, mask, dtype="bfloat16")
+    chosen: list[list[int]] = []
+
+    def smallest(model, dev, mm_dtype, n_f, caps, shape, grid, measure=None) -> int:
+        chosen.append(caps)
+        assert shape(caps[0])[0] * shape(caps[0])[1] <= caps[0]  # the driver's cut respects the cap
+        return caps[0]  # 256 pairs: far from the budget's cut, so the two runs tile differently
+
+    monkeypatch.setattr(driver, "tuned_pairs", smallest)
+    tuned = score_all(model, text, frames, mask, dtype=dtype)
     monkeypatch.setenv("DAB_TILE_TUNING", "0")
-    plain = score_all(model, text, frames, mask, dtype="bfloat16")
-    assert tuned.info["block_pairs"] in tiles.CANDIDATES
-    np.testing.assert_allclose(tuned.cost, plain.cost, rtol=2e-3, atol=2e-3)
-    assert (tuned.cost.argmin(1) == plain.cost.argmin(1)).mean() > 0.95
+    plain = score_all(model, text, frames, mask, dtype=dtype)
+    assert chosen and tuned.info["block_pairs"] == 256 and plain.info["block_pairs"] > 256
+    assert tuned.info["sub_blocks"] > plain.info["sub_blocks"]
+    tol = 2e-3 if dtype == "bfloat16" else 1e-5
+    np.testing.assert_allclose(tuned.cost, plain.cost, rtol=tol, atol=tol)
+
+
+def test_no_tuning_below_the_threshold_or_with_a_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = small_model("dab")
+    monkeypatch.setattr(driver, "tuned_pairs", lambda *a, **k: pytest.fail("tuned"))
+    assert tune_blocks(model, 100, 100, 4, "cpu", "float32") is None  # 10,000 pairs
+    assert tune_blocks(model, 300, 300, 4, "cpu", "float32", memory_budget=1 << 20) is None
+    assert tune_blocks(small_model("xpool"), 300, 300, 4, "cpu", "float32") is None  # no bridge
+    monkeypatch.setenv("DAB_TILE_TUNING", "0")
+    assert tune_blocks(model, 300, 300, 4, "cpu", "float32") is None

@@ -49,6 +49,17 @@ def test_index_search_equals_exact_search_when_the_shortlist_holds_every_video(w
         assert s.margin == pytest.approx(e.margin, rel=1e-3, abs=1e-5)
 
 
+def test_rows_map_back_to_the_split_where_it_is_not_the_first_rows(world: dict, tmp_path: Path) -> None:
+    """The train split is store rows 6 and 7: hits must name them and their place in the split."""
+    with open_store(world["store"]) as st:
+        build_index(st, tmp_path / "train-index", split="train")
+    exact = search(world["run"], world["store"], [CAPTIONS[7]], topk=2, split="train", device="cpu")[0]
+    short = search(world["run"], world["store"], [CAPTIONS[7]], topk=2, split="train", device="cpu",
+                   index=tmp_path / "train-index")[0]
+    assert {h.video_id for h in short.hits} == {"vid6", "vid7"}
+    assert [(h.video_id, h.video_index) for h in short.hits] == [(h.video_id, h.video_index) for h in exact.hits]
+
+
 def test_index_search_reads_only_the_shortlist(world: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     with Searcher(world["run"], world["store"], index=world["index"], device="cpu") as s:
         asked: list[np.ndarray] = []
@@ -135,6 +146,21 @@ def test_a_failure_inside_is_a_500_with_one_line(client, monkeypatch: pytest.Mon
     monkeypatch.setattr(client.searcher, "search", boom)
     r = client.get("/search", params={"q": "fine"})
     assert r.status_code == 500 and r.json() == {"error": "internal error (RuntimeError)"}
+
+
+def test_no_abstain_without_a_threshold_and_descriptions_are_escaped(world: dict) -> None:
+    from fastapi.testclient import TestClient
+
+    from dab_pipeline.stages.serve import ServeSettings, create_app
+
+    with Searcher(world["run"], world["store"], index=world["index"], device="cpu") as searcher:
+        about = {f"vid{i}": "<b>bold</b> & <i>x</i>" for i in range(8)}
+        with TestClient(create_app(searcher, ServeSettings(descriptions=about))) as c:
+            body = c.get("/search", params={"q": CAPTIONS[0], "k": 2}).json()
+            assert body["abstain"] is False and body["abstain_threshold"] is None
+            assert body["hits"][0]["description"] == about["vid0"]
+            page = c.get("/", params={"q": CAPTIONS[0], "k": 2}).text
+            assert "<b>bold</b>" not in page and "&lt;b&gt;bold&lt;/b&gt; &amp;" in page
 
 
 def test_page_shows_results_and_escapes_the_query(client) -> None:
