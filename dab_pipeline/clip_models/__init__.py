@@ -20,7 +20,7 @@ What this module adds to open_clip:
 from __future__ import annotations
 
 from .bundle import MODEL_CONFIG_DIR, TINY_MODEL, ClipBundle, TextEncoding, list_clip_models, quiet_open_clip  # noqa: F401
-from .encode import encode_images, encode_texts, pad_text_states, tokenize_lengths  # noqa: F401
+from .encode import encode_images, encode_queries_short, encode_texts, pad_text_states, tokenize_lengths  # noqa: F401
 from .heads import TextHead, VisionHead  # noqa: F401
 from .load import check_store_weights, full_depth, load_clip  # noqa: F401
 from .weights import (  # noqa: F401
@@ -44,6 +44,7 @@ __all__ = [
     "detect_openai_weights",
     "encode_images",
     "encode_texts",
+    "encode_queries_short",
     "list_clip_models",
     "load_clip",
     "pad_text_states",

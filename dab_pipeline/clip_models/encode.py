@@ -194,3 +194,29 @@ def pad_text_states(items: list[Tensor]) -> tuple[Tensor, Tensor]:
     for i, t in enumerate(items):
         out[i, : t.shape[0]] = t
     return out, lengths
+
+
+@torch.no_grad()
+def encode_queries_short(bundle: ClipBundle, texts: list[str]) -> Tensor:
+    """:func:`encode_texts`' features (M, D) float32, computed on the tokens up to the longest EOT only.
+
+    The text mask is causal and the feature is the EOT token's, so the padding after it changes nothing:
+    a search query of 8 tokens needs 9 of the 77 positions (ViT-B/32's text tower on 2 cores: 45 ms for
+    the full context).  Falls back to the full context for towers without a causal mask or an EOT pool.
+    """
+    clip = bundle.model
+    tokens = bundle.tokenizer(list(texts)).to(bundle.device)  # (M, ctx)
+    mask = getattr(clip, "attn_mask", None)
+    pool = getattr(clip, "text_pool_type", "argmax")
+    if not isinstance(clip, CLIP) or mask is None or pool not in ("argmax", "eos"):
+        return encode_texts(bundle, texts).features
+    eot = _eot_index(clip, tokens)  # (M,)
+    n = int(eot.max()) + 1
+    with bundle.autocast():
+        cast_dtype = clip.transformer.get_cast_dtype()
+        x = clip.token_embedding(tokens[:, :n]).to(cast_dtype)  # (M, n, W)
+        x = x + clip.positional_embedding[:n].to(cast_dtype)
+        x = run_blocks(list(clip.transformer.resblocks), x, getattr(clip.transformer, "batch_first", False),
+                       mask[:n, :n])
+        last = x[torch.arange(x.shape[0], device=x.device), eot]  # (M, W) the EOT tokens
+        return project(clip.ln_final(last), clip.text_projection).float()  # (M, D)

@@ -26,7 +26,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from ..clip_models import check_store_weights, encode_texts, load_clip
+from ..clip_models import check_store_weights, encode_queries_short, encode_texts, load_clip
 from ..core.errors import ConfigError, StoreError, TrainingError, UnknownNameError, WeightsError
 from ..core.fsutil import sha256_file
 from ..index import VECTOR_KINDS, load_index, query_vectors, split_rows, store_fingerprint
@@ -217,7 +217,7 @@ class Searcher:
         """(M, D) float32 features of the queries, in the store's CLIP space."""
         if self.bundle is None:
             raise ConfigError("this Searcher was opened without its query encoder (encoder=False)")
-        return encode_texts(self.bundle, list(queries)).features.float()
+        return encode_queries_short(self.bundle, list(queries))  # (M, D): the causal tower up to EOT only
 
     def search(self, queries: Sequence[str], topk: int = 10, shortlist: Optional[int] = None,
                nprobe: Optional[int] = None, memory_budget: Optional[int] = None) -> list[SearchResult]:

@@ -507,3 +507,17 @@ def test_dab_world_sees_the_world():
     frames, texts = frame_caption_pairs(seed=4242, count=200, size=(64, 64))  # a stream it never saw
     res = frame_to_caption(b.model.eval(), b.tokenizer, normalise(frames, b.mean, b.std), texts)
     assert res["R@1"] > 10 * res["chance_R@1"] and res["R@5"] > 40, res
+
+
+@pytest.mark.parametrize("model", ["dab-tiny", "dab-tiny-quickgelu"])
+def test_short_query_encoding_equals_the_full_context(model: str) -> None:
+    """The causal text tower up to EOT gives encode_text's features exactly (search queries)."""
+    from dab_pipeline.clip_models import encode_queries_short, encode_texts, load_clip
+
+    bundle = load_clip(model, None)
+    texts = ["a dog", "a much longer caption about a red ball rolling down a hill at night", "x"]
+    full = encode_texts(bundle, texts).features
+    short = encode_queries_short(bundle, texts)
+    torch.testing.assert_close(short, full, rtol=1e-5, atol=1e-5)
+    n_used = int(bundle.tokenizer(texts).argmax(dim=-1).max()) + 1
+    assert n_used < bundle.context_length  # the point: fewer positions than the context
