@@ -92,6 +92,12 @@ def test_cli_index_then_search(world: dict, tmp_path: Path) -> None:
                   "--device", "cpu", "-k", "2", "--json", CAPTIONS[2]])
     assert out.exit_code == 0, out.output
     assert len(json.loads(out.output)[0]["hits"]) == 2
+    page = tmp_path / "page.html"  # two queries, two shortlists: the page shows the union of their videos
+    out = invoke(["search", "--run", world["run"], "--features", world["store"], "--index", tmp_path / "idx",
+                  "--device", "cpu", "-k", "2", "--shortlist", "3", "--html", page, CAPTIONS[0], "<i>two</i>"])
+    assert out.exit_code == 0, out.output
+    html = page.read_text()
+    assert html.count('class="query"') == 2 and "&lt;i&gt;two&lt;/i&gt;" in html and "<i>two</i>" not in html
     out = invoke(["index", "--features", world["store"], "--out", tmp_path / "x", "--vector", "nope"])
     assert out.exit_code != 0 and "valid:" in out.output
 
