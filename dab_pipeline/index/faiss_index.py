@@ -148,7 +148,7 @@ class VideoIndex:
         per = self.meta.per_video
         # S vectors a video: the k * S best vectors hold at least k videos
         want = k * per
-        refine = self.meta.refine if (self.path / REFINE_FILE).is_file() else 0
+        refine = self.meta.refine  # load_index checked that refine.f16 is there
         # the exact re-scoring reads each candidate (pread, ~3 us): at most REFINE_MAX beyond k x S
         n_cand = max(want, min(want * refine, REFINE_MAX)) if refine else want
         params = None
@@ -167,7 +167,7 @@ class VideoIndex:
         out_scores = np.full((len(q), k), -np.inf, np.float32)
         for i in range(len(q)):
             valid = rows[i] >= 0
-            uniq, first = np.unique(rows[i][valid], return_index=True)  # a video's first hit is its best
+            _, first = np.unique(rows[i][valid], return_index=True)  # a video's first hit is its best
             order = np.sort(first)[:k]
             out_rows[i, : len(order)] = rows[i][valid][order]
             out_scores[i, : len(order)] = scores[i][valid][order]
@@ -211,4 +211,10 @@ def load_index(path: str | Path) -> VideoIndex:
     if index.ntotal != meta.count * meta.per_video or len(rows) != index.ntotal:
         raise ConfigError(f"{p}: damaged index ({index.ntotal} vectors, {len(rows)} rows, index.json says "
                           f"{meta.count}); rebuild it with `dab index ... --overwrite`")
+    want = index.ntotal * meta.dim * 2
+    have = (p / REFINE_FILE).stat().st_size if (p / REFINE_FILE).is_file() else None
+    if meta.refine and have != want:
+        raise ConfigError(f"{p}: damaged index ({REFINE_FILE} is {'missing' if have is None else f'{have:,} bytes'}, "
+                          f"expected {want:,}); rebuild it with `dab index ... --overwrite`, or set refine to 0 "
+                          "in index.json to search the codes alone")
     return VideoIndex(p, meta, index, rows)

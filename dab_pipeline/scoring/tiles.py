@@ -86,15 +86,18 @@ def tuned_pairs(model: DABModel, device: torch.device, dtype: torch.dtype, num_f
     shapes: dict[tuple[int, int], int] = {}  # the sub-block each cap gives; several caps may give one shape
     for cap in caps:
         shapes.setdefault(shape(cap), cap)
-    path = tiles_cache_path()
-    try:
-        cached = json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError):
-        cached = {}
-    entry = cached.get(key) if isinstance(cached.get(key), dict) else {}
-    rates = {k: float(v) for k, v in entry.get("pairs_per_s", {}).items()}  # "TQxTV" -> pairs/s
-    rates.update(_memo.get(key, {}))
+    rates = _memo.get(key, {})  # "TQxTV" -> pairs/s, known in this process
     missing = [sh for sh in shapes if f"{sh[0]}x{sh[1]}" not in rates]
+    path = tiles_cache_path()
+    cached: dict = {}
+    if missing:  # the file, then the clock, for the shapes this process has not seen
+        try:
+            cached = json.loads(path.read_text()) if path.is_file() else {}
+        except (OSError, ValueError):
+            cached = {}
+        entry = cached.get(key) if isinstance(cached.get(key), dict) else {}
+        rates = {**{k: float(v) for k, v in entry.get("pairs_per_s", {}).items()}, **rates}
+        missing = [sh for sh in shapes if f"{sh[0]}x{sh[1]}" not in rates]
     if missing:
         with torch.no_grad():
             for sh in missing:

@@ -90,10 +90,9 @@ def store_context(store_path: Optional[Path], video_ids: np.ndarray, query_ids: 
         pos = {str(v): i for i, v in enumerate(st.video_ids)}
         rows = sorted({pos[str(v)] for v in video_ids if str(v) in pos})
         thumbs = dict(zip((str(st.video_ids[r]) for r in rows), st.read_thumbnails(rows)))
-        text, cvid, cids = st.caption_text, st.caption_video_index, st.caption_ids
-        captions: dict[str, str] = {}
-        for c in range(len(cvid) - 1, -1, -1):  # backwards: the first caption of each video wins
-            captions[str(st.video_ids[cvid[c]])] = str(text[c])
+        text, cids = st.caption_text, st.caption_ids
+        first = st.first_caption_rows()  # (N,)
+        captions = {str(st.video_ids[v]): str(text[c]) for v, c in enumerate(first) if c >= 0}
         wanted = {str(q) for q in query_ids} if query_ids is not None else set()
         texts = {str(cids[c]): str(text[c]) for c in range(len(cids)) if str(cids[c]) in wanted}
     return thumbs, captions, texts

@@ -26,7 +26,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from ..clip_models import check_store_weights, encode_queries_short, encode_texts, load_clip
+from ..clip_models import check_store_weights, encode_queries_short, load_clip
 from ..core.errors import ConfigError, StoreError, TrainingError, UnknownNameError, WeightsError
 from ..core.fsutil import sha256_file
 from ..index import VECTOR_KINDS, load_index, query_vectors, split_rows, store_fingerprint
@@ -144,7 +144,7 @@ def encode_queries(manifest: dict, queries: Sequence[str], device: str | torch.d
     Raises :class:`WeightsError` (one line) when those weights are not available here
     or differ from the ones the store recorded.
     """
-    return encode_texts(_query_clip(manifest, device), list(queries)).features.float()  # (M, D)
+    return encode_queries_short(_query_clip(manifest, device), list(queries))  # (M, D)
 
 
 DEFAULT_SHORTLIST = 100
@@ -201,6 +201,8 @@ class Searcher:
                               f"({meta.run.get('path')}); rebuild it with `dab index --run {self.run.run_dir} ...`")
 
     def close(self) -> None:
+        if self.index is not None:
+            self.index.close()
         self.store.close()
 
     def __enter__(self) -> "Searcher":

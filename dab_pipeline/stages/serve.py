@@ -25,7 +25,7 @@ import time
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -139,6 +139,8 @@ def create_app(searcher: Searcher, settings: ServeSettings = ServeSettings(), ab
         log.exception("search failed")  # the server's log keeps the traceback; the client gets one line
         return JSONResponse({"error": f"internal error ({type(exc).__name__})"}, status_code=500)
 
+    captions = _first_captions(searcher)
+
     def run_query(q: str, k: int) -> tuple[SearchResult, float]:
         t0 = time.perf_counter()
         with searcher.lock:
@@ -164,7 +166,7 @@ def create_app(searcher: Searcher, settings: ServeSettings = ServeSettings(), ab
         if q is not None:
             try:
                 res, secs = run_query(check_query(q, settings.max_query_chars), k)
-                result = _page_result(searcher, res, settings, secs)
+                result = _page_result(searcher, res, settings, secs, captions)
             except ConfigError as exc:
                 error = str(exc)
         return page.render(title=settings.title, q=q or "", k=k, result=result, error=error, abstain=abstain,
@@ -176,35 +178,27 @@ def create_app(searcher: Searcher, settings: ServeSettings = ServeSettings(), ab
 MAX_CAPTIONS_SHOWN = 200_000  # above it the page shows no store captions (their texts would fill memory)
 
 
-def _first_captions(searcher: Searcher):
-    """row -> the store's first caption of that video (the page's description when none was given), cached on
-    the searcher; None for stores of more than MAX_CAPTIONS_SHOWN captions."""
-    cached = getattr(searcher, "_first_caption", None)
-    if cached is not None or searcher.store.num_captions > MAX_CAPTIONS_SHOWN:
-        return cached
+def _first_captions(searcher: Searcher) -> Optional[Callable[[int], Optional[str]]]:
+    """row -> the store's first caption of that video (the page's description when none was given); None for
+    stores of more than MAX_CAPTIONS_SHOWN captions."""
     st = searcher.store
-    first = np.full(st.num_videos, -1, np.int64)
-    order = np.arange(st.num_captions)[::-1]
-    first[st.caption_video_index[order]] = order  # backwards: the first caption of each video wins
-    texts = st.caption_text
+    if st.num_captions > MAX_CAPTIONS_SHOWN:
+        return None
+    first, texts = st.first_caption_rows(), st.caption_text
 
     def caption(row: int) -> Optional[str]:
         return str(texts[first[row]]) if first[row] >= 0 else None
 
-    searcher._first_caption = caption  # type: ignore[attr-defined]
     return caption
 
 
-def _page_result(searcher: Searcher, res: SearchResult, settings: ServeSettings, seconds: float) -> dict:
+def _page_result(searcher: Searcher, res: SearchResult, settings: ServeSettings, seconds: float,
+                 captions: Optional[Callable[[int], Optional[str]]]) -> dict:
     rows = [int(searcher.rows[h.video_index]) for h in res.hits]  # video_index: the hit's place in the split
-    order = np.argsort(rows)
-    thumbs: list = [None] * len(rows)
-    for j, t in zip(order, searcher.store.read_thumbnails(np.asarray(rows)[order])):
-        thumbs[j] = data_uri(t)
+    thumbs = searcher.store.read_thumbnails(rows)  # in the order asked
     out = _payload(res, settings, seconds)
-    captions = _first_captions(searcher)
     for hit, thumb, row in zip(out["hits"], thumbs, rows):
-        hit["thumb"] = thumb
+        hit["thumb"] = data_uri(thumb)
         text = hit.get("description") or (captions(row) if captions else None)
         hit["description"] = text
     out["plot"] = cost_svg(res.costs, len(res.hits)) if res.costs is not None else ""

@@ -54,6 +54,13 @@ class StoreReads:
         """Caption features (B, D) float32 of these store rows (written ones: see ``caption_done``)."""
         return self._read_any("captions/features", indices, self.num_captions, "caption").astype(np.float32)
 
+    def first_caption_rows(self) -> np.ndarray:
+        """(N,) int64: each video's first caption row (in store order), -1 for a video without captions."""
+        first = np.full(self.num_videos, -1, np.int64)
+        backwards = np.arange(self.num_captions)[::-1]
+        first[self.caption_video_index[backwards]] = backwards  # written last, the first caption wins
+        return first
+
     def read_vision_states(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """(B, F, W) or (B, F, L, W) in the store dtype."""
         if not self.has_states:

@@ -211,3 +211,11 @@ def test_a_quantised_index_re_scores_on_exact_vectors(store: Path, tmp_path: Pat
     pq.meta.refine = 0
     assert not np.array_equal(pq.search(qv, 10)[0], ref_rows)  # 4-bit codes alone do reorder
     pq.close()
+
+
+def test_a_quantised_index_without_its_exact_vectors_is_refused(store: Path, tmp_path: Path) -> None:
+    with open_store(store) as st:
+        build_index(st, tmp_path / "pq", split="test", factory="IVF2,PQ4x4", nprobe=2, refine=4)
+    (tmp_path / "pq" / "refine.f16").unlink()
+    with pytest.raises(ConfigError, match="refine.f16 is missing"):
+        load_index(tmp_path / "pq")
