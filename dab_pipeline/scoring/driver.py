@@ -290,24 +290,29 @@ def _products(eng: Engine, dev: torch.device, dtype: str) -> dict:
     return {"products": f"aten {dtype}" if dev.type == "cpu" else f"{dev.type} {dtype}"}
 
 
+def even_cuts(n: int, size: int) -> list[tuple[int, int]]:
+    """[start, end) pieces of range(n), as few as pieces of at most ``size`` allow, their lengths within one
+    of each other: 256 by 37 gives 36 / 37 each, not six 37s and a 34 (a grid's last row and column of
+    sub-blocks would be the smallest, and oneDNN's bf16 products ran at half rate below ~1,200 rows)."""
+    k = -(-n // max(1, size))
+    return [(i * n // k, (i + 1) * n // k) for i in range(k)]
+
+
 def _score_grid(eng: Engine, ts: Texts, frames: Tensor, mask: Tensor, cost: np.ndarray, dev: torch.device,
                 tc: int, vc: int, p_max: int, progress: ProgressCallback, info: dict) -> None:
     n_q, n_v = cost.shape
-    n_tc, n_vc = -(-n_q // tc), -(-n_v // vc)
-    progress(Event("start", task="score", total=n_tc * n_vc))
+    text_cuts, video_cuts = even_cuts(n_q, tc), even_cuts(n_v, vc)
+    progress(Event("start", task="score", total=len(text_cuts) * len(video_cuts)))
     sink = _Sink(cost, dev)
-    for v0 in range(0, n_v, vc):
-        v1 = min(v0 + vc, n_v)
+    for v0, v1 in video_cuts:
         vs = eng.videos(_to_device(frames[v0:v1], dev), _to_device(mask[v0:v1], dev))
-        tq, tv = inner_tiles(min(tc, n_q), v1 - v0, p_max)
-        for q0 in range(0, n_q, tc):
-            q1 = min(q0 + tc, n_q)
-            for a in range(q0, q1, tq):
-                b = min(a + tq, q1)
-                tsb = ts.take((None, slice(a, b)))  # (1, tq, ...): the same texts for every video
-                for j in range(0, v1 - v0, tv):
-                    block, _, _ = eng.pairs(tsb, vs.take(slice(j, j + tv)))  # (tv, tq)
-                    sink.put(block.T, slice(a, b), slice(v0 + j, v0 + j + block.shape[0]))
+        tq, tv = inner_tiles(max(q1 - q0 for q0, q1 in text_cuts), v1 - v0, p_max)
+        for q0, q1 in text_cuts:
+            for a, b in even_cuts(q1 - q0, tq):
+                tsb = ts.take((None, slice(q0 + a, q0 + b)))  # (1, tq, ...): the same texts for every video
+                for j, k in even_cuts(v1 - v0, tv):
+                    block, _, _ = eng.pairs(tsb, vs.take(slice(j, k)))  # (tv, tq)
+                    sink.put(block.T, slice(q0 + a, q0 + b), slice(v0 + j, v0 + k))
                     info["sub_blocks"] += 1
             progress(Event("advance", task="score", n=1))
         sink.flush()

@@ -319,6 +319,21 @@ def test_tiles_are_equal_bounded_and_respect_the_video_cap() -> None:
             assert n - (k - 1) * t >= t - k + 1
 
 
+def test_even_cuts_cover_the_range_in_pieces_within_one_of_each_other() -> None:
+    from dab_pipeline.scoring.driver import even_cuts
+
+    # 256 texts by at most 37: seven pieces of 36 or 37, none of 34 (a P = 34 x 34 sub-block)
+    assert sorted({b - a for a, b in even_cuts(256, 37)}) == [36, 37]
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        n, size = int(rng.integers(1, 2000)), int(rng.integers(1, 300))
+        cuts = even_cuts(n, size)
+        lengths = [b - a for a, b in cuts]
+        assert len(cuts) == -(-n // size)  # no more pieces than full ones would need
+        assert [a for a, _ in cuts[1:]] == [b for _, b in cuts[:-1]] and cuts[0][0] == 0 and cuts[-1][1] == n
+        assert max(lengths) <= size and max(lengths) - min(lengths) <= 1
+
+
 # --------------------------------------------------------------------------- controls and study options
 
 BRIDGE_OPTIONS = [{"drift": "constant"}, {"drift_inputs": "residual"}, {"chi_norm": "sum"}, {"drift_init": 0.05}]
