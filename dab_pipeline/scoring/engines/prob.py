@@ -53,11 +53,6 @@ class GaussianEngine(Engine):
         assert m.token_unc is not None
         rm_c = center(rm)  # (V, R, D)
         v1 = self.g2 * rm_c  # (V, R, D)
-        c_basis = self.basis(v1, self.c_w, self.c_rows)  # (V, R + 2, D)
-        hb = self.gp * center(v1)  # (V, R, D)
-        parts = [self.basis(hb, self.gh_w, self.gh_rows)]  # (V, R + 3, 2D)
-        if self.gt_w is not None:
-            parts.append(self.basis(hb, self.gt_w, self.gt_rows))  # (V, R + 3, H)
         out.tok = m.token_unc.video_term(frames, mask)  # (V, D)
         # LN_attn's input is y = w @ U, so C(y) = w @ C(U) and var = w^T (C(U) C(U)^T / D) w.
         uc = center(u)  # (V, R, D)
@@ -73,9 +68,25 @@ class GaussianEngine(Engine):
         out.quad3 = torch.cat([ag @ ag.transpose(1, 2), ag @ self.b2c[:, None], a @ self.g2[:, None]], dim=2)
         # one product per pair block: coefficients [wr g, rs2 g, g, 1] against the token basis
         # (its coefficients are these over g: a zero row for the last), the heads and mu_v's block
-        tok_basis = torch.cat([c_basis, c_basis.new_zeros(n_v, 1, c_basis.shape[2])], dim=1)
-        out.g_all = torch.cat([tok_basis, *parts], dim=2)  # (V, R + 3, D + 2D [+ H])
+        w_all, const = self.merged_basis()  # (D, N), (3, N)
+        out.g_all = self.basis(v1, w_all, const)  # (V, R + 3, D + 2D [+ H])
         return out
+
+    def merged_basis(self) -> tuple[Tensor, Tensor]:
+        """The per-video basis's weights: v1 (V, R, D) @ w (D, N) gives its first R rows, ``const`` (3, N) the rest.
+
+        N = D + 2D [+ H]: the token term ``v1 W2``, then the heads and (DAB) mu_v's block of
+        ``h = gp * C(v1)``, whose centring and scale are folded into those columns
+        (``C(v1) W = v1 (W - mean of W's rows)``), so that one product and no concatenation
+        build the basis.  Built once, on first use (DAB sets ``gt_w`` after this class's init).
+        """
+        if getattr(self, "_merged", None) is None:
+            folded = [self.gh_w] + ([self.gt_w] if self.gt_w is not None else [])
+            folded = [center((self.gp[:, None] * w).T).T for w in folded]  # (D, C) each: rows' mean removed
+            const = [torch.cat([self.c_rows, self.c_rows.new_zeros(1, self.d)])]  # (3, D)
+            const += [self.gh_rows] + ([self.gt_rows] if self.gt_rows is not None else [])
+            self._merged = (torch.cat([self.c_w, *folded], dim=1).contiguous(), torch.cat(const, dim=1))
+        return self._merged
 
     def coefficients(self, vs: Videos, w: Tensor) -> tuple[Tensor, Tensor]:
         """Each pair's coefficients on the merged basis (B, M, R + 3) and g = 1 / (|v_c| sd(v_c / |v_c|)) (B, M, 1)."""
