@@ -282,10 +282,12 @@ def _plan(cfg: ModelConfig, n_q: int, n_v: int, n_f: int, dev: torch.device, dty
 
 
 def _products(eng: Engine, dev: torch.device, dtype: str) -> dict:
-    """What runs the products: oneDNN with the fused (or eager) kernels, or ATen in the matmul dtype."""
+    """What runs the products: the AMX bridge (its products with SiLU and the update in their epilogues), oneDNN
+    with the fused (or eager) kernels, or ATen in the matmul dtype."""
     if eng.onednn is not None and eng.kernels is not None:
         kern = eng.kernels
-        return {"products": "onednn", "kernels": kern.name if kern.fused else f"eager ({kern.reason})"}
+        products = "amx" if eng.steps is not None and eng.steps.amx is not None else "onednn"
+        return {"products": products, "kernels": kern.name if kern.fused else f"eager ({kern.reason})"}
     # ATen's products in mm_dtype (on a CPU without native bf16, bf16 ones are emulated: slow)
     return {"products": f"aten {dtype}" if dev.type == "cpu" else f"{dev.type} {dtype}"}
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..blocks import BIAS_PAD, OneDNN, linear_layers
-from ..kernels.cpu import Kernels, get_kernels
+from ..kernels.cpu import Kernels, amx_ops, get_kernels
 
 
 class BridgeSteps:
@@ -57,12 +57,15 @@ class BridgeSteps:
         # bf16 on CPU: linears 0 .. L-1 are the drift's, then ``extra_linears`` (DAB: sigma_v's block)
         self.onednn: Optional[OneDNN] = None
         self.kernels: Optional[Kernels] = None
+        self.amx: Optional[AmxBridge] = None
         if mm_dtype == torch.bfloat16 and device.type == "cpu":
             linears = [(w_state, None)] + [(f32(m.weight), f32(m.bias)) for m in lins[1:-1]]
             linears += [(w_last, b_last), *extra_linears]
             self.onednn = OneDNN.pack(linears, batch_hint)
             if self.onednn is not None:
                 self.kernels = get_kernels()
+                self.amx = AmxBridge.pack(self, w_state, [f32(m.weight) for m in lins[1:-1]],
+                                          [f32(m.bias) for m in lins[1:-1]], w_last, b_last)
 
     @staticmethod
     def video_block(bridge, f32) -> Tensor:
@@ -165,6 +168,8 @@ class BridgeSteps:
         float32 accumulation, the state in float32.  ``raw``: return the state (P, n*D).
         """
         assert self.onednn is not None and self.kernels is not None
+        if self.amx is not None:
+            return self.amx.run(self, state, target, first, raw)
         n_b, n_m, hidden = target.shape
         d, p = self.d, n_b * n_m
         width = 2 * d if self.gaussian else d
@@ -198,3 +203,72 @@ class BridgeSteps:
         if self.gaussian:
             out.append((st[:, d:] * 2.0).view(n_b, n_m, d))
         return out
+
+
+class AmxBridge:
+    """The bridge's steps on AMX tiles with SiLU and the state update in the products' epilogues.
+
+    ``kernels/csrc/dab_amx.cpp``: each 32 x 32 block of a product is finished while in L1
+    (bias, the pair's target block, SiLU; or the update of the float32 state and the next
+    step's bf16 input), instead of passes that read the whole block back from L3 between
+    oneDNN's products.  Same arithmetic as :meth:`BridgeSteps.run_onednn`: bf16 products with
+    float32 accumulation, each product's output rounded to bf16, the state in float32 (the
+    biases are added in float32 before that rounding, not in bf16).
+    """
+
+    def __init__(self, ops, w_state: Tensor, mids: list[Tensor], mid_biases: list[Tensor], w_last: Tensor,
+                 b_last: Tensor) -> None:
+        self.ops = ops
+        pack = ops.amx_pack_weight
+        self.w_state = pack(w_state.to(torch.bfloat16))  # (H, n*D) -> tiles
+        self.mids = [pack(w.to(torch.bfloat16)) for w in mids]  # (H, H) each
+        self.mid_biases = [b.float().contiguous() for b in mid_biases]
+        self.w_last = pack(w_last.to(torch.bfloat16))  # (n*D, H), logvar rows halved
+        self.b_last = b_last.float().contiguous()
+
+    @staticmethod
+    def pack(steps: BridgeSteps, w_state: Tensor, mids: list[Tensor], mid_biases: list[Tensor], w_last: Tensor,
+             b_last: Tensor) -> Optional["AmxBridge"]:
+        """The packed weights, or None where AMX is unavailable or a width is not a multiple of 32."""
+        ops = amx_ops()
+        widths = [steps.d, w_state.shape[0], w_state.shape[1]]
+        if ops is None or any(x % 32 for x in widths):
+            return None
+        return AmxBridge(ops, w_state, mids, mid_biases, w_last, b_last)
+
+    def run(self, steps: BridgeSteps, state: list[Tensor], target: Tensor, first: Tensor, raw: bool
+            ) -> list[Tensor] | Tensor:
+        """:meth:`BridgeSteps.run_onednn` on AMX; rows are padded to a multiple of 32 (never read back)."""
+        assert steps.kernels is not None
+        ops, kern = self.ops, steps.kernels
+        n_b, n_m, hidden = target.shape
+        d, p = steps.d, n_b * n_m
+        width = 2 * d if steps.gaussian else d
+        pp = -(-p // 32) * 32
+        target = target.reshape(p, hidden).contiguous()  # (P, H) bf16
+        st = torch.empty(pp, width, dtype=torch.float32)  # (Pp, n*D): [mu, logvar / 2] | [x]
+        st[p:] = 0.0  # padding rows: computed, never read back
+        st[:p, :d].view(n_b, n_m, d).copy_(state[0])
+        if steps.gaussian:
+            torch.mul(state[1].expand(n_b, n_m, d), 0.5, out=st[:p, d:].view(n_b, n_m, d))
+        first_rows = first[0] if first.shape[0] == 1 else first.expand(n_b, n_m, hidden).reshape(p, hidden)
+        h = torch.empty(p, hidden, dtype=torch.bfloat16)  # (P, H)
+        kern.add_silu_bf16_(h, target, first_rows.float().contiguous())  # the first step: silu(target + first)
+        hb = ops.amx_block_rows(h)  # (Pp/16, H/32, 16, 32)
+        s = torch.empty(pp // 16, width // 32, 16, 32, dtype=torch.bfloat16)  # the next step's [mu, sigma] | [x]
+        lo, hi = 0.5 * steps.lo, 0.5 * steps.hi
+        n_steps = len(steps.chi)
+        for k in range(n_steps):
+            if k > 0:
+                hb = ops.amx_linear_silu(s, self.w_state, steps.time_feat[k], target)  # silu(s W_s^T + time_k + target)
+            for w, b in zip(self.mids, self.mid_biases):
+                hb = ops.amx_linear_silu(hb, w, b)
+            ops.amx_linear_update_(hb, self.w_last, self.b_last, st, s, steps.chi[k], lo, hi, d, k + 1 < n_steps)
+        st = st[:p]
+        if raw:
+            return st  # (P, n*D) float32
+        out = [st[:, :d].view(n_b, n_m, d)]  # float32 (B, M, D)
+        if steps.gaussian:
+            out.append((st[:, d:] * 2.0).view(n_b, n_m, d))
+        return out
+

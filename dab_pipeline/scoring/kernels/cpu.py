@@ -44,6 +44,7 @@ from ...model.costs import kl_diag_gaussian
 __all__ = [
     "Kernels",
     "get_kernels",
+    "amx_ops",
     "eager_kernels",
     "kernel_cache_dir",
     "silu_bf16_eager",
@@ -54,6 +55,7 @@ __all__ = [
 ]
 
 SOURCE = Path(__file__).parent / "csrc" / "dab_cpu.cpp"
+AMX_SOURCE = Path(__file__).parent / "csrc" / "dab_amx.cpp"  # the bridge's products on AMX (same build)
 _ENV_SWITCH = "DAB_CPU_KERNELS"
 
 
@@ -201,7 +203,7 @@ def _cpu_signature() -> str:
 
 def build_key() -> str:
     h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(compile_flags()).encode(), torch.__version__.encode(),
+    for part in (SOURCE.read_bytes(), AMX_SOURCE.read_bytes(), " ".join(compile_flags()).encode(), torch.__version__.encode(),
                  sys.version.encode(), _cpu_signature().encode()):
         h.update(part)
         h.update(b"\0")
@@ -232,6 +234,20 @@ def get_kernels(build: bool = True) -> Kernels:
                 _cached = kernels
             return kernels
         return _cached
+
+
+def amx_ops():
+    """``torch.ops.dab_amx`` (the bridge's products on AMX tiles, ``csrc/dab_amx.cpp``) where the compiled
+    kernels were built with AMX and this process may use its tiles; else None.  ``DAB_AMX=0`` turns it off."""
+    if os.environ.get("DAB_AMX", "auto").strip().lower() in ("0", "off", "false", "no"):
+        return None
+    if not get_kernels().fused:
+        return None
+    try:
+        ops = torch.ops.dab_amx
+        return ops if ops.amx_available() else None
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def _compiled() -> Kernels:
@@ -274,7 +290,8 @@ def _load(build: bool) -> Kernels:
     folder.mkdir(parents=True, exist_ok=True)
     try:
         # cpp_extension locks the folder while it builds, so concurrent ranks build once
-        cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=compile_flags(), extra_ldflags=["-fopenmp"],
+        cpp_extension.load(name=name, sources=[str(SOURCE), str(AMX_SOURCE)], extra_cflags=compile_flags(),
+                           extra_ldflags=["-fopenmp"],
                            build_directory=str(folder), is_python_module=False, verbose=False)
     except Exception as exc:  # noqa: BLE001 - any build failure falls back to the eager kernels
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]

@@ -1,0 +1,366 @@
+// The bf16 bridge's products on AMX tiles with the elementwise work in their epilogues
+// (dab_pipeline/scoring/kernels/cpu.py loads it with dab_cpu.cpp; engines/trajectory.py runs it).
+//
+// With oneDNN's products the passes between them (SiLU, the state update) read their
+// 1,369 x 1,024 blocks back from L3; here each 32 x 32 output block is finished while it is in
+// L1: bias (+ the pair's target block) + SiLU, or the bridge's state update.  Activations
+// that feed a next product are written in a tile-blocked layout, (P/16, K/32, 16, 32) with
+// every 16 x 32 tile contiguous, so the next product loads each A tile as one 1 KB run.
+// Weights are packed once into VNNI tiles.  Each thread takes a range of 32-row blocks; for
+// each 32-column panel of the weights it runs K in chunks of 8 tiles (the panel's chunk, 16 KB,
+// stays in L1 while the rows stream from L2), accumulators parked in a per-thread buffer
+// between chunks.  Rows are padded to a multiple of 32 (the padding is computed, never read
+// back); K and N must be multiples of 32.  Built only where the compiler targets AMX
+// (-march=native on such a CPU); elsewhere amx_available() is false and the oneDNN path runs.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#define DAB_AMX 1
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#else
+#define DAB_AMX 0
+#endif
+
+namespace {
+
+#if DAB_AMX
+inline __m512 bf16_to_ps(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+inline __m512 load_bf16(const uint16_t* p) { return bf16_to_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline void store_bf16(uint16_t* p, __m512 v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
+}
+
+// 2^t and SiLU as in dab_cpu.cpp (results rounded to bf16); exp_f32 as its exp_poly, vectorised
+// (float32 results: the state's sigma is bf16, but see update below).
+inline __m512 exp2_ps(__m512 t) {
+  const __m512 k = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, k);
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(9.5828531440e-03f), f, _mm512_set1_ps(5.5906426730e-02f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4024098623e-01f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9312419315e-01f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, k);
+}
+inline __m512 silu_ps(__m512 v) {
+  const __m512 e = exp2_ps(_mm512_max_ps(_mm512_mul_ps(v, _mm512_set1_ps(-1.44269504088896341f)),
+                                         _mm512_set1_ps(-150.0f)));
+  return _mm512_mul_ps(v, _mm512_rcp14_ps(_mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+}
+inline __m512 clamp_ps(__m512 v, __m512 lo, __m512 hi) {
+  const __m512 c = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
+  return _mm512_mask_mov_ps(c, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), v);  // NaN stays NaN
+}
+
+struct TileConfig {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+bool request_amx() {  // Linux: the process asks once for the AMX tile state (oneDNN does the same)
+  static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  return ok;
+}
+
+void load_tile_config() {  // 0-3: 16 x 16 float32 results; 4-5: 16 x 32 bf16 rows; 6-7: VNNI pairs
+  TileConfig c;
+  std::memset(&c, 0, sizeof c);
+  c.palette = 1;
+  for (int t = 0; t < 8; ++t) {
+    c.rows[t] = 16;
+    c.colsb[t] = 64;
+  }
+  _tile_loadconfig(&c);
+}
+
+enum class Epilogue { kSilu, kSiluTarget, kUpdate };
+
+struct GemmArgs {
+  const uint16_t* a;  // blocked (Pp/16, K/32, 16, 32)
+  const uint16_t* w;  // packed (N/16, K/32, 16, 32)
+  const float* bias;  // (N,)
+  int64_t pp, k, n;
+  // kSilu / kSiluTarget: out blocked (Pp/16, N/32, 16, 32); target (P, N) bf16 row-major, rows >= p read as 0
+  uint16_t* out;
+  const uint16_t* target;
+  int64_t p, ld_target;
+  // kUpdate: st (Pp, N) float32 -= chi * (a @ w^T + bias); columns >= d are logvar / 2, clamped to
+  // [lo, hi]; with write_s, s (blocked, like out) <- bf16([mu, exp(logvar / 2)])
+  float* st;
+  int64_t d;
+  float chi, lo, hi;
+  bool write_s;
+};
+
+inline int64_t st_offset(const GemmArgs& g, int64_t row, int64_t c0) { return row * g.n + c0; }
+
+// Rows [rb, re) of a finished 32 x 32 block (rows r0.., columns c0..) of v = acc + bias, in buf
+// (32 x 32 float32).
+template <Epilogue E>
+void finish_rows(const GemmArgs& g, const float* buf, int64_t r0, int64_t c0, int rb, int re) {
+  const __m512 b0 = _mm512_loadu_ps(g.bias + c0), b1 = _mm512_loadu_ps(g.bias + c0 + 16);
+  // blocked destination: tiles [r0/16 + h][c0/32], row (r % 16), 32 values
+  const int64_t tiles_k = g.n / 32;
+  for (int r = rb; r < re; ++r) {
+    const int64_t row = r0 + r;
+    uint16_t* dst = g.out;
+    __m512 v0 = _mm512_add_ps(_mm512_load_ps(buf + r * 32), b0);
+    __m512 v1 = _mm512_add_ps(_mm512_load_ps(buf + r * 32 + 16), b1);
+    const int64_t off = ((row / 16) * tiles_k + c0 / 32) * 512 + (row % 16) * 32;
+    if constexpr (E == Epilogue::kUpdate) {
+      float* srow = g.st + st_offset(g, row, c0);
+      const __m512 chi = _mm512_set1_ps(g.chi);
+      // the drift is rounded to bf16 first, as the product's bf16 output in the oneDNN path
+      v0 = bf16_to_ps((__m256i)_mm512_cvtneps_pbh(v0));
+      v1 = bf16_to_ps((__m256i)_mm512_cvtneps_pbh(v1));
+      __m512 s0 = _mm512_fnmadd_ps(chi, v0, _mm512_loadu_ps(srow));
+      __m512 s1 = _mm512_fnmadd_ps(chi, v1, _mm512_loadu_ps(srow + 16));
+      const bool logvar = c0 >= g.d;  // d is a multiple of 32: a block is all mu or all logvar / 2
+      if (logvar) {
+        const __m512 lo = _mm512_set1_ps(g.lo), hi = _mm512_set1_ps(g.hi);
+        s0 = clamp_ps(s0, lo, hi);
+        s1 = clamp_ps(s1, lo, hi);
+      }
+      _mm512_storeu_ps(srow, s0);
+      _mm512_storeu_ps(srow + 16, s1);
+      if (g.write_s) {
+        const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
+        const __m512 o0 = logvar ? exp2_ps(_mm512_mul_ps(s0, log2e)) : s0;
+        const __m512 o1 = logvar ? exp2_ps(_mm512_mul_ps(s1, log2e)) : s1;
+        _mm512_storeu_si512(g.out + off, (__m512i)_mm512_cvtne2ps_pbh(o1, o0));
+      }
+    } else {
+      if constexpr (E == Epilogue::kSiluTarget) {
+        if (row < g.p) {
+          const uint16_t* t = g.target + row * g.ld_target + c0;
+          // the pre-activation in bf16 (the product's output), plus the target, rounded again
+          v0 = bf16_to_ps((__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(v0, load_bf16(t))));
+          v1 = bf16_to_ps((__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(v1, load_bf16(t + 16))));
+        }
+      } else {
+        v0 = bf16_to_ps((__m256i)_mm512_cvtneps_pbh(v0));
+        v1 = bf16_to_ps((__m256i)_mm512_cvtneps_pbh(v1));
+      }
+      _mm512_storeu_si512(dst + off, (__m512i)_mm512_cvtne2ps_pbh(silu_ps(v1), silu_ps(v0)));
+    }
+  }
+}
+
+// Rows [rb, rb + n) of the epilogue's row-major inputs for block (r0, c0) towards L2 while its
+// products run: the float32 state (update) or the target block (first layer), 32 columns a row.
+template <Epilogue E>
+inline void prefetch_inputs(const GemmArgs& g, int64_t r0, int64_t c0, int rb, int n) {
+  for (int r = rb; r < std::min(32, rb + n); ++r) {
+    if constexpr (E == Epilogue::kUpdate) {
+      const char* p = reinterpret_cast<const char*>(g.st + st_offset(g, r0 + r, c0));
+      _mm_prefetch(p, _MM_HINT_T1);
+      _mm_prefetch(p + 64, _MM_HINT_T1);
+    } else if constexpr (E == Epilogue::kSiluTarget) {
+      if (r0 + r < g.p) _mm_prefetch(reinterpret_cast<const char*>(g.target + (r0 + r) * g.ld_target + c0), _MM_HINT_T1);
+    }
+  }
+}
+
+// A finished block waiting for its epilogue, which runs a few rows at a time between the next
+// block's tile products, so that the vector work overlaps the AMX unit's instead of following it.
+struct Pending {
+  float* buf = nullptr;
+  int64_t r0 = 0, c0 = 0;
+  int done = 32;  // rows finished; 32: nothing pending
+};
+
+template <Epilogue E>
+void gemm(const GemmArgs& g) {
+  const int64_t kt_n = g.k / 32;
+  constexpr int64_t kChunk = 8;  // k-tiles a pass: a 16 KB chunk of a weight panel, reused from L1
+  constexpr int64_t kGroup = 8;  // 32-row blocks a group: 256 rows, 512 KB of A at K = 1,024
+  at::parallel_for(0, g.pp / 32, 1, [&](int64_t mb0, int64_t mb1) {
+    load_tile_config();
+    alignas(64) float bufs[2][32 * 32];
+    int next_buf = 0;
+    Pending pend;
+    auto finish_some = [&](int rows) {
+      if (pend.done >= 32) return;
+      const int re = std::min(32, pend.done + rows);
+      finish_rows<E>(g, pend.buf, pend.r0, pend.c0, pend.done, re);
+      pend.done = re;
+    };
+    alignas(64) float acc[kGroup * 1024];
+    for (int64_t g0 = mb0; g0 < mb1; g0 += kGroup) {  // a group's rows stay in L2 while all the weights pass
+    const int64_t g1 = std::min(mb1, g0 + kGroup);
+    for (int64_t nb = 0; nb < g.n / 32; ++nb) {
+      const uint16_t* w0 = g.w + (2 * nb) * kt_n * 512;
+      const uint16_t* w1 = w0 + kt_n * 512;
+      for (int64_t k0 = 0; k0 < kt_n; k0 += kChunk) {
+        const int64_t k1 = std::min(kt_n, k0 + kChunk);
+        const bool last = k1 == kt_n;
+        const int rows_per_kt = int((32 + (k1 - k0) - 1) / (k1 - k0));
+        for (int64_t mb = g0; mb < g1; ++mb) {
+          const uint16_t* a0 = g.a + (2 * mb) * kt_n * 512;
+          const uint16_t* a1 = a0 + kt_n * 512;
+          float* c = acc + (mb - g0) * 1024;
+          if (k0 == 0) {
+            _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+          } else {
+            _tile_loadd(0, c, 64); _tile_loadd(1, c + 256, 64); _tile_loadd(2, c + 512, 64); _tile_loadd(3, c + 768, 64);
+          }
+          for (int64_t kt = k0; kt < k1; ++kt) {
+            _tile_loadd(4, a0 + kt * 512, 64);
+            _tile_loadd(5, a1 + kt * 512, 64);
+            _tile_loadd(6, w0 + kt * 512, 64);
+            _tile_loadd(7, w1 + kt * 512, 64);
+            _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+            finish_some(rows_per_kt);  // the previous block's epilogue, while these products run
+            if (last) prefetch_inputs<E>(g, mb * 32, nb * 32, int(kt - k0) * rows_per_kt, rows_per_kt);
+          }
+          if (!last) {
+            _tile_stored(0, c, 64); _tile_stored(1, c + 256, 64); _tile_stored(2, c + 512, 64); _tile_stored(3, c + 768, 64);
+            continue;
+          }
+          finish_some(32);
+          float* buf = bufs[next_buf];
+          next_buf ^= 1;
+          _tile_stored(0, buf, 128); _tile_stored(1, buf + 16, 128);
+          _tile_stored(2, buf + 512, 128); _tile_stored(3, buf + 528, 128);
+          pend = Pending{buf, mb * 32, nb * 32, 0};
+        }
+      }
+    }
+    }
+    finish_some(32);
+    _tile_release();
+  });
+}
+#endif  // DAB_AMX
+
+void check_blocked(const at::Tensor& t, const char* name, int64_t tiles_m, int64_t tiles_k) {
+  TORCH_CHECK(t.scalar_type() == at::kBFloat16 && t.is_contiguous() && t.dim() == 4 && t.size(0) == tiles_m &&
+                  t.size(1) == tiles_k && t.size(2) == 16 && t.size(3) == 32,
+              name, " must be contiguous bf16 (", tiles_m, ", ", tiles_k, ", 16, 32)");
+}
+
+bool amx_available() {
+#if DAB_AMX
+  return request_amx();
+#else
+  return false;
+#endif
+}
+
+// w (N, K) bf16 -> (N/16, K/32, 16, 32): tile [nt][kt] row r holds, for n = nt*16 + c, the pair
+// (w[n][kt*32 + 2r], w[n][kt*32 + 2r + 1]) at columns 2c, 2c + 1 (the VNNI layout of a B tile).
+at::Tensor amx_pack_weight(const at::Tensor& w) {
+  const int64_t n = w.size(0), k = w.size(1);
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kBFloat16 && n % 32 == 0 && k % 32 == 0,
+              "w must be bf16 (N, K) with N and K multiples of 32");
+  return w.contiguous().view({n / 16, 16, k / 32, 16, 2}).permute({0, 2, 3, 1, 4}).contiguous()
+      .view({n / 16, k / 32, 16, 32});
+}
+
+// x (P, K) bf16 row-major -> blocked (Pp/16, K/32, 16, 32), Pp = P rounded up to 32, padding rows 0.
+at::Tensor amx_block_rows(const at::Tensor& x) {
+  const int64_t p = x.size(0), k = x.size(1), pp = (p + 31) / 32 * 32;
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && k % 32 == 0, "x must be bf16 (P, K), K % 32 == 0");
+  at::Tensor padded = x;
+  if (pp != p) {
+    padded = at::zeros({pp, k}, x.options());
+    padded.narrow(0, 0, p).copy_(x);
+  }
+  return padded.contiguous().view({pp / 16, 16, k / 32, 32}).permute({0, 2, 1, 3}).contiguous();
+}
+
+// h <- silu(bf16(a @ w^T + bias) [+ target]) as a blocked (Pp/16, N/32, 16, 32) bf16 tensor.
+at::Tensor amx_linear_silu(const at::Tensor& a, const at::Tensor& w, const at::Tensor& bias,
+                           const c10::optional<at::Tensor>& target) {
+  TORCH_CHECK(amx_available(), "AMX is not available in this build or process");
+  const int64_t tiles_m = a.size(0), kt = a.size(1), n = w.size(0) * 16;
+  check_blocked(a, "a", tiles_m, kt);
+  TORCH_CHECK(tiles_m % 2 == 0 && w.size(1) == kt && w.is_contiguous() && bias.numel() == n &&
+                  bias.scalar_type() == at::kFloat && bias.is_contiguous() && n % 32 == 0, "shapes");
+  at::Tensor out = at::empty({tiles_m, n / 32, 16, 32}, a.options());
+#if DAB_AMX
+  GemmArgs g{};
+  g.a = reinterpret_cast<const uint16_t*>(a.data_ptr());
+  g.w = reinterpret_cast<const uint16_t*>(w.data_ptr());
+  g.bias = bias.data_ptr<float>();
+  g.pp = tiles_m * 16;
+  g.k = kt * 32;
+  g.n = n;
+  g.out = reinterpret_cast<uint16_t*>(out.data_ptr());
+  if (target.has_value()) {
+    const at::Tensor& t = *target;
+    TORCH_CHECK(t.dim() == 2 && t.scalar_type() == at::kBFloat16 && t.size(1) == n && t.stride(1) == 1 &&
+                    t.size(0) <= g.pp, "target must be bf16 (P, N) with unit inner stride");
+    g.target = reinterpret_cast<const uint16_t*>(t.data_ptr());
+    g.p = t.size(0);
+    g.ld_target = t.stride(0);
+    gemm<Epilogue::kSiluTarget>(g);
+  } else {
+    gemm<Epilogue::kSilu>(g);
+  }
+#endif
+  return out;
+}
+
+// st (Pp, N) float32 -= chi * bf16(a @ w^T + bias); columns >= d clamped to [lo, hi]; with
+// write_s, s (blocked (Pp/16, N/32, 16, 32) bf16) <- [mu, exp(st[:, d:])].
+void amx_linear_update_(const at::Tensor& a, const at::Tensor& w, const at::Tensor& bias, at::Tensor st,
+                        at::Tensor s, double chi, double lo, double hi, int64_t d, bool write_s) {
+  TORCH_CHECK(amx_available(), "AMX is not available in this build or process");
+  const int64_t tiles_m = a.size(0), kt = a.size(1), n = w.size(0) * 16;
+  check_blocked(a, "a", tiles_m, kt);
+  check_blocked(s, "s", tiles_m, n / 32);
+  TORCH_CHECK(tiles_m % 2 == 0 && w.size(1) == kt && w.is_contiguous() && bias.numel() == n &&
+                  bias.scalar_type() == at::kFloat && n % 32 == 0 && d % 32 == 0 && d > 0 && d <= n, "shapes");
+  TORCH_CHECK(st.scalar_type() == at::kFloat && st.is_contiguous() && st.size(0) == tiles_m * 16 && st.size(1) == n,
+              "st must be contiguous float32 (Pp, N)");
+#if DAB_AMX
+  GemmArgs g{};
+  g.a = reinterpret_cast<const uint16_t*>(a.data_ptr());
+  g.w = reinterpret_cast<const uint16_t*>(w.data_ptr());
+  g.bias = bias.data_ptr<float>();
+  g.pp = tiles_m * 16;
+  g.k = kt * 32;
+  g.n = n;
+  g.out = reinterpret_cast<uint16_t*>(s.data_ptr());
+  g.st = st.data_ptr<float>();
+  g.d = d;
+  g.chi = float(chi);
+  g.lo = float(lo);
+  g.hi = float(hi);
+  g.write_s = write_s;
+  gemm<Epilogue::kUpdate>(g);
+#endif
+}
+
+}  // namespace
+
+TORCH_LIBRARY(dab_amx, m) {
+  m.def("amx_available() -> bool", &amx_available);
+  m.def("amx_pack_weight(Tensor w) -> Tensor");
+  m.def("amx_block_rows(Tensor x) -> Tensor");
+  m.def("amx_linear_silu(Tensor a, Tensor w, Tensor bias, Tensor? target=None) -> Tensor");
+  m.def("amx_linear_update_(Tensor a, Tensor w, Tensor bias, Tensor(a!) st, Tensor(b!) s, float chi, float lo, "
+        "float hi, int d, bool write_s) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(dab_amx, CPU, m) {
+  m.impl("amx_pack_weight", &amx_pack_weight);
+  m.impl("amx_block_rows", &amx_block_rows);
+  m.impl("amx_linear_silu", &amx_linear_silu);
+  m.impl("amx_linear_update_", &amx_linear_update_);
+}

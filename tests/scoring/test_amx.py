@@ -1,0 +1,138 @@
+"""The bridge's products on AMX tiles (kernels/csrc/dab_amx.cpp) against plain products and the oneDNN path.
+
+Skipped where the CPU has no AMX-BF16 or the kernels could not be built (the CI log says which).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dab_pipeline.model import DABModel, ModelConfig
+from dab_pipeline.scoring import build_engine, score_all, score_all_reference
+from dab_pipeline.scoring.kernels.cpu import amx_ops, bridge_update_eager, get_kernels
+
+BF16_REL = 2 ** -8
+
+
+@pytest.fixture(scope="module")
+def ops():
+    k = get_kernels()
+    if not k.fused:
+        pytest.skip(f"compiled kernels unavailable here: {k.reason}")
+    found = amx_ops()
+    if found is None:
+        pytest.skip("no AMX-BF16 on this CPU (or DAB_AMX=0): the oneDNN path runs")
+    return found
+
+
+def bf16(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.bfloat16).float()
+
+
+def unblock(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """(Pp/16, K/32, 16, 32) -> (rows, K), the first ``rows`` rows."""
+    tm, tk = x.shape[:2]
+    return x.permute(0, 2, 1, 3).reshape(tm * 16, tk * 32)[:rows]
+
+
+def case(p: int, k: int, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(p, k, generator=gen)).to(torch.bfloat16)
+    w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(torch.bfloat16)
+    return x, w, torch.randn(n, generator=gen)
+
+
+def test_block_rows_pads_and_tiles(ops) -> None:
+    x = torch.arange(45 * 64, dtype=torch.float32).view(45, 64).to(torch.bfloat16)
+    xb = ops.amx_block_rows(x)
+    assert tuple(xb.shape) == (4, 2, 16, 32)  # 45 rows -> 64, in 16 x 32 tiles
+    assert torch.equal(xb[1, 1], x[16:32, 32:64])
+    assert torch.equal(unblock(xb, 45), x) and (unblock(xb, 64)[45:] == 0).all()
+
+
+@pytest.mark.parametrize("p,k,n", [(45, 96, 64), (32, 512, 288), (1, 32, 32)])  # padding, several k-chunks, one row
+@pytest.mark.parametrize("with_target", [False, True])
+def test_linear_silu_matches_a_plain_product(ops, p: int, k: int, n: int, with_target: bool) -> None:
+    x, w, bias = case(p, k, n)
+    target = (torch.randn(p, n) * 2).to(torch.bfloat16) if with_target else None
+    got = unblock(ops.amx_linear_silu(ops.amx_block_rows(x), ops.amx_pack_weight(w), bias, target), p).float()
+    pre = bf16(x.float() @ w.float().T + bias)  # the product's output in bf16, as the oneDNN path's
+    if target is not None:
+        pre = bf16(x.float() @ w.float().T + bias + target.float())  # one rounding with the target added
+    want = F.silu(pre)
+    err = (got - want).abs() / want.abs().clamp_min(1e-2)
+    assert err.max() <= 4 * BF16_REL  # f32 accumulation order and bf16 rounding of the pre-activation
+
+
+@pytest.mark.parametrize("write_s", [True, False])
+def test_linear_update_matches_the_update_spec(ops, write_s: bool) -> None:
+    p, d, hidden = 45, 64, 96
+    x, w, bias = case(p, hidden, 2 * d, seed=1)
+    pp = 64
+    gen = torch.Generator().manual_seed(2)
+    st0 = torch.randn(pp, 2 * d, generator=gen)
+    st0[p:] = 0.0
+    st, s = st0.clone(), torch.zeros(pp // 16, 2 * d // 32, 16, 32, dtype=torch.bfloat16)
+    ops.amx_linear_update_(ops.amx_block_rows(x), ops.amx_pack_weight(w), bias, st, s, 0.3, -1.5, 1.0, d, write_s)
+    delta = (x.float() @ w.float().T + bias).to(torch.bfloat16)
+    st_ref, s_ref = st0[:p].clone(), torch.zeros(p, 2 * d, dtype=torch.bfloat16)
+    bridge_update_eager(st_ref, delta, s_ref, 0.3, -1.5, 1.0, d, write_s)
+    # the product's f32 sums may round to a neighbouring bf16 delta: one step times chi
+    torch.testing.assert_close(st[:p], st_ref, rtol=0, atol=0.3 * delta.float().abs().max().item() * 2 * BF16_REL)
+    assert (st[:p, d:] >= -1.5).all() and (st[:p, d:] <= 1.0).all()
+    if write_s:
+        torch.testing.assert_close(unblock(s, p).float(), s_ref.float(), rtol=4 * BF16_REL, atol=1e-2)
+
+
+def test_nan_reaches_the_outputs(ops) -> None:
+    x, w, bias = case(40, 64, 64, seed=3)
+    x[3, 5] = float("nan")
+    h = unblock(ops.amx_linear_silu(ops.amx_block_rows(x), ops.amx_pack_weight(w), bias, None), 40).float()
+    assert torch.isnan(h[3]).all() and not torch.isnan(h[torch.arange(40) != 3]).any()
+    st, s = torch.zeros(64, 64), torch.zeros(4, 2, 16, 32, dtype=torch.bfloat16)
+    ops.amx_linear_update_(ops.amx_block_rows(x), ops.amx_pack_weight(w), bias, st, s, 0.5, -1.0, 1.0, 32, True)
+    assert torch.isnan(st[3]).all() and torch.isnan(unblock(s, 40)[3].float()).all()
+    assert not torch.isnan(st[:40][torch.arange(40) != 3]).any()
+
+
+def test_ops_reject_bad_shapes(ops) -> None:
+    x, w, bias = case(32, 64, 64)
+    with pytest.raises(RuntimeError, match="multiples of 32"):
+        ops.amx_pack_weight(torch.zeros(48, 64, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="st must be"):
+        ops.amx_linear_update_(ops.amx_block_rows(x), ops.amx_pack_weight(w), bias, torch.zeros(31, 64),
+                               torch.zeros(2, 2, 16, 32, dtype=torch.bfloat16), 0.1, -1.0, 1.0, 32, True)
+
+
+@pytest.mark.parametrize("variant,steps", [("dab", 3), ("bridge", 2), ("dab", 1)])
+def test_engine_on_amx_agrees_with_the_onednn_path(ops, variant: str, steps: int,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    model = DABModel(ModelConfig(variant=variant, embed_dim=32, num_heads=2, drift_hidden=64, steps=steps)).eval()
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for prm in model.parameters():
+            prm.add_(torch.randn(prm.shape, generator=gen) * 0.05)
+    text, frames = torch.randn(13, 32, generator=gen), torch.randn(9, 6, 32, generator=gen)
+    mask = torch.ones(9, 6, dtype=torch.bool)
+    mask[1, 2:] = False
+    eng = build_engine(model, torch.device("cpu"), torch.bfloat16)
+    if eng.onednn is None:
+        pytest.skip("this torch build has no oneDNN bf16 linears")
+    assert eng.steps is not None and eng.steps.amx is not None
+    on_amx = score_all(model, text, frames, mask, dtype="bfloat16", memory_budget=1 << 16)
+    assert on_amx.info["products"] == "amx" and on_amx.info["sub_blocks"] > 1
+    short = score_all(model, text, frames, mask, dtype="bfloat16", shortlist=4)  # rows of a shortlist (keep)
+    monkeypatch.setenv("DAB_AMX", "0")
+    on_onednn = score_all(model, text, frames, mask, dtype="bfloat16", memory_budget=1 << 16)
+    assert on_onednn.info["products"] == "onednn"
+    ref = score_all_reference(model, text, frames, mask).cost
+    floor = 0.5 if variant == "bridge" else 1e-12
+    for res in (on_amx, on_onednn):
+        assert (np.abs(res.cost - ref) / np.maximum(np.abs(ref), floor)).max() < 2e-2
+    assert (np.abs(on_amx.cost - on_onednn.cost) / np.maximum(np.abs(ref), floor)).max() < 2e-2
+    kept = np.isfinite(short.cost)
+    np.testing.assert_allclose(short.cost[kept], on_amx.cost[kept], rtol=1e-5)
