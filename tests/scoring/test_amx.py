@@ -67,6 +67,15 @@ def test_linear_silu_matches_a_plain_product(ops, p: int, k: int, n: int, with_t
     assert err.max() <= 4 * BF16_REL  # f32 accumulation order and bf16 rounding of the pre-activation
 
 
+def test_linear_add_adds_into_the_target_in_place(ops) -> None:
+    x, w, _ = case(45, 64, 96, seed=5)
+    target = (torch.randn(45, 96) * 3).to(torch.bfloat16)
+    want = bf16(target.float() + x.float() @ w.float().T)  # one rounding of the sum
+    ops.amx_linear_add_(ops.amx_block_rows(x), ops.amx_pack_weight(w), target)
+    err = (target.float() - want).abs() / want.abs().clamp_min(1e-2)
+    assert err.max() <= 2 * BF16_REL
+
+
 @pytest.mark.parametrize("write_s", [True, False])
 def test_linear_update_matches_the_update_spec(ops, write_s: bool) -> None:
     p, d, hidden = 45, 64, 96

@@ -55,7 +55,9 @@ class DABEngine(GaussianEngine):
         if sigma_v is None:
             sigma_v = torch.exp(0.5 * lv_v).reshape(-1, self.d).to(self.mm_dtype)  # (P, D)
         onednn = self.steps.onednn
-        if onednn is not None:
+        if self.steps.amx is not None:  # + sigma_v block, in place in the product's epilogue
+            self.steps.amx.add_to_target(0, sigma_v, target.view(-1, target.shape[-1]))
+        elif onednn is not None:
             shape = target.shape
             target = onednn.add(sigma_v, target.reshape(-1, shape[-1]), -1).view(shape)  # + sigma_v block
         else:

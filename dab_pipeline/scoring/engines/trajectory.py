@@ -65,7 +65,8 @@ class BridgeSteps:
             if self.onednn is not None:
                 self.kernels = get_kernels()
                 self.amx = AmxBridge.pack(self, w_state, [f32(m.weight) for m in lins[1:-1]],
-                                          [f32(m.bias) for m in lins[1:-1]], w_last, b_last)
+                                          [f32(m.bias) for m in lins[1:-1]], w_last, b_last,
+                                          [w for w, _ in extra_linears])
 
     @staticmethod
     def video_block(bridge, f32) -> Tensor:
@@ -217,9 +218,10 @@ class AmxBridge:
     """
 
     def __init__(self, ops, w_state: Tensor, mids: list[Tensor], mid_biases: list[Tensor], w_last: Tensor,
-                 b_last: Tensor) -> None:
+                 b_last: Tensor, extras: list[Tensor] = ()) -> None:
         self.ops = ops
         pack = ops.amx_pack_weight
+        self.extras = [pack(w.to(torch.bfloat16)) for w in extras]  # (H, .) blocks added to the target (DAB: sigma_v's)
         self.w_state = pack(w_state.to(torch.bfloat16))  # (H, n*D) -> tiles
         self.mids = [pack(w.to(torch.bfloat16)) for w in mids]  # (H, H) each
         self.mid_biases = [b.float().contiguous() for b in mid_biases]
@@ -228,13 +230,17 @@ class AmxBridge:
 
     @staticmethod
     def pack(steps: BridgeSteps, w_state: Tensor, mids: list[Tensor], mid_biases: list[Tensor], w_last: Tensor,
-             b_last: Tensor) -> Optional["AmxBridge"]:
+             b_last: Tensor, extras: list[Tensor] = ()) -> Optional["AmxBridge"]:
         """The packed weights, or None where AMX is unavailable or a width is not a multiple of 32."""
         ops = amx_ops()
-        widths = [steps.d, w_state.shape[0], w_state.shape[1]]
+        widths = [steps.d, w_state.shape[0], w_state.shape[1]] + [x for w in extras for x in w.shape]
         if ops is None or any(x % 32 for x in widths):
             return None
-        return AmxBridge(ops, w_state, mids, mid_biases, w_last, b_last)
+        return AmxBridge(ops, w_state, mids, mid_biases, w_last, b_last, extras)
+
+    def add_to_target(self, i: int, x: Tensor, target: Tensor) -> None:
+        """target (P, H) bf16 += x (P, K) bf16 @ the i-th extra block^T, in place (one rounding)."""
+        self.ops.amx_linear_add_(self.ops.amx_block_rows(x), self.extras[i], target)
 
     def run(self, steps: BridgeSteps, state: list[Tensor], target: Tensor, first: Tensor, raw: bool
             ) -> list[Tensor] | Tensor:

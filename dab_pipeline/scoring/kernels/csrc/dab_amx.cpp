@@ -86,7 +86,7 @@ void load_tile_config() {  // 0-3: 16 x 16 float32 results; 4-5: 16 x 32 bf16 ro
   _tile_loadconfig(&c);
 }
 
-enum class Epilogue { kSilu, kSiluTarget, kUpdate };
+enum class Epilogue { kSilu, kSiluTarget, kUpdate, kAddTo };
 
 struct GemmArgs {
   const uint16_t* a;  // blocked (Pp/16, K/32, 16, 32)
@@ -94,6 +94,7 @@ struct GemmArgs {
   const float* bias;  // (N,)
   int64_t pp, k, n;
   // kSilu / kSiluTarget: out blocked (Pp/16, N/32, 16, 32); target (P, N) bf16 row-major, rows >= p read as 0
+  // kAddTo: target (rows < p) <- bf16(target + a @ w^T + bias), in place, row-major
   uint16_t* out;
   const uint16_t* target;
   int64_t p, ld_target;
@@ -120,7 +121,14 @@ void finish_rows(const GemmArgs& g, const float* buf, int64_t r0, int64_t c0, in
     __m512 v0 = _mm512_add_ps(_mm512_load_ps(buf + r * 32), b0);
     __m512 v1 = _mm512_add_ps(_mm512_load_ps(buf + r * 32 + 16), b1);
     const int64_t off = ((row / 16) * tiles_k + c0 / 32) * 512 + (row % 16) * 32;
-    if constexpr (E == Epilogue::kUpdate) {
+    if constexpr (E == Epilogue::kAddTo) {
+      if (row < g.p) {
+        uint16_t* t = const_cast<uint16_t*>(g.target) + row * g.ld_target + c0;
+        v0 = _mm512_add_ps(v0, load_bf16(t));
+        v1 = _mm512_add_ps(v1, load_bf16(t + 16));
+        _mm512_storeu_si512(t, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
+      }
+    } else if constexpr (E == Epilogue::kUpdate) {
       float* srow = g.st + st_offset(g, row, c0);
       const __m512 chi = _mm512_set1_ps(g.chi);
       // the drift is rounded to bf16 first, as the product's bf16 output in the oneDNN path
@@ -168,7 +176,7 @@ inline void prefetch_inputs(const GemmArgs& g, int64_t r0, int64_t c0, int rb, i
       const char* p = reinterpret_cast<const char*>(g.st + st_offset(g, r0 + r, c0));
       _mm_prefetch(p, _MM_HINT_T1);
       _mm_prefetch(p + 64, _MM_HINT_T1);
-    } else if constexpr (E == Epilogue::kSiluTarget) {
+    } else if constexpr (E == Epilogue::kSiluTarget || E == Epilogue::kAddTo) {
       if (r0 + r < g.p) _mm_prefetch(reinterpret_cast<const char*>(g.target + (r0 + r) * g.ld_target + c0), _MM_HINT_T1);
     }
   }
@@ -316,6 +324,32 @@ at::Tensor amx_linear_silu(const at::Tensor& a, const at::Tensor& w, const at::T
   return out;
 }
 
+// target (P, N) bf16 <- bf16(target + a @ w^T), in place: a block of the bridge's first layer that a
+// pair adds to its target (the sigma_v block of DAB).
+void amx_linear_add_(const at::Tensor& a, const at::Tensor& w, at::Tensor target) {
+  TORCH_CHECK(amx_available(), "AMX is not available in this build or process");
+  const int64_t tiles_m = a.size(0), kt = a.size(1), n = w.size(0) * 16;
+  check_blocked(a, "a", tiles_m, kt);
+  TORCH_CHECK(tiles_m % 2 == 0 && w.size(1) == kt && w.is_contiguous() && n % 32 == 0, "shapes");
+  TORCH_CHECK(target.dim() == 2 && target.scalar_type() == at::kBFloat16 && target.size(1) == n &&
+                  target.stride(1) == 1 && target.size(0) <= tiles_m * 16,
+              "target must be bf16 (P, N) with unit inner stride");
+#if DAB_AMX
+  const at::Tensor zero = at::zeros({n}, target.options().dtype(at::kFloat));
+  GemmArgs g{};
+  g.a = reinterpret_cast<const uint16_t*>(a.data_ptr());
+  g.w = reinterpret_cast<const uint16_t*>(w.data_ptr());
+  g.bias = zero.data_ptr<float>();
+  g.pp = tiles_m * 16;
+  g.k = kt * 32;
+  g.n = n;
+  g.target = reinterpret_cast<const uint16_t*>(target.data_ptr());
+  g.p = target.size(0);
+  g.ld_target = target.stride(0);
+  gemm<Epilogue::kAddTo>(g);
+#endif
+}
+
 // st (Pp, N) float32 -= chi * bf16(a @ w^T + bias); columns >= d clamped to [lo, hi]; with
 // write_s, s (blocked (Pp/16, N/32, 16, 32) bf16) <- [mu, exp(st[:, d:])].
 void amx_linear_update_(const at::Tensor& a, const at::Tensor& w, const at::Tensor& bias, at::Tensor st,
@@ -354,6 +388,7 @@ TORCH_LIBRARY(dab_amx, m) {
   m.def("amx_pack_weight(Tensor w) -> Tensor");
   m.def("amx_block_rows(Tensor x) -> Tensor");
   m.def("amx_linear_silu(Tensor a, Tensor w, Tensor bias, Tensor? target=None) -> Tensor");
+  m.def("amx_linear_add_(Tensor a, Tensor w, Tensor(a!) target) -> ()");
   m.def("amx_linear_update_(Tensor a, Tensor w, Tensor bias, Tensor(a!) st, Tensor(b!) s, float chi, float lo, "
         "float hi, int d, bool write_s) -> ()");
 }
@@ -362,5 +397,6 @@ TORCH_LIBRARY_IMPL(dab_amx, CPU, m) {
   m.impl("amx_pack_weight", &amx_pack_weight);
   m.impl("amx_block_rows", &amx_block_rows);
   m.impl("amx_linear_silu", &amx_linear_silu);
+  m.impl("amx_linear_add_", &amx_linear_add_);
   m.impl("amx_linear_update_", &amx_linear_update_);
 }
