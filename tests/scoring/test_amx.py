@@ -67,6 +67,19 @@ def test_linear_silu_matches_a_plain_product(ops, p: int, k: int, n: int, with_t
     assert err.max() <= 4 * BF16_REL  # f32 accumulation order and bf16 rounding of the pre-activation
 
 
+@pytest.mark.parametrize("mb", [1, 5, 45])
+def test_add_silu_blocked_matches_the_row_major_kernel(ops, mb: int) -> None:
+    gen = torch.Generator().manual_seed(7)
+    a = (torch.randn(45, 64, generator=gen) * 4).to(torch.bfloat16)
+    b = torch.randn(mb, 64, generator=gen) * 4
+    want = torch.empty(45, 64, dtype=torch.bfloat16)
+    get_kernels().add_silu_bf16_(want, a, b)
+    got = ops.amx_add_silu_blocked(a, b)
+    assert tuple(got.shape) == (4, 2, 16, 32)
+    torch.testing.assert_close(unblock(got, 45), want, rtol=0, atol=0)  # the same vector code: bit for bit
+    assert (unblock(got, 64)[45:] == 0).all()
+
+
 def test_linear_add_adds_into_the_target_in_place(ops) -> None:
     x, w, _ = case(45, 64, 96, seed=5)
     target = (torch.randn(45, 96) * 3).to(torch.bfloat16)

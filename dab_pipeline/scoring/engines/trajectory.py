@@ -245,8 +245,7 @@ class AmxBridge:
     def run(self, steps: BridgeSteps, state: list[Tensor], target: Tensor, first: Tensor, raw: bool
             ) -> list[Tensor] | Tensor:
         """:meth:`BridgeSteps.run_onednn` on AMX; rows are padded to a multiple of 32 (never read back)."""
-        assert steps.kernels is not None
-        ops, kern = self.ops, steps.kernels
+        ops = self.ops
         n_b, n_m, hidden = target.shape
         d, p = steps.d, n_b * n_m
         width = 2 * d if steps.gaussian else d
@@ -258,9 +257,7 @@ class AmxBridge:
         if steps.gaussian:
             torch.mul(state[1].expand(n_b, n_m, d), 0.5, out=st[:p, d:].view(n_b, n_m, d))
         first_rows = first[0] if first.shape[0] == 1 else first.expand(n_b, n_m, hidden).reshape(p, hidden)
-        h = torch.empty(p, hidden, dtype=torch.bfloat16)  # (P, H)
-        kern.add_silu_bf16_(h, target, first_rows.float().contiguous())  # the first step: silu(target + first)
-        hb = ops.amx_block_rows(h)  # (Pp/16, H/32, 16, 32)
+        hb = ops.amx_add_silu_blocked(target, first_rows.float().contiguous())  # the first step: silu(target + first)
         s = torch.empty(pp // 16, width // 32, 16, 32, dtype=torch.bfloat16)  # the next step's [mu, sigma] | [x]
         lo, hi = 0.5 * steps.lo, 0.5 * steps.hi
         n_steps = len(steps.chi)

@@ -324,6 +324,42 @@ at::Tensor amx_linear_silu(const at::Tensor& a, const at::Tensor& w, const at::T
   return out;
 }
 
+// The bridge's first step straight into the tile-blocked layout: row r < P of the result is
+// silu(bf16(a[r] + b[r % Mb])) (a (P, H) bf16, b (Mb, H) float32, as add_silu_bf16_), rows P..Pp-1
+// are 0; (Pp/16, H/32, 16, 32) with Pp = P rounded up to 32.
+at::Tensor amx_add_silu_blocked(const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.dim() == 2 && a.scalar_type() == at::kBFloat16 && a.stride(1) == 1, "a must be bf16 (P, H)");
+  TORCH_CHECK(b.dim() == 2 && b.scalar_type() == at::kFloat && b.stride(1) == 1 && b.size(1) == a.size(1) &&
+                  b.size(0) > 0, "b must be float32 (Mb, H)");
+  const int64_t p = a.size(0), h = a.size(1), pp = (p + 31) / 32 * 32, mb = b.size(0);
+  TORCH_CHECK(h % 32 == 0, "H must be a multiple of 32");
+  at::Tensor out = at::empty({pp / 16, h / 32, 16, 32}, a.options());
+#if DAB_AMX
+  const uint16_t* ap = reinterpret_cast<const uint16_t*>(a.data_ptr());
+  const float* bp = b.data_ptr<float>();
+  uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr());
+  const int64_t lda = a.stride(0), ldb = b.stride(0), tiles_k = h / 32;
+  at::parallel_for(0, pp, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t kt = 0; kt < tiles_k; ++kt) {
+        uint16_t* dst = op + ((r / 16) * tiles_k + kt) * 512 + (r % 16) * 32;
+        if (r >= p) {
+          std::memset(dst, 0, 64);
+          continue;
+        }
+        const uint16_t* x = ap + r * lda + kt * 32;
+        const float* y = bp + (r % mb) * ldb + kt * 32;
+        const __m512 v0 = bf16_to_ps((__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(load_bf16(x), _mm512_loadu_ps(y))));
+        const __m512 v1 = bf16_to_ps((__m256i)_mm512_cvtneps_pbh(
+            _mm512_add_ps(load_bf16(x + 16), _mm512_loadu_ps(y + 16))));
+        _mm512_storeu_si512(dst, (__m512i)_mm512_cvtne2ps_pbh(silu_ps(v1), silu_ps(v0)));
+      }
+    }
+  });
+#endif
+  return out;
+}
+
 // target (P, N) bf16 <- bf16(target + a @ w^T), in place: a block of the bridge's first layer that a
 // pair adds to its target (the sigma_v block of DAB).
 void amx_linear_add_(const at::Tensor& a, const at::Tensor& w, at::Tensor target) {
@@ -388,6 +424,7 @@ TORCH_LIBRARY(dab_amx, m) {
   m.def("amx_pack_weight(Tensor w) -> Tensor");
   m.def("amx_block_rows(Tensor x) -> Tensor");
   m.def("amx_linear_silu(Tensor a, Tensor w, Tensor bias, Tensor? target=None) -> Tensor");
+  m.def("amx_add_silu_blocked(Tensor a, Tensor b) -> Tensor");
   m.def("amx_linear_add_(Tensor a, Tensor w, Tensor(a!) target) -> ()");
   m.def("amx_linear_update_(Tensor a, Tensor w, Tensor bias, Tensor(a!) st, Tensor(b!) s, float chi, float lo, "
         "float hi, int d, bool write_s) -> ()");
@@ -397,6 +434,7 @@ TORCH_LIBRARY_IMPL(dab_amx, CPU, m) {
   m.impl("amx_pack_weight", &amx_pack_weight);
   m.impl("amx_block_rows", &amx_block_rows);
   m.impl("amx_linear_silu", &amx_linear_silu);
+  m.impl("amx_add_silu_blocked", &amx_add_silu_blocked);
   m.impl("amx_linear_add_", &amx_linear_add_);
   m.impl("amx_linear_update_", &amx_linear_update_);
 }
