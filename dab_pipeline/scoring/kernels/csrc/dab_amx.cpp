@@ -339,9 +339,10 @@ at::Tensor amx_add_silu_blocked(const at::Tensor& a, const at::Tensor& b) {
   const float* bp = b.data_ptr<float>();
   uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr());
   const int64_t lda = a.stride(0), ldb = b.stride(0), tiles_k = h / 32;
-  at::parallel_for(0, pp, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      for (int64_t kt = 0; kt < tiles_k; ++kt) {
+  at::parallel_for(0, pp / 16, 1, [&](int64_t t0, int64_t t1) {  // 16-row tiles: each written as whole KBs
+    for (int64_t kt_r = t0 * tiles_k; kt_r < t1 * tiles_k; ++kt_r)
+      for (int64_t r = (kt_r / tiles_k) * 16; r < (kt_r / tiles_k) * 16 + 16; ++r) {
+        const int64_t kt = kt_r % tiles_k;
         uint16_t* dst = op + ((r / 16) * tiles_k + kt) * 512 + (r % 16) * 32;
         if (r >= p) {
           std::memset(dst, 0, 64);
@@ -354,7 +355,6 @@ at::Tensor amx_add_silu_blocked(const at::Tensor& a, const at::Tensor& b) {
             _mm512_add_ps(load_bf16(x + 16), _mm512_loadu_ps(y + 16))));
         _mm512_storeu_si512(dst, (__m512i)_mm512_cvtne2ps_pbh(silu_ps(v1), silu_ps(v0)));
       }
-    }
   });
 #endif
   return out;
