@@ -20,19 +20,11 @@ elsewhere.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
 from dab_pipeline.scoring.kernels.cpu import amx_ops, get_kernels
-
-
-def seconds(fn, n: int = 10) -> float:
-    fn()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    return (time.perf_counter() - t) / n
+from linear_rows import seconds  # benchmarks/ is on sys.path when this script runs
 
 
 def main() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Callable
 
 import torch
 
@@ -27,15 +28,17 @@ def packed_linear(rows: int) -> tuple:
     return torch.randn(rows, 1024).bfloat16(), w, torch.randn(1024).bfloat16()
 
 
-def seconds(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, n: int = 8) -> float:
-    def call() -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
-
-    call()
+def seconds(fn: Callable[[], object], n: int = 8) -> float:
+    """Mean seconds of ``n`` calls after one warm-up call (benchmarks/amx_gemm.py uses it too)."""
+    fn()
     t = time.perf_counter()
     for _ in range(n):
-        call()
+        fn()
     return (time.perf_counter() - t) / n
+
+
+def linear_call(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> Callable[[], torch.Tensor]:
+    return lambda: torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
 
 
 def main() -> None:
@@ -54,7 +57,7 @@ def main() -> None:
         best = {p: float("inf") for p in args.rows}
         for _ in range(args.rounds):
             for p, case in cases.items():
-                best[p] = min(best[p], seconds(*case))
+                best[p] = min(best[p], seconds(linear_call(*case)))
         print(f"{threads} thread{'s' if threads > 1 else ''}: "
               + "  ".join(f"{p}: {2 * p * 1024 * 1024 / best[p] / 1e9:,.0f}" for p in args.rows))
 

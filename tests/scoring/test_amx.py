@@ -80,13 +80,54 @@ def test_add_silu_blocked_matches_the_row_major_kernel(ops, mb: int) -> None:
     assert (unblock(got, 64)[45:] == 0).all()
 
 
+def rows_of(buf_rows: int, p: int, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A (p, n) bf16 target as the first rows of a (buf_rows, n) buffer whose other rows hold a sentinel."""
+    buf = torch.full((buf_rows, n), 7.0).to(torch.bfloat16)
+    buf[:p] = (torch.randn(p, n, generator=torch.Generator().manual_seed(seed)) * 3).to(torch.bfloat16)
+    return buf, buf[:p]
+
+
 def test_linear_add_adds_into_the_target_in_place(ops) -> None:
     x, w, _ = case(45, 64, 96, seed=5)
-    target = (torch.randn(45, 96) * 3).to(torch.bfloat16)
+    buf, target = rows_of(64, 45, 96, seed=6)
     want = bf16(target.float() + x.float() @ w.float().T)  # one rounding of the sum
     ops.amx_linear_add_(ops.amx_block_rows(x), ops.amx_pack_weight(w), target)
     err = (target.float() - want).abs() / want.abs().clamp_min(1e-2)
     assert err.max() <= 2 * BF16_REL
+    assert (buf[45:] == 7.0).all()  # the padding rows' results go nowhere
+
+
+def test_many_blocks_on_one_thread(ops) -> None:
+    # 600 rows = 19 blocks of 32 (3 groups of 8) on one thread: accumulators of several blocks, the
+    # epilogue handed from block to block and across groups, and K = 320: a chunk of 8 tiles, then one of 2
+    p, k, n, d = 600, 320, 96, 32
+    x, w, bias = case(p, k, n, seed=8)
+    xb, wp = ops.amx_block_rows(x), ops.amx_pack_weight(w)
+    prod = x.float() @ w.float().T
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        h = unblock(ops.amx_linear_silu(xb, wp, bias), p).float()
+        buf, target = rows_of(608, p, n, seed=9)
+        ht = unblock(ops.amx_linear_silu(xb, wp, bias, target), p).float()
+        added = target.clone()
+        ops.amx_linear_add_(xb, wp, added)
+        st0 = torch.randn(608, n, generator=torch.Generator().manual_seed(10))
+        st, s = st0.clone(), torch.zeros(608 // 16, n // 32, 16, 32, dtype=torch.bfloat16)
+        ops.amx_linear_update_(xb, wp, bias, st, s, 0.2, -1.0, 1.0, d, True)
+    finally:
+        torch.set_num_threads(threads)
+
+    def close(got: torch.Tensor, want: torch.Tensor, tol: float) -> None:
+        assert ((got - want).abs() / want.abs().clamp_min(1e-2)).max() <= tol
+
+    close(h, F.silu(bf16(prod + bias)), 4 * BF16_REL)
+    close(ht, F.silu(bf16(prod + bias + target.float())), 4 * BF16_REL)
+    close(added.float(), bf16(target.float() + prod), 2 * BF16_REL)
+    st_ref, s_ref = st0[:p].clone(), torch.zeros(p, n, dtype=torch.bfloat16)
+    bridge_update_eager(st_ref, (prod + bias).to(torch.bfloat16), s_ref, 0.2, -1.0, 1.0, d, True)
+    torch.testing.assert_close(st[:p], st_ref, rtol=0, atol=0.2 * (prod + bias).abs().max().item() * 2 * BF16_REL)
+    torch.testing.assert_close(unblock(s, p).float(), s_ref.float(), rtol=4 * BF16_REL, atol=1e-2)
 
 
 @pytest.mark.parametrize("write_s", [True, False])

@@ -36,6 +36,25 @@
 
 namespace {
 
+struct GemmArgs {
+  const uint16_t* a;  // blocked (Pp/16, K/32, 16, 32)
+  const uint16_t* w;  // packed (N/16, K/32, 16, 32)
+  const float* bias;  // (N,)
+  int64_t pp, k, n;
+  // kSilu / kSiluTarget: out blocked (Pp/16, N/32, 16, 32); target (P, N) bf16 row-major, not read for the
+  // padding rows (>= p), whose outputs are never read back
+  // kAddTo: target (rows < p) <- bf16(target + a @ w^T + bias), in place, row-major
+  uint16_t* out;
+  const uint16_t* target;
+  int64_t p, ld_target;
+  // kUpdate: st (Pp, N) float32 -= chi * (a @ w^T + bias); columns >= d are logvar / 2, clamped to
+  // [lo, hi]; with write_s, s (blocked, like out) <- bf16([mu, exp(logvar / 2)])
+  float* st;
+  int64_t d;
+  float chi, lo, hi;
+  bool write_s;
+};
+
 #if DAB_AMX
 inline __m512 bf16_to_ps(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
 inline __m512 load_bf16(const uint16_t* p) { return bf16_to_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
@@ -88,23 +107,6 @@ void load_tile_config() {  // 0-3: 16 x 16 float32 results; 4-5: 16 x 32 bf16 ro
 
 enum class Epilogue { kSilu, kSiluTarget, kUpdate, kAddTo };
 
-struct GemmArgs {
-  const uint16_t* a;  // blocked (Pp/16, K/32, 16, 32)
-  const uint16_t* w;  // packed (N/16, K/32, 16, 32)
-  const float* bias;  // (N,)
-  int64_t pp, k, n;
-  // kSilu / kSiluTarget: out blocked (Pp/16, N/32, 16, 32); target (P, N) bf16 row-major, rows >= p read as 0
-  // kAddTo: target (rows < p) <- bf16(target + a @ w^T + bias), in place, row-major
-  uint16_t* out;
-  const uint16_t* target;
-  int64_t p, ld_target;
-  // kUpdate: st (Pp, N) float32 -= chi * (a @ w^T + bias); columns >= d are logvar / 2, clamped to
-  // [lo, hi]; with write_s, s (blocked, like out) <- bf16([mu, exp(logvar / 2)])
-  float* st;
-  int64_t d;
-  float chi, lo, hi;
-  bool write_s;
-};
 
 inline int64_t st_offset(const GemmArgs& g, int64_t row, int64_t c0) { return row * g.n + c0; }
 
@@ -154,7 +156,7 @@ void finish_rows(const GemmArgs& g, const float* buf, int64_t r0, int64_t c0, in
       if constexpr (E == Epilogue::kSiluTarget) {
         if (row < g.p) {
           const uint16_t* t = g.target + row * g.ld_target + c0;
-          // the pre-activation in bf16 (the product's output), plus the target, rounded again
+          // the pre-activation with the target added, rounded to bf16 once (as oneDNN's binary post-op)
           v0 = bf16_to_ps((__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(v0, load_bf16(t))));
           v1 = bf16_to_ps((__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(v1, load_bf16(t + 16))));
         }
@@ -197,8 +199,7 @@ void gemm(const GemmArgs& g) {
   constexpr int64_t kGroup = 8;  // 32-row blocks a group: 256 rows, 512 KB of A at K = 1,024
   at::parallel_for(0, g.pp / 32, 1, [&](int64_t mb0, int64_t mb1) {
     load_tile_config();
-    alignas(64) float bufs[2][32 * 32];
-    int next_buf = 0;
+    alignas(64) float buf[32 * 32];  // the finished block; its epilogue is done before the next one is stored
     Pending pend;
     auto finish_some = [&](int rows) {
       if (pend.done >= 32) return;
@@ -240,8 +241,6 @@ void gemm(const GemmArgs& g) {
             continue;
           }
           finish_some(32);
-          float* buf = bufs[next_buf];
-          next_buf ^= 1;
           _tile_stored(0, buf, 128); _tile_stored(1, buf + 16, 128);
           _tile_stored(2, buf + 512, 128); _tile_stored(3, buf + 528, 128);
           pend = Pending{buf, mb * 32, nb * 32, 0};
@@ -292,30 +291,47 @@ at::Tensor amx_block_rows(const at::Tensor& x) {
 }
 
 // h <- silu(bf16(a @ w^T + bias) [+ target]) as a blocked (Pp/16, N/32, 16, 32) bf16 tensor.
-at::Tensor amx_linear_silu(const at::Tensor& a, const at::Tensor& w, const at::Tensor& bias,
-                           const c10::optional<at::Tensor>& target) {
+// The checks and fields every product op shares: a blocked (Pp/16, K/32, 16, 32) bf16, w packed
+// (N/16, K/32, 16, 32) bf16, bias (N,) float32 (or null: no bias).
+GemmArgs product_args(const at::Tensor& a, const at::Tensor& w, const at::Tensor* bias) {
   TORCH_CHECK(amx_available(), "AMX is not available in this build or process");
   const int64_t tiles_m = a.size(0), kt = a.size(1), n = w.size(0) * 16;
   check_blocked(a, "a", tiles_m, kt);
-  TORCH_CHECK(tiles_m % 2 == 0 && w.size(1) == kt && w.is_contiguous() && bias.numel() == n &&
-                  bias.scalar_type() == at::kFloat && bias.is_contiguous() && n % 32 == 0, "shapes");
-  at::Tensor out = at::empty({tiles_m, n / 32, 16, 32}, a.options());
-#if DAB_AMX
+  TORCH_CHECK(tiles_m % 2 == 0, "a must have an even number of 16-row tiles (rows padded to 32)");
+  TORCH_CHECK(w.scalar_type() == at::kBFloat16 && w.is_contiguous() && w.dim() == 4 && w.size(1) == kt &&
+                  w.size(2) == 16 && w.size(3) == 32 && n % 32 == 0,
+              "w must be a packed weight (N/16, K/32, 16, 32) bf16 with K matching a and N a multiple of 32");
+  TORCH_CHECK(bias == nullptr || (bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n),
+              "bias must be contiguous float32 (N,)");
   GemmArgs g{};
   g.a = reinterpret_cast<const uint16_t*>(a.data_ptr());
   g.w = reinterpret_cast<const uint16_t*>(w.data_ptr());
-  g.bias = bias.data_ptr<float>();
+  g.bias = bias == nullptr ? nullptr : bias->data_ptr<float>();
   g.pp = tiles_m * 16;
   g.k = kt * 32;
   g.n = n;
+  return g;
+}
+
+// target (P, N) bf16 with unit inner stride, P <= Pp, rows not overlapping; into g.
+void set_target(GemmArgs& g, const at::Tensor& t) {
+  TORCH_CHECK(t.dim() == 2 && t.scalar_type() == at::kBFloat16 && t.size(1) == g.n && t.stride(1) == 1 &&
+                  t.stride(0) >= g.n && t.size(0) <= g.pp,
+              "target must be bf16 (P, N), P <= the padded rows, unit inner stride, rows not overlapping");
+  g.target = reinterpret_cast<const uint16_t*>(t.data_ptr());
+  g.p = t.size(0);
+  g.ld_target = t.stride(0);
+}
+
+// h <- silu(bf16(a @ w^T + bias [+ target])) as a blocked (Pp/16, N/32, 16, 32) bf16 tensor.
+at::Tensor amx_linear_silu(const at::Tensor& a, const at::Tensor& w, const at::Tensor& bias,
+                           const c10::optional<at::Tensor>& target) {
+  GemmArgs g = product_args(a, w, &bias);
+  at::Tensor out = at::empty({a.size(0), g.n / 32, 16, 32}, a.options());
   g.out = reinterpret_cast<uint16_t*>(out.data_ptr());
+#if DAB_AMX
   if (target.has_value()) {
-    const at::Tensor& t = *target;
-    TORCH_CHECK(t.dim() == 2 && t.scalar_type() == at::kBFloat16 && t.size(1) == n && t.stride(1) == 1 &&
-                    t.size(0) <= g.pp, "target must be bf16 (P, N) with unit inner stride");
-    g.target = reinterpret_cast<const uint16_t*>(t.data_ptr());
-    g.p = t.size(0);
-    g.ld_target = t.stride(0);
+    set_target(g, *target);
     gemm<Epilogue::kSiluTarget>(g);
   } else {
     gemm<Epilogue::kSilu>(g);
@@ -328,6 +344,7 @@ at::Tensor amx_linear_silu(const at::Tensor& a, const at::Tensor& w, const at::T
 // silu(bf16(a[r] + b[r % Mb])) (a (P, H) bf16, b (Mb, H) float32, as add_silu_bf16_), rows P..Pp-1
 // are 0; (Pp/16, H/32, 16, 32) with Pp = P rounded up to 32.
 at::Tensor amx_add_silu_blocked(const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(amx_available(), "AMX is not available in this build or process");
   TORCH_CHECK(a.dim() == 2 && a.scalar_type() == at::kBFloat16 && a.stride(1) == 1, "a must be bf16 (P, H)");
   TORCH_CHECK(b.dim() == 2 && b.scalar_type() == at::kFloat && b.stride(1) == 1 && b.size(1) == a.size(1) &&
                   b.size(0) > 0, "b must be float32 (Mb, H)");
@@ -363,25 +380,11 @@ at::Tensor amx_add_silu_blocked(const at::Tensor& a, const at::Tensor& b) {
 // target (P, N) bf16 <- bf16(target + a @ w^T), in place: a block of the bridge's first layer that a
 // pair adds to its target (the sigma_v block of DAB).
 void amx_linear_add_(const at::Tensor& a, const at::Tensor& w, at::Tensor target) {
-  TORCH_CHECK(amx_available(), "AMX is not available in this build or process");
-  const int64_t tiles_m = a.size(0), kt = a.size(1), n = w.size(0) * 16;
-  check_blocked(a, "a", tiles_m, kt);
-  TORCH_CHECK(tiles_m % 2 == 0 && w.size(1) == kt && w.is_contiguous() && n % 32 == 0, "shapes");
-  TORCH_CHECK(target.dim() == 2 && target.scalar_type() == at::kBFloat16 && target.size(1) == n &&
-                  target.stride(1) == 1 && target.size(0) <= tiles_m * 16,
-              "target must be bf16 (P, N) with unit inner stride");
-#if DAB_AMX
-  const at::Tensor zero = at::zeros({n}, target.options().dtype(at::kFloat));
-  GemmArgs g{};
-  g.a = reinterpret_cast<const uint16_t*>(a.data_ptr());
-  g.w = reinterpret_cast<const uint16_t*>(w.data_ptr());
+  GemmArgs g = product_args(a, w, nullptr);
+  set_target(g, target);
+  const at::Tensor zero = at::zeros({g.n}, target.options().dtype(at::kFloat));
   g.bias = zero.data_ptr<float>();
-  g.pp = tiles_m * 16;
-  g.k = kt * 32;
-  g.n = n;
-  g.target = reinterpret_cast<const uint16_t*>(target.data_ptr());
-  g.p = target.size(0);
-  g.ld_target = target.stride(0);
+#if DAB_AMX
   gemm<Epilogue::kAddTo>(g);
 #endif
 }
@@ -390,22 +393,11 @@ void amx_linear_add_(const at::Tensor& a, const at::Tensor& w, at::Tensor target
 // write_s, s (blocked (Pp/16, N/32, 16, 32) bf16) <- [mu, exp(st[:, d:])].
 void amx_linear_update_(const at::Tensor& a, const at::Tensor& w, const at::Tensor& bias, at::Tensor st,
                         at::Tensor s, double chi, double lo, double hi, int64_t d, bool write_s) {
-  TORCH_CHECK(amx_available(), "AMX is not available in this build or process");
-  const int64_t tiles_m = a.size(0), kt = a.size(1), n = w.size(0) * 16;
-  check_blocked(a, "a", tiles_m, kt);
-  check_blocked(s, "s", tiles_m, n / 32);
-  TORCH_CHECK(tiles_m % 2 == 0 && w.size(1) == kt && w.is_contiguous() && bias.numel() == n &&
-                  bias.scalar_type() == at::kFloat && n % 32 == 0 && d % 32 == 0 && d > 0 && d <= n, "shapes");
-  TORCH_CHECK(st.scalar_type() == at::kFloat && st.is_contiguous() && st.size(0) == tiles_m * 16 && st.size(1) == n,
-              "st must be contiguous float32 (Pp, N)");
-#if DAB_AMX
-  GemmArgs g{};
-  g.a = reinterpret_cast<const uint16_t*>(a.data_ptr());
-  g.w = reinterpret_cast<const uint16_t*>(w.data_ptr());
-  g.bias = bias.data_ptr<float>();
-  g.pp = tiles_m * 16;
-  g.k = kt * 32;
-  g.n = n;
+  GemmArgs g = product_args(a, w, &bias);
+  check_blocked(s, "s", a.size(0), g.n / 32);
+  TORCH_CHECK(d % 32 == 0 && d > 0 && d <= g.n, "d must be a multiple of 32 in (0, N]");
+  TORCH_CHECK(st.scalar_type() == at::kFloat && st.is_contiguous() && st.dim() == 2 && st.size(0) == g.pp &&
+                  st.size(1) == g.n, "st must be contiguous float32 (Pp, N)");
   g.out = reinterpret_cast<uint16_t*>(s.data_ptr());
   g.st = st.data_ptr<float>();
   g.d = d;
@@ -413,6 +405,7 @@ void amx_linear_update_(const at::Tensor& a, const at::Tensor& w, const at::Tens
   g.lo = float(lo);
   g.hi = float(hi);
   g.write_s = write_s;
+#if DAB_AMX
   gemm<Epilogue::kUpdate>(g);
 #endif
 }
