@@ -97,15 +97,17 @@ def test_linear_add_adds_into_the_target_in_place(ops) -> None:
     assert (buf[45:] == 7.0).all()  # the padding rows' results go nowhere
 
 
-def test_many_blocks_on_one_thread(ops) -> None:
-    # 600 rows = 19 blocks of 32 (3 groups of 8) on one thread: accumulators of several blocks, the
-    # epilogue handed from block to block and across groups, and K = 320: a chunk of 8 tiles, then one of 2
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_many_blocks_any_split(ops, threads: int) -> None:
+    # 600 rows = 38 tiles of 16: on one thread 19 blocks of 32 (3 groups of 8), on two 19 tiles each (9
+    # blocks and a 16-row half block), on three 13 / 13 / 12; accumulators of several blocks, the epilogue
+    # handed from block to block and across groups, and K = 320: a chunk of 8 tiles, then one of 2
     p, k, n, d = 600, 320, 96, 32
     x, w, bias = case(p, k, n, seed=8)
     xb, wp = ops.amx_block_rows(x), ops.amx_pack_weight(w)
     prod = x.float() @ w.float().T
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
     try:
         h = unblock(ops.amx_linear_silu(xb, wp, bias), p).float()
         buf, target = rows_of(608, p, n, seed=9)
@@ -116,7 +118,7 @@ def test_many_blocks_on_one_thread(ops) -> None:
         st, s = st0.clone(), torch.zeros(608 // 16, n // 32, 16, 32, dtype=torch.bfloat16)
         ops.amx_linear_update_(xb, wp, bias, st, s, 0.2, -1.0, 1.0, d, True)
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
 
     def close(got: torch.Tensor, want: torch.Tensor, tol: float) -> None:
         assert ((got - want).abs() / want.abs().clamp_min(1e-2)).max() <= tol

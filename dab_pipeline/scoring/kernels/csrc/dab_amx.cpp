@@ -6,9 +6,10 @@
 // L1: bias (+ the pair's target block) + SiLU, or the bridge's state update.  Activations
 // that feed a next product are written in a tile-blocked layout, (P/16, K/32, 16, 32) with
 // every 16 x 32 tile contiguous, so the next product loads each A tile as one 1 KB run.
-// Weights are packed once into VNNI tiles.  Each thread takes a range of 32-row blocks; for
-// each 32-column panel of the weights it runs K in chunks of 8 tiles (the panel's chunk, 16 KB,
-// stays in L1 while the rows stream from L2), accumulators parked in a per-thread buffer
+// Weights are packed once into VNNI tiles.  Each thread takes a range of 16-row tiles, cut into
+// 32-row blocks (and a 16-row one where the range is odd), in groups of 8 blocks; for each
+// 32-column panel of the weights it runs K in chunks of 8 tiles (the panel's chunk, 16 KB, stays
+// in L1 while the group's rows stream from L2), accumulators parked in a per-thread buffer
 // between chunks.  Rows are padded to a multiple of 32 (the padding is computed, never read
 // back); K and N must be multiples of 32.  Built only where the compiler targets AMX
 // (-march=native on such a CPU); elsewhere amx_available() is false and the oneDNN path runs.
@@ -172,8 +173,8 @@ void finish_rows(const GemmArgs& g, const float* buf, int64_t r0, int64_t c0, in
 // Rows [rb, rb + n) of the epilogue's row-major inputs for block (r0, c0) towards L2 while its
 // products run: the float32 state (update) or the target block (first layer), 32 columns a row.
 template <Epilogue E>
-inline void prefetch_inputs(const GemmArgs& g, int64_t r0, int64_t c0, int rb, int n) {
-  for (int r = rb; r < std::min(32, rb + n); ++r) {
+inline void prefetch_inputs(const GemmArgs& g, int64_t r0, int64_t c0, int rb, int n, int rows) {
+  for (int r = rb; r < std::min(rows, rb + n); ++r) {
     if constexpr (E == Epilogue::kUpdate) {
       const char* p = reinterpret_cast<const char*>(g.st + st_offset(g, r0 + r, c0));
       _mm_prefetch(p, _MM_HINT_T1);
@@ -189,27 +190,31 @@ inline void prefetch_inputs(const GemmArgs& g, int64_t r0, int64_t c0, int rb, i
 struct Pending {
   float* buf = nullptr;
   int64_t r0 = 0, c0 = 0;
-  int done = 32;  // rows finished; 32: nothing pending
+  int done = 0, rows = 0;  // rows finished of the block's rows (32, or 16 for a half block); done == rows: none
 };
 
 template <Epilogue E>
 void gemm(const GemmArgs& g) {
   const int64_t kt_n = g.k / 32;
   constexpr int64_t kChunk = 8;  // k-tiles a pass: a 16 KB chunk of a weight panel, reused from L1
-  constexpr int64_t kGroup = 8;  // 32-row blocks a group: 256 rows, 512 KB of A at K = 1,024
-  at::parallel_for(0, g.pp / 32, 1, [&](int64_t mb0, int64_t mb1) {
+  constexpr int64_t kGroup = 8;  // blocks a group: 256 rows, 512 KB of A at K = 1,024
+  // Threads take ranges of 16-row tiles, so that an odd number of 32-row blocks still splits evenly
+  // (1,369 rows: 86 tiles, 43 a thread, instead of 22 and 21 blocks); a range is cut into 32-row blocks
+  // from its start, the last one a 16-row half block when the range has an odd number of tiles.
+  at::parallel_for(0, g.pp / 16, 1, [&](int64_t t0, int64_t t1) {
     load_tile_config();
     alignas(64) float buf[32 * 32];  // the finished block; its epilogue is done before the next one is stored
     Pending pend;
     auto finish_some = [&](int rows) {
-      if (pend.done >= 32) return;
-      const int re = std::min(32, pend.done + rows);
+      if (pend.done >= pend.rows) return;
+      const int re = std::min(pend.rows, pend.done + rows);
       finish_rows<E>(g, pend.buf, pend.r0, pend.c0, pend.done, re);
       pend.done = re;
     };
     alignas(64) float acc[kGroup * 1024];
-    for (int64_t g0 = mb0; g0 < mb1; g0 += kGroup) {  // a group's rows stay in L2 while all the weights pass
-    const int64_t g1 = std::min(mb1, g0 + kGroup);
+    const int64_t blocks = (t1 - t0 + 1) / 2;
+    for (int64_t g0 = 0; g0 < blocks; g0 += kGroup) {  // a group's rows stay in L2 while all the weights pass
+    const int64_t g1 = std::min(blocks, g0 + kGroup);
     for (int64_t nb = 0; nb < g.n / 32; ++nb) {
       const uint16_t* w0 = g.w + (2 * nb) * kt_n * 512;
       const uint16_t* w1 = w0 + kt_n * 512;
@@ -217,33 +222,41 @@ void gemm(const GemmArgs& g) {
         const int64_t k1 = std::min(kt_n, k0 + kChunk);
         const bool last = k1 == kt_n;
         const int rows_per_kt = int((32 + (k1 - k0) - 1) / (k1 - k0));
-        for (int64_t mb = g0; mb < g1; ++mb) {
-          const uint16_t* a0 = g.a + (2 * mb) * kt_n * 512;
+        for (int64_t bi = g0; bi < g1; ++bi) {
+          const int64_t ts = t0 + 2 * bi;  // the block's first tile
+          const bool half = ts + 1 >= t1;
+          const int rows = half ? 16 : 32;
+          const uint16_t* a0 = g.a + ts * kt_n * 512;
           const uint16_t* a1 = a0 + kt_n * 512;
-          float* c = acc + (mb - g0) * 1024;
+          float* c = acc + (bi - g0) * 1024;
           if (k0 == 0) {
-            _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+            _tile_zero(0); _tile_zero(1);
+            if (!half) { _tile_zero(2); _tile_zero(3); }
           } else {
-            _tile_loadd(0, c, 64); _tile_loadd(1, c + 256, 64); _tile_loadd(2, c + 512, 64); _tile_loadd(3, c + 768, 64);
+            _tile_loadd(0, c, 64); _tile_loadd(1, c + 256, 64);
+            if (!half) { _tile_loadd(2, c + 512, 64); _tile_loadd(3, c + 768, 64); }
           }
           for (int64_t kt = k0; kt < k1; ++kt) {
             _tile_loadd(4, a0 + kt * 512, 64);
-            _tile_loadd(5, a1 + kt * 512, 64);
             _tile_loadd(6, w0 + kt * 512, 64);
             _tile_loadd(7, w1 + kt * 512, 64);
             _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+            if (!half) {
+              _tile_loadd(5, a1 + kt * 512, 64);
+              _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+            }
             finish_some(rows_per_kt);  // the previous block's epilogue, while these products run
-            if (last) prefetch_inputs<E>(g, mb * 32, nb * 32, int(kt - k0) * rows_per_kt, rows_per_kt);
+            if (last) prefetch_inputs<E>(g, ts * 16, nb * 32, int(kt - k0) * rows_per_kt, rows_per_kt, rows);
           }
           if (!last) {
-            _tile_stored(0, c, 64); _tile_stored(1, c + 256, 64); _tile_stored(2, c + 512, 64); _tile_stored(3, c + 768, 64);
+            _tile_stored(0, c, 64); _tile_stored(1, c + 256, 64);
+            if (!half) { _tile_stored(2, c + 512, 64); _tile_stored(3, c + 768, 64); }
             continue;
           }
           finish_some(32);
           _tile_stored(0, buf, 128); _tile_stored(1, buf + 16, 128);
-          _tile_stored(2, buf + 512, 128); _tile_stored(3, buf + 528, 128);
-          pend = Pending{buf, mb * 32, nb * 32, 0};
+          if (!half) { _tile_stored(2, buf + 512, 128); _tile_stored(3, buf + 528, 128); }
+          pend = Pending{buf, ts * 16, nb * 32, 0, rows};
         }
       }
     }
