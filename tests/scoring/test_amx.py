@@ -152,6 +152,19 @@ def test_linear_update_matches_the_update_spec(ops, write_s: bool) -> None:
         torch.testing.assert_close(unblock(s, p).float(), s_ref.float(), rtol=4 * BF16_REL, atol=1e-2)
 
 
+@pytest.mark.parametrize("init_rows", [1, 7, 45])  # one text, a grid's texts, one a row
+def test_update_from_per_text_rows_equals_a_filled_state(ops, init_rows: int) -> None:
+    x, w, bias = case(45, 64, 64, seed=11)
+    xb, wp = ops.amx_block_rows(x), ops.amx_pack_weight(w)
+    init = torch.randn(init_rows, 64, generator=torch.Generator().manual_seed(12))
+    filled = init[torch.arange(64) % init_rows].clone()  # (Pp, N): row r holds init[r % Mb]
+    s_a, s_b = (torch.zeros(4, 2, 16, 32, dtype=torch.bfloat16) for _ in range(2))
+    ops.amx_linear_update_(xb, wp, bias, filled, s_a, 0.4, -1.0, 1.0, 32, True)
+    st = torch.full((64, 64), float("nan"))  # never read: every row is written from init
+    ops.amx_linear_update_(xb, wp, bias, st, s_b, 0.4, -1.0, 1.0, 32, True, init)
+    assert torch.equal(st, filled) and torch.equal(s_a, s_b)
+
+
 def test_nan_reaches_the_outputs(ops) -> None:
     x, w, bias = case(40, 64, 64, seed=3)
     x[3, 5] = float("nan")

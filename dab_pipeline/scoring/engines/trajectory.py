@@ -252,11 +252,11 @@ class AmxBridge:
         width = 2 * d if steps.gaussian else d
         pp = -(-p // 32) * 32
         target = target.reshape(p, hidden).contiguous()  # (P, H) bf16
-        st = torch.empty(pp, width, dtype=torch.float32)  # (Pp, n*D): [mu, logvar / 2] | [x]
-        st[p:] = 0.0  # padding rows: computed, never read back
-        st[:p, :d].view(n_b, n_m, d).copy_(state[0])
-        if steps.gaussian:
-            torch.mul(state[1].expand(n_b, n_m, d), 0.5, out=st[:p, d:].view(n_b, n_m, d))
+        # the state per text, [mu, logvar / 2] | [x]: the first update reads row r % rows, and writes st
+        init = torch.cat([state[0], 0.5 * state[1]], dim=-1) if steps.gaussian else state[0]  # (1 | B, M, n*D)
+        init = init[0] if init.shape[0] == 1 else init.expand(n_b, n_m, width).reshape(p, width)
+        init = init.float().contiguous()  # (M | P, n*D)
+        st = torch.empty(pp, width, dtype=torch.float32)  # (Pp, n*D), every row written by the first update
         first_rows = first[0] if first.shape[0] == 1 else first.expand(n_b, n_m, hidden).reshape(p, hidden)
         hb = ops.amx_add_silu_blocked(target, first_rows.float().contiguous())  # the first step: silu(target + first)
         s = torch.empty(pp // 16, width // 32, 16, 32, dtype=torch.bfloat16)  # the next step's [mu, sigma] | [x]
@@ -267,7 +267,8 @@ class AmxBridge:
                 hb = ops.amx_linear_silu(s, self.w_state, steps.time_feat[k], target)  # silu(s W_s^T + time_k + target)
             for w, b in zip(self.mids, self.mid_biases):
                 hb = ops.amx_linear_silu(hb, w, b)
-            ops.amx_linear_update_(hb, self.w_last, self.b_last, st, s, steps.chi[k], lo, hi, d, k + 1 < n_steps)
+            ops.amx_linear_update_(hb, self.w_last, self.b_last, st, s, steps.chi[k], lo, hi, d, k + 1 < n_steps,
+                                   init if k == 0 else None)
         st = st[:p]
         if raw:
             return st  # (P, n*D) float32

@@ -51,6 +51,8 @@ struct GemmArgs {
   // kUpdate: st (Pp, N) float32 -= chi * (a @ w^T + bias); columns >= d are logvar / 2, clamped to
   // [lo, hi]; with write_s, s (blocked, like out) <- bf16([mu, exp(logvar / 2)])
   float* st;
+  const float* init;  // kUpdate: if set, the state before this step is init[row % init_rows] (the first step)
+  int64_t init_rows, ld_init;
   int64_t d;
   float chi, lo, hi;
   bool write_s;
@@ -133,12 +135,13 @@ void finish_rows(const GemmArgs& g, const float* buf, int64_t r0, int64_t c0, in
       }
     } else if constexpr (E == Epilogue::kUpdate) {
       float* srow = g.st + st_offset(g, row, c0);
+      const float* src = g.init == nullptr ? srow : g.init + (row % g.init_rows) * g.ld_init + c0;
       const __m512 chi = _mm512_set1_ps(g.chi);
       // the drift is rounded to bf16 first, as the product's bf16 output in the oneDNN path
       v0 = bf16_to_ps((__m256i)_mm512_cvtneps_pbh(v0));
       v1 = bf16_to_ps((__m256i)_mm512_cvtneps_pbh(v1));
-      __m512 s0 = _mm512_fnmadd_ps(chi, v0, _mm512_loadu_ps(srow));
-      __m512 s1 = _mm512_fnmadd_ps(chi, v1, _mm512_loadu_ps(srow + 16));
+      __m512 s0 = _mm512_fnmadd_ps(chi, v0, _mm512_loadu_ps(src));
+      __m512 s1 = _mm512_fnmadd_ps(chi, v1, _mm512_loadu_ps(src + 16));
       const bool logvar = c0 >= g.d;  // d is a multiple of 32: a block is all mu or all logvar / 2
       if (logvar) {
         const __m512 lo = _mm512_set1_ps(g.lo), hi = _mm512_set1_ps(g.hi);
@@ -176,7 +179,9 @@ template <Epilogue E>
 inline void prefetch_inputs(const GemmArgs& g, int64_t r0, int64_t c0, int rb, int n, int rows) {
   for (int r = rb; r < std::min(rows, rb + n); ++r) {
     if constexpr (E == Epilogue::kUpdate) {
-      const char* p = reinterpret_cast<const char*>(g.st + st_offset(g, r0 + r, c0));
+      const int64_t row = r0 + r;
+      const char* p = reinterpret_cast<const char*>(
+          g.init == nullptr ? g.st + st_offset(g, row, c0) : g.init + (row % g.init_rows) * g.ld_init + c0);
       _mm_prefetch(p, _MM_HINT_T1);
       _mm_prefetch(p + 64, _MM_HINT_T1);
     } else if constexpr (E == Epilogue::kSiluTarget || E == Epilogue::kAddTo) {
@@ -404,8 +409,12 @@ void amx_linear_add_(const at::Tensor& a, const at::Tensor& w, at::Tensor target
 
 // st (Pp, N) float32 -= chi * bf16(a @ w^T + bias); columns >= d clamped to [lo, hi]; with
 // write_s, s (blocked (Pp/16, N/32, 16, 32) bf16) <- [mu, exp(st[:, d:])].
+// With init (Mb, N) float32, the state before the update is init[r % Mb] instead of st[r] (the
+// first step: a grid's M texts repeat for every video), so st needs no initial fill; every row of
+// st, padding included, is written.
 void amx_linear_update_(const at::Tensor& a, const at::Tensor& w, const at::Tensor& bias, at::Tensor st,
-                        at::Tensor s, double chi, double lo, double hi, int64_t d, bool write_s) {
+                        at::Tensor s, double chi, double lo, double hi, int64_t d, bool write_s,
+                        const c10::optional<at::Tensor>& init) {
   GemmArgs g = product_args(a, w, &bias);
   check_blocked(s, "s", a.size(0), g.n / 32);
   TORCH_CHECK(d % 32 == 0 && d > 0 && d <= g.n, "d must be a multiple of 32 in (0, N]");
@@ -418,6 +427,14 @@ void amx_linear_update_(const at::Tensor& a, const at::Tensor& w, const at::Tens
   g.lo = float(lo);
   g.hi = float(hi);
   g.write_s = write_s;
+  if (init.has_value()) {
+    const at::Tensor& t = *init;
+    TORCH_CHECK(t.dim() == 2 && t.scalar_type() == at::kFloat && t.size(1) == g.n && t.stride(1) == 1 && t.size(0) > 0,
+                "init must be float32 (Mb, N) with unit inner stride");
+    g.init = t.data_ptr<float>();
+    g.init_rows = t.size(0);
+    g.ld_init = t.stride(0);
+  }
 #if DAB_AMX
   gemm<Epilogue::kUpdate>(g);
 #endif
@@ -433,7 +450,7 @@ TORCH_LIBRARY(dab_amx, m) {
   m.def("amx_add_silu_blocked(Tensor a, Tensor b) -> Tensor");
   m.def("amx_linear_add_(Tensor a, Tensor w, Tensor(a!) target) -> ()");
   m.def("amx_linear_update_(Tensor a, Tensor w, Tensor bias, Tensor(a!) st, Tensor(b!) s, float chi, float lo, "
-        "float hi, int d, bool write_s) -> ()");
+        "float hi, int d, bool write_s, Tensor? init=None) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(dab_amx, CPU, m) {
