@@ -306,9 +306,10 @@ def _score_grid(eng: Engine, ts: Texts, frames: Tensor, mask: Tensor, cost: np.n
     text_cuts, video_cuts = even_cuts(n_q, tc), even_cuts(n_v, vc)
     progress(Event("start", task="score", total=len(text_cuts) * len(video_cuts)))
     sink = _Sink(cost, dev)
+    text_chunk = max(q1 - q0 for q0, q1 in text_cuts)
     for v0, v1 in video_cuts:
         vs = eng.videos(_to_device(frames[v0:v1], dev), _to_device(mask[v0:v1], dev))
-        tq, tv = inner_tiles(max(q1 - q0 for q0, q1 in text_cuts), v1 - v0, p_max)
+        tq, tv = inner_tiles(text_chunk, v1 - v0, p_max)
         for q0, q1 in text_cuts:
             for a, b in even_cuts(q1 - q0, tq):
                 tsb = ts.take((None, slice(q0 + a, q0 + b)))  # (1, tq, ...): the same texts for every video

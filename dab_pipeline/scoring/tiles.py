@@ -31,7 +31,8 @@ import torch
 
 from ..model import DABModel
 from .engines import build_engine
-from .kernels.cpu import _cpu_signature, amx_ops, kernel_cache_dir
+from .engines.trajectory import amx_bridge_applies
+from .kernels.cpu import _cpu_signature, kernel_cache_dir
 
 __all__ = ["CANDIDATES", "TUNE_MIN_PAIRS", "tuning_enabled", "tuned_pairs", "tiles_cache_path", "tile_key"]
 
@@ -51,8 +52,7 @@ def tiles_cache_path() -> Path:
 def tile_key(model: DABModel, num_frames: int, dtype: torch.dtype) -> str:
     cfg = model.cfg
     # which products run (AMX tiles with fused epilogues, or oneDNN and passes) changes the best shape
-    amx = dtype == torch.bfloat16 and cfg.embed_dim % 32 == 0 and cfg.drift_hidden % 32 == 0 and amx_ops() is not None
-    products = "amx" if amx else "default"  # AmxBridge.pack's condition
+    products = "amx" if dtype == torch.bfloat16 and amx_bridge_applies(cfg.embed_dim, cfg.drift_hidden) else "default"
     parts = [_cpu_signature(), torch.__version__, str(torch.get_num_threads()), str(dtype), cfg.variant,
              str(cfg.embed_dim), str(cfg.drift_hidden), str(cfg.drift_layers), str(cfg.steps), str(cfg.num_heads),
              str(num_frames), str(cfg.cost), products]

@@ -206,6 +206,12 @@ class BridgeSteps:
         return out
 
 
+def amx_bridge_applies(d: int, hidden: int) -> bool:
+    """Whether a bridge of embedding width ``d`` and drift width ``hidden`` runs on AMX (:class:`AmxBridge`): the
+    kernels have AMX and the process its tiles, and every width of the products (d, 2d, hidden) is a multiple of 32."""
+    return d % 32 == 0 and hidden % 32 == 0 and amx_ops() is not None
+
+
 class AmxBridge:
     """The bridge's steps on AMX tiles with SiLU and the state update in the products' epilogues.
 
@@ -232,12 +238,10 @@ class AmxBridge:
     @staticmethod
     def pack(steps: BridgeSteps, w_state: Tensor, mids: list[Tensor], mid_biases: list[Tensor], w_last: Tensor,
              b_last: Tensor, extras: list[Tensor] = ()) -> Optional["AmxBridge"]:
-        """The packed weights, or None where AMX is unavailable or a width is not a multiple of 32."""
-        ops = amx_ops()
-        widths = [steps.d, w_state.shape[0], w_state.shape[1]] + [x for w in extras for x in w.shape]
-        if ops is None or any(x % 32 for x in widths):
+        """The packed weights, or None where :func:`amx_bridge_applies` says no."""
+        if not amx_bridge_applies(steps.d, w_state.shape[0]):
             return None
-        return AmxBridge(ops, w_state, mids, mid_biases, w_last, b_last, extras)
+        return AmxBridge(amx_ops(), w_state, mids, mid_biases, w_last, b_last, extras)
 
     def add_to_target(self, i: int, x: Tensor, target: Tensor) -> None:
         """target (P, H) bf16 += x (P, K) bf16 @ the i-th extra block^T, in place (one rounding)."""

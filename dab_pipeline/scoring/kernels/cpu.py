@@ -203,8 +203,8 @@ def _cpu_signature() -> str:
 
 def build_key() -> str:
     h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), AMX_SOURCE.read_bytes(), " ".join(compile_flags()).encode(), torch.__version__.encode(),
-                 sys.version.encode(), _cpu_signature().encode()):
+    for part in (SOURCE.read_bytes(), AMX_SOURCE.read_bytes(), " ".join(compile_flags()).encode(),
+                 torch.__version__.encode(), sys.version.encode(), _cpu_signature().encode()):
         h.update(part)
         h.update(b"\0")
     return h.hexdigest()[:16]
@@ -291,8 +291,8 @@ def _load(build: bool) -> Kernels:
     try:
         # cpp_extension locks the folder while it builds, so concurrent ranks build once
         cpp_extension.load(name=name, sources=[str(SOURCE), str(AMX_SOURCE)], extra_cflags=compile_flags(),
-                           extra_ldflags=["-fopenmp"],
-                           build_directory=str(folder), is_python_module=False, verbose=False)
+                           extra_ldflags=["-fopenmp"], build_directory=str(folder), is_python_module=False,
+                           verbose=False)
     except Exception as exc:  # noqa: BLE001 - any build failure falls back to the eager kernels
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         errors = [ln for ln in lines if ": error" in ln or ": fatal error" in ln]
