@@ -22,7 +22,10 @@ Runs are random-weight models of the real shapes (D = 512): latency depends on s
 not on what was learned. Each FAISS-path query is also encoded by ViT-B/32's text tower (random weights,
 the same arithmetic), which the serving process holds: its latencies are end to end.
 
-    python benchmarks/search_scale.py [--sizes 10000 100000 1000000] [--work bench_data/scale]
+    python benchmarks/search_scale.py [--sizes 10000 100000 1000000] [--work bench_data/scale] [--remove-stores]
+
+The stores stay in ``--work`` for the next run (``--reuse-index``) unless ``--remove-stores``; together they
+take about 14 GB: delete the folder when done, a full disk fails whatever runs next on the machine.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import json
 import multiprocessing as mp
 import os
 import resource
+import shutil
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -52,6 +56,20 @@ from dab_pipeline.store import create_store, open_store
 
 F, D, TOPICS, CAPS_EVERY = 12, 512, 2000, 50
 RUNS = {"T8": 8, "T32": 32, "S1": 1}
+
+
+def check_disk(path: Path, n: int, keep_free_gb: float) -> None:
+    """Refuse a store that would leave less than ``keep_free_gb`` on its disk.
+
+    The 1M store is 12 GB: a disk filled by a benchmark fails whatever runs next on the machine
+    (a CI's pip install did, here), so the benchmark stops first and says how to free space.
+    """
+    need = n * F * D * 2 * 1.05  # float16 frames, plus masks, captions and HDF5 overhead
+    free = shutil.disk_usage(path.parent).free
+    if free - need < keep_free_gb * 1e9:
+        raise SystemExit(f"{path}: writing {n:,} videos needs {need / 1e9:.1f} GB and would leave "
+                         f"{(free - need) / 1e9:.1f} GB free on its disk (--keep-free-gb {keep_free_gb:g}); "
+                         f"remove old stores under {path.parent.parent} or pass a --work on a larger disk")
 
 
 def write_store(path: Path, n: int, seed: int = 0, chunk: int = 16384) -> float:
@@ -237,6 +255,10 @@ def main() -> None:
     ap.add_argument("--ram-queries", type=int, default=5, help="queries timed on the in-RAM paths (slow)")
     ap.add_argument("--reuse-index", action="store_true", help="keep an index built by an earlier run (its build "
                                                                  "time is the one it recorded)")
+    ap.add_argument("--keep-free-gb", type=float, default=10.0, help="refuse to write a store that would leave "
+                                                                         "less than this much free disk")
+    ap.add_argument("--remove-stores", action="store_true", help="delete each N's folder (store, index, runs) "
+                                                                  "once it is measured")
     args = ap.parse_args()
     torch.set_num_threads(2)
     choice = resolve_score_dtype(args.dtype, torch.device("cpu"))
@@ -250,6 +272,8 @@ def main() -> None:
         root = args.work / f"n{n}"
         root.mkdir(parents=True, exist_ok=True)
         store = root / "store.h5"
+        if not store.exists():
+            check_disk(store, n, args.keep_free_gb)
         t_store = write_store(store, n)
         runs = make_runs(root, store)
         text = queries(store, args.queries)
@@ -286,6 +310,8 @@ def main() -> None:
             print(f"N={n:,}: the index's top 100 against the exact first stage's (same vectors, Flat): "
                   + ", ".join(f"{key} {100 * v:.1f} %" for key, v in info["ann_recall"].items()), flush=True)
         report["sizes"][n] = info
+        if args.remove_stores:
+            shutil.rmtree(root)
     print("\n".join(lines))
     print(json.dumps(report, indent=1))
     (args.work / "search_scale.json").write_text(json.dumps({"report": report, "lines": lines}, indent=1))
