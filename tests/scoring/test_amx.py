@@ -14,7 +14,9 @@ from dab_pipeline.model import DABModel, ModelConfig
 from dab_pipeline.scoring import build_engine, score_all, score_all_reference
 from dab_pipeline.scoring.kernels.cpu import amx_ops, bridge_update_eager, get_kernels
 
-BF16_REL = 2 ** -8
+BF16_REL = 2 ** -8  # one rounding to bf16: at most half an ulp, 2^-8 of the value
+SILU_APPROX = 2e-4  # the epilogue's SiLU: 2^t to 7.6e-5 and a 14-bit reciprocal
+F32_SUMS = 1e-5  # float32 sums of bf16 products in another order: relative to the largest, well under this
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +61,12 @@ def test_linear_silu_matches_a_plain_product(ops, p: int, k: int, n: int, with_t
     x, w, bias = case(p, k, n)
     target = (torch.randn(p, n) * 2).to(torch.bfloat16) if with_target else None
     got = unblock(ops.amx_linear_silu(ops.amx_block_rows(x), ops.amx_pack_weight(w), bias, target), p).float()
-    pre = bf16(x.float() @ w.float().T + bias)  # the product's output in bf16, as the oneDNN path's
+    pre = x.float() @ w.float().T + bias  # float32 until SiLU's result is rounded to bf16 (oneDNN rounds it twice)
     if target is not None:
-        pre = bf16(x.float() @ w.float().T + bias + target.float())  # one rounding with the target added
+        pre = pre + target.float()
     want = F.silu(pre)
     err = (got - want).abs() / want.abs().clamp_min(1e-2)
-    assert err.max() <= 4 * BF16_REL  # f32 accumulation order and bf16 rounding of the pre-activation
+    assert err.max() <= BF16_REL + SILU_APPROX  # one rounding to bf16, and SiLU's approximation
 
 
 @pytest.mark.parametrize("mb", [1, 5, 45])
@@ -123,12 +125,12 @@ def test_many_blocks_any_split(ops, threads: int) -> None:
     def close(got: torch.Tensor, want: torch.Tensor, tol: float) -> None:
         assert ((got - want).abs() / want.abs().clamp_min(1e-2)).max() <= tol
 
-    close(h, F.silu(bf16(prod + bias)), 4 * BF16_REL)
-    close(ht, F.silu(bf16(prod + bias + target.float())), 4 * BF16_REL)
+    close(h, F.silu(prod + bias), BF16_REL + SILU_APPROX)
+    close(ht, F.silu(prod + bias + target.float()), BF16_REL + SILU_APPROX)
     close(added.float(), bf16(target.float() + prod), 2 * BF16_REL)
     st_ref, s_ref = st0[:p].clone(), torch.zeros(p, n, dtype=torch.bfloat16)
-    bridge_update_eager(st_ref, (prod + bias).to(torch.bfloat16), s_ref, 0.2, -1.0, 1.0, d, True)
-    torch.testing.assert_close(st[:p], st_ref, rtol=0, atol=0.2 * (prod + bias).abs().max().item() * 2 * BF16_REL)
+    bridge_update_eager(st_ref, prod + bias, s_ref, 0.2, -1.0, 1.0, d, True)  # the drift in float32
+    torch.testing.assert_close(st[:p], st_ref, rtol=0, atol=0.2 * (prod + bias).abs().max().item() * F32_SUMS)
     torch.testing.assert_close(unblock(s, p).float(), s_ref.float(), rtol=4 * BF16_REL, atol=1e-2)
 
 
@@ -142,11 +144,10 @@ def test_linear_update_matches_the_update_spec(ops, write_s: bool) -> None:
     st0[p:] = 0.0
     st, s = st0.clone(), torch.zeros(pp // 16, 2 * d // 32, 16, 32, dtype=torch.bfloat16)
     ops.amx_linear_update_(ops.amx_block_rows(x), ops.amx_pack_weight(w), bias, st, s, 0.3, -1.5, 1.0, d, write_s)
-    delta = (x.float() @ w.float().T + bias).to(torch.bfloat16)
+    delta = x.float() @ w.float().T + bias  # the drift stays float32 (oneDNN's path rounds it to bf16)
     st_ref, s_ref = st0[:p].clone(), torch.zeros(p, 2 * d, dtype=torch.bfloat16)
     bridge_update_eager(st_ref, delta, s_ref, 0.3, -1.5, 1.0, d, write_s)
-    # the product's f32 sums may round to a neighbouring bf16 delta: one step times chi
-    torch.testing.assert_close(st[:p], st_ref, rtol=0, atol=0.3 * delta.float().abs().max().item() * 2 * BF16_REL)
+    torch.testing.assert_close(st[:p], st_ref, rtol=0, atol=0.3 * delta.abs().max().item() * F32_SUMS)
     assert (st[:p, d:] >= -1.5).all() and (st[:p, d:] <= 1.0).all()
     if write_s:
         torch.testing.assert_close(unblock(s, p).float(), s_ref.float(), rtol=4 * BF16_REL, atol=1e-2)

@@ -218,10 +218,11 @@ class AmxBridge:
     ``kernels/csrc/dab_amx.cpp``: each 32 x 32 block of a product is finished while in L1
     (bias, the pair's target block, SiLU; or the update of the float32 state and the next
     step's bf16 input), instead of passes that read the whole block back from L3 between
-    oneDNN's products.  The arithmetic of :meth:`BridgeSteps.run_onednn` (bf16 products with
-    float32 accumulation, each product's output rounded to bf16 once, the state in float32)
-    except for the biases, which are added in float32 before that rounding where oneDNN adds
-    them rounded to bf16: up to 2^-9 |b| closer to the float32 model a layer.
+    oneDNN's products.  The arithmetic of :meth:`BridgeSteps.run_onednn` (bf16 inputs, float32
+    accumulation, the state in float32) with one rounding fewer a layer: the epilogue works on
+    the float32 sums (bias, target, SiLU or the state update) and rounds only what it stores
+    as bf16, where oneDNN's path rounds the product (and its bias) to bf16 first; SiLU and
+    exp use polynomials accurate to ~1e-4, under bf16's rounding.
     """
 
     def __init__(self, ops, w_state: Tensor, mids: list[Tensor], mid_biases: list[Tensor], w_last: Tensor,
