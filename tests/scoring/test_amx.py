@@ -99,6 +99,22 @@ def test_linear_add_adds_into_the_target_in_place(ops) -> None:
     assert (buf[45:] == 7.0).all()  # the padding rows' results go nowhere
 
 
+@pytest.mark.parametrize("mb", [1, 9, 45])  # one text, a grid's texts, a row per pair
+def test_linear_add_first_also_gives_the_first_step(ops, mb: int) -> None:
+    x, w, _ = case(45, 64, 96, seed=13)
+    buf, target = rows_of(64, 45, 96, seed=14)
+    first = torch.randn(mb, 96, generator=torch.Generator().manual_seed(15))
+    v = target.float() + x.float() @ w.float().T  # (45, 96): the new target before its rounding
+    h = ops.amx_linear_add_first_(ops.amx_block_rows(x), ops.amx_pack_weight(w), target, first)
+    assert tuple(h.shape) == (4, 3, 16, 32)
+    err = (target.float() - bf16(v)).abs() / v.abs().clamp_min(1e-2)
+    assert err.max() <= 2 * BF16_REL  # the target as amx_linear_add_ leaves it
+    want = F.silu(v + first[torch.arange(45) % mb])
+    err = (unblock(h, 45).float() - want).abs() / want.abs().clamp_min(1e-2)
+    assert err.max() <= BF16_REL + SILU_APPROX
+    assert (unblock(h, 64)[45:] == 0).all() and (buf[45:] == 7.0).all()
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_many_blocks_any_split(ops, threads: int) -> None:
     # 600 rows = 38 tiles of 16: on one thread 19 blocks of 32 (3 groups of 8), on two 19 tiles each (9
@@ -184,6 +200,9 @@ def test_ops_reject_bad_shapes(ops) -> None:
     with pytest.raises(RuntimeError, match="st must be"):
         ops.amx_linear_update_(ops.amx_block_rows(x), ops.amx_pack_weight(w), bias, torch.zeros(31, 64),
                                torch.zeros(2, 2, 16, 32, dtype=torch.bfloat16), 0.1, -1.0, 1.0, 32, True)
+    with pytest.raises(RuntimeError, match="first must be"):
+        ops.amx_linear_add_first_(ops.amx_block_rows(x), ops.amx_pack_weight(w), torch.zeros(32, 64, dtype=torch.bfloat16),
+                                  torch.zeros(4, 32))
 
 
 @pytest.mark.parametrize("variant,steps", [("dab", 3), ("bridge", 2), ("dab", 1)])

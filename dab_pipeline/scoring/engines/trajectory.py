@@ -157,8 +157,8 @@ class BridgeSteps:
             h_in = h_out
         torch.mm(h_in, self.last, out=delta)  # (P, n*D)
 
-    def run_onednn(self, state: list[Tensor], target: Tensor, first: Tensor, raw: bool = False
-                   ) -> list[Tensor] | Tensor:
+    def run_onednn(self, state: list[Tensor], target: Tensor, first: Tensor, raw: bool = False,
+                   h0: Optional[Tensor] = None) -> list[Tensor] | Tensor:
         """:meth:`run` for bf16 on CPU: oneDNN linears and the fused kernels.
 
         Each step: the first layer as one linear whose epilogue adds the time feature
@@ -167,10 +167,12 @@ class BridgeSteps:
         float32 state ``[mu, logvar / 2]`` and writes the next step's bf16 input
         ``[mu, sigma]``.  Same arithmetic as the generic bf16 path: bf16 products with
         float32 accumulation, the state in float32.  ``raw``: return the state (P, n*D).
+        ``h0``: on AMX, the first step's activation from :meth:`AmxBridge.add_to_target`.
         """
         assert self.onednn is not None and self.kernels is not None
         if self.amx is not None:
-            return self.amx.run(self, state, target, first, raw)
+            return self.amx.run(self, state, target, first, raw, h0)
+        assert h0 is None
         n_b, n_m, hidden = target.shape
         d, p = self.d, n_b * n_m
         width = 2 * d if self.gaussian else d
@@ -244,13 +246,25 @@ class AmxBridge:
             return None
         return AmxBridge(amx_ops(), w_state, mids, mid_biases, w_last, b_last, extras)
 
-    def add_to_target(self, i: int, x: Tensor, target: Tensor) -> None:
-        """target (P, H) bf16 += x (P, K) bf16 @ the i-th extra block^T, in place (one rounding)."""
-        self.ops.amx_linear_add_(self.ops.amx_block_rows(x), self.extras[i], target)
+    def add_to_target(self, i: int, x: Tensor, target: Tensor, first: Optional[Tensor] = None) -> Optional[Tensor]:
+        """target (P, H) bf16 += x (P, K) bf16 @ the i-th extra block^T, in place (one rounding).
 
-    def run(self, steps: BridgeSteps, state: list[Tensor], target: Tensor, first: Tensor, raw: bool
-            ) -> list[Tensor] | Tensor:
-        """:meth:`BridgeSteps.run_onednn` on AMX; rows are padded to a multiple of 32 (never read back)."""
+        With ``first`` (:meth:`BridgeSteps.first`'s rows, broadcastable to the (B, M, H) grid of ``target``),
+        the same products' epilogue also computes the first step's activation, silu(target + first), and
+        returns it for :meth:`run` (tile-blocked): the last addition to the target, DAB's sigma_v block.
+        """
+        xb = self.ops.amx_block_rows(x)
+        if first is None:
+            self.ops.amx_linear_add_(xb, self.extras[i], target.view(-1, target.shape[-1]))
+            return None
+        return self.ops.amx_linear_add_first_(xb, self.extras[i], target.view(-1, target.shape[-1]),
+                                             _first_rows(first, *target.shape))
+
+    def run(self, steps: BridgeSteps, state: list[Tensor], target: Tensor, first: Tensor, raw: bool,
+            h0: Optional[Tensor] = None) -> list[Tensor] | Tensor:
+        """:meth:`BridgeSteps.run_onednn` on AMX; rows are padded to a multiple of 32 (never read back).
+
+        ``h0``: the first step's activation where :meth:`add_to_target` computed it."""
         ops = self.ops
         n_b, n_m, hidden = target.shape
         d, p = steps.d, n_b * n_m
@@ -262,8 +276,8 @@ class AmxBridge:
         init = init[0] if init.shape[0] == 1 else init.expand(n_b, n_m, width).reshape(p, width)
         init = init.float().contiguous()  # (M | P, n*D)
         st = torch.empty(pp, width, dtype=torch.float32)  # (Pp, n*D), every row written by the first update
-        first_rows = first[0] if first.shape[0] == 1 else first.expand(n_b, n_m, hidden).reshape(p, hidden)
-        hb = ops.amx_add_silu_blocked(target, first_rows.float().contiguous())  # the first step: silu(target + first)
+        # the first step: silu(target + first)
+        hb = ops.amx_add_silu_blocked(target, _first_rows(first, n_b, n_m, hidden)) if h0 is None else h0
         s = torch.empty(pp // 16, width // 32, 16, 32, dtype=torch.bfloat16)  # the next step's [mu, sigma] | [x]
         lo, hi = 0.5 * steps.lo, 0.5 * steps.hi
         n_steps = len(steps.chi)
@@ -282,3 +296,10 @@ class AmxBridge:
             out.append((st[:, d:] * 2.0).view(n_b, n_m, d))
         return out
 
+
+
+def _first_rows(first: Tensor, n_b: int, n_m: int, hidden: int) -> Tensor:
+    """The first step's per-text rows for a (B, M, H) block: (M, H) where the M texts repeat for every
+    video (a grid; the kernels read row r % M), else one row per pair (P, H); float32, contiguous."""
+    rows = first[0] if first.shape[0] == 1 else first.expand(n_b, n_m, hidden).reshape(n_b * n_m, hidden)
+    return rows.float().contiguous()

@@ -44,14 +44,16 @@ struct GemmArgs {
   int64_t pp, k, n;
   // kSilu / kSiluTarget: out blocked (Pp/16, N/32, 16, 32); target (P, N) bf16 row-major, not read for the
   // padding rows (>= p), whose outputs are never read back
-  // kAddTo: target (rows < p) <- bf16(target + a @ w^T + bias), in place, row-major
+  // kAddTo: target (rows < p) <- bf16(v), v = target + a @ w^T + bias, in place, row-major; with init (the
+  // first step's per-text rows), also out (blocked) <- silu(v + init[row % init_rows]), 0 for the padding
   uint16_t* out;
   const uint16_t* target;
   int64_t p, ld_target;
   // kUpdate: st (Pp, N) float32 -= chi * (a @ w^T + bias); columns >= d are logvar / 2, clamped to
   // [lo, hi]; with write_s, s (blocked, like out) <- bf16([mu, exp(logvar / 2)])
   float* st;
-  const float* init;  // kUpdate: if set, the state before this step is init[row % init_rows] (the first step)
+  const float* init;  // kUpdate: if set, the state before this step is init[row % init_rows] (the first step);
+                      // kAddTo: if set, the first step's per-text block (see above)
   int64_t init_rows, ld_init;
   int64_t d;
   float chi, lo, hi;
@@ -143,6 +145,14 @@ void finish_rows(const GemmArgs& g, const float* buf, int64_t r0, int64_t c0, in
         v0 = _mm512_add_ps(v0, load_bf16(t));
         v1 = _mm512_add_ps(v1, load_bf16(t + 16));
         _mm512_storeu_si512(t, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
+        if (g.init != nullptr) {
+          const float* f = g.init + (row % g.init_rows) * g.ld_init + c0;
+          v0 = silu_lean(_mm512_add_ps(v0, _mm512_loadu_ps(f)));
+          v1 = silu_lean(_mm512_add_ps(v1, _mm512_loadu_ps(f + 16)));
+          _mm512_storeu_si512(g.out + off, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
+        }
+      } else if (g.init != nullptr) {
+        _mm512_storeu_si512(g.out + off, _mm512_setzero_si512());
       }
     } else if constexpr (E == Epilogue::kUpdate) {
       float* srow = g.st + st_offset(g, row, c0);
@@ -190,6 +200,7 @@ inline void prefetch_inputs(const GemmArgs& g, int64_t r0, int64_t c0, int rb, i
       _mm_prefetch(p + 64, _MM_HINT_T1);
     } else if constexpr (E == Epilogue::kSiluTarget || E == Epilogue::kAddTo) {
       if (r0 + r < g.p) _mm_prefetch(reinterpret_cast<const char*>(g.target + (r0 + r) * g.ld_target + c0), _MM_HINT_T1);
+
     }
   }
 }
@@ -411,6 +422,27 @@ void amx_linear_add_(const at::Tensor& a, const at::Tensor& w, at::Tensor target
 #endif
 }
 
+// The same, and the bridge's first step straight from it: returns h (Pp/16, N/32, 16, 32) bf16, row r < P
+// silu(v[r] + first[r % Mb]) with v[r] the new target row before its rounding (first (Mb, N) float32: the
+// per-text block with its time feature and bias), the padding rows 0.
+at::Tensor amx_linear_add_first_(const at::Tensor& a, const at::Tensor& w, at::Tensor target, const at::Tensor& first) {
+  GemmArgs g = product_args(a, w, nullptr);
+  set_target(g, target);
+  TORCH_CHECK(first.dim() == 2 && first.scalar_type() == at::kFloat && first.size(1) == g.n && first.stride(1) == 1 &&
+                  first.size(0) > 0, "first must be float32 (Mb, N) with unit inner stride");
+  const at::Tensor zero = at::zeros({g.n}, target.options().dtype(at::kFloat));
+  at::Tensor out = at::empty({a.size(0), g.n / 32, 16, 32}, a.options());
+  g.bias = zero.data_ptr<float>();
+  g.out = reinterpret_cast<uint16_t*>(out.data_ptr());
+  g.init = first.data_ptr<float>();
+  g.init_rows = first.size(0);
+  g.ld_init = first.stride(0);
+#if DAB_AMX
+  gemm<Epilogue::kAddTo>(g);
+#endif
+  return out;
+}
+
 // st (Pp, N) float32 -= chi * (a @ w^T + bias), in float32; columns >= d clamped to [lo, hi]; with
 // write_s, s (blocked (Pp/16, N/32, 16, 32) bf16) <- [mu, exp(st[:, d:])].
 // With init (Mb, N) float32, the state before the update is init[r % Mb] instead of st[r] (the
@@ -453,6 +485,7 @@ TORCH_LIBRARY(dab_amx, m) {
   m.def("amx_linear_silu(Tensor a, Tensor w, Tensor bias, Tensor? target=None) -> Tensor");
   m.def("amx_add_silu_blocked(Tensor a, Tensor b) -> Tensor");
   m.def("amx_linear_add_(Tensor a, Tensor w, Tensor(a!) target) -> ()");
+  m.def("amx_linear_add_first_(Tensor a, Tensor w, Tensor(a!) target, Tensor first) -> Tensor");
   m.def("amx_linear_update_(Tensor a, Tensor w, Tensor bias, Tensor(a!) st, Tensor(b!) s, float chi, float lo, "
         "float hi, int d, bool write_s, Tensor? init=None) -> ()");
 }
@@ -463,5 +496,6 @@ TORCH_LIBRARY_IMPL(dab_amx, CPU, m) {
   m.impl("amx_linear_silu", &amx_linear_silu);
   m.impl("amx_add_silu_blocked", &amx_add_silu_blocked);
   m.impl("amx_linear_add_", &amx_linear_add_);
+  m.impl("amx_linear_add_first_", &amx_linear_add_first_);
   m.impl("amx_linear_update_", &amx_linear_update_);
 }
