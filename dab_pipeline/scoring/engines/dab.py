@@ -85,7 +85,10 @@ class DABEngine(GaussianEngine):
             coef_rows, g_rows, vidx = coef_rows[keep], g_rows[keep], vidx[keep]
         p, hidden = coef_rows.shape[0], vs.g_all.shape[2] - 3 * d
         mu_v, lv_v = torch.empty(p, d), torch.empty(p, d)  # (P, D) float32
-        sigma_v = torch.empty(p, d, dtype=torch.bfloat16)  # (P, D)
+        # sigma_v (P, D), or on AMX in the products' tile-blocked layout (Pp/16, D/32, 16, 32)
+        pp = -(-p // 32) * 32
+        sigma_v = torch.empty(*((pp // 16, d // 32, 16, 32) if self.steps.amx is not None else (p, d)),
+                              dtype=torch.bfloat16)
         target = torch.empty(p, hidden, dtype=torch.bfloat16)  # (P, H)
         self.steps.kernels.pair_heads_(coef_rows, g_rows, vs.g_all, vidx, vs.tok, self.lo, self.hi, mu_v, lv_v,
                                        sigma_v, target)

@@ -104,7 +104,8 @@ def pair_heads_eager(coef: Tensor, g: Tensor, basis: Tensor, vidx: Tensor, vtok:
     mu (P, D) float32 <- ``out[D:2D]``; lv (P, D) float32 <-
     ``clamp((clamp(lv_raw, lo, hi) + tok_g / g + vtok[vidx]) / 2, lo, hi)`` with g (P,) the
     token term's scale and vtok (V, D) the per-video token term; sigma (P, D) bfloat16 <-
-    ``exp(lv / 2)``; target (P, H) bfloat16 <- ``out[3D:]``.
+    ``exp(lv / 2)``; target (P, H) bfloat16 <- ``out[3D:]``.  sigma may instead be tile-blocked,
+    (Pp/16, D/32, 16, 32) with Pp = P rounded up to 32 (the AMX products' input), its padding rows 0.
     """
     d = mu.shape[1]
     out = torch.empty(coef.shape[0], basis.shape[2], dtype=torch.float32)  # (P, 3D + H)
@@ -116,7 +117,12 @@ def pair_heads_eager(coef: Tensor, g: Tensor, basis: Tensor, vidx: Tensor, vtok:
     mu.copy_(out[:, d: 2 * d])
     lv.copy_(out[:, 2 * d: 3 * d]).clamp_(lo, hi).add_(out[:, :d] / g[:, None]).add_(vtok[vidx])
     lv.mul_(0.5).clamp_(lo, hi)
-    torch.exp(lv * 0.5, out=sigma)
+    if sigma.dim() == 4:
+        rows = torch.zeros(sigma.shape[0] * 16, d, dtype=sigma.dtype)  # (Pp, D)
+        torch.exp(lv * 0.5, out=rows[: lv.shape[0]])
+        sigma.permute(0, 2, 1, 3).copy_(rows.view(sigma.shape[0], 16, d // 32, 32))
+    else:
+        torch.exp(lv * 0.5, out=sigma)
     target.copy_(out[:, 3 * d:])
 
 

@@ -307,7 +307,14 @@ struct HeadsArgs {
   uint16_t* target; int64_t ldt;
   int64_t k, d, h;
   float lo, hi;
+  bool sigma_blocked;  // sigma tile-blocked (Pp/16, D/32, 16, 32), the AMX products' input layout
 };
+
+// sigma's element (r, j); 16 elements from a j that is a multiple of 16 are contiguous in either layout
+inline uint16_t* sigma_at(const HeadsArgs& a, int64_t r, int64_t j) {
+  return a.sigma_blocked ? a.sigma + ((r / 16) * (a.d / 32) + j / 32) * 512 + (r % 16) * 32 + j % 32
+                         : a.sigma + r * a.lds + j;
+}
 
 // Rows [r, r + 1): the portable version, through a row buffer.
 void heads_row(const HeadsArgs& a, int64_t r, float* out) {
@@ -325,7 +332,6 @@ void heads_row(const HeadsArgs& a, int64_t r, float* out) {
   const float* vt = a.vtok + a.vidx[r] * a.ldv;
   float* mrow = a.mu + r * a.ldm;
   float* lrow = a.lv + r * a.ldl;
-  uint16_t* srow = a.sigma + r * a.lds;
   uint16_t* trow = a.target + r * a.ldt;
   for (int64_t j = 0; j < a.d; ++j) {
     mrow[j] = out[a.d + j];
@@ -334,7 +340,7 @@ void heads_row(const HeadsArgs& a, int64_t r, float* out) {
     const bool nan = is_nan(x1);
     const float x = nan ? x1 : clamp(x1, a.lo, a.hi);
     lrow[j] = x;
-    srow[j] = float_to_bf16(nan ? x : exp_poly(0.5f * x));
+    *sigma_at(a, r, j) = float_to_bf16(nan ? x : exp_poly(0.5f * x));
   }
   for (int64_t j = 0; j < a.h; ++j) trow[j] = float_to_bf16(out[3 * a.d + j]);
 }
@@ -372,7 +378,7 @@ void heads_rows_simd(const HeadsArgs& a, int64_t r) {
       __m512 x = _mm512_add_ps(_mm512_fmadd_ps(tok[i], inv_g[i], clamp_ps(lv[i], lo, hi)), vtj);
       x = clamp_ps(_mm512_mul_ps(x, half), lo, hi);
       _mm512_storeu_ps(a.lv + (r + i) * a.ldl + j, x);
-      store_bf16_ps(a.sigma + (r + i) * a.lds + j, exp_ps(_mm512_mul_ps(x, half)));  // a bf16 result
+      store_bf16_ps(sigma_at(a, r + i, j), exp_ps(_mm512_mul_ps(x, half)));  // a bf16 result
     }
   }
   for (int64_t j = 0; j < a.h; j += 16) {
@@ -396,7 +402,15 @@ void pair_heads_(const at::Tensor& coef, const at::Tensor& g, const at::Tensor& 
   const int64_t n_v = vtok.size(0), d = vtok.size(1);
   check_rows(mu, "mu", at::kFloat, rows, d);
   check_rows(lv, "lv", at::kFloat, rows, d);
-  check_rows(sigma, "sigma", at::kBFloat16, rows, d);
+  const int64_t pp = (rows + 31) / 32 * 32;
+  const bool blocked = sigma.dim() == 4;
+  if (blocked) {
+    TORCH_CHECK(sigma.scalar_type() == at::kBFloat16 && sigma.is_contiguous() && d % 32 == 0 &&
+                    sigma.size(0) == pp / 16 && sigma.size(1) == d / 32 && sigma.size(2) == 16 && sigma.size(3) == 32,
+                "a blocked sigma must be contiguous bf16 (Pp/16, D/32, 16, 32), Pp = P rounded up to 32");
+  } else {
+    check_rows(sigma, "sigma", at::kBFloat16, rows, d);
+  }
   check_rows(target, "target", at::kBFloat16, rows);
   const int64_t h = target.size(1);
   TORCH_CHECK(basis.dim() == 3 && basis.is_contiguous() && basis.scalar_type() == at::kFloat && basis.size(0) == n_v &&
@@ -411,7 +425,11 @@ void pair_heads_(const at::Tensor& coef, const at::Tensor& g, const at::Tensor& 
                     basis.data_ptr<float>(), k * (3 * d + h), vp, vtok.data_ptr<float>(), vtok.stride(0),
                     mu.data_ptr<float>(), mu.stride(0), lv.data_ptr<float>(), lv.stride(0),
                     reinterpret_cast<uint16_t*>(sigma.data_ptr()), sigma.stride(0),
-                    reinterpret_cast<uint16_t*>(target.data_ptr()), target.stride(0), k, d, h, float(lo), float(hi)};
+                    reinterpret_cast<uint16_t*>(target.data_ptr()), target.stride(0), k, d, h, float(lo), float(hi),
+                    blocked};
+  if (blocked)  // the padding rows are products' inputs too: zeros, not whatever the memory held
+    for (int64_t r = rows; r < pp; ++r)
+      for (int64_t j = 0; j < d; j += 32) std::memset(sigma_at(a, r, j), 0, 64);
   const bool simd = DAB_BF16_SIMD && d % 16 == 0 && h % 16 == 0;
   at::parallel_for(0, rows, kGrain, [&](int64_t begin, int64_t end) {
     std::vector<float> out(simd ? 0 : 3 * d + h);
