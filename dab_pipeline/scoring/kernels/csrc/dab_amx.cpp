@@ -130,11 +130,14 @@ inline int64_t st_offset(const GemmArgs& g, int64_t row, int64_t c0) { return ro
 // Rows [rb, re) of a finished 32 x 32 block (rows r0.., columns c0..) of v = acc + bias, in buf
 // (32 x 32 float32).  v stays float32 until the result is stored: the target block and SiLU, or the
 // state update, act on the float32 sums (oneDNN's path rounds its product to bf16 first).
+// m0 = r0 % init_rows (with init): the rows' init rows follow without a division each.
 template <Epilogue E>
-void finish_rows(const GemmArgs& g, const float* buf, int64_t r0, int64_t c0, int rb, int re) {
+void finish_rows(const GemmArgs& g, const float* buf, int64_t r0, int64_t c0, int rb, int re, int64_t m0) {
   const __m512 b0 = _mm512_loadu_ps(g.bias + c0), b1 = _mm512_loadu_ps(g.bias + c0 + 16);
   const int64_t tiles_k = g.n / 32;
-  for (int r = rb; r < re; ++r) {
+  int64_t m = m0 + rb;  // (r0 + r) % init_rows
+  while (g.init != nullptr && m >= g.init_rows) m -= g.init_rows;
+  for (int r = rb; r < re; ++r, m = m + 1 == g.init_rows ? 0 : m + 1) {
     const int64_t row = r0 + r;
     __m512 v0 = _mm512_add_ps(_mm512_load_ps(buf + r * 32), b0);
     __m512 v1 = _mm512_add_ps(_mm512_load_ps(buf + r * 32 + 16), b1);
@@ -146,7 +149,7 @@ void finish_rows(const GemmArgs& g, const float* buf, int64_t r0, int64_t c0, in
         v1 = _mm512_add_ps(v1, load_bf16(t + 16));
         _mm512_storeu_si512(t, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
         if (g.init != nullptr) {
-          const float* f = g.init + (row % g.init_rows) * g.ld_init + c0;
+          const float* f = g.init + m * g.ld_init + c0;
           v0 = silu_lean(_mm512_add_ps(v0, _mm512_loadu_ps(f)));
           v1 = silu_lean(_mm512_add_ps(v1, _mm512_loadu_ps(f + 16)));
           _mm512_storeu_si512(g.out + off, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
@@ -156,7 +159,7 @@ void finish_rows(const GemmArgs& g, const float* buf, int64_t r0, int64_t c0, in
       }
     } else if constexpr (E == Epilogue::kUpdate) {
       float* srow = g.st + st_offset(g, row, c0);
-      const float* src = g.init == nullptr ? srow : g.init + (row % g.init_rows) * g.ld_init + c0;
+      const float* src = g.init == nullptr ? srow : g.init + m * g.ld_init + c0;
       const __m512 chi = _mm512_set1_ps(g.chi);
       __m512 s0 = _mm512_fnmadd_ps(chi, v0, _mm512_loadu_ps(src));
       __m512 s1 = _mm512_fnmadd_ps(chi, v1, _mm512_loadu_ps(src + 16));
@@ -193,9 +196,8 @@ template <Epilogue E>
 inline void prefetch_inputs(const GemmArgs& g, int64_t r0, int64_t c0, int rb, int n, int rows) {
   for (int r = rb; r < std::min(rows, rb + n); ++r) {
     if constexpr (E == Epilogue::kUpdate) {
-      const int64_t row = r0 + r;
-      const char* p = reinterpret_cast<const char*>(
-          g.init == nullptr ? g.st + st_offset(g, row, c0) : g.init + (row % g.init_rows) * g.ld_init + c0);
+      // st: read and written, or (the first step) only written; init's few rows stay in cache
+      const char* p = reinterpret_cast<const char*>(g.st + st_offset(g, r0 + r, c0));
       _mm_prefetch(p, _MM_HINT_T1);
       _mm_prefetch(p + 64, _MM_HINT_T1);
     } else if constexpr (E == Epilogue::kSiluTarget || E == Epilogue::kAddTo) {
@@ -211,6 +213,7 @@ struct Pending {
   float* buf = nullptr;
   int64_t r0 = 0, c0 = 0;
   int done = 0, rows = 0;  // rows finished of the block's rows (32, or 16 for a half block); done == rows: none
+  int64_t m0 = 0;  // r0 % init_rows, where the epilogue reads init
 };
 
 template <Epilogue E>
@@ -228,7 +231,7 @@ void gemm(const GemmArgs& g) {
     auto finish_some = [&](int rows) {
       if (pend.done >= pend.rows) return;
       const int re = std::min(pend.rows, pend.done + rows);
-      finish_rows<E>(g, pend.buf, pend.r0, pend.c0, pend.done, re);
+      finish_rows<E>(g, pend.buf, pend.r0, pend.c0, pend.done, re, pend.m0);
       pend.done = re;
     };
     alignas(64) float acc[kGroup * 1024];
@@ -276,7 +279,7 @@ void gemm(const GemmArgs& g) {
           finish_some(32);
           _tile_stored(0, buf, 128); _tile_stored(1, buf + 16, 128);
           if (!half) { _tile_stored(2, buf + 512, 128); _tile_stored(3, buf + 528, 128); }
-          pend = Pending{buf, ts * 16, nb * 32, 0, rows};
+          pend = Pending{buf, ts * 16, nb * 32, 0, rows, g.init != nullptr ? ts * 16 % g.init_rows : 0};
         }
       }
     }
