@@ -135,6 +135,15 @@ def test_many_blocks_any_split(ops, threads: int) -> None:
         st0 = torch.randn(608, n, generator=torch.Generator().manual_seed(10))
         st, s = st0.clone(), torch.zeros(608 // 16, n // 32, 16, 32, dtype=torch.bfloat16)
         ops.amx_linear_update_(xb, wp, bias, st, s, 0.2, -1.0, 1.0, d, True)
+        # per-text rows (row % M) across thread ranges, half blocks and blocks that straddle M
+        per_text = {}
+        for mb in (7, 45):
+            rows = torch.randn(mb, n, generator=torch.Generator().manual_seed(mb))
+            added_first = target.clone()
+            h0 = ops.amx_linear_add_first_(xb, wp, added_first, rows)
+            st_i = torch.full((608, n), float("nan"))
+            ops.amx_linear_update_(xb, wp, bias, st_i, torch.zeros_like(s), 0.2, -1.0, 1.0, d, True, rows)
+            per_text[mb] = (rows, added_first, h0, st_i)
     finally:
         torch.set_num_threads(before)
 
@@ -148,6 +157,16 @@ def test_many_blocks_any_split(ops, threads: int) -> None:
     bridge_update_eager(st_ref, prod + bias, s_ref, 0.2, -1.0, 1.0, d, True)  # the drift in float32
     torch.testing.assert_close(st[:p], st_ref, rtol=0, atol=0.2 * (prod + bias).abs().max().item() * F32_SUMS)
     torch.testing.assert_close(unblock(s, p).float(), s_ref.float(), rtol=4 * BF16_REL, atol=1e-2)
+    for mb, (rows, added_first, h0, st_i) in per_text.items():
+        r_of = torch.arange(608) % mb
+        assert torch.equal(added_first, added)  # the target as amx_linear_add_ leaves it
+        close(unblock(h0, p).float(), F.silu(target.float() + prod + rows[r_of[:p]]), BF16_REL + SILU_APPROX)
+        assert (unblock(h0, 608)[p:] == 0).all()
+        st_ref = rows[r_of].clone()
+        bridge_update_eager(st_ref, F.pad(prod + bias, (0, 0, 0, 8)), torch.zeros(608, n, dtype=torch.bfloat16),
+                            0.2, -1.0, 1.0, d, False)
+        torch.testing.assert_close(st_i[:p], st_ref[:p], rtol=0,
+                                   atol=0.2 * (prod + bias).abs().max().item() * F32_SUMS)
 
 
 @pytest.mark.parametrize("write_s", [True, False])
@@ -205,11 +224,13 @@ def test_ops_reject_bad_shapes(ops) -> None:
                                   torch.zeros(4, 32))
 
 
-@pytest.mark.parametrize("variant,steps", [("dab", 3), ("bridge", 2), ("dab", 1)])
-def test_engine_on_amx_agrees_with_the_onednn_path(ops, variant: str, steps: int,
+@pytest.mark.parametrize("variant,steps,cost", [("dab", 3, "kl"), ("bridge", 2, "kl"), ("dab", 1, "kl"), ("dab", 2, "w2")])
+def test_engine_on_amx_agrees_with_the_onednn_path(ops, variant: str, steps: int, cost: str,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # w2: the bridge's float32 state comes back to the generic cost (not the KL kernel's fast path)
     torch.manual_seed(0)
-    model = DABModel(ModelConfig(variant=variant, embed_dim=32, num_heads=2, drift_hidden=64, steps=steps)).eval()
+    model = DABModel(ModelConfig(variant=variant, embed_dim=32, num_heads=2, drift_hidden=64, steps=steps,
+                                 cost=cost)).eval()
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for prm in model.parameters():

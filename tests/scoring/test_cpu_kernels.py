@@ -123,16 +123,16 @@ def test_pair_heads_matches_the_eager_spec(fused: cpu_kernels.Kernels, d: int, h
     assert lv.min() >= -4.0 and lv.max() <= 3.0 and (lv == -4.0).any() and (lv == 3.0).any()  # both clamps bite
 
 
-@pytest.mark.parametrize("d", [32, 64])  # the vector path; the portable one is the eager spec's
-def test_pair_heads_writes_a_blocked_sigma(fused: cpu_kernels.Kernels, d: int) -> None:
+@pytest.mark.parametrize("d,h", [(32, 32), (64, 32), (32, 40)])  # the vector path; the portable one (H % 16 != 0)
+def test_pair_heads_writes_a_blocked_sigma(fused: cpu_kernels.Kernels, d: int, h: int) -> None:
     # 21 rows -> Pp = 32: sigma tile-blocked (2, D/32, 16, 32) for the AMX products, padding rows 0
-    case = heads_case(d, 32, seed=6, runs=(4, 9, 1, 7))
+    case = heads_case(d, h, seed=6, runs=(4, 9, 1, 7))
     p = case[0].shape[0]
     _, _, sig_rows, _ = run_heads(pair_heads_eager, case, -4.0, 3.0)
     for fn in (pair_heads_eager, fused.pair_heads_):
         coef, g, basis, vidx, vtok = case
         sig = torch.full((2, d // 32, 16, 32), 7.0).to(torch.bfloat16)
-        outs = [torch.empty(p, d), torch.empty(p, d), sig, torch.empty(p, 32, dtype=torch.bfloat16)]
+        outs = [torch.empty(p, d), torch.empty(p, d), sig, torch.empty(p, h, dtype=torch.bfloat16)]
         fn(coef, g, basis, vidx, vtok, -4.0, 3.0, *outs)
         rows = sig.permute(0, 2, 1, 3).reshape(32, d)  # (Pp, D)
         torch.testing.assert_close(rows[:p].float(), sig_rows.float(), rtol=2 * BF16_REL, atol=0)

@@ -54,23 +54,22 @@ class DABEngine(GaussianEngine):
             mu_v, lv_v, target = pack(mu_v), pack(lv_v), pack(rest.to(self.mm_dtype))  # (B, M, .) | (P, 1, .)
         if sigma_v is None:
             sigma_v = torch.exp(0.5 * lv_v).reshape(-1, self.d).to(self.mm_dtype)  # (P, D)
-        onednn, h0 = self.steps.onednn, None
-        kl_fast = onednn is not None and self.cfg.cost == "kl" and not want_var
+        onednn, h0, first = self.steps.onednn, None, pack(ts.first)
         if self.steps.amx is not None:  # + sigma_v block, in place in the product's epilogue, and the first step
-            h0 = self.steps.amx.add_to_target(0, sigma_v, target, pack(ts.first) if kl_fast else None)
+            h0 = self.steps.amx.add_to_target(0, sigma_v, target, first)
         elif onednn is not None:
             shape = target.shape
             target = onednn.add(sigma_v, target.reshape(-1, shape[-1]), -1).view(shape)  # + sigma_v block
         else:
             target.view(-1, target.shape[-1]).addmm_(sigma_v, self.wsig_t)  # + sigma_v block
         del sigma_v
-        if kl_fast:
+        if onednn is not None and self.cfg.cost == "kl" and not want_var:
             # KL straight from the float32 state [mu_t, logvar_t / 2], one pass
             assert self.steps.kernels is not None
-            st = self.steps.run_onednn([pack(ts.mu), pack(ts.logvar)], target, pack(ts.first), raw=True, h0=h0)
+            st = self.steps.run_onednn([pack(ts.mu), pack(ts.logvar)], target, first, raw=True, h0=h0)
             cost = self.steps.kernels.kl_rows(mu_v.reshape(-1, self.d), lv_v.reshape(-1, self.d), st)  # (P,)
             return (cost if keep is not None else cost.view(n_b, n_m)), None, None
-        mu_t, lv_t = self.steps.run([pack(ts.mu), pack(ts.logvar)], target, pack(ts.first))
+        mu_t, lv_t = self.steps.run([pack(ts.mu), pack(ts.logvar)], target, first, h0=h0)
         return self.costs(mu_v, lv_v, mu_t, lv_t, keep, want_var)
 
     def _fused_heads(self, vs: Videos, coef_g: Tensor, g: Tensor, keep: Optional[Tensor]

@@ -77,19 +77,21 @@ class BridgeSteps:
         """The first step's state block plus time feature and bias, per text: state (Q, n*D) -> (Q, H)."""
         return state @ self.ws_t + self.time_feat[0]
 
-    def run(self, state: list[Tensor], target: Tensor, first: Tensor) -> list[Tensor]:
+    def run(self, state: list[Tensor], target: Tensor, first: Tensor, h0: Optional[Tensor] = None) -> list[Tensor]:
         """T' bridge steps on the B x M pairs of a block.
 
         state: [mu, logvar] (Gaussian) or [x] (point), each broadcastable to (B, M, D)
         (per text); target (B, M, H): the first layer's target block, matmul dtype;
-        first: broadcastable to (B, M, H), from :meth:`first`.  Each step is three
+        first: broadcastable to (B, M, H), from :meth:`first`; h0: on AMX, the first step's
+        activation where :meth:`AmxBridge.add_to_target` computed it.  Each step is three
         large products into preallocated buffers plus in-place elementwise work.
         Returns the final state as float32 (B, M, D) tensors.
         """
         if self.onednn is not None:
-            out = self.run_onednn(state, target, first)
+            out = self.run_onednn(state, target, first, h0=h0)
             assert isinstance(out, list)
             return out
+        assert h0 is None
         n_b, n_m, hidden = target.shape
         d, p = self.d, n_b * n_m
         dev, mm = target.device, self.mm_dtype
@@ -296,7 +298,6 @@ class AmxBridge:
         if steps.gaussian:
             out.append((st[:, d:] * 2.0).view(n_b, n_m, d))
         return out
-
 
 
 def _first_rows(first: Tensor, n_b: int, n_m: int, hidden: int) -> Tensor:

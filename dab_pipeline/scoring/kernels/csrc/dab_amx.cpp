@@ -26,7 +26,7 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__AVX512DQ__)
 #define DAB_AMX 1
 #include <immintrin.h>
 #include <sys/syscall.h>
@@ -83,7 +83,7 @@ inline __m512 silu_ps(__m512 v) {
                                          _mm512_set1_ps(-150.0f)));
   return _mm512_mul_ps(v, _mm512_rcp14_ps(_mm512_add_ps(_mm512_set1_ps(1.0f), e)));
 }
-// The epilogues' cheaper forms (their results are rounded to bf16, whose half ulp is 2^-9): 2^t as
+// The epilogues' cheaper forms (their results are rounded to bf16: up to 2^-8 relative): 2^t as
 // 2^floor(t) p(t - floor(t)), p of degree 3 on [0, 1) (relative error 7.6e-5), in six instructions;
 // SiLU on it in nine.  Large |t| give 0 or inf exactly, so SiLU needs no clamp of its argument.
 inline __m512 exp2_lean(__m512 t) {
@@ -97,8 +97,13 @@ inline __m512 silu_lean(__m512 v) {
   const __m512 e = exp2_lean(_mm512_mul_ps(v, _mm512_set1_ps(-1.44269504088896341f)));
   return _mm512_mul_ps(v, _mm512_rcp14_ps(_mm512_add_ps(_mm512_set1_ps(1.0f), e)));
 }
-// min(hi, max(lo, v)), v second: MAXPS and MINPS return their second operand where one is NaN, so NaN stays NaN
-inline __m512 clamp_ps(__m512 v, __m512 lo, __m512 hi) { return _mm512_min_ps(hi, _mm512_max_ps(lo, v)); }
+// min(hi, max(lo, v)) with a NaN v kept, found by its bits: the build's -ffinite-math-only lets the compiler
+// reorder MAXPS / MINPS operands (which decides what they return for NaN) and drop a floating-point NaN test
+inline __m512 clamp_ps(__m512 v, __m512 lo, __m512 hi) {
+  const __m512i mag = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7fffffff));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(mag, _mm512_set1_epi32(0x7f800000));
+  return _mm512_mask_mov_ps(_mm512_min_ps(_mm512_max_ps(v, lo), hi), nan, v);
+}
 
 struct TileConfig {
   uint8_t palette, start_row, reserved[14];
@@ -123,7 +128,6 @@ void load_tile_config() {  // 0-3: 16 x 16 float32 results; 4-5: 16 x 32 bf16 ro
 }
 
 enum class Epilogue { kSilu, kSiluTarget, kUpdate, kAddTo };
-
 
 inline int64_t st_offset(const GemmArgs& g, int64_t row, int64_t c0) { return row * g.n + c0; }
 
@@ -326,7 +330,6 @@ at::Tensor amx_block_rows(const at::Tensor& x) {
   return padded.contiguous().view({pp / 16, 16, k / 32, 32}).permute({0, 2, 1, 3}).contiguous();
 }
 
-// h <- silu(bf16(a @ w^T + bias) [+ target]) as a blocked (Pp/16, N/32, 16, 32) bf16 tensor.
 // The checks and fields every product op shares: a blocked (Pp/16, K/32, 16, 32) bf16, w packed
 // (N/16, K/32, 16, 32) bf16, bias (N,) float32 (or null: no bias).
 GemmArgs product_args(const at::Tensor& a, const at::Tensor& w, const at::Tensor* bias) {
@@ -359,7 +362,16 @@ void set_target(GemmArgs& g, const at::Tensor& t) {
   g.ld_target = t.stride(0);
 }
 
-// h <- silu(bf16(a @ w^T + bias [+ target])) as a blocked (Pp/16, N/32, 16, 32) bf16 tensor.
+// per-text rows t (Mb, N) float32, unit inner stride, that row r reads as t[r % Mb]; into g.
+void set_init(GemmArgs& g, const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.dim() == 2 && t.scalar_type() == at::kFloat && t.size(1) == g.n && t.stride(1) == 1 && t.size(0) > 0,
+              name, " must be float32 (Mb, N) with unit inner stride");
+  g.init = t.data_ptr<float>();
+  g.init_rows = t.size(0);
+  g.ld_init = t.stride(0);
+}
+
+// h <- silu(a @ w^T + bias [+ target]) as a blocked (Pp/16, N/32, 16, 32) bf16 tensor (one rounding).
 at::Tensor amx_linear_silu(const at::Tensor& a, const at::Tensor& w, const at::Tensor& bias,
                            const c10::optional<at::Tensor>& target) {
   GemmArgs g = product_args(a, w, &bias);
@@ -431,15 +443,11 @@ void amx_linear_add_(const at::Tensor& a, const at::Tensor& w, at::Tensor target
 at::Tensor amx_linear_add_first_(const at::Tensor& a, const at::Tensor& w, at::Tensor target, const at::Tensor& first) {
   GemmArgs g = product_args(a, w, nullptr);
   set_target(g, target);
-  TORCH_CHECK(first.dim() == 2 && first.scalar_type() == at::kFloat && first.size(1) == g.n && first.stride(1) == 1 &&
-                  first.size(0) > 0, "first must be float32 (Mb, N) with unit inner stride");
+  set_init(g, first, "first");
   const at::Tensor zero = at::zeros({g.n}, target.options().dtype(at::kFloat));
   at::Tensor out = at::empty({a.size(0), g.n / 32, 16, 32}, a.options());
   g.bias = zero.data_ptr<float>();
   g.out = reinterpret_cast<uint16_t*>(out.data_ptr());
-  g.init = first.data_ptr<float>();
-  g.init_rows = first.size(0);
-  g.ld_init = first.stride(0);
 #if DAB_AMX
   gemm<Epilogue::kAddTo>(g);
 #endif
@@ -466,14 +474,7 @@ void amx_linear_update_(const at::Tensor& a, const at::Tensor& w, const at::Tens
   g.lo = float(lo);
   g.hi = float(hi);
   g.write_s = write_s;
-  if (init.has_value()) {
-    const at::Tensor& t = *init;
-    TORCH_CHECK(t.dim() == 2 && t.scalar_type() == at::kFloat && t.size(1) == g.n && t.stride(1) == 1 && t.size(0) > 0,
-                "init must be float32 (Mb, N) with unit inner stride");
-    g.init = t.data_ptr<float>();
-    g.init_rows = t.size(0);
-    g.ld_init = t.stride(0);
-  }
+  if (init.has_value()) set_init(g, *init, "init");
 #if DAB_AMX
   gemm<Epilogue::kUpdate>(g);
 #endif
