@@ -248,18 +248,13 @@ class AmxBridge:
             return None
         return AmxBridge(amx_ops(), w_state, mids, mid_biases, w_last, b_last, extras)
 
-    def add_to_target(self, i: int, x: Tensor, target: Tensor, first: Optional[Tensor] = None) -> Optional[Tensor]:
-        """target (P, H) bf16 += x (P, K) bf16 @ the i-th extra block^T, in place (one rounding); x may come
-        tile-blocked already, (Pp/16, K/32, 16, 32).
-
-        With ``first`` (:meth:`BridgeSteps.first`'s rows, broadcastable to the (B, M, H) grid of ``target``),
-        the same products' epilogue also computes the first step's activation, silu(target + first), and
-        returns it for :meth:`run` (tile-blocked): the last addition to the target, DAB's sigma_v block.
+    def add_to_target(self, i: int, xb: Tensor, target: Tensor, first: Tensor) -> Tensor:
+        """target (B, M, H) bf16 += x @ the i-th extra block^T, in place (one rounding), x tile-blocked
+        (Pp/16, K/32, 16, 32) bf16 (``amx_block_rows``, or written so by ``pair_heads_``): the last addition to
+        the target (DAB's sigma_v block).  The same products' epilogue computes the first step's activation,
+        silu(target + first) with ``first`` :meth:`BridgeSteps.first`'s rows broadcastable to the (B, M, H) grid,
+        and returns it (tile-blocked) for :meth:`run`.
         """
-        xb = x if x.dim() == 4 else self.ops.amx_block_rows(x)
-        if first is None:
-            self.ops.amx_linear_add_(xb, self.extras[i], target.view(-1, target.shape[-1]))
-            return None
         return self.ops.amx_linear_add_first_(xb, self.extras[i], target.view(-1, target.shape[-1]),
                                              _first_rows(first, *target.shape))
 

@@ -44,8 +44,8 @@ struct GemmArgs {
   int64_t pp, k, n;
   // kSilu / kSiluTarget: out blocked (Pp/16, N/32, 16, 32); target (P, N) bf16 row-major, not read for the
   // padding rows (>= p), whose outputs are never read back
-  // kAddTo: target (rows < p) <- bf16(v), v = target + a @ w^T + bias, in place, row-major; with init (the
-  // first step's per-text rows), also out (blocked) <- silu(v + init[row % init_rows]), 0 for the padding
+  // kAddTo: target (rows < p) <- bf16(v), v = target + a @ w^T + bias, in place, row-major, and out (blocked)
+  // <- silu(v + init[row % init_rows]) (init: the first step's per-text rows), 0 for the padding
   uint16_t* out;
   const uint16_t* target;
   int64_t p, ld_target;
@@ -152,13 +152,11 @@ void finish_rows(const GemmArgs& g, const float* buf, int64_t r0, int64_t c0, in
         v0 = _mm512_add_ps(v0, load_bf16(t));
         v1 = _mm512_add_ps(v1, load_bf16(t + 16));
         _mm512_storeu_si512(t, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
-        if (g.init != nullptr) {
-          const float* f = g.init + m * g.ld_init + c0;
-          v0 = silu_lean(_mm512_add_ps(v0, _mm512_loadu_ps(f)));
-          v1 = silu_lean(_mm512_add_ps(v1, _mm512_loadu_ps(f + 16)));
-          _mm512_storeu_si512(g.out + off, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
-        }
-      } else if (g.init != nullptr) {
+        const float* f = g.init + m * g.ld_init + c0;
+        v0 = silu_lean(_mm512_add_ps(v0, _mm512_loadu_ps(f)));
+        v1 = silu_lean(_mm512_add_ps(v1, _mm512_loadu_ps(f + 16)));
+        _mm512_storeu_si512(g.out + off, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
+      } else {
         _mm512_storeu_si512(g.out + off, _mm512_setzero_si512());
       }
     } else if constexpr (E == Epilogue::kUpdate) {
@@ -425,21 +423,10 @@ at::Tensor amx_add_silu_blocked(const at::Tensor& a, const at::Tensor& b) {
   return out;
 }
 
-// target (P, N) bf16 <- bf16(target + a @ w^T), in place: a block of the bridge's first layer that a
-// pair adds to its target (the sigma_v block of DAB).
-void amx_linear_add_(const at::Tensor& a, const at::Tensor& w, at::Tensor target) {
-  GemmArgs g = product_args(a, w, nullptr);
-  set_target(g, target);
-  const at::Tensor zero = at::zeros({g.n}, target.options().dtype(at::kFloat));
-  g.bias = zero.data_ptr<float>();
-#if DAB_AMX
-  gemm<Epilogue::kAddTo>(g);
-#endif
-}
-
-// The same, and the bridge's first step straight from it: returns h (Pp/16, N/32, 16, 32) bf16, row r < P
-// silu(v[r] + first[r % Mb]) with v[r] the new target row before its rounding (first (Mb, N) float32: the
-// per-text block with its time feature and bias), the padding rows 0.
+// target (P, N) bf16 <- bf16(v), v = target + a @ w^T, in place: the last block of the bridge's first layer
+// that a pair adds to its target (the sigma_v block of DAB); and the bridge's first step straight from it:
+// returns h (Pp/16, N/32, 16, 32) bf16, row r < P silu(v[r] + first[r % Mb]) with v[r] before its rounding
+// (first (Mb, N) float32: the per-text block with its time feature and bias), the padding rows 0.
 at::Tensor amx_linear_add_first_(const at::Tensor& a, const at::Tensor& w, at::Tensor target, const at::Tensor& first) {
   GemmArgs g = product_args(a, w, nullptr);
   set_target(g, target);
@@ -488,7 +475,6 @@ TORCH_LIBRARY(dab_amx, m) {
   m.def("amx_block_rows(Tensor x) -> Tensor");
   m.def("amx_linear_silu(Tensor a, Tensor w, Tensor bias, Tensor? target=None) -> Tensor");
   m.def("amx_add_silu_blocked(Tensor a, Tensor b) -> Tensor");
-  m.def("amx_linear_add_(Tensor a, Tensor w, Tensor(a!) target) -> ()");
   m.def("amx_linear_add_first_(Tensor a, Tensor w, Tensor(a!) target, Tensor first) -> Tensor");
   m.def("amx_linear_update_(Tensor a, Tensor w, Tensor bias, Tensor(a!) st, Tensor(b!) s, float chi, float lo, "
         "float hi, int d, bool write_s, Tensor? init=None) -> ()");
@@ -499,7 +485,6 @@ TORCH_LIBRARY_IMPL(dab_amx, CPU, m) {
   m.impl("amx_block_rows", &amx_block_rows);
   m.impl("amx_linear_silu", &amx_linear_silu);
   m.impl("amx_add_silu_blocked", &amx_add_silu_blocked);
-  m.impl("amx_linear_add_", &amx_linear_add_);
   m.impl("amx_linear_add_first_", &amx_linear_add_first_);
   m.impl("amx_linear_update_", &amx_linear_update_);
 }
