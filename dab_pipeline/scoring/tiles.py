@@ -13,8 +13,8 @@ budget), :func:`tuned_pairs` times the engine's own sub-block (``Engine.pairs``:
 kernels, the pooling) for each candidate cap on P, at exactly the (texts x videos) shape the driver
 cuts the grid into under that cap, up to what a quarter of the free RAM holds, and keeps the
 fastest per pair. The rates are cached in ``<dab cache>/tiles.json`` under a key of
-the CPU's flags, torch's version, the thread count, the model's shapes and the grid's, so a
-machine measures a shape once. ``DAB_TILE_TUNING=0`` turns it off (the budget's P is used).
+the CPU's flags, torch's version, the thread count, the model's shapes and the grid's (in bf16
+also the kernels' build), so a machine measures a shape once. ``DAB_TILE_TUNING=0`` turns it off (the budget's P is used).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import torch
 from ..model import DABModel
 from .engines import build_engine
 from .engines.trajectory import amx_bridge_applies
-from .kernels.cpu import _cpu_signature, kernel_cache_dir
+from .kernels.cpu import _cpu_signature, build_key, kernel_cache_dir
 
 __all__ = ["CANDIDATES", "TUNE_MIN_PAIRS", "tuning_enabled", "tuned_pairs", "tiles_cache_path", "tile_key"]
 
@@ -51,8 +51,11 @@ def tiles_cache_path() -> Path:
 
 def tile_key(model: DABModel, num_frames: int, dtype: torch.dtype) -> str:
     cfg = model.cfg
-    # which products run (AMX tiles with fused epilogues, or oneDNN and passes) changes the best shape
+    # which products run (AMX tiles with fused epilogues, or oneDNN and passes) and, in bf16, which build of the
+    # kernels (their source and flags) change the rates: a new build measures again
     products = "amx" if dtype == torch.bfloat16 and amx_bridge_applies(cfg.embed_dim, cfg.drift_hidden) else "default"
+    if dtype == torch.bfloat16:
+        products += ":" + build_key()
     parts = [_cpu_signature(), torch.__version__, str(torch.get_num_threads()), str(dtype), cfg.variant,
              str(cfg.embed_dim), str(cfg.drift_hidden), str(cfg.drift_layers), str(cfg.steps), str(cfg.num_heads),
              str(num_frames), str(cfg.cost), products]

@@ -52,6 +52,15 @@ def test_picks_the_fastest_shape_and_caches_it() -> None:
     assert tiles.tile_key(other, 4, torch.bfloat16) != tiles.tile_key(model, 4, torch.bfloat16)
 
 
+def test_a_new_kernel_build_measures_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # bf16 rates depend on the compiled kernels (their source and flags): another build, another key
+    model = small_model("dab")
+    key, key32 = tiles.tile_key(model, 4, torch.bfloat16), tiles.tile_key(model, 4, torch.float32)
+    monkeypatch.setattr(tiles, "build_key", lambda: "another-build")
+    assert tiles.tile_key(model, 4, torch.bfloat16) != key
+    assert tiles.tile_key(model, 4, torch.float32) == key32  # float32 runs ATen's products, not the kernels
+
+
 def test_caps_that_cut_the_same_sub_block_are_measured_once() -> None:
     model = small_model("dab")
     asked: list[tuple[int, int]] = []
