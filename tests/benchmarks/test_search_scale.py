@@ -1,0 +1,33 @@
+"""benchmarks/search_scale.py's guard against filling the disk with its synthetic stores."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from collections import namedtuple
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+Usage = namedtuple("Usage", "total used free")
+
+
+def _search_scale():
+    spec = importlib.util.spec_from_file_location("search_scale_benchmark", REPO / "benchmarks" / "search_scale.py")
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_store_that_would_leave_too_little_disk_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ss = _search_scale()
+    store = tmp_path / "n1000000" / "store.h5"
+    store.parent.mkdir()
+    need = 1_000_000 * ss.F * ss.D * 2  # float16 frames alone: 12.3 GB
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(0, 0, need + 5e9))
+    with pytest.raises(SystemExit, match=r"store\.h5: writing 1,000,000 videos needs 12\.9 GB .*--keep-free-gb 10"):
+        ss.check_disk(store, 1_000_000, keep_free_gb=10.0)
+    ss.check_disk(store, 1_000_000, keep_free_gb=4.0)  # 5 GB would be left: allowed
+    ss.check_disk(store, 10_000, keep_free_gb=10.0)  # a small store fits
