@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from dab_pipeline.core.errors import ConfigError
+from dab_pipeline.core.errors import ConfigError, RunLockedError
 from dab_pipeline.results.sweep import sweep_table
 from dab_pipeline.runs.costfile import read_costs
-from dab_pipeline.stages.sweep import (SweepConfig, grid_plan, load_plan, load_sweep_config, plan_names,
-                                       resolve_plan, run_sweep)
+from dab_pipeline.stages.sweep import (SweepConfig, SweepPlan, SweepRow, grid_plan, load_plan, load_sweep_config,
+                                       plan_from_dict, plan_names, resolve_plan, run_sweep)
 from dab_pipeline.testing import random_store
 
 from ..runner import invoke
@@ -143,6 +144,67 @@ def test_bad_plans_fail_before_any_run_naming_the_row(store: Path, tmp_path: Pat
     assert not (tmp_path / "a").exists()
     with pytest.raises(ConfigError, match="--baseline model.variant=prob: no row has these values"):
         grid_plan(["model.variant=xpool,dab"], baseline="model.variant=prob")
+
+
+SEEDS_OWN_IT = "seed is set by --seeds (the plan's seeds)"
+
+
+def test_seed_in_a_grid_a_plan_or_set_is_refused_pointing_to_seeds(store: Path, tmp_path: Path) -> None:
+    """Every run's seed is the plan's (--seeds): a seed anywhere else was silently overridden (rows seed=1,2,3 all
+    trained with seed 1), so it is refused with where to put it instead."""
+    with pytest.raises(ConfigError, match=r"--grid seed=1,2,3: seed is set by --seeds .*pass --seeds 1,2,3"):
+        grid_plan(["model.variant=xpool", "seed=1,2,3"], seeds=(1,))
+    for data, where in (({"grid": {"seed": [1, 2]}}, "grid seed=1,2"),
+                        ({"rows": [{"name": "a", "set": {"seed": 5}}]}, "row a seed=5"),
+                        ({"grid": {"model.steps": [8]}, "set": {"seed": 5}}, "set seed=5")):
+        with pytest.raises(ConfigError, match=rf"sweep plan 'mine': {where}: {re.escape(SEEDS_OWN_IT)}.*\"seeds\""):
+            plan_from_dict(data, "mine")
+    with pytest.raises(ConfigError, match=re.escape(SEEDS_OWN_IT)):  # a plan built in Python, as the benchmarks build theirs
+        SweepPlan(name="py", rows=(SweepRow("a", {"seed": 5}),))
+    with pytest.raises(ConfigError, match=r"--set seed=5: seed is set by --seeds .*pass --seeds 5"):
+        SweepConfig(features=store, out=tmp_path / "a", plan=grid_plan(["model.variant=xpool"], seeds=(1,)),
+                    overrides=(*SMALL, "seed=5"))
+    assert not (tmp_path / "a").exists()
+
+
+def test_the_cli_refuses_seed_in_grid_plan_or_set_in_one_line(store: Path, tmp_path: Path) -> None:
+    plan = tmp_path / "mine.json"
+    plan.write_text(json.dumps({"rows": [{"name": "a", "set": {"model.variant": "xpool", "seed": 7}}]}))
+    sets = [a for s in SMALL for a in ("--set", s)]
+    for extra in (["--grid", "seed=1,2,3", "--seeds", "1"], ["--plan", plan, "--seeds", "1"],
+                  ["--grid", "model.variant=xpool", "--set", "seed=5"]):
+        r = invoke(["sweep", "--features", store, "--out", tmp_path / "s", *extra, *sets, "--quiet"])
+        assert r.exit_code != 0 and "Traceback" not in r.output, r.output
+        assert SEEDS_OWN_IT in " ".join(r.output.split()), r.output  # rich may wrap the line
+    assert not (tmp_path / "s").exists()  # refused before any run
+
+
+def test_a_run_another_sweep_finished_is_not_listed_as_failed(store: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two sweeps into one --out: the first is locked out of seed 2 while the second trains it, then writes its
+    sweep.md after the second finished it. The run is in the table; its stale failure must not be listed too."""
+    import dab_pipeline.stages.sweep.one as one
+
+    real, out, racing = one.run_train, tmp_path / "s", []
+    second = SweepConfig(features=store, out=out, plan=grid_plan(["model.variant=xpool"], seeds=(2,)),
+                         overrides=SMALL)
+
+    def locked_out_while_the_other_sweep_finishes_it(cfg, **kw):
+        if cfg.seed != 2 or racing:
+            return real(cfg, **kw)
+        racing.append(cfg.out)
+        run_sweep(second)  # the other `dab sweep`: trains and evaluates seed 2
+        raise RunLockedError(f"{cfg.out} is being written by another process (pid 1: dab train)")
+
+    monkeypatch.setattr(one, "run_train", locked_out_while_the_other_sweep_finishes_it)
+    res = run_sweep(SweepConfig(features=store, out=out, plan=grid_plan(["model.variant=xpool"], seeds=(1, 2, 3)),
+                                overrides=SMALL))
+    assert racing == [out / "variant=xpool" / "seed2"]
+    assert res.table["rows"]["variant=xpool"]["seeds"] == [1, 2, 3]
+    md = (out / "sweep.md").read_text()
+    assert "| variant=xpool | 3 |" in md and "Failed runs" not in md
+    assert json.loads((out / "sweep.json").read_text())["failed"] == {} and not res.failed
+    assert any("seed2" in n and "finished" in n for n in res.notes)  # what happened is said, not hidden
 
 
 def test_more_seeds_reuse_the_runs_and_a_foreign_run_is_refused(swept, store: Path) -> None:

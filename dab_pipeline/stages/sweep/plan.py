@@ -24,10 +24,27 @@ from ...store import open_store
 from ..train import TrainConfig, build_train_config
 
 __all__ = ["PLAN_DIR", "SweepPlan", "SweepRow", "PlannedRun", "ResolvedPlan", "plan_names", "load_plan", "grid_plan",
-           "plan_from_dict", "resolve_plan", "row_name", "with_choices"]
+           "plan_from_dict", "resolve_plan", "row_name", "with_choices", "SEED_KEYS", "refuse_seed_keys"]
 
 PLAN_DIR = Path(__file__).parent / "plans"
 BRIDGE_ONLY_TRAIN_KEYS = ("bridge_lr",)
+# The TrainConfig keys the plan's seeds own: resolve_plan sets them on every run, so a value given anywhere
+# else (a grid, a row, --set) would be silently overridden (rows seed=1,2,3 all trained with one seed).
+# TrainConfig has one seed field and no alias of it; a new one belongs here.
+SEED_KEYS = frozenset({"seed"})
+PLAN_SEEDS_FIX = 'remove it from the plan and list the seeds in its "seeds" (or pass --seeds {seeds})'
+
+
+def refuse_seed_keys(values: Mapping[str, Any], where: str, fix: str) -> None:
+    """ConfigError for a key of SEED_KEYS in ``values`` (a grid, a row's values, --set): --seeds owns it.
+
+    ``where`` starts the message (``"--grid "``); ``fix`` says what to do instead, ``{seeds}`` being the values given.
+    """
+    for key, value in values.items():
+        if str(key).strip() in SEED_KEYS:
+            seeds = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+            raise ConfigError(f"{where}{key}={seeds}: {str(key).strip()} is set by --seeds (the plan's seeds); "
+                              + fix.format(seeds=seeds))
 
 
 @dataclass(frozen=True)
@@ -56,6 +73,10 @@ class SweepPlan:
             raise ConfigError(f"sweep plan {self.name!r}: row names repeat: {names}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"sweep plan {self.name!r}: seeds must be distinct and at least one, got {self.seeds}")
+        # a plan built in Python or read from a file: its shared values and its rows, before any run
+        refuse_seed_keys(self.values, f"sweep plan {self.name!r}: set ", PLAN_SEEDS_FIX)
+        for row in self.rows:
+            refuse_seed_keys(row.values, f"sweep plan {self.name!r}: row {row.name} ", PLAN_SEEDS_FIX)
         if self.baseline is not None and self.baseline not in names:
             raise ConfigError(f"sweep plan {self.name!r}: baseline {self.baseline!r} is not a row; rows: "
                               f"{', '.join(names)}")
@@ -110,7 +131,9 @@ def grid_plan(grid: Sequence[str], seeds: Sequence[int] = (1, 2, 3), recipe: Opt
 
     ``baseline``: ``KEY=VALUE[,KEY=VALUE]`` picking the first row with those values (None: the first row).
     """
-    rows = _expand(_parse_grid(grid)) if grid else [SweepRow("default", {})]
+    parsed = _parse_grid(grid)
+    refuse_seed_keys(parsed, "--grid ", "remove it from --grid and pass --seeds {seeds}")
+    rows = _expand(parsed) if parsed else [SweepRow("default", {})]
     return SweepPlan(name="grid", rows=tuple(rows), seeds=tuple(seeds), recipe=recipe, values=dict(values or {}),
                      baseline=_baseline_row(rows, baseline))
 
@@ -163,6 +186,8 @@ def plan_from_dict(data: Mapping[str, Any], name: str) -> SweepPlan:
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"sweep plan {name!r}: unknown keys {unknown}; valid: {', '.join(sorted(known))}")
+    # the grid before it is expanded: one message naming its values, not one per row it would make
+    refuse_seed_keys(data.get("grid") or {}, f"sweep plan {name!r}: grid ", PLAN_SEEDS_FIX)
     rows = _expand(data.get("grid") or {}) if data.get("grid") else []
     rows += [SweepRow(str(r["name"]), dict(r.get("set", {}))) for r in data.get("rows", [])]
     base = data.get("baseline")

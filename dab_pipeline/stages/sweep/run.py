@@ -22,7 +22,7 @@ from ...core.overrides import to_dict
 from ...results.sweep import SWEEP_FILES, collect_run, sweep_table, write_sweep
 from .local import local_executor
 from .one import execute_run, run_state
-from .plan import PlannedRun, ResolvedPlan, SweepPlan, plan_from_dict, resolve_plan
+from .plan import PlannedRun, ResolvedPlan, SweepPlan, plan_from_dict, refuse_seed_keys, resolve_plan
 from .ray_backend import ray_executor
 
 __all__ = ["SweepConfig", "SweepResult", "run_sweep", "load_sweep_config", "SWEEP_BACKENDS"]
@@ -52,6 +52,9 @@ class SweepConfig:
             raise ConfigError(f"backend must be one of {', '.join(SWEEP_BACKENDS)}, got {self.backend!r}")
         if "{row}" not in self.layout or "{seed}" not in self.layout:
             raise ConfigError(f"layout must name {{row}} and {{seed}}, got {self.layout!r}")
+        # --set applies to every run, before resolve_plan sets each run's seed: a seed here would be overridden
+        sets = dict(item.split("=", 1) for item in self.overrides if "=" in item)
+        refuse_seed_keys(sets, "--set ", "remove it from --set and pass --seeds {seeds}")
 
 
 @dataclass
@@ -142,7 +145,11 @@ def run_sweep(cfg: SweepConfig, progress: ProgressCallback = null_progress) -> S
         progress(Event("advance", task="sweep", n=1, data={"unit": "runs"},
                        message=f"{len(res.done)} done, {min(parallel, left)} running, {len(res.failed)} failed"))
     progress(Event("end", task="sweep"))
-    res.table = sweep_table(_collect(plan), plan.baseline, notes=plan.notes, failed=res.failed)
+    rows = _collect(plan)
+    for note in _supersede_failures(res.failed, plan, rows):
+        progress(Event("info", message=note))
+        res.notes.append(note)
+    res.table = sweep_table(rows, plan.baseline, notes=res.notes, failed=res.failed)
     write_sweep(cfg.out, res.table)
     res.seconds = time.perf_counter() - t0
     return res
@@ -156,6 +163,24 @@ def _collect(plan: ResolvedPlan) -> dict[str, dict[int, dict[str, Any]]]:
         if got is not None:
             rows[run.row][run.seed] = got
     return rows
+
+
+def _supersede_failures(failed: dict[str, str], plan: ResolvedPlan, rows: dict[str, dict[int, dict[str, Any]]]
+                        ) -> list[str]:
+    """Drop from ``failed`` every run that has a finished result now; a note for each.
+
+    A failure is recorded when the run is tried, the table when the sweep ends: in between another sweep
+    into the same --out may finish the run (this one was locked out of it while the other trained it), or
+    the run was finished and evaluated before a later step failed. Listed under failures it would also be
+    in the table, with its numbers; the note keeps what went wrong in this sweep.
+    """
+    notes = []
+    for run in plan.runs:
+        key = str(run.config.out)
+        if key in failed and run.seed in rows.get(run.row, {}):
+            notes.append(f"{key} failed in this sweep ({failed.pop(key)}) but is finished and evaluated now "
+                         "(by another sweep into the same --out, or before the error): counted as finished")
+    return notes
 
 
 def _executor(cfg: SweepConfig) -> Executor:
