@@ -211,6 +211,15 @@ class Searcher:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def identity_files(self) -> list[Path]:
+        """The files a search reads from disk while it runs (the store's, the index folder's): a server watches
+        them (:class:`~dab_pipeline.core.filewatch.FileWatch`) so that it never answers from a changed one."""
+        files = self.store.identity_files()
+        if self.index is not None:
+            folder = Path(self.index.path)
+            files += [folder, *sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))]
+        return files
+
     @property
     def num_videos(self) -> int:
         return len(self.rows)

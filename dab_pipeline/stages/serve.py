@@ -11,32 +11,39 @@ mode, and a second query would only slice the same cores).
   coverage and precision that threshold gave on the test split).
 * ``GET /`` -> the search page (``?q=`` shows results): thumbnails from the store, the
   confidence, and the re-ranked costs as a plot. Every user string is escaped (jinja2).
-* ``GET /healthz`` -> what is loaded.
+* ``GET /healthz`` -> what is loaded; 503 with ``ok: false`` and the reason once the store or index
+  changed or a read of them failed.
 
-Bad requests get a 4xx with a one-line message (empty, too long or non-printable queries,
-k out of range), never a 500 with a traceback.
+Bad requests get a 4xx with a one-line message (empty, too long, non-printable or non-UTF-8
+queries, k out of range), never a 500 with a traceback. The store and index files are checked
+before and after every search (one ``stat`` each): a store truncated, deleted or copied over
+under the server, or a read that fails, makes every later answer a 503 naming the file, logged
+once, until the server is restarted.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 import unicodedata
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ..core.errors import ConfigError, DabError
+from ..core.errors import ConfigError, DabError, StoreError
+from ..core.filewatch import FileWatch
 from ..metrics import kl_margin, threshold_outcome
 from ..results.page import data_uri
 from ..runs.costfile import read_costs
 from ..runs.run_folder import RunFolder
 from .search import SearchResult, Searcher
 
-__all__ = ["ServeSettings", "abstain_report", "create_app", "cost_svg"]
+__all__ = ["ServeSettings", "Health", "Unavailable", "abstain_report", "create_app", "cost_svg", "check_query_string"]
 
 log = logging.getLogger("dab.serve")
 
@@ -52,6 +59,13 @@ class ServeSettings:
     abstain_below: Optional[float] = None  # confidence (margin) under which a query is flagged
     descriptions: dict = field(default_factory=dict)
     title: str = "dab search"
+
+    def __post_init__(self) -> None:
+        if self.abstain_below is not None and not math.isfinite(self.abstain_below):
+            raise ConfigError(f"abstain_below must be a finite confidence (a KL margin), got {self.abstain_below}")
+        for name in ("k", "max_k", "max_query_chars"):
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
 
 
 def abstain_report(run_dir: Path, threshold: Optional[float]) -> Optional[dict]:
@@ -86,6 +100,53 @@ def check_query(q: Optional[str], max_chars: int) -> str:
     if any(unicodedata.category(ch) in ("Cc", "Cs", "Co", "Cn") for ch in q):
         raise ConfigError("the query holds control or unassigned characters; send plain text")
     return q.strip()
+
+
+def check_query_string(raw: bytes) -> None:
+    """A :class:`ConfigError` (400) for a query string that is not UTF-8 once percent-decoded (``q=%ff``), which
+    the web framework would otherwise turn into U+FFFD characters and search for."""
+    try:
+        urllib.parse.parse_qsl(raw.decode("latin-1"), keep_blank_values=True, encoding="utf-8", errors="strict")
+    except UnicodeDecodeError:
+        raise ConfigError("the query string is not valid UTF-8 (percent-encode the query's UTF-8 bytes)") from None
+
+
+def printable(text: str) -> str:
+    """``text`` without control and unassigned characters, to echo a refused query back into the page."""
+    return "".join(ch for ch in text if unicodedata.category(ch) not in ("Cc", "Cs", "Co", "Cn"))
+
+
+class Health:
+    """Whether the server may still answer: its store and index files are the ones it opened, and reading them
+    has not failed. Once either fails the server answers 503 until it is restarted (an open HDF5 file that was
+    truncated, deleted or copied over still reads, as zeros or as the old data)."""
+
+    def __init__(self, searcher: Searcher) -> None:
+        self.watch = FileWatch(searcher.identity_files())
+        self.problem: Optional[str] = None
+        self._lock = threading.Lock()
+
+    def check(self) -> None:
+        """Raise :class:`Unavailable` when the files changed (now or before) or a read failed before."""
+        if self.problem is None:
+            change = self.watch.changed()
+            if change is not None:
+                self.fail(change)
+        if self.problem is not None:
+            raise Unavailable(self.problem)
+
+    def fail(self, what: str) -> None:
+        """Record the first problem (logged once) and raise :class:`Unavailable`."""
+        with self._lock:
+            if self.problem is None:
+                self.problem = (f"{what}; this server stops answering from it: restart `dab serve` (after "
+                                "`dab index --overwrite ...` if the store's videos changed)")
+                log.error("%s", self.problem)
+        raise Unavailable(self.problem)
+
+
+class Unavailable(StoreError):
+    """The server's store or index changed or is damaged: 503 with one line, until a restart."""
 
 
 def cost_svg(costs: np.ndarray, top: int, width: int = 420, height: int = 120) -> str:
@@ -132,7 +193,7 @@ def create_app(searcher: Searcher, settings: ServeSettings = ServeSettings(), ab
 
     @app.exception_handler(DabError)
     async def _dab_error(request: Request, exc: DabError):
-        return JSONResponse({"error": str(exc)}, status_code=400 if isinstance(exc, ConfigError) else 500)
+        return JSONResponse({"error": str(exc)}, status_code=_status(exc))
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):
@@ -140,39 +201,64 @@ def create_app(searcher: Searcher, settings: ServeSettings = ServeSettings(), ab
         return JSONResponse({"error": f"internal error ({type(exc).__name__})"}, status_code=500)
 
     captions = _first_captions(searcher)
+    health = Health(searcher)
 
-    def run_query(q: str, k: int) -> tuple[SearchResult, float]:
+    def run_query(request: Request, q: Optional[str], k: int) -> tuple[SearchResult, float]:
+        check_query_string(request.scope.get("query_string", b""))
+        text = check_query(q, settings.max_query_chars)
         t0 = time.perf_counter()
         with searcher.lock:
-            (res,) = searcher.search([q], topk=k, shortlist=settings.shortlist)
+            health.check()
+            try:
+                (res,) = searcher.search([text], topk=k, shortlist=settings.shortlist)
+            except (StoreError, OSError) as exc:  # a read of the store or index failed: damage, not the query
+                health.fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            health.check()  # changed while it was read: the answer may mix old and new bytes
         return res, time.perf_counter() - t0
 
-    @app.get("/search")
-    def search(q: Optional[str] = Query(None, description="the query text"),
+    def search(request: Request, q: Optional[str] = Query(None, description="the query text"),
                k: int = Query(settings.k, ge=1, le=settings.max_k, description="videos returned")) -> dict:
-        res, secs = run_query(check_query(q, settings.max_query_chars), k)
+        res, secs = run_query(request, q, k)
         return {**_payload(res, settings, secs), "k": k, "abstain_threshold": abstain}
 
-    @app.get("/healthz")
-    def healthz() -> dict:
+    def healthz():
         meta = searcher.index.meta if searcher.index is not None else None
+        try:
+            health.check()
+        except Unavailable as exc:
+            return JSONResponse({"ok": False, "error": str(exc)}, status_code=503)
         return {"ok": True, "videos": searcher.num_videos, "split": searcher.split,
                 "run": str(searcher.run.run_dir), "store": str(searcher.store_path),
                 "index": None if meta is None else {"factory": meta.factory, "vector": meta.vector}}
 
-    @app.get("/", response_class=HTMLResponse)
-    def home(q: Optional[str] = Query(None), k: int = Query(settings.k, ge=1, le=settings.max_k)) -> str:
-        result, error = None, None
+    def home(request: Request, q: Optional[str] = Query(None),
+             k: int = Query(settings.k, ge=1, le=settings.max_k)) -> HTMLResponse:
+        result, error, status = None, None, 200
         if q is not None:
             try:
-                res, secs = run_query(check_query(q, settings.max_query_chars), k)
+                res, secs = run_query(request, q, k)
                 result = _page_result(searcher, res, settings, secs, captions)
-            except ConfigError as exc:
-                error = str(exc)
-        return page.render(title=settings.title, q=q or "", k=k, result=result, error=error, abstain=abstain,
-                           videos=searcher.num_videos, index=searcher.index is not None)
+            except DabError as exc:  # the page says it, with the status the API gives the same request
+                error, status = str(exc), _status(exc)
+        html = page.render(title=settings.title, q=printable(q or ""), k=k, result=result, error=error,
+                           abstain=abstain, videos=searcher.num_videos, index=searcher.index is not None)
+        return HTMLResponse(html, status_code=status)
 
+    for path, fn in (("/search", search), ("/healthz", healthz), ("/", home)):
+        if "request" in fn.__annotations__:
+            # this module's annotations are strings (`from __future__ import annotations`) and Request is
+            # imported here, not at the top (FastAPI is an extra): FastAPI could not resolve the name
+            fn.__annotations__["request"] = Request
+        app.api_route(path, methods=["GET", "HEAD"])(fn)  # HEAD: monitors and link checkers ask it
+    app.state.health = health
     return app
+
+
+def _status(exc: DabError) -> int:
+    """The HTTP status of a library error: the request's fault (400), the data's (503), or a bug (500)."""
+    if isinstance(exc, ConfigError):
+        return 400
+    return 503 if isinstance(exc, StoreError) else 500
 
 
 MAX_CAPTIONS_SHOWN = 200_000  # above it the page shows no store captions (their texts would fill memory)

@@ -289,6 +289,15 @@ class FeatureStore(StoreReads, StoreIntegrity, StoreWrites):
             "file_bytes": int(disk),
         }
 
+    def identity_files(self) -> list[Path]:
+        """The files whose identity (inode, size, mtime) changes when the store is replaced, truncated or
+        rewritten: the HDF5 file; a Zarr store's folder and its metadata files (its chunk files are too many
+        to watch: reading a lost or cut one fails by name)."""
+        if self._b.kind == "hdf5":
+            return [self.path]
+        meta = [self.path / "zarr.json", *(self.path / spec.name / "zarr.json" for spec in array_specs(self.layout))]
+        return [self.path, *(p for p in meta if p.is_file())]
+
     # -- lifetime --------------------------------------------------------------
 
     def close(self) -> None:

@@ -4,6 +4,7 @@ and a real server under a bounded concurrent load on a loopback port."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -175,8 +176,134 @@ def test_page_shows_results_and_escapes_the_query(client) -> None:
     assert "<script>alert" not in r.text and "&lt;script&gt;" in r.text
     assert r.text.count('class="hit"') == 2 and "<svg" in r.text and "low confidence" in r.text
     r = client.get("/", params={"q": "\x01"})
-    assert r.status_code == 200 and 'data-error="1"' in r.text
+    assert r.status_code == 400 and 'data-error="1"' in r.text  # the status the API gives the same query
     assert client.get("/healthz").json()["videos"] == TEST_VIDEOS
+
+
+def test_a_query_that_is_not_utf8_is_refused_not_searched_as_replacement_characters(client) -> None:
+    for path in ("/search?q=%ff", "/search?q=caf%c3", "/?q=%ff%fe"):
+        r = client.get(path)
+        assert r.status_code == 400 and "not valid UTF-8" in r.text, path
+    assert client.get("/search?q=caf%C3%A9").status_code == 200  # UTF-8 percent-encoded is fine
+
+
+def test_a_nul_byte_is_refused_and_never_echoed_raw_into_the_page(client) -> None:
+    r = client.get("/", params={"q": "cat\x00<b>dog"})
+    assert r.status_code == 400 and 'data-error="1"' in r.text
+    assert "\x00" not in r.text and "cat&lt;b&gt;dog" in r.text  # title and input: stripped, escaped
+    assert client.get("/search", params={"q": "cat\x00dog"}).status_code == 400
+
+
+def test_page_errors_use_the_apis_status_codes(client) -> None:
+    for params, status in (({"q": ""}, 400), ({"q": "x" * 501}, 400), ({"q": "ok", "k": 0}, 422)):
+        assert client.get("/", params=params).status_code == status, params
+        assert client.get("/search", params=params).status_code == status, params
+    assert client.get("/").status_code == 200  # no query: the empty search page
+
+
+def test_head_is_answered_like_get(client) -> None:
+    for path in ("/", "/healthz", f"/search?q={CAPTIONS[0]}"):
+        r = client.head(path)
+        assert r.status_code == 200 and r.content == b"", path
+
+
+def test_a_non_finite_abstain_threshold_is_refused(world: dict) -> None:
+    from dab_pipeline.stages.serve import ServeSettings
+
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ConfigError, match="finite"):
+            ServeSettings(abstain_below=bad)
+    for bad in ("nan", "inf", "-inf"):
+        out = invoke(["serve", "--run", world["run"], "--features", world["store"], "--abstain-below", bad])
+        assert out.exit_code == 2 and "not a finite number" in out.output and "Traceback" not in out.output
+
+
+def test_a_bad_port_or_one_in_use_is_one_line_before_anything_loads(world: dict, monkeypatch) -> None:
+    pytest.importorskip("uvicorn")
+    import dab_pipeline.cli.commands.serving as serving
+
+    monkeypatch.setattr(serving, "_load", lambda *a, **k: pytest.fail("loaded before the port was checked"))
+    out = invoke(["serve", "--run", world["run"], "--features", world["store"], "--port", "99999"])
+    assert out.exit_code == 2 and "0<=x<=65535" in out.output and "serving" not in out.output
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = invoke(["serve", "--run", world["run"], "--features", world["store"], "--port", str(port)])
+    assert out.exit_code == 1 and f"cannot listen on 127.0.0.1:{port}: in use" in out.output
+    assert "serving" not in out.output and "Traceback" not in out.output
+
+
+# ----------------------------------------------------------------------------- a store that changes under a server
+
+def _served(world: dict, root: Path, backend: str):
+    """A copy of the world's store in ``backend`` (h5 / zarr), its index and a test client over them."""
+    from fastapi.testclient import TestClient
+
+    from dab_pipeline.stages.serve import create_app
+
+    store = text_store(root / f"store.{backend}", CAPTIONS, test_videos=TEST_VIDEOS, frames=4)
+    with open_store(store) as st:
+        build_index(st, root / "index", split="test")
+    searcher = Searcher(world["run"], store, index=root / "index", device="cpu")
+    return store, searcher, TestClient(create_app(searcher), raise_server_exceptions=False)
+
+
+def _replace_with_other(store: Path, root: Path) -> None:
+    import shutil
+
+    other = text_store(root / f"other{store.suffix}", list(reversed(CAPTIONS)), test_videos=TEST_VIDEOS, frames=4)
+    if store.is_dir():
+        shutil.rmtree(store)
+        shutil.copytree(other, store)
+    else:
+        shutil.copyfile(other, store)  # in place: the same inode, new bytes
+
+
+def _truncate(store: Path, root: Path) -> None:
+    if store.is_dir():  # a chunk file of the frames cut to nothing
+        chunk = next(p for p in sorted((store / "videos" / "frames").rglob("*")) if p.is_file() and p.name != "zarr.json")
+        chunk.write_bytes(b"")
+    else:
+        os.truncate(store, 20_000)
+
+
+def _delete(store: Path, root: Path) -> None:
+    import shutil
+
+    shutil.rmtree(store) if store.is_dir() else store.unlink()
+
+
+@pytest.mark.parametrize("backend", ["h5", "zarr"])
+@pytest.mark.parametrize("damage", [_truncate, _delete, _replace_with_other], ids=["truncated", "deleted", "replaced"])
+def test_a_server_never_answers_from_a_changed_or_damaged_store(world: dict, tmp_path: Path, backend: str,
+                                                                damage, caplog) -> None:
+    store, searcher, client = _served(world, tmp_path, backend)
+    with searcher, client:
+        before = client.get("/search", params={"q": CAPTIONS[2], "k": 3})
+        assert before.status_code == 200 and client.get("/healthz").json()["ok"] is True
+        damage(store, tmp_path)
+        with caplog.at_level("ERROR", logger="dab.serve"):
+            r = client.get("/search", params={"q": CAPTIONS[2], "k": 3})
+            page = client.get("/", params={"q": CAPTIONS[2]})
+            health = client.get("/healthz")
+        assert r.status_code == 503 and "restart `dab serve`" in r.json()["error"], r.text
+        assert str(store) in r.json()["error"] or "chunk" in r.json()["error"]
+        assert page.status_code == 503 and 'data-error="1"' in page.text
+        assert health.status_code == 503 and health.json()["ok"] is False
+        assert [rec.levelname for rec in caplog.records if rec.name == "dab.serve"] == ["ERROR"]  # logged once
+        assert client.get("/search", params={"q": CAPTIONS[3]}).status_code == 503  # until restarted
+
+
+def test_a_changed_index_file_stops_the_server_too(world: dict, tmp_path: Path) -> None:
+    _, searcher, client = _served(world, tmp_path, "h5")
+    with searcher, client:
+        assert client.get("/search", params={"q": CAPTIONS[1]}).status_code == 200
+        rows = tmp_path / "index" / "rows.npy"
+        rows.write_bytes(rows.read_bytes())  # rewritten in place: a new mtime
+        os.utime(rows, ns=(0, 0))
+        r = client.get("/search", params={"q": CAPTIONS[1]})
+        assert r.status_code == 503 and "rows.npy" in r.json()["error"]
 
 
 def test_abstain_report_against_a_naive_count(tmp_path: Path) -> None:

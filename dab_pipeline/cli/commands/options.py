@@ -1,16 +1,53 @@
-"""The options the commands share: path types, and how long a rank of a distributed extraction may wait."""
+"""The options the commands share: path types, which options the user typed, and how long a rank of a distributed
+extraction may wait."""
 
 from __future__ import annotations
 
 import datetime as _dt
 from pathlib import Path
+from typing import Any, Mapping
 
 import click
+from click.core import ParameterSource
 
 PATH = click.Path(path_type=Path)
 EXISTING = click.Path(path_type=Path, exists=True)
 
 
+class FiniteFloat(click.ParamType):
+    """A float that is a number: ``nan`` and ``inf`` are refused when the options are parsed."""
+
+    name = "float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        import math
+
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(x):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return x
+
+
+FINITE_FLOAT = FiniteFloat()
+
+
 # How long a rank of `dab extract --distributed` waits in a collective: a rank that
 # finished its share waits for the slowest one and for rank 0's HDF5 merge.
 EXTRACT_TIMEOUT = _dt.timedelta(hours=6)
+
+# Where a value the user chose comes from; click's own default (and a prompt) is not a choice, so a resume
+# never reads it as a change (`dab distill --resume` once refused "epochs (saved 1, given 5)").
+_CHOSEN = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.DEFAULT_MAP)
+
+
+def typed(ctx: click.Context, name: str) -> bool:
+    """Whether the parameter ``name`` (its Python name, e.g. ``batch_size``) was given, not click's default."""
+    return ctx.get_parameter_source(name) in _CHOSEN
+
+
+def typed_values(ctx: click.Context, keys: Mapping[str, str]) -> dict[str, Any]:
+    """``{config key: value}`` of the typed parameters among ``keys`` (config key -> parameter name)."""
+    return {key: ctx.params[name] for key, name in keys.items() if typed(ctx, name)}

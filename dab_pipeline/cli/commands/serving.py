@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import errno
+import socket
 from pathlib import Path
 
 import click
 
 from ...core.choices import SCORE_DTYPES
 from .. import cli
-from .options import EXISTING
+from .options import EXISTING, FINITE_FLOAT
 
 
 @cli.command()
@@ -18,11 +20,12 @@ from .options import EXISTING
               help="Index folder from `dab index` (large stores: only each query's shortlist is read).")
 @click.option("--split", default="test", show_default=True, help="Split of the store to search.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", type=int, default=8000, show_default=True, help="Port to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
+              help="Port to listen on (0: any free port, printed when serving).")
 @click.option("--k", "k", type=int, default=10, show_default=True, help="Videos a query returns by default.")
 @click.option("--shortlist", type=int, default=None,
               help="Videos re-ranked a query (with --index: default 100; without: every video).")
-@click.option("--abstain-below", type=float, default=None,
+@click.option("--abstain-below", type=FINITE_FLOAT, default=None,
               help="Flag answers whose confidence (the KL margin) is below this; the page and /search say what "
                    "the threshold gave on the run's test split.")
 @click.option("--descriptions", type=EXISTING, default=None,
@@ -37,15 +40,37 @@ def serve(run_dir, features, index_dir, split, host, port, k, shortlist, abstain
 
     One worker; the run, the store's CLIP and the index are loaded once.
     """
+    try:
+        import uvicorn
+    except ImportError:
+        raise click.ClickException("dab serve needs uvicorn and FastAPI: pip install 'dab-pipeline[serve]'") from None
+    # the address first: a port in use or not ours is one line at once, not after torch, the run and the index
+    sock = bind_socket(host, port)
+    try:
+        searcher, settings, create_app, abstain_report = _load(run_dir, features, index_dir, split, k, shortlist,
+                                                               abstain_below, descriptions, threads, device, dtype)
+    except BaseException:
+        sock.close()
+        raise
+    try:
+        app = create_app(searcher, settings, abstain_report(Path(run_dir), abstain_below))
+        bound = sock.getsockname()[1]
+        click.echo(f"serving {searcher.num_videos:,} videos of {features} on http://{_url_host(host)}:{bound}/ "
+                   "(Ctrl-C stops)", err=True)
+        server = uvicorn.Server(uvicorn.Config(app, workers=1, log_level="warning"))
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+        searcher.close()
+
+
+def _load(run_dir, features, index_dir, split, k, shortlist, abstain_below, descriptions, threads, device, dtype):
+    """The searcher and the page settings (minutes for a large index), and the app's two builders."""
     import torch  # deferred: `dab --help` must not import torch
 
     from ...stages.search import Searcher, load_descriptions  # deferred: `dab --help` must not import torch
     from ...stages.serve import ServeSettings, abstain_report, create_app  # deferred: FastAPI is an extra
 
-    try:
-        import uvicorn
-    except ImportError:
-        raise click.ClickException("dab serve needs uvicorn and FastAPI: pip install 'dab-pipeline[serve]'") from None
     torch.set_num_threads(max(1, threads))
     try:
         import faiss
@@ -54,14 +79,32 @@ def serve(run_dir, features, index_dir, split, host, port, k, shortlist, abstain
     except ImportError:
         pass
     about = load_descriptions(descriptions) if descriptions else {}
-    searcher = Searcher(run_dir, features, split=split, index=index_dir, device=device, dtype=dtype,
-                        warn=lambda message: click.echo(f"warning: {message}", err=True))
     settings = ServeSettings(k=k, shortlist=shortlist, abstain_below=abstain_below, descriptions=about,
                              title=f"dab search: {Path(run_dir).name}")
-    app = create_app(searcher, settings, abstain_report(Path(run_dir), abstain_below))
-    click.echo(f"serving {searcher.num_videos:,} videos of {features} on http://{host}:{port}/ (Ctrl-C stops)",
-               err=True)
+    searcher = Searcher(run_dir, features, split=split, index=index_dir, device=device, dtype=dtype,
+                        warn=lambda message: click.echo(f"warning: {message}", err=True))
+    return searcher, settings, create_app, abstain_report
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port``; a ClickException (one line) when the address cannot be had."""
     try:
-        uvicorn.run(app, host=host, port=port, workers=1, log_level="warning")
-    finally:
-        searcher.close()
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a restart needs no wait
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        what = "in use by another program" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+        raise click.ClickException(f"cannot listen on {host}:{port}: {what}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
