@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, StoreError
 from ..core.fsutil import atomic_write_bytes
 from ..runs.run_folder import RunFolder
 
@@ -35,6 +35,7 @@ __all__ = [
     "write_report",
     "compare_table",
     "compare_markdown",
+    "load_metrics",
     "format_metric",
     "to_jsonable",
 ]
@@ -412,6 +413,27 @@ def _bridge_cells(bridge: Any) -> list[str]:
     pct = (lambda v: _MISSING if v is None else f"{v * 100:.1f} %")
     ctrl = bridge.get("constant_control") or {}
     return [pct(share.get("mu")), pct(share.get("logvar")), format_metric("R@1", ctrl.get("R@1"))]
+
+
+def load_metrics(target: str | Path) -> tuple[str, dict[str, Any]]:
+    """``(run name, metrics.json)`` of an evaluated run folder, or of a metrics.json given by path.
+
+    StoreError when it is missing or damaged (truncated, not JSON, not an object: e.g. a copy cut short),
+    naming the file and the command that writes it again.
+    """
+    target = Path(target)
+    run = target if target.is_dir() else target.parent
+    path = run / RunFolder.METRICS if target.is_dir() else target
+    remake = f"`dab evaluate --run {run}`"
+    if not path.exists():
+        raise StoreError(f"{target}: no metrics.json; run {remake} first")
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as exc:  # bad JSON, or bytes that are not UTF-8
+        raise StoreError(f"{path} is damaged ({str(exc).splitlines()[0]}); remake it with {remake}") from None
+    if not isinstance(data, dict):
+        raise StoreError(f"{path} is damaged (a JSON {type(data).__name__}, not an object); remake it with {remake}")
+    return run.name, data
 
 
 def compare_markdown(

@@ -8,9 +8,10 @@ diagnostics of paper §4.4, and writes ``metrics.json``, ``report.md`` and plots
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
@@ -21,8 +22,8 @@ from ..core.events import Event, ProgressCallback, null_progress
 from ..metrics import selective_report, t2v_metrics
 from ..results.page import build_queries, render_page, select_queries
 from ..results.report import write_report
-from ..runs.costfile import read_costs
-from ..runs.run_folder import RunFolder
+from ..runs.costfile import CostMatrix, read_costs
+from ..runs.run_folder import RunFolder, locate_store
 from ..scoring import PROBE_SIDE, constant_bridge, probe_bridge, score_all
 from ..store import open_store
 from .search import load_run
@@ -216,7 +217,11 @@ def bridge_warning(bridge: dict[str, Any]) -> str:
 
 
 def run_evaluate(cfg: EvaluateConfig, progress: ProgressCallback = null_progress) -> dict[str, Any]:
-    """Compute every metric and diagnostic; write metrics.json, report.md and plots."""
+    """Compute every metric and diagnostic; write metrics.json, report.md and plots.
+
+    The output folder is made only once everything is computed, by the first file written in it: an
+    evaluation that fails (NaN costs, a store that does not fit) leaves no new folder behind.
+    """
     costs_path = Path(cfg.costs) if cfg.costs is not None else find_costs(Path(cfg.run))
     cm = read_costs(costs_path)
     cost = cm.to_cost() if hasattr(cm, "to_cost") else cm.cost  # (Q, V), lower is better
@@ -224,7 +229,6 @@ def run_evaluate(cfg: EvaluateConfig, progress: ProgressCallback = null_progress
     if (gt < 0).any():
         raise StoreError(f"{costs_path}: {int((gt < 0).sum())} queries have no ground-truth video (gt = -1)")
     out_dir = Path(cfg.out) if cfg.out else (Path(cfg.run) if cfg.run else costs_path.parent)
-    out_dir.mkdir(parents=True, exist_ok=True)
 
     results: dict[str, Any] = {
         "source": str(costs_path),
@@ -242,35 +246,69 @@ def run_evaluate(cfg: EvaluateConfig, progress: ProgressCallback = null_progress
     if all(k in ex for k in ("text_var", "bridged_var", "video_var")):
         results["variance"] = M.variance_asymmetry(ex["text_var"], ex["bridged_var"], ex["video_var"])
 
-    store_path = cfg.features
-    if store_path is None:
-        attr_store = (cm.attrs or {}).get("store")
-        if attr_store:
-            store_path = Path(attr_store)
-    if store_path is not None and Path(store_path).exists():
-        feats = _frame_mean_features(Path(store_path), cm.video_ids)
+    store_path = store_of(cfg, cm, costs_path)
+    _store_diagnostics(results, cfg, cm, cost, gt, store_path, progress)
+
+    if cm.attrs:
+        results["run"] = {k: v for k, v in cm.attrs.items() if k != "config"}
+    title = f"dab evaluation: {Path(cfg.run).name if cfg.run else costs_path.name}"
+    ranks = M.t2v_ranks(cost, gt)
+    with _removed_if_left_empty(out_dir):
+        files = write_report(out_dir, results, title=title, curves=curves if cfg.plots else None,
+                             ranks=ranks if cfg.plots else None)
+    if cfg.examples:
+        files["examples"] = _write_examples(out_dir / RunFolder.EXAMPLES, cfg, cm, cost, gt, results, store_path)
+    results["files"] = {k: str(v) for k, v in files.items()}
+    progress(Event("info", message=f"wrote {', '.join(str(p) for p in files.values())}"))
+    return results
+
+
+@contextmanager
+def _removed_if_left_empty(folder: Path) -> Iterator[None]:
+    """Folders the block creates (``folder`` and missing parents) are removed again when it fails before
+    writing anything in them (e.g. a full disk at the first file); a folder that existed is never removed."""
+    new = [p for p in (folder, *folder.parents) if not p.exists()]  # innermost first
+    try:
+        yield
+    except BaseException:
+        for p in new:
+            if p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
+        raise
+
+
+def store_of(cfg: EvaluateConfig, cm: CostMatrix, costs_path: Path) -> Optional[Path]:
+    """The store the diagnostics read: ``--features``, else the first that exists of the store the cost file
+    names (from the cwd, then beside the cost file) and the run's (config.json: from the cwd, the run folder,
+    then the absolute path recorded at training), so a copied run or another cwd keeps its diagnostics;
+    else the path named, for the warning that it is missing (None when nothing names one)."""
+    if cfg.features is not None:
+        return Path(cfg.features)
+    named: list[Path] = []
+    recorded = (cm.attrs or {}).get("store")
+    if recorded:
+        named.append(locate_store(recorded, costs_path.parent))
+    run = Path(cfg.run) if cfg.run is not None else costs_path.parent
+    if RunFolder(run).is_run():
+        try:
+            named.append(Path(RunFolder(run).load_config(TrainConfig).features))
+        except ConfigError:  # a config.json this dab cannot read: the cost file's record alone
+            pass
+    return next((p for p in named if p.exists()), named[0] if named else None)
+
+
+def _store_diagnostics(results: dict[str, Any], cfg: EvaluateConfig, cm: CostMatrix, cost: np.ndarray, gt: np.ndarray,
+                       store_path: Optional[Path], progress: ProgressCallback) -> None:
+    """The neighbourhood diagnostic and a run's bridge report, into ``results``; a missing store is warned of."""
+    if store_path is not None and store_path.exists():
+        feats = _frame_mean_features(store_path, cm.video_ids)
         topk = min(cfg.topk, cost.shape[1])
         if topk < cfg.topk:
             progress(Event("warning", message=f"neighbourhood: only {cost.shape[1]} videos, using top-{topk}"))
         results["neighbourhood"] = M.semantic_neighbourhood(cost, gt, feats, taus=cfg.taus, topk=topk, seed=cfg.seed)
     elif store_path is not None:
         progress(Event("warning", message=f"store {store_path} not found: skipping the neighbourhood diagnostic"))
-
     if cfg.run is not None and RunFolder(cfg.run).is_run():
-        bridge = bridge_report(Path(cfg.run), cm, Path(store_path) if store_path is not None else None, cfg.seed,
-                               progress)
+        bridge = bridge_report(Path(cfg.run), cm, store_path, cfg.seed, progress)
         if bridge is not None:
             results["bridge"] = bridge
-
-    if cm.attrs:
-        results["run"] = {k: v for k, v in cm.attrs.items() if k != "config"}
-    title = f"dab evaluation: {Path(cfg.run).name if cfg.run else costs_path.name}"
-    ranks = M.t2v_ranks(cost, gt)
-    files = write_report(out_dir, results, title=title, curves=curves if cfg.plots else None,
-                         ranks=ranks if cfg.plots else None)
-    if cfg.examples:
-        files["examples"] = _write_examples(out_dir / RunFolder.EXAMPLES, cfg, cm, cost, gt, results,
-                                            Path(store_path) if store_path is not None else None)
-    results["files"] = {k: str(v) for k, v in files.items()}
-    progress(Event("info", message=f"wrote {', '.join(str(p) for p in files.values())}"))
-    return results

@@ -113,6 +113,64 @@ def test_compare_two_runs(two_runs, tmp_path: Path) -> None:
     assert "| xpool" in md and "| dab" in md and "R@1" in md
 
 
+@pytest.mark.parametrize("damage", [b'{"t2v": {"R@1": 4', b"[1, 2, 3]", b"\xff\xfe not text"],
+                         ids=["truncated", "not-an-object", "not-utf8"])
+@pytest.mark.parametrize("name_file", [False, True], ids=["folder", "file"])
+def test_compare_names_a_damaged_metrics_json(tmp_path: Path, damage: bytes, name_file: bool) -> None:
+    """A truncated, non-object or non-UTF-8 metrics.json: one line naming it and how to remake it, no traceback."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.json").write_bytes(damage)
+    res = invoke(["compare", str(run / "metrics.json") if name_file else str(run)])
+    text = " ".join(res.output.split())  # whatever the terminal width, the message is one line
+    assert res.exit_code != 0 and "Traceback" not in res.output, res.output
+    assert len(res.output.strip().splitlines()) == 1, res.output
+    assert str(run / "metrics.json") in text and "damaged" in text and f"dab evaluate --run {run}" in text, text
+
+
+def _small_costs(path: Path, nan: bool = True) -> Path:
+    cost = np.array([[0.0, 1.0], [1.0, 0.0], [1.0, 0.5]], np.float32)
+    if nan:
+        cost[1, 1] = np.nan
+    write_costs(path, CostMatrix(cost=cost, query_ids=np.array(["q0", "q1", "q2"]), video_ids=np.array(["v0", "v1"]),
+                                 gt=np.array([0, 1, 1])))
+    return path
+
+
+def test_a_failed_evaluation_leaves_no_new_folder(tmp_path: Path) -> None:
+    """NaN costs fail in one line, and --out is made only when there is something to write in it."""
+    costs = _small_costs(tmp_path / "nan.h5")
+    out = tmp_path / "reports" / "nan"
+    res = invoke(["evaluate", "--costs", str(costs), "--out", str(out), "--no-plots"])
+    assert res.exit_code != 0 and "NaN" in res.output and "Traceback" not in res.output, res.output
+    assert len(res.output.strip().splitlines()) == 1, res.output
+    assert not (tmp_path / "reports").exists()
+    existing = tmp_path / "existing"  # a folder that was there before is never removed
+    existing.mkdir()
+    assert invoke(["evaluate", "--costs", str(costs), "--out", str(existing)]).exit_code != 0
+    assert existing.is_dir() and not any(existing.iterdir())
+
+
+def test_an_evaluation_failing_at_its_first_write_removes_the_folders_it_made(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    import dab_pipeline.stages.evaluate as evaluate
+
+    def full_disk(out_dir: Path, *args, **kwargs):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        raise OSError(errno.ENOSPC, "No space left on device", str(out_dir / "metrics.json"))
+
+    monkeypatch.setattr(evaluate, "write_report", full_disk)
+    costs = _small_costs(tmp_path / "ok.h5", nan=False)
+    with pytest.raises(OSError, match="No space left"):
+        run_evaluate(EvaluateConfig(costs=costs, out=tmp_path / "reports" / "ok", plots=False, examples=0))
+    assert not (tmp_path / "reports").exists()
+    with pytest.raises(OSError, match="No space left"):  # the cost file's own folder, which existed, stays
+        run_evaluate(EvaluateConfig(costs=costs, plots=False, examples=0))
+    assert costs.exists()
+
+
 def test_cli_reference_is_current() -> None:
     from dab_pipeline.cli.docgen import render
 

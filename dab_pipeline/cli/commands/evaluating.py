@@ -8,7 +8,6 @@ from pathlib import Path
 import click
 
 from ...core.choices import POSTPROCESS, V2T_CONVENTIONS
-from ...core.errors import StoreError
 from ...core.fsutil import atomic_write_text
 from .. import cli
 from ..progress import RichProgress
@@ -82,14 +81,13 @@ def compare(runs, out) -> None:
     """One table of several evaluated runs (the paper's ablation tables)."""
     from rich.table import Table
 
-    from ...results.report import compare_markdown, compare_table  # deferred: `dab --help` must not import torch
+    from ...results.report import (  # deferred: `dab --help` must not import torch
+        compare_markdown,
+        compare_table,
+        load_metrics,
+    )
 
-    loaded = []
-    for r in runs:
-        p = Path(r) / "metrics.json" if Path(r).is_dir() else Path(r)
-        if not p.exists():
-            raise StoreError(f"{r}: no metrics.json; run `dab evaluate --run {r}` first")
-        loaded.append((Path(r).name if Path(r).is_dir() else Path(r).parent.name, json.loads(p.read_text())))
+    loaded = [load_metrics(r) for r in runs]  # a missing or damaged metrics.json: one line saying how to remake it
     headers, rows = compare_table(loaded)
     t = Table(title="comparison (text-to-video)")
     for h in headers:
