@@ -71,7 +71,29 @@ def register_commands() -> None:
 
 def main() -> None:
     register_commands()
-    cli(prog_name="dab")
+    try:
+        cli(prog_name="dab")
+    except SystemExit as done:
+        _exit_past_unclosed_hdf5(done)
+        raise
+
+
+def _exit_past_unclosed_hdf5(done: SystemExit) -> None:
+    """End the process at once when an HDF5 file could not be closed after a failed write (a full disk).
+
+    The failure has been reported in one line and the file holds what was written before it; HDF5's
+    own clean-up at exit would try the same write again and crash (SIGSEGV) instead of exiting with
+    the error's code."""
+    import os
+    import sys
+
+    h5 = sys.modules.get("dab_pipeline.store.backend_h5")  # not imported: no HDF5 file was opened
+    if h5 is None or not h5.unclosed_files():
+        return
+    code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 register_commands()

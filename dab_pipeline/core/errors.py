@@ -60,3 +60,7 @@ class CheckpointError(DabError):
 
 class ExtractionFailed(DabError):
     """Every video of an extraction failed."""
+
+
+class WriteError(StoreError):
+    """A write the file system refused: a full disk, a read-only file system, no permission (named, one line)."""

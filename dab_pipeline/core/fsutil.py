@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
 from .errors import StoreError
+from .write_errors import named_write_errors, write_failure
 
 
 def _umask() -> int:
@@ -28,13 +29,15 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
     Written via a hidden temp file in the same folder and fsynced; on an error the temp
     file is removed and ``path`` is untouched. The file gets the mode an ordinary
     ``open(path, "w")`` would (0666 less the umask), not mkstemp's private 0600: run
-    folders are shared between people.
+    folders are shared between people. A write the file system refuses (a full disk,
+    read-only, no permission) raises a one-line :class:`WriteError` naming ``path``.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(path)
     # the writer's pid in the name: a later write of the same file knows a dead writer's leftover
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}-", suffix=".tmp")
+    with named_write_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}-", suffix=".tmp")
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb") as fh:
@@ -42,11 +45,15 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
+        # named before the temp file goes: removing it frees the space whose lack made the write fail
+        named = write_failure(exc, path) if isinstance(exc, (OSError, RuntimeError)) else None
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if named is not None:
+            raise named from exc
         raise
 
 

@@ -17,9 +17,10 @@ from typing import Optional
 
 import numpy as np
 
-from ..core.errors import ConfigError, StoreError
+from ..core.errors import ConfigError, StoreError, WriteError
 from ..core.events import Event, ProgressCallback, null_progress
 from ..core.fsutil import atomic_write_text, publish, remove_path
+from ..core.write_errors import check_free_space, named_write_errors, reserve_file
 from ..model import DABModel
 from ..store import STATUS_OK, FeatureStore
 from .faiss_index import REFINE_FILE, IndexMeta, auto_factory, new_faiss_index, require_faiss
@@ -28,6 +29,7 @@ from .vectors import DEFAULT_VECTOR, VECTOR_KINDS, video_vectors
 __all__ = ["store_fingerprint", "split_rows", "average_query", "build_index", "staging_path"]
 
 FINGERPRINT_SAMPLE = 64
+RESUME_HINT = "free some space and run the same command again: the build resumes from its last finished chunk"
 TRAIN_PER_LIST = 64
 
 
@@ -82,8 +84,15 @@ def _staging(out: Path, state: dict, n: int, dim: int) -> tuple[Path, np.ndarray
             done = int(old.get("done", 0))
     if done == 0:
         remove_path(stage)
-        stage.mkdir(parents=True)
-        vecs = np.lib.format.open_memmap(stage / "vectors.npy", mode="w+", dtype=np.float32, shape=(n, dim))
+        with named_write_errors(stage, RESUME_HINT):
+            stage.mkdir(parents=True)
+            vecs = np.lib.format.open_memmap(stage / "vectors.npy", mode="w+", dtype=np.float32, shape=(n, dim))
+        # the map's pages get their disk blocks now: on a full disk a store into a sparse page is a SIGBUS
+        try:
+            reserve_file(stage / "vectors.npy", (stage / "vectors.npy").stat().st_size, RESUME_HINT)
+        except WriteError:
+            remove_path(stage)  # what the reservation got is given back
+            raise
     else:
         vecs = np.load(stage / "vectors.npy", mmap_mode="r+")
     return stage, vecs, done
@@ -130,8 +139,9 @@ def build_index(store: FeatureStore, out: str | Path, *, split: str = "test", ve
         c1 = min(c0 + chunk, n)
         frames, mask = store.read_videos(rows[c0:c1])  # (B, F, D), (B, F)
         vecs[c0 * per: c1 * per] = video_vectors(vector, frames, mask, model, avg).reshape(-1, dim)
-        vecs.flush()
-        atomic_write_text(stage / "state.json", json.dumps({**state, "done": c1}))
+        with named_write_errors(stage / "vectors.npy", RESUME_HINT):
+            vecs.flush()
+            atomic_write_text(stage / "state.json", json.dumps({**state, "done": c1}))
         progress(Event("advance", task="vectors", n=c1 - c0))
     progress(Event("end", task="vectors"))
     t_vec = time.perf_counter() - t0
@@ -139,14 +149,18 @@ def build_index(store: FeatureStore, out: str | Path, *, split: str = "test", ve
     quantised = any(tag in factory for tag in ("PQ", "SQ", "LSH", "RaBitQ"))  # the codes lose precision
     refine = refine if quantised else 0
     if refine:
-        _write_refine(stage / REFINE_FILE, vecs, progress)
+        with named_write_errors(stage / REFINE_FILE, RESUME_HINT):
+            check_free_space(stage, len(vecs) * dim * 2)
+            _write_refine(stage / REFINE_FILE, vecs, progress)
     meta = IndexMeta(vector=vector, factory=factory, dim=dim, count=n, per_video=per, split=split,
                      store={"path": str(store.path), "fingerprint": fp}, run=run, nprobe=nprobe,
                      ef_search=ef_search, refine=refine, avg_query=None if avg is None else [float(x) for x in avg],
                      build={"seconds": round(time.perf_counter() - t0, 3), "vector_seconds": round(t_vec, 3),
                             "faiss": faiss.__version__, "chunk": chunk})
-    faiss.write_index(index, str(stage / "index.faiss"))
-    np.save(stage / "rows.npy", np.repeat(rows, per))  # the store row of each vector
+    # the vectors stay until the index is written: a build that fails here resumes past its chunks
+    with named_write_errors(stage / "index.faiss", RESUME_HINT):
+        faiss.write_index(index, str(stage / "index.faiss"))
+        np.save(stage / "rows.npy", np.repeat(rows, per))  # the store row of each vector
     del vecs
     (stage / "vectors.npy").unlink()
     (stage / "state.json").unlink()

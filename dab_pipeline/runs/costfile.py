@@ -17,6 +17,7 @@ import numpy as np
 
 from ..core.errors import StoreError
 from ..core.fsutil import publish, remove_path, temp_sibling
+from ..core.write_errors import check_free_space, named_write_errors, write_failure
 from ..store import HDF5_SUFFIXES, ZARR_SUFFIXES
 
 __all__ = ["CostMatrix", "write_costs", "read_costs", "COST_SUFFIXES", "COST_FORMAT_VERSION"]
@@ -140,7 +141,11 @@ def write_costs(path: str | os.PathLike, cm: CostMatrix) -> Path:
         "ranking": (cm.compute_ranking() if cm.ranking is None else np.asarray(cm.ranking)).astype(np.int32),
     }
     extras = {k: np.asarray(v) for k, v in cm.extras.items()}
-    p.parent.mkdir(parents=True, exist_ok=True)
+    with named_write_errors(p):
+        p.parent.mkdir(parents=True, exist_ok=True)
+    # asked first: an HDF5 file whose write failed cannot be closed, and HDF5 then crashes at exit
+    need = sum(a.nbytes for a in (*arrays.values(), *extras.values())) + COST_FILE_SLACK
+    check_free_space(p.parent, need)
     tmp = temp_sibling(p, "writing")
     try:
         if kind == "hdf5":
@@ -150,10 +155,16 @@ def write_costs(path: str | os.PathLike, cm: CostMatrix) -> Path:
         else:
             _write_npz(tmp, arrays, extras, cm.kind, attrs_json)
         publish(tmp, p, overwrite=True)
-    except BaseException:
+    except BaseException as exc:
+        named = write_failure(exc, p) if isinstance(exc, (OSError, RuntimeError)) else None  # before tmp goes
         remove_path(tmp)
+        if named is not None:
+            raise named from exc
         raise
     return p
+
+
+COST_FILE_SLACK = 1 << 20  # headers, metadata, string padding
 
 
 def _write_h5(tmp: Path, arrays: dict, extras: dict, kind: str, attrs: dict) -> None:

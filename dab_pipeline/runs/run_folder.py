@@ -4,7 +4,8 @@
 ``dab search``, ``dab compare`` and ``dab distill`` (its teacher) read one::
 
     <run>/
-      config.json            the resolved TrainConfig (what --resume compares)
+      config.json            the resolved TrainConfig (what --resume compares), plus ``features_abs``:
+                             the store's absolute path, so a copied run or another cwd still finds it
       precision.json         amp and score dtype as requested and as this device ran them
       store_manifest.json    the manifest of the store the run read
       status.json            running | complete | failed | interrupted (with the reason)
@@ -32,10 +33,14 @@ from typing import Any, Iterator, Optional
 
 from ..core.errors import ConfigError, RunLockedError, StoreError
 from ..core.fsutil import atomic_write_text
-from ..core.overrides import load_config, save_config
+from ..core.overrides import from_dict, to_dict
+from ..core.write_errors import named_write_errors
 from .checkpoint import load_checkpoint, save_checkpoint
 
 COST_SUFFIXES = (".h5", ".zarr")
+# config.json's key for the store's absolute path (beside ``features`` as given); not a TrainConfig field, so
+# --resume, which compares configs, never sees it, and a config.json of an older dab loads without it
+FEATURES_ABS = "features_abs"
 
 
 class RunFolder:
@@ -98,8 +103,9 @@ class RunFolder:
             raise RunLockedError(f"{self.path} is being written by another process ({holder}); wait for it to "
                                  "finish, or stop it, before you run this again") from None
         try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()}: {what}".encode(), 0)
+            with named_write_errors(self.path / self.LOCK):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"pid {os.getpid()}: {what}".encode(), 0)
             yield
         finally:
             os.close(fd)  # releases the lock
@@ -139,7 +145,7 @@ class RunFolder:
 
     def append_metrics(self, record: dict) -> None:
         """One line of metrics.jsonl (appended: a torn last line is what a reader skips)."""
-        with open(self.path / self.METRICS_LOG, "a") as fh:
+        with named_write_errors(self.path / self.METRICS_LOG), open(self.path / self.METRICS_LOG, "a") as fh:
             fh.write(json.dumps(record, default=str) + "\n")
 
     def clear_start(self) -> None:
@@ -150,14 +156,26 @@ class RunFolder:
     # ---- config and checkpoints
 
     def save_config(self, cfg: Any) -> None:
-        save_config(cfg, self.config_path)
+        """config.json: ``cfg`` as a dict, with the store's absolute path beside the one given."""
+        data = to_dict(cfg)
+        if isinstance(data.get("features"), str):
+            data[FEATURES_ABS] = str(Path(data["features"]).resolve())
+        atomic_write_text(self.config_path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
     def load_config(self, cls: type) -> Any:
-        """The run's config as ``cls``; ConfigError for a folder that is not a run."""
+        """The run's config as ``cls``, its store where it is found from here (:func:`locate_store`);
+        ConfigError for a folder that is not a run or a damaged config.json."""
         if not self.is_run():
             raise ConfigError(f"{self.path} is not a run folder (no {self.CONFIG}); pass the folder "
                               "`dab train --out` wrote")
-        return load_config(cls, self.config_path)
+        try:
+            data = json.loads(self.config_path.read_text())
+        except ValueError as exc:  # bad JSON, or bytes that are not UTF-8
+            raise ConfigError(f"config file {self.config_path} is not valid JSON: {exc}") from None
+        absolute = data.pop(FEATURES_ABS, None) if isinstance(data, dict) else None
+        if isinstance(data, dict) and isinstance(data.get("features"), str):
+            data["features"] = str(locate_store(data["features"], self.path, absolute))
+        return from_dict(cls, data)
 
     def save_checkpoint(self, name: str, state: dict) -> None:
         save_checkpoint(self.checkpoint(name), state)
@@ -178,3 +196,37 @@ class RunFolder:
             raise StoreError(f"{self.path} holds no cost file (costs_<split>.h5|.zarr); "
                              f"the run's state is {self.state!r}")
         return cands[0]
+
+
+def locate_store(recorded: str | Path, run: Path, absolute: Optional[str] = None) -> Path:
+    """Where a run's store is now: the first that exists of the path as recorded (from the cwd), the recorded
+    path taken from the run folder, and the absolute path recorded at training; the recorded path when none does
+    (so an error names what config.json says)."""
+    recorded = Path(recorded)
+    candidates = [recorded, Path(run) / recorded] + ([Path(absolute)] if absolute else [])
+    return next((c for c in candidates if c.exists()), recorded)
+
+
+def enclosing_run(path: str | Path) -> Optional[Path]:
+    """The nearest run folder strictly above ``path`` (which need not exist), or None.
+
+    A run folder here is a config.json with status.json or checkpoints/ beside it (what `dab train` and
+    `dab distill` leave), so another tool's config.json in a project folder does not count. Relative paths
+    stay relative, as the user gave them.
+    """
+    here = Path(path)
+    absolute = Path(os.path.abspath(here))
+    for parent in absolute.parents:
+        folder = RunFolder(parent)
+        if folder.is_run() and ((parent / RunFolder.STATUS).is_file() or folder.checkpoint_dir.is_dir()):
+            return parent if here.is_absolute() else Path(os.path.relpath(parent))
+    return None
+
+
+def check_not_inside_run(path: str | Path) -> None:
+    """ConfigError when ``path`` lies inside another run's folder: a run written there would be copied, moved
+    and deleted with that run, and read as part of it. Called before anything of the new run is written."""
+    outer = enclosing_run(path)
+    if outer is not None:
+        raise ConfigError(f"--out {path} is inside the run folder {outer} (it holds a run's config.json); "
+                          "choose a folder outside it")

@@ -15,6 +15,18 @@ pair, not only the matched ones. Two losses:
 The result is an ordinary run folder (config.json with ``model.steps = S``; ``distill.json``
 names the teacher and its checkpoint's sha256): `dab evaluate`, `dab search`, `dab compare`
 and the scoring engine read it unchanged, at the cost its step count implies.
+
+**What the student inherits.** The training values of the teacher's config.json that a
+distillation would otherwise pick blindly are the teacher's unless given (a ``None`` in
+:class:`DistillConfig`; :data:`INHERITED`): ``batch_size`` (a split the teacher's batch fits
+may be smaller than a default batch, and the ranking loss sees every pair of a batch as the
+teacher's contrastive loss did), ``lr`` (the teacher's bridge lr: ``bridge_lr`` where it set
+one, else ``lr``; the bridge is the only part that trains), ``weight_decay``, ``warmup_ratio``
+and ``seed``. What an epoch visits (the teacher's epoch mode) is always the teacher's. Not
+inherited: what a distillation defines itself (``student_steps``, ``epochs``, ``state_weight``,
+``rank_weight``) and ``device``, which belongs to the machine, not to the run. The stage says in
+one ``info`` event what it took ("inherited from the teacher: batch_size=4, lr=0.0001, ...");
+distill.json and config.json record the values that ran.
 """
 
 from __future__ import annotations
@@ -33,20 +45,21 @@ import torch.nn.functional as F
 from ..core.errors import ConfigError, TrainingError
 from ..core.events import Event, ProgressCallback, null_progress
 from ..core.fsutil import sha256_file
-from ..core.overrides import apply_overrides, differences, to_dict
+from ..core.overrides import apply_overrides, differences, from_dict, replace_values, to_dict
 from ..metrics import t2v_metrics
 from ..model import DABModel
 from ..runs.checkpoint import rng_state, set_rng_state
 from ..runs.costfile import CostMatrix, write_costs
-from ..runs.run_folder import RunFolder
+from ..runs.run_folder import RunFolder, check_not_inside_run
 from ..runtime.devices import resolve_device
 from ..scoring import score_all
 from ..store import open_store
 from .search import load_run
 from .train import SplitArrays, epoch_order
-from .train.config import epoch_length, lr_lambda
+from .train.config import TrainConfig, epoch_length, lr_lambda
 
-__all__ = ["DistillConfig", "DistillResult", "run_distill", "distill_loss"]
+__all__ = ["DistillConfig", "DistillResult", "INHERITED", "build_distill_config", "inherit_from_teacher",
+           "run_distill", "distill_loss"]
 
 
 @dataclass(frozen=True)
@@ -55,22 +68,28 @@ class DistillConfig:
     out: Path
     student_steps: int = 1
     epochs: int = 5
-    batch_size: int = 32
-    lr: float = 1e-3
-    # None: the teacher's (its recipe's) weight decay and warm-up ratio; a warm-up is followed by a cosine
-    # decay to zero, as `dab train` schedules its lr
+    # None: the teacher's (INHERITED; see the module docstring). A warm-up is followed by a cosine decay to
+    # zero, as `dab train` schedules its lr
+    batch_size: Optional[int] = None
+    lr: Optional[float] = None
     weight_decay: Optional[float] = None
     warmup_ratio: Optional[float] = None
     state_weight: float = 1.0
     rank_weight: float = 1.0
-    seed: int = 24
+    seed: Optional[int] = None
     device: str = "auto"
 
     def __post_init__(self) -> None:
         if self.student_steps < 1:
             raise ConfigError(f"student_steps must be >= 1, got {self.student_steps}")
-        if self.epochs < 1 or self.batch_size < 2:
-            raise ConfigError("epochs must be >= 1 and batch_size >= 2")
+        if self.epochs < 1:
+            raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
+        if self.batch_size is not None and self.batch_size < 2:
+            raise ConfigError(f"batch_size must be >= 2 or None (the teacher's), got {self.batch_size}")
+        if self.lr is not None and not self.lr > 0:
+            raise ConfigError(f"lr must be > 0 or None (the teacher's), got {self.lr}")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise ConfigError(f"seed must be an integer >= 0 or None (the teacher's), got {self.seed}")
         if self.state_weight < 0 or self.rank_weight < 0 or self.state_weight + self.rank_weight == 0:
             raise ConfigError("state_weight and rank_weight must be >= 0, not both 0")
         if self.weight_decay is not None and self.weight_decay < 0:
@@ -79,12 +98,49 @@ class DistillConfig:
             raise ConfigError(f"warmup_ratio must be in [0, 1) or None (the teacher's), got {self.warmup_ratio}")
 
 
+# The DistillConfig fields whose None means "the teacher's", in the order the stage reports them.
+INHERITED = ("batch_size", "lr", "weight_decay", "warmup_ratio", "seed")
+
+
 def build_distill_config(teacher: Path, out: Path, *, options: Optional[Mapping[str, Any]] = None,
-                         overrides: Sequence[str] = ()) -> DistillConfig:
+                         overrides: Sequence[str] = (), resume: bool = False) -> DistillConfig:
     """The DistillConfig of one `dab distill` call (the sibling of ``build_train_config``): ``options`` by name,
-    None meaning "not given", then ``--set`` strings. A resume is checked against the folder by the stage."""
+    None meaning "not given", then ``--set`` strings.
+
+    ``resume``: the configuration saved in ``out``'s distill.json with only the given values applied, so what
+    was not given is never a change; the stage refuses a given value that differs from the saved one.
+    """
     given = {k: v for k, v in (options or {}).items() if v is not None}
+    if resume:
+        saved = dataclasses.replace(from_dict(DistillConfig, _saved_distill(Path(out))["distill"]),
+                                    teacher=Path(teacher), out=Path(out))  # folders are relocatable
+        return apply_overrides(replace_values(saved, given, "option"), overrides)
     return apply_overrides(DistillConfig(teacher=Path(teacher), out=Path(out), **given), overrides)
+
+
+def inherit_from_teacher(cfg: DistillConfig, tcfg: TrainConfig) -> tuple[DistillConfig, dict[str, Any]]:
+    """``cfg`` with each None of :data:`INHERITED` set to the teacher's value (``tcfg``: the teacher's
+    config.json), and ``{field: value}`` of what was taken."""
+    teacher = {"batch_size": tcfg.batch_size, "lr": tcfg.bridge_lr if tcfg.bridge_lr is not None else tcfg.lr,
+               "weight_decay": tcfg.weight_decay, "warmup_ratio": tcfg.warmup_ratio, "seed": tcfg.seed}
+    taken = {k: teacher[k] for k in INHERITED if getattr(cfg, k) is None}
+    return dataclasses.replace(cfg, **taken), taken
+
+
+def _inherited_line(taken: Mapping[str, Any]) -> str:
+    return "inherited from the teacher: " + ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                                                       for k, v in taken.items())
+
+
+def _saved_distill(out: Path) -> dict:
+    """``out``'s distill.json (ConfigError when the folder holds no distillation)."""
+    path = out / "distill.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"--resume: {out} holds no distillation to continue (no distill.json)") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--resume: {path} is not valid JSON: {exc}") from None
 
 
 @dataclass
@@ -136,14 +192,18 @@ def run_distill(cfg: DistillConfig, progress: ProgressCallback = null_progress, 
     folder = RunFolder(out)
     if folder.is_run() and not resume:
         raise TrainingError(f"{out} already holds a run; use --resume to continue it, or choose another --out")
+    if not resume:
+        check_not_inside_run(out)  # a student inside another run's folder would be taken for part of it
+    cfg, taken = inherit_from_teacher(cfg, tcfg)
+    if taken:
+        progress(Event("info", message=_inherited_line(taken)))
     train, val, test = _splits(tcfg, device)
     student = build_student(teacher, cfg.student_steps).to(device)
-    # the teacher's schedule where the distillation does not set its own: what an epoch visits (its epoch
-    # mode), weight decay and warm-up, so a student's steps count like its teacher's
-    wd = tcfg.weight_decay if cfg.weight_decay is None else cfg.weight_decay
-    warmup = tcfg.warmup_ratio if cfg.warmup_ratio is None else cfg.warmup_ratio
+    # what an epoch visits is the teacher's (its epoch mode), so a student's steps count like its teacher's;
+    # the bridge, the one part that trains, trains at lr (a bridge_lr of the teacher's no longer applies)
     run_cfg = dataclasses.replace(tcfg, out=out, model=student.cfg, epochs=cfg.epochs, batch_size=cfg.batch_size,
-                                  lr=cfg.lr, seed=cfg.seed, recipe=None, weight_decay=wd, warmup_ratio=warmup)
+                                  lr=cfg.lr, bridge_lr=None, seed=cfg.seed, recipe=None,
+                                  weight_decay=cfg.weight_decay, warmup_ratio=cfg.warmup_ratio)
     folder.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     with folder.writer_lock("dab distill" + (" --resume" if resume else "")):
         return _distill(cfg, folder, teacher_run, run_cfg, student, (train, val, test), resume, device, progress)
@@ -158,9 +218,11 @@ def _distill(cfg: DistillConfig, folder: RunFolder, teacher_run, run_cfg, studen
     wd, warmup = run_cfg.weight_decay, run_cfg.warmup_ratio
     _open_folder(folder, cfg, run_cfg, teacher_run, resume)
     optim = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=wd)
-    steps = epoch_length(train.caption_video.numpy(), tcfg.epoch) // cfg.batch_size
+    per_epoch = epoch_length(train.caption_video.numpy(), tcfg.epoch)
+    steps = per_epoch // cfg.batch_size
     if steps < 1:
-        raise ConfigError(f"batch_size {cfg.batch_size} is larger than an epoch of the teacher's training split")
+        raise ConfigError(f"batch_size {cfg.batch_size} is larger than an epoch of the teacher's training split "
+                          f"({per_epoch}); pass a smaller one (--set batch_size=N)")
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_lambda(steps * cfg.epochs, warmup))
     torch.manual_seed(cfg.seed)
     start, best, best_epoch = _restore(folder, student, optim, sched, device, resume, progress)
@@ -230,9 +292,11 @@ def _open_folder(folder: RunFolder, cfg: DistillConfig, run_cfg, teacher_run, re
 
 def _check_resume(folder: RunFolder, cfg: DistillConfig, teacher_run) -> None:
     """ConfigError unless --resume asks for the distillation the folder holds, from the same teacher weights."""
-    saved = json.loads((folder.path / "distill.json").read_text())
+    saved = _saved_distill(folder.path)
+    # a folder written before the student inherited its training values holds Nones: the teacher's, as now
+    before, _ = inherit_from_teacher(from_dict(DistillConfig, saved["distill"]), teacher_run.config)
     # the folders are relocatable: where the teacher and the student live now is not compared
-    diff = differences(saved["distill"], to_dict(cfg), ignore=("teacher", "out"))
+    diff = differences(to_dict(before), to_dict(cfg), ignore=("teacher", "out"))
     if diff:
         raise ConfigError(f"--resume continues {folder.path} with its saved configuration; these options differ "
                           f"from it: {', '.join(diff)}. Drop them, or start a new run with another --out")

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import StoreError
+from ..core.write_errors import named_write_errors
 from .backend_h5 import Backend, H5Backend
 from .layout import (
     COMPRESSED,
@@ -261,11 +262,13 @@ class ZarrBackend(Backend):
         return out
 
     def write_range(self, name: str, start: int, values: np.ndarray) -> None:
-        self.raw(name)[start : start + len(values)] = values
+        with named_write_errors(self.path):
+            self.raw(name)[start : start + len(values)] = values
 
     def write_prefix(self, name: str, row: int, values: np.ndarray) -> None:
         """The first len(values) entries of one row (the rest is left as it is: unwritten stays sparse)."""
-        self.raw(name)[row, : len(values)] = values
+        with named_write_errors(self.path):
+            self.raw(name)[row, : len(values)] = values
 
     def flush(self) -> None:
         # zarr's LocalStore has finished (written + renamed) every chunk file by

@@ -11,10 +11,12 @@ import numpy as np
 
 from ..core.errors import StoreError
 from ..core.fsutil import fsync_dir, publish, remove_path, temp_sibling
+from ..core.write_errors import check_free_space, write_failure
+from . import backend_h5
 from .backend_h5 import h5_locking_kwargs
 from .backend_zarr import ZarrBackend, backend_class
 from .feature_store import FeatureStore
-from .layout import ERROR_BYTES, FORMAT_VERSION, store_backend
+from .layout import ERROR_BYTES, FORMAT_VERSION, ZERO_INIT, array_specs, store_backend
 
 
 def open_store(path: str | os.PathLike, mode: str = "r", *, writer: tuple[int, int] | None = None) -> FeatureStore:
@@ -220,16 +222,31 @@ def _create_atomically(p: Path, layout: dict, attrs: dict, init: dict, overwrite
             break
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
+        # asked first: an HDF5 file whose writes failed cannot be closed, and HDF5 crashes at exit
+        check_free_space(p, _initial_bytes(layout, init) + backend_h5.H5_WRITE_SLACK)
         tmp = temp_sibling(p, "creating")
         try:
             backend_class(store_backend(p)).create(tmp, layout, attrs, init)
             publish(tmp, p, overwrite)
-        except BaseException:
+        except BaseException as exc:
+            named = write_failure(exc, p) if isinstance(exc, (OSError, RuntimeError)) else None  # before tmp goes
             _remove_quietly(tmp)  # its own failure must not hide the one that matters
+            if named is not None and "no space left" in str(named):
+                raise named from exc  # read-only and permission keep the OS's words below
             raise
     except OSError as exc:
         raise StoreError(f"cannot create {p}: {os_reason(exc)}") from None
     fsync_dir(p.parent)
+
+
+def _initial_bytes(layout: dict, init: dict) -> int:
+    """Bytes a new store writes when it is created: the given arrays and the zero-filled flags and masks (the
+    feature arrays stay sparse until written)."""
+    given = sum(np.asarray(v).nbytes if np.asarray(v).dtype != object else sum(len(str(x)) + 16 for x in v)
+                for v in init.values())
+    zeros = sum(int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
+                for spec in array_specs(layout) if spec.name in ZERO_INIT and spec.name not in init)
+    return int(given + zeros)
 
 
 def is_dab_store(p: Path) -> bool:

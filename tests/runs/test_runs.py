@@ -60,3 +60,53 @@ def test_find_costs_names_what_is_missing(tmp_path: Path) -> None:
     (tmp_path / "costs_test.zarr").mkdir()
     (tmp_path / "costs_notes.txt").write_text("not a cost file")
     assert run.find_costs() == tmp_path / "costs_test.zarr" == run.costs_path("test", "zarr")
+
+
+def test_config_records_the_store_absolute_and_an_old_config_still_loads(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    run = RunFolder("run")
+    run.path.mkdir()
+    cfg = TrainConfig(features=Path("store.h5"), out=run.path)
+    run.save_config(cfg)
+    saved = json.loads(run.config_path.read_text())
+    assert saved["features"] == "store.h5" and saved["features_abs"] == str(tmp_path.resolve() / "store.h5")
+    assert run.load_config(TrainConfig) == cfg  # no store anywhere: the path as recorded
+    del saved["features_abs"]  # a config.json of an older dab
+    run.config_path.write_text(json.dumps(saved))
+    assert run.load_config(TrainConfig) == cfg
+
+
+def test_the_store_is_found_relative_to_the_cwd_then_the_run_then_absolute(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "made").mkdir()
+    monkeypatch.chdir(tmp_path / "made")
+    run = RunFolder("run")
+    run.path.mkdir()
+    run.save_config(TrainConfig(features=Path("store.h5"), out=run.path))
+    absolute = tmp_path.resolve() / "made" / "store.h5"
+    absolute.write_text("the store")
+    assert run.load_config(TrainConfig).features == Path("store.h5")  # from where it was made: as recorded
+    monkeypatch.chdir(tmp_path)
+    run = RunFolder(tmp_path / "made" / "run")
+    assert run.load_config(TrainConfig).features == absolute  # elsewhere: the absolute path
+    inside = run.path / "store.h5"  # before it: a store travelling inside the run folder
+    inside.write_text("a store inside the run")
+    assert run.load_config(TrainConfig).features == inside
+    (tmp_path / "store.h5").write_text("a store where the path points from here")  # first: the cwd
+    assert run.load_config(TrainConfig).features == Path("store.h5")
+
+
+def test_enclosing_run_is_the_nearest_run_folder_above(tmp_path: Path) -> None:
+    from dab_pipeline.runs.run_folder import check_not_inside_run, enclosing_run
+
+    outer = RunFolder(tmp_path / "runs" / "a")
+    outer.path.mkdir(parents=True)
+    outer.save_config(TrainConfig(features=Path("s.h5"), out=outer.path))
+    outer.write_status(state="running")
+    assert enclosing_run(tmp_path / "runs" / "b") is None and enclosing_run(outer.path) is None
+    assert enclosing_run(outer.path / "sub" / "deeper") == outer.path
+    with pytest.raises(ConfigError, match="inside the run folder"):
+        check_not_inside_run(outer.path / "sub")
+    (tmp_path / "config.json").write_text("{}")  # a config.json alone (another tool's) is no run folder
+    assert enclosing_run(tmp_path / "x") is None

@@ -159,3 +159,84 @@ def test_distillation_counts_steps_like_its_teacher(tmp_path: Path) -> None:
     ck = load_checkpoint(out / "checkpoints" / "last.pt")
     assert ck["sched"]["last_epoch"] == steps and ck["optim"]["param_groups"][0]["lr"] == pytest.approx(0.0, abs=1e-9)
     assert ck["optim"]["param_groups"][0]["weight_decay"] == 0.05
+
+
+def _dying_after(monkeypatch: pytest.MonkeyPatch, epochs: int) -> None:
+    """Ctrl-C in distillation epoch ``epochs + 1`` (the first ``epochs`` are saved)."""
+    import dab_pipeline.stages.distill as D
+
+    real, calls = D._distill_epoch, {"n": 0}
+
+    def dying(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > epochs:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(D, "_distill_epoch", dying)
+
+
+def test_a_bare_resume_continues_a_distillation_started_with_other_values(teacher: Path, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dab distill --resume` with nothing else typed: a default the user never gave is not a change."""
+    out = tmp_path / "student"
+    args = ["distill", "--run", teacher, "--out", out, "--quiet"]
+    with monkeypatch.context() as m:
+        _dying_after(m, 1)
+        res = invoke([*args, "--epochs", "2", "--student-steps", "2", "--set", "lr=2e-3", "--set", "rank_weight=0.5"])
+    assert res.exit_code == 130, res.output
+    res = invoke([*args, "--resume"])
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "status.json").read_text())["state"] == "complete"
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+    assert json.loads((out / "config.json").read_text())["model"]["steps"] == 2
+    # an option typed with another value than the saved one is still refused, naming it (and only it)
+    for extra, named in ((["--epochs", "3"], "epochs (saved 2, given 3)"),
+                         (["--set", "lr=1e-3"], "lr (saved 0.002, given 0.001)")):
+        res = invoke([*args, "--resume", *extra])
+        text = " ".join(res.output.split())
+        assert res.exit_code != 0 and named in text and "Traceback" not in res.output, res.output
+        assert "student_steps" not in text and "rank_weight" not in text
+    res = invoke([*args, "--resume", "--epochs", "2", "--student-steps", "2"])  # typed, but as saved
+    assert res.exit_code == 0, res.output
+    # a folder of an older dab holds None for the teacher's weight decay and warm-up: still the same distillation
+    info = json.loads((out / "distill.json").read_text())
+    info["distill"].update(weight_decay=None, warmup_ratio=None)
+    (out / "distill.json").write_text(json.dumps(info))
+    res = invoke([*args, "--resume"])
+    assert res.exit_code == 0, res.output
+
+
+def test_the_student_inherits_the_teachers_training_values_unless_typed(tmp_path: Path) -> None:
+    """A teacher trained with --batch-size 4 on a split smaller than the default batch of 32: its student trains."""
+    store = _random_store(tmp_path / "store.h5", caps_per_video=1)  # 20 training captions
+    teacher = tmp_path / "teacher"
+    res = invoke(["train", "--features", store, "--variant", "dab", "--steps", "2", "--epochs", "1", "--batch-size",
+                  "4", "--out", teacher, "--quiet", "--set", "model.drift_hidden=16", "--set",
+                  "model.time_embed_dim=8", "--set", "lr=3e-3", "--set", "weight_decay=0.05"])
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "student"
+    res = invoke(["distill", "--run", teacher, "--out", out, "--epochs", "1"])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 0, res.output
+    assert "inherited from the teacher: batch_size=4, lr=0.003, weight_decay=0.05" in text, text
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["batch_size"] == 4 and saved["lr"] == 3e-3 and saved["weight_decay"] == 0.05
+    assert json.loads((out / "distill.json").read_text())["distill"]["batch_size"] == 4  # what ran, not "inherit"
+    # typed values are the user's: batch_size 2 is used and not reported as inherited
+    res = invoke(["distill", "--run", teacher, "--out", tmp_path / "typed", "--epochs", "1", "--set",
+                  "batch_size=2", "--set", "lr=1e-3"])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 0, res.output
+    assert "inherited from the teacher: weight_decay=0.05" in text and "batch_size=" not in text, text
+    saved = json.loads((tmp_path / "typed" / "config.json").read_text())
+    assert saved["batch_size"] == 2 and saved["lr"] == 1e-3
+
+
+def test_a_student_inside_another_runs_folder_is_refused(teacher: Path) -> None:
+    inside = teacher / "student"
+    with pytest.raises(ConfigError, match=f"inside the run folder {teacher}"):
+        run_distill(DistillConfig(teacher=teacher, out=inside, student_steps=1, epochs=1))
+    assert not inside.exists()
+    r = invoke(["distill", "--run", str(teacher), "--out", str(inside)])
+    assert r.exit_code == 2 and "inside the run folder" in r.output and "Traceback" not in r.output

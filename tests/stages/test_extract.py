@@ -296,7 +296,7 @@ def test_disk_full_during_extraction_is_one_line_and_resumable(tiny_folder_datas
     out = tmp_path / "store.h5"
     res = invoke(_args(tiny_folder_dataset, out))
     assert res.exit_code != 0 and "Traceback" not in res.output
-    assert "No space left on device" in res.output and "rerun the same command" in res.output
+    assert f"cannot write {out}: no space left on device" in res.output and "rerun the same command" in res.output
     monkeypatch.setattr(FeatureStore, "write_videos", real)
     res = _invoke(_args(tiny_folder_dataset, out))
     assert res.exit_code == 0 and "2 already done" in res.output, res.output
@@ -547,3 +547,21 @@ def test_build_extract_config_decides_what_the_cli_used_to(tmp_path: Path) -> No
     assert cfg.trainable_blocks == full_depth("dab-tiny") and cfg.frames == 12 and cfg.batch_size == 3
     with pytest.raises(ConfigError, match="expected a number of blocks or 'all'"):
         build_extract_config("folder", out, options={"trainable_blocks": "some"})
+
+
+def test_a_rerun_with_only_the_required_options_resumes_a_store_made_with_other_values(tiny_folder_dataset: Path,
+                                                                                       tmp_path: Path) -> None:
+    """Rerunning is extract's resume: an option left out keeps the store's value; only a typed one can differ."""
+    out = tmp_path / "store.h5"
+    # BASE also types --store-dtype float32, --batch-size 2 and --workers 0: none of them the default
+    assert _invoke(_args(tiny_folder_dataset, out, "--frames", "8")).exit_code == 0
+    bare = ["extract", "--dataset", "folder", "--annotations", tiny_folder_dataset, "--videos",
+            tiny_folder_dataset.parent / "videos", "--out", out, "--quiet"]
+    res = invoke(bare)  # no --model, --frames or --store-dtype: the store's dab-tiny, 8 and float32
+    text = " ".join(res.output.split())
+    assert res.exit_code == 0 and "0 videos encoded, 6 already done" in text, res.output
+    res = invoke([*bare, "--frames", "4"])
+    text = " ".join(res.output.split())
+    assert res.exit_code != 0 and "(frames differ)" in text and "--overwrite" in text, res.output
+    with open_store(out) as st:
+        assert st.manifest["frames"] == 8 and st.manifest["store_dtype"] == "float32"

@@ -469,3 +469,25 @@ def test_a_run_on_cuda_trains_and_scores(random_store: Path, tmp_path: Path, amp
         test = st.load_split("test")
     again = score_all(load_run(out).model, test.text, test.frames, test.frame_mask, device="cuda").cost
     np.testing.assert_allclose(again, cost, rtol=1e-4, atol=1e-4)
+
+
+def test_a_bare_resume_keeps_every_non_default_value(random_store: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dab train --resume --out RUN` after a run made with non-default values: nothing typed, nothing changed."""
+    out = tmp_path / "run"
+    args = ["train", "--features", random_store, "--variant", "dab", "--steps", "2", "--epochs", "2", "--batch-size",
+            "4", "--seed", "3", "--out", out, "--quiet", "--set", "lr=2e-3", "--set", "model.drift_hidden=16",
+            "--set", "model.time_embed_dim=8", "--set", "checkpoint_every=1"]
+    restore = _patch_loss(monkeypatch, _interrupt_at(13))  # in the second epoch (40 captions: 10 steps of 4)
+    res = invoke(args)
+    restore()
+    assert res.exit_code == 130, res.output
+    res = invoke(["train", "--resume", "--out", out, "--quiet"])
+    assert res.exit_code == 0, res.output
+    saved = json.loads((out / "config.json").read_text())
+    assert (saved["epochs"], saved["batch_size"], saved["seed"], saved["lr"]) == (2, 4, 3, 2e-3)
+    assert json.loads((out / "status.json").read_text())["state"] == "complete"
+    # a typed option with another value is refused, naming it and only it
+    res = invoke(["train", "--resume", "--out", out, "--quiet", "--set", "lr=1e-3"])
+    text = " ".join(res.output.split())
+    assert res.exit_code != 0 and "lr (saved 0.002, given 0.001)" in text and "batch_size" not in text, text

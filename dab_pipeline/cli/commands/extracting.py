@@ -10,7 +10,7 @@ import click
 from ...core.choices import CLIP_DTYPES, DECODE_BACKENDS, STORE_DTYPES
 from .. import cli
 from ..progress import RichProgress
-from .options import EXISTING, EXTRACT_TIMEOUT, PATH
+from .options import EXISTING, EXTRACT_TIMEOUT, PATH, typed
 from .output import console, human_bytes, quiet_shared_errors
 
 
@@ -70,6 +70,7 @@ def extract(dataset, videos, annotations, out, model, pretrained, frames, traina
                    compute_dtype=compute_dtype, store_dtype=store_dtype, train_views=train_views,
                    batch_size=batch_size, workers=workers, device=device, decode_backend=decode_backend, limit=limit,
                    overwrite=overwrite)
+    options.update(_resumed_options(click.get_current_context(), out, overwrite))
     cfg = build_extract_config(dataset, out, options=options, overrides=overrides)
     from ...runtime.distributed import want_distributed  # deferred: `dab --help` must not import torch
 
@@ -88,6 +89,19 @@ def extract(dataset, videos, annotations, out, model, pretrained, frames, traina
         with RichProgress(quiet=quiet) as prog:
             res = run_extract(cfg, progress=prog)
     _extract_summary(res)
+
+
+def _resumed_options(ctx: click.Context, out: Path, overwrite: bool) -> dict:
+    """The store's own values of the options not typed: rerunning the command resumes the store at --out, and
+    an option left out of the rerun is not a change (only a typed one that differs is refused)."""
+    from ...stages.extract.config import stored_options  # deferred: `dab --help` must not import torch
+
+    if overwrite:
+        return {}
+    stored = stored_options(out)
+    if typed(ctx, "model") and ctx.params["model"] != stored.get("model"):
+        stored.pop("pretrained", None)  # the store's weights tag belongs to the store's model
+    return {k: v for k, v in stored.items() if not typed(ctx, k)}
 
 
 def _extract_summary(res) -> None:

@@ -7,7 +7,7 @@ import click
 from ...core.choices import DIST_COSTS, VARIANTS
 from .. import cli
 from ..progress import RichProgress
-from .options import EXISTING, PATH
+from .options import EXISTING, PATH, typed_values
 from .output import echo_run, quiet_shared_errors
 
 
@@ -46,9 +46,11 @@ def train(features, out, recipe, variant, cost, steps, epochs, batch_size, train
     from ...stages.train import build_train_config, run_train  # deferred: `dab --help` must not import torch
 
     use_dist = want_distributed(distributed)
-    # Resolved on every rank alike (each reads the store manifest, or config.json on --resume).
-    options = {"model.variant": variant, "model.cost": cost, "model.steps": steps, "epochs": epochs,
-               "batch_size": batch_size, "trainable_blocks": trainable_blocks, "seed": seed, "device": device}
+    # Resolved on every rank alike (each reads the store manifest, or config.json on --resume). Only what was
+    # typed: on --resume every other value is the saved one, never a default taken as a change.
+    options = typed_values(click.get_current_context(), {
+        "model.variant": "variant", "model.cost": "cost", "model.steps": "steps", "epochs": "epochs",
+        "batch_size": "batch_size", "trainable_blocks": "trainable_blocks", "seed": "seed", "device": "device"})
     cfg = build_train_config(features, out, recipe=recipe, options=options, overrides=overrides, resume=resume)
     if use_dist:
         from ...runtime.distributed import distributed_session  # deferred: `dab --help` must not import torch
@@ -82,8 +84,10 @@ def distill(teacher, out, student_steps, epochs, overrides, resume, quiet) -> No
     """
     from ...stages.distill import build_distill_config, run_distill  # deferred: `dab --help` must not import torch
 
-    cfg = build_distill_config(teacher, out, options={"student_steps": student_steps, "epochs": epochs},
-                               overrides=overrides)
+    # only what was typed: the shown defaults are DistillConfig's own, and on --resume every value not typed
+    # is the saved one (a default is not a change)
+    options = typed_values(click.get_current_context(), {"student_steps": "student_steps", "epochs": "epochs"})
+    cfg = build_distill_config(teacher, out, options=options, overrides=overrides, resume=resume)
     with RichProgress(quiet=quiet) as prog:
         res = run_distill(cfg, progress=prog, resume=resume)
     echo_run(res)

@@ -162,13 +162,39 @@ def resolve_compute_dtype(dtype: str, device: "str | torch.device", out: Optiona
 
 def _stored_dtype(out: Path) -> Optional[str]:
     """The compute dtype an existing store records, or None (no store, or not readable as one)."""
+    return _stored_manifest(out).get("compute_dtype")
+
+
+def _stored_manifest(out: Path) -> dict[str, Any]:
+    """The manifest of the store at ``out``, or {} (no store, or not readable as one: the stage says why)."""
     if not out.exists():
-        return None
+        return {}
     try:
         with open_store(out, "r") as st:
-            return st.manifest.get("compute_dtype")
+            return dict(st.manifest)
     except (DabError, OSError, KeyError, ValueError):
-        return None
+        return {}
+
+
+# The `dab extract` options a rerun that leaves them out takes from the store at --out: rerunning the command
+# is extract's resume, so an option the user did not type is not a change (each of these decides the numbers
+# a video or caption gets, and differs from the option's default in a store made with another value). Not
+# here: --limit (leaving it out is how to ask for every video), --dtype (its auto already takes the store's
+# dtype) and what the resume check does not compare (--batch-size, --workers, --device, the paths).
+RESUMED_OPTIONS = ("model", "pretrained", "frames", "trainable_blocks", "store_dtype", "train_views",
+                   "decode_backend", "dataset_options")
+
+
+def stored_options(out: Path) -> dict[str, Any]:
+    """The values of :data:`RESUMED_OPTIONS` the store at ``out`` was built with, as `dab extract` options
+    ({} without a readable store, or one whose manifest records no config)."""
+    config = _stored_manifest(Path(out)).get("config") or {}
+    values = {k: config[k] for k in RESUMED_OPTIONS if k in config}
+    if "dataset_options" in values:
+        values["dataset_options"] = tuple(values["dataset_options"])  # a JSON list in the manifest
+    if "pretrained" in values and values["pretrained"] is None:
+        values["pretrained"] = "none"  # no weights tag: random weights or dab's own; an absent one means openai
+    return values
 
 
 def build_manifest(cfg: ExtractConfig, bundle, index, world_size: int = 1,

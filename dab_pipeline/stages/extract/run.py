@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Optional
 from ...clip_models import encode_images, encode_texts, load_clip
 from ...core.errors import ExtractionFailed, StoreError
 from ...core.events import Event, ProgressCallback, null_progress
+from ...core.write_errors import named_write_errors
 from ...datasets import load_dataset
 from ...runtime.devices import resolve_device
 from ...runtime.distributed import LocalContext, mark_shared
@@ -152,12 +153,13 @@ def _store_errors(out: Path):
     The store stays valid: every video whose status is set was fully written, so the
     same command resumes once the cause is fixed.
     """
+    hint = "the videos written so far are kept, fix the cause and rerun the same command to resume"
     try:
-        yield
-    except OSError as exc:
+        with named_write_errors(out, hint):
+            yield
+    except OSError as exc:  # one the file system did not explain (named_write_errors re-raised it)
         reason = exc.strerror or str(exc)
-        raise StoreError(f"cannot write {out}: {reason}; the videos written so far are kept, "
-                         "fix the cause and rerun the same command to resume") from None
+        raise StoreError(f"cannot write {out}: {reason}; {hint}") from None
 
 
 def _load_index(cfg: ExtractConfig, progress: ProgressCallback):

@@ -11,7 +11,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from ...core.errors import ConfigError, StoreError, TrainingError
+from ...core.errors import ConfigError, DabError, StoreError, TrainingError, WriteError
 from ...core.events import Event, ProgressCallback, null_progress
 from ...core.overrides import to_dict
 from ...metrics import t2v_metrics
@@ -57,15 +57,32 @@ def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resu
         return _run_train(cfg, progress, resume, dist, folder)
     except BaseException as exc:
         if folder.get("ready"):  # the folder is this process's (it holds the lock): say why it stopped
-            state = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            folder_ = RunFolder(cfg.out)
-            folder_.write_status(state=state, error=reason, features=str(cfg.features),
-                                 resumable=folder_.checkpoint(RunFolder.LAST).exists())
+            _record_stop(cfg, exc)
+        if isinstance(exc, WriteError):
+            raise WriteError(f"{exc}; {_after_write_error(cfg, resume)}") from exc
         raise
     finally:
         if "locks" in folder:
             folder["locks"].close()  # the folder's writer lock, last
+
+
+def _record_stop(cfg: TrainConfig, exc: BaseException) -> None:
+    """status.json says why the run stopped; on a full disk that write may fail too, and must not hide ``exc``."""
+    state = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    folder = RunFolder(cfg.out)
+    try:
+        folder.write_status(state=state, error=reason, features=str(cfg.features),
+                            resumable=folder.checkpoint(RunFolder.LAST).exists())
+    except (DabError, OSError):
+        pass  # the folder keeps status "running" with no live lock holder: a killed run, which reruns handle
+
+
+def _after_write_error(cfg: TrainConfig, resume: bool) -> str:
+    """What to do after a write the file system refused: the same command starts over, or --resume continues."""
+    if RunFolder(cfg.out).checkpoint(RunFolder.LAST).exists():
+        return f"free some space, then continue with `dab train --resume --out {cfg.out}`"
+    return "free some space and run the same command again (the run starts over: it had no checkpoint)"
 
 
 def _already_complete(cfg: TrainConfig, status: dict, progress: ProgressCallback) -> TrainResult:

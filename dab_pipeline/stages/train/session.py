@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 from ...core.errors import ConfigError, RunLockedError, StoreError, TrainingError
 from ...core.events import Event, ProgressCallback
-from ...core.overrides import from_dict, to_dict
-from ...runs.run_folder import RunFolder
+from ...core.overrides import to_dict
+from ...runs.run_folder import RunFolder, check_not_inside_run
 from ...runtime.distributed import mark_shared
 from ...store import open_store
 from .config import TrainConfig, epoch_length
@@ -27,6 +27,11 @@ class RunData:
     manifest: dict
 
 
+def _compared(cfg: TrainConfig) -> dict:
+    """What --resume compares of a config: neither the folder's place nor the spelling of the store's path."""
+    return to_dict(cfg) | {"out": None, "features": str(Path(cfg.features).resolve())}
+
+
 class TrainRun:
     """One run's folder, context and reporting: what every step of training shares."""
 
@@ -41,31 +46,38 @@ class TrainRun:
         return mark_shared(exc)
 
     def check_folder(self) -> None:
-        """Refuse a folder that holds another run; clear one that stopped before its first checkpoint."""
+        """Refuse a folder that holds another run or lies inside one; clear one that stopped before its first
+        checkpoint."""
         cfg, run_dir, folder = self.cfg, self.dir, self.folder
         if self.resume:
             if not folder.is_run():
                 raise TrainingError(f"--resume: {run_dir} is not a run folder (no config.json)")
-            saved = from_dict(TrainConfig, json.loads(folder.config_path.read_text()))
-            # where the folder was made does not matter: a copied or moved run resumes in place
-            mine, theirs = to_dict(cfg) | {"out": None}, to_dict(saved) | {"out": None}
+            saved = folder.load_config(TrainConfig)  # its store where it is found from here
+            # where the folder was made does not matter: a copied or moved run resumes in place, and its
+            # store is the same whatever path names it
+            mine, theirs = _compared(cfg), _compared(saved)
             if mine != theirs:
                 diff = sorted(k for k, v in mine.items() if theirs.get(k) != v)
                 raise TrainingError(f"--resume: {run_dir} was started with another configuration ({', '.join(diff)} differ)")
-        elif folder.is_run():
+            return
+        check_not_inside_run(run_dir)  # before anything of the new run is written
+        if folder.is_run():
             status = folder.read_status()
-            if status.get("state") in ("failed", "interrupted") and not folder.checkpoint(RunFolder.LAST).exists():
-                # Nothing to resume: the run stopped before its first checkpoint, so start over.
-                self.progress(Event("info", message=f"{run_dir}: the earlier run {status['state']} before its first "
-                                                    f"checkpoint ({status.get('error', 'no reason recorded')}); "
-                                                    "starting over"))
-                folder.clear_start()
-                return
             state = status.get("state", "unknown")
             holder = folder.lock_holder() if state == "running" else None
             if holder is not None:
                 raise RunLockedError(f"{run_dir} is being trained by another process ({holder}); wait for it to "
                                      "finish, or choose another --out")
+            # "running" with nobody holding it: killed, or stopped where not even its status could be written
+            # (a full disk)
+            stopped = state in ("failed", "interrupted") or state == "running"
+            if stopped and not folder.checkpoint(RunFolder.LAST).exists():
+                # Nothing to resume: the run stopped before its first checkpoint, so start over.
+                self.progress(Event("info", message=f"{run_dir}: the earlier run stopped ({state}) before its first "
+                                                    f"checkpoint ({status.get('error', 'no reason recorded')}); "
+                                                    "starting over"))
+                folder.clear_start()
+                return
             hint = "use --resume to continue it" if state != "complete" else "it is complete"
             raise TrainingError(f"{run_dir} already holds a run (state {state!r}); {hint}, or choose another --out")
 
