@@ -8,7 +8,7 @@ TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 DEMO_OUT ?= demo_out
 PYTEST_ARGS ?=
 
-.PHONY: install test demo docs-cli check-docs bench clean
+.PHONY: install test test-slow demo docs-cli check-docs bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,8 +18,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The quick suite; the long end-to-end tests (kills and resumes, the real server, torchrun, the device rehearsal, a
+# real full disk) are marked slow or distributed and run by `make test-slow`; .ci/run runs both.
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow and not distributed" $(PYTEST_ARGS)
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m "slow or distributed" $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(PY) -m dab_pipeline.cli.demo --out $(DEMO_OUT)

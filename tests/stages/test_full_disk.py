@@ -192,6 +192,7 @@ def _arrays(path: Path) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_a_real_full_disk_in_extract_index_and_train(tiny_folder_dataset: Path, store: Path, tmp_path: Path,
                                                      tmpfs, monkeypatch: pytest.MonkeyPatch) -> None:
     """On a tmpfs of 16-32 KiB: `dab extract` into HDF5 with nothing reserved (HDF5's own writes fail) exits 1 with

@@ -114,6 +114,7 @@ def test_epoch_views_one_per_video_seeded() -> None:
     assert set(a.tolist()) == {0, 1, 2}
 
 
+@pytest.mark.slow
 def test_training_uses_the_views_and_scores_on_the_eval_view(tmp_path: Path, monkeypatch) -> None:
     import dab_pipeline.stages.train as T
 
@@ -147,6 +148,7 @@ def test_training_uses_the_views_and_scores_on_the_eval_view(tmp_path: Path, mon
     assert without.best_epoch is not None
 
 
+@pytest.mark.slow
 def test_resume_with_views_equals_uninterrupted(tmp_path: Path, monkeypatch) -> None:
     from .test_train import _interrupt_at, _patch_loss
 

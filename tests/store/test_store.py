@@ -538,6 +538,7 @@ def _run_writer(path: Path, kill_after: tuple[int, float] | None) -> str:
             proc.wait()
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_points_then_resume(tmp_path: Path, suffix: str) -> None:
     path = tmp_path / f"kill{suffix}"
     with make_store(path, n=90, states="tokens"):
@@ -580,6 +581,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 def test_sigkill_during_creation_leaves_no_half_store(tmp_path: Path, suffix: str) -> None:
     rng = np.random.default_rng(11)
     # Kills land at random times; on a fast, idle machine several may land between two
