@@ -8,6 +8,7 @@ file per check (microseconds) finds each of those.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Iterable, NamedTuple, Optional
 
@@ -19,6 +20,7 @@ class FileIdentity(NamedTuple):
     ino: int
     size: int  # folders: 0 (their sizes are file system detail)
     mtime_ns: int  # folders: 0 (new entries, such as lock files, do not change what is read)
+    ctime_ns: int  # any write or metadata change sets it, and no user call can set it back (cp -p, touch -d)
     is_dir: bool
 
 
@@ -28,8 +30,9 @@ def identity(path: Path) -> Optional[FileIdentity]:
         st = os.stat(path)
     except OSError:
         return None
-    is_dir = os.path.isdir(path)
-    return FileIdentity(st.st_dev, st.st_ino, 0 if is_dir else st.st_size, 0 if is_dir else st.st_mtime_ns, is_dir)
+    if stat.S_ISDIR(st.st_mode):
+        return FileIdentity(st.st_dev, st.st_ino, 0, 0, 0, True)
+    return FileIdentity(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, False)
 
 
 def _what_changed(path: Path, was: FileIdentity, now: Optional[FileIdentity]) -> str:

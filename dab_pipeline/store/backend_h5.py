@@ -110,7 +110,11 @@ class H5Backend(Backend):
         self._ds: dict[str, Any] = {}
         self._failed = False  # a write failed: HDF5 cannot close the file cleanly any more
         # a second descriptor of the file, for reserving the blocks of writes before HDF5 makes them
-        self._fd = os.open(path, os.O_RDWR) if mode != "r" else None
+        try:
+            self._fd = os.open(path, os.O_RDWR) if mode != "r" else None
+        except OSError:
+            self.f.close()
+            raise
 
     def raw(self, name: str) -> Any:
         ds = self._ds.get(name)

@@ -67,6 +67,8 @@ class ZarrBackend(Backend):
         self._arr: dict[str, Any] = {}
         self._raw: dict[str, RawChunks | None] = {}
         self.mode = mode
+        # set by a long-lived reader (dab serve): a chunk file changed after this time is refused, not read
+        self.unchanged_since_ns: int | None = None
 
     def _take_writer_lock(self, writer: tuple[int, int] | None = None) -> None:
         if not self.path.is_dir():
@@ -214,6 +216,7 @@ class ZarrBackend(Backend):
                 row = hi
                 continue
             try:
+                self._check_unchanged(fd, path)
                 want = (hi - row) * rb
                 got = os.preadv(fd, [memoryview(flat[seg_out])], (row - c * raw.rows_per_chunk) * rb) if want else 0
             finally:
@@ -221,6 +224,12 @@ class ZarrBackend(Backend):
             if got != want:
                 raise StoreError(f"{self.path}: chunk file {path} is truncated ({got} of {want} bytes readable)")
             row = hi
+
+    def _check_unchanged(self, fd: int, path: str) -> None:
+        """A StoreError for a chunk file written after ``unchanged_since_ns`` (its ctime, which no copy can set
+        back): a store rewritten in place under a reader that opened it earlier."""
+        if self.unchanged_since_ns is not None and os.fstat(fd).st_ctime_ns > self.unchanged_since_ns:
+            raise StoreError(f"{self.path}: chunk file {path} was written after the store was opened")
 
     def read_rows(self, name: str, idx_sorted: np.ndarray, out: np.ndarray) -> np.ndarray:
         raw = self.raw_chunks(name)
@@ -243,6 +252,7 @@ class ZarrBackend(Backend):
                 out[lo:hi] = 0  # zarr drops chunks that are all fill value (0)
                 continue
             try:
+                self._check_unchanged(fd, path)
                 runs = index_runs(rows)
                 if len(runs) <= 8:
                     j = lo

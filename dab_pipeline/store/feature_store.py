@@ -298,6 +298,13 @@ class FeatureStore(StoreReads, StoreIntegrity, StoreWrites):
         meta = [self.path / "zarr.json", *(self.path / spec.name / "zarr.json" for spec in array_specs(self.layout))]
         return [self.path, *(p for p in meta if p.is_file())]
 
+    def refuse_changes_after(self, ns: int) -> None:
+        """Make reads of chunk files written after ``ns`` (time.time_ns()) fail by name (Zarr; an HDF5 file is one
+        file, watched whole by :meth:`identity_files`): a reader that outlives writers (dab serve) never answers
+        from a store rewritten in place under it."""
+        if hasattr(self._b, "unchanged_since_ns"):
+            self._b.unchanged_since_ns = ns
+
     # -- lifetime --------------------------------------------------------------
 
     def close(self) -> None:

@@ -17,6 +17,14 @@ H5_TEXT = ("Unable to synchronously flush file (file write failed: time = Thu De
            "'s.h5', file descriptor = 3, errno = 28, error message = 'No space left on device', buf = 0x5)")
 
 
+def no_blocks(fd: int, mode: int, offset: int, length: int) -> int:
+    """fallocate(2) on a full disk: -1 with errno ENOSPC."""
+    import ctypes
+
+    ctypes.set_errno(errno.ENOSPC)
+    return -1
+
+
 @pytest.fixture()
 def full_disk(monkeypatch: pytest.MonkeyPatch):
     """The file system reports 100 bytes free."""
@@ -41,8 +49,11 @@ def test_errors_without_an_errno_are_named_by_asking_the_file_system(exc, tmp_pa
     assert str(err).endswith("; free some space")
 
 
-def test_an_error_the_file_system_does_not_explain_is_not_blamed_on_it(tmp_path: Path) -> None:
+def test_an_error_the_file_system_does_not_explain_is_not_blamed_on_it(tmp_path: Path, full_disk) -> None:
+    """Even on a nearly full disk: only errors worded as failed writes are put down to it."""
     assert write_failure(RuntimeError("a bug"), tmp_path / "x.bin") is None
+    assert write_failure(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), tmp_path / "x.bin") is None
+    assert write_failure(OSError(errno.EBADF, "Bad file descriptor"), tmp_path / "x.bin") is None
     with pytest.raises(RuntimeError, match="a bug"):
         with named_write_errors(tmp_path / "x.bin"):
             raise RuntimeError("a bug")
@@ -104,10 +115,7 @@ def test_an_hdf5_store_whose_write_fails_is_named_and_closes_without_raising(tmp
     store = empty_store(tmp_path / "s.h5", 4, dim=8, num_frames=2)  # opened for writing
     frames, mask = np.ones((1, 2, 8), np.float32), np.ones((1, 2), bool)
 
-    def no_blocks(fd, offset, length):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(we.os, "posix_fallocate", no_blocks)
+    monkeypatch.setattr(we, "_linux_fallocate", lambda: no_blocks)
     with pytest.raises(WriteError, match="s.h5: no space left on device"):
         store.write_videos([0], frames, mask, [2])  # the rows' blocks could not be reserved
     monkeypatch.setattr(backend_h5, "reserve_blocks", lambda *a, **k: False)  # a file system that cannot reserve

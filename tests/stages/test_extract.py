@@ -560,6 +560,7 @@ def test_a_rerun_with_only_the_required_options_resumes_a_store_made_with_other_
     res = invoke(bare)  # no --model, --frames or --store-dtype: the store's dab-tiny, 8 and float32
     text = " ".join(res.output.split())
     assert res.exit_code == 0 and "0 videos encoded, 6 already done" in text, res.output
+    assert f"options not given, taken from {out}: frames=8, model=dab-tiny, store_dtype=float32" in text  # said
     res = invoke([*bare, "--frames", "4"])
     text = " ".join(res.output.split())
     assert res.exit_code != 0 and "(frames differ)" in text and "--overwrite" in text, res.output

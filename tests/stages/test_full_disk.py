@@ -133,12 +133,14 @@ def test_a_memory_map_that_cannot_get_its_disk_blocks_is_refused_before_it_is_wr
         store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Stores into a sparse page of a full tmpfs are a SIGBUS: the index's vector file is reserved first."""
     pytest.importorskip("faiss")
+    import ctypes
     import errno
 
-    def no_blocks(fd, offset, length):
-        raise OSError(errno.ENOSPC, "No space left on device")
+    def no_blocks(fd: int, mode: int, offset: int, length: int) -> int:
+        ctypes.set_errno(errno.ENOSPC)
+        return -1
 
-    monkeypatch.setattr(os, "posix_fallocate", no_blocks)
+    monkeypatch.setattr(we, "_linux_fallocate", lambda: no_blocks)
     out = tmp_path / "idx"
     line = _one_line_error(invoke(["index", "--features", store, "--out", out, "--split", "train"]))
     assert "vectors.npy: no space left on device" in line
@@ -221,8 +223,10 @@ def test_a_real_full_disk_in_extract_index_and_train(tiny_folder_dataset: Path, 
     race.unlink()
 
     monkeypatch.setattr(backend_h5, "H5_WRITE_SLACK", 4096)  # headroom scaled to a 32 KiB disk
+    monkeypatch.setattr(backend_h5, "_UNCLOSED", [])
     res = invoke([*base, "--out", disk / "s.h5"])  # reserved first: refused before HDF5 writes
     assert "no space left on device" in _one_line_error(res) and (disk / "s.h5").exists()
+    assert backend_h5.unclosed_files() == []  # HDF5 never saw the full disk: the file closed cleanly
     assert "no space left on device" in _one_line_error(invoke(_train(store, disk / "run")))
     if __import__("importlib").util.find_spec("faiss"):
         res = invoke(["index", "--features", store, "--out", disk / "idx", "--split", "train"])

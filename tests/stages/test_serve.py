@@ -268,6 +268,19 @@ def _truncate(store: Path, root: Path) -> None:
         os.truncate(store, 20_000)
 
 
+def _rewrite_in_place(store: Path, root: Path) -> None:
+    """Bytes rewritten with the same size, the modification time set back (as `cp -p` or a careful tool would)."""
+    if store.is_dir():
+        target = next(p for p in sorted((store / "videos" / "frames").rglob("*")) if p.is_file() and p.name != "zarr.json")
+    else:
+        target = store
+    st = target.stat()
+    with open(target, "r+b") as fh:  # zeros over the first test videos' features (Zarr) or the file's tail (HDF5)
+        fh.seek(0 if store.is_dir() else st.st_size - 4096)
+        fh.write(bytes(min(4096, st.st_size)))
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
 def _delete(store: Path, root: Path) -> None:
     import shutil
 
@@ -275,7 +288,8 @@ def _delete(store: Path, root: Path) -> None:
 
 
 @pytest.mark.parametrize("backend", ["h5", "zarr"])
-@pytest.mark.parametrize("damage", [_truncate, _delete, _replace_with_other], ids=["truncated", "deleted", "replaced"])
+@pytest.mark.parametrize("damage", [_truncate, _delete, _replace_with_other, _rewrite_in_place],
+                         ids=["truncated", "deleted", "replaced", "rewritten-in-place"])
 def test_a_server_never_answers_from_a_changed_or_damaged_store(world: dict, tmp_path: Path, backend: str,
                                                                 damage, caplog) -> None:
     store, searcher, client = _served(world, tmp_path, backend)
@@ -293,6 +307,25 @@ def test_a_server_never_answers_from_a_changed_or_damaged_store(world: dict, tmp
         assert health.status_code == 503 and health.json()["ok"] is False
         assert [rec.levelname for rec in caplog.records if rec.name == "dab.serve"] == ["ERROR"]  # logged once
         assert client.get("/search", params={"q": CAPTIONS[3]}).status_code == 503  # until restarted
+
+
+def test_a_read_that_fails_twice_stops_the_server_and_one_that_fails_once_does_not(world: dict, tmp_path: Path,
+                                                                                  monkeypatch) -> None:
+    _, searcher, client = _served(world, tmp_path, "h5")
+    with searcher, client:
+        real, calls = searcher.store.read_videos, {"n": 0}
+
+        def flaky(rows):
+            calls["n"] += 1
+            if calls["n"] in (1, 3, 4):  # once, then twice in a row
+                raise OSError(5, "Input/output error")
+            return real(rows)
+
+        monkeypatch.setattr(searcher.store, "read_videos", flaky)
+        assert client.get("/search", params={"q": CAPTIONS[1]}).status_code == 200  # retried once
+        r = client.get("/search", params={"q": CAPTIONS[1]})
+        assert r.status_code == 503 and "Input/output error" in r.json()["error"]
+        assert client.get("/healthz").status_code == 503
 
 
 def test_a_changed_index_file_stops_the_server_too(world: dict, tmp_path: Path) -> None:

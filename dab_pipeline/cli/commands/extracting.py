@@ -101,7 +101,16 @@ def _resumed_options(ctx: click.Context, out: Path, overwrite: bool) -> dict:
     stored = stored_options(out)
     if typed(ctx, "model") and ctx.params["model"] != stored.get("model"):
         stored.pop("pretrained", None)  # the store's weights tag belongs to the store's model
-    return {k: v for k, v in stored.items() if not typed(ctx, k)}
+    taken = {k: v for k, v in stored.items() if not typed(ctx, k)}
+    differ = {k: v for k, v in taken.items() if _spelled(v) != _spelled(ctx.params.get(k))}
+    if differ:  # said, so that a rerun never silently takes another model than its options' defaults name
+        click.echo(f"options not given, taken from {out}: " + ", ".join(f"{k}={v}" for k, v in sorted(differ.items()))
+                   + " (type one to change it: a value that differs from the store's is refused)", err=True)
+    return taken
+
+
+def _spelled(value) -> str:
+    return "none" if value is None else str(value).lower()
 
 
 def _extract_summary(res) -> None:

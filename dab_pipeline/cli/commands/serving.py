@@ -54,6 +54,7 @@ def serve(run_dir, features, index_dir, split, host, port, k, shortlist, abstain
         raise
     try:
         app = create_app(searcher, settings, abstain_report(Path(run_dir), abstain_below))
+        sock.listen(2048)
         bound = sock.getsockname()[1]
         click.echo(f"serving {searcher.num_videos:,} videos of {features} on http://{_url_host(host)}:{bound}/ "
                    "(Ctrl-C stops)", err=True)
@@ -87,22 +88,17 @@ def _load(run_dir, features, index_dir, split, k, shortlist, abstain_below, desc
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port``; a ClickException (one line) when the address cannot be had."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    family, kind, proto, _, address = infos[0]
-    sock = socket.socket(family, kind, proto)
+    """A TCP socket bound to ``host:port`` (not listening yet: clients are refused, not queued, while the run and
+    the index load); a ClickException (one line) when the address cannot be had. IPv6 when the host has a colon,
+    as uvicorn does."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a restart needs no wait
-        sock.bind(address)
-        sock.listen(2048)
+        sock.bind((host, port))
     except OSError as exc:
         sock.close()
         what = "in use by another program" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
         raise click.ClickException(f"cannot listen on {host}:{port}: {what}") from None
-    sock.set_inheritable(True)
     return sock
 
 

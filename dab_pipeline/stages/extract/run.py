@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from ...clip_models import encode_images, encode_texts, load_clip
-from ...core.errors import ExtractionFailed, StoreError
+from ...core.errors import ExtractionFailed, StoreError, WriteError
 from ...core.events import Event, ProgressCallback, null_progress
-from ...core.write_errors import named_write_errors
+from ...core.write_errors import write_failure
 from ...datasets import load_dataset
 from ...runtime.devices import resolve_device
 from ...runtime.distributed import LocalContext, mark_shared
@@ -155,11 +155,14 @@ def _store_errors(out: Path):
     """
     hint = "the videos written so far are kept, fix the cause and rerun the same command to resume"
     try:
-        with named_write_errors(out, hint):
-            yield
-    except OSError as exc:  # one the file system did not explain (named_write_errors re-raised it)
-        reason = exc.strerror or str(exc)
-        raise StoreError(f"cannot write {out}: {reason}; {hint}") from None
+        yield
+    except WriteError as exc:  # the store's own writes name their failures (the backends)
+        raise WriteError(f"{exc}; {hint}") from None
+    except OSError as exc:
+        named = write_failure(exc, out)
+        if named is not None:
+            raise WriteError(f"{named}; {hint}") from None
+        raise StoreError(f"cannot write {out}: {exc.strerror or exc}; {hint}") from None
 
 
 def _load_index(cfg: ExtractConfig, progress: ProgressCallback):

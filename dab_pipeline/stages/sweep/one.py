@@ -10,6 +10,7 @@ from typing import Any
 
 from ...core.errors import ConfigError, DabError
 from ...core.events import ProgressCallback, null_progress
+from ...core.fsutil import atomic_write_text
 from ...core.overrides import differences, from_dict
 from ...runs import RunFolder
 from ..evaluate import EvaluateConfig, run_evaluate
@@ -58,7 +59,9 @@ def execute_run(config: dict[str, Any], examples: int = 0, progress: ProgressCal
     except DabError as exc:
         return {"ok": False, "seconds": time.perf_counter() - t0, "error": str(exc).splitlines()[0]}
     except Exception as exc:  # a bug or a full disk in one run: the others go on, the traceback is kept
-        (cfg.out / "sweep_error.txt").parent.mkdir(parents=True, exist_ok=True)
-        (cfg.out / "sweep_error.txt").write_text(traceback.format_exc())
+        try:
+            atomic_write_text(cfg.out / "sweep_error.txt", traceback.format_exc())
+        except DabError:  # a full disk: the run's error is the one to report
+            pass
         return {"ok": False, "seconds": time.perf_counter() - t0,
                 "error": f"{type(exc).__name__}: {exc} (traceback in {cfg.out / 'sweep_error.txt'})"}
