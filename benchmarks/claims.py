@@ -108,10 +108,9 @@ def score_run(run_dir: Optional[Path], store: Path, split: str) -> tuple[np.ndar
 
     ``run_dir`` None: zero-shot (negative cosine of the text and the mean of the frames).
     """
+    from dab_pipeline.runs.inputs import SplitArrays, score_inputs
+    from dab_pipeline.runs.load import load_run
     from dab_pipeline.scoring import score_all
-    from dab_pipeline.stages.search import load_run
-    from dab_pipeline.stages.train import SplitArrays
-    from dab_pipeline.stages.train.scoring import score_inputs
 
     with open_store(store) as st:
         if run_dir is None:

@@ -1,4 +1,5 @@
-"""The dependency rules of docs/architecture.md, enforced: cli -> stages -> library, no cycles, no UI in the library."""
+"""The dependency rules of docs/architecture.md, enforced: cli -> stages -> library, stages as leaves, no cycles,
+no UI in the library."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def test_import_contracts_are_kept() -> None:
         pytest.fail("import-linter is a test dependency (pip install -e '.[test]'): lint-imports not found")
     done = subprocess.run([exe, "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "0 broken" in done.stdout and "3 kept" in done.stdout, done.stdout[-2000:]
+    assert "0 broken" in done.stdout and "4 kept" in done.stdout, done.stdout[-2000:]
 
 
 def test_every_library_module_is_in_the_contracts() -> None:
@@ -76,6 +77,79 @@ def _project_imports(path: Path, tree: ast.Module | None = None) -> list[tuple[a
         elif isinstance(node, ast.Import):
             found += [(node, a.name) for a in node.names if a.name.startswith("dab_pipeline")]
     return found
+
+
+def _stage_of(module: str) -> str | None:
+    """The stage a dotted module belongs to (``dab_pipeline.stages.train.loop`` -> ``train``), or None."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["dab_pipeline", "stages"] and len(parts) > 2 else None
+
+
+def test_every_stage_is_a_leaf_in_the_contracts() -> None:
+    """Every stage is listed in the independence contract (a new one cannot slip past it), and only the sweep's
+    imports of the train and evaluate packages themselves are exempt (issue 35)."""
+    import tomllib
+
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    leaves = next(c for c in contracts if c["type"] == "independence")
+    stages = {p.stem if p.is_file() else p.name for p in (REPO / "dab_pipeline" / "stages").iterdir()
+              if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())}
+    assert set(leaves["modules"]) == {f"dab_pipeline.stages.{s}" for s in stages}
+    assert sorted(leaves.get("ignore_imports", [])) == ["dab_pipeline.stages.sweep.* -> dab_pipeline.stages.evaluate",
+                                                        "dab_pipeline.stages.sweep.* -> dab_pipeline.stages.train"]
+
+
+def stage_rule_breaks(path: Path, tree: ast.Module | None = None) -> list[str]:
+    """The imports of one file that break the stage rules: a stage module importing another stage (the sweep may
+    import the train and evaluate packages, not a module inside them), or any file importing a stage's
+    underscore name (or underscore module) from outside that stage."""
+    rel = path.relative_to(REPO)
+    own = _stage_of(".".join(rel.with_suffix("").parts)) if rel.parts[0] == "dab_pipeline" else None
+    broken = []
+    for node, module in _project_imports(path, tree):
+        names = [a.name for a in node.names] if isinstance(node, ast.ImportFrom) else []
+        targets = [f"{module}.{n}" for n in names] if module == "dab_pipeline.stages" else [module]
+        for target in targets:
+            stage = _stage_of(target)
+            if stage is None or stage == own:
+                continue
+            inner = target.split(".")[3:]
+            private = [n for n in inner + names if n.startswith("_") and not n.startswith("__")]
+            if private:
+                broken.append(f"{rel}:{node.lineno} imports {', '.join(private)} of the {stage} stage")
+            if own is not None and not (own == "sweep" and stage in ("train", "evaluate") and not inner):
+                broken.append(f"{rel}:{node.lineno} imports {target} into the {own} stage")
+    return broken
+
+
+def test_stages_are_leaves_and_keep_their_private_names() -> None:
+    """No stage imports another (the sweep drives train and evaluate through their packages' public names), and
+    no code, tests and benchmarks included, imports a stage's underscore names from outside it (issue 35). Tests
+    may still monkeypatch such a name as a seam; importing it would make it an interface."""
+    files = [p for d in ("dab_pipeline", "tests", "benchmarks") for p in (REPO / d).rglob("*.py")]
+    broken = [line for path in files for line in stage_rule_breaks(path)]
+    assert not broken, broken
+
+
+def test_the_stage_rules_catch_a_bad_import(tmp_path: Path) -> None:
+    """The rule above fails on what it forbids (a check that never fails proves nothing)."""
+    cases = {
+        "dab_pipeline/stages/serve.py": ("from .search import SearchConfig", "into the serve stage"),
+        "dab_pipeline/stages/evaluate/run.py": ("from ..train.config import TrainResult", "into the evaluate stage"),
+        "dab_pipeline/stages/sweep/one.py": ("from ..train.loop import Trainer", "into the sweep stage"),
+        "dab_pipeline/cli/commands/training.py": ("from ...stages.distill.run import _distill_epoch",
+                                                  "_distill_epoch of the distill stage"),
+        "tests/stages/test_train.py": ("from dab_pipeline.stages.train.run import _run_train",
+                                       "_run_train of the train stage"),
+    }
+    for where, (line, expected) in cases.items():
+        broken = stage_rule_breaks(REPO / where, ast.parse(line))
+        assert any(expected in b for b in broken), (where, line, broken)
+    fine = {"dab_pipeline/stages/sweep/one.py": "from ..train import TrainConfig, run_train",
+            "dab_pipeline/stages/train/run.py": "from .loop import Trainer",
+            "dab_pipeline/cli/commands/training.py": "from ...stages.distill import run_distill"}
+    for where, line in fine.items():
+        assert not stage_rule_breaks(REPO / where, ast.parse(line)), (where, line)
 
 
 def test_the_root_graph_is_acyclic_and_at_most_seven_floors() -> None:

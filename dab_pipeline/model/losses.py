@@ -4,7 +4,8 @@ Rows are texts and columns videos throughout. Every loss takes what it needs, th
 a temperature (logits = -cost / temperature), as open_clip's ``ClipLoss`` takes features and a
 scale, and knows nothing of the model; :func:`loss_of` picks the one a variant trains with
 from its spec (:mod:`dab_pipeline.core.variants`), and the model gives the temperature
-(:meth:`~dab_pipeline.model.DABModel.temperature`).
+(:meth:`~dab_pipeline.model.DABModel.temperature`). :func:`distill_loss` is `dab distill`'s: a student's costs
+and bridged states against its teacher's, at the teacher's temperature.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from torch import Tensor
 from ..core.registry import Registry
 from ..core.variants import VariantSpec
 
-__all__ = ["LossFn", "LOSSES", "pac_loss", "infonce_loss", "loss_of", "contrastive_loss"]
+__all__ = ["LossFn", "LOSSES", "pac_loss", "infonce_loss", "loss_of", "contrastive_loss", "distill_loss"]
 
 LossFn = Callable[[Tensor, Tensor], Tensor]  # (cost (B, B), temperature) -> loss
 
@@ -72,3 +73,21 @@ def contrastive_loss(loss: LossFn, cost: Tensor, temperature: Tensor) -> Tensor:
     """``loss(cost, temperature)`` in float32, also under autocast: a softmax over B^2 logits is never bf16."""
     with torch.autocast(device_type=cost.device.type, enabled=False):
         return loss(cost.float(), temperature.float())
+
+
+def distill_loss(student_cost: Tensor, student_state: list[Tensor], teacher_cost: Tensor, teacher_state: list[Tensor],
+                 temperature: Tensor, state_weight: float, rank_weight: float) -> tuple[Tensor, dict[str, float]]:
+    """`dab distill`'s loss: state matching + row/column ranking KL; costs (B, B), states [(B, B, D), ...].
+
+    ``state``: the mean squared error of each bridged state (mu and logvar, or the point bridge's x) of the
+    student against the teacher's; ``rank``: ``KL(softmax(-C_teacher / t) || softmax(-C_student / t))`` over each
+    row and each column, averaged. Returns the weighted sum and both parts as floats.
+    """
+    state = sum(F.mse_loss(s, t) for s, t in zip(student_state, teacher_state)) / len(student_state)
+    t_logits, s_logits = -teacher_cost / temperature, -student_cost / temperature  # (B, B)
+    rank = 0.5 * (F.kl_div(F.log_softmax(s_logits, 1), F.log_softmax(t_logits, 1), log_target=True,
+                           reduction="batchmean")
+                  + F.kl_div(F.log_softmax(s_logits, 0).T, F.log_softmax(t_logits, 0).T, log_target=True,
+                             reduction="batchmean"))
+    loss = state_weight * state + rank_weight * rank
+    return loss, {"state": float(state.detach()), "rank": float(rank.detach())}

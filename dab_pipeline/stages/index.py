@@ -15,8 +15,8 @@ from ..core.errors import ConfigError
 from ..core.events import ProgressCallback, null_progress
 from ..core.fsutil import atomic_write_text, sha256_file
 from ..index import DEFAULT_VECTOR, VECTOR_KINDS, IndexMeta, build_index
+from ..runs.load import load_run
 from ..store import open_store
-from .search import load_run
 
 __all__ = ["IndexConfig", "run_index"]
 

@@ -1,7 +1,7 @@
 """``dab serve``: a search page and a JSON API over a run, a store and (optionally) an index.
 
 FastAPI (an optional extra, ``pip install 'dab-pipeline[serve]'``); the CLI runs the app
-with uvicorn. Everything heavy is loaded once in a :class:`~dab_pipeline.stages.search.Searcher`;
+with uvicorn. Everything heavy is loaded once in a :class:`~dab_pipeline.search.Searcher`;
 requests are served one at a time (its lock: the model runs thread-limited in inference
 mode, and a second query would only slice the same cores).
 
@@ -41,7 +41,7 @@ from ..metrics import kl_margin, threshold_outcome
 from ..results.page import data_uri
 from ..runs.costfile import read_costs
 from ..runs.run_folder import RunFolder
-from .search import SearchResult, Searcher
+from ..search import SearchResult, Searcher
 
 __all__ = ["ServeSettings", "Health", "Unavailable", "abstain_report", "create_app", "cost_svg", "check_query_string"]
 
@@ -123,6 +123,7 @@ class Health:
 
     def __init__(self, searcher: Searcher) -> None:
         self.watch = FileWatch(searcher.identity_files())
+        searcher.store.refuse_changes_after(time.time_ns())  # Zarr chunks rewritten in place: refused when read
         self.problem: Optional[str] = None
         self._lock = threading.Lock()
 
@@ -209,10 +210,7 @@ def create_app(searcher: Searcher, settings: ServeSettings = ServeSettings(), ab
         t0 = time.perf_counter()
         with searcher.lock:
             health.check()
-            try:
-                (res,) = searcher.search([text], topk=k, shortlist=settings.shortlist)
-            except (StoreError, OSError) as exc:  # a read of the store or index failed: damage, not the query
-                health.fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            res = _search_or_fail(searcher, health, text, k, settings.shortlist)
             health.check()  # changed while it was read: the answer may mix old and new bytes
         return res, time.perf_counter() - t0
 
@@ -252,6 +250,20 @@ def create_app(searcher: Searcher, settings: ServeSettings = ServeSettings(), ab
         app.api_route(path, methods=["GET", "HEAD"])(fn)  # HEAD: monitors and link checkers ask it
     app.state.health = health
     return app
+
+
+def _search_or_fail(searcher: Searcher, health: Health, text: str, k: int, shortlist: Optional[int]) -> SearchResult:
+    """One query's result; a read of the store or index that fails twice (damage, not a passing hiccup of a
+    network file system) stops the server from answering (:meth:`Health.fail`)."""
+    for attempt in (1, 2):
+        try:
+            (res,) = searcher.search([text], topk=k, shortlist=shortlist)
+            return res
+        except (StoreError, OSError) as exc:  # the store's or the index's, not the query's
+            if attempt == 2:
+                health.fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            log.warning("a read failed, trying once more: %s", exc)
+    raise AssertionError("unreachable")
 
 
 def _status(exc: DabError) -> int:

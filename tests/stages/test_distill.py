@@ -98,7 +98,7 @@ def test_student_reaches_the_teachers_state_and_scores_everywhere(teacher: Path,
 
 
 def test_resume_equals_uninterrupted(teacher: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import dab_pipeline.stages.distill as D
+    import dab_pipeline.stages.distill.run as D
 
     cfg = dict(teacher=teacher, student_steps=2, epochs=3, batch_size=8)
     run_distill(DistillConfig(out=tmp_path / "a", **cfg))
@@ -163,7 +163,7 @@ def test_distillation_counts_steps_like_its_teacher(tmp_path: Path) -> None:
 
 def _dying_after(monkeypatch: pytest.MonkeyPatch, epochs: int) -> None:
     """Ctrl-C in distillation epoch ``epochs + 1`` (the first ``epochs`` are saved)."""
-    import dab_pipeline.stages.distill as D
+    import dab_pipeline.stages.distill.run as D
 
     real, calls = D._distill_epoch, {"n": 0}
 

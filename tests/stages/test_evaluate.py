@@ -155,7 +155,7 @@ def test_an_evaluation_failing_at_its_first_write_removes_the_folders_it_made(tm
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     import errno
 
-    import dab_pipeline.stages.evaluate as evaluate
+    import dab_pipeline.stages.evaluate.run as evaluate
 
     def full_disk(out_dir: Path, *args, **kwargs):
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -177,6 +177,7 @@ def test_cli_reference_is_current() -> None:
     assert (REPO / "docs" / "cli.md").read_text() == render(), "docs/cli.md is stale: run `make docs-cli`"
 
 
+@pytest.mark.slow
 def test_demo_pipeline_small(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """The demo end to end on the tiny world: extract with dab-world, train, evaluate, compare, search."""
     from dab_pipeline.cli.demo import QUERIES, main

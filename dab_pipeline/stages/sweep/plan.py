@@ -6,6 +6,11 @@ rows are resolved into TrainConfigs through :func:`~dab_pipeline.stages.train.bu
 before any run starts, so an unknown key, an invalid value or a combination a variant cannot
 tell apart is reported first: rows that differ only in fields their variant never reads
 (``model.steps`` of xpool) collapse into one, with the reason.
+
+Keys are `dab train --set`'s, and ``variant``, ``cost``, ``steps`` (`dab train`'s option names) are
+``model.variant``, ``model.cost``, ``model.steps`` wherever a key is read (a grid, a plan file, --set,
+--baseline): a row is named after its values with ``model.`` left out either way (``variant=dab,steps=8``).
+A control's name is a variant like the others (``variant=dab-const``).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from ...core.errors import ConfigError, UnknownNameError
 from ...core.overrides import to_dict
-from ...core.variants import unused_model_fields
+from ...core.variants import canonical_key, canonical_values, unused_model_fields
 from ...store import open_store
 from ..train import TrainConfig, build_train_config
 
@@ -110,9 +115,10 @@ def _parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip() or not raw.strip():
             raise ConfigError(f"--grid {item!r}: expected KEY=V1,V2,...")
-        if key.strip() in grid:
-            raise ConfigError(f"--grid {key.strip()} is given twice")
-        grid[key.strip()] = [v.strip() for v in raw.split(",")]  # typed when the config is built
+        name = canonical_key(key)  # variant= is model.variant=
+        if name in grid:
+            raise ConfigError(f"--grid {name} is given twice" + (f" (as {key.strip()})" if name != key.strip() else ""))
+        grid[name] = [v.strip() for v in raw.split(",")]  # typed when the config is built
     return grid
 
 
@@ -134,7 +140,8 @@ def grid_plan(grid: Sequence[str], seeds: Sequence[int] = (1, 2, 3), recipe: Opt
     parsed = _parse_grid(grid)
     refuse_seed_keys(parsed, "--grid ", "remove it from --grid and pass --seeds {seeds}")
     rows = _expand(parsed) if parsed else [SweepRow("default", {})]
-    return SweepPlan(name="grid", rows=tuple(rows), seeds=tuple(seeds), recipe=recipe, values=dict(values or {}),
+    return SweepPlan(name="grid", rows=tuple(rows), seeds=tuple(seeds), recipe=recipe,
+                     values=canonical_values(values or {}),
                      baseline=_baseline_row(rows, baseline))
 
 
@@ -143,7 +150,7 @@ def _baseline_row(rows: Sequence[SweepRow], spec: Optional[str]) -> Optional[str
         return None
     if any(r.name == spec for r in rows):
         return spec
-    want = {k.strip(): v.strip() for k, _, v in (p.partition("=") for p in spec.split(","))}
+    want = {canonical_key(k): v.strip() for k, _, v in (p.partition("=") for p in spec.split(","))}
     for r in rows:
         if all(k in r.values and str(r.values[k]) == v for k, v in want.items()):
             return r.name
@@ -188,13 +195,17 @@ def plan_from_dict(data: Mapping[str, Any], name: str) -> SweepPlan:
         raise ConfigError(f"sweep plan {name!r}: unknown keys {unknown}; valid: {', '.join(sorted(known))}")
     # the grid before it is expanded: one message naming its values, not one per row it would make
     refuse_seed_keys(data.get("grid") or {}, f"sweep plan {name!r}: grid ", PLAN_SEEDS_FIX)
-    rows = _expand(data.get("grid") or {}) if data.get("grid") else []
-    rows += [SweepRow(str(r["name"]), dict(r.get("set", {}))) for r in data.get("rows", [])]
+    grid = data.get("grid") or {}
+    keys = [canonical_key(k) for k in grid]  # variant= is model.variant=
+    if len(set(keys)) != len(keys):
+        raise ConfigError(f"sweep plan {name!r}: grid names a key twice: {', '.join(grid)}")
+    rows = _expand(dict(zip(keys, grid.values()))) if grid else []
+    rows += [SweepRow(str(r["name"]), canonical_values(r.get("set", {}))) for r in data.get("rows", [])]
     base = data.get("baseline")
     if isinstance(base, Mapping):
         base = _baseline_row(rows, ",".join(f"{k}={v}" for k, v in base.items()))
     return SweepPlan(name=name, rows=tuple(rows), seeds=tuple(data.get("seeds", (1, 2, 3))),
-                     recipe=data.get("recipe"), values=dict(data.get("set", {})), baseline=base,
+                     recipe=data.get("recipe"), values=canonical_values(data.get("set", {})), baseline=base,
                      doc=str(data.get("_doc", "")))
 
 
@@ -237,7 +248,7 @@ def resolve_plan(plan: SweepPlan, features: Path, out: Path, overrides: Sequence
     runs: list[PlannedRun] = []
     aliases: dict[str, str] = {}
     for row in plan.rows:
-        values = {**plan.values, **row.values}
+        values = canonical_values(plan.values, row.values)  # a plan built in Python may use variant= too
         try:
             cfg = build_train_config(values.pop("features", features), out / row.name, recipe=plan.recipe,
                                      options=values, overrides=overrides)
@@ -246,7 +257,8 @@ def resolve_plan(plan: SweepPlan, features: Path, out: Path, overrides: Sequence
         canon = _canonical(cfg)
         twin = next((name for name, (_, c) in kept.items() if c == canon), None)
         if twin is not None:
-            ignored = sorted(k for k in row.values if k.removeprefix("model.") in unused_model_fields(cfg.model.variant)
+            ignored = sorted(k for k in canonical_values(row.values)
+                             if k.removeprefix("model.") in unused_model_fields(cfg.model.variant)
                              or k in BRIDGE_ONLY_TRAIN_KEYS)
             why = f"{', '.join(ignored)} has no effect on {cfg.model.variant}" if ignored else "the same configuration"
             notes.append(f"row {row.name} is row {twin} ({why}): run once")

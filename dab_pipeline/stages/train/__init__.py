@@ -14,31 +14,30 @@ A run folder holds everything needed to trace and rebuild a result:
 
 (the layout's one home is :class:`dab_pipeline.runs.run_folder.RunFolder`).
 
-* ``config``: TrainConfig, its dataset-dependent defaults, the optimiser groups and schedule;
+* ``config``: TrainConfig's dataset-dependent defaults, the optimiser groups, the seed, TrainResult;
 * ``build``: a TrainConfig from typed values (options, a recipe, ``--set``, ``--resume``);
-* ``inputs``: a split's arrays in RAM, the fine-tuned CLIP heads, one batch's inputs;
+* ``inputs``: one batch's inputs;
 * ``step``: the training step as one module, and its loss across ranks;
 * ``scoring``: scoring a split (validation, the test cost file);
-* ``folder``: one run's folder, data and checkpoint I/O;
-* ``loop``: ``run_train`` and the trainer (restore, fit, test, finish).
+* ``session``: one run's folder, data and checkpoint I/O;
+* ``loop``: the trainer (restore, fit, test, finish);
+* ``run``: ``run_train``, which drives it.
+
+What other stages share with training lives in the library, so that no stage imports another (sweep
+aside): TrainConfig (:mod:`dab_pipeline.runs.config`), a split's arrays and the fine-tuned heads
+(:mod:`dab_pipeline.runs.inputs`), the epoch order and lr schedule (:mod:`dab_pipeline.runs.schedule`).
+They are re-exported here under the names scripts know.
 """
 
 from __future__ import annotations
 
+from ...runs.config import TrainConfig  # noqa: F401
+from ...runs.inputs import SplitArrays, TrainHeads, text_state_batch  # noqa: F401
+from ...runs.schedule import epoch_length, epoch_order, epoch_views, lr_lambda  # noqa: F401
 from .build import build_train_config, store_depth  # noqa: F401
-from .config import (  # noqa: F401
-                     LOG_MAX_LOGIT_SCALE,
-                     TrainConfig,
-                     TrainResult,
-                     epoch_length,
-                     epoch_order,
-                     epoch_views,
-                     lr_lambda,
-                     optimizer_groups,
-                     resolve_train_config,
-)
-from .inputs import SplitArrays, TrainHeads, batch_inputs, text_state_batch  # noqa: F401
-from .loop import run_train  # noqa: F401
+from .config import LOG_MAX_LOGIT_SCALE, TrainResult, optimizer_groups, resolve_train_config  # noqa: F401
+from .inputs import batch_inputs  # noqa: F401
+from .run import run_train  # noqa: F401
 from .scoring import score_split  # noqa: F401
 from .session import RunData, TrainRun  # noqa: F401
 from .step import TrainStep, distributed_batch_loss  # noqa: F401

@@ -15,6 +15,7 @@ from typing import Any, Mapping, Optional, Sequence
 from ...clip_models import full_depth
 from ...core.errors import ConfigError
 from ...core.overrides import apply_overrides, differences, replace_values
+from ...core.variants import VARIANT_KEY, canonical_key, canonical_values, expand_overrides, expand_variant
 from ...recipes import load_recipe
 from ...runs import RunFolder
 from ...store import open_store
@@ -34,8 +35,11 @@ def build_train_config(features: Optional[Path] = None, out: Optional[Path] = No
     ``trainable_blocks="all"`` is the store's CLIP depth. Without ``out``:
     ``runs/<store>-<variant>``. ``resume``: the saved configuration of ``out``, with
     ``out`` where it now is; a recipe or a value that differs from the saved ones is refused.
+    ``variant``, ``cost`` and ``steps`` are the keys ``model.variant``, ``model.cost`` and ``model.steps``
+    (`dab train`'s option names); a control's name as the variant (``dab-const``) stands for its variant and
+    model values (:func:`~dab_pipeline.core.variants.expand_variant`): the config holds those, never the name.
     """
-    given = {k: v for k, v in (options or {}).items() if v is not None}
+    given = canonical_values({k: v for k, v in (options or {}).items() if v is not None})
     if resume:
         return _resumed(out, recipe, given, overrides)
     chosen = load_recipe(recipe) if recipe else None  # an unknown name fails first, listing the valid ones
@@ -44,13 +48,15 @@ def build_train_config(features: Optional[Path] = None, out: Optional[Path] = No
     with open_store(Path(features)) as st:
         manifest = st.manifest
     # one dict, later sources winning: the recipe, the options, then --set (its strings parsed as --set parses)
-    values: dict[str, Any] = dict(chosen.resolved(manifest)) if chosen is not None else {}
+    values: dict[str, Any] = canonical_values(chosen.resolved(manifest)) if chosen is not None else {}
     values.update(given)
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected key=value")
         key, raw = item.split("=", 1)
-        values[key.strip()] = raw.strip()
+        values[canonical_key(key)] = raw.strip()
+    named = values.get(VARIANT_KEY)  # a control's name stays the default folder's name
+    values = expand_variant(values)
     if str(values.get("trainable_blocks", "")).strip().lower() == "all":
         values["trainable_blocks"] = store_depth(manifest)
     cfg = TrainConfig(features=Path(features), out=Path(out) if out else Path("runs"),
@@ -58,7 +64,8 @@ def build_train_config(features: Optional[Path] = None, out: Optional[Path] = No
     cfg = replace_values(cfg, values)
     explicit = set(values)
     if out is None:
-        cfg = dataclasses.replace(cfg, out=Path("runs") / f"{Path(features).name.split('.')[0]}-{cfg.model.variant}")
+        shown = str(named).strip() if named is not None else cfg.model.variant
+        cfg = dataclasses.replace(cfg, out=Path("runs") / f"{Path(features).name.split('.')[0]}-{shown}")
     return resolve_train_config(cfg, manifest, explicit)
 
 
@@ -72,7 +79,7 @@ def _resumed(out: Optional[Path], recipe: Optional[str], given: Mapping[str, Any
     if recipe and recipe != saved.recipe:
         raise ConfigError(f"--resume continues {out} with its saved configuration (recipe {saved.recipe!r}); "
                           f"drop --recipe {recipe}, or start a new run with another --out")
-    asked = apply_overrides(replace_values(saved, given, "option"), overrides)
+    asked = apply_overrides(replace_values(saved, expand_variant(given), "option"), expand_overrides(overrides))
     diff = differences(saved, asked)
     if diff:
         raise ConfigError(f"--resume continues {out} with its saved configuration; these options differ from it: "

@@ -1,8 +1,8 @@
-"""run_train and the trainer: restore, fit (epochs of steps), test, finish; one code path for one process and many."""
+"""The trainer: restore, fit (epochs of steps), validate, test, finish; one code path for one process and many.
+:func:`~.run.run_train` drives it."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -11,136 +11,25 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from ...core.errors import ConfigError, DabError, StoreError, TrainingError, WriteError
-from ...core.events import Event, ProgressCallback, null_progress
+from ...core.errors import TrainingError
+from ...core.events import Event
 from ...core.overrides import to_dict
 from ...metrics import t2v_metrics
 from ...model import DABModel
 from ...model.losses import loss_of
 from ...runs.checkpoint import rng_state, set_rng_state
 from ...runs.costfile import CostMatrix, write_costs
+from ...runs.inputs import TrainHeads
 from ...runs.run_folder import RunFolder
-from ...runtime.capabilities import capabilities, resolve_amp, resolve_score_dtype
-from ...runtime.devices import resolve_device
-from ...runtime.distributed import LocalContext
-from .config import (
-    LOG_MAX_LOGIT_SCALE,
-    TrainConfig,
-    TrainResult,
-    epoch_length,
-    epoch_order,
-    epoch_views,
-    lr_lambda,
-    optimizer_groups,
-    seed_everything,
-)
-from .inputs import TrainHeads, batch_inputs
+from ...runs.schedule import epoch_length, epoch_order, epoch_views, lr_lambda
+from .config import LOG_MAX_LOGIT_SCALE, TrainResult, optimizer_groups, seed_everything
+from .inputs import batch_inputs
 from .scoring import score_split
 from .session import RunData, TrainRun
 from .step import TrainStep, distributed_batch_loss
 
 
-def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resume: bool = False,
-              dist=None) -> TrainResult:
-    """Train on ``cfg.features``; write the run folder ``cfg.out``. ``resume`` continues a stopped run.
-
-    A run that stops on an error or Ctrl-C after its folder exists records that in
-    status.json ("failed" / "interrupted", with the reason), so `dab evaluate` says
-    so, and a rerun of the same command starts over when there is no checkpoint to
-    resume from.
-    """
-    folder: dict[str, Any] = {}
-    done = RunFolder(cfg.out).read_status() if resume else {}
-    if done.get("state") == "complete":
-        return _already_complete(cfg, done, progress)
-    try:
-        return _run_train(cfg, progress, resume, dist, folder)
-    except BaseException as exc:
-        if folder.get("ready"):  # the folder is this process's (it holds the lock): say why it stopped
-            _record_stop(cfg, exc)
-        if isinstance(exc, WriteError):
-            raise WriteError(f"{exc}; {_after_write_error(cfg, resume)}") from exc
-        raise
-    finally:
-        if "locks" in folder:
-            folder["locks"].close()  # the folder's writer lock, last
-
-
-def _record_stop(cfg: TrainConfig, exc: BaseException) -> None:
-    """status.json says why the run stopped; on a full disk that write may fail too, and must not hide ``exc``."""
-    state = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    folder = RunFolder(cfg.out)
-    try:
-        folder.write_status(state=state, error=reason, features=str(cfg.features),
-                            resumable=folder.checkpoint(RunFolder.LAST).exists())
-    except (DabError, OSError):
-        pass  # the folder keeps status "running" with no live lock holder: a killed run, which reruns handle
-
-
-def _after_write_error(cfg: TrainConfig, resume: bool) -> str:
-    """What to do after a write the file system refused: the same command starts over, or --resume continues."""
-    if RunFolder(cfg.out).checkpoint(RunFolder.LAST).exists():
-        return f"free some space, then continue with `dab train --resume --out {cfg.out}`"
-    return "free some space and run the same command again (the run starts over: it had no checkpoint)"
-
-
-def _already_complete(cfg: TrainConfig, status: dict, progress: ProgressCallback) -> TrainResult:
-    """--resume of a finished run: nothing to do, and nothing in its folder is rewritten."""
-    run = RunFolder(cfg.out)
-    progress(Event("info", message=f"{run.path} is complete (best epoch {status.get('best_epoch')}): nothing to "
-                                   "resume"))
-    try:
-        costs: Optional[Path] = run.find_costs()
-    except (ConfigError, StoreError):  # a complete run without test costs (no test split)
-        costs = None
-    return TrainResult(run_dir=run.path, epochs_done=int(status.get("epochs") or cfg.epochs),
-                       best_epoch=status.get("best_epoch"), best_value=status.get("best_value"),
-                       val_metrics=status.get("val"), test_metrics=status.get("test_t2v"), costs_path=costs)
-
-
-def _resolve_precision(cfg: TrainConfig, device: torch.device, progress: ProgressCallback
-                       ) -> tuple[TrainConfig, dict[str, Any]]:
-    """``amp`` and ``score_dtype`` as this device runs them, and the record written as precision.json."""
-    amp, score = resolve_amp(cfg.amp, device), resolve_score_dtype(cfg.score_dtype, device)
-    for choice in (amp, score):
-        if choice.warning:
-            progress(Event("warning", message=choice.warning))
-    record = {"amp": {"requested": amp.requested, "used": amp.dtype},
-              "score_dtype": {"requested": score.requested, "used": score.dtype},
-              "device": capabilities(device).as_dict()}
-    return dataclasses.replace(cfg, amp=amp.dtype, score_dtype=score.dtype), record
-
-
-def _run_train(cfg: TrainConfig, progress: ProgressCallback, resume: bool, dist, folder: dict) -> TrainResult:
-    """The body of :func:`run_train`; sets ``folder["ready"]`` once this process owns a run folder.
-
-    ``dist`` (a :class:`dab_pipeline.runtime.distributed.DistContext` of a torchrun job
-    with several processes): DistributedDataParallel training; ``batch_size``
-    is the *global* batch, split evenly over the ranks, so a run gives the same
-    updates whatever the number of processes (dropout noise aside). Only rank 0
-    writes the run folder; every rank reads the store. One process runs the same
-    code with a :class:`~dab_pipeline.runtime.distributed.LocalContext`.
-    """
-    ctx = dist if dist is not None and dist.world_size > 1 else LocalContext(resolve_device(cfg.device))
-    if not ctx.is_main:
-        progress = null_progress  # one progress display: rank 0's
-    run = TrainRun(cfg, ctx, progress, resume)
-    ctx.run_on_main(run.check_folder)  # the run folder is rank 0's
-    asked = cfg  # what config.json records and --resume compares: the request, not this machine's answer
-    cfg, precision = _resolve_precision(cfg, ctx.device, progress)
-    run.cfg = cfg
-    data = run.load_data()
-    folder["locks"] = run.locks  # released by run_train, after a failure is recorded
-    ctx.run_on_main(lambda: run.open_folder(asked, precision, data.manifest, folder))
-    trainer = _Trainer(run, data)
-    trainer.restore()
-    trainer.fit()
-    test_metrics, costs_path = trainer.test()
-    return trainer.finish(test_metrics, costs_path)
-
-
-class _Trainer:
+class Trainer:
     """The model, its optimiser and the position in the run; each step of training a method."""
 
     def __init__(self, run: TrainRun, data: RunData) -> None:

@@ -1,4 +1,4 @@
-"""Scoring a split with the fast engine (validation, the test cost file), its inputs through the heads."""
+"""Scoring a split with the fast engine (validation, the test cost file)."""
 
 from __future__ import annotations
 
@@ -8,27 +8,10 @@ import numpy as np
 import torch
 
 from ...core.events import ProgressCallback, null_progress
+from ...runs.config import TrainConfig
+from ...runs.inputs import SplitArrays, TrainHeads, score_inputs
 from ...runtime.distributed import LocalContext, shard_range
 from ...scoring import ScoreResult, score_all
-from .config import TrainConfig
-from .inputs import SplitArrays, TrainHeads, text_state_batch
-
-
-def score_inputs(heads: Optional[TrainHeads], feats: SplitArrays, device: torch.device, lo: int, hi: int):
-    """Texts ``lo:hi`` (Q', D) and all frames (V, F, D) of a split, through the heads when fine-tuning."""
-    if heads is None:
-        return feats.text[lo:hi], feats.frames
-    heads.eval()
-    text = []
-    for s in range(lo, hi, 256):
-        q = torch.arange(s, min(s + 256, hi))
-        st, ln = text_state_batch(feats, q, device)
-        text.append(heads.encode_text(st, ln).float().cpu())
-    text_t = torch.cat(text) if text else torch.zeros((0, feats.text.shape[1]))  # (Q', D)
-    frames = []
-    for s in range(0, feats.num_videos, 32):
-        frames.append(heads.encode_frames(feats.vision_states[s : s + 32].to(device, torch.float32)).float().cpu())
-    return text_t, torch.cat(frames)  # (V, F, D)
 
 
 def score_split(model, heads: Optional[TrainHeads], feats: SplitArrays, cfg: TrainConfig, device: torch.device,

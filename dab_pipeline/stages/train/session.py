@@ -10,11 +10,12 @@ from typing import Optional
 from ...core.errors import ConfigError, RunLockedError, StoreError, TrainingError
 from ...core.events import Event, ProgressCallback
 from ...core.overrides import to_dict
+from ...runs.config import TrainConfig
+from ...runs.inputs import SplitArrays
 from ...runs.run_folder import RunFolder, check_not_inside_run
+from ...runs.schedule import epoch_length
 from ...runtime.distributed import mark_shared
 from ...store import open_store
-from .config import TrainConfig, epoch_length
-from .inputs import SplitArrays
 
 
 @dataclass

@@ -7,8 +7,8 @@ from typing import Optional
 import torch
 
 from ...model.losses import contrastive_loss, loss_of
+from ...runs.inputs import TrainHeads
 from ...runtime.distributed import all_gather_with_grad
-from .inputs import TrainHeads
 
 
 class TrainStep(torch.nn.Module):

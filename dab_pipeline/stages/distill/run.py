@@ -1,155 +1,34 @@
-"""`dab distill`: a trained bridge in S steps (the paper's open problem of one-step bridges).
-
-A student copies a trained ``dab`` (or ``bridge``) run -- pooling, encoders and the drift --
-with ``steps = S`` (1 by default) and trains its bridge alone, the teacher frozen, on the
-training split's caption-video pairs: every pair of a batch, since scoring runs on every
-pair, not only the matched ones. Two losses:
-
-* **state**: the student's bridged state after S steps against the teacher's after T'
-  (mean squared error of mu and of logvar; the point bridge: of x);
-* **ranking**: for every row and column of the batch's cost matrix,
-  ``KL(softmax(-C_teacher / t) || softmax(-C_student / t))`` with t the teacher's PAC
-  temperature (its inverse logit scale for the point bridge), so the student keeps the
-  teacher's order where it matters for retrieval.
-
-The result is an ordinary run folder (config.json with ``model.steps = S``; ``distill.json``
-names the teacher and its checkpoint's sha256): `dab evaluate`, `dab search`, `dab compare`
-and the scoring engine read it unchanged, at the cost its step count implies.
-
-**What the student inherits.** The training values of the teacher's config.json that a
-distillation would otherwise pick blindly are the teacher's unless given (a ``None`` in
-:class:`DistillConfig`; :data:`INHERITED`): ``batch_size`` (a split the teacher's batch fits
-may be smaller than a default batch, and the ranking loss sees every pair of a batch as the
-teacher's contrastive loss did), ``lr`` (the teacher's bridge lr: ``bridge_lr`` where it set
-one, else ``lr``; the bridge is the only part that trains), ``weight_decay``, ``warmup_ratio``
-and ``seed``. What an epoch visits (the teacher's epoch mode) is always the teacher's. Not
-inherited: what a distillation defines itself (``student_steps``, ``epochs``, ``state_weight``,
-``rank_weight``) and ``device``, which belongs to the machine, not to the run. The stage says in
-one ``info`` event what it took ("inherited from the teacher: batch_size=4, lr=0.0001, ...");
-distill.json and config.json record the values that ran.
-"""
+"""run_distill: the S-step student of a bridge run, trained against its frozen teacher into a run folder."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from ..core.errors import ConfigError, TrainingError
-from ..core.events import Event, ProgressCallback, null_progress
-from ..core.fsutil import sha256_file
-from ..core.overrides import apply_overrides, differences, from_dict, replace_values, to_dict
-from ..metrics import t2v_metrics
-from ..model import DABModel
-from ..runs.checkpoint import rng_state, set_rng_state
-from ..runs.costfile import CostMatrix, write_costs
-from ..runs.run_folder import RunFolder, check_not_inside_run
-from ..runtime.devices import resolve_device
-from ..scoring import score_all
-from ..store import open_store
-from .search import load_run
-from .train import SplitArrays, epoch_order
-from .train.config import TrainConfig, epoch_length, lr_lambda
-
-__all__ = ["DistillConfig", "DistillResult", "INHERITED", "build_distill_config", "inherit_from_teacher",
-           "run_distill", "distill_loss"]
-
-
-@dataclass(frozen=True)
-class DistillConfig:
-    teacher: Path  # a run folder of a dab or bridge run (its best.pt is the teacher)
-    out: Path
-    student_steps: int = 1
-    epochs: int = 5
-    # None: the teacher's (INHERITED; see the module docstring). A warm-up is followed by a cosine decay to
-    # zero, as `dab train` schedules its lr
-    batch_size: Optional[int] = None
-    lr: Optional[float] = None
-    weight_decay: Optional[float] = None
-    warmup_ratio: Optional[float] = None
-    state_weight: float = 1.0
-    rank_weight: float = 1.0
-    seed: Optional[int] = None
-    device: str = "auto"
-
-    def __post_init__(self) -> None:
-        if self.student_steps < 1:
-            raise ConfigError(f"student_steps must be >= 1, got {self.student_steps}")
-        if self.epochs < 1:
-            raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
-        if self.batch_size is not None and self.batch_size < 2:
-            raise ConfigError(f"batch_size must be >= 2 or None (the teacher's), got {self.batch_size}")
-        if self.lr is not None and not self.lr > 0:
-            raise ConfigError(f"lr must be > 0 or None (the teacher's), got {self.lr}")
-        if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise ConfigError(f"seed must be an integer >= 0 or None (the teacher's), got {self.seed}")
-        if self.state_weight < 0 or self.rank_weight < 0 or self.state_weight + self.rank_weight == 0:
-            raise ConfigError("state_weight and rank_weight must be >= 0, not both 0")
-        if self.weight_decay is not None and self.weight_decay < 0:
-            raise ConfigError(f"weight_decay must be >= 0 or None (the teacher's), got {self.weight_decay}")
-        if self.warmup_ratio is not None and not 0.0 <= self.warmup_ratio < 1.0:
-            raise ConfigError(f"warmup_ratio must be in [0, 1) or None (the teacher's), got {self.warmup_ratio}")
-
-
-# The DistillConfig fields whose None means "the teacher's", in the order the stage reports them.
-INHERITED = ("batch_size", "lr", "weight_decay", "warmup_ratio", "seed")
-
-
-def build_distill_config(teacher: Path, out: Path, *, options: Optional[Mapping[str, Any]] = None,
-                         overrides: Sequence[str] = (), resume: bool = False) -> DistillConfig:
-    """The DistillConfig of one `dab distill` call (the sibling of ``build_train_config``): ``options`` by name,
-    None meaning "not given", then ``--set`` strings.
-
-    ``resume``: the configuration saved in ``out``'s distill.json with only the given values applied, so what
-    was not given is never a change; the stage refuses a given value that differs from the saved one.
-    """
-    given = {k: v for k, v in (options or {}).items() if v is not None}
-    if resume:
-        saved = dataclasses.replace(from_dict(DistillConfig, _saved_distill(Path(out))["distill"]),
-                                    teacher=Path(teacher), out=Path(out))  # folders are relocatable
-        return apply_overrides(replace_values(saved, given, "option"), overrides)
-    return apply_overrides(DistillConfig(teacher=Path(teacher), out=Path(out), **given), overrides)
-
-
-def inherit_from_teacher(cfg: DistillConfig, tcfg: TrainConfig) -> tuple[DistillConfig, dict[str, Any]]:
-    """``cfg`` with each None of :data:`INHERITED` set to the teacher's value (``tcfg``: the teacher's
-    config.json), and ``{field: value}`` of what was taken."""
-    teacher = {"batch_size": tcfg.batch_size, "lr": tcfg.bridge_lr if tcfg.bridge_lr is not None else tcfg.lr,
-               "weight_decay": tcfg.weight_decay, "warmup_ratio": tcfg.warmup_ratio, "seed": tcfg.seed}
-    taken = {k: teacher[k] for k in INHERITED if getattr(cfg, k) is None}
-    return dataclasses.replace(cfg, **taken), taken
-
-
-def _inherited_line(taken: Mapping[str, Any]) -> str:
-    return "inherited from the teacher: " + ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
-                                                       for k, v in taken.items())
-
-
-def _saved_distill(out: Path) -> dict:
-    """``out``'s distill.json (ConfigError when the folder holds no distillation)."""
-    path = out / "distill.json"
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"--resume: {out} holds no distillation to continue (no distill.json)") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--resume: {path} is not valid JSON: {exc}") from None
-
-
-@dataclass
-class DistillResult:
-    run_dir: Path
-    best_epoch: Optional[int]
-    val_metrics: Optional[dict]
-    test_metrics: Optional[dict]
-    costs_path: Optional[Path]
+from ...core.errors import ConfigError, TrainingError
+from ...core.events import Event, ProgressCallback, null_progress
+from ...core.fsutil import sha256_file
+from ...core.overrides import differences, from_dict, to_dict
+from ...metrics import t2v_metrics
+from ...model import DABModel
+from ...model.losses import distill_loss
+from ...runs.checkpoint import rng_state, set_rng_state
+from ...runs.costfile import CostMatrix, write_costs
+from ...runs.inputs import SplitArrays
+from ...runs.load import load_run
+from ...runs.run_folder import RunFolder, check_not_inside_run
+from ...runs.schedule import epoch_length, epoch_order, lr_lambda
+from ...runtime.devices import resolve_device
+from ...scoring import score_all
+from ...store import open_store
+from .build import saved_distill
+from .config import DistillConfig, DistillResult, inherit_from_teacher
 
 
 def pair_outputs(model, text: torch.Tensor, frames: torch.Tensor, mask: torch.Tensor):
@@ -157,20 +36,6 @@ def pair_outputs(model, text: torch.Tensor, frames: torch.Tensor, mask: torch.Te
     terms = model.pair_terms(model.encode_text(text), model.encode_video(frames, mask), grid=True)
     state = [terms.bridged_mu] + ([terms.bridged_logvar] if terms.bridged_logvar is not None else [])
     return terms.cost, state
-
-
-def distill_loss(student_cost: torch.Tensor, student_state: list[torch.Tensor], teacher_cost: torch.Tensor,
-                 teacher_state: list[torch.Tensor], temperature: torch.Tensor, state_weight: float,
-                 rank_weight: float) -> tuple[torch.Tensor, dict[str, float]]:
-    """State matching + row/column ranking KL; costs (B, B), states [(B, B, D), ...]."""
-    state = sum(F.mse_loss(s, t) for s, t in zip(student_state, teacher_state)) / len(student_state)
-    t_logits, s_logits = -teacher_cost / temperature, -student_cost / temperature  # (B, B)
-    rank = 0.5 * (F.kl_div(F.log_softmax(s_logits, 1), F.log_softmax(t_logits, 1), log_target=True,
-                           reduction="batchmean")
-                  + F.kl_div(F.log_softmax(s_logits, 0).T, F.log_softmax(t_logits, 0).T, log_target=True,
-                             reduction="batchmean"))
-    loss = state_weight * state + rank_weight * rank
-    return loss, {"state": float(state.detach()), "rank": float(rank.detach())}
 
 
 def build_student(teacher, steps: int):
@@ -207,6 +72,11 @@ def run_distill(cfg: DistillConfig, progress: ProgressCallback = null_progress, 
     folder.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     with folder.writer_lock("dab distill" + (" --resume" if resume else "")):
         return _distill(cfg, folder, teacher_run, run_cfg, student, (train, val, test), resume, device, progress)
+
+
+def _inherited_line(taken: Mapping[str, Any]) -> str:
+    return "inherited from the teacher: " + ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                                                       for k, v in taken.items())
 
 
 def _distill(cfg: DistillConfig, folder: RunFolder, teacher_run, run_cfg, student, splits, resume: bool,
@@ -292,7 +162,7 @@ def _open_folder(folder: RunFolder, cfg: DistillConfig, run_cfg, teacher_run, re
 
 def _check_resume(folder: RunFolder, cfg: DistillConfig, teacher_run) -> None:
     """ConfigError unless --resume asks for the distillation the folder holds, from the same teacher weights."""
-    saved = _saved_distill(folder.path)
+    saved = saved_distill(folder.path)
     # a folder written before the student inherited its training values holds Nones: the teacher's, as now
     before, _ = inherit_from_teacher(from_dict(DistillConfig, saved["distill"]), teacher_run.config)
     # the folders are relocatable: where the teacher and the student live now is not compared

@@ -1,0 +1,14 @@
+"""Free-text search with a trained run over a feature store: :class:`Searcher` loads the run, the store, the
+store's CLIP and (optionally) a ``dab index`` folder once and ranks queries; ``dab search`` and ``dab serve``
+(``dab_pipeline.stages``) are its two users."""
+
+from .searcher import (  # noqa: F401
+    DEFAULT_SHORTLIST,
+    SearchHit,
+    SearchResult,
+    Searcher,
+    check_queries,
+    encode_queries,
+)
+
+__all__ = ["SearchHit", "SearchResult", "Searcher", "encode_queries", "check_queries", "DEFAULT_SHORTLIST"]

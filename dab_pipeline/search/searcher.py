@@ -1,0 +1,269 @@
+"""Free-text search of a feature store's videos with a trained run: :class:`Searcher`.
+
+The query is encoded with the store's own CLIP (the model and weights named in
+its manifest, so the query lands in the same feature space as the stored
+captions), then scored against every video of one split with the run's best
+checkpoint through :func:`dab_pipeline.scoring.score_all`, the same engine that
+validation and ``dab train``'s test costs use.
+
+Only runs trained on frozen CLIP features are supported: a run fine-tuned with
+``trainable_blocks=K`` would need the query through its fine-tuned text head and
+the frames through its vision head, and is refused with a :class:`ConfigError`.
+
+With an index (``dab index``, a FAISS first stage) a query reads only its shortlist's
+K videos from the store and re-ranks them; :class:`Searcher` keeps the run, the
+store, its CLIP and the index loaded between queries. It is library code because two
+stages use it: ``dab search`` (one-shot) and ``dab serve`` (loaded once, many queries).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch
+
+from ..clip_models import check_store_weights, encode_queries_short, load_clip
+from ..core.errors import ConfigError, StoreError, UnknownNameError, WeightsError
+from ..core.fsutil import sha256_file
+from ..index import VECTOR_KINDS, load_index, query_vectors, split_rows, store_fingerprint
+from ..runs.load import load_run
+from ..runtime.capabilities import resolve_score_dtype
+from ..runtime.devices import resolve_device
+from ..scoring import score_all, score_query, topk_smallest
+from ..store import open_store
+
+__all__ = ["SearchHit", "SearchResult", "Searcher", "encode_queries", "check_queries", "DEFAULT_SHORTLIST"]
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    """One retrieved video."""
+
+    rank: int  # 1-based
+    video_index: int  # row of the video in the split
+    video_id: str
+    cost: float  # lower is better (KL / W2 for prob/dab, -cos for xpool/bridge)
+
+
+@dataclass
+class SearchResult:
+    """A query's ranked videos and its confidence."""
+
+    query: str
+    hits: list[SearchHit]
+    # best-vs-second-best cost gap over the whole split (the paper's top-1/top-2 KL
+    # margin for KL runs); larger is more confident; None with fewer than 2 videos
+    margin: Optional[float]
+    # the costs of the videos scored for this query (V,) and their ids, for result pages: the whole split
+    # (+inf outside a cosine shortlist), or with an index only the K shortlisted videos
+    costs: Optional[np.ndarray] = None
+    video_ids: Optional[np.ndarray] = None
+    shortlist: Optional[int] = None  # K videos re-ranked (None: every video of the split scored)
+
+
+def _query_clip(manifest: dict, device: str | torch.device):
+    """The CLIP model and weights the store was built with, checked against the store's record."""
+    name, pretrained = manifest.get("model"), manifest.get("pretrained")
+    if not name:
+        raise StoreError("the store's manifest names no CLIP model; cannot encode a query in its feature space")
+    try:
+        bundle = load_clip(name, pretrained, device=device, dtype="float32")
+    except (WeightsError, UnknownNameError) as exc:
+        raise WeightsError(
+            f"dab search encodes the query with the store's CLIP model {name} (pretrained={pretrained!r}) and needs "
+            f"its weights, which are not available here: {exc}"
+        ) from None
+    check_store_weights(bundle, manifest, "a query encoded with them would not match the stored features")
+    # a query needs the text tower only: the vision tower's weights (ViT-B/32: 88M parameters, 350 MB in
+    # float32) would only fill a server's memory
+    if hasattr(bundle.model, "visual"):
+        bundle.model.visual = None
+    return bundle
+
+
+def encode_queries(manifest: dict, queries: Sequence[str], device: str | torch.device = "cpu") -> torch.Tensor:
+    """Encode free-text queries with the CLIP model and weights the store was built with -> (M, D) float32.
+
+    Raises :class:`WeightsError` (one line) when those weights are not available here
+    or differ from the ones the store recorded.
+    """
+    return encode_queries_short(_query_clip(manifest, device), list(queries))  # (M, D)
+
+
+DEFAULT_SHORTLIST = 100
+
+
+class Searcher:
+    """What a search needs, loaded once: the run, the open store, the store's CLIP and, optionally, an index.
+
+    With an ``index`` (``dab index``) a query reads only its shortlist's K videos from the store
+    (``FeatureStore.read_videos``, sorted and coalesced) and re-ranks them with the run's full cost; without
+    one, the split is loaded into memory once and every video is scored (or a cosine shortlist of it).
+    ``search`` is not re-entrant: a server serialises calls (``lock``).
+    """
+
+    def __init__(self, run_dir: str | Path, store_path: str | Path, *, split: str = "test",
+                 index: str | Path | None = None, device: str = "auto", dtype: str = "float32",
+                 warn: Callable[[str], None] = lambda message: None, encoder: bool = True) -> None:
+        self.device = resolve_device(device)
+        choice = resolve_score_dtype(dtype, self.device)
+        if choice.warning:
+            warn(choice.warning)
+        self.dtype, self.split, self.store_path = choice.dtype, split, Path(store_path)
+        self.lock = threading.Lock()
+        self.store = open_store(store_path)  # the store first: an incomplete one is refused before a model loads
+        try:
+            self.store.require_complete("dab search")
+            self.rows = split_rows(self.store, split)  # (V,) store rows of the split's encoded videos
+            if len(self.rows) == 0:
+                raise StoreError(f"{store_path}: split {split!r} has no encoded videos to search")
+            self.run = load_run(run_dir, self.device)
+            d = self.run.model.cfg.embed_dim
+            if self.store.dim != d:
+                raise ConfigError(f"{store_path} holds D={self.store.dim} features but the run's model has embed_dim={d}")
+            self.index = None
+            if index is not None:
+                self.index = load_index(index)
+                self._check_index(store_fingerprint(self.store, self.rows))
+            # encoder=False: ranks given text features only (benchmarks of stores without a CLIP)
+            self.bundle = _query_clip(self.store.manifest, self.device) if encoder else None
+        except BaseException:
+            self.store.close()
+            raise
+        self._feats = None  # the whole split, loaded on the first search without an index
+        self._engines: dict = {}  # score_all's engines, built once (the model never changes here)
+
+    def _check_index(self, fingerprint: str) -> None:
+        assert self.index is not None
+        meta = self.index.meta
+        if meta.split != self.split:
+            raise ConfigError(f"{self.index.path} indexes split {meta.split!r}, not {self.split!r}")
+        self.index.check_store(fingerprint, self.store_path)
+        if VECTOR_KINDS.get(meta.vector).needs_run and meta.run.get("checkpoint_sha256") != sha256_file(self.run.checkpoint):
+            raise ConfigError(f"{self.index.path} holds the {meta.vector!r} vectors of another run "
+                              f"({meta.run.get('path')}); rebuild it with `dab index --run {self.run.run_dir} ...`")
+
+    def close(self) -> None:
+        if self.index is not None:
+            self.index.close()
+        self.store.close()
+
+    def __enter__(self) -> "Searcher":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def identity_files(self) -> list[Path]:
+        """The files a search reads from disk while it runs (the store's, the index folder's): a server watches
+        them (:class:`~dab_pipeline.core.filewatch.FileWatch`) so that it never answers from a changed one."""
+        files = self.store.identity_files()
+        if self.index is not None:
+            folder = Path(self.index.path)
+            files += [folder, *sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))]
+        return files
+
+    @property
+    def num_videos(self) -> int:
+        return len(self.rows)
+
+    def encode(self, queries: Sequence[str]) -> torch.Tensor:
+        """(M, D) float32 features of the queries, in the store's CLIP space."""
+        if self.bundle is None:
+            raise ConfigError("this Searcher was opened without its query encoder (encoder=False)")
+        return encode_queries_short(self.bundle, list(queries))  # (M, D): the causal tower up to EOT only
+
+    def search(self, queries: Sequence[str], topk: int = 10, shortlist: Optional[int] = None,
+               nprobe: Optional[int] = None, memory_budget: Optional[int] = None) -> list[SearchResult]:
+        """Each query's ``topk`` videos, best first, with its top-1/top-2 margin.
+
+        ``shortlist``: K videos re-ranked a query (with an index: default 100; without: None scores them all).
+        """
+        queries = check_queries(queries, topk, shortlist)
+        return self.rank(queries, self.encode(queries), topk, shortlist, nprobe, memory_budget)
+
+    def rank(self, queries: Sequence[str], text: torch.Tensor | np.ndarray, topk: int = 10,
+             shortlist: Optional[int] = None, nprobe: Optional[int] = None,
+             memory_budget: Optional[int] = None, timings: Optional[dict] = None) -> list[SearchResult]:
+        """:meth:`search` for queries already encoded (``text`` (M, D)); ``timings`` (a dict) gets the seconds
+        spent in each step added to it: index, read, score."""
+        text = torch.as_tensor(np.asarray(text, np.float32))  # (M, D)
+        timings = timings if timings is not None else {}
+        if self.index is None:
+            return self._search_split(queries, text, topk, shortlist, memory_budget)
+        k_sl = int(shortlist or DEFAULT_SHORTLIST)
+        t0 = time.perf_counter()
+        qv = query_vectors(self.index.meta.vector, text.to(self.device), self.run.model)  # (M, D)
+        cand, _ = self.index.search(qv, k_sl, nprobe=nprobe)  # (M, K) store rows
+        _tick(timings, "index", t0)
+        out = []
+        for i, q in enumerate(queries):
+            t0 = time.perf_counter()
+            rows = np.unique(cand[i][cand[i] >= 0])  # sorted: the store reads coalesce
+            frames, mask = self.store.read_videos(rows)  # (K, F, D), (K, F): only the shortlist
+            t0 = _tick(timings, "read", t0)
+            # one query: the model's own path beats the engine, whose per-video bases need many texts to pay
+            cost = score_query(self.run.model, text[i], frames, mask, dtype=self.dtype)  # (K,)
+            res = _Ranked(cost[None], *topk_smallest(cost[None], min(max(topk, 2), len(rows))))
+            _tick(timings, "score", t0)
+            ids = self.store.video_ids[rows]
+            out.append(_result(q, res, 0, ids, np.searchsorted(self.rows, rows), topk, k_sl))
+        return out
+
+    def _search_split(self, queries: list[str], text: torch.Tensor, topk: int, shortlist: Optional[int],
+                      memory_budget: Optional[int]) -> list[SearchResult]:
+        if self._feats is None:
+            self._feats = self.store.load_split(self.split)
+        feats = self._feats
+        n_v = len(feats.video_ids)
+        res = score_all(self.run.model, text, feats.frames, feats.frame_mask, device=self.device, dtype=self.dtype,
+                        topk=min(max(topk, 2), n_v), shortlist=shortlist, memory_budget=memory_budget,
+                        engines=self._engines)
+        return [_result(q, res, i, feats.video_ids, np.arange(n_v), topk, shortlist)
+                for i, q in enumerate(queries)]
+
+
+@dataclass
+class _Ranked:
+    """The parts of a ScoreResult that :func:`_result` reads."""
+
+    cost: np.ndarray  # (M, V)
+    topk_indices: np.ndarray  # (M, k)
+    topk_costs: np.ndarray  # (M, k)
+
+
+def _tick(timings: dict, name: str, t0: float) -> float:
+    now = time.perf_counter()
+    timings[name] = timings.get(name, 0.0) + now - t0
+    return now
+
+
+def check_queries(queries: Sequence[str], topk: int, shortlist: Optional[int]) -> list[str]:
+    """The queries as strings; ConfigError for none, an empty one, or a ``topk`` / ``shortlist`` below 1."""
+    queries = [str(q) for q in queries]
+    if not queries or any(not q.strip() for q in queries):
+        raise ConfigError("dab search needs at least one non-empty query")
+    if topk < 1:
+        raise ConfigError(f"topk must be a positive integer, got {topk}")
+    if shortlist is not None and shortlist < 1:
+        raise ConfigError(f"shortlist must be a positive integer, got {shortlist}")
+    return queries
+
+
+def _result(query: str, res, i: int, ids: np.ndarray, split_pos: np.ndarray, topk: int,
+            shortlist: Optional[int]) -> SearchResult:
+    """Row ``i`` of a score_all result over the videos ``ids`` (their positions in the split: ``split_pos``)."""
+    assert res.topk_indices is not None and res.topk_costs is not None
+    idx, costs = res.topk_indices[i], res.topk_costs[i]
+    margin = float(costs[1] - costs[0]) if len(ids) >= 2 and np.isfinite(costs[:2]).all() else None
+    # a video outside a cosine shortlist was not scored (+inf): never a hit
+    hits = [SearchHit(rank=r + 1, video_index=int(split_pos[j]), video_id=str(ids[j]), cost=float(c))
+            for r, (j, c) in enumerate(zip(idx[:topk], costs[:topk])) if np.isfinite(c)]
+    row = np.asarray(res.cost[i], np.float32) if res.cost is not None else None
+    return SearchResult(query=query, hits=hits, margin=margin, costs=row, video_ids=np.asarray(ids),
+                        shortlist=shortlist)

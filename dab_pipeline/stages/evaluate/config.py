@@ -1,0 +1,42 @@
+"""EvaluateConfig: what `dab evaluate` reads, computes and writes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from ...core.choices import POSTPROCESS, V2T_CONVENTIONS
+from ...core.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    run: Optional[Path] = None  # a run folder written by `dab train`
+    costs: Optional[Path] = None  # or any cost file of the documented layout
+    features: Optional[Path] = None  # store for the neighbourhood diagnostic (default: the run's store)
+    out: Optional[Path] = None  # where reports go (default: the run folder / the cost file's folder)
+    postprocess: str = "none"  # none | dsl (dual softmax) | is (inverted softmax); always labelled
+    # several captions per video: rank the other videos by their best caption (X-Pool, CLIP4Clip) or
+    # every caption ("captions"); labelled in metrics.json and the report
+    v2t: str = "videos"
+    temperature: float = 0.01  # of the post-processing softmax, on similarities = -cost
+    taus: tuple[float, ...] = (0.6, 0.7, 0.8, 0.9)
+    topk: int = 10
+    seed: int = 0
+    plots: bool = True
+    examples: int = 24  # queries shown in examples.html (thumbnails of what was retrieved); 0: no page
+
+    def __post_init__(self) -> None:
+        if self.run is None and self.costs is None:
+            raise ConfigError("give a run folder (--run) or a cost file (--costs)")
+        if self.postprocess not in POSTPROCESS:
+            raise ConfigError(f"postprocess must be one of {', '.join(POSTPROCESS)}, got {self.postprocess!r}")
+        if self.v2t not in V2T_CONVENTIONS:
+            raise ConfigError(f"v2t must be one of {', '.join(V2T_CONVENTIONS)}, got {self.v2t!r}")
+        if self.temperature <= 0:
+            raise ConfigError(f"temperature must be > 0, got {self.temperature}")
+        if self.examples < 0:
+            raise ConfigError(f"examples must be >= 0, got {self.examples}")
+        if self.topk < 1:
+            raise ConfigError(f"topk must be >= 1, got {self.topk}")
