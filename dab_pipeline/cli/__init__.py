@@ -61,6 +61,7 @@ def cli() -> None:
     dab index     a FAISS first stage over a store's videos, for search at scale
     dab serve     a search page and JSON API over a run, a store and an index
     dab distill   a trained T'-step bridge in S steps: an ordinary run folder, scored at S steps' cost
+    dab sweep     train and evaluate every row of a grid or plan over seeds: one table with intervals
     """
 
 

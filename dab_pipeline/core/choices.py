@@ -6,9 +6,13 @@ loading it; the configs validate against the same tuples, so the two can never d
 
 from __future__ import annotations
 
-from .variants import VARIANT_NAMES
+from .variants import CONTROL_NAMES, VARIANT_CHOICES, VARIANT_NAMES
 
-VARIANTS = VARIANT_NAMES  # variants.py: the four rows of Table 5a
+VARIANTS = VARIANT_NAMES  # variants.py: the four rows of Table 5a (what a ModelConfig holds)
+# what `dab train --variant` and a sweep's variant= accept: the variants, then the controls (prob-fixvar,
+# dab-fixvar, dab-const), each a variant with some model values (variants.py), never stored by name
+CONTROLS = CONTROL_NAMES
+VARIANT_OPTIONS = VARIANT_CHOICES
 DIST_COSTS = ("kl", "w2")  # distributional costs of the prob / dab variants
 # controls (docs/model.md): the Gaussians' variances learned, or fixed at e^logvar_init; the bridge's
 # drift network, or one learned shift for every pair

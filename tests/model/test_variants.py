@@ -40,3 +40,43 @@ def test_unknown_variants_list_the_valid_ones() -> None:
         ModelConfig(variant="cosine")
     with pytest.raises(UnknownNameError, match="valid: bridge, dab, prob, xpool"):
         VARIANT_SPECS.get("cosine")
+
+
+def test_each_control_is_a_variant_with_valid_model_values_and_the_cli_offers_it() -> None:
+    """prob-fixvar, dab-fixvar, dab-const: names of a variant plus ModelConfig values (docs/model.md)."""
+    from dab_pipeline.core.choices import VARIANT_OPTIONS
+    from dab_pipeline.core.variants import CONTROL_NAMES, CONTROL_SPECS
+
+    assert CONTROL_NAMES == ("prob-fixvar", "dab-fixvar", "dab-const")
+    assert VARIANT_OPTIONS == VARIANTS + CONTROL_NAMES and not set(CONTROL_NAMES) & set(VARIANTS)
+    expected = {"prob-fixvar": {"model.variant": "prob", "model.variance": "fixed"},
+                "dab-fixvar": {"model.variant": "dab", "model.variance": "fixed"},
+                "dab-const": {"model.variant": "dab", "model.drift": "constant"}}  # docs/model.md's table
+    for name in CONTROL_NAMES:
+        control = CONTROL_SPECS.get(name)
+        assert control.model_values() == expected[name]
+        ModelConfig(variant=control.variant, **dict(control.values))  # valid values of real fields
+
+
+def test_short_keys_are_the_model_fields_and_a_control_expands_to_its_values() -> None:
+    import dataclasses
+
+    from dab_pipeline.core.variants import MODEL_KEY_ALIASES, canonical_values, expand_overrides, expand_variant
+    from dab_pipeline.stages.train import TrainConfig
+
+    # unambiguous: each short name is a ModelConfig field and no TrainConfig field of its own
+    train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    for short, key in MODEL_KEY_ALIASES.items():
+        assert key == f"model.{short}" and short in model_fields and short not in train_fields
+    assert canonical_values({"model.variant": "xpool"}, {"variant": "dab", "steps": 8, "cost": "w2"}) == {
+        "model.variant": "dab", "model.steps": 8, "model.cost": "w2"}
+    assert expand_variant({"model.variant": "dab-const", "model.steps": 8}) == {
+        "model.variant": "dab", "model.steps": 8, "model.drift": "constant"}
+    assert expand_variant({"model.variant": "dab-const", "model.drift": "constant"})["model.drift"] == "constant"
+    assert expand_overrides(["variant=prob-fixvar", "steps=4", "lr=1e-3"]) == [
+        "model.variant=prob", "model.variance=fixed", "model.steps=4", "lr=1e-3"]
+    with pytest.raises(ConfigError, match="model.drift=mlp contradicts it"):
+        expand_variant({"model.variant": "dab-const", "model.drift": "mlp"})
+    with pytest.raises(UnknownNameError, match="valid: xpool, prob, bridge, dab, prob-fixvar, dab-fixvar, dab-const"):
+        expand_variant({"model.variant": "cosine"})

@@ -72,6 +72,7 @@ def test_the_same_sweep_again_reuses_every_run(swept, store: Path) -> None:
     assert res.table["rows"] == json.loads(json.dumps(first.table["rows"], default=float))
 
 
+@pytest.mark.slow
 def test_jobs_2_gives_the_numbers_of_jobs_1(swept, store: Path, tmp_path: Path) -> None:
     out, first, _ = swept
     res = run_sweep(SweepConfig(features=store, out=tmp_path / "two", plan=grid_plan(GRID, seeds=(1, 2)),
@@ -230,6 +231,12 @@ def test_the_cli_prints_the_table_and_accepts_seed_lists(swept, store: Path) -> 
                 "--seeds", "1,2", *sets, "--quiet"])
     assert r.exit_code == 0, r.output
     assert "0 run(s) done, 6 reused, 0 failed" in r.output and "variant=dab" in r.output
+    # outside a terminal (click's runner, a log, CI) the table is whole: no cell cut to fit 80 columns
+    assert "…" not in r.output, r.output
+    for name, row in first.table["rows"].items():
+        v = row["vs_baseline"]
+        diff = "-" if v is None else f"{v['diff']:+.1f} [{v['low']:+.1f}, {v['high']:+.1f}]"
+        assert name in r.output and diff in r.output, (name, diff, r.output)
     r = invoke(["sweep", "--resume", "--out", out, "--json", "--quiet"])
     assert r.exit_code == 0 and json.loads(r.output)["baseline"] == "variant=xpool,steps=2"
     r = invoke(["sweep", "--features", store, "--out", out, "3"])
@@ -282,3 +289,46 @@ def test_the_ray_backend_runs_the_sweep_on_a_local_instance(swept, store: Path, 
         a = read_costs(next((tmp_path / "ray" / row / "seed1").glob("costs_test.*"))).cost
         b = read_costs(next((out / row / "seed1").glob("costs_test.*"))).cost
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-4, err_msg=row)
+
+
+def test_variant_cost_and_steps_are_the_model_keys_in_grids_plans_set_and_baseline(store: Path,
+                                                                                 tmp_path: Path) -> None:
+    """`dab train`'s option names are the same keys as model.variant, model.cost, model.steps in a sweep."""
+    out = tmp_path / "s"
+    long = resolve_plan(grid_plan(GRID, seeds=(1,), baseline="model.variant=dab"), store, out,
+                        (*SMALL, "model.cost=w2"))
+    short = resolve_plan(grid_plan(["variant=xpool,dab", "steps=2,4"], seeds=(1,), baseline="variant=dab"), store,
+                         out, (*SMALL, "cost=w2"))
+    assert short.rows == long.rows == ["variant=xpool,steps=2", "variant=dab,steps=2", "variant=dab,steps=4"]
+    assert short.baseline == long.baseline == "variant=dab,steps=2" and short.notes == long.notes
+    assert [r.config for r in short.runs] == [r.config for r in long.runs]
+    assert {r.config.model.cost for r in short.runs} == {"w2"}
+    plan = plan_from_dict({"set": {"cost": "w2"}, "grid": {"variant": ["prob", "dab"]},
+                           "rows": [{"name": "short", "set": {"variant": "dab", "steps": 2}}],
+                           "baseline": {"variant": "prob"}}, "mine")
+    assert [r.name for r in plan.rows] == ["variant=prob", "variant=dab", "short"]
+    assert plan.values == {"model.cost": "w2"} and plan.rows[2].values == {"model.variant": "dab", "model.steps": 2}
+    assert plan.baseline_row == "variant=prob"
+    with pytest.raises(ConfigError, match="--grid model.variant is given twice"):
+        grid_plan(["model.variant=dab", "variant=xpool"])
+    with pytest.raises(ConfigError, match="grid names a key twice"):
+        plan_from_dict({"grid": {"variant": ["dab"], "model.variant": ["xpool"]}}, "twice")
+
+
+def test_the_controls_are_variants_of_a_grid_with_todays_configs(store: Path, tmp_path: Path) -> None:
+    """variant=dab-const in a grid or plan is the run model.variant=dab model.drift=constant made (and reuses it)."""
+    out = tmp_path / "s"
+    named = resolve_plan(grid_plan(["variant=dab,dab-const,prob-fixvar,dab-fixvar"], seeds=(1,)), store, out, SMALL)
+    assert named.rows == ["variant=dab", "variant=dab-const", "variant=prob-fixvar", "variant=dab-fixvar"]
+    old = SweepPlan("old", rows=(SweepRow("variant=dab-const", {"model.variant": "dab", "model.drift": "constant"}),
+                                 SweepRow("variant=prob-fixvar", {"model.variant": "prob", "model.variance": "fixed"}),
+                                 SweepRow("variant=dab-fixvar", {"model.variant": "dab", "model.variance": "fixed"})),
+                    seeds=(1,))
+    by_row = {r.row: r.config for r in named.runs}
+    for run in resolve_plan(old, store, out, SMALL).runs:
+        assert by_row[run.row] == run.config, run.row  # the same config, the same folder: a sweep reuses it
+    assert by_row["variant=dab"].model.drift == "mlp"
+    with pytest.raises(ConfigError, match=r"sweep row variant=dab-const,drift=mlp: .*contradicts"):
+        resolve_plan(grid_plan(["variant=dab-const", "model.drift=mlp"], seeds=(1,)), store, out, SMALL)
+    with pytest.raises(ConfigError, match=r"sweep row variant=dab-cosnt: unknown model variant .*dab-const"):
+        resolve_plan(grid_plan(["variant=dab-cosnt"], seeds=(1,)), store, out, SMALL)

@@ -491,3 +491,40 @@ def test_a_bare_resume_keeps_every_non_default_value(random_store: Path, tmp_pat
     res = invoke(["train", "--resume", "--out", out, "--quiet", "--set", "lr=1e-3"])
     text = " ".join(res.output.split())
     assert res.exit_code != 0 and "lr (saved 0.002, given 0.001)" in text and "batch_size" not in text, text
+
+
+@pytest.mark.parametrize("control,old", [("prob-fixvar", ["model.variant=prob", "model.variance=fixed"]),
+                                         ("dab-fixvar", ["model.variant=dab", "model.variance=fixed"]),
+                                         ("dab-const", ["model.variant=dab", "model.drift=constant"])])
+def test_a_control_named_as_the_variant_is_todays_combination_of_keys(random_store: Path, tmp_path: Path,
+                                                                      control: str, old: list[str]) -> None:
+    from dab_pipeline.stages.train import build_train_config
+
+    out = tmp_path / "run"
+    today = build_train_config(random_store, out, overrides=[*SMALL, *old])
+    assert build_train_config(random_store, out, options={"model.variant": control}, overrides=SMALL) == today
+    assert build_train_config(random_store, out, overrides=[*SMALL, f"variant={control}"]) == today
+    assert build_train_config(random_store, None, options={"model.variant": control}).out.name.endswith(control)
+
+
+def test_a_control_run_made_the_old_way_loads_and_resumes_under_its_name(random_store: Path, tmp_path: Path) -> None:
+    """`--variant dab --set model.drift=constant` (before the names) and `--variant dab-const` are one run."""
+    from dab_pipeline.runs import RunFolder
+    from dab_pipeline.stages.train import build_train_config
+
+    out = tmp_path / "old"
+    sets = [x for s in SMALL for x in ("--set", s)]
+    res = invoke(["train", "--features", random_store, "--variant", "dab", "--set", "model.drift=constant",
+                  "--epochs", "1", "--out", out, "--quiet", *sets], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    saved = json.loads((out / "config.json").read_text())["model"]
+    assert (saved["variant"], saved["drift"]) == ("dab", "constant")  # the form old runs have
+    named = build_train_config(random_store, out, options={"model.variant": "dab-const", "epochs": 1}, overrides=SMALL)
+    assert RunFolder(out).load_config(TrainConfig) == named
+    res = invoke(["train", "--resume", "--out", out, "--variant", "dab-const", "--quiet"])
+    assert res.exit_code == 0, res.output
+    res = invoke(["train", "--resume", "--out", out, "--variant", "dab-fixvar", "--quiet"])  # another control
+    text = " ".join(res.output.split())
+    assert res.exit_code != 0 and "model.variance (saved 'learned', given 'fixed')" in text, text
+    res = invoke(["train", "--features", random_store, "--variant", "dab-cosnt", "--out", tmp_path / "bad"])
+    assert res.exit_code != 0 and "dab-const" in res.output and "prob-fixvar" in res.output, res.output

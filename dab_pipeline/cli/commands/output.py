@@ -11,10 +11,20 @@ from ...core.errors import DabError
 from .. import UserError
 
 
+# Outside a terminal (a log, a pipe, CI, click's CliRunner) rich would fit a table into 80 columns and cut
+# its cells (`1977…`); there nobody resizes a window, so the console is wide enough for any table, which rich
+# renders at its natural width (never padded to this one).
+UNBOUNDED_WIDTH = 100_000
+
+
 def console():
+    """The console the commands print on: the terminal's width in a terminal, else wide enough for any table."""
     from rich.console import Console
 
-    return Console()
+    con = Console()
+    if not con.is_terminal:
+        con = Console(width=UNBOUNDED_WIDTH)
+    return con
 
 
 @contextmanager

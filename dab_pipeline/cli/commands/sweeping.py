@@ -29,7 +29,9 @@ def _seeds(option: tuple[str, ...], more: tuple[str, ...]) -> tuple[int, ...] | 
 @click.option("--features", type=EXISTING, default=None, help="The store every run trains on (not with --resume).")
 @click.option("--out", type=PATH, required=True, help="The sweep folder: one run folder per row and seed, the table.")
 @click.option("--grid", multiple=True, metavar="KEY=V1,V2,...",
-              help="A TrainConfig key and its values (repeatable: the rows are every combination).")
+              help="A TrainConfig key and its values (repeatable: the rows are every combination); variant, cost "
+                   "and steps are model.variant, model.cost and model.steps, and a variant may be a control "
+                   "(variant=dab,dab-const).")
 @click.option("--plan", default=None, metavar="NAME|FILE",
               help="A shipped plan (paper-table4, paper-table5a, paper-table5b) or a plan file (JSON) instead of --grid.")
 @click.option("--seeds", "seeds", multiple=True, metavar="N [N ...]", help="Training seeds of every row (default 1 2 3).")

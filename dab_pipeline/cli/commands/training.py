@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ...core.choices import DIST_COSTS, VARIANTS
+from ...core.choices import DIST_COSTS, VARIANT_OPTIONS
 from .. import cli
 from ..progress import RichProgress
 from .options import EXISTING, PATH, typed_values
@@ -18,8 +18,10 @@ from .output import echo_run, quiet_shared_errors
               help="Start from a shipped recipe: frozen (the default values: CLIP frozen), paper (Tables 1-3: all "
                    "12 CLIP blocks fine-tuned), paper-ablation (Tables 4-5), xpool (X-Pool's own recipe), world "
                    "(the procedural world). Options and --set override its values. See docs/reproducing.md.")
-@click.option("--variant", type=click.Choice(VARIANTS), default=None,
-              help="Model variant (paper Table 5): xpool baseline, prob, bridge or the full dab (default).")
+@click.option("--variant", type=click.Choice(VARIANT_OPTIONS), default=None,
+              help="Model variant (paper Table 5): xpool baseline, prob, bridge or the full dab (default); or a "
+                   "control (docs/model.md): prob-fixvar, dab-fixvar (variances fixed), dab-const (one learned "
+                   "shift instead of the drift network), each recorded as its variant and model values.")
 @click.option("--cost", type=click.Choice(DIST_COSTS), default=None, help="Distributional cost (default kl).")
 @click.option("--steps", type=int, default=None, help="Truncated bridge steps T' (default 32).")
 @click.option("--epochs", type=int, default=None, help="Epochs (default 10).")
