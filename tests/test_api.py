@@ -1,0 +1,43 @@
+"""The public Python API (docs/api.md): every name loads and is documented, `import dab_pipeline` stays free of
+torch, and the README's example runs as written."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_every_public_name_loads_and_has_a_docstring() -> None:
+    import dab_pipeline as dab
+
+    names = [n for n in dab.__all__ if n != "__version__"]
+    assert len(names) >= 15
+    for name in names:
+        assert getattr(dab, name).__doc__, name
+        assert f"`{name}" in (REPO / "docs" / "api.md").read_text(), f"docs/api.md does not document {name}"
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        dab.nope  # noqa: B018
+
+
+def test_importing_the_package_does_not_import_torch() -> None:
+    code = "import sys, dab_pipeline; dab_pipeline.open_store; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
+def test_the_readmes_example_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """In a folder holding a store.h5 and a run folder (the compatibility fixtures': tests/data/compat)."""
+    blocks = re.findall(r"## In Python\n.*?```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    assert len(blocks) == 1, "the README's `## In Python` section has one python block"
+    shutil.copytree(REPO / "tests" / "data" / "compat" / "v1", tmp_path / "here")
+    monkeypatch.chdir(tmp_path / "here")
+    exec(compile(blocks[0], "README.md", "exec"), {})  # noqa: S102  # the README's own text, as a user runs it
+    printed = capsys.readouterr().out
+    assert "'R@1'" in printed and "'MdR'" in printed
