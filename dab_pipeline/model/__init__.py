@@ -27,6 +27,7 @@ from ..core.choices import DIST_COSTS, VARIANTS  # noqa: F401  (re-exported)
 from .bridge import ConstantShift, DistributionBridge  # noqa: F401
 from .config import ModelConfig, beta_schedule, bridge_macs_per_pair_step, resolve_tau, sinusoidal_embedding, step_sizes  # noqa: F401
 from .costs import COSTS, get_cost, kl_diag_gaussian, neg_cosine, w2_diag_gaussian  # noqa: F401
+from .covariance import CovarianceSpec, parse_covariance  # noqa: F401
 from .losses import LOSSES, contrastive_loss, infonce_loss, loss_of, pac_loss  # noqa: F401
 from .network import DABModel, ModelOutput, PairDiagnostics, PairTerms, TextState, VideoState  # noqa: F401
 from .pooling import TextConditionedPooling, float32_math, masked_softmax  # noqa: F401
