@@ -4,8 +4,8 @@ Builds the paper's default model (D = 512, drift 1024, F = 12 frames) with rando
 weights (every parameter perturbed, so the zero-initialised drift output really
 moves the bridge) and random CLIP-like features, then for each T' prints
 
-* pairs/s of ``score_all_reference`` (paper chunks 128 x 512) and of ``score_all``
-  in float32 and bfloat16, and the engine's speed-up over the reference;
+* pairs/s of ``score_all_reference`` (paper chunks 128 x 512) and of the engine
+  (``Scorer.score``) in float32 and bfloat16, and the engine's speed-up over the reference;
 * GFLOP/s two ways: **exec**, the multiply-adds each implementation actually runs
   (``reference_macs`` / ``engine_macs``: per text + per video + per pair), and
   **model**, the paper's count (``bridge_macs_per_pair_step`` x T' per pair plus
@@ -15,10 +15,11 @@ moves the bridge) and random CLIP-like features, then for each T' prints
   bridge's own shape) seen anywhere in the session; **%paired**, over the rate of
   bare products run between the row's own tiles (:class:`Paired`), which is the
   stable figure on a shared machine whose matmul rate swings 2-3x within seconds;
-* the same call made a second time in the child (**warm p/s**, **%best w**): the first
-  call of a process also pays for oneDNN building its kernels for each new shape and
-  for faulting in its buffers (~30k page faults at 256 x 256), which a long grid or a
-  server amortises; the main columns stay the first call's;
+* the same call made a second time in the child on the same Scorer (**warm p/s**,
+  **%best w**): the first call of a process also pays for building the engine, oneDNN
+  building its kernels for each new shape and faulting in its buffers (~30k page faults
+  at 256 x 256), which a long grid or a server amortises; the main columns stay the
+  first call's;
 * peak memory (CPU: growth of the peak resident set over the pre-run one; CUDA: peak
   allocated) -- every measurement runs in a fresh child process, so no row inherits
   another's allocator or cache state;
@@ -63,7 +64,7 @@ import numpy as np
 import torch
 
 from dab_pipeline.model import DABModel, ModelConfig
-from dab_pipeline.scoring import engine_macs, reference_macs, score_all, score_all_reference, tune_blocks
+from dab_pipeline.scoring import Scorer, engine_macs, reference_macs, score_all, score_all_reference
 
 NUM_FRAMES = 12
 
@@ -243,20 +244,21 @@ def measure(impl: str, dtype: str, steps: int, n_q: int, n_v: int, device: torch
     dtype_name, dtype = dtype, score_dtype(dtype)  # the row's name; the engine's dtype
     model = random_model(steps)
     text, frames, mask = random_features(n_q, n_v)
+    scorer = Scorer(model, device=device, dtype=dtype)  # as a server keeps it: engines built once per shape
     if impl == "reference":
         def fn() -> Any:
             return score_all_reference(model, text, frames, mask, device=device)
     else:
         def fn() -> Any:
-            return score_all(model, text, frames, mask, device=device, dtype=dtype, shortlist=shortlist)
+            return scorer.score(text, frames, mask, shortlist=shortlist)
     # warm-up: kernels, thread pools
     warm = slice(0, 8)
     if impl == "reference":
         score_all_reference(model, text[warm], frames[warm], mask[warm], device=device)
     else:
-        score_all(model, text[warm], frames[warm], mask[warm], device=device, dtype=dtype)
+        scorer.score(text[warm], frames[warm], mask[warm])
         if impl == "engine":  # the sub-block size is measured once per machine and shape: not inside the timing
-            tune_blocks(model, n_q, n_v, NUM_FRAMES, device, dtype)
+            scorer.prepare(n_q, n_v, NUM_FRAMES)
     rate = matmul_rate(torch_dtype(dtype_name), device, repeats=3)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -285,7 +287,7 @@ def measure(impl: str, dtype: str, steps: int, n_q: int, n_v: int, device: torch
         em = engine_macs(model.cfg, NUM_FRAMES)
         paired = Paired(torch_dtype(dtype_name), device, 2.0 * total_macs(em, n_q, n_v))
         paired.start()
-        score_all(model, text, frames, mask, device=device, dtype=dtype, progress=paired)
+        scorer.score(text, frames, mask, progress=paired)
         paired.finish()
         result["paired"] = paired.shadow / paired.run
         result["paired_seconds"] = paired.run

@@ -24,6 +24,7 @@ import numpy as np
 
 from dab_pipeline.index import DEFAULT_VECTOR, VECTOR_KINDS, build_index, load_index, query_vectors
 from dab_pipeline.runs.costfile import read_costs
+from dab_pipeline.scoring import first_stage
 from dab_pipeline.stages.search import load_run
 from dab_pipeline.store import open_store
 
@@ -59,7 +60,7 @@ def run_recall(run_dir: Path, store_path: Path, ks: list[int], factories: list[t
             idx = load_index(where)
             qv = query_vectors(kind, text, run.model)
             for k in ks:
-                rows, _ = idx.search(qv, k)
+                rows = first_stage(qv, idx, k)  # (Q, k) store rows, as dab search's first stage
                 cols = np.vectorize(lambda r: col_of.get(str(st.video_ids[r]), -1) if r >= 0 else -1)(rows)
                 label = factory if factory == "Flat" else f"{factory} nprobe={nprobe}"
                 out[(kind, label, k)] = recall(cols, top)

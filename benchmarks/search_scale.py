@@ -9,7 +9,8 @@ one caption per 50 videos) into ``--work``, then, in one run:
 * per-query latency, p50 / p99 over ``--queries`` queries (a caption of a random video,
   one query at a time) of
   - brute-force full scoring of every video (the split in RAM; only where affordable),
-  - the cosine shortlist over the split in RAM + DAB re-rank (``score_all(shortlist=K)``),
+  - the cosine shortlist over the split in RAM + DAB re-rank (a kept ``Scorer``'s ``score(shortlist=K)``,
+    as ``Searcher`` without an index),
   - the FAISS shortlist + DAB re-rank (:class:`Searcher`: reads only the K videos),
   each at K in {100, 1000} for a T' = 8 and a T' = 32 run and an S = 1 (distilled-size)
   run, float32 (``--dtype``); the FAISS path is split into index / store read / scoring;
@@ -49,7 +50,7 @@ from dab_pipeline.index import build_index, load_index, query_vectors
 from dab_pipeline.model import DABModel, ModelConfig
 from dab_pipeline.runtime.capabilities import resolve_score_dtype
 from dab_pipeline.runs.run_folder import RunFolder
-from dab_pipeline.scoring import score_all
+from dab_pipeline.scoring import Scorer
 from dab_pipeline.stages.search import Searcher, load_run
 from dab_pipeline.stages.train import TrainConfig
 from dab_pipeline.store import create_store, open_store
@@ -188,14 +189,12 @@ def in_ram_paths(run_dirs: dict, store: Path, text: np.ndarray, ks: list[int], n
     for name, rd in run_dirs.items():
         if n > full_max and name != "T8":
             continue  # the brute-force paths take seconds to minutes a query here: T' = 8 tells the story
-        model = load_run(rd, "cpu").model
+        scorer = Scorer(load_run(rd, "cpu").model, dtype=dtype)  # kept between queries, as Searcher keeps it
         if n <= full_max:
-            ms = timed_queries(lambda q: score_all(model, q, feats.frames, feats.frame_mask, dtype=dtype, topk=10),
-                               text)
+            ms = timed_queries(lambda q: scorer.score(q, feats.frames, feats.frame_mask, topk=10), text)
             lines.append(f"{n:>9,} {name:4} {'full scoring':28} {'-':>5} {pct(ms)}")
         for k in ks:
-            ms = timed_queries(lambda q: score_all(model, q, feats.frames, feats.frame_mask, dtype=dtype, topk=10,
-                                                   shortlist=k), text)
+            ms = timed_queries(lambda q: scorer.score(q, feats.frames, feats.frame_mask, topk=10, shortlist=k), text)
             lines.append(f"{n:>9,} {name:4} {'cosine shortlist + DAB':28} {k:>5} {pct(ms)}")
     return lines
 

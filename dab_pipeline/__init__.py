@@ -34,6 +34,8 @@ _API = {
     "ModelConfig": "dab_pipeline.model",
     # scoring and metrics
     "score_all": "dab_pipeline.scoring",
+    "Scorer": "dab_pipeline.scoring.scorer",
+    "first_stage": "dab_pipeline.scoring.first_stage",
     "ScoreResult": "dab_pipeline.scoring.result",
     "t2v_metrics": "dab_pipeline.metrics",
     "v2t_metrics": "dab_pipeline.metrics",

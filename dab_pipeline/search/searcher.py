@@ -3,17 +3,19 @@
 The query is encoded with the store's own CLIP (the model and weights named in
 its manifest, so the query lands in the same feature space as the stored
 captions), then scored against every video of one split with the run's best
-checkpoint through :func:`dab_pipeline.scoring.score_all`, the same engine that
-validation and ``dab train``'s test costs use.
+checkpoint through a :class:`dab_pipeline.scoring.Scorer`, the same engine that
+validation and ``dab train``'s test costs use, kept with its engines between queries.
 
 Only runs trained on frozen CLIP features are supported: a run fine-tuned with
 ``trainable_blocks=K`` would need the query through its fine-tuned text head and
 the frames through its vision head, and is refused with a :class:`ConfigError`.
 
-With an index (``dab index``, a FAISS first stage) a query reads only its shortlist's
-K videos from the store and re-ranks them; :class:`Searcher` keeps the run, the
-store, its CLIP and the index loaded between queries. It is library code because two
-stages use it: ``dab search`` (one-shot) and ``dab serve`` (loaded once, many queries).
+Both paths select candidates with :func:`dab_pipeline.scoring.first_stage`: with an index (``dab index``,
+a FAISS first stage, K = ``DEFAULT_SHORTLIST`` unless given) a query reads only its shortlist's K videos
+from the store and re-ranks them; without one, ``shortlist=K`` runs it over the split in memory (and no K
+scores every video). :class:`Searcher` keeps the run, the store, its CLIP and the index loaded between
+queries. It is library code because two stages use it: ``dab search`` (one-shot) and ``dab serve`` (loaded
+once, many queries).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from ..index import VECTOR_KINDS, load_index, query_vectors, split_rows, store_f
 from ..runs.load import load_run
 from ..runtime.capabilities import resolve_score_dtype
 from ..runtime.devices import resolve_device
-from ..scoring import score_all, score_query, topk_smallest
+from ..scoring import DEFAULT_SHORTLIST, Scorer, first_stage, topk_smallest
 from ..store import open_store
 
 __all__ = ["SearchHit", "SearchResult", "Searcher", "encode_queries", "check_queries", "DEFAULT_SHORTLIST"]
@@ -95,9 +97,6 @@ def encode_queries(manifest: dict, queries: Sequence[str], device: str | torch.d
     return encode_queries_short(_query_clip(manifest, device), list(queries))  # (M, D)
 
 
-DEFAULT_SHORTLIST = 100
-
-
 class Searcher:
     """What a search needs, loaded once: the run, the open store, the store's CLIP and, optionally, an index.
 
@@ -136,7 +135,8 @@ class Searcher:
             self.store.close()
             raise
         self._feats = None  # the whole split, loaded on the first search without an index
-        self._engines: dict = {}  # score_all's engines, built once (the model never changes here)
+        # the run's model never changes here: one Scorer keeps its engines between searches
+        self._scorer = Scorer(self.run.model, device=self.device, dtype=self.dtype)
 
     def _check_index(self, fingerprint: str) -> None:
         assert self.index is not None
@@ -149,6 +149,7 @@ class Searcher:
                               f"({meta.run.get('path')}); rebuild it with `dab index --run {self.run.run_dir} ...`")
 
     def close(self) -> None:
+        self._scorer.close()
         if self.index is not None:
             self.index.close()
         self.store.close()
@@ -182,7 +183,8 @@ class Searcher:
                nprobe: Optional[int] = None, memory_budget: Optional[int] = None) -> list[SearchResult]:
         """Each query's ``topk`` videos, best first, with its top-1/top-2 margin.
 
-        ``shortlist``: K videos re-ranked a query (with an index: default 100; without: None scores them all).
+        ``shortlist``: K videos re-ranked a query (with an index: default ``DEFAULT_SHORTLIST``, 100; without:
+        None scores them all).
         """
         queries = check_queries(queries, topk, shortlist)
         return self.rank(queries, self.encode(queries), topk, shortlist, nprobe, memory_budget)
@@ -199,7 +201,7 @@ class Searcher:
         k_sl = int(shortlist or DEFAULT_SHORTLIST)
         t0 = time.perf_counter()
         qv = query_vectors(self.index.meta.vector, text.to(self.device), self.run.model)  # (M, D)
-        cand, _ = self.index.search(qv, k_sl, nprobe=nprobe)  # (M, K) store rows
+        cand = first_stage(qv, self.index, k_sl, nprobe=nprobe)  # (M, K) store rows, -1: none
         _tick(timings, "index", t0)
         out = []
         for i, q in enumerate(queries):
@@ -208,12 +210,19 @@ class Searcher:
             frames, mask = self.store.read_videos(rows)  # (K, F, D), (K, F): only the shortlist
             t0 = _tick(timings, "read", t0)
             # one query: the model's own path beats the engine, whose per-video bases need many texts to pay
-            cost = score_query(self.run.model, text[i], frames, mask, dtype=self.dtype)  # (K,)
+            cost = self._scorer.score_query(text[i], frames, mask)  # (K,)
             res = _Ranked(cost[None], *topk_smallest(cost[None], min(max(topk, 2), len(rows))))
             _tick(timings, "score", t0)
             ids = self.store.video_ids[rows]
             out.append(_result(q, res, 0, ids, np.searchsorted(self.rows, rows), topk, k_sl))
         return out
+
+    def _scorer_for(self, memory_budget: Optional[int]) -> Scorer:
+        """The kept Scorer, or a new one where a search asks for another memory budget (then kept instead)."""
+        if self._scorer.memory_budget != memory_budget:
+            self._scorer.close()
+            self._scorer = Scorer(self.run.model, device=self.device, dtype=self.dtype, memory_budget=memory_budget)
+        return self._scorer
 
     def _search_split(self, queries: list[str], text: torch.Tensor, topk: int, shortlist: Optional[int],
                       memory_budget: Optional[int]) -> list[SearchResult]:
@@ -221,9 +230,8 @@ class Searcher:
             self._feats = self.store.load_split(self.split)
         feats = self._feats
         n_v = len(feats.video_ids)
-        res = score_all(self.run.model, text, feats.frames, feats.frame_mask, device=self.device, dtype=self.dtype,
-                        topk=min(max(topk, 2), n_v), shortlist=shortlist, memory_budget=memory_budget,
-                        engines=self._engines)
+        res = self._scorer_for(memory_budget).score(text, feats.frames, feats.frame_mask,
+                                                    topk=min(max(topk, 2), n_v), shortlist=shortlist)
         return [_result(q, res, i, feats.video_ids, np.arange(n_v), topk, shortlist)
                 for i, q in enumerate(queries)]
 
@@ -257,7 +265,7 @@ def check_queries(queries: Sequence[str], topk: int, shortlist: Optional[int]) -
 
 def _result(query: str, res, i: int, ids: np.ndarray, split_pos: np.ndarray, topk: int,
             shortlist: Optional[int]) -> SearchResult:
-    """Row ``i`` of a score_all result over the videos ``ids`` (their positions in the split: ``split_pos``)."""
+    """Row ``i`` of a ScoreResult over the videos ``ids`` (their positions in the split: ``split_pos``)."""
     assert res.topk_indices is not None and res.topk_costs is not None
     idx, costs = res.topk_indices[i], res.topk_costs[i]
     margin = float(costs[1] - costs[0]) if len(ids) >= 2 and np.isfinite(costs[:2]).all() else None

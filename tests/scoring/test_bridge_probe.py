@@ -19,7 +19,7 @@ from dab_pipeline.stages.evaluate import EvaluateConfig, run_evaluate
 from dab_pipeline.store import open_store
 
 from dab_pipeline.testing import hand_made_run, perturb, random_store
-from ..runner import invoke
+from ..helpers.runner import invoke
 
 D, F_ = 16, 4
 

@@ -320,7 +320,7 @@ def test_tiles_are_equal_bounded_and_respect_the_video_cap() -> None:
 
 
 def test_even_cuts_cover_the_range_in_pieces_within_one_of_each_other() -> None:
-    from dab_pipeline.scoring.driver import even_cuts
+    from dab_pipeline.scoring.planning import even_cuts
 
     # 256 texts by at most 37: seven pieces of 36 or 37, none of 34 (a P = 34 x 34 sub-block)
     assert sorted({b - a for a, b in even_cuts(256, 37)}) == [36, 37]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dab_pipeline.runtime.capabilities import onednn_bf16
-from dab_pipeline.scoring import driver, score_all, tiles, tune_blocks
+from dab_pipeline.scoring import planning, score_all, tiles, tune_blocks
 from dab_pipeline.testing import random_inputs, small_model
 
 
@@ -89,7 +89,7 @@ def test_tuned_blocks_score_like_untuned_ones(monkeypatch: pytest.MonkeyPatch, d
         assert shape(caps[0])[0] * shape(caps[0])[1] <= caps[0]  # the driver's cut respects the cap
         return caps[0]  # 256 pairs: far from the budget's cut, so the two runs tile differently
 
-    monkeypatch.setattr(driver, "tuned_pairs", smallest)
+    monkeypatch.setattr(planning, "tuned_pairs", smallest)
     tuned = score_all(model, text, frames, mask, dtype=dtype)
     monkeypatch.setenv("DAB_TILE_TUNING", "0")
     plain = score_all(model, text, frames, mask, dtype=dtype)
@@ -101,7 +101,7 @@ def test_tuned_blocks_score_like_untuned_ones(monkeypatch: pytest.MonkeyPatch, d
 
 def test_no_tuning_below_the_threshold_or_with_a_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     model = small_model("dab")
-    monkeypatch.setattr(driver, "tuned_pairs", lambda *a, **k: pytest.fail("tuned"))
+    monkeypatch.setattr(planning, "tuned_pairs", lambda *a, **k: pytest.fail("tuned"))
     assert tune_blocks(model, 100, 100, 4, "cpu", "float32") is None  # 10,000 pairs
     assert tune_blocks(model, 300, 300, 4, "cpu", "float32", memory_budget=1 << 20) is None
     assert tune_blocks(small_model("xpool"), 300, 300, 4, "cpu", "float32") is None  # no bridge

@@ -17,14 +17,14 @@ from ...core.registry import Registry
 from ...model import DABModel, masked_softmax
 from ..blocks import Texts, Videos, center, pack_kept
 
-# variant name -> engine class; a variant without an engine has no fast path (score_all says so)
+# variant name -> engine class; a variant without an engine has no fast path (a Scorer says so)
 ENGINES: Registry[type["Engine"]] = Registry("scoring engine")
 
 PairCosts = tuple[Tensor, Optional[Tensor], Optional[Tensor]]  # cost, bridged_var, video_var
 
 
 class Engine:
-    """The model's function, re-associated; built once per :func:`~dab_pipeline.scoring.score_all` call.
+    """The model's function, re-associated; built and kept by a :class:`~dab_pipeline.scoring.Scorer`.
 
     Subclasses add their per-text state (:meth:`texts`), per-video bases
     (:meth:`videos`) and the per-pair cost (:meth:`pairs`).

@@ -15,7 +15,7 @@ from ...runs.config import TrainConfig
 from ...runs.inputs import SplitArrays, score_inputs
 from ...runs.load import load_run
 from ...runs.run_folder import RunFolder
-from ...scoring import PROBE_SIDE, constant_bridge, probe_bridge, score_all
+from ...scoring import PROBE_SIDE, Scorer, constant_bridge, probe_bridge
 from ...store import open_store
 
 
@@ -65,7 +65,7 @@ def bridge_report(run: Path, cm, store_path: Optional[Path], seed: int = 0,
         text, frames = score_inputs(loaded.heads, feats, device, 0, feats.num_queries)
     probe = probe_bridge(loaded.model, text, frames, feats.mask, seed=seed)
     control = constant_bridge(loaded.model, probe.mean_shift_mu, probe.mean_shift_logvar)
-    cost = score_all(control, text, frames, feats.mask).cost  # (Q, V)
+    cost = Scorer(control).score(text, frames, feats.mask).cost  # (Q, V)
     gt = feats.caption_video.numpy()
     aurc = selective_report(cost, gt).get("R@1", {}).get("aurc") if feats.num_videos > 1 else None
     share = probe.pair_dependent

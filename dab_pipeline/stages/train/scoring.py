@@ -11,7 +11,7 @@ from ...core.events import ProgressCallback, null_progress
 from ...runs.config import TrainConfig
 from ...runs.inputs import SplitArrays, TrainHeads, score_inputs
 from ...runtime.distributed import LocalContext, shard_range
-from ...scoring import ScoreResult, score_all
+from ...scoring import ScoreResult, Scorer
 
 
 def score_split(model, heads: Optional[TrainHeads], feats: SplitArrays, cfg: TrainConfig, device: torch.device,
@@ -33,9 +33,11 @@ def score_split(model, heads: Optional[TrainHeads], feats: SplitArrays, cfg: Tra
     with torch.no_grad():
         text_t, frames_t = score_inputs(heads, feats, device, lo, hi)
         if hi > lo:
-            local = score_all(model, text_t, frames_t, feats.mask, text_chunk=cfg.text_chunk,
-                              video_chunk=cfg.video_chunk, device=device, dtype=cfg.score_dtype,
-                              gt=feats.caption_video[lo:hi] if with_diagnostics else None, progress=progress)
+            # one Scorer a call: the weights change between validations, so kept engines would be rebuilt anyway
+            scorer = Scorer(model, device=device, dtype=cfg.score_dtype, text_chunk=cfg.text_chunk,
+                            video_chunk=cfg.video_chunk)
+            local = scorer.score(text_t, frames_t, feats.mask, progress=progress,
+                                 gt=feats.caption_video[lo:hi] if with_diagnostics else None)
     cost = np.asarray(local.cost, np.float32) if local is not None else np.zeros((0, feats.num_videos), np.float32)
     res = ScoreResult(cost=ctx.gather_rows(cost, counts))  # (Q, V)
     if with_diagnostics and model.cfg.probabilistic:

@@ -1,0 +1,257 @@
+"""Scorer: one model's fast scoring, its engines built once and kept, its grids planned and tuned inside."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..core.errors import ConfigError
+from ..core.events import ProgressCallback, null_progress
+from ..model import DABModel
+from ..runtime.devices import resolve_device
+from .engines import Engine, build_engine
+from .first_stage import ExactVectors, first_stage, frame_mean_vectors, text_vectors
+from .passes import diagnostics, score_candidates, score_grid, topk_smallest
+from .planning import Plan, plan_grid, tune_blocks
+from .reference import score_query
+from .result import SCORE_DTYPES, ScoreResult, prepare_inputs
+
+__all__ = ["Scorer", "MAX_ENGINES"]
+
+# Engines kept at once (one per batch hint, the grid size the bf16 products are packed for): a server asks
+# one or two shapes; a script scoring many shapes should not keep a merged copy of the weights for each.
+MAX_ENGINES = 4
+
+
+class Scorer:
+    """Scores texts against videos with ``model``'s fast engine (the same function as the reference).
+
+    Engines are built once per batch hint for this scorer's device and dtype (building one costs ~20-30 ms
+    at D = 512, more than scoring a 100-video shortlist) and freed with the object (or :meth:`close`).
+    They hold merged copies of the weights: when a weight changes in place (an optimiser step,
+    ``load_state_dict``) or moves, the next call rebuilds them. Not thread-safe: a server serialises calls.
+
+    * ``dtype``: "float32" (matches the reference to ~1e-6) or "bfloat16" (the bridge's matrix products in
+      bf16 with float32 accumulation; states and cost in float32).
+    * ``memory_budget``: bytes of per-pair work a sub-block may take (default
+      :func:`~dab_pipeline.scoring.default_memory_budget` of ``device``); without one, large CPU grids use a
+      sub-block size measured once per machine and shape (``scoring/tiles.py``).
+    * ``text_chunk`` / ``video_chunk``: outer tiles (one progress step each); None derives them from the budget.
+
+    The model is moved to ``device`` ("auto": CUDA when available) and run in eval mode during a call; its
+    training flag is restored.
+    """
+
+    def __init__(
+        self,
+        model: DABModel,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: str = "float32",
+        memory_budget: Optional[int] = None,
+        text_chunk: Optional[int] = None,
+        video_chunk: Optional[int] = None,
+    ) -> None:
+        if dtype not in SCORE_DTYPES:
+            raise ConfigError(f"dtype={dtype!r} is invalid; valid: {' | '.join(SCORE_DTYPES)}")
+        if memory_budget is not None and memory_budget < 1:
+            raise ConfigError(f"memory_budget must be a positive number of bytes, got {memory_budget}")
+        self.model, self.device, self.dtype = model, resolve_device(device), dtype
+        self.memory_budget, self.text_chunk, self.video_chunk = memory_budget, text_chunk, video_chunk
+        self.mm_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+        self._engines: OrderedDict[int, Engine] = OrderedDict()  # batch hint -> engine, least recent first
+        self._plans: dict[tuple[int, int, int, bool], Plan] = {}
+        self._weights: Optional[object] = None  # the weights the engines were built from (_weights_key)
+
+    def close(self) -> None:
+        """Drop the engines (a later call builds them again)."""
+        self._engines.clear()
+        self._weights = None
+
+    def __enter__(self) -> "Scorer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def score(
+        self,
+        text: np.ndarray | Tensor,
+        frames: np.ndarray | Tensor,
+        mask: np.ndarray | Tensor,
+        *,
+        gt: np.ndarray | Tensor | None = None,
+        topk: Optional[int] = None,
+        progress: ProgressCallback | None = None,
+        shortlist: Optional[int] = None,
+    ) -> ScoreResult:
+        """Every text against every video -> ScoreResult with cost (Q, V) float32, lower is better.
+
+        text (Q, D), frames (V, F, D), mask (V, F) bool; ``gt`` (Q,): each query's ground-truth video (the
+        per-query variance diagnostics, Table 6); ``topk``: also each query's k best videos (indices and
+        costs, best first); ``shortlist=K``: score only each query's K first-stage candidates
+        (:mod:`~dab_pipeline.scoring.first_stage`, the cosine of the text and the frame mean), +inf
+        elsewhere; None (the default) scores every pair. Emits "start" / "advance" / "end" events for task
+        "score".
+        """
+        if topk is not None and topk < 1:
+            raise ConfigError(f"topk must be a positive integer, got {topk}")
+        if shortlist is not None and shortlist < 1:
+            raise ConfigError(f"shortlist must be a positive integer, got {shortlist}")
+        progress = progress or null_progress
+        text_t, frames_t, mask_t, gt_t = prepare_inputs(
+            self.model, text, frames, mask, gt, self.text_chunk, self.video_chunk
+        )
+        n_q, n_v, n_f = text_t.shape[0], frames_t.shape[0], frames_t.shape[1]
+        was_training = self.model.training
+        self.model.eval().to(self.device)
+        try:
+            plan = self._plan(n_q, n_v, n_f, exact=shortlist is None)
+            info = plan.info()
+            with torch.no_grad():
+                eng = self._engine(min(plan.p_max, max(1, n_q * n_v)))
+                info.update(_products(eng, self.device, self.dtype))
+                ts = eng.texts(text_t.to(self.device))
+                cost = self._costs(eng, ts, text_t, frames_t, mask_t, plan, shortlist, progress, info)
+                result = ScoreResult(cost=cost, shortlist=info.get("shortlist"), info=info)
+                if gt_t is not None and self.model.cfg.probabilistic:
+                    diagnostics(eng, ts, frames_t, mask_t, gt_t, self.device, plan, result)
+            if topk is not None:
+                result.topk_indices, result.topk_costs = topk_smallest(cost, topk)
+            return result
+        finally:
+            self.model.train(was_training)
+
+    def score_query(
+        self, text: np.ndarray | Tensor, frames: np.ndarray | Tensor, mask: np.ndarray | Tensor
+    ) -> np.ndarray:
+        """One query's costs over a few videos (its shortlist) -> (K,) float32.
+
+        text (D,) or (1, D), frames (K, F, D), mask (K, F). Through the model's own path, not an engine: one
+        query cannot amortise an engine's per-video bases (measured at D = 512, T' = 8, 100 videos: 60 ms
+        with the engine, 33 ms this way, bf16).
+        """
+        was_training = self.model.training
+        self.model.eval().to(self.device)
+        try:
+            return score_query(self.model, text, frames, mask, dtype=self.dtype)
+        finally:
+            self.model.train(was_training)
+
+    def candidates(
+        self, text: np.ndarray | Tensor, frames: np.ndarray | Tensor, mask: np.ndarray | Tensor, k: Optional[int] = None
+    ) -> np.ndarray:
+        """The first stage that ``score(shortlist=k)`` scores: each query's k videos, best first -> (Q, k')."""
+        text_t, frames_t, mask_t, _ = prepare_inputs(self.model, text, frames, mask, None, None, None)
+        plan = self._plan(text_t.shape[0], frames_t.shape[0], frames_t.shape[1], exact=False)
+        return self._first_stage(text_t, frames_t, mask_t, k, plan)
+
+    def prepare(self, n_q: int, n_v: int, num_frames: int, exact: bool = True) -> dict:
+        """Plan (and on CPU measure the sub-block size of) an n_q x n_v grid now, so that a timed
+        :meth:`score` of that shape does not; -> the plan's info."""
+        was_training = self.model.training
+        self.model.eval().to(self.device)
+        try:
+            return self._plan(n_q, n_v, num_frames, exact).info()
+        finally:
+            self.model.train(was_training)
+
+    # ------------------------------------------------------------------ inside
+
+    def _plan(self, n_q: int, n_v: int, n_f: int, exact: bool) -> Plan:
+        """The tiles of a grid, kept per shape; an exact grid's sub-block size is measured where that pays."""
+        key = (n_q, n_v, n_f, exact)
+        if key not in self._plans:
+            if len(self._plans) >= 64:  # a server sees few shapes; a script that sees many keeps none for long
+                self._plans.clear()
+            cfg, dev = self.model.cfg, self.device
+            best = tune_blocks(self.model, n_q, n_v, n_f, dev, self.dtype, self.memory_budget) if exact else None
+            self._plans[key] = plan_grid(
+                cfg,
+                n_q,
+                n_v,
+                n_f,
+                dev,
+                self.dtype,
+                self.memory_budget,
+                self.text_chunk,
+                self.video_chunk,
+                pairs_cap=best,
+            )
+        return self._plans[key]
+
+    def _engine(self, hint: int) -> Engine:
+        """The engine for sub-blocks of about ``hint`` pairs: kept, or built (and the oldest dropped)."""
+        weights = _weights_key(self.model)
+        if weights != self._weights:  # stale merged copies: rebuild every engine from the current weights
+            self._engines.clear()
+            self._weights = weights
+        eng = self._engines.get(hint)
+        if eng is None:
+            eng = self._engines[hint] = build_engine(self.model, self.device, self.mm_dtype, batch_hint=hint)
+            while len(self._engines) > MAX_ENGINES:
+                self._engines.popitem(last=False)
+        self._engines.move_to_end(hint)
+        return eng
+
+    def _costs(
+        self,
+        eng: Engine,
+        ts,
+        text_t: Tensor,
+        frames_t: Tensor,
+        mask_t: Tensor,
+        plan: Plan,
+        shortlist: Optional[int],
+        progress: ProgressCallback,
+        info: dict,
+    ) -> np.ndarray:
+        """The (Q, V) cost matrix: every pair, or each query's shortlist (+inf elsewhere)."""
+        n_q, n_v = text_t.shape[0], frames_t.shape[0]
+        if shortlist is None:
+            cost = np.empty((n_q, n_v), dtype=np.float32)
+            score_grid(eng, ts, frames_t, mask_t, cost, self.device, plan, progress, info)
+            return cost
+        cost = np.full((n_q, n_v), np.inf, dtype=np.float32)
+        k = info["shortlist"] = min(shortlist, n_v)
+        cand = self._first_stage(text_t, frames_t, mask_t, k, plan)  # (Q, K)
+        score_candidates(eng, ts, frames_t, mask_t, cand, cost, self.device, plan, progress, info)
+        return cost
+
+    def _first_stage(
+        self, text_t: Tensor, frames_t: Tensor, mask_t: Tensor, k: Optional[int], plan: Plan
+    ) -> np.ndarray:
+        """Each query's candidates by the cosine of the text and the frame mean (the ``mean`` vectors)."""
+        n_q, n_v = text_t.shape[0], frames_t.shape[0]
+        if not (n_q and n_v):
+            return np.empty((n_q, 0), np.int64)
+        rows = max(1, plan.p_max // max(1, n_v) * 8)  # queries a (rows, V) similarity block holds
+        videos = ExactVectors(frame_mean_vectors(frames_t, mask_t), self.device, rows_per_block=rows)
+        return first_stage(text_vectors(text_t), videos, k)
+
+
+def _weights_key(model: DABModel) -> object:
+    """Where each weight lives and how often it was written in place: equal keys, unchanged weights.
+
+    Writes through a parameter (an optimiser step, ``load_state_dict``) count; writes through ``.data`` do not
+    (it has its own version counter): a caller who edits weights that way calls :meth:`Scorer.close`.
+    """
+    try:
+        return tuple((t.data_ptr(), t._version) for t in (*model.parameters(), *model.buffers()))
+    except RuntimeError:  # inference tensors keep no version counter: never trust a kept engine
+        return object()
+
+
+def _products(eng: Engine, dev: torch.device, dtype: str) -> dict:
+    """What runs the products: the AMX bridge (its products with SiLU and the update in their epilogues), oneDNN
+    with the fused (or eager) kernels, or ATen in the matmul dtype."""
+    if eng.onednn is not None and eng.kernels is not None:
+        kern = eng.kernels
+        products = "amx" if eng.steps is not None and eng.steps.amx is not None else "onednn"
+        return {"products": products, "kernels": kern.name if kern.fused else f"eager ({kern.reason})"}
+    # ATen's products in mm_dtype (on a CPU without native bf16, bf16 ones are emulated: slow)
+    return {"products": f"aten {dtype}" if dev.type == "cpu" else f"{dev.type} {dtype}"}

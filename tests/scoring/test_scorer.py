@@ -1,0 +1,124 @@
+"""Scorer: engines built once and kept, rebuilt when the weights change, and the same numbers as score_all and
+the plain reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dab_pipeline.scoring import Scorer, score_all, score_all_reference
+from dab_pipeline.scoring import scorer as scorer_module
+from dab_pipeline.scoring.reference import score_query
+from dab_pipeline.testing import random_inputs, small_model
+
+F_ = 5
+
+
+@pytest.fixture()
+def builds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The batch hint of every engine a Scorer builds (a spy on scorer.build_engine)."""
+    seen: list[int] = []
+    real = scorer_module.build_engine
+
+    def spy(model, device, mm_dtype, batch_hint=1024):
+        seen.append(batch_hint)
+        return real(model, device, mm_dtype, batch_hint=batch_hint)
+
+    monkeypatch.setattr(scorer_module, "build_engine", spy)
+    return seen
+
+
+def assert_close(fast: np.ndarray, ref: np.ndarray, variant: str) -> None:
+    """Within 1e-4 of the reference (cosine costs relative to max(|cost|, 0.01): they cross zero)."""
+    floor = 1e-2 if variant in ("xpool", "bridge") else 1e-12
+    assert (np.abs(fast - ref) / np.maximum(np.abs(ref), floor)).max() <= 1e-4
+
+
+@pytest.mark.parametrize("variant", ["xpool", "prob", "bridge", "dab"])
+def test_a_kept_scorer_builds_each_engine_once_and_scores_like_score_all(variant: str, builds: list[int]) -> None:
+    model = small_model(variant)
+    text, frames, mask, gt = random_inputs(q=9, v=8, frames=F_)
+    ref = score_all_reference(model, text, frames, mask, gt=gt)
+    scorer = Scorer(model)
+    first = scorer.score(text, frames, mask, gt=gt, topk=3)
+    again = scorer.score(text, frames, mask, gt=gt, topk=3)
+    short = scorer.score(text, frames, mask, shortlist=4)  # the same grid: the same engine
+    assert builds == [9 * 8]
+    one = scorer.score(text[:1], frames, mask)  # another batch hint: a second engine
+    scorer.score(text, frames, mask)
+    assert builds == [9 * 8, 8]
+    plain = score_all(model, text, frames, mask, gt=gt, topk=3)
+    for res in (first, again):
+        np.testing.assert_array_equal(res.cost, plain.cost)
+        np.testing.assert_array_equal(res.topk_indices, plain.topk_indices)
+        assert_close(res.cost, ref.cost, variant)
+        for name in ("text_var", "bridged_var", "video_var"):
+            got, want = getattr(res, name), getattr(ref, name)
+            assert (got is None) == (want is None), name
+            if want is not None:
+                np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-7)
+    np.testing.assert_array_equal(short.cost, score_all(model, text, frames, mask, shortlist=4).cost)
+    assert_close(one.cost, ref.cost[:1], variant)
+    assert scorer.prepare(9, 8, F_)["block_pairs"] == first.info["block_pairs"]
+
+
+def test_weights_changed_in_place_rebuild_the_engines(builds: list[int]) -> None:
+    model = small_model("dab")
+    text, frames, mask, _ = random_inputs(q=6, v=5, frames=F_)
+    scorer = Scorer(model)
+    before = scorer.score(text, frames, mask).cost
+    with torch.no_grad():  # an optimiser step: the weights move in place
+        for p in model.parameters():
+            p.mul_(1.05)
+    after = scorer.score(text, frames, mask).cost
+    assert len(builds) == 2 and not np.allclose(after, before)
+    assert_close(after, score_all_reference(model, text, frames, mask).cost, "dab")
+    model.load_state_dict(small_model("dab", seed=7).state_dict())  # a checkpoint loaded into the same model
+    reloaded = scorer.score(text, frames, mask).cost
+    assert len(builds) == 3
+    assert_close(reloaded, score_all_reference(model, text, frames, mask).cost, "dab")
+    scorer.score(text, frames, mask)
+    assert len(builds) == 3  # unchanged since: kept
+
+
+def test_engines_are_bounded_and_freed_on_close(builds: list[int]) -> None:
+    model = small_model("dab")
+    text, frames, mask, _ = random_inputs(q=6, v=5, frames=F_)
+    with Scorer(model) as scorer:
+        for q in range(1, scorer_module.MAX_ENGINES + 2):  # one shape more than it keeps
+            scorer.score(text[:q], frames, mask)
+        assert len(builds) == scorer_module.MAX_ENGINES + 1
+        scorer.score(text[:1], frames, mask)  # the oldest was dropped
+        assert len(builds) == scorer_module.MAX_ENGINES + 2
+        scorer.score(text[: scorer_module.MAX_ENGINES + 1], frames, mask)  # the newest is kept
+        assert len(builds) == scorer_module.MAX_ENGINES + 2
+    scorer.score(text[:1], frames, mask)  # closed: built again
+    assert len(builds) == scorer_module.MAX_ENGINES + 3
+
+
+def test_score_query_is_the_model_path_of_one_row() -> None:
+    model = small_model("dab")
+    text, frames, mask, _ = random_inputs(q=3, v=6, frames=F_)
+    scorer = Scorer(model, dtype="bfloat16")
+    np.testing.assert_array_equal(
+        scorer.score_query(text[1], frames, mask), score_query(model.eval(), text[1], frames, mask, dtype="bfloat16")
+    )
+    exact = Scorer(model).score_query(text[1], frames, mask)
+    np.testing.assert_allclose(exact, score_all_reference(model, text, frames, mask).cost[1], rtol=1e-5, atol=1e-6)
+
+
+def test_score_all_engines_is_deprecated_but_still_keeps_them(builds: list[int]) -> None:
+    model = small_model("dab")
+    text, frames, mask, _ = random_inputs(q=6, v=5, frames=F_)
+    kept: dict = {}
+    with pytest.warns(DeprecationWarning, match="engines="):
+        a = score_all(model, text, frames, mask, engines=kept)
+    with pytest.warns(DeprecationWarning, match="engines="):
+        b = score_all(model, text, frames, mask, engines=kept, topk=2)
+    assert len(builds) == 1
+    with pytest.warns(DeprecationWarning):
+        score_all(model, text, frames, mask, engines=kept, dtype="bfloat16")  # other options: another Scorer
+    assert len(builds) == 2
+    np.testing.assert_array_equal(a.cost, score_all(model, text, frames, mask).cost)
+    np.testing.assert_array_equal(a.cost, b.cost)
