@@ -8,7 +8,7 @@ TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 DEMO_OUT ?= demo_out
 PYTEST_ARGS ?=
 
-.PHONY: install test test-slow demo docs-cli check-docs bench clean
+.PHONY: install test test-slow check format demo docs-cli check-docs bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,17 @@ test-slow: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m dab_pipeline.cli.demo --out $(DEMO_OUT)
+
+# Style and structure: ruff's formatter and linter (pyproject.toml [tool.ruff]), the import contracts, docs/cli.md.
+check: $(STAMP)
+	$(VENV)/bin/ruff format --check dab_pipeline tests benchmarks scripts
+	$(VENV)/bin/ruff check dab_pipeline tests benchmarks scripts
+	$(VENV)/bin/lint-imports --no-cache
+	$(PY) -m dab_pipeline.cli.docgen --check docs/cli.md
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format dab_pipeline tests benchmarks scripts
+	$(VENV)/bin/ruff check --fix dab_pipeline tests benchmarks scripts
 
 docs-cli: $(STAMP)
 	$(PY) -m dab_pipeline.cli.docgen > docs/cli.md

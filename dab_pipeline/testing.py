@@ -1,17 +1,18 @@
-"""What the tests and benchmarks build without decoding anything: stores, run folders and small models.
+"""What the benchmarks and the tests build without decoding anything: stores, run folders and small models.
 
 * ``store_index``: the id / split / caption arrays ``create_store`` takes;
-* ``empty_store``: a preallocated store (open for writing) over such an index;
+* ``empty_store``: a preallocated store (open for writing) over such an index
+  (``benchmarks/store_read.py``, ``benchmarks/shortlist_read.py``);
 * ``random_store``: clustered random features (each caption near its video's centre, so a
-  model can learn the pairing), with an optional set of augmented training views;
-* ``text_store``: caption features from dab-tiny's text tower, so a query string
-  re-encodes to them (search), over random frames;
+  model can learn the pairing), with an optional set of augmented training views
+  (``benchmarks/ddp_check.py``, ``benchmarks/sweep_overhead.py``);
 * ``hand_made_run``: a run folder of a small perturbed model, as `dab train` leaves it;
 * ``small_model``, ``perturb``, ``random_inputs``: the one model factory of the tests (a seeded
   small DABModel of any variant, moved off its identity / zero init, and CLIP-like inputs).
 
-Benchmarks import this module too (``benchmarks/store_read.py``), so it imports
-nothing from pytest.
+``hand_made_run`` and the small-model factory are used by tests only, tests/scoring among them; they stay here
+until those tests import them from ``tests/helpers`` (where the other test-only factories now are). Benchmarks
+import this module, so it imports nothing from pytest.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from dab_pipeline.clip_models import encode_texts, load_clip
 from dab_pipeline.model import DABModel, ModelConfig
 from dab_pipeline.runs.run_folder import RunFolder
 from dab_pipeline.stages.train import TrainConfig
@@ -86,32 +86,6 @@ def random_store(path: Path, n_videos: int = 30, caps_per_video: int = 2, dim: i
     st.write_captions(np.arange(len(cap_video)),
                       centres[cap_video] + 0.3 * rng.normal(size=(len(cap_video), dim)).astype(np.float32))
     st.close()
-    return path
-
-
-SEARCH_CAPTIONS = ["a red ball rolls", "a dog runs on grass", "two people talk", "a car at night",
-                   "waves on a beach", "a cat sleeps", "someone cooks pasta", "a train passes"]
-
-
-def text_store(path: Path, captions: Sequence[str] = SEARCH_CAPTIONS, test_videos: int = 6, frames: int = 4,
-               pretrained: Optional[str] = None) -> Path:
-    """One caption per video, encoded by dab-tiny (so a query string re-encodes to its stored feature).
-
-    Videos ``0 .. test_videos - 1`` are "test", the rest "train"; video 1 is short (2 frames).
-    """
-    bundle = load_clip("dab-tiny", None)
-    d, n = bundle.embed_dim, len(captions)
-    manifest = {"model": "dab-tiny", "pretrained": pretrained, "weights_sha256": bundle.weights_sha256,
-                "clip": {"embed_dim": d}, "frames": frames}
-    store = empty_store(path, n, splits=["test"] * test_videos + ["train"] * (n - test_videos), video_id="vid{i}",
-                        caption_text=lambda q, v: captions[q], manifest=manifest, num_frames=frames, dim=d)
-    gen = np.random.default_rng(0)
-    fr = gen.standard_normal((n, frames, d)).astype(np.float32)
-    mask = np.ones((n, frames), bool)
-    mask[1, 2:] = False  # a short video
-    with store:
-        store.write_videos(np.arange(n), fr, mask, mask.sum(1))
-        store.write_captions(np.arange(n), encode_texts(bundle, list(captions)).features.numpy())
     return path
 
 

@@ -26,7 +26,7 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def index_video(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """Factory: ``index_video(num_frames, size=(W, H))`` -> mp4 whose frame i encodes i (cached)."""
-    from dab_pipeline.video.synthetic import write_index_video
+    from .helpers.videos import write_index_video
 
     folder = tmp_path_factory.mktemp("index_videos")
     cache: dict[tuple[int, tuple[int, int]], Path] = {}
@@ -67,7 +67,7 @@ def tiny_folder_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A `folder` dataset of 6 index videos (5 to 37 frames), 2 captions each; returns captions.csv."""
     import csv
 
-    from dab_pipeline.video.synthetic import write_index_video
+    from .helpers.videos import write_index_video
 
     root = tmp_path_factory.mktemp("tiny_folder")
     (root / "videos").mkdir()

@@ -4,6 +4,7 @@ no UI in the library."""
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -150,6 +151,42 @@ def test_the_stage_rules_catch_a_bad_import(tmp_path: Path) -> None:
             "dab_pipeline/cli/commands/training.py": "from ...stages.distill import run_distill"}
     for where, line in fine.items():
         assert not stage_rule_breaks(REPO / where, ast.parse(line)), (where, line)
+
+
+_TEST_MODULE_IMPORT = re.compile(r"^\s*(?:from\s+[\w.]*\btest_\w*\s+import|import\s+[\w.]*\btest_\w*)", re.M)
+
+
+def imports_of_test_modules(source: str, strings: bool = True) -> list[str]:
+    """The imports of ``test_*`` modules in one file's source: import statements (relative or absolute, a test
+    module imported from its package too) and, with ``strings``, lines of code a test hands to a subprocess."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            dotted = (node.module or "").split(".") + ([] if node.module else [a.name for a in node.names])
+            if any(part.startswith("test_") for part in dotted):
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.Import):
+            found += [f"{node.lineno}: import {a.name}" for a in node.names
+                      if any(part.startswith("test_") for part in a.name.split("."))]
+        elif strings and isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found += [f"{node.lineno}: {m.group(0).strip()} (in a string)"
+                      for m in _TEST_MODULE_IMPORT.finditer(node.value)]
+    return found
+
+
+def test_no_test_file_imports_another() -> None:
+    """What several test files share lives in tests/helpers/ (or a conftest.py fixture); no file under tests/
+    imports a test module, subprocess scripts included (issue 35). The rule fails on what it forbids, first."""
+    bad = ["from .test_train import _cfg", "from tests.stages.test_train import x", "from . import test_train",
+           "import tests.store.test_store", 'CODE = "import sys\\nfrom tests.store.test_store import make_store"']
+    for line in bad:
+        assert imports_of_test_modules(line), line
+    for line in ["from ..helpers.training import train_config", "from click.testing import CliRunner",
+                 "from dab_pipeline.testing import random_store", 'CODE = "from tests.helpers.store_rows import F"']:
+        assert not imports_of_test_modules(line), line
+    found = [f"{path.relative_to(REPO)}:{hit}" for path in sorted((REPO / "tests").rglob("*.py"))
+             for hit in imports_of_test_modules(path.read_text(), strings=path != Path(__file__))]  # ours: examples
+    assert not found, found
 
 
 def test_the_root_graph_is_acyclic_and_at_most_seven_floors() -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from dab_pipeline.store import open_store
 
-from .runner import invoke
+from .helpers.runner import invoke
 
 FIXTURES = Path(__file__).resolve().parent / "data" / "compat"
 SMALL = ["--set", "model.drift_hidden=16", "--set", "model.time_embed_dim=8", "--set", "model.steps=2",

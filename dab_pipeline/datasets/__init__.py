@@ -1,4 +1,4 @@
-"""Dataset loaders: benchmark annotation files (or a user's own CSV/JSONL) -> DatasetIndex.
+"""Dataset loaders: benchmark annotation files (or a user's own CSV/JSONL) -> a Catalogue of videos and captions.
 
 Every loader has the signature ``loader(videos, annotations, **options)``:
 
@@ -6,27 +6,38 @@ Every loader has the signature ``loader(videos, annotations, **options)``:
 * ``annotations``: a folder where the loader finds its standard files by name,
   or a single file (for the benchmarks, that file replaces the standard file of
   its kind and its folder supplies the others);
-* ``options``: loader-specific settings; the index records the ones that shaped
-  it (plus ``warnings``, a list of messages about dropped ids) in ``options``.
+* ``options``: loader-specific settings; the catalogue records the ones that
+  shaped it (plus ``warnings``, a list of messages about dropped ids) in ``options``.
 
 Videos listed by the annotations but absent on disk are not an error: their ids
-are collected in ``DatasetIndex.missing`` for the extract stage to report.
-See docs/datasets.md for the formats and split rules."""
+are collected in ``Catalogue.missing`` for the extract stage to report.
+See docs/datasets.md for the formats and split rules. ``DatasetIndex``, the catalogue's former name, still
+imports (with a DeprecationWarning) for one release."""
 
 from __future__ import annotations
 
-from .folder import load_folder  # noqa: F401
-from .index import (  # noqa: F401
+from typing import Any
+
+from ..core.deprecation import warn_renamed
+from .catalogue import (  # noqa: F401
     DATASETS,
     SPLITS,
     VIDEO_EXTENSIONS,
     CaptionItem,
-    DatasetIndex,
+    Catalogue,
     Loader,
     VideoItem,
     hash_split,
     load_dataset,
 )
+from .folder import load_folder  # noqa: F401
 from .msrvtt import MSRVTT_DATA, MSRVTT_TEST, MSRVTT_TRAIN, load_msrvtt  # noqa: F401
 from .msvd import load_msvd  # noqa: F401
 from .vatex import VATEX_OFFICIAL, VATEX_VARIANT, load_vatex  # noqa: F401
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DatasetIndex":  # the catalogue's name before issue 35: "index" is the search's FAISS index now
+        warn_renamed("dab_pipeline.datasets.DatasetIndex", "dab_pipeline.datasets.Catalogue")
+        return Catalogue
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

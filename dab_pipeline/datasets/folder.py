@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import DatasetError
-from .index import DATASETS, SPLITS, CaptionItem, DatasetIndex, VideoItem, hash_split, read_csv, reject_unknown
+from .catalogue import DATASETS, SPLITS, CaptionItem, Catalogue, VideoItem, hash_split, read_csv, reject_unknown
 
 
 @DATASETS.register("folder")
@@ -17,7 +17,7 @@ def load_folder(
     annotations: Path | None,
     seed: int = 0,
     **unused: Any,
-) -> DatasetIndex:
+) -> Catalogue:
     """A user's collection described by a CSV or JSONL file (one row per caption).
 
     Columns/keys: ``video`` (path relative to the videos folder), ``caption``
@@ -54,7 +54,7 @@ def load_folder(
                 missing.append(vid)
             caps.extend(CaptionItem(f"{vid}#{k}", vid, t, split) for k, t in enumerate(captions[vid]))
     options = {"seed": int(seed), "hashed_splits": len(hashed), "warnings": []}
-    return DatasetIndex("folder", videos_out, caps, [annotations], missing, options)
+    return Catalogue("folder", videos_out, caps, [annotations], missing, options)
 
 
 def _annotation_file(annotations: Path | None) -> Path:

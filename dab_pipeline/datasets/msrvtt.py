@@ -6,11 +6,11 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..core.errors import ConfigError, DatasetError
-from .index import (
+from .catalogue import (
     DATASETS,
     SPLITS,
-    DatasetIndex,
-    build_index,
+    Catalogue,
+    build_catalogue,
     drop_uncaptioned,
     holdout,
     read_csv,
@@ -39,7 +39,7 @@ def load_msrvtt(
     seed: int = 0,
     splits: Iterable[str] | str | None = None,
     **unused: Any,
-) -> DatasetIndex:
+) -> Catalogue:
     """MSR-VTT 1K-A: test = the 1000 JSFusion pairs, train = 9k/7k ids with all their captions.
 
     1K-A has no validation split; ``val_size`` training videos (a permutation of
@@ -84,7 +84,7 @@ def load_msrvtt(
         files += [train_path, data_path]
 
     options = {"train_split": train_split, "val_size": int(val_size), "seed": int(seed), "splits": sorted(want, key=SPLITS.index), "warnings": warnings}
-    return build_index("msrvtt", video_dir, split_ids, captions, ".mp4", files, options)
+    return build_catalogue("msrvtt", video_dir, split_ids, captions, ".mp4", files, options)
 
 
 def _test_pairs(test_path: Path, captions: dict[str, list[str]]) -> list[str]:

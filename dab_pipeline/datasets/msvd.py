@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable
 
-from .index import (
+from .catalogue import (
     DATASETS,
     SPLITS,
-    DatasetIndex,
-    build_index,
+    Catalogue,
+    build_catalogue,
     caption_lists,
     check_disjoint,
     drop_uncaptioned,
@@ -28,7 +28,7 @@ def load_msvd(
     annotations: Path | None,
     splits: Iterable[str] | str | None = None,
     **unused: Any,
-) -> DatasetIndex:
+) -> Catalogue:
     """MSVD: captions_msvd.json + train/val/test_list.txt (1200/100/670); every caption kept."""
     reject_unknown("msvd", unused)
     wanted = wanted_splits(splits) or SPLITS
@@ -41,4 +41,5 @@ def load_msvd(
     warnings: list[str] = []
     drop_uncaptioned(split_ids, captions, cap_path, warnings)
     files = [cap_path] + [ann_dir / f"{s}_list.txt" for s in wanted]
-    return build_index("msvd", video_dir, split_ids, captions, ".avi", files, {"splits": list(wanted), "warnings": warnings})
+    return build_catalogue("msvd", video_dir, split_ids, captions, ".avi", files,
+                           {"splits": list(wanted), "warnings": warnings})

@@ -6,11 +6,11 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..core.errors import DatasetError
-from .index import (
+from .catalogue import (
     DATASETS,
     SPLITS,
-    DatasetIndex,
-    build_index,
+    Catalogue,
+    build_catalogue,
     caption_lists,
     check_disjoint,
     drop_uncaptioned,
@@ -38,7 +38,7 @@ def load_vatex(
     val_list: str | None = None,
     splits: Iterable[str] | str | None = None,
     **unused: Any,
-) -> DatasetIndex:
+) -> Catalogue:
     """VATEX: English captions + split lists (25991/1500/1500 by default).
 
     Captions come from vatex_data.json ({id: {"enCap": [...]}}) when present,
@@ -79,7 +79,8 @@ def load_vatex(
     source = cap_files[0] if len(cap_files) == 1 else ann_dir
     drop_uncaptioned(split_ids, captions, source, warnings)
     options = {"splits": list(wanted), "lists": {s: split_files[s].name for s in wanted}, "warnings": warnings}
-    return build_index("vatex", video_dir, split_ids, captions, ".mp4", cap_files + list(split_files.values()), options)
+    return build_catalogue("vatex", video_dir, split_ids, captions, ".mp4", cap_files + list(split_files.values()),
+                           options)
 
 
 def _vatex_captions(data: Any, path: Path) -> dict[str, list[str]]:

@@ -7,6 +7,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..core.deprecation import renamed_keywords
 from ..core.errors import ConfigError
 from .retrieval import as_cost, as_gt, row_blocks
 
@@ -46,19 +47,21 @@ def _topk_mask(block: np.ndarray, k: int) -> np.ndarray:
     return below | (at_cut & (np.cumsum(at_cut, axis=1) <= room))
 
 
+@renamed_keywords(taus="cosine_thresholds")
 def semantic_neighbourhood(
     cost: Any,
     gt: Any,
     video_features: Any,
-    taus: Sequence[float] = (0.6, 0.7, 0.8, 0.9),
+    cosine_thresholds: Sequence[float] = (0.6, 0.7, 0.8, 0.9),
     topk: int = 10,
     seed: int = 0,
 ) -> dict[str, Any]:
     """Semantic positives among each query's top-k videos, versus random ranking.
 
-    A *semantic positive* of query ``q`` at threshold ``tau`` is a video
-    ``v != gt[q]`` whose feature has cosine ``>= tau`` with the ground-truth
-    video's feature.  The ground truth itself is never counted (its cosine is
+    A *semantic positive* of query ``q`` at a cosine threshold ``c`` (one of
+    ``cosine_thresholds``; the paper's Table 7 calls it tau, but it is no
+    temperature) is a video ``v != gt[q]`` whose feature has cosine ``>= c``
+    with the ground-truth video's feature.  The ground truth itself is never counted (its cosine is
     1; counting it would add R@k / 100 to every row and mix recall into a
     neighbourhood measure), but it does occupy its slot in the top-k list.
     Top-k is by lowest cost, ties broken by video index.
@@ -70,7 +73,8 @@ def semantic_neighbourhood(
 
     cost (Q, V), gt (Q,), video_features (V, D) (frame-mean CLIP features).
     Returns ``{"topk": k, "counts_gt": False, "rows": [{"tau", "model",
-    "random", "random_sampled", "ratio"}, ...]}``.
+    "random", "random_sampled", "ratio"}, ...]}``, a row per threshold; its
+    key stays ``"tau"``, as metrics.json has always written it.
     """
     c = as_cost(cost)
     q_count, v_count = c.shape
@@ -79,18 +83,18 @@ def semantic_neighbourhood(
     k = int(topk)
     if not 1 <= k <= v_count:
         raise ConfigError(f"topk must be in [1, {v_count}], got {topk}")
-    tau_arr = np.asarray([float(t) for t in taus], dtype=np.float64)  # (T,)
-    if tau_arr.size == 0:
-        raise ConfigError("taus is empty")
-    model_sum, random_sum, sampled_sum = _neighbourhood_counts(c, g, unit, tau_arr, k, seed)
+    thresholds = np.asarray([float(t) for t in cosine_thresholds], dtype=np.float64)  # (T,)
+    if thresholds.size == 0:
+        raise ConfigError("cosine_thresholds is empty")
+    model_sum, random_sum, sampled_sum = _neighbourhood_counts(c, g, unit, thresholds, k, seed)
 
     rows_out = []
-    for i, tau in enumerate(tau_arr):
+    for i, threshold in enumerate(thresholds):
         model = model_sum[i] / q_count
         rand = random_sum[i] / q_count
         rows_out.append(
             {
-                "tau": float(tau),
+                "tau": float(threshold),  # the key metrics.json has (a cosine threshold, not a temperature)
                 "model": float(model),
                 "random": float(rand),
                 "random_sampled": float(sampled_sum[i] / q_count),
@@ -113,13 +117,13 @@ def _unit_features(video_features: Any, cost_shape: tuple[int, int]) -> np.ndarr
     return feats / np.maximum(np.linalg.norm(feats, axis=1, keepdims=True), 1e-12)
 
 
-def _neighbourhood_counts(c: np.ndarray, g: np.ndarray, unit: np.ndarray, tau_arr: np.ndarray, k: int, seed: int
+def _neighbourhood_counts(c: np.ndarray, g: np.ndarray, unit: np.ndarray, thresholds: np.ndarray, k: int, seed: int
                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Semantic positives (cosine >= tau to the gt video, gt excluded) in the model's top-k, their exact
+    """Semantic positives (cosine >= a threshold to the gt video, gt excluded) in the model's top-k, their exact
     random-ranking expectation and one seeded random top-k, summed over queries: (T,) each."""
     q_count, v_count = c.shape
     rng = np.random.default_rng(seed)
-    model_sum, random_sum, sampled_sum = np.zeros(tau_arr.size), np.zeros(tau_arr.size), np.zeros(tau_arr.size)
+    model_sum, random_sum, sampled_sum = (np.zeros(thresholds.size) for _ in range(3))
     # Blocks are sized by the (b, V) cosine matrix, the largest temporary.
     for rows in row_blocks(q_count, v_count):
         block = c[rows]  # (b, V)
@@ -132,8 +136,8 @@ def _neighbourhood_counts(c: np.ndarray, g: np.ndarray, unit: np.ndarray, tau_ar
         # A random ranking's top-k is a uniform k-subset: the k smallest of iid uniforms.
         noise = rng.random((b, v_count))
         sampled = noise <= np.partition(noise, k - 1, axis=1)[:, k - 1 : k]  # (b, V)
-        for i, tau in enumerate(tau_arr):
-            positive = (cos >= tau) & not_gt  # (b, V)
+        for i, threshold in enumerate(thresholds):
+            positive = (cos >= threshold) & not_gt  # (b, V)
             model_sum[i] += np.count_nonzero(positive & chosen)
             random_sum[i] += np.count_nonzero(positive) * k / v_count
             sampled_sum[i] += np.count_nonzero(positive & sampled)

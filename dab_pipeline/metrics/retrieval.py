@@ -1,4 +1,8 @@
-"""Ranks and recall metrics in both directions, and the labelled post-processing."""
+"""Ranks and recall metrics in both directions, and the labelled post-processing.
+
+The post-processings (dual softmax, inverted softmax) are softmaxes over costs at a temperature of their own,
+``postprocess_temperature`` (``dab evaluate --temperature``); it has nothing to do with the model's PAC
+temperature ``tau`` that training learns or fixes (``DABModel.temperature()``, docs/model.md)."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..core.choices import V2T_CONVENTIONS
+from ..core.deprecation import renamed_keywords
 from ..core.errors import ConfigError
 
 RECALL_KS: tuple[int, ...] = (1, 5, 10, 50)
@@ -186,10 +191,11 @@ def v2t_metrics(cost: Any, gt: Any, convention: str = "videos") -> dict[str, flo
     return retrieval_metrics(v2t_ranks(cost, gt, convention))
 
 
-def _check_temperature(temperature: float) -> float:
-    t = float(temperature)
+def _check_postprocess_temperature(postprocess_temperature: float) -> float:
+    t = float(postprocess_temperature)
     if not math.isfinite(t) or t <= 0:
-        raise ConfigError(f"temperature must be a positive finite number, got {temperature!r}")
+        raise ConfigError("the post-processing temperature must be a positive finite number, "
+                          f"got {postprocess_temperature!r}")
     return t
 
 
@@ -202,9 +208,9 @@ def _check_axis(axis: int) -> int:
 class _LazyScaled:
     """View of ``-cost / T`` that materialises only the block being sliced."""
 
-    def __init__(self, cost: np.ndarray, temperature: float) -> None:
+    def __init__(self, cost: np.ndarray, postprocess_temperature: float) -> None:
         self._cost = cost
-        self._t = temperature
+        self._t = postprocess_temperature
         self.shape = cost.shape
 
     def __getitem__(self, key: Any) -> np.ndarray:
@@ -226,12 +232,12 @@ def _log_normaliser(neg_scaled: _LazyScaled, axis: int) -> np.ndarray:
 
 
 def _apply_log_prior(
-    c: np.ndarray, normaliser: np.ndarray, temperature: float, weight: float, axis: int
+    c: np.ndarray, normaliser: np.ndarray, postprocess_temperature: float, weight: float, axis: int
 ) -> np.ndarray:
     """cost' = weight * cost + T * logsumexp, broadcast along ``axis``; blockwise, input dtype."""
     out_dtype = c.dtype if c.dtype in (np.float32, np.float64) else np.float64
     out = np.empty(c.shape, dtype=out_dtype)
-    norm = temperature * normaliser
+    norm = postprocess_temperature * normaliser
     if axis == 0:
         for sl in row_blocks(c.shape[0], c.shape[1]):
             out[sl] = weight * c[sl].astype(np.float64) + norm[None, :]
@@ -241,13 +247,14 @@ def _apply_log_prior(
     return out
 
 
-def dual_softmax(cost: Any, temperature: float = 1.0, axis: int = 0) -> np.ndarray:
+@renamed_keywords(temperature="postprocess_temperature")
+def dual_softmax(cost: Any, postprocess_temperature: float = 1.0, axis: int = 0) -> np.ndarray:
     """Dual-softmax (DSL) re-scoring; returns a cost of the same shape.
 
     With similarities ``s = -cost`` and ``axis=0`` (for text-to-video ranking)
     each video's column is turned into a prior over queries,
-    ``p(q | v) = softmax_q(s / T)``, and every pair is re-scored by
-    ``p(v | q) * p(q | v)``.  A "hub" video that is close to many queries
+    ``p(q | v) = softmax_q(s / T)`` (``T``: ``postprocess_temperature``), and
+    every pair is re-scored by ``p(v | q) * p(q | v)``.  A "hub" video that is close to many queries
     spreads its prior thin and drops in every row that is not its own.
 
     CAMoE multiplies the raw similarity by the prior, which only works for
@@ -260,19 +267,21 @@ def dual_softmax(cost: Any, temperature: float = 1.0, axis: int = 0) -> np.ndarr
     Memory: one output matrix plus blocks of a few MB.
     """
     c = as_cost(cost)
-    t = _check_temperature(temperature)
+    t = _check_postprocess_temperature(postprocess_temperature)
     ax = _check_axis(axis)
     normaliser = _log_normaliser(_LazyScaled(c, t), ax)
     return _apply_log_prior(c, normaliser, t, 2.0, ax)
 
 
+@renamed_keywords(temperature="postprocess_temperature")
 def inverted_softmax(
-    cost: Any, temperature: float = 1.0, bank_cost: Any | None = None, axis: int = 0
+    cost: Any, postprocess_temperature: float = 1.0, bank_cost: Any | None = None, axis: int = 0
 ) -> np.ndarray:
     """Querybank-normalised inverted softmax (QB-Norm style); returns a cost.
 
     Each gallery item (a video for ``axis=0``) is normalised by how strongly it
-    attracts a bank of queries: ``s'(q, v) = s(q, v) / T - logsumexp_b(s(b, v) / T)``.
+    attracts a bank of queries: ``s'(q, v) = s(q, v) / T - logsumexp_b(s(b, v) / T)``
+    (``T``: ``postprocess_temperature``).
     ``bank_cost`` is the (B, V) cost of bank queries (e.g. training captions)
     against the same videos; without it the evaluated queries themselves are
     the bank, which is transductive and must be labelled as such (see
@@ -280,7 +289,7 @@ def inverted_softmax(
     Returned cost: ``cost + T * logsumexp_b(-bank_cost / T)``.
     """
     c = as_cost(cost)
-    t = _check_temperature(temperature)
+    t = _check_postprocess_temperature(postprocess_temperature)
     ax = _check_axis(axis)
     bank = c if bank_cost is None else as_cost(bank_cost, "bank_cost")
     if bank.shape[1 - ax] != c.shape[1 - ax]:
@@ -293,23 +302,24 @@ def inverted_softmax(
 
 
 def _postprocess(
-    cost: np.ndarray, name: str, temperature: float, bank_cost: Any | None, axis: int
+    cost: np.ndarray, name: str, postprocess_temperature: float, bank_cost: Any | None, axis: int
 ) -> np.ndarray:
     if name == "none":
         return cost
     if name == "dsl":
-        return dual_softmax(cost, temperature, axis=axis)
+        return dual_softmax(cost, postprocess_temperature, axis=axis)
     if name == "is":
-        return inverted_softmax(cost, temperature, bank_cost=bank_cost, axis=axis)
+        return inverted_softmax(cost, postprocess_temperature, bank_cost=bank_cost, axis=axis)
     raise ConfigError(f"unknown post-processing {name!r}; valid: {', '.join(POSTPROCESS_NAMES)}")
 
 
+@renamed_keywords(temperature="postprocess_temperature")
 def evaluate_all(
     cost: Any,
     gt: Any,
     *,
     postprocess: str = "none",
-    temperature: float = 1.0,
+    postprocess_temperature: float = 1.0,
     bank_cost: Any | None = None,
     v2t_convention: str = "videos",
 ) -> dict[str, Any]:
@@ -322,6 +332,8 @@ def evaluate_all(
     (:func:`dual_softmax`, normalised over the other axis for each direction)
     or ``"is"`` (:func:`inverted_softmax`; ``bank_cost`` (B, V) applies to
     text-to-video only, video-to-text then uses the evaluated videos as bank).
+    ``postprocess_temperature``: the softmax temperature of ``"dsl"`` and ``"is"``, recorded in the label as
+    ``"temperature"`` (the key metrics.json has always had).
     Returns ``{"t2v": {...}, "v2t": {...}, "postprocess": {...}}``.
     """
     c = as_cost(cost)
@@ -332,11 +344,11 @@ def evaluate_all(
         )
     label: dict[str, Any] = {"name": postprocess}
     if postprocess != "none":
-        label["temperature"] = float(_check_temperature(temperature))
+        label["temperature"] = float(_check_postprocess_temperature(postprocess_temperature))
     if postprocess == "is":
         label["bank"] = "queries (transductive)" if bank_cost is None else "external"
-    t2v_cost = _postprocess(c, postprocess, temperature, bank_cost, axis=0)
-    v2t_cost = _postprocess(c, postprocess, temperature, None, axis=1)
+    t2v_cost = _postprocess(c, postprocess, postprocess_temperature, bank_cost, axis=0)
+    v2t_cost = _postprocess(c, postprocess, postprocess_temperature, None, axis=1)
     return {
         "t2v": t2v_metrics(t2v_cost, g),
         "v2t": v2t_metrics(v2t_cost, g, v2t_convention),

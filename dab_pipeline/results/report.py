@@ -229,9 +229,9 @@ def _md_neighbourhood(results: dict[str, Any]) -> list[str]:
         return []
     k = neighbourhood.get("topk", "?")
     gt_note = "counted" if neighbourhood.get("counts_gt") else "not counted"
-    note = (f"Mean number of top-{k} videos with cosine >= tau to the ground-truth video "
+    note = (f"Mean number of top-{k} videos whose cosine to the ground-truth video is at least the threshold "
             f"(ground truth itself {gt_note}); random = exact expectation under random ranking.")
-    headers = ["tau", "Model", "Random", "Random (sampled)", "Model / random"]
+    headers = ["cosine >=", "Model", "Random", "Random (sampled)", "Model / random"]
     rows = [[f"{r['tau']:g}", f"{r['model']:.3f}", f"{r['random']:.3f}", _fmt_opt(r.get("random_sampled"), ".3f"),
              _fmt_opt(r.get("ratio"), ".2f")] for r in neighbourhood["rows"]]
     return ["## Local semantic neighbourhood", "", note, "", _md_table(headers, rows), ""]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from dab_pipeline.cli import cli
 
-from ..runner import invoke
+from ..helpers.runner import invoke
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..runner import invoke
+from ..helpers.runner import invoke
 
 
 def _metrics(i: int) -> dict:

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from dab_pipeline.datasets import DATASETS, DatasetIndex, hash_split, load_dataset
+from dab_pipeline.datasets import DATASETS, Catalogue, hash_split, load_dataset
 from dab_pipeline.core.errors import ConfigError, DatasetError, UnknownNameError
 
 
-def _check_invariants(index: DatasetIndex) -> None:
+def _check_invariants(index: Catalogue) -> None:
     ids = [v.video_id for v in index.videos]
     assert len(ids) == len(set(ids))
     split_of = {v.video_id: v.split for v in index.videos}
@@ -23,7 +23,7 @@ def _check_invariants(index: DatasetIndex) -> None:
     json.dumps(index.options)  # recorded in the store manifest
 
 
-def _counts(index: DatasetIndex) -> dict[str, tuple[int, int]]:
+def _counts(index: Catalogue) -> dict[str, tuple[int, int]]:
     return {s: (len(index.split_videos(s)), len(index.split_captions(s))) for s in ("train", "val", "test")}
 
 
@@ -401,3 +401,22 @@ def test_folder_refuses_videos_outside_the_videos_folder(tmp_path: Path, kind: s
     (videos / "inner.mp4").symlink_to(videos / "ok.mp4")
     ann = _write_csv(tmp_path / "d.csv", ["video", "caption"], [["inner.mp4", "fine"]])
     assert load_dataset("folder", videos, ann).videos[0].path == (videos / "ok.mp4").resolve()
+
+
+def test_the_catalogues_old_names_still_import_with_a_deprecation_warning() -> None:
+    """datasets/index.py and DatasetIndex were renamed (issue 35: "index" is the FAISS index): one release of grace."""
+    import importlib
+    import sys
+
+    import dab_pipeline.datasets as datasets
+    from dab_pipeline.datasets import catalogue
+
+    with pytest.deprecated_call(match="Catalogue"):
+        assert datasets.DatasetIndex is catalogue.Catalogue
+    sys.modules.pop("dab_pipeline.datasets.index", None)
+    with pytest.deprecated_call(match="dab_pipeline.datasets.index is deprecated"):
+        old = importlib.import_module("dab_pipeline.datasets.index")
+    assert old.DatasetIndex is catalogue.Catalogue and old.build_index is catalogue.build_catalogue
+    assert old.load_dataset is load_dataset and old.DATASETS is DATASETS
+    with pytest.raises(AttributeError):
+        datasets.NoSuchName  # noqa: B018

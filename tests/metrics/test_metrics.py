@@ -218,10 +218,10 @@ HUB_COST = np.array(
 def test_dual_softmax_demotes_the_hub():
     gt = np.arange(3)
     np.testing.assert_array_equal(M.t2v_ranks(HUB_COST, gt), [1, 2, 2])
-    out = M.dual_softmax(HUB_COST, temperature=0.1)
+    out = M.dual_softmax(HUB_COST, postprocess_temperature=0.1)
     assert out.shape == HUB_COST.shape
     np.testing.assert_array_equal(M.t2v_ranks(out, gt), [1, 1, 1])
-    labelled = M.evaluate_all(HUB_COST, gt, postprocess="dsl", temperature=0.1)
+    labelled = M.evaluate_all(HUB_COST, gt, postprocess="dsl", postprocess_temperature=0.1)
     assert labelled["postprocess"] == {"name": "dsl", "temperature": 0.1}
     assert labelled["t2v"]["R@1"] == pytest.approx(100.0)
 
@@ -234,7 +234,7 @@ def test_dual_softmax_ranks_like_product_of_softmaxes():
     p_v_given_q = np.exp(s) / np.exp(s).sum(axis=1, keepdims=True)
     p_q_given_v = np.exp(s) / np.exp(s).sum(axis=0, keepdims=True)
     product = p_v_given_q * p_q_given_v
-    out = M.dual_softmax(cost, temperature=t)
+    out = M.dual_softmax(cost, postprocess_temperature=t)
     np.testing.assert_array_equal(np.argsort(out, axis=1), np.argsort(-product, axis=1))
     # axis=1 is the same operation on the transpose.
     np.testing.assert_allclose(M.dual_softmax(cost, t, axis=1), M.dual_softmax(cost.T, t).T)
@@ -259,15 +259,37 @@ def test_inverted_softmax_with_bank_matches_formula(monkeypatch):
     np.testing.assert_allclose(M.inverted_softmax(cost, t, bank_cost=bank), expected)
     with pytest.raises(ConfigError, match="bank_cost"):
         M.inverted_softmax(cost, t, bank_cost=rng.random((20, 4)))
-    label = M.evaluate_all(cost, np.arange(8) % 5, postprocess="is", temperature=t)
+    label = M.evaluate_all(cost, np.arange(8) % 5, postprocess="is", postprocess_temperature=t)
     assert label["postprocess"]["bank"].startswith("queries")
 
 
 def test_postprocess_rejects_bad_arguments():
     with pytest.raises(ConfigError, match="temperature"):
-        M.dual_softmax(HUB_COST, temperature=0.0)
+        M.dual_softmax(HUB_COST, postprocess_temperature=0.0)
     with pytest.raises(ConfigError, match="valid"):
         M.evaluate_all(HUB_COST, np.arange(3), postprocess="qbnorm")
+
+
+def test_the_old_keyword_names_still_work_with_a_deprecation_warning():
+    """Issue 35: the post-processing's temperature and the neighbourhood's cosine thresholds were both called
+    after the model's PAC temperature (temperature=, taus=); the old keywords work for one release."""
+    gt = np.arange(3)
+    with pytest.deprecated_call(match="postprocess_temperature="):
+        old = M.dual_softmax(HUB_COST, temperature=0.1)
+    np.testing.assert_array_equal(old, M.dual_softmax(HUB_COST, postprocess_temperature=0.1))
+    with pytest.deprecated_call(match="postprocess_temperature="):
+        old = M.inverted_softmax(HUB_COST, temperature=0.1)
+    np.testing.assert_array_equal(old, M.inverted_softmax(HUB_COST, 0.1))
+    with pytest.deprecated_call(match="postprocess_temperature="):
+        labelled = M.evaluate_all(HUB_COST, gt, postprocess="dsl", temperature=0.1)
+    assert labelled == M.evaluate_all(HUB_COST, gt, postprocess="dsl", postprocess_temperature=0.1)
+    assert labelled["postprocess"] == {"name": "dsl", "temperature": 0.1}  # metrics.json keeps its key
+    feats = np.random.default_rng(0).normal(size=(3, 4))
+    with pytest.deprecated_call(match="cosine_thresholds="):
+        old = M.semantic_neighbourhood(HUB_COST, gt, feats, taus=(0.0, 0.5), topk=2)
+    assert old == M.semantic_neighbourhood(HUB_COST, gt, feats, cosine_thresholds=(0.0, 0.5), topk=2)
+    with pytest.raises(TypeError, match="both postprocess_temperature= and its old name temperature="):
+        M.dual_softmax(HUB_COST, temperature=0.1, postprocess_temperature=0.1)
 
 
 # --------------------------------------------------------------------------
@@ -402,7 +424,7 @@ def test_semantic_neighbourhood_hand_case():
         ]
     )
     gt = np.array([0, 2])
-    out = M.semantic_neighbourhood(cost, gt, feats, taus=(0.7, 0.9), topk=3, seed=0)
+    out = M.semantic_neighbourhood(cost, gt, feats, cosine_thresholds=(0.7, 0.9), topk=3, seed=0)
     assert out["topk"] == 3 and out["counts_gt"] is False
     rows = {r["tau"]: r for r in out["rows"]}
     # q0: positives {v1, v2} at .7, {v1} at .9; only v1 is retrieved (gt v0 is not counted).
@@ -421,7 +443,7 @@ def test_semantic_neighbourhood_ties_by_index_and_sampling_check():
     feats = rng.normal(size=(v, 4))
     gt = rng.integers(0, v, size=300)
     flat = np.zeros((300, v))  # every video ties: top-k = the first k indices
-    out = M.semantic_neighbourhood(flat, gt, feats, taus=(0.0, 0.5), topk=5)
+    out = M.semantic_neighbourhood(flat, gt, feats, cosine_thresholds=(0.0, 0.5), topk=5)
     unit = feats / np.linalg.norm(feats, axis=1, keepdims=True)
     cos = unit[gt] @ unit.T
     for row in out["rows"]:

@@ -17,7 +17,7 @@ from dab_pipeline.results.page import select_queries
 from dab_pipeline.metrics import t2v_ranks
 from dab_pipeline.store import open_store
 from dab_pipeline.results.thumbnails import THUMB_BYTES, make_thumbnail
-from ..runner import invoke
+from ..helpers.runner import invoke
 
 
 class _Page(HTMLParser):

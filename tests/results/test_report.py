@@ -25,7 +25,7 @@ def _fake_results(seed: int = 0, q: int = 60, v: int = 20):
         rng.random(q) * 0.5 + 0.25, rng.random(q) + 0.5, rng.random(q) * 3 + 1.5
     )
     results["neighbourhood"] = M.semantic_neighbourhood(
-        cost, gt, rng.normal(size=(v, 8)), taus=(0.0, 0.3), topk=5
+        cost, gt, rng.normal(size=(v, 8)), cosine_thresholds=(0.0, 0.3), topk=5
     )
     return results, M.t2v_ranks(cost, gt)
 
@@ -89,7 +89,7 @@ def test_write_report_labels_postprocessing_and_handles_large_ranks(tmp_path):
     rng = np.random.default_rng(1)
     cost = rng.random((40, 300))
     gt = rng.integers(0, 300, size=40)
-    results = M.evaluate_all(cost, gt, postprocess="dsl", temperature=0.05)
+    results = M.evaluate_all(cost, gt, postprocess="dsl", postprocess_temperature=0.05)
     sel = M.selective_report(cost, gt)
     paths = write_report(
         tmp_path, results, title="dsl", curves=sel["curves"], ranks=M.t2v_ranks(cost, gt)

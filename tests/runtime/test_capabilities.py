@@ -27,7 +27,7 @@ from dab_pipeline.core.errors import ConfigError
 from dab_pipeline.core.events import Event
 from dab_pipeline.model import ModelConfig
 from dab_pipeline.store import open_store
-from ..runner import invoke
+from ..helpers.runner import invoke
 
 REPO = Path(__file__).resolve().parents[2]
 NATIVE = Capabilities("cpu", "test CPU with AMX", True, "AMX-BF16, AVX512-BF16; oneDNN bf16 on", False,
@@ -143,7 +143,7 @@ def test_extract_auto_resumes_with_the_stores_own_dtype(tiny_folder_dataset: Pat
 
 
 def _train_store(path: Path) -> Path:
-    from dab_pipeline.testing import text_store
+    from ..helpers.stores import text_store
 
     return text_store(path)
 
@@ -172,7 +172,9 @@ def test_train_bf16_scoring_on_a_cpu_without_it_runs_float32(tmp_path: Path) -> 
 def test_search_warns_and_scores_float32(tmp_path: Path) -> None:
     from dab_pipeline.stages.search import search
 
-    from dab_pipeline.testing import hand_made_run, text_store
+    from dab_pipeline.testing import hand_made_run
+
+    from ..helpers.stores import text_store
 
     store = text_store(tmp_path / "store.h5")
     run, _ = hand_made_run(tmp_path / "run", store)

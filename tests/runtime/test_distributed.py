@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from dab_pipeline.runs.checkpoint import load_checkpoint
-from ..runner import invoke
+from ..helpers.runner import invoke
 
 REPO = Path(__file__).resolve().parents[2]
 WORLD = 2
@@ -366,9 +366,9 @@ def test_distributed_loss_and_gradients_equal_one_process_with_the_global_batch(
 @pytest.mark.distributed
 def test_distributed_train_run_and_exact_resume(tmp_path: Path) -> None:
     from dab_pipeline.runs.costfile import read_costs
-    from tests.stages.test_train import _random_store
+    from dab_pipeline.testing import random_store
 
-    store = _random_store(tmp_path / "store.h5")
+    store = random_store(tmp_path / "store.h5")
     sets = [x for s in [*TRAIN_SETS, "epochs=3", "checkpoint_every=1"] for x in ("--set", s)]
     base = ["train", "--features", str(store), "--variant", "dab", "--quiet", *sets]
 

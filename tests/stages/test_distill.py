@@ -18,9 +18,9 @@ from dab_pipeline.stages.distill import DistillConfig, pair_outputs, distill_los
 from dab_pipeline.stages.search import load_run
 from dab_pipeline.stages.train import TrainConfig, resolve_train_config, run_train
 from dab_pipeline.store import open_store
-from ..runner import invoke
+from dab_pipeline.testing import random_store
 
-from .test_train import _random_store
+from ..helpers.runner import invoke
 
 SMALL = ["model.drift_hidden=16", "model.time_embed_dim=8", "batch_size=8", "lr=3e-3", "epochs=2"]
 
@@ -28,7 +28,7 @@ SMALL = ["model.drift_hidden=16", "model.time_embed_dim=8", "batch_size=8", "lr=
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("distill")
-    store = _random_store(root / "store.h5")
+    store = random_store(root / "store.h5")
     cfg = apply_overrides(TrainConfig(features=store, out=root / "teacher"), [*SMALL, "model.variant=dab",
                                                                               "model.steps=4"])
     with open_store(store) as st:
@@ -143,7 +143,7 @@ def test_distillation_counts_steps_like_its_teacher(tmp_path: Path) -> None:
     """The teacher's epoch mode (one caption per video), its weight decay and warm-up, then a cosine decay."""
     from dab_pipeline.core.events import Event
 
-    store = _random_store(tmp_path / "store.h5")  # 20 training videos, 2 captions each
+    store = random_store(tmp_path / "store.h5")  # 20 training videos, 2 captions each
     cfg = apply_overrides(TrainConfig(features=store, out=tmp_path / "teacher"),
                           [*SMALL, "model.variant=dab", "model.steps=2", "epoch=videos", "weight_decay=0.05",
                            "warmup_ratio=0.2"])
@@ -209,7 +209,7 @@ def test_a_bare_resume_continues_a_distillation_started_with_other_values(teache
 
 def test_the_student_inherits_the_teachers_training_values_unless_typed(tmp_path: Path) -> None:
     """A teacher trained with --batch-size 4 on a split smaller than the default batch of 32: its student trains."""
-    store = _random_store(tmp_path / "store.h5", caps_per_video=1)  # 20 training captions
+    store = random_store(tmp_path / "store.h5", caps_per_video=1)  # 20 training captions
     teacher = tmp_path / "teacher"
     res = invoke(["train", "--features", store, "--variant", "dab", "--steps", "2", "--epochs", "1", "--batch-size",
                   "4", "--out", teacher, "--quiet", "--set", "model.drift_hidden=16", "--set",

@@ -10,9 +10,10 @@ import pytest
 
 from dab_pipeline.runs.costfile import CostMatrix, write_costs
 from dab_pipeline.stages.evaluate import EvaluateConfig, run_evaluate
-from ..runner import invoke
+from dab_pipeline.testing import random_store
 
-from .test_train import _cfg, _random_store
+from ..helpers.runner import invoke
+from ..helpers.training import train_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,9 +23,9 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path
     from dab_pipeline.stages.train import run_train
 
     root = tmp_path_factory.mktemp("runs")
-    store = _random_store(root / "store.h5")
+    store = random_store(root / "store.h5")
     for variant in ("xpool", "dab"):
-        run_train(_cfg(store, root / variant, f"model.variant={variant}", "epochs=2"))
+        run_train(train_config(store, root / variant, f"model.variant={variant}", "epochs=2"))
     return store, root / "xpool", root / "dab"
 
 
@@ -68,7 +69,8 @@ def test_run_folder_files_follow_the_umask(two_runs) -> None:
 
 def test_postprocessing_is_labelled(two_runs, tmp_path: Path) -> None:
     _, run, _ = two_runs
-    res = run_evaluate(EvaluateConfig(run=run, out=tmp_path, postprocess="dsl", temperature=0.1, plots=False))
+    res = run_evaluate(EvaluateConfig(run=run, out=tmp_path, postprocess="dsl", postprocess_temperature=0.1,
+                                      plots=False))
     assert res["postprocess"]["name"] == "dsl"
     assert json.loads((tmp_path / "metrics.json").read_text())["postprocess"]["name"] == "dsl"
     assert "dsl" in (tmp_path / "report.md").read_text().lower() or "dual" in (tmp_path / "report.md").read_text().lower()
@@ -169,6 +171,24 @@ def test_an_evaluation_failing_at_its_first_write_removes_the_folders_it_made(tm
     with pytest.raises(OSError, match="No space left"):  # the cost file's own folder, which existed, stays
         run_evaluate(EvaluateConfig(costs=costs, plots=False, examples=0))
     assert costs.exists()
+
+
+def test_evaluate_configs_old_field_names_still_work_with_a_deprecation_warning(tmp_path: Path) -> None:
+    """Issue 35: `temperature` (the post-processing's) and `taus` (cosine thresholds) named the model's PAC
+    temperature; they are `postprocess_temperature` and `cosine_thresholds`, the old names kept for one release."""
+    with pytest.deprecated_call(match="postprocess_temperature="):
+        old = EvaluateConfig(costs=tmp_path, postprocess="dsl", temperature=0.1)
+    with pytest.deprecated_call(match="cosine_thresholds="):
+        assert EvaluateConfig(costs=tmp_path, taus=(0.5,)).cosine_thresholds == (0.5,)
+    assert old == EvaluateConfig(costs=tmp_path, postprocess="dsl", postprocess_temperature=0.1)
+    with pytest.deprecated_call(match="EvaluateConfig.postprocess_temperature"):
+        assert old.temperature == 0.1
+    with pytest.deprecated_call(match="EvaluateConfig.cosine_thresholds"):
+        assert old.taus == (0.6, 0.7, 0.8, 0.9)
+    with pytest.raises(TypeError, match="both"):
+        EvaluateConfig(costs=tmp_path, temperature=0.1, postprocess_temperature=0.1)
+    with pytest.raises(ValueError, match="post-processing temperature must be > 0"):
+        EvaluateConfig(costs=tmp_path, postprocess_temperature=0.0)
 
 
 def test_cli_reference_is_current() -> None:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dab_pipeline.store import open_store
-from ..runner import invoke
+from ..helpers.runner import invoke
 
 BASE = ["extract", "--dataset", "folder", "--model", "dab-tiny", "--workers", "0", "--batch-size", "2",
         "--store-dtype", "float32", "--quiet"]
@@ -31,7 +31,7 @@ def _invoke(args: list[str]):
 @pytest.fixture()
 def broken_dataset(tiny_folder_dataset: Path, tmp_path: Path) -> Path:
     """The tiny dataset plus one corrupt video and one listed but missing video."""
-    from dab_pipeline.video.synthetic import write_corrupt_video
+    from ..helpers.videos import write_corrupt_video
 
     root = tmp_path / "broken"
     shutil.copytree(tiny_folder_dataset.parent, root)
@@ -150,7 +150,7 @@ def test_mismatched_config_is_refused(tiny_folder_dataset: Path, tmp_path: Path)
 
 
 def test_every_video_failing_exits_nonzero(tmp_path: Path) -> None:
-    from dab_pipeline.video.synthetic import write_corrupt_video
+    from ..helpers.videos import write_corrupt_video
 
     (tmp_path / "videos").mkdir()
     write_corrupt_video(tmp_path / "videos" / "a.mp4")
@@ -303,7 +303,7 @@ def test_disk_full_during_extraction_is_one_line_and_resumable(tiny_folder_datas
 
 
 def test_truncated_video_is_stored_with_a_warning(tmp_path: Path) -> None:
-    from dab_pipeline.video.synthetic import truncate_file, write_index_video
+    from ..helpers.videos import truncate_file, write_index_video
 
     def write(folder: Path) -> None:
         full = write_index_video(tmp_path / "full.mp4", 300, (64, 48), noise=12, faststart=True)
@@ -326,7 +326,7 @@ def test_truncated_video_is_stored_with_a_warning(tmp_path: Path) -> None:
 
 
 def test_rerun_of_an_all_failed_extraction_fails_the_same_way(tmp_path: Path) -> None:
-    from dab_pipeline.video.synthetic import write_corrupt_video
+    from ..helpers.videos import write_corrupt_video
 
     (tmp_path / "videos").mkdir()
     for name in ("a", "b", "c", "d"):
@@ -345,7 +345,7 @@ def test_rerun_of_an_all_failed_extraction_fails_the_same_way(tmp_path: Path) ->
 
 def test_a_rerun_retries_failed_and_missing_videos(tiny_folder_dataset: Path, tmp_path: Path) -> None:
     """Replacing a broken or absent file and running the same command again is how a user repairs a store."""
-    from dab_pipeline.video.synthetic import write_corrupt_video
+    from ..helpers.videos import write_corrupt_video
 
     videos = tmp_path / "videos"
     shutil.copytree(tiny_folder_dataset.parent / "videos", videos)
@@ -419,7 +419,7 @@ def test_zarr_store_is_clean_for_plain_zarr_readers(tiny_folder_dataset: Path, t
 def test_no_ffmpeg_console_noise_for_files_dab_handles(tmp_path: Path, capfd: pytest.CaptureFixture,
                                                        decoder: str) -> None:
     """FFmpeg and decord print to the process's stderr (fd 2) unless silenced; dab reports what matters."""
-    from dab_pipeline.video.synthetic import damage_video, truncate_file, write_corrupt_video, write_index_video
+    from ..helpers.videos import damage_video, truncate_file, write_corrupt_video, write_index_video
 
     def write(folder: Path) -> None:
         clean = write_index_video(tmp_path / "clean.mp4", 150, (64, 48), fmt="x264-bframes")

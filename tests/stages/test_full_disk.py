@@ -16,7 +16,7 @@ import pytest
 import dab_pipeline.core.write_errors as we
 from dab_pipeline.testing import random_store
 
-from ..runner import invoke
+from ..helpers.runner import invoke
 
 SMALL = ["model.drift_hidden=16", "model.time_embed_dim=8", "model.steps=2", "batch_size=8", "lr=3e-3"]
 TORCH_TEXT = "[enforce fail at inline_container.cc:672] . unexpected pos 117504 vs 117392"

@@ -12,7 +12,7 @@ from dab_pipeline.core.overrides import apply_overrides
 from dab_pipeline.core.errors import ConfigError, UnknownNameError
 from dab_pipeline.recipes import load_recipe, recipe_names
 from dab_pipeline.stages.train import TrainConfig, optimizer_groups
-from ..runner import invoke
+from ..helpers.runner import invoke
 
 
 def test_every_recipe_loads_and_resolves_onto_a_train_config() -> None:
@@ -108,7 +108,7 @@ def test_logit_scale_is_clamped_at_100_during_training(tmp_path: Path) -> None:
     from dab_pipeline.model import ModelConfig
     from dab_pipeline.stages.train import run_train
 
-    from dab_pipeline.testing import text_store
+    from ..helpers.stores import text_store
 
     store = text_store(tmp_path / "store.h5")
     # start above the cap with a learning rate too small to move it: only the clamp brings it to 100
@@ -126,7 +126,7 @@ def test_select_last_keeps_the_last_epoch_and_says_nothing(tmp_path: Path) -> No
     from dab_pipeline.model import ModelConfig
     from dab_pipeline.stages.train import run_train
 
-    from dab_pipeline.testing import text_store
+    from ..helpers.stores import text_store
 
     store = text_store(tmp_path / "store.h5")  # train + test splits, no val split
     model = ModelConfig(embed_dim=32, variant="xpool")

@@ -14,8 +14,10 @@ from dab_pipeline.runs.run_folder import RunFolder
 from dab_pipeline.stages.evaluate import EvaluateConfig, run_evaluate
 from dab_pipeline.stages.train import TrainConfig, run_train
 
-from ..runner import invoke
-from .test_train import _cfg, _interrupted_run, _random_store
+from dab_pipeline.testing import random_store
+
+from ..helpers.runner import invoke
+from ..helpers.training import interrupted_run, train_config
 
 
 def _outer_run(path: Path, store: Path) -> Path:
@@ -28,10 +30,10 @@ def _outer_run(path: Path, store: Path) -> Path:
 
 
 def test_train_refuses_out_inside_another_run(tmp_path: Path) -> None:
-    store = _random_store(tmp_path / "store.h5")
+    store = random_store(tmp_path / "store.h5")
     outer = _outer_run(tmp_path / "runs" / "a", store)
     with pytest.raises(ConfigError, match=re.escape(f"inside the run folder {outer}")):
-        run_train(_cfg(store, outer / "sub" / "deeper", "epochs=1"))
+        run_train(train_config(store, outer / "sub" / "deeper", "epochs=1"))
     assert not (outer / "sub").exists()  # refused before anything was written
     res = invoke(["train", "--features", str(store), "--out", str(outer / "sub"), "--quiet"])
     text = " ".join(res.output.split())
@@ -42,12 +44,12 @@ def test_train_refuses_out_inside_another_run(tmp_path: Path) -> None:
 
 def test_train_next_to_a_run_is_accepted(tmp_path: Path) -> None:
     """A sibling of a run folder, and a folder under a stray config.json that is no run, are fine."""
-    store = _random_store(tmp_path / "store.h5")
+    store = random_store(tmp_path / "store.h5")
     _outer_run(tmp_path / "runs" / "a", store)
     (tmp_path / "project").mkdir()
     (tmp_path / "project" / "config.json").write_text("{}")  # another tool's config, not a dab run
     for out in (tmp_path / "runs" / "b", tmp_path / "project" / "runs" / "c"):
-        run_train(_cfg(store, out, "epochs=1"))
+        run_train(train_config(store, out, "epochs=1"))
         assert RunFolder(out).state == "complete"
 
 
@@ -57,14 +59,14 @@ def _trained_elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple
     made.mkdir()
     elsewhere.mkdir()
     monkeypatch.chdir(made)
-    _random_store(Path("store.h5"))
+    random_store(Path("store.h5"))
     return made, elsewhere
 
 
 def test_a_copied_run_evaluated_from_another_directory_finds_its_store(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     made, elsewhere = _trained_elsewhere(tmp_path, monkeypatch)
-    run_train(_cfg(Path("store.h5"), Path("run"), "model.variant=dab", "epochs=1"))
+    run_train(train_config(Path("store.h5"), Path("run"), "model.variant=dab", "epochs=1"))
     saved = json.loads(Path("run/config.json").read_text())
     assert saved["features"] == "store.h5" and saved["features_abs"] == str((made / "store.h5").resolve())
     monkeypatch.chdir(elsewhere)
@@ -78,7 +80,7 @@ def test_a_run_with_a_relative_store_resumes(tmp_path: Path, monkeypatch: pytest
     """The recorded absolute path finds the store from another cwd; a config.json without it (older dab) still
     resumes; neither looks like a changed configuration."""
     made, elsewhere = _trained_elsewhere(tmp_path, monkeypatch)
-    _interrupted_run(Path("store.h5"), Path("run"), monkeypatch)
+    interrupted_run(Path("store.h5"), Path("run"), monkeypatch)
     config = made / "run" / "config.json"
     if how == "old-config-json":
         data = json.loads(config.read_text())

@@ -16,10 +16,11 @@ from dab_pipeline.model import DABModel
 from dab_pipeline.scoring import score_all
 from dab_pipeline.stages.search import search
 from dab_pipeline.store import open_store
+from dab_pipeline.testing import hand_made_run
 
-from dab_pipeline.testing import SEARCH_CAPTIONS as CAPTIONS
-from dab_pipeline.testing import hand_made_run, text_store
-from ..runner import invoke
+from ..helpers.runner import invoke
+from ..helpers.stores import SEARCH_CAPTIONS as CAPTIONS
+from ..helpers.stores import text_store
 
 F_ = 4
 TEST_VIDEOS = 6  # videos 0..5 are "test", 6..7 "train"
@@ -166,3 +167,27 @@ def test_checkpoint_of_an_older_dab_still_loads(tmp_path: Path) -> None:
     np.random.seed(0)
     set_rng_state(ck["rng"])
     np.testing.assert_array_equal(np.random.random(3), expected)
+
+
+@pytest.mark.parametrize("spelling", [["-k", "3"], ["--k", "3"], ["--k=3"], ["--topk", "3"]])
+def test_k_is_spelt_as_in_dab_serve_and_topk_still_works_with_a_notice(spelling: list[str], tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 35: `dab search` and `dab serve` both say -k/--k (the HTTP API's k); --topk, search's former spelling,
+    still works, with one deprecation line on stderr (stdout stays the JSON a script reads)."""
+    import dab_pipeline.stages.search as stage
+
+    asked: list[int] = []
+    monkeypatch.setattr(stage, "search", lambda *a, topk, **kw: asked.append(topk) or [])
+    out = CliRunner().invoke(cli, ["search", "--run", str(tmp_path), "--features", str(tmp_path), *spelling,
+                                   "--json", "a query"])
+    assert out.exit_code == 0, out.output
+    assert asked == [3] and json.loads(out.stdout) == []
+    if spelling[0] == "--topk":
+        assert out.stderr == ("warning: --topk is deprecated, use -k/--k (the same option; --topk goes in a later "
+                              "release)\n")
+    else:
+        assert out.stderr == ""
+    both = CliRunner().invoke(cli, ["search", "--run", str(tmp_path), "--features", str(tmp_path), "-k", "2",
+                                    "--topk", "3", "a query"])
+    assert both.exit_code == 2 and "--topk is the former spelling of -k/--k: give -k/--k only" in both.output
+    assert "--topk" not in CliRunner().invoke(cli, ["search", "--help"]).stdout.split("-k, --k")[0]

@@ -18,10 +18,11 @@ from dab_pipeline.index import build_index
 from dab_pipeline.runs.costfile import CostMatrix, write_costs
 from dab_pipeline.stages.search import Searcher, search
 from dab_pipeline.store import open_store
-from dab_pipeline.testing import SEARCH_CAPTIONS as CAPTIONS
-from dab_pipeline.testing import hand_made_run, text_store
+from dab_pipeline.testing import hand_made_run
 
-from ..runner import invoke
+from ..helpers.runner import invoke
+from ..helpers.stores import SEARCH_CAPTIONS as CAPTIONS
+from ..helpers.stores import text_store
 
 pytest.importorskip("faiss")
 
@@ -232,6 +233,31 @@ def test_a_bad_port_or_one_in_use_is_one_line_before_anything_loads(world: dict,
         out = invoke(["serve", "--run", world["run"], "--features", world["store"], "--port", str(port)])
     assert out.exit_code == 1 and f"cannot listen on 127.0.0.1:{port}: in use" in out.output
     assert "serving" not in out.output and "Traceback" not in out.output
+
+
+
+@pytest.mark.parametrize("spelling", [["-k", "3"], ["--k", "3"], ["--topk", "3"]])
+def test_k_is_spelt_as_in_dab_search_and_topk_works_with_a_notice(spelling: list[str], tmp_path: Path,
+                                                                  monkeypatch) -> None:
+    """Issue 35: -k/--k as `dab search` (and the HTTP API) spell it; --topk too, with one deprecation line."""
+    pytest.importorskip("uvicorn")
+    import click
+
+    import dab_pipeline.cli.commands.serving as serving
+
+    asked: list[int] = []
+
+    def load(run_dir, features, index_dir, split, k, *rest):
+        asked.append(k)
+        raise click.ClickException("stopped before loading")
+
+    monkeypatch.setattr(serving, "_load", load)
+    out = invoke(["serve", "--run", tmp_path, "--features", tmp_path, "--port", "0", *spelling])
+    assert out.exit_code == 1 and "stopped before loading" in out.output and asked == [3]
+    notice = "warning: --topk is deprecated, use -k/--k (the same option; --topk goes in a later release)"
+    assert (notice in out.output) == (spelling[0] == "--topk")
+    out = invoke(["serve", "--run", tmp_path, "--features", tmp_path, "--k", "2", "--topk", "3"])
+    assert out.exit_code == 2 and "give -k/--k only" in out.output and asked == [3]
 
 
 # ----------------------------------------------------------------------------- a store that changes under a server

@@ -16,7 +16,7 @@ from dab_pipeline.stages.sweep import (SweepConfig, SweepPlan, SweepRow, grid_pl
                                        plan_from_dict, plan_names, resolve_plan, run_sweep)
 from dab_pipeline.testing import random_store
 
-from ..runner import invoke
+from ..helpers.runner import invoke
 
 SMALL = ("model.drift_hidden=16", "model.time_embed_dim=8", "batch_size=8", "lr=3e-3", "epochs=2")
 GRID = ["model.variant=xpool,dab", "model.steps=2,4"]

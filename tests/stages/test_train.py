@@ -17,59 +17,19 @@ from dab_pipeline.stages.train import TrainConfig, resolve_train_config, run_tra
 from dab_pipeline.store import open_store
 
 from dab_pipeline.testing import random_store as make_random_store
-from ..runner import invoke
-
-SMALL = ["model.drift_hidden=16", "model.time_embed_dim=8", "model.steps=2", "batch_size=8", "lr=3e-3"]
-
-
-def _random_store(path: Path, n_videos: int = 30, caps_per_video: int = 2, dim: int = 16, frames: int = 4,
-                  seed: int = 0) -> Path:
-    """A store of random features with clustered text/video pairs (no decoding needed)."""
-    return make_random_store(path, n_videos=n_videos, caps_per_video=caps_per_video, dim=dim, frames=frames, seed=seed)
+from ..helpers.runner import invoke
+from ..helpers.training import SMALL_TRAIN, interrupt_at, interrupted_run, patch_loss, train_config
 
 
 @pytest.fixture(scope="module")
 def random_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _random_store(tmp_path_factory.mktemp("rs") / "store.h5")
-
-
-def _patch_loss(monkeypatch: pytest.MonkeyPatch, wrap):
-    """Wrap the trainer's loss: ``wrap(n, compute)`` at the n-th step (from 1), ``compute()`` the real loss.
-    Returns the function that takes the patch off."""
-    import dab_pipeline.stages.train.loop as loop
-
-    real, calls = loop.loss_of, {"n": 0}
-
-    def loss_of(spec):
-        base = real(spec)
-
-        def loss(cost, temperature):
-            calls["n"] += 1
-            return wrap(calls["n"], lambda: base(cost, temperature))
-        return loss
-
-    monkeypatch.setattr(loop, "loss_of", loss_of)
-    return lambda: monkeypatch.setattr(loop, "loss_of", real)
-
-
-def _interrupt_at(n: int):
-    def wrap(step: int, compute):
-        if step == n:
-            raise KeyboardInterrupt
-        return compute()
-    return wrap
-
-
-def _cfg(store: Path, out: Path, *sets: str) -> TrainConfig:
-    cfg = apply_overrides(TrainConfig(features=store, out=out), [*SMALL, *sets])
-    with open_store(store) as st:
-        return resolve_train_config(cfg, st.manifest)
+    return make_random_store(tmp_path_factory.mktemp("rs") / "store.h5")
 
 
 @pytest.mark.parametrize("variant", ["xpool", "prob", "bridge", "dab"])
 def test_each_variant_writes_a_complete_run(random_store: Path, tmp_path: Path, variant: str) -> None:
     out = tmp_path / variant
-    res = run_train(_cfg(random_store, out, f"model.variant={variant}", "epochs=2"))
+    res = run_train(train_config(random_store, out, f"model.variant={variant}", "epochs=2"))
     assert (out / "config.json").exists() and (out / "store_manifest.json").exists()
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [x["epoch"] for x in lines] == [1, 2] and all("val" in x for x in lines)
@@ -90,7 +50,7 @@ def test_each_variant_writes_a_complete_run(random_store: Path, tmp_path: Path, 
 
 def test_bf16_scoring_gives_the_float32_ranking(random_store: Path, tmp_path: Path) -> None:
     # score_dtype only changes how val / test are scored: one epoch (no selection), near-equal costs
-    runs = {dt: run_train(_cfg(random_store, tmp_path / dt, "model.variant=dab", "epochs=1", f"score_dtype={dt}"))
+    runs = {dt: run_train(train_config(random_store, tmp_path / dt, "model.variant=dab", "epochs=1", f"score_dtype={dt}"))
             for dt in ("float32", "bfloat16")}
     c32, c16 = (read_costs(runs[dt].costs_path).cost for dt in ("float32", "bfloat16"))
     assert np.max(np.abs(c16 - c32) / np.abs(c32)) < 2e-2
@@ -98,19 +58,19 @@ def test_bf16_scoring_gives_the_float32_ranking(random_store: Path, tmp_path: Pa
     saved = json.loads((tmp_path / "bfloat16" / "config.json").read_text())
     assert saved["score_dtype"] == "bfloat16"
     with pytest.raises(ConfigError, match="score_dtype"):
-        _cfg(random_store, tmp_path / "x", "score_dtype=float16")
+        train_config(random_store, tmp_path / "x", "score_dtype=float16")
 
 
 @pytest.mark.parametrize("epoch", ["captions", "videos"])
 def test_resume_equals_uninterrupted(random_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                      epoch: str) -> None:
     sets = ["model.variant=dab", "epochs=3", "checkpoint_every=1", f"epoch={epoch}"]
-    a = run_train(_cfg(random_store, tmp_path / "a", *sets))
-    restore = _patch_loss(monkeypatch, _interrupt_at(4))  # second step of the second epoch (2 steps per epoch)
+    a = run_train(train_config(random_store, tmp_path / "a", *sets))
+    restore = patch_loss(monkeypatch, interrupt_at(4))  # second step of the second epoch (2 steps per epoch)
     with pytest.raises(KeyboardInterrupt):
-        run_train(_cfg(random_store, tmp_path / "b", *sets))
+        run_train(train_config(random_store, tmp_path / "b", *sets))
     restore()
-    b = run_train(_cfg(random_store, tmp_path / "b", *sets), resume=True)
+    b = run_train(train_config(random_store, tmp_path / "b", *sets), resume=True)
 
     sa = load_checkpoint(tmp_path / "a" / "checkpoints" / "last.pt")["model"]
     sb = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")["model"]
@@ -144,19 +104,19 @@ def test_epoch_orders() -> None:
 
 def test_nan_loss_stops_with_a_clear_message(random_store: Path, tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    _patch_loss(monkeypatch, lambda n, compute: compute() * float("nan") if n == 6 else compute())  # 5 steps an epoch
+    patch_loss(monkeypatch, lambda n, compute: compute() * float("nan") if n == 6 else compute())  # 5 steps an epoch
     out = tmp_path / "nan"
     with pytest.raises(TrainingError, match=r"epoch 2, step 1 \(global step 6\)"):
-        run_train(_cfg(random_store, out, "epochs=3"))
+        run_train(train_config(random_store, out, "epochs=3"))
     ck = load_checkpoint(out / "checkpoints" / "last.pt")
     assert ck["epoch"] == 1 and all(torch.isfinite(v).all() for v in ck["model"].values() if v.is_floating_point())
     assert json.loads((out / "status.json").read_text())["state"] == "failed"
 
 
 def test_existing_run_is_not_overwritten(random_store: Path, tmp_path: Path) -> None:
-    run_train(_cfg(random_store, tmp_path / "r", "epochs=1"))
+    run_train(train_config(random_store, tmp_path / "r", "epochs=1"))
     with pytest.raises(TrainingError, match="state 'complete'.*another --out"):
-        run_train(_cfg(random_store, tmp_path / "r", "epochs=1"))
+        run_train(train_config(random_store, tmp_path / "r", "epochs=1"))
 
 
 def test_interrupted_run_with_a_checkpoint_needs_resume(random_store: Path, tmp_path: Path,
@@ -171,13 +131,13 @@ def test_interrupted_run_with_a_checkpoint_needs_resume(random_store: Path, tmp_
     monkeypatch.setattr(tr.loop, "score_split", interrupt)
     out = tmp_path / "r"
     with pytest.raises(KeyboardInterrupt):
-        run_train(_cfg(random_store, out, "epochs=2", "checkpoint_every=1"))
+        run_train(train_config(random_store, out, "epochs=2", "checkpoint_every=1"))
     status = json.loads((out / "status.json").read_text())
     assert status["state"] == "interrupted" and status["resumable"] is True
     monkeypatch.setattr(tr.loop, "score_split", real)
     with pytest.raises(TrainingError, match="state 'interrupted'.*--resume"):
-        run_train(_cfg(random_store, out, "epochs=2", "checkpoint_every=1"))
-    res = run_train(_cfg(random_store, out, "epochs=2", "checkpoint_every=1"), resume=True)
+        run_train(train_config(random_store, out, "epochs=2", "checkpoint_every=1"))
+    res = run_train(train_config(random_store, out, "epochs=2", "checkpoint_every=1"), resume=True)
     assert res.epochs_done == 2
 
 
@@ -193,13 +153,13 @@ def test_run_that_stopped_before_a_checkpoint_starts_over(random_store: Path, tm
     monkeypatch.setattr(tr.loop, "score_split", broken)
     out = tmp_path / "r"
     with pytest.raises(RuntimeError):
-        run_train(_cfg(random_store, out, "epochs=1"))
+        run_train(train_config(random_store, out, "epochs=1"))
     status = json.loads((out / "status.json").read_text())
     assert status["state"] == "failed" and "simulated failure" in status["error"]
     assert not (out / "checkpoints" / "last.pt").exists()
     monkeypatch.setattr(tr.loop, "score_split", real)
     events = []
-    res = run_train(_cfg(random_store, out, "epochs=1", "batch_size=4"), progress=events.append)
+    res = run_train(train_config(random_store, out, "epochs=1", "batch_size=4"), progress=events.append)
     assert res.epochs_done == 1 and json.loads((out / "status.json").read_text())["state"] == "complete"
     assert json.loads((out / "config.json").read_text())["batch_size"] == 4  # the new settings, not the old
     assert any("starting over" in (e.message or "") for e in events)
@@ -209,7 +169,7 @@ def test_batch_larger_than_the_split_is_refused_before_the_folder_exists(random_
                                                                         tmp_path: Path) -> None:
     out = tmp_path / "r"
     with pytest.raises(ConfigError, match="exceeds the .* training captions.*--batch-size"):
-        run_train(_cfg(random_store, out, "epochs=1", "batch_size=100000"))
+        run_train(train_config(random_store, out, "epochs=1", "batch_size=100000"))
     assert not out.exists()
 
 
@@ -255,7 +215,7 @@ def test_partial_heads_reproduce_stored_features_at_init(states_store: Path) -> 
 
 def test_partial_finetuning_trains_clip_blocks(states_store: Path, tmp_path: Path) -> None:
     out = tmp_path / "ft"
-    cfg = _cfg(states_store, out, "trainable_blocks=1", "epochs=2", "batch_size=4", "clip_lr=1e-3")
+    cfg = train_config(states_store, out, "trainable_blocks=1", "epochs=2", "batch_size=4", "clip_lr=1e-3")
     assert cfg.model.embed_dim == 32
     res = run_train(cfg)
     ck = load_checkpoint(out / "checkpoints" / "last.pt")
@@ -277,7 +237,7 @@ def test_partial_finetuning_trains_clip_blocks(states_store: Path, tmp_path: Pat
 def test_cli_train_and_resume(random_store: Path, tmp_path: Path) -> None:
     out = tmp_path / "cli"
     args = ["train", "--features", str(random_store), "--variant", "prob", "--epochs", "1", "--out", str(out),
-            "--quiet", *[x for s in SMALL for x in ("--set", s)]]
+            "--quiet", *[x for s in SMALL_TRAIN for x in ("--set", s)]]
     res = invoke(args, catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert "test t2v: R@1" in res.output
@@ -303,16 +263,6 @@ def test_resume_of_a_folder_that_holds_no_run_is_one_line(tmp_path: Path) -> Non
         assert "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
 
 
-def _interrupted_run(random_store: Path, out: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """A dab run stopped (Ctrl-C) in its second epoch, with a checkpoint to resume from; returns its options."""
-    sets = ["model.variant=dab", "epochs=2", "checkpoint_every=1"]
-    restore = _patch_loss(monkeypatch, _interrupt_at(3))
-    with pytest.raises(KeyboardInterrupt):
-        run_train(_cfg(random_store, out, *sets))
-    restore()
-    return sets
-
-
 def _snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
@@ -323,7 +273,7 @@ def test_a_copied_or_moved_run_resumes_where_out_points(random_store: Path, tmp_
     import shutil
 
     original = tmp_path / "original"
-    _interrupted_run(random_store, original, monkeypatch)
+    interrupted_run(random_store, original, monkeypatch)
     target = tmp_path / how
     (shutil.copytree if how == "copy" else shutil.move)(original, target)
     before = _snapshot(original) if how == "copy" else {}
@@ -339,7 +289,7 @@ def test_a_copied_or_moved_run_resumes_where_out_points(random_store: Path, tmp_
 
 def test_resuming_a_complete_run_changes_nothing(random_store: Path, tmp_path: Path) -> None:
     out = tmp_path / "done"
-    run_train(_cfg(random_store, out, "model.variant=prob", "epochs=1"))
+    run_train(train_config(random_store, out, "model.variant=prob", "epochs=1"))
     before = _snapshot(out)
     res = invoke(["train", "--resume", "--out", str(out)])
     assert res.exit_code == 0, res.output
@@ -364,7 +314,7 @@ def _hold_lock(folder: Path):
 def test_a_live_run_refuses_a_second_writer_and_a_dead_ones_lock_is_taken_over(
         random_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "live"
-    _interrupted_run(random_store, out, monkeypatch)
+    interrupted_run(random_store, out, monkeypatch)
     before = _snapshot(out)
     holder = _hold_lock(out)
     try:
@@ -387,8 +337,8 @@ def test_distill_takes_the_lock_too(tmp_path: Path) -> None:
     from dab_pipeline.core.errors import RunLockedError
     from dab_pipeline.stages.distill import DistillConfig, run_distill
 
-    store = _random_store(tmp_path / "store.h5")
-    run_train(_cfg(store, tmp_path / "teacher", "model.variant=dab", "model.steps=2", "epochs=1"))
+    store = make_random_store(tmp_path / "store.h5")
+    run_train(train_config(store, tmp_path / "teacher", "model.variant=dab", "model.steps=2", "epochs=1"))
     (tmp_path / "student").mkdir()
     holder = _hold_lock(tmp_path / "student")
     try:
@@ -403,30 +353,30 @@ def test_starting_over_a_live_run_names_its_process(random_store: Path, tmp_path
     from dab_pipeline.runs.run_folder import RunFolder
 
     out = tmp_path / "busy"
-    run_train(_cfg(random_store, out, "model.variant=prob", "epochs=1"))
+    run_train(train_config(random_store, out, "model.variant=prob", "epochs=1"))
     RunFolder(out).write_status(state="running")  # as a live run's folder reads
     holder = _hold_lock(out)
     try:
         with pytest.raises(TrainingError, match=f"being trained by another process \\(pid {holder.pid}"):
-            run_train(_cfg(random_store, out, "model.variant=prob", "epochs=1"))
+            run_train(train_config(random_store, out, "model.variant=prob", "epochs=1"))
     finally:
         holder.kill()
         holder.wait()
     # a "running" folder nobody holds was left by a killed run: --resume is the way on
     with pytest.raises(TrainingError, match="use --resume"):
-        run_train(_cfg(random_store, out, "model.variant=prob", "epochs=1"))
+        run_train(train_config(random_store, out, "model.variant=prob", "epochs=1"))
 
 
 @pytest.mark.parametrize("suffix", [".zarr", ".h5"])
 def test_an_incomplete_store_is_refused_with_the_command_that_completes_it(tmp_path: Path, suffix: str) -> None:
     from dab_pipeline.core.errors import StoreError
 
-    store = _random_store(tmp_path / f"store{suffix}")
+    store = make_random_store(tmp_path / f"store{suffix}")
     with open_store(store, "a") as st:  # an extraction that stopped: three videos still pending
         st.set_status(np.array([0, 21, 27]), 0)
     out = tmp_path / "run"
     with pytest.raises(StoreError) as err:
-        run_train(_cfg(store, out, "model.variant=prob", "epochs=1"))
+        run_train(train_config(store, out, "model.variant=prob", "epochs=1"))
     msg = str(err.value)
     assert "is incomplete: 3 of 30 videos" in msg and "dab train needs a complete store" in msg
     assert f"dab extract --dataset random --out {store}" in msg and len(msg.splitlines()) == 1
@@ -441,13 +391,13 @@ def test_an_incomplete_store_is_refused_with_the_command_that_completes_it(tmp_p
 def test_non_finite_features_are_blamed_on_the_store_at_load(tmp_path: Path, split: str) -> None:
     from dab_pipeline.core.errors import StoreError
 
-    store = _random_store(tmp_path / "store.h5")
+    store = make_random_store(tmp_path / "store.h5")
     with open_store(store) as st:
         row = int(st.load_split(split).caption_index[1])
     with open_store(store, "a") as st:  # one caption's features broken behind the store's back (its writes refuse NaN)
         st.raw_backend.raw("captions/features")[row] = np.full(st.dim, np.nan, np.float32)
     with pytest.raises(StoreError, match=rf"'{split}' split holds non-finite features .* \(store row {row}\)"):
-        run_train(_cfg(store, tmp_path / "run", "model.variant=prob", "epochs=1"))
+        run_train(train_config(store, tmp_path / "run", "model.variant=prob", "epochs=1"))
     assert not (tmp_path / "run").exists()
 
 
@@ -460,7 +410,7 @@ def test_a_run_on_cuda_trains_and_scores(random_store: Path, tmp_path: Path, amp
     from dab_pipeline.stages.search import load_run
 
     out = tmp_path / f"cuda-{amp}"
-    res = run_train(_cfg(random_store, out, "model.variant=dab", "epochs=2", "device=cuda", f"amp={amp}"))
+    res = run_train(train_config(random_store, out, "model.variant=dab", "epochs=2", "device=cuda", f"amp={amp}"))
     precision = json.loads((out / "precision.json").read_text())
     assert precision["device"]["device"] == "cuda"
     cost = read_costs(res.costs_path).cost
@@ -478,7 +428,7 @@ def test_a_bare_resume_keeps_every_non_default_value(random_store: Path, tmp_pat
     args = ["train", "--features", random_store, "--variant", "dab", "--steps", "2", "--epochs", "2", "--batch-size",
             "4", "--seed", "3", "--out", out, "--quiet", "--set", "lr=2e-3", "--set", "model.drift_hidden=16",
             "--set", "model.time_embed_dim=8", "--set", "checkpoint_every=1"]
-    restore = _patch_loss(monkeypatch, _interrupt_at(13))  # in the second epoch (40 captions: 10 steps of 4)
+    restore = patch_loss(monkeypatch, interrupt_at(13))  # in the second epoch (40 captions: 10 steps of 4)
     res = invoke(args)
     restore()
     assert res.exit_code == 130, res.output
@@ -501,9 +451,9 @@ def test_a_control_named_as_the_variant_is_todays_combination_of_keys(random_sto
     from dab_pipeline.stages.train import build_train_config
 
     out = tmp_path / "run"
-    today = build_train_config(random_store, out, overrides=[*SMALL, *old])
-    assert build_train_config(random_store, out, options={"model.variant": control}, overrides=SMALL) == today
-    assert build_train_config(random_store, out, overrides=[*SMALL, f"variant={control}"]) == today
+    today = build_train_config(random_store, out, overrides=[*SMALL_TRAIN, *old])
+    assert build_train_config(random_store, out, options={"model.variant": control}, overrides=SMALL_TRAIN) == today
+    assert build_train_config(random_store, out, overrides=[*SMALL_TRAIN, f"variant={control}"]) == today
     assert build_train_config(random_store, None, options={"model.variant": control}).out.name.endswith(control)
 
 
@@ -513,13 +463,13 @@ def test_a_control_run_made_the_old_way_loads_and_resumes_under_its_name(random_
     from dab_pipeline.stages.train import build_train_config
 
     out = tmp_path / "old"
-    sets = [x for s in SMALL for x in ("--set", s)]
+    sets = [x for s in SMALL_TRAIN for x in ("--set", s)]
     res = invoke(["train", "--features", random_store, "--variant", "dab", "--set", "model.drift=constant",
                   "--epochs", "1", "--out", out, "--quiet", *sets], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     saved = json.loads((out / "config.json").read_text())["model"]
     assert (saved["variant"], saved["drift"]) == ("dab", "constant")  # the form old runs have
-    named = build_train_config(random_store, out, options={"model.variant": "dab-const", "epochs": 1}, overrides=SMALL)
+    named = build_train_config(random_store, out, options={"model.variant": "dab-const", "epochs": 1}, overrides=SMALL_TRAIN)
     assert RunFolder(out).load_config(TrainConfig) == named
     res = invoke(["train", "--resume", "--out", out, "--variant", "dab-const", "--quiet"])
     assert res.exit_code == 0, res.output

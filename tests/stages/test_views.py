@@ -17,7 +17,7 @@ from dab_pipeline.stages.train import TrainConfig, epoch_views, resolve_train_co
 from dab_pipeline.store import open_store
 
 from dab_pipeline.testing import random_store
-from ..runner import invoke
+from ..helpers.runner import invoke
 
 SMALL = ["model.drift_hidden=16", "model.time_embed_dim=8", "model.steps=2", "batch_size=8", "lr=3e-3",
          "model.variant=dab", "epochs=3", "checkpoint_every=1"]
@@ -150,11 +150,11 @@ def test_training_uses_the_views_and_scores_on_the_eval_view(tmp_path: Path, mon
 
 @pytest.mark.slow
 def test_resume_with_views_equals_uninterrupted(tmp_path: Path, monkeypatch) -> None:
-    from .test_train import _interrupt_at, _patch_loss
+    from ..helpers.training import interrupt_at, patch_loss
 
     store = _view_store(tmp_path / "s.h5")
     run_train(_cfg(store, tmp_path / "a"))
-    restore = _patch_loss(monkeypatch, _interrupt_at(4))
+    restore = patch_loss(monkeypatch, interrupt_at(4))
     with pytest.raises(KeyboardInterrupt):
         run_train(_cfg(store, tmp_path / "b"))
     restore()

@@ -1,3 +1,5 @@
+"""The demo dataset of video/synthetic.py: its layout, splits, captions and colours, determinism, speed."""
+
 from __future__ import annotations
 
 import csv
@@ -5,20 +7,12 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import av
 import numpy as np
 import pytest
 
 from dab_pipeline.datasets import load_dataset
 from dab_pipeline.core.errors import ConfigError
-from dab_pipeline.video.synthetic import (
-    PALETTE,
-    index_frame,
-    make_demo_dataset,
-    read_frame_index,
-    write_corrupt_video,
-    write_index_video,
-)
+from dab_pipeline.video.synthetic import PALETTE, make_demo_dataset
 from dab_pipeline.video import decode_video, sample_frame_indices
 
 
@@ -39,34 +33,6 @@ def _dominant_colours(frames: np.ndarray) -> frozenset[str]:
         median = np.median(frame.reshape(-1, 3).astype(np.float32), axis=0)  # (3,), ignores the small square
         seen.add(min(palette, key=lambda n: float(np.abs(palette[n] - median).sum())))
     return frozenset(seen)
-
-
-def test_index_frame_round_trip_in_memory() -> None:
-    for i in [0, 1, 2, 7, 255, 1000, 65535]:
-        assert read_frame_index(index_frame(i, (32, 24))) == i
-    # Reading uses relative block positions, so an aspect-preserving resize keeps the value.
-    big = index_frame(12345, (64, 48))  # (48, 64, 3)
-    assert read_frame_index(big[::2, ::2]) == 12345
-    with pytest.raises(ValueError):
-        index_frame(1 << 16)
-
-
-def test_index_video_frames_read_back_exactly(tmp_path: Path) -> None:
-    path = write_index_video(tmp_path / "idx.mp4", 40, size=(32, 24))
-    with av.open(str(path)) as container:
-        frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]  # N x (H, W, 3)
-    assert len(frames) == 40
-    assert frames[0].shape == (24, 32, 3)
-    assert [read_frame_index(f) for f in frames] == list(range(40))
-
-
-def test_write_corrupt_video_kinds(tmp_path: Path) -> None:
-    garbage = write_corrupt_video(tmp_path / "g.mp4")
-    empty = write_corrupt_video(tmp_path / "e.mp4", kind="empty")
-    assert garbage.suffix == ".mp4" and garbage.stat().st_size == 4096
-    assert empty.stat().st_size == 0
-    with pytest.raises(ValueError):
-        write_corrupt_video(tmp_path / "x.mp4", kind="nope")
 
 
 def test_demo_dataset_layout_and_splits(demo_dataset: Path) -> None:

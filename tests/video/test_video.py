@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from dab_pipeline.core.errors import ConfigError, VideoDecodeError
-from dab_pipeline.video.synthetic import read_frame_index, write_corrupt_video
 from dab_pipeline.video import DecodedVideo, decode_video, resized_shape, sample_frame_indices
+
+from ..helpers.videos import read_frame_index, write_corrupt_video
 
 BACKENDS = ["pyav", "pyav-seek", "decord"]
 

@@ -12,16 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dab_pipeline.video.synthetic import (
-    VIDEO_FORMATS,
-    damage_video,
-    read_frame_index,
-    truncate_file,
-    write_index_video,
-)
+from dab_pipeline.video.synthetic import VIDEO_FORMATS
 from dab_pipeline.video import decode_video, sample_frame_indices
 from dab_pipeline.video.pyav_decoder import StreamInfo, probe_video, shortfall_warning
 from dab_pipeline.video.reference import read_every_frame
+
+from ..helpers.videos import damage_video, read_frame_index, truncate_file, write_index_video
 
 N = 150  # frames per generated clip: several GOPs of every format
 

@@ -23,7 +23,8 @@ from .output import console, metric_table, v2t_label
 @click.option("--out", type=PATH, default=None, help="Where to write metrics.json, report.md and plots.")
 @click.option("--postprocess", type=click.Choice(POSTPROCESS), default="none", show_default=True,
               help="Optional post-processing: dual softmax (dsl) or inverted softmax (is); labelled in outputs.")
-@click.option("--temperature", type=float, default=0.01, show_default=True, help="Post-processing temperature.")
+@click.option("--temperature", "postprocess_temperature", type=float, default=0.01, show_default=True,
+              help="Softmax temperature of --postprocess dsl / is (not the model's PAC temperature).")
 @click.option("--v2t", "v2t", type=click.Choice(V2T_CONVENTIONS), default="videos", show_default=True,
               help="Video-to-text with several captions per video: rank the other videos by their best caption "
                    "(X-Pool, CLIP4Clip), or every caption of every other video (stricter). Labelled in outputs.")
@@ -32,13 +33,15 @@ from .output import console, metric_table, v2t_label
                    "range, failures included); 0: no page.")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
 @click.option("--json", "as_json", is_flag=True, help="Print metrics.json to stdout instead of tables.")
-def evaluate(run, costs, features, out, postprocess, temperature, v2t, examples, no_plots, as_json) -> None:
+def evaluate(run, costs, features, out, postprocess, postprocess_temperature, v2t, examples, no_plots,
+             as_json) -> None:
     """Retrieval metrics, uncertainty diagnostics and reports for a run (or any cost file)."""
     from ...stages.evaluate import EvaluateConfig, run_evaluate  # deferred: `dab --help` must not import torch
 
     try:
         cfg = EvaluateConfig(run=run, costs=costs, features=features, out=out, postprocess=postprocess,
-                             temperature=temperature, v2t=v2t, examples=examples, plots=not no_plots)
+                             postprocess_temperature=postprocess_temperature, v2t=v2t, examples=examples,
+                             plots=not no_plots)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     with RichProgress(quiet=True) as prog:
@@ -70,7 +73,7 @@ def evaluate(run, costs, features, out, postprocess, temperature, v2t, examples,
     nb = res.get("neighbourhood")
     if nb:
         con.print(f"semantic positives in top-{nb['topk']} (model / random): " + ", ".join(
-            f"tau {r['tau']}: {r['model']:.2f} / {r['random']:.2f}" for r in nb["rows"]))
+            f"cosine >= {r['tau']}: {r['model']:.2f} / {r['random']:.2f}" for r in nb["rows"]))
     con.print("wrote " + ", ".join(res.get("files", {}).values()))
 
 

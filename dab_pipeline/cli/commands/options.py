@@ -51,3 +51,22 @@ def typed(ctx: click.Context, name: str) -> bool:
 def typed_values(ctx: click.Context, keys: Mapping[str, str]) -> dict[str, Any]:
     """``{config key: value}`` of the typed parameters among ``keys`` (config key -> parameter name)."""
     return {key: ctx.params[name] for key, name in keys.items() if typed(ctx, name)}
+
+
+def former_spelling(old: str, **attrs: Any):
+    """A hidden option ``old`` (default None), the former spelling of another kept so scripts keep working; the
+    command passes its value to :func:`one_spelling`. Its Python name is ``old`` without dashes, ``former_``
+    in front (``--topk`` -> ``former_topk``)."""
+    return click.option(old, "former_" + old.lstrip("-").replace("-", "_"), default=None, hidden=True, **attrs)
+
+
+def one_spelling(ctx: click.Context, name: str, spelling: str, old: str, former: Any) -> Any:
+    """The value of the parameter ``name`` (spelt ``spelling``), taken from its former spelling ``old`` when that
+    was given, with one deprecation line on stderr; both given is a usage error."""
+    if former is None:
+        return ctx.params[name]
+    if typed(ctx, name):
+        raise click.UsageError(f"{old} is the former spelling of {spelling}: give {spelling} only")
+    click.echo(f"warning: {old} is deprecated, use {spelling} (the same option; {old} goes in a later release)",
+               err=True)
+    return former

@@ -9,6 +9,7 @@ import click
 
 from ...core.choices import SCORE_DTYPES
 from .. import cli
+from .options import former_spelling, one_spelling
 
 _EXISTING = click.Path(path_type=Path, exists=True)
 
@@ -18,7 +19,10 @@ _EXISTING = click.Path(path_type=Path, exists=True)
 @click.option("--run", "run_dir", type=_EXISTING, required=True, help="Run folder written by `dab train` (its best.pt is used).")
 @click.option("--features", type=_EXISTING, required=True, help="Feature store whose videos are searched.")
 @click.option("--split", default="test", show_default=True, help="Split of the store to search.")
-@click.option("--topk", "-k", type=int, default=10, show_default=True, help="Videos listed per query.")
+@click.option("-k", "--k", "k", type=int, default=10, show_default=True,
+              help="Videos listed per query (as `dab serve -k` and the HTTP API's k; --topk, its former spelling, "
+                   "still works with a deprecation line).")
+@former_spelling("--topk", type=int)
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
 @click.option("--dtype", type=click.Choice(SCORE_DTYPES), default="float32", show_default=True,
               help="Precision of the bridge's matrix products (bfloat16: several times faster where the device "
@@ -38,22 +42,24 @@ _EXISTING = click.Path(path_type=Path, exists=True)
               help="Also write a self-contained page with each query's top-k as thumbnails (from the store), "
                    "costs, the confidence and a plot of its costs over every video.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-def search(queries, run_dir, features, split, topk, device, dtype, index_dir, shortlist, nprobe, descriptions, html,
-           as_json) -> None:
+@click.pass_context
+def search(ctx, queries, run_dir, features, split, k, former_topk, device, dtype, index_dir, shortlist, nprobe,
+           descriptions, html, as_json) -> None:
     """Top-k videos of a store for each QUERY, with costs and the top-1/top-2 margin.
 
     The query is encoded with the store's own CLIP model, so its weights must be
     available here (the open_clip cache or the local file the store recorded).
     """
+    k = one_spelling(ctx, "k", "-k/--k", "--topk", former_topk)
     from ...stages.search import load_descriptions  # deferred: `dab --help` must not import torch
     from ...stages.search import search as run_search  # deferred: `dab --help` must not import torch
 
     about = load_descriptions(descriptions) if descriptions else {}
-    results = run_search(run_dir, features, list(queries), topk=topk, split=split, device=device,
+    results = run_search(run_dir, features, list(queries), topk=k, split=split, device=device,
                          dtype=dtype, shortlist=shortlist, index=index_dir, nprobe=nprobe,
                          warn=lambda message: click.echo(f"warning: {message}", err=True))
     if html is not None:
-        page = _write_page(html, results, features, run_dir, about, topk)
+        page = _write_page(html, results, features, run_dir, about, k)
         click.echo(f"wrote {page}", err=True)
     if as_json:
         payload = [{"query": r.query, "margin": r.margin,

@@ -10,7 +10,7 @@ import click
 
 from ...core.choices import SCORE_DTYPES
 from .. import cli
-from .options import EXISTING, FINITE_FLOAT
+from .options import EXISTING, FINITE_FLOAT, former_spelling, one_spelling
 
 
 @cli.command()
@@ -22,7 +22,10 @@ from .options import EXISTING, FINITE_FLOAT
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
               help="Port to listen on (0: any free port, printed when serving).")
-@click.option("--k", "k", type=int, default=10, show_default=True, help="Videos a query returns by default.")
+@click.option("-k", "--k", "k", type=int, default=10, show_default=True,
+              help="Videos a query returns by default (the HTTP API's k; as `dab search -k`; --topk also works, "
+                   "with a deprecation line).")
+@former_spelling("--topk", type=int)
 @click.option("--shortlist", type=int, default=None,
               help="Videos re-ranked a query (with --index: default 100; without: every video).")
 @click.option("--abstain-below", type=FINITE_FLOAT, default=None,
@@ -34,12 +37,14 @@ from .options import EXISTING, FINITE_FLOAT
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:N or auto.")
 @click.option("--dtype", type=click.Choice(SCORE_DTYPES), default="auto", show_default=True,
               help="Precision of the re-ranking (auto: bf16 where the device has it natively).")
-def serve(run_dir, features, index_dir, split, host, port, k, shortlist, abstain_below, descriptions, threads,
-          device, dtype) -> None:
+@click.pass_context
+def serve(ctx, run_dir, features, index_dir, split, host, port, k, former_topk, shortlist, abstain_below, descriptions,
+          threads, device, dtype) -> None:
     """Serve a search page (/) and a JSON API (/search?q=...&k=10) over a run and a store.
 
     One worker; the run, the store's CLIP and the index are loaded once.
     """
+    k = one_spelling(ctx, "k", "-k/--k", "--topk", former_topk)
     try:
         import uvicorn
     except ImportError:

@@ -1,4 +1,9 @@
-"""EvaluateConfig: what `dab evaluate` reads, computes and writes."""
+"""EvaluateConfig: what `dab evaluate` reads, computes and writes.
+
+Two of its fields were named after the model's PAC temperature until issue 35: ``temperature`` is
+``postprocess_temperature`` (the softmax temperature of ``--postprocess dsl|is``) and ``taus`` is
+``cosine_thresholds`` (the neighbourhood diagnostic's). The old names still work, with a DeprecationWarning,
+for one release."""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from ...core.choices import POSTPROCESS, V2T_CONVENTIONS
+from ...core.deprecation import renamed_keywords, warn_renamed
 from ...core.errors import ConfigError
 
 
@@ -20,8 +26,9 @@ class EvaluateConfig:
     # several captions per video: rank the other videos by their best caption (X-Pool, CLIP4Clip) or
     # every caption ("captions"); labelled in metrics.json and the report
     v2t: str = "videos"
-    temperature: float = 0.01  # of the post-processing softmax, on similarities = -cost
-    taus: tuple[float, ...] = (0.6, 0.7, 0.8, 0.9)
+    postprocess_temperature: float = 0.01  # of the post-processing softmax, on similarities = -cost
+    # the neighbourhood diagnostic: a video is a semantic positive when its cosine to the ground truth is >= one
+    cosine_thresholds: tuple[float, ...] = (0.6, 0.7, 0.8, 0.9)
     topk: int = 10
     seed: int = 0
     plots: bool = True
@@ -34,9 +41,25 @@ class EvaluateConfig:
             raise ConfigError(f"postprocess must be one of {', '.join(POSTPROCESS)}, got {self.postprocess!r}")
         if self.v2t not in V2T_CONVENTIONS:
             raise ConfigError(f"v2t must be one of {', '.join(V2T_CONVENTIONS)}, got {self.v2t!r}")
-        if self.temperature <= 0:
-            raise ConfigError(f"temperature must be > 0, got {self.temperature}")
+        if self.postprocess_temperature <= 0:
+            raise ConfigError(f"the post-processing temperature must be > 0, got {self.postprocess_temperature}")
         if self.examples < 0:
             raise ConfigError(f"examples must be >= 0, got {self.examples}")
         if self.topk < 1:
             raise ConfigError(f"topk must be >= 1, got {self.topk}")
+
+    @property
+    def temperature(self) -> float:
+        """Deprecated: :attr:`postprocess_temperature`."""
+        warn_renamed("EvaluateConfig.temperature", "EvaluateConfig.postprocess_temperature")
+        return self.postprocess_temperature
+
+    @property
+    def taus(self) -> tuple[float, ...]:
+        """Deprecated: :attr:`cosine_thresholds`."""
+        warn_renamed("EvaluateConfig.taus", "EvaluateConfig.cosine_thresholds")
+        return self.cosine_thresholds
+
+
+EvaluateConfig.__init__ = renamed_keywords(  # type: ignore[method-assign]
+    temperature="postprocess_temperature", taus="cosine_thresholds")(EvaluateConfig.__init__)

@@ -61,7 +61,8 @@ def run_evaluate(cfg: EvaluateConfig, progress: ProgressCallback = null_progress
     }
     # Post-processing changes the retrieval metrics only (and is labelled there);
     # the uncertainty diagnostics always read the model's own costs.
-    results.update(M.evaluate_all(cost, gt, postprocess=cfg.postprocess, temperature=cfg.temperature,
+    results.update(M.evaluate_all(cost, gt, postprocess=cfg.postprocess,
+                                   postprocess_temperature=cfg.postprocess_temperature,
                                    v2t_convention=cfg.v2t))
     sel = M.selective_report(cost, gt)
     curves = sel.pop("curves", None) if isinstance(sel, dict) else None
@@ -129,7 +130,8 @@ def _store_diagnostics(results: dict[str, Any], cfg: EvaluateConfig, cm: CostMat
         topk = min(cfg.topk, cost.shape[1])
         if topk < cfg.topk:
             progress(Event("warning", message=f"neighbourhood: only {cost.shape[1]} videos, using top-{topk}"))
-        results["neighbourhood"] = M.semantic_neighbourhood(cost, gt, feats, taus=cfg.taus, topk=topk, seed=cfg.seed)
+        results["neighbourhood"] = M.semantic_neighbourhood(cost, gt, feats, cosine_thresholds=cfg.cosine_thresholds,
+                                                              topk=topk, seed=cfg.seed)
     elif store_path is not None:
         progress(Event("warning", message=f"store {store_path} not found: skipping the neighbourhood diagnostic"))
     if cfg.run is not None and RunFolder(cfg.run).is_run():

@@ -197,7 +197,7 @@ def stored_options(out: Path) -> dict[str, Any]:
     return values
 
 
-def build_manifest(cfg: ExtractConfig, bundle, index, world_size: int = 1,
+def build_manifest(cfg: ExtractConfig, bundle, catalogue, world_size: int = 1,
                    device: "str | torch.device" = "cpu") -> dict[str, Any]:
     desc = bundle.describe()
     return {
@@ -229,10 +229,10 @@ def build_manifest(cfg: ExtractConfig, bundle, index, world_size: int = 1,
         "store_dtype": cfg.store_dtype,
         "trainable_blocks": cfg.trainable_blocks,
         "features": "projected CLIP features, not L2-normalised",
-        "dataset": index.name,
-        "dataset_options": {k: v for k, v in sorted(index.options.items()) if k != "warnings"},
-        "annotation_files": [str(p) for p in index.annotation_files],
-        "annotation_sha256": {Path(p).name: sha256_file(Path(p)) for p in index.annotation_files},
+        "dataset": catalogue.name,
+        "dataset_options": {k: v for k, v in sorted(catalogue.options.items()) if k != "warnings"},
+        "annotation_files": [str(p) for p in catalogue.annotation_files],
+        "annotation_sha256": {Path(p).name: sha256_file(Path(p)) for p in catalogue.annotation_files},
         **({"thumbnails": THUMBNAIL_NOTE} if cfg.thumbnails else {}),
         **({"train_views": cfg.train_views, "train_view_transform": VIEW_TRANSFORM,
             "train_view_split": "train"} if cfg.train_views else {}),

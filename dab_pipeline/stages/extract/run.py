@@ -43,7 +43,7 @@ def run_extract(cfg: ExtractConfig, progress: ProgressCallback = null_progress,
     if not ctx.is_main:
         progress = null_progress  # one progress display: rank 0's
     out = Path(cfg.out)
-    index, videos, captions, missing = _load_index(cfg, progress)
+    catalogue, videos, captions, missing = _load_catalogue(cfg, progress)
     resumed = None if cfg.overwrite else out
     cfg = dataclasses.replace(cfg, compute_dtype=resolve_compute_dtype(cfg.compute_dtype, ctx.device, resumed,
                                                                        progress))
@@ -51,7 +51,7 @@ def run_extract(cfg: ExtractConfig, progress: ProgressCallback = null_progress,
     bundle = ctx.main_first(lambda: load_clip(cfg.model, cfg.pretrained, device=ctx.device, dtype=cfg.compute_dtype))
     for w in getattr(bundle, "warnings", []) or []:
         progress(Event("warning", message=str(w)))
-    manifest = build_manifest(cfg, bundle, index, world_size=ctx.world_size, device=ctx.device)
+    manifest = build_manifest(cfg, bundle, catalogue, world_size=ctx.world_size, device=ctx.device)
     if ctx.world_size > 1:
         progress(Event("info", message=f"distributed extraction: {ctx.world_size} processes"))
 
@@ -165,19 +165,19 @@ def _store_errors(out: Path):
         raise StoreError(f"cannot write {out}: {exc.strerror or exc}; {hint}") from None
 
 
-def _load_index(cfg: ExtractConfig, progress: ProgressCallback):
+def _load_catalogue(cfg: ExtractConfig, progress: ProgressCallback):
     """The dataset's videos and captions (``--limit`` applied) and the ids missing on disk."""
-    index = load_dataset(cfg.dataset, cfg.videos, cfg.annotations, **parse_options(cfg.dataset_options))
-    for w in index.options.get("warnings", []) or []:
+    catalogue = load_dataset(cfg.dataset, cfg.videos, cfg.annotations, **parse_options(cfg.dataset_options))
+    for w in catalogue.options.get("warnings", []) or []:
         progress(Event("warning", message=str(w)))
-    videos = list(index.videos)
-    captions = list(index.captions)
+    videos = list(catalogue.videos)
+    captions = list(catalogue.captions)
     if cfg.limit is not None:
         videos = videos[: cfg.limit]
         keep = {v.video_id for v in videos}
         captions = [c for c in captions if c.video_id in keep]
-    missing = set(index.missing) & {v.video_id for v in videos}
+    missing = set(catalogue.missing) & {v.video_id for v in videos}
     if missing:
         first = ", ".join(sorted(missing)[:5])
         progress(Event("warning", message=f"{len(missing)} listed videos are missing on disk (first: {first}); recorded in the store"))
-    return index, videos, captions, missing
+    return catalogue, videos, captions, missing
