@@ -49,8 +49,13 @@ def cost_error(run_dir: Path, store: Path) -> dict[str, float]:
     with torch.no_grad():
         scale = float(model.tau()) if model.cfg.probabilistic else 1.0 / float(model.log_logit_scale.exp())
     same = float((low.argmin(1) == ref.argmin(1)).float().mean())
-    return {"max_abs": float(diff.max()), "max_rel": float((diff / ref.abs().clamp_min(1e-6)).max()),
-            "max_logits": float(diff.max()) / scale, "mean_abs_cost": float(ref.abs().mean()), "same_top1": same}
+    return {
+        "max_abs": float(diff.max()),
+        "max_rel": float((diff / ref.abs().clamp_min(1e-6)).max()),
+        "max_logits": float(diff.max()) / scale,
+        "mean_abs_cost": float(ref.abs().mean()),
+        "same_top1": same,
+    }
 
 
 def mean_std(values: list[float]) -> str:
@@ -67,23 +72,31 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     caps = capabilities("cpu")
     print(f"capabilities: {caps.summary()}")
-    stores = Q.build(*Q.world_of(args.world, []), args.data_dir, need_k2=any(Q.VARIANTS[v][0] == "k2" for v in args.variants),
-                     workers=2)
+    stores = Q.build(
+        *Q.world_of(args.world, []),
+        args.data_dir,
+        need_k2=any(Q.VARIANTS[v][0] == "k2" for v in args.variants),
+        workers=2,
+    )
     runs_dir = args.data_dir / f"runs-{args.world}-amp"
     out: dict[str, Any] = {"capabilities": caps.as_dict(), "rows": {}, "cost_error": {}}
     print("\n| variant | amp | t2v R@1 | t2v MnR | seconds |\n| --- | --- | ---: | ---: | ---: |")
     for variant in args.variants:
         for amp in ("none", "bf16"):
-            rows = [Q.row_values(Q.one_run(variant, s, stores, runs_dir / amp, args.epochs, [f"amp={amp}"]))
-                    for s in args.seeds]
+            rows = [
+                Q.row_values(Q.one_run(variant, s, stores, runs_dir / amp, args.epochs, [f"amp={amp}"]))
+                for s in args.seeds
+            ]
             r1, mnr, sec = ([r[k] for r in rows] for k in ("t2v R@1", "t2v MnR", "seconds"))
             out["rows"][f"{variant}/{amp}"] = {"R@1": r1, "MnR": mnr, "seconds": sec}
             print(f"| {variant} | {amp} | {mean_std(r1)} | {mean_std(mnr)} | {mean_std(sec)} |", flush=True)
         out["cost_error"][variant] = cost_error(runs_dir / "none" / f"{variant}-seed{args.seeds[0]}", stores["frozen"])
     print("\nthe float32-trained model's test costs under bf16 autocast (costs and loss in float32):")
     for variant, e in out["cost_error"].items():
-        print(f"  {variant}: max |diff| {e['max_abs']:.3g} ({e['max_logits']:.3g} logits; mean |cost| "
-              f"{e['mean_abs_cost']:.3g}), max relative {e['max_rel']:.2e}, same top-1 {100 * e['same_top1']:.1f}%")
+        print(
+            f"  {variant}: max |diff| {e['max_abs']:.3g} ({e['max_logits']:.3g} logits; mean |cost| "
+            f"{e['mean_abs_cost']:.3g}), max relative {e['max_rel']:.2e}, same top-1 {100 * e['same_top1']:.1f}%"
+        )
     return out
 
 

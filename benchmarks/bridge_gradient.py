@@ -29,7 +29,6 @@ from dab_pipeline.model.losses import contrastive_loss, loss_of
 from dab_pipeline.stages.search import load_run
 from dab_pipeline.store import open_store
 
-
 READOUT = "pair part a linear readout of the drift's features predicts (held out)"
 
 
@@ -63,8 +62,8 @@ def gradient_shares(model, text, frames, mask, batches: int, batch: int, seed: i
         e = g - m - a[:, None] - b[None]  # (B, B, D) the pair part
         r = (terms.video_mu - ts.mu[:, None]).detach().double().numpy()  # (B, B, D) residual mu_v - mu_t
         r /= np.maximum(np.linalg.norm(r, axis=-1, keepdims=True), 1e-12)
-        along = ((e * r).sum(-1, keepdims=True) * r)  # projection on the pair's own residual
-        aligned.append(float((along ** 2).sum() / max((e ** 2).sum(), 1e-30)))
+        along = (e * r).sum(-1, keepdims=True) * r  # projection on the pair's own residual
+        aligned.append(float((along**2).sum() / max((e**2).sum(), 1e-30)))
         feats.append(seen[0].double().numpy().reshape(-1, seen[0].shape[-1]))  # (B*B, H) at the first step
         targets.append(e.reshape(-1, e.shape[-1]))  # (B*B, D)
         model.zero_grad(set_to_none=True)
@@ -86,7 +85,7 @@ def heldout_r2(feats: list[np.ndarray], targets: list[np.ndarray], ridge: float 
     gram = x_fit.T @ x_fit
     w = np.linalg.solve(gram + ridge * np.trace(gram) / len(gram) * np.eye(len(gram)), x_fit.T @ y_fit)
     resid = y_test - x_test @ w
-    return float(1.0 - (resid ** 2).sum() / max((y_test ** 2).sum(), 1e-30))
+    return float(1.0 - (resid**2).sum() / max((y_test**2).sum(), 1e-30))
 
 
 def main(argv: Optional[list[str]] = None) -> dict:
@@ -112,12 +111,15 @@ def main(argv: Optional[list[str]] = None) -> dict:
         at_zero = gradient_shares(run.model, text, frames, mask, args.batches, cfg.batch_size)
         results[str(run_dir)] = {"trained": trained, "drift output zeroed": at_zero}
         for name, r in results[str(run_dir)].items():
-            print(f"{run_dir} ({name}): dL/d(bridged mu) is {100 * r['constant']:.1f} % common to every pair, "
-                  f"{100 * r['text']:.1f} % text, {100 * r['video']:.1f} % video, {100 * r['interaction']:.1f} % "
-                  f"pair; of the pair part {100 * r['pair part along mu_v - mu_t']:.1f} % lies along mu_v - mu_t; "
-                  f"dL/d(bridged logvar): {100 * r['logvar constant']:.1f} % common, {100 * r['logvar interaction']:.1f} "
-                  f"% pair; a linear readout of the drift's features predicts {100 * r[READOUT]:.1f} % of the "
-                  "pair part on held-out batches", flush=True)
+            print(
+                f"{run_dir} ({name}): dL/d(bridged mu) is {100 * r['constant']:.1f} % common to every pair, "
+                f"{100 * r['text']:.1f} % text, {100 * r['video']:.1f} % video, {100 * r['interaction']:.1f} % "
+                f"pair; of the pair part {100 * r['pair part along mu_v - mu_t']:.1f} % lies along mu_v - mu_t; "
+                f"dL/d(bridged logvar): {100 * r['logvar constant']:.1f} % common, {100 * r['logvar interaction']:.1f} "
+                f"% pair; a linear readout of the drift's features predicts {100 * r[READOUT]:.1f} % of the "
+                "pair part on held-out batches",
+                flush=True,
+            )
     print(json.dumps(results))
     return results
 

@@ -51,8 +51,22 @@ SETTINGS: dict[str, list[str]] = {
     "residual": DAB + ["model.drift_inputs=residual"],  # mu_v - mu_t as one more input of the drift
 }
 REFERENCES = ("dab", "dab-const", "prob", "dab-const-long", "prob-long")
-COLUMNS = ["train loss", "val R@1", "const R@1", "same top-1", "claim mAP", "claim nDCG@10", "claim P@1", "pair-dep mu", "pair-dep logvar",
-           "pair part mu", "var text", "var bridge", "var video", "seconds"]  # seconds: training
+COLUMNS = [
+    "train loss",
+    "val R@1",
+    "const R@1",
+    "same top-1",
+    "claim mAP",
+    "claim nDCG@10",
+    "claim P@1",
+    "pair-dep mu",
+    "pair-dep logvar",
+    "pair part mu",
+    "var text",
+    "var bridge",
+    "var video",
+    "seconds",
+]  # seconds: training
 
 
 def setting_values(name: str, steps: int) -> dict[str, Any]:
@@ -61,20 +75,31 @@ def setting_values(name: str, steps: int) -> dict[str, Any]:
     return {**Q.RECIPE, **dict(s.split("=", 1) for s in sets), "test_split": "val", "select_metric": "last"}
 
 
-def train_settings(names: list[str], seeds: list[int], stores: dict[str, Path], runs_dir: Path, steps: int,
-                   extra: list[str]) -> None:
+def train_settings(
+    names: list[str], seeds: list[int], stores: dict[str, Path], runs_dir: Path, steps: int, extra: list[str]
+) -> None:
     """Every setting and seed through `dab sweep`'s driver (runs_dir is a cache: done runs are reused)."""
-    plan = SweepPlan(name="bridge-study", rows=tuple(SweepRow(n, setting_values(n, steps)) for n in names),
-                     seeds=tuple(seeds))
-    res = run_sweep(SweepConfig(features=stores["frozen"], out=runs_dir, plan=plan, overrides=tuple(extra),
-                                layout="{row}-seed{seed}", cache=True),
-                    progress=lambda e: Q.log(e.message) if e.kind in ("info", "warning") else None)
+    plan = SweepPlan(
+        name="bridge-study", rows=tuple(SweepRow(n, setting_values(n, steps)) for n in names), seeds=tuple(seeds)
+    )
+    res = run_sweep(
+        SweepConfig(
+            features=stores["frozen"],
+            out=runs_dir,
+            plan=plan,
+            overrides=tuple(extra),
+            layout="{row}-seed{seed}",
+            cache=True,
+        ),
+        progress=lambda e: Q.log(e.message) if e.kind in ("info", "warning") else None,
+    )
     if res.failed:
         raise SystemExit("runs failed: " + "; ".join(f"{k}: {v}" for k, v in res.failed.items()))
 
 
-def run_setting(name: str, seed: int, runs_dir: Path, stores: dict[str, Path], truth: "C.Truth"
-                ) -> tuple[dict[str, Optional[float]], dict[str, np.ndarray]]:
+def run_setting(
+    name: str, seed: int, runs_dir: Path, stores: dict[str, Path], truth: "C.Truth"
+) -> tuple[dict[str, Optional[float]], dict[str, np.ndarray]]:
     """One finished run of a setting: its row values and claim queries."""
     out = runs_dir / f"{name}-seed{seed}"
     res = json.loads((out / "metrics.json").read_text())
@@ -84,15 +109,25 @@ def run_setting(name: str, seed: int, runs_dir: Path, stores: dict[str, Path], t
     bridge = res.get("bridge") or {}
     share, parts = bridge.get("pair_dependent_share", {}), bridge.get("decomposition", {}).get("mu", {})
     var = (res.get("variance") or {}).get("mean", {})
-    pct = (lambda v: None if v is None else 100 * v)
+    pct = lambda v: None if v is None else 100 * v
     ctrl = bridge.get("constant_control") or {}
     log_lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    row = {"train loss": log_lines[-1]["train_loss"], "val R@1": res["t2v"]["R@1"], "const R@1": ctrl.get("R@1"), "same top-1": ctrl.get("same_top1"),
-           "claim mAP": 100 * queries["AP"].mean(), "claim nDCG@10": 100 * queries["nDCG@10"].mean(),
-           "claim P@1": 100 * queries["P@1"].mean(), "pair-dep mu": pct(share.get("mu")),
-           "pair-dep logvar": pct(share.get("logvar")), "pair part mu": pct(parts.get("interaction")),
-           "var text": var.get("text"), "var bridge": var.get("bridge"), "var video": var.get("video"),
-           "seconds": sum(float(r.get("epoch_seconds") or 0.0) for r in log_lines)}
+    row = {
+        "train loss": log_lines[-1]["train_loss"],
+        "val R@1": res["t2v"]["R@1"],
+        "const R@1": ctrl.get("R@1"),
+        "same top-1": ctrl.get("same_top1"),
+        "claim mAP": 100 * queries["AP"].mean(),
+        "claim nDCG@10": 100 * queries["nDCG@10"].mean(),
+        "claim P@1": 100 * queries["P@1"].mean(),
+        "pair-dep mu": pct(share.get("mu")),
+        "pair-dep logvar": pct(share.get("logvar")),
+        "pair part mu": pct(parts.get("interaction")),
+        "var text": var.get("text"),
+        "var bridge": var.get("bridge"),
+        "var video": var.get("video"),
+        "seconds": sum(float(r.get("epoch_seconds") or 0.0) for r in log_lines),
+    }
     return row, queries
 
 
@@ -133,29 +168,51 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
             rows.setdefault(name, []).append(row)
             per_query.setdefault(name, []).append(queries)
             share = "-" if row["pair-dep mu"] is None else f"{row['pair-dep mu']:.1f} %"
-            Q.log(f"{label} {name} seed {seed}: val R@1 {row['val R@1']:.1f}, claim mAP {row['claim mAP']:.1f}, "
-                  f"pair-dep mu {share} ({row['seconds']:.0f} s)")
-    lines = [f"{label} world, validation split ({len(truth.levels)} claim-aware queries), seeds {args.seeds}, "
-             f"T'={args.steps} for the bridge settings, last epoch", "",
-             "| setting | " + " | ".join(COLUMNS) + " |", "| --- |" + " ---: |" * len(COLUMNS)]
+            Q.log(
+                f"{label} {name} seed {seed}: val R@1 {row['val R@1']:.1f}, claim mAP {row['claim mAP']:.1f}, "
+                f"pair-dep mu {share} ({row['seconds']:.0f} s)"
+            )
+    lines = [
+        f"{label} world, validation split ({len(truth.levels)} claim-aware queries), seeds {args.seeds}, "
+        f"T'={args.steps} for the bridge settings, last epoch",
+        "",
+        "| setting | " + " | ".join(COLUMNS) + " |",
+        "| --- |" + " ---: |" * len(COLUMNS),
+    ]
     for name, rs in rows.items():
         lines.append(f"| {name} | " + " | ".join(cell([r[c] for r in rs], c) for c in COLUMNS) + " |")
     boots = {ref: C.bootstrap_rows(per_query, ref, metrics=("AP",)) for ref in REFERENCES if ref in per_query}
-    lines += ["", "Claim-aware val mAP, difference to each reference (paired bootstrap 95 % interval over queries, "
-                  "seeds pooled; * = excludes 0):", "",
-              "| setting | " + " | ".join(f"- {r}" for r in boots) + " |", "| --- |" + " ---: |" * len(boots)]
+    lines += [
+        "",
+        "Claim-aware val mAP, difference to each reference (paired bootstrap 95 % interval over queries, "
+        "seeds pooled; * = excludes 0):",
+        "",
+        "| setting | " + " | ".join(f"- {r}" for r in boots) + " |",
+        "| --- |" + " ---: |" * len(boots),
+    ]
     for name in rows:
         cells = []
         for ref, boot in boots.items():
             b = boot.get(name, {}).get("AP")
-            cells.append("-" if b is None else
-                         f"{b['diff']:+.1f} [{b['low']:+.1f}, {b['high']:+.1f}]{' *' if b['excludes_zero'] else ''}")
+            cells.append(
+                "-"
+                if b is None
+                else f"{b['diff']:+.1f} [{b['low']:+.1f}, {b['high']:+.1f}]{' *' if b['excludes_zero'] else ''}"
+            )
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     text = "\n".join(lines)
     print(text)
     print(f"\nwall time {(time.time() - t_start) / 60:.1f} min")
-    result = {"world": label, "seeds": args.seeds, "steps": args.steps, "rows": rows, "bootstrap": boots,
-              "recipe": Q.RECIPE, "settings": {n: SETTINGS[n] for n in args.settings}, "machine": Q.machine()}
+    result = {
+        "world": label,
+        "seeds": args.seeds,
+        "steps": args.steps,
+        "rows": rows,
+        "bootstrap": boots,
+        "recipe": Q.RECIPE,
+        "settings": {n: SETTINGS[n] for n in args.settings},
+        "machine": Q.machine(),
+    }
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"study-{label}.md").write_text(text + "\n")

@@ -53,11 +53,22 @@ def eval_store(world_root: Path, out: Path, workers: int, trainable_blocks: Opti
             w.writeheader()
             w.writerows(rows)
     t0 = time.time()
-    res = run_extract(ExtractConfig(dataset="folder", videos=world_root / "videos", annotations=rows_file,
-                                    model="dab-world", pretrained=None, out=out, trainable_blocks=trainable_blocks,
-                                    workers=workers))
-    log(f"eval store {out.name}: {res.videos_ok} encoded, {res.videos_skipped} already there "
-        f"({time.time() - t0:.0f} s, {len(rows)} captions)")
+    res = run_extract(
+        ExtractConfig(
+            dataset="folder",
+            videos=world_root / "videos",
+            annotations=rows_file,
+            model="dab-world",
+            pretrained=None,
+            out=out,
+            trainable_blocks=trainable_blocks,
+            workers=workers,
+        )
+    )
+    log(
+        f"eval store {out.name}: {res.videos_ok} encoded, {res.videos_skipped} already there "
+        f"({time.time() - t0:.0f} s, {len(rows)} captions)"
+    )
     return out
 
 
@@ -88,8 +99,7 @@ def truth(world_root: Path, store: Path, split: str) -> Truth:
         cap_video = np.asarray(sp.caption_video, np.int64)
         texts = [str(st.caption_text[i]) for i in _caption_rows(st, sp)]
     claims, levels = caption_claims(meta, [vids[v] for v in cap_video], texts)
-    t = Truth(levels=np.asarray(levels), relevant=relevance_matrix(claims, [videos[v] for v in vids]),
-              source=cap_video)
+    t = Truth(levels=np.asarray(levels), relevant=relevance_matrix(claims, [videos[v] for v in vids]), source=cap_video)
     np.savez_compressed(cache, levels=t.levels, relevant=t.relevant, source=t.source)
     return t
 
@@ -140,8 +150,13 @@ def run_queries(run_dir: Optional[Path], store: Path, split: str, t: Truth, cach
     t0 = time.time()
     cost, var = score_run(run_dir, store, split)
     rel = M.relevance_metrics(cost, t.relevant, k=10)
-    out = {"AP": rel["AP"], "nDCG@10": rel["nDCG@10"], "P@1": rel["P@1"],
-           "R@1 source": (M.t2v_ranks(cost, t.source) == 1).astype(np.float64), "margin": M.kl_margin(cost)}
+    out = {
+        "AP": rel["AP"],
+        "nDCG@10": rel["nDCG@10"],
+        "P@1": rel["P@1"],
+        "R@1 source": (M.t2v_ranks(cost, t.source) == 1).astype(np.float64),
+        "margin": M.kl_margin(cost),
+    }
     if var is not None:
         out["text_var"] = var
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -155,9 +170,13 @@ def run_queries(run_dir: Optional[Path], store: Path, split: str, t: Truth, cach
 
 def claim_row(per_seed: list[dict[str, np.ndarray]], t: Truth) -> dict[str, Any]:
     """Mean +- std over seeds of every claim-aware number of one row."""
+
     def agg(values: list[float]) -> dict[str, Any]:
-        return {"mean": float(np.mean(values)), "std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
-                "values": [float(v) for v in values]}
+        return {
+            "mean": float(np.mean(values)),
+            "std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
+            "values": [float(v) for v in values],
+        }
 
     row: dict[str, Any] = {}
     for name in PER_QUERY:
@@ -173,8 +192,9 @@ def claim_row(per_seed: list[dict[str, np.ndarray]], t: Truth) -> dict[str, Any]
     return row
 
 
-def bootstrap_rows(per_query: dict[str, list[dict[str, np.ndarray]]], reference: str, metrics=("AP", "nDCG@10", "P@1"),
-                   seed: int = 0) -> dict[str, dict[str, Any]]:
+def bootstrap_rows(
+    per_query: dict[str, list[dict[str, np.ndarray]]], reference: str, metrics=("AP", "nDCG@10", "P@1"), seed: int = 0
+) -> dict[str, dict[str, Any]]:
     """Each row's difference to ``reference`` with a paired bootstrap 95 % interval over queries (seeds pooled)."""
     out: dict[str, dict[str, Any]] = {}
     ref = per_query.get(reference)
@@ -183,15 +203,33 @@ def bootstrap_rows(per_query: dict[str, list[dict[str, np.ndarray]]], reference:
     for name, runs in per_query.items():
         if name == reference:
             continue
-        out[name] = {m: M.paired_bootstrap(100 * np.stack([r[m] for r in runs]), 100 * np.stack([r[m] for r in ref]),
-                                           seed=seed) for m in metrics}
+        out[name] = {
+            m: M.paired_bootstrap(100 * np.stack([r[m] for r in runs]), 100 * np.stack([r[m] for r in ref]), seed=seed)
+            for m in metrics
+        }
     return out
 
 
-CLAIM_COLUMNS = ["mAP", "mAP video", "mAP shot", "mAP object", "mAP generic", "nDCG@10", "P@1", "R@1 source",
-                 "AURC", "AURC random", "var calibration"]
-_SOURCE = {"mAP": "AP", "mAP video": "AP video", "mAP shot": "AP shot", "mAP object": "AP object",
-           "mAP generic": "AP generic"}
+CLAIM_COLUMNS = [
+    "mAP",
+    "mAP video",
+    "mAP shot",
+    "mAP object",
+    "mAP generic",
+    "nDCG@10",
+    "P@1",
+    "R@1 source",
+    "AURC",
+    "AURC random",
+    "var calibration",
+]
+_SOURCE = {
+    "mAP": "AP",
+    "mAP video": "AP video",
+    "mAP shot": "AP shot",
+    "mAP object": "AP object",
+    "mAP generic": "AP generic",
+}
 
 
 def claim_markdown(rows: dict[str, dict[str, Any]], boot: dict[str, dict[str, Any]], reference: str) -> str:
@@ -212,18 +250,34 @@ def claim_markdown(rows: dict[str, dict[str, Any]], boot: dict[str, dict[str, An
             cells.append(f"{m:.{digits}f}" if n == 1 else f"{m:.{digits}f} ± {s:.{digits}f}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if boot:
-        lines += ["", f"Differences to `{reference}` (points; paired bootstrap 95 % interval over queries, seeds "
-                      "pooled; * = the interval excludes 0):", ""]
-        lines += ["| variant | " + " | ".join(f"{m} - {reference}" for m in ("mAP", "nDCG@10", "P@1")) + " |",
-                  "| --- | ---: | ---: | ---: |"]
+        lines += [
+            "",
+            f"Differences to `{reference}` (points; paired bootstrap 95 % interval over queries, seeds "
+            "pooled; * = the interval excludes 0):",
+            "",
+        ]
+        lines += [
+            "| variant | " + " | ".join(f"{m} - {reference}" for m in ("mAP", "nDCG@10", "P@1")) + " |",
+            "| --- | ---: | ---: | ---: |",
+        ]
         for name, per_metric in boot.items():
-            cells = [f"{b['diff']:+.1f} [{b['low']:+.1f}, {b['high']:+.1f}]{' *' if b['excludes_zero'] else ''}"
-                     for b in (per_metric["AP"], per_metric["nDCG@10"], per_metric["P@1"])]
+            cells = [
+                f"{b['diff']:+.1f} [{b['low']:+.1f}, {b['high']:+.1f}]{' *' if b['excludes_zero'] else ''}"
+                for b in (per_metric["AP"], per_metric["nDCG@10"], per_metric["P@1"])
+            ]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
-        outside = [f"{n} ({m if m != 'AP' else 'mAP'} {b['diff']:+.1f})" for n, pm in boot.items()
-                   for m, b in pm.items() if b["excludes_zero"]]
-        lines += ["", "Outside the noise: " + (", ".join(outside) if outside else "no difference to "
-                                                 f"`{reference}` is outside the bootstrap interval") + "."]
+        outside = [
+            f"{n} ({m if m != 'AP' else 'mAP'} {b['diff']:+.1f})"
+            for n, pm in boot.items()
+            for m, b in pm.items()
+            if b["excludes_zero"]
+        ]
+        lines += [
+            "",
+            "Outside the noise: "
+            + (", ".join(outside) if outside else f"no difference to `{reference}` is outside the bootstrap interval")
+            + ".",
+        ]
     return "\n".join(lines)
 
 

@@ -40,17 +40,63 @@ def main(argv: Optional[list[str]] = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = args.out or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
-        store = random_store(root / "store.h5", n_videos=60, caps_per_video=2, dim=32,
-                             splits=("train",) * 40 + ("val",) * 10 + ("test",) * 10)
-        common = ["train", "--features", str(store), "--variant", "dab", "--steps", "4", "--epochs", str(args.epochs),
-                  "--batch-size", "8", "--device", args.device, "--quiet", "--set", "model.drift_hidden=32",
-                  "--set", "model.time_embed_dim=8", "--set", "amp=none"]
+        store = random_store(
+            root / "store.h5",
+            n_videos=60,
+            caps_per_video=2,
+            dim=32,
+            splits=("train",) * 40 + ("val",) * 10 + ("test",) * 10,
+        )
+        common = [
+            "train",
+            "--features",
+            str(store),
+            "--variant",
+            "dab",
+            "--steps",
+            "4",
+            "--epochs",
+            str(args.epochs),
+            "--batch-size",
+            "8",
+            "--device",
+            args.device,
+            "--quiet",
+            "--set",
+            "model.drift_hidden=32",
+            "--set",
+            "model.time_embed_dim=8",
+            "--set",
+            "amp=none",
+        ]
         env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-        plain = subprocess.run([sys.executable, "-m", "dab_pipeline.cli", *common, "--out", str(root / "plain")],
-                               capture_output=True, text=True, env=env, timeout=600)
-        ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-                              "-m", "dab_pipeline.cli", *common, "--out", str(root / "ddp"), "--distributed"],
-                             capture_output=True, text=True, env=env, timeout=600)
+        plain = subprocess.run(
+            [sys.executable, "-m", "dab_pipeline.cli", *common, "--out", str(root / "plain")],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
+        ddp = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                "1",
+                "-m",
+                "dab_pipeline.cli",
+                *common,
+                "--out",
+                str(root / "ddp"),
+                "--distributed",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
         for name, res in (("plain", plain), ("torchrun", ddp)):
             if res.returncode != 0:
                 print(f"{name} run failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
@@ -61,8 +107,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         same = float(np.mean(a.argmin(1) == b.argmin(1)))
         backend = json.loads((root / "ddp" / "precision.json").read_text())["device"]
         ok = rel < 1e-3 and same == 1.0
-        print(f"1-process torchrun vs plain dab train on {backend.get('device')}: max relative cost difference "
-              f"{rel:.2e}, same top-1 for {100 * same:.1f} % of {a.shape[0]} queries -> {'OK' if ok else 'DIFFER'}")
+        print(
+            f"1-process torchrun vs plain dab train on {backend.get('device')}: max relative cost difference "
+            f"{rel:.2e}, same top-1 for {100 * same:.1f} % of {a.shape[0]} queries -> {'OK' if ok else 'DIFFER'}"
+        )
         return 0 if ok else 1
 
 

@@ -39,9 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from extract import moving_frames, parse_size  # noqa: E402  (the benchmarks' shared clip content)
 
 from dab_pipeline.core.errors import VideoDecodeError  # noqa: E402
-from dab_pipeline.video.synthetic import VIDEO_FORMATS, write_video  # noqa: E402
 from dab_pipeline.video import BACKENDS, decode_video  # noqa: E402
 from dab_pipeline.video.reference import read_every_frame  # noqa: E402
+from dab_pipeline.video.synthetic import VIDEO_FORMATS, write_video  # noqa: E402
 
 SUFFIXES = (".mp4", ".avi", ".webm", ".mkv", ".mov", ".m4v", ".mpg", ".mpeg", ".wmv", ".flv", ".3gp")
 
@@ -115,13 +115,26 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
             base = statistics.mean(times[(str(p), "pyav")]) if (str(p), "pyav") in times else None
             for b in BACKENDS:
                 t = times.get((str(p), b))
-                rows.append({"file": p.name, "backend": b, "decoded_by": used[(str(p), b)],
-                             "ms_mean": statistics.mean(t) * 1e3 if t else None,
-                             "ms_std": statistics.pstdev(t) * 1e3 if t else None,
-                             "ratio_to_pyav": statistics.mean(t) / base if t and base else None,
-                             "max_slot_diff": exact[(str(p), b)]})
-    result = {"machine": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
-                          "pyav": av.__version__}, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}
+                rows.append(
+                    {
+                        "file": p.name,
+                        "backend": b,
+                        "decoded_by": used[(str(p), b)],
+                        "ms_mean": statistics.mean(t) * 1e3 if t else None,
+                        "ms_std": statistics.pstdev(t) * 1e3 if t else None,
+                        "ratio_to_pyav": statistics.mean(t) / base if t and base else None,
+                        "max_slot_diff": exact[(str(p), b)],
+                    }
+                )
+    result = {
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "python": platform.python_version(),
+            "pyav": av.__version__,
+        },
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "rows": rows,
+    }
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -137,10 +150,14 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     print(f"{'file':28s} {'backend':10s} {'decoded by':12s} {'ms/video':>16s} {'vs pyav':>8s} {'max diff':>9s}")
     for r in rows:
         ms = "-" if r["ms_mean"] is None else f"{r['ms_mean']:.1f} +- {r['ms_std']:.1f}"
-        print(f"{r['file'][:28]:28s} {r['backend']:10s} {r['decoded_by'][:12]:12s} {ms:>16s} "
-              f"{_fmt(r['ratio_to_pyav'], '.2f'):>8s} {_fmt(r['max_slot_diff'], '.2f'):>9s}")
-    print("max diff: largest mean |pixel difference| over the 12 slots against a plain sequential read "
-          "(0 = the right frames)")
+        print(
+            f"{r['file'][:28]:28s} {r['backend']:10s} {r['decoded_by'][:12]:12s} {ms:>16s} "
+            f"{_fmt(r['ratio_to_pyav'], '.2f'):>8s} {_fmt(r['max_slot_diff'], '.2f'):>9s}"
+        )
+    print(
+        "max diff: largest mean |pixel difference| over the 12 slots against a plain sequential read "
+        "(0 = the right frames)"
+    )
 
 
 if __name__ == "__main__":

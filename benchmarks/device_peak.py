@@ -33,7 +33,7 @@ def rate(n: int, dtype: torch.dtype, device: torch.device, repeats: int, tf32: b
     if device.type == "cuda":
         torch.cuda.synchronize()
     torch.backends.cuda.matmul.allow_tf32 = False
-    return 2.0 * n ** 3 * repeats / (time.perf_counter() - t) / 1e12
+    return 2.0 * n**3 * repeats / (time.perf_counter() - t) / 1e12
 
 
 def main(argv: Optional[list[str]] = None) -> dict:

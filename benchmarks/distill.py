@@ -59,7 +59,9 @@ def train_steps(run_dir: Path) -> int:
     cfg = json.loads((run_dir / "config.json").read_text())
     with open_store(cfg["features"]) as st:
         train = st.load_split(cfg["train_split"])
-    per_epoch = len(set(np.asarray(train.caption_video).tolist())) if cfg["epoch"] == "videos" else len(train.caption_ids)
+    per_epoch = (
+        len(set(np.asarray(train.caption_video).tolist())) if cfg["epoch"] == "videos" else len(train.caption_ids)
+    )
     return len(records) * (per_epoch // cfg["batch_size"])
 
 
@@ -67,8 +69,14 @@ def row(run_dir: Path, store: Path, teacher_top1: Optional[np.ndarray]) -> dict[
     res = run_evaluate(EvaluateConfig(run=run_dir, plots=False, examples=0))
     top1 = read_costs(next(run_dir.glob("costs_test.*"))).cost.argmin(1)
     agree = float(np.mean(top1 == teacher_top1)) * 100 if teacher_top1 is not None else 100.0
-    return {"R@1": res["t2v"]["R@1"], "MnR": res["t2v"]["MnR"], "AURC": res["selective"]["R@1"]["aurc"],
-            "top-1 = teacher %": agree, "pairs/s": pairs_per_second(run_dir, store), "top1": top1}
+    return {
+        "R@1": res["t2v"]["R@1"],
+        "MnR": res["t2v"]["MnR"],
+        "AURC": res["selective"]["R@1"]["aurc"],
+        "top-1 = teacher %": agree,
+        "pairs/s": pairs_per_second(run_dir, store),
+        "top1": top1,
+    }
 
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
@@ -90,13 +98,15 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         for name in ("dab-T8", "dab-T1"):
             Q.one_run(name, seed, stores, runs_dir, Q.QUICK_EPOCHS, [])
             run = runs_dir / f"{name}-seed{seed}"
-            table.setdefault(f"scratch T'={name[5:]}", []).append(row(run, stores["frozen"], t_row["top1"])
-                                                                  | {"steps": train_steps(run)})
+            table.setdefault(f"scratch T'={name[5:]}", []).append(
+                row(run, stores["frozen"], t_row["top1"]) | {"steps": train_steps(run)}
+            )
         matched = runs_dir / "matched"  # T'=1 for the teacher's epochs + the distillation's
         Q.one_run("dab-T1", seed, stores, matched, Q.QUICK_EPOCHS + args.epochs, [])
         run = matched / f"dab-T1-seed{seed}"
         table.setdefault("scratch T'=1, steps of teacher + student", []).append(
-            row(run, stores["frozen"], t_row["top1"]) | {"steps": train_steps(run)})
+            row(run, stores["frozen"], t_row["top1"]) | {"steps": train_steps(run)}
+        )
         for s in (1, 2):
             out = args.data_dir / f"distill-{args.world}" / f"S{s}-seed{seed}"
             if not (out / "status.json").exists() or '"complete"' not in (out / "status.json").read_text():
@@ -104,8 +114,9 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
 
                 shutil.rmtree(out, ignore_errors=True)
                 run_distill(DistillConfig(teacher=teacher, out=out, student_steps=s, epochs=args.epochs, seed=seed))
-            table.setdefault(f"student S={s}", []).append(row(out, stores["frozen"], t_row["top1"])
-                                                          | {"steps": t_row["steps"] + train_steps(out)})
+            table.setdefault(f"student S={s}", []).append(
+                row(out, stores["frozen"], t_row["top1"]) | {"steps": t_row["steps"] + train_steps(out)}
+            )
         print(f"seed {seed} done", flush=True)
     cols = ["R@1", "MnR", "AURC", "steps", "top-1 = teacher %", "pairs/s"]
     print("\n| model | " + " | ".join(cols) + " |\n| --- |" + " ---: |" * len(cols))
@@ -114,8 +125,11 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         for c in cols:
             vals = [r[c] for r in rows]
             sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
-            cells.append(f"{statistics.mean(vals):.3g} ± {sd:.2g}" if c in ("AURC",) else
-                         f"{statistics.mean(vals):,.1f} ± {sd:,.1f}")
+            cells.append(
+                f"{statistics.mean(vals):.3g} ± {sd:.2g}"
+                if c in ("AURC",)
+                else f"{statistics.mean(vals):,.1f} ± {sd:,.1f}"
+            )
         print(f"| {name} | " + " | ".join(cells) + " |")
     return {k: [{c: r[c] for c in cols} for r in v] for k, v in table.items()}
 

@@ -37,8 +37,13 @@ def main(argv: Optional[list[str]] = None) -> dict:
     ap.add_argument("--dtypes", nargs="+", default=["float32", "autocast-bf16"])
     ap.add_argument("--batch", type=int, default=16, help="videos per batch (12 frames each)")
     ap.add_argument("--batches", type=int, default=10, help="timed batches (after 2 warm-up ones)")
-    ap.add_argument("--states", type=int, nargs="+", default=[-1, 2],
-                    help="-1: features only; K: also the token states entering the last K blocks")
+    ap.add_argument(
+        "--states",
+        type=int,
+        nargs="+",
+        default=[-1, 2],
+        help="-1: features only; K: also the token states entering the last K blocks",
+    )
     args = ap.parse_args(argv)
     device = resolve_device(args.device)
     out = {"device": str(device), "torch": torch.__version__, "clip": args.clip}
@@ -69,8 +74,11 @@ def main(argv: Optional[list[str]] = None) -> dict:
                 rate = args.batches * args.batch / (time.perf_counter() - t)
                 name = f"{dtype}/{'features' if blocks is None else f'states K={blocks}'}"
                 out[name] = rate
-                print(f"{args.clip} {name}: {rate:.1f} videos/s ({rate * 12:.0f} frames/s) at {args.batch} videos "
-                      "a batch", flush=True)
+                print(
+                    f"{args.clip} {name}: {rate:.1f} videos/s ({rate * 12:.0f} frames/s) at {args.batch} videos "
+                    "a batch",
+                    flush=True,
+                )
     print(json.dumps(out))
     return out
 

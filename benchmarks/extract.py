@@ -65,12 +65,12 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from dab_pipeline.runtime.capabilities import capabilities, resolve_clip_dtype
 from dab_pipeline.clip_models import ClipBundle, encode_images, load_clip, write_tiny_weights
-from dab_pipeline.stages.extract import ExtractConfig, collate_items, DecodeDataset, decode_worker_init, run_extract
-from dab_pipeline.video.synthetic import write_video
+from dab_pipeline.runtime.capabilities import capabilities, resolve_clip_dtype
+from dab_pipeline.stages.extract import DecodeDataset, ExtractConfig, collate_items, decode_worker_init, run_extract
 from dab_pipeline.video import DecodedVideo
 from dab_pipeline.video.pyav_decoder import decode_sequential
+from dab_pipeline.video.synthetic import write_video
 
 _QUIET = False
 
@@ -148,8 +148,12 @@ def make_videos(root: Path, count: int, frames: int, size: tuple[int, int], proc
 def summarise(times: list[float], units: int) -> dict[str, Any]:
     """Seconds per repeat -> rates (units/s): best, median, all."""
     rates = [units / t for t in times]
-    return {"seconds": [round(t, 3) for t in times], "best": max(rates), "median": statistics.median(rates),
-            "units": units}
+    return {
+        "seconds": [round(t, 3) for t in times],
+        "best": max(rates),
+        "median": statistics.median(rates),
+        "units": units,
+    }
 
 
 def video_items(vdir: Path, count: int) -> list[tuple[int, str]]:
@@ -172,15 +176,28 @@ def random_weights(model: str, where: Path) -> str:
 # --------------------------------------------------------------------------- measurements
 
 
-def decode_pipeline(items, frames: int, short_side: int, preprocess, workers: int, batch_size: int,
-                    keep: Optional[list] = None, decoder: str = "pyav") -> float:
+def decode_pipeline(
+    items,
+    frames: int,
+    short_side: int,
+    preprocess,
+    workers: int,
+    batch_size: int,
+    keep: Optional[list] = None,
+    decoder: str = "pyav",
+) -> float:
     """The extract stage's DataLoader (same dataset, collate, worker init, prefetch); seconds."""
     ds = DecodeDataset(items, frames, short_side, decoder, preprocess)
     t0 = time.perf_counter()
     loader = torch.utils.data.DataLoader(
-        ds, batch_size=batch_size, shuffle=False, num_workers=workers, collate_fn=collate_items,
+        ds,
+        batch_size=batch_size,
+        shuffle=False,
+        num_workers=workers,
+        collate_fn=collate_items,
         worker_init_fn=decode_worker_init if workers > 0 else None,
-        prefetch_factor=2 if workers > 0 else None, persistent_workers=False,
+        prefetch_factor=2 if workers > 0 else None,
+        persistent_workers=False,
     )
     n_err = 0
     for batch in loader:
@@ -200,8 +217,9 @@ def _decode_threads(path: str, frames: int, short_side: int, threads: int) -> De
     return decode_sequential(Path(path), frames, short_side, threads=threads)
 
 
-def decode_in_process(items, frames: int, short_side: int, preprocess, threads: int,
-                      torch_threads: Optional[int] = None) -> float:
+def decode_in_process(
+    items, frames: int, short_side: int, preprocess, threads: int, torch_threads: Optional[int] = None
+) -> float:
     """One process, no workers: PyAV with ``threads`` decoding threads, torch with ``torch_threads``
     (default: the same) for the preprocessing; seconds."""
     from PIL import Image
@@ -240,9 +258,18 @@ def end_to_end(vdir: Path, csv_path: Path, out: Path, args, pretrained: Optional
             marks[f"{ev.task}_{ev.kind}"] = time.perf_counter()
 
     cfg = ExtractConfig(
-        dataset="folder", out=out, videos=vdir, annotations=csv_path, model=args.model, pretrained=pretrained,
-        frames=args.frames, compute_dtype=args.dtype, batch_size=args.batch_size, workers=args.workers,
-        device="cpu", overwrite=True,
+        dataset="folder",
+        out=out,
+        videos=vdir,
+        annotations=csv_path,
+        model=args.model,
+        pretrained=pretrained,
+        frames=args.frames,
+        compute_dtype=args.dtype,
+        batch_size=args.batch_size,
+        workers=args.workers,
+        device="cpu",
+        overwrite=True,
     )
     t0 = time.perf_counter()
     res = run_extract(cfg, progress=progress)
@@ -299,32 +326,55 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     global _QUIET
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--videos", type=int, default=48, help="generated videos (default 48)")
-    ap.add_argument("--frames-per-video", type=int, default=75,
-                    help="frames in each generated video, 25 fps (default 75 = 3 s)")
+    ap.add_argument(
+        "--frames-per-video", type=int, default=75, help="frames in each generated video, 25 fps (default 75 = 3 s)"
+    )
     ap.add_argument("--size", type=parse_size, default=(320, 240), help="generated frame size WxH (default 320x240)")
     ap.add_argument("--frames", type=int, default=12, help="frames sampled per video (default 12)")
     ap.add_argument("--workers", type=int, default=2, help="decoding worker processes (default 2)")
     ap.add_argument("--batch-size", type=int, default=16, help="videos per encoding batch (default 16)")
     ap.add_argument("--model", default="dab-tiny", help="open_clip architecture (default dab-tiny)")
-    ap.add_argument("--pretrained", default=None,
-                    help="weights file or tag; default: dab-tiny's own random weights, or deterministic random "
-                         "weights written for any other architecture")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "auto"],
-                    help="CLIP compute dtype (auto: what `dab extract` picks on this CPU)")
-    ap.add_argument("--force-bf16", action="store_true",
-                    help="time bf16 even on a CPU without native bf16 (emulated: very slow)")
-    ap.add_argument("--threads", type=int, default=0,
-                    help="torch threads of the main (encoding) process; 0 keeps torch's default, as the stage does")
-    ap.add_argument("--repeats", type=int, default=3,
-                    help="interleaved rounds; every measurement runs once per round (default 3)")
-    ap.add_argument("--design-videos", type=int, default=16,
-                    help="videos per decoder-layout measurement (default 16; 0 skips it)")
+    ap.add_argument(
+        "--pretrained",
+        default=None,
+        help="weights file or tag; default: dab-tiny's own random weights, or deterministic random "
+        "weights written for any other architecture",
+    )
+    ap.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "auto"],
+        help="CLIP compute dtype (auto: what `dab extract` picks on this CPU)",
+    )
+    ap.add_argument(
+        "--force-bf16", action="store_true", help="time bf16 even on a CPU without native bf16 (emulated: very slow)"
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads of the main (encoding) process; 0 keeps torch's default, as the stage does",
+    )
+    ap.add_argument(
+        "--repeats", type=int, default=3, help="interleaved rounds; every measurement runs once per round (default 3)"
+    )
+    ap.add_argument(
+        "--design-videos", type=int, default=16, help="videos per decoder-layout measurement (default 16; 0 skips it)"
+    )
     ap.add_argument("--dtype-model", default="ViT-B-32", help="architecture for the dtype comparison")
-    ap.add_argument("--dtype-videos", type=int, default=2,
-                    help="videos (x --frames images) per dtype measurement (default 2; 0 skips it)")
+    ap.add_argument(
+        "--dtype-videos",
+        type=int,
+        default=2,
+        help="videos (x --frames images) per dtype measurement (default 2; 0 skips it)",
+    )
     ap.add_argument("--skip-design", action="store_true", help="skip both design comparisons")
-    ap.add_argument("--data-dir", type=Path, default=None,
-                    help="keep the generated videos and random weights here and reuse them (default: temp dir)")
+    ap.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="keep the generated videos and random weights here and reuse them (default: temp dir)",
+    )
     ap.add_argument("--json", action="store_true", help="print machine-readable results only")
     args = ap.parse_args(argv)
     _QUIET = args.json
@@ -344,10 +394,21 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     elif args.dtype == "bfloat16" and not bf16_ok:
         skipped["--dtype bfloat16"] = why + "; the main rows run in float32"
         args.dtype = "float32"
-    results: dict[str, Any] = {"machine": info, "config": {
-        "videos": args.videos, "frames_per_video": args.frames_per_video, "size": list(args.size),
-        "frames": args.frames, "workers": args.workers, "batch_size": args.batch_size, "model": args.model,
-        "dtype": args.dtype, "repeats": args.repeats, "threads": torch.get_num_threads()}}
+    results: dict[str, Any] = {
+        "machine": info,
+        "config": {
+            "videos": args.videos,
+            "frames_per_video": args.frames_per_video,
+            "size": list(args.size),
+            "frames": args.frames,
+            "workers": args.workers,
+            "batch_size": args.batch_size,
+            "model": args.model,
+            "dtype": args.dtype,
+            "repeats": args.repeats,
+            "threads": torch.get_num_threads(),
+        },
+    }
     t_start = time.perf_counter()
     with contextlib.ExitStack() as stack:
         if args.data_dir is not None:
@@ -355,10 +416,13 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
             root.mkdir(parents=True, exist_ok=True)
         else:
             root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dab-bench-extract-")))
-        log(f"generating {args.videos} videos of {args.frames_per_video} frames at "
-            f"{args.size[0]}x{args.size[1]} in {root}")
-        vdir, csv_path, gen_s = make_videos(root, args.videos, args.frames_per_video, args.size,
-                                            max(1, min(2, os.cpu_count() or 1)))
+        log(
+            f"generating {args.videos} videos of {args.frames_per_video} frames at "
+            f"{args.size[0]}x{args.size[1]} in {root}"
+        )
+        vdir, csv_path, gen_s = make_videos(
+            root, args.videos, args.frames_per_video, args.size, max(1, min(2, os.cpu_count() or 1))
+        )
         results["generate_seconds"] = round(gen_s, 2)
         results["mean_video_bytes"] = int(np.mean([p.stat().st_size for p in vdir.glob("*.mp4")]))
 
@@ -371,9 +435,16 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         short_side = int(bundle.image_size)
         items = video_items(vdir, args.videos)
         sub = items[: min(args.design_videos, args.videos)]
-        results["config"].update({"model_built": bundle.model_name, "image_size": short_side,
-                                  "pretrained": bundle.pretrained, "design_videos": len(sub),
-                                  "dtype_model": args.dtype_model, "dtype_videos": args.dtype_videos})
+        results["config"].update(
+            {
+                "model_built": bundle.model_name,
+                "image_size": short_side,
+                "pretrained": bundle.pretrained,
+                "design_videos": len(sub),
+                "dtype_model": args.dtype_model,
+                "dtype_videos": args.dtype_videos,
+            }
+        )
 
         dtype_bundles: dict[str, tuple[ClipBundle, bool]] = {}
         dtype_x: list[torch.Tensor] = []
@@ -392,23 +463,46 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                     dtype_bundles.pop(label)
                     skipped[f"encode dtype {label}"] = why
             g = torch.Generator().manual_seed(0)
-            dtype_x = [torch.randn(args.frames, 3, f32.image_size, f32.image_size, generator=g)
-                       for _ in range(args.dtype_videos)]
+            dtype_x = [
+                torch.randn(args.frames, 3, f32.image_size, f32.image_size, generator=g)
+                for _ in range(args.dtype_videos)
+            ]
             for b, ac in dtype_bundles.values():
                 encode_batches(b, dtype_x[:1], 1, ac)  # warm-up (oneDNN primitive creation)
 
-        times: dict[str, list[float]] = {k: [] for k in (
-            "decode", "encode", "e2e_videos", "e2e_total", "e2e_captions", "e2e_setup",
-            "design_2proc_1thread", "design_1proc_2threads", "design_1proc_2dec_1torch", "design_1proc_1thread",
-            *dtype_bundles)}
+        times: dict[str, list[float]] = {
+            k: []
+            for k in (
+                "decode",
+                "encode",
+                "e2e_videos",
+                "e2e_total",
+                "e2e_captions",
+                "e2e_setup",
+                "design_2proc_1thread",
+                "design_1proc_2threads",
+                "design_1proc_2dec_1torch",
+                "design_1proc_1thread",
+                *dtype_bundles,
+            )
+        }
         pixels: list[torch.Tensor] = []
         captions = 0
         for r in range(args.repeats):
             info.setdefault("loadavg_rounds", []).append(round(os.getloadavg()[0], 2))
             log(f"round {r + 1}/{args.repeats} (load average {os.getloadavg()[0]:.2f})")
             # decode alone: the stage's DataLoader path
-            times["decode"].append(decode_pipeline(items, args.frames, short_side, bundle.preprocess, args.workers,
-                                                   args.batch_size, keep=pixels if r == 0 else None))
+            times["decode"].append(
+                decode_pipeline(
+                    items,
+                    args.frames,
+                    short_side,
+                    bundle.preprocess,
+                    args.workers,
+                    args.batch_size,
+                    keep=pixels if r == 0 else None,
+                )
+            )
             log(f"  decode alone      {times['decode'][-1]:6.2f} s")
             # encode alone: pre-decoded pixels
             if r == 0:
@@ -422,22 +516,30 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
             for k in ("videos", "total", "captions", "setup"):
                 times[f"e2e_{k}"].append(e2e[k])
             captions = int(e2e["captions_count"])
-            log(f"  end to end        {e2e['total']:6.2f} s ({e2e['videos']:.2f} s videos, "
-                f"{e2e['captions']:.2f} s captions)")
+            log(
+                f"  end to end        {e2e['total']:6.2f} s ({e2e['videos']:.2f} s videos, "
+                f"{e2e['captions']:.2f} s captions)"
+            )
             # decoder layouts, on a subset, with one video per DataLoader item so both workers get equal work
             if sub:
-                times["design_2proc_1thread"].append(decode_pipeline(sub, args.frames, short_side, bundle.preprocess,
-                                                                     2, 1))
-                times["design_1proc_2threads"].append(decode_in_process(sub, args.frames, short_side,
-                                                                        bundle.preprocess, 2))
-                times["design_1proc_2dec_1torch"].append(decode_in_process(sub, args.frames, short_side,
-                                                                           bundle.preprocess, 2, 1))
-                times["design_1proc_1thread"].append(decode_in_process(sub, args.frames, short_side,
-                                                                       bundle.preprocess, 1))
-                log(f"  decoder layouts   {times['design_2proc_1thread'][-1]:.2f} / "
+                times["design_2proc_1thread"].append(
+                    decode_pipeline(sub, args.frames, short_side, bundle.preprocess, 2, 1)
+                )
+                times["design_1proc_2threads"].append(
+                    decode_in_process(sub, args.frames, short_side, bundle.preprocess, 2)
+                )
+                times["design_1proc_2dec_1torch"].append(
+                    decode_in_process(sub, args.frames, short_side, bundle.preprocess, 2, 1)
+                )
+                times["design_1proc_1thread"].append(
+                    decode_in_process(sub, args.frames, short_side, bundle.preprocess, 1)
+                )
+                log(
+                    f"  decoder layouts   {times['design_2proc_1thread'][-1]:.2f} / "
                     f"{times['design_1proc_2threads'][-1]:.2f} / {times['design_1proc_2dec_1torch'][-1]:.2f} / "
                     f"{times['design_1proc_1thread'][-1]:.2f} s (2 proc x 1 thread / 1 proc x 2 threads / "
-                    "1 proc, pyav 2 + torch 1 / 1 proc x 1 thread)")
+                    "1 proc, pyav 2 + torch 1 / 1 proc x 1 thread)"
+                )
             # dtypes
             for label, (b, ac) in dtype_bundles.items():
                 times[label].append(encode_batches(b, dtype_x, len(dtype_x), ac))
@@ -453,18 +555,25 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         results["e2e_setup_seconds"] = [round(t, 3) for t in times["e2e_setup"]]
         results["captions"] = captions
         # Per round, so that a burst of outside load in one round does not mix into another round's ratio.
-        per_round = [(n / e) / min(n / d, n / c)
-                     for d, c, e in zip(times["decode"], times["encode"], times["e2e_videos"])]
+        per_round = [
+            (n / e) / min(n / d, n / c) for d, c, e in zip(times["decode"], times["encode"], times["e2e_videos"])
+        ]
         results["overlap"] = {
             "rounds": [round(x, 3) for x in per_round],
-            "median": statistics.median(per_round), "min": min(per_round), "max": max(per_round),
+            "median": statistics.median(per_round),
+            "min": min(per_round),
+            "max": max(per_round),
             "bound": "decode" if results["decode"]["median"] <= results["encode"]["median"] else "encode",
         }
         # Against taking turns: decode then encode on the same cores, rate 1 / (1/decode + 1/encode).
         # On a CPU-only machine both sides compete for the same cores, so this is the fairer reference.
         vs_serial = [(n / e) / (n / (d + c)) for d, c, e in zip(times["decode"], times["encode"], times["e2e_videos"])]
-        results["vs_serial"] = {"rounds": [round(x, 3) for x in vs_serial], "median": statistics.median(vs_serial),
-                                "min": min(vs_serial), "max": max(vs_serial)}
+        results["vs_serial"] = {
+            "rounds": [round(x, 3) for x in vs_serial],
+            "median": statistics.median(vs_serial),
+            "min": min(vs_serial),
+            "max": max(vs_serial),
+        }
         if sub:
             results["design_decode"] = {
                 "videos": len(sub),
@@ -475,8 +584,11 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
             }
         if dtype_bundles:
             n_img = len(dtype_x) * args.frames
-            results["design_dtype"] = {"model": dtype_bundles["float32"][0].model_name, "images": n_img,
-                                       **{k: summarise(times[k], n_img) for k in dtype_bundles}}
+            results["design_dtype"] = {
+                "model": dtype_bundles["float32"][0].model_name,
+                "images": n_img,
+                **{k: summarise(times[k], n_img) for k in dtype_bundles},
+            }
     info["loadavg_end"] = [round(v, 2) for v in os.getloadavg()]
     results["skipped"] = skipped
     results["wall_seconds"] = round(time.perf_counter() - t_start, 1)
@@ -489,18 +601,28 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
 
 def print_table(r: dict[str, Any]) -> None:
     m, c = r["machine"], r["config"]
-    print(f"\nmachine: {m['cpu']}, {m['nproc']} CPUs (avx512_bf16={m['avx512_bf16']}, amx_bf16={m['amx_bf16']}), "
-          f"torch {m['torch']} ({m['torch_threads']} threads), {m['date']}")
+    print(
+        f"\nmachine: {m['cpu']}, {m['nproc']} CPUs (avx512_bf16={m['avx512_bf16']}, amx_bf16={m['amx_bf16']}), "
+        f"torch {m['torch']} ({m['torch_threads']} threads), {m['date']}"
+    )
     caps = m["capabilities"]
-    print(f"bf16 {'native' if caps['bf16'] else 'not native'} ({caps['bf16_why']}); `dab extract --dtype auto` "
-          f"picks {resolve_clip_dtype('auto', 'cpu').dtype} here")
-    print(f"1-min load average at start / each round / end: {m['loadavg_start'][0]} / "
-          f"{m.get('loadavg_rounds')} / {m['loadavg_end'][0]}")
-    print(f"data: {c['videos']} videos x {c['frames_per_video']} frames at {c['size'][0]}x{c['size'][1]} "
-          f"(lossless x264, {r['mean_video_bytes'] / 1e6:.2f} MB each, generated in {r['generate_seconds']} s); "
-          f"{c['frames']} frames sampled, decoded at short side {c['image_size']}")
-    print(f"model: {c['model_built']} {c['dtype']}, {c['threads']} torch threads in the main process; "
-          f"workers {c['workers']}, batch {c['batch_size']} videos; {c['repeats']} interleaved rounds\n")
+    print(
+        f"bf16 {'native' if caps['bf16'] else 'not native'} ({caps['bf16_why']}); `dab extract --dtype auto` "
+        f"picks {resolve_clip_dtype('auto', 'cpu').dtype} here"
+    )
+    print(
+        f"1-min load average at start / each round / end: {m['loadavg_start'][0]} / "
+        f"{m.get('loadavg_rounds')} / {m['loadavg_end'][0]}"
+    )
+    print(
+        f"data: {c['videos']} videos x {c['frames_per_video']} frames at {c['size'][0]}x{c['size'][1]} "
+        f"(lossless x264, {r['mean_video_bytes'] / 1e6:.2f} MB each, generated in {r['generate_seconds']} s); "
+        f"{c['frames']} frames sampled, decoded at short side {c['image_size']}"
+    )
+    print(
+        f"model: {c['model_built']} {c['dtype']}, {c['threads']} torch threads in the main process; "
+        f"workers {c['workers']}, batch {c['batch_size']} videos; {c['repeats']} interleaved rounds\n"
+    )
     print(f"{'measurement':60} {'best':>8} {'median':>8}  unit")
 
     def row(name: str, s: dict[str, Any], unit: str = "videos/s") -> None:
@@ -516,11 +638,15 @@ def print_table(r: dict[str, Any]) -> None:
     secs(f"  caption encoding ({r['captions']} captions)", r["e2e_captions_seconds"])
     secs("  set-up (model load, dataset scan, store creation)", r["e2e_setup_seconds"])
     ov = r["overlap"]
-    print(f"{'overlap = e2e video phase / min(decode, encode), per round':60} {ov['max']:8.2f} {ov['median']:8.2f}  "
-          f"(min {ov['min']:.2f}; slower side: {ov['bound']}; 1.0 = perfect)")
+    print(
+        f"{'overlap = e2e video phase / min(decode, encode), per round':60} {ov['max']:8.2f} {ov['median']:8.2f}  "
+        f"(min {ov['min']:.2f}; slower side: {ov['bound']}; 1.0 = perfect)"
+    )
     vs = r["vs_serial"]
-    print(f"{'e2e video phase / serial rate 1/(1/decode + 1/encode)':60} {vs['max']:8.2f} {vs['median']:8.2f}  "
-          f"(min {vs['min']:.2f}; > 1: overlap gains over taking turns)")
+    print(
+        f"{'e2e video phase / serial rate 1/(1/decode + 1/encode)':60} {vs['max']:8.2f} {vs['median']:8.2f}  "
+        f"(min {vs['min']:.2f}; > 1: overlap gains over taking turns)"
+    )
     if "design_decode" in r:
         d = r["design_decode"]
         print(f"\ndecoder layout ({d['videos']} videos, one video per DataLoader item)")
@@ -529,20 +655,27 @@ def print_table(r: dict[str, Any]) -> None:
         row("1 process, PyAV 2 threads + torch 1 thread", d["1proc_2dec_1torch"])
         row("1 process, 1 thread", d["1proc_1thread"])
         a, b = d["2proc_1thread"], d["1proc_2threads"]
-        print(f"{'  2 processes x 1 thread / 1 process x 2 threads':60} {a['best'] / b['best']:8.2f} "
-              f"{a['median'] / b['median']:8.2f}  x")
+        print(
+            f"{'  2 processes x 1 thread / 1 process x 2 threads':60} {a['best'] / b['best']:8.2f} "
+            f"{a['median'] / b['median']:8.2f}  x"
+        )
     if "design_dtype" in r:
         d = r["design_dtype"]
         print(f"\nencode dtype ({d['model']}, random weights, {d['images']} images per call)")
         shown = [label for label in ("float32", "bfloat16", "autocast-bf16") if label in d]
         for label in shown:
-            path = {"float32": "float32 weights", "bfloat16": "open_clip's bf16 conversion, oneDNN bf16",
-                    "autocast-bf16": "float32 weights under torch.autocast(cpu, bfloat16)"}[label]
+            path = {
+                "float32": "float32 weights",
+                "bfloat16": "open_clip's bf16 conversion, oneDNN bf16",
+                "autocast-bf16": "float32 weights under torch.autocast(cpu, bfloat16)",
+            }[label]
             row(f"{label} ({path})", d[label], "images/s")
         f32 = d["float32"]
         for label in shown[1:]:
-            print(f"{'  ' + label + ' / float32':60} {d[label]['best'] / f32['best']:8.2f} "
-                  f"{d[label]['median'] / f32['median']:8.2f}  x")
+            print(
+                f"{'  ' + label + ' / float32':60} {d[label]['best'] / f32['best']:8.2f} "
+                f"{d[label]['median'] / f32['median']:8.2f}  x"
+            )
     for what, reason in r.get("skipped", {}).items():
         print(f"skipped {what}: {reason}")
     print(f"\nbenchmark wall time {r['wall_seconds']} s")

@@ -49,8 +49,10 @@ def main() -> None:
     args = ap.parse_args()
     if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
         raise SystemExit("oneDNN bf16 linears are not available on this CPU / torch build")
-    print(f"torch {torch.__version__}; GFLOP/s of a packed bf16 (P, 1024) x (1024, 1024) linear, "
-          f"best of {args.rounds} interleaved rounds")
+    print(
+        f"torch {torch.__version__}; GFLOP/s of a packed bf16 (P, 1024) x (1024, 1024) linear, "
+        f"best of {args.rounds} interleaved rounds"
+    )
     for threads in dict.fromkeys(args.threads):
         torch.set_num_threads(threads)
         cases = {p: packed_linear(p) for p in args.rows}
@@ -58,8 +60,10 @@ def main() -> None:
         for _ in range(args.rounds):
             for p, case in cases.items():
                 best[p] = min(best[p], seconds(linear_call(*case)))
-        print(f"{threads} thread{'s' if threads > 1 else ''}: "
-              + "  ".join(f"{p}: {2 * p * 1024 * 1024 / best[p] / 1e9:,.0f}" for p in args.rows))
+        print(
+            f"{threads} thread{'s' if threads > 1 else ''}: "
+            + "  ".join(f"{p}: {2 * p * 1024 * 1024 / best[p] / 1e9:,.0f}" for p in args.rows)
+        )
 
 
 if __name__ == "__main__":

@@ -82,8 +82,18 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "dab-const": ("frozen", ["model.variant=dab", "model.drift=constant"]),
 }
 # the full run's rows (dab-ft2, 5.6x dab's time for no measured gain, runs with --variants)
-FULL_VARIANTS = ["xpool", "prob", "prob-fixvar", "bridge", "dab", "dab-fixvar", "dab-const", "dab-w2", "dab-T1",
-                 "dab-T8"]
+FULL_VARIANTS = [
+    "xpool",
+    "prob",
+    "prob-fixvar",
+    "bridge",
+    "dab",
+    "dab-fixvar",
+    "dab-const",
+    "dab-w2",
+    "dab-T1",
+    "dab-T8",
+]
 QUICK_VARIANTS = ["xpool", "prob", "prob-fixvar", "dab-T8", "dab", "dab-fixvar", "dab-const"]
 FULL_WORLDS, QUICK_WORLDS = ["benchmark", "uncertain"], ["quick", "uncertain-quick"]
 REFERENCE = "dab"  # the row the claim-aware differences are taken against
@@ -102,8 +112,15 @@ def world_of(preset: str, sets: list[str]) -> tuple[str, WorldConfig]:
     return preset + "".join("-" + item.replace("=", "").replace(".", "p") for item in sets), cfg
 
 
-def build(label: str, cfg: WorldConfig, data_dir: Path, need_k2: bool, workers: int, train_views: int = 0,
-          claims: bool = False) -> dict[str, Path]:
+def build(
+    label: str,
+    cfg: WorldConfig,
+    data_dir: Path,
+    need_k2: bool,
+    workers: int,
+    train_views: int = 0,
+    claims: bool = False,
+) -> dict[str, Path]:
     """The world and its stores (reused when already complete); ``claims``: the eval stores too."""
     root = data_dir / f"world-{label}"
     t0 = time.time()
@@ -117,11 +134,23 @@ def build(label: str, cfg: WorldConfig, data_dir: Path, need_k2: bool, workers: 
         out = data_dir / f"store-{label}{'' if k is None else f'-k{k}'}{f'-views{views}' if views else ''}.h5"
         stores[kind] = out
         t0 = time.time()
-        res = run_extract(ExtractConfig(dataset="folder", videos=root / "videos", annotations=captions,
-                                        model="dab-world", pretrained=None, out=out, trainable_blocks=k,
-                                        workers=workers, train_views=views))
-        log(f"store {out.name}: {res.videos_ok} encoded, {res.videos_skipped} already there "
-            f"({time.time() - t0:.0f} s, {out.stat().st_size / 2**20:.1f} MiB)")
+        res = run_extract(
+            ExtractConfig(
+                dataset="folder",
+                videos=root / "videos",
+                annotations=captions,
+                model="dab-world",
+                pretrained=None,
+                out=out,
+                trainable_blocks=k,
+                workers=workers,
+                train_views=views,
+            )
+        )
+        log(
+            f"store {out.name}: {res.videos_ok} encoded, {res.videos_skipped} already there "
+            f"({time.time() - t0:.0f} s, {out.stat().st_size / 2**20:.1f} MiB)"
+        )
     if claims:
         stores["eval"] = C.eval_store(root, data_dir / f"store-{label}-eval.h5", workers)
         if need_k2:
@@ -140,9 +169,13 @@ def oracle(world_root: Path) -> dict[str, float]:
         claim = claim_from_dict(v["captions"][v["test_query"]]["claim"])
         m.append(sum(satisfies(s, claim) for s in shots))
     m = np.asarray(m, np.float64)
-    return {"R@1": float(np.mean(1 / m) * 100), "R@5": float(np.mean(np.minimum(1, 5 / m)) * 100),
-            "R@10": float(np.mean(np.minimum(1, 10 / m)) * 100), "unique_queries": float(np.mean(m == 1) * 100),
-            "mean_matches": float(np.mean(m))}
+    return {
+        "R@1": float(np.mean(1 / m) * 100),
+        "R@5": float(np.mean(np.minimum(1, 5 / m)) * 100),
+        "R@10": float(np.mean(np.minimum(1, 10 / m)) * 100),
+        "unique_queries": float(np.mean(m == 1) * 100),
+        "mean_matches": float(np.mean(m)),
+    }
 
 
 # --------------------------------------------------------------------------- runs
@@ -158,9 +191,17 @@ def zero_shot(store: Path, out: Path) -> dict[str, Any]:
     text = torch.nn.functional.normalize(torch.as_tensor(np.asarray(split.text, np.float32)), dim=-1)  # (Q, D)
     out.mkdir(parents=True, exist_ok=True)
     costs = out / "costs_test.h5"
-    write_costs(costs, CostMatrix(cost=-(text @ video.T).numpy(), query_ids=np.asarray(split.caption_ids),
-                                  video_ids=np.asarray(split.video_ids), gt=np.asarray(split.caption_video, np.int64),
-                                  kind="cost", attrs={"variant": "zero-shot", "store": str(store)}))
+    write_costs(
+        costs,
+        CostMatrix(
+            cost=-(text @ video.T).numpy(),
+            query_ids=np.asarray(split.caption_ids),
+            video_ids=np.asarray(split.video_ids),
+            gt=np.asarray(split.caption_video, np.int64),
+            kind="cost",
+            attrs={"variant": "zero-shot", "store": str(store)},
+        ),
+    )
     return run_evaluate(EvaluateConfig(costs=costs, out=out, plots=False))
 
 
@@ -178,14 +219,21 @@ def quality_plan(variants: list[str], stores: dict[str, Path], seeds: list[int],
     return SweepPlan(name="quality", rows=rows, seeds=tuple(seeds))
 
 
-def sweep_runs(variants: list[str], seeds: list[int], stores: dict[str, Path], runs_dir: Path, epochs: int,
-               extra: list[str]) -> None:
+def sweep_runs(
+    variants: list[str], seeds: list[int], stores: dict[str, Path], runs_dir: Path, epochs: int, extra: list[str]
+) -> None:
     """Train and evaluate what is missing, through `dab sweep`'s driver: a finished run of the same config is
     reused, a stopped one resumed, one of another config (a changed recipe) replaced (runs_dir is a cache)."""
     if not variants:
         return
-    cfg = SweepConfig(features=stores["frozen"], out=runs_dir, plan=quality_plan(variants, stores, seeds, epochs),
-                      overrides=tuple(extra), layout="{row}-seed{seed}", cache=True)
+    cfg = SweepConfig(
+        features=stores["frozen"],
+        out=runs_dir,
+        plan=quality_plan(variants, stores, seeds, epochs),
+        overrides=tuple(extra),
+        layout="{row}-seed{seed}",
+        cache=True,
+    )
     res = run_sweep(cfg, progress=lambda e: log(e.message) if e.kind in ("info", "warning") else None)
     if res.failed:
         raise SystemExit("runs failed: " + "; ".join(f"{k}: {v}" for k, v in res.failed.items()))
@@ -199,8 +247,9 @@ def finished_run(out: Path) -> dict[str, Any]:
     return got["metrics"] | {"seconds": got["metrics"]["train_seconds"]}
 
 
-def one_run(variant: str, seed: int, stores: dict[str, Path], runs_dir: Path, epochs: int,
-            extra: list[str]) -> dict[str, Any]:
+def one_run(
+    variant: str, seed: int, stores: dict[str, Path], runs_dir: Path, epochs: int, extra: list[str]
+) -> dict[str, Any]:
     """One variant and seed (zero-shot included), trained unless done: the sweep's driver for one run."""
     out = runs_dir / f"{variant}-seed{seed}"
     if variant == "zero-shot":
@@ -222,8 +271,9 @@ def zero_shot_run(stores: dict[str, Path], out: Path) -> dict[str, Any]:
     return res | {"seconds": seconds}
 
 
-def run_claims(variant: str, seed: int, stores: dict[str, Path], runs_dir: Path, split: str,
-               t: "C.Truth") -> dict[str, np.ndarray]:
+def run_claims(
+    variant: str, seed: int, stores: dict[str, Path], runs_dir: Path, split: str, t: "C.Truth"
+) -> dict[str, np.ndarray]:
     """Claim-aware per-query results of a finished run (cached in its folder)."""
     out = runs_dir / f"{variant}-seed{seed}"
     store = stores["eval-k2" if VARIANTS.get(variant, ("frozen",))[0] == "k2" else "eval"]
@@ -235,21 +285,45 @@ def row_values(res: dict[str, Any]) -> dict[str, Optional[float]]:
     var = (res.get("variance") or {}).get("mean", {})
     bridge = res.get("bridge") or {}
     share = bridge.get("pair_dependent_share", {})
-    pct = (lambda v: None if v is None else 100 * v)
+    pct = lambda v: None if v is None else 100 * v
     return {
-        "pair-dep mu": pct(share.get("mu")), "pair-dep logvar": pct(share.get("logvar")),
+        "pair-dep mu": pct(share.get("mu")),
+        "pair-dep logvar": pct(share.get("logvar")),
         "const R@1": (bridge.get("constant_control") or {}).get("R@1"),
-        "t2v R@1": res["t2v"]["R@1"], "t2v R@5": res["t2v"]["R@5"], "t2v R@10": res["t2v"]["R@10"],
-        "t2v MnR": res["t2v"]["MnR"], "v2t R@1": res["v2t"]["R@1"],
-        "AURC": sel.get("aurc"), "AURC random": sel.get("aurc_random"),
-        "R@1 @25%": sel.get("at_coverage", {}).get("25%"), "R@1 @10%": sel.get("at_coverage", {}).get("10%"),
-        "var text": var.get("text"), "var bridge": var.get("bridge"), "var video": var.get("video"),
+        "t2v R@1": res["t2v"]["R@1"],
+        "t2v R@5": res["t2v"]["R@5"],
+        "t2v R@10": res["t2v"]["R@10"],
+        "t2v MnR": res["t2v"]["MnR"],
+        "v2t R@1": res["v2t"]["R@1"],
+        "AURC": sel.get("aurc"),
+        "AURC random": sel.get("aurc_random"),
+        "R@1 @25%": sel.get("at_coverage", {}).get("25%"),
+        "R@1 @10%": sel.get("at_coverage", {}).get("10%"),
+        "var text": var.get("text"),
+        "var bridge": var.get("bridge"),
+        "var video": var.get("video"),
         "seconds": res.get("seconds"),
     }
 
 
-COLUMNS = ["t2v R@1", "t2v R@5", "t2v R@10", "t2v MnR", "v2t R@1", "AURC", "AURC random", "R@1 @25%", "R@1 @10%",
-           "var text", "var bridge", "var video", "pair-dep mu", "pair-dep logvar", "const R@1", "seconds"]
+COLUMNS = [
+    "t2v R@1",
+    "t2v R@5",
+    "t2v R@10",
+    "t2v MnR",
+    "v2t R@1",
+    "AURC",
+    "AURC random",
+    "R@1 @25%",
+    "R@1 @10%",
+    "var text",
+    "var bridge",
+    "var video",
+    "pair-dep mu",
+    "pair-dep logvar",
+    "const R@1",
+    "seconds",
+]
 
 
 def aggregate(per_seed: list[dict[str, Optional[float]]]) -> dict[str, Any]:
@@ -279,25 +353,43 @@ def markdown(table: dict[str, Any], oracle_row: dict[str, float]) -> str:
 
 def machine() -> dict[str, Any]:
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
     except (OSError, StopIteration):
         cpu = platform.processor() or platform.machine()
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+        ).stdout.strip()
     except OSError:
         commit = ""
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "python": platform.python_version(), "commit": commit}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "commit": commit,
+    }
 
 
-def run_world(label: str, wcfg: WorldConfig, variants: list[str], seeds: list[int], args, epochs: int
-              ) -> dict[str, Any]:
+def run_world(
+    label: str, wcfg: WorldConfig, variants: list[str], seeds: list[int], args, epochs: int
+) -> dict[str, Any]:
     """Every variant and seed on one world: both tables, printed and returned."""
     claims_split = None if args.claims_split == "none" else args.claims_split
-    stores = build(label, wcfg, args.data_dir, need_k2="dab-ft2" in variants, workers=args.workers,
-                   train_views=args.train_views, claims=claims_split is not None)
+    stores = build(
+        label,
+        wcfg,
+        args.data_dir,
+        need_k2="dab-ft2" in variants,
+        workers=args.workers,
+        train_views=args.train_views,
+        claims=claims_split is not None,
+    )
     orc = oracle(stores["world"])
     log(f"oracle: R@1 {orc['R@1']:.1f} ({orc['unique_queries']:.0f}% of test queries true of one test video only)")
     runs_dir = args.data_dir / f"runs-{label}{args.label}{f'-views{args.train_views}' if args.train_views else ''}"
@@ -306,7 +398,7 @@ def run_world(label: str, wcfg: WorldConfig, variants: list[str], seeds: list[in
     sweep_runs([v for v in variants if v != "zero-shot"], seeds, stores, runs_dir, epochs, args.overrides)
     for variant in variants:
         rows, queries = [], []
-        for seed in ([0] if variant == "zero-shot" else seeds):
+        for seed in [0] if variant == "zero-shot" else seeds:
             out = runs_dir / f"{variant}-seed{seed}"
             res = zero_shot_run(stores, out) if variant == "zero-shot" else finished_run(out)
             vals = row_values(res)
@@ -323,35 +415,77 @@ def run_world(label: str, wcfg: WorldConfig, variants: list[str], seeds: list[in
     boot = C.bootstrap_rows(per_query, args.reference) if truth is not None else {}
     text = markdown(table, orc)
     if truth is not None:
-        text += (f"\n\nClaim-aware ({claims_split} split: {len(truth.levels)} queries, every caption of every "
-                 f"{claims_split} video; relevant = every {claims_split} video its claim is true of, "
-                 f"{truth.n_relevant.mean():.1f} on average):\n\n" + C.claim_markdown(claim_rows, boot, args.reference))
-    return {"world": label, "config": dataclasses.asdict(wcfg), "oracle": orc, "table": table, "runs": per_run,
-            "claims": {"split": claims_split, "rows": claim_rows, "bootstrap": boot,
-                       "queries": None if truth is None else int(len(truth.levels))}, "markdown": text}
+        text += (
+            f"\n\nClaim-aware ({claims_split} split: {len(truth.levels)} queries, every caption of every "
+            f"{claims_split} video; relevant = every {claims_split} video its claim is true of, "
+            f"{truth.n_relevant.mean():.1f} on average):\n\n" + C.claim_markdown(claim_rows, boot, args.reference)
+        )
+    return {
+        "world": label,
+        "config": dataclasses.asdict(wcfg),
+        "oracle": orc,
+        "table": table,
+        "runs": per_run,
+        "claims": {
+            "split": claims_split,
+            "rows": claim_rows,
+            "bootstrap": boot,
+            "queries": None if truth is None else int(len(truth.levels)),
+        },
+        "markdown": text,
+    }
 
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true",
-                    help=f"the worlds {QUICK_WORLDS}, seed 1, variants {QUICK_VARIANTS}")
-    ap.add_argument("--world", nargs="+", default=None,
-                    help=f"world presets (default: {' '.join(FULL_WORLDS)}; quick: {' '.join(QUICK_WORLDS)})")
-    ap.add_argument("--world-set", dest="world_sets", action="append", default=[], metavar="KEY=VALUE",
-                    help="override a field of every world (e.g. ambiguity=0); the world's folders get a suffix")
+    ap.add_argument(
+        "--quick", action="store_true", help=f"the worlds {QUICK_WORLDS}, seed 1, variants {QUICK_VARIANTS}"
+    )
+    ap.add_argument(
+        "--world",
+        nargs="+",
+        default=None,
+        help=f"world presets (default: {' '.join(FULL_WORLDS)}; quick: {' '.join(QUICK_WORLDS)})",
+    )
+    ap.add_argument(
+        "--world-set",
+        dest="world_sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a field of every world (e.g. ambiguity=0); the world's folders get a suffix",
+    )
     ap.add_argument("--seeds", type=int, nargs="+", default=None, help="training seeds (default 1 2 3; quick: 1)")
-    ap.add_argument("--variants", nargs="+", default=None,
-                    help=f"of: zero-shot {' '.join(VARIANTS)} (default: zero-shot {' '.join(FULL_VARIANTS)}; "
-                         f"quick: zero-shot {' '.join(QUICK_VARIANTS)})")
-    ap.add_argument("--claims-split", default="test", choices=["test", "val", "none"],
-                    help="the split of the claim-aware table (val for model selection; none: skip it)")
+    ap.add_argument(
+        "--variants",
+        nargs="+",
+        default=None,
+        help=f"of: zero-shot {' '.join(VARIANTS)} (default: zero-shot {' '.join(FULL_VARIANTS)}; "
+        f"quick: zero-shot {' '.join(QUICK_VARIANTS)})",
+    )
+    ap.add_argument(
+        "--claims-split",
+        default="test",
+        choices=["test", "val", "none"],
+        help="the split of the claim-aware table (val for model selection; none: skip it)",
+    )
     ap.add_argument("--reference", default=REFERENCE, help="the row the claim-aware differences are taken against")
     ap.add_argument("--epochs", type=int, default=None, help=f"default {RECIPE['epochs']}")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                    help="extra TrainConfig override for every trained variant (a sweep)")
+    ap.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra TrainConfig override for every trained variant (a sweep)",
+    )
     ap.add_argument("--label", default="", help="suffix of the run folders (keeps sweeps apart)")
-    ap.add_argument("--train-views", type=int, default=0,
-                    help="train the frozen variants on a store with N augmented views per training video")
+    ap.add_argument(
+        "--train-views",
+        type=int,
+        default=0,
+        help="train the frozen variants on a store with N augmented views per training video",
+    )
     ap.add_argument("--data-dir", type=Path, default=Path("bench_data"), help="world, stores, runs (reused)")
     ap.add_argument("--out", type=Path, default=None, help="write quality.md / quality.json here")
     ap.add_argument("--workers", type=int, default=2, help="world writing and decoding processes")
@@ -366,12 +500,21 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     t_start = time.time()
     worlds = [world_of(p, args.world_sets) for p in presets]
     results = [run_world(label, wcfg, variants, seeds, args, epochs) for label, wcfg in worlds]
-    result = {"worlds": results, "seeds": seeds, "epochs": epochs, "recipe": RECIPE, "overrides": args.overrides,
-              "machine": machine(), "wall_seconds": time.time() - t_start}
+    result = {
+        "worlds": results,
+        "seeds": seeds,
+        "epochs": epochs,
+        "recipe": RECIPE,
+        "overrides": args.overrides,
+        "machine": machine(),
+        "wall_seconds": time.time() - t_start,
+    }
     text = "\n\n".join(f"## {r['world']} world\n\n{r['markdown']}" for r in results)
     print(text)
-    print(f"\nworlds {', '.join(r['world'] for r in results)}, seeds {seeds}, {epochs} epochs; wall time "
-          f"{result['wall_seconds'] / 60:.1f} min on {result['machine']['cpu']} ({result['machine']['cores']} cores)")
+    print(
+        f"\nworlds {', '.join(r['world'] for r in results)}, seeds {seeds}, {epochs} epochs; wall time "
+        f"{result['wall_seconds'] / 60:.1f} min on {result['machine']['cpu']} ({result['machine']['cores']} cores)"
+    )
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "quality.md").write_text(text + "\n")

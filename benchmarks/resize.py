@@ -30,8 +30,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from dab_pipeline.video.synthetic import write_video
 from dab_pipeline.video import decode_video
+from dab_pipeline.video.synthetic import write_video
 
 
 def natural_frames(n: int, size: tuple[int, int], seed: int) -> np.ndarray:
@@ -40,16 +40,17 @@ def natural_frames(n: int, size: tuple[int, int], seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     fy, fx = np.fft.fftfreq(2 * h)[:, None], np.fft.fftfreq(2 * w)[None, :]
     amp = 1.0 / np.maximum(np.sqrt(fx * fx + fy * fy), 1.0 / (2 * max(w, h)))
-    field = np.stack([np.real(np.fft.ifft2(amp * np.exp(2j * np.pi * rng.random((2 * h, 2 * w))))) for _ in range(3)],
-                     axis=-1)  # (2H, 2W, 3)
+    field = np.stack(
+        [np.real(np.fft.ifft2(amp * np.exp(2j * np.pi * rng.random((2 * h, 2 * w))))) for _ in range(3)], axis=-1
+    )  # (2H, 2W, 3)
     field = (field - field.mean()) / field.std()
     frames = []
     for k in range(n):
         dy, dx = int(k * 3) % h, int(k * 5) % w
-        img = 128 + 45 * field[dy: dy + h, dx: dx + w]
+        img = 128 + 45 * field[dy : dy + h, dx : dx + w]
         img[::16, :] += 60  # a sharp grid: where antialiasing matters most
         img[:, ::16] += 60
-        img[h // 3: h // 3 + 3, w // 4: 3 * w // 4] = 20  # thin dark strokes
+        img[h // 3 : h // 3 + 3, w // 4 : 3 * w // 4] = 20  # thin dark strokes
         frames.append(np.clip(img, 0, 255).astype(np.uint8))
     return np.stack(frames)
 
@@ -58,7 +59,7 @@ def frames_both_ways(path: Path, preprocess, image_size: int) -> tuple[torch.Ten
     """The transformed frames (F, 3, S, S) of dab's default path and of open_clip's own resize of the full frame."""
     fast = decode_video(path, num_frames=12, short_side=image_size).frames  # swscale to the short side
     full = decode_video(path, num_frames=12, short_side=None).frames  # native size: PIL resizes
-    to = (lambda frames: torch.stack([preprocess(Image.fromarray(f)) for f in frames]))
+    to = lambda frames: torch.stack([preprocess(Image.fromarray(f)) for f in frames])
     return to(fast), to(full)
 
 
@@ -83,8 +84,9 @@ def main(argv: Optional[list[str]] = None) -> dict:
     torch.manual_seed(args.seed)
     model, _, preprocess = open_clip.create_model_and_transforms(args.model, pretrained=None)
     model.eval()
-    image_size = int(model.visual.image_size[0] if isinstance(model.visual.image_size, tuple)
-                     else model.visual.image_size)
+    image_size = int(
+        model.visual.image_size[0] if isinstance(model.visual.image_size, tuple) else model.visual.image_size
+    )
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for size in ((640, 360), (1280, 720)):
@@ -101,17 +103,27 @@ def main(argv: Optional[list[str]] = None) -> dict:
                     fa, fb = model.encode_image(a), model.encode_image(b)
                 cos += torch.nn.functional.cosine_similarity(fa, fb, dim=-1).tolist()
             rates = {name: rate(paths, preprocess, ss) for name, ss in (("swscale", image_size), ("pil", None))}
-            rates_clip = {name: rate(paths, preprocess, ss, model) for name, ss in (("swscale", image_size),
-                                                                                  ("pil", None))}
-            row = {"slots": len(cos), "cos_min": min(cos), "cos_p1": float(np.percentile(cos, 1)),
-                   "cos_mean": statistics.mean(cos), "max_pixel_diff": max(pix), "videos_per_s": rates,
-                   "videos_per_s_with_clip": rates_clip}
+            rates_clip = {
+                name: rate(paths, preprocess, ss, model) for name, ss in (("swscale", image_size), ("pil", None))
+            }
+            row = {
+                "slots": len(cos),
+                "cos_min": min(cos),
+                "cos_p1": float(np.percentile(cos, 1)),
+                "cos_mean": statistics.mean(cos),
+                "max_pixel_diff": max(pix),
+                "videos_per_s": rates,
+                "videos_per_s_with_clip": rates_clip,
+            }
             out[f"{size[0]}x{size[1]}"] = row
-            print(f"{size[0]}x{size[1]}: per-slot cosine min {row['cos_min']:.5f}, 1st pct {row['cos_p1']:.5f}, "
-                  f"mean {row['cos_mean']:.5f} over {row['slots']} slots; max |pixel diff| after the transform "
-                  f"{row['max_pixel_diff']:.3f} (normalised units); videos/s decode+transform: swscale "
-                  f"{rates['swscale']:.2f}, PIL {rates['pil']:.2f} (x{rates['swscale'] / rates['pil']:.2f}); with "
-                  f"CLIP: {rates_clip['swscale']:.2f} / {rates_clip['pil']:.2f}", flush=True)
+            print(
+                f"{size[0]}x{size[1]}: per-slot cosine min {row['cos_min']:.5f}, 1st pct {row['cos_p1']:.5f}, "
+                f"mean {row['cos_mean']:.5f} over {row['slots']} slots; max |pixel diff| after the transform "
+                f"{row['max_pixel_diff']:.3f} (normalised units); videos/s decode+transform: swscale "
+                f"{rates['swscale']:.2f}, PIL {rates['pil']:.2f} (x{rates['swscale'] / rates['pil']:.2f}); with "
+                f"CLIP: {rates_clip['swscale']:.2f} / {rates_clip['pil']:.2f}",
+                flush=True,
+            )
     return out
 
 

@@ -183,8 +183,9 @@ class Paired:
         self.run += time.perf_counter() - self.mark
 
 
-def runnable_dtypes(requested: list[str], device: torch.device,
-                    force: bool = False) -> tuple[list[str], dict[str, str]]:
+def runnable_dtypes(
+    requested: list[str], device: torch.device, force: bool = False
+) -> tuple[list[str], dict[str, str]]:
     """The dtypes to time on ``device``, and why each skipped one is skipped (bf16 where it is emulated)."""
     from dab_pipeline.runtime.capabilities import capabilities
 
@@ -230,8 +231,16 @@ def prepare_kernels(device: torch.device, dtypes: list[str]) -> str:
     return line + f"; fused CPU kernels: {how}"
 
 
-def measure(impl: str, dtype: str, steps: int, n_q: int, n_v: int, device: torch.device,
-            shortlist: int | None = None, out: str | None = None) -> dict:
+def measure(
+    impl: str,
+    dtype: str,
+    steps: int,
+    n_q: int,
+    n_v: int,
+    device: torch.device,
+    shortlist: int | None = None,
+    out: str | None = None,
+) -> dict:
     """One timed run in this (fresh) process: seconds, peak memory growth, the dtype's matmul rate next to it.
 
     The engine's exact runs are also measured paired (:class:`Paired`): "paired" is its
@@ -246,11 +255,14 @@ def measure(impl: str, dtype: str, steps: int, n_q: int, n_v: int, device: torch
     text, frames, mask = random_features(n_q, n_v)
     scorer = Scorer(model, device=device, dtype=dtype)  # as a server keeps it: engines built once per shape
     if impl == "reference":
+
         def fn() -> Any:
             return score_all_reference(model, text, frames, mask, device=device)
     else:
+
         def fn() -> Any:
             return scorer.score(text, frames, mask, shortlist=shortlist)
+
     # warm-up: kernels, thread pools
     warm = slice(0, 8)
     if impl == "reference":
@@ -281,8 +293,12 @@ def measure(impl: str, dtype: str, steps: int, n_q: int, n_v: int, device: torch
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
     if out:
         np.save(out, res.cost)
-    result = {"seconds": seconds, "peak": max(0, peak), "rate": rate, "info": {
-        k: v for k, v in res.info.items() if isinstance(v, (str, int, float))}}
+    result = {
+        "seconds": seconds,
+        "peak": max(0, peak),
+        "rate": rate,
+        "info": {k: v for k, v in res.info.items() if isinstance(v, (str, int, float))},
+    }
     if impl == "engine" and not shortlist:  # engine-untuned too (renamed above)
         em = engine_macs(model.cfg, NUM_FRAMES)
         paired = Paired(torch_dtype(dtype_name), device, 2.0 * total_macs(em, n_q, n_v))
@@ -300,14 +316,26 @@ def measure(impl: str, dtype: str, steps: int, n_q: int, n_v: int, device: torch
     return result
 
 
-def in_child(impl: str, dtype: str, steps: int, n_q: int, n_v: int, device: torch.device,
-             shortlist: int | None, out: str) -> dict:
+def in_child(
+    impl: str, dtype: str, steps: int, n_q: int, n_v: int, device: torch.device, shortlist: int | None, out: str
+) -> dict:
     """Run :func:`measure` in a fresh interpreter: no allocator or cache history from earlier runs."""
     import json
     import sys
 
-    cmd = [sys.executable, __file__, "--child", impl, dtype, str(steps), str(n_q), str(n_v), str(device),
-           str(shortlist or 0), out]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        impl,
+        dtype,
+        str(steps),
+        str(n_q),
+        str(n_v),
+        str(device),
+        str(shortlist or 0),
+        out,
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"benchmark child failed: {done.stderr[-2000:]}")
@@ -318,38 +346,63 @@ def total_macs(counts: dict[str, int], n_q: int, n_v: int, key: str = "per_pair"
     return counts[key] * n_q * n_v + counts.get("per_text", 0) * n_q + counts.get("per_video", 0) * n_v
 
 
-def row(name: str, seconds: float, peak: int, pairs: int, exec_macs: int, model_macs: int, rate: float,
-        ref_seconds: float | None, err: float | None, top1: float | None, paired: float | None = None,
-        warm: float | None = None) -> str:
+def row(
+    name: str,
+    seconds: float,
+    peak: int,
+    pairs: int,
+    exec_macs: int,
+    model_macs: int,
+    rate: float,
+    ref_seconds: float | None,
+    err: float | None,
+    top1: float | None,
+    paired: float | None = None,
+    warm: float | None = None,
+) -> str:
     gf_exec = 2 * exec_macs / seconds / 1e9
     gf_model = 2 * model_macs / seconds / 1e9
     speed = f"{ref_seconds / seconds:6.2f}x" if ref_seconds else "      -"
     err_s = f"{err:9.2e}" if err is not None else "        -"
     top = f"{100 * top1:6.1f}%" if top1 is not None else "      -"
     pair_s = f"{100 * paired:6.1f}%" if paired is not None else "      -"
-    warm_s = (f"{pairs / warm:10.1f} {100 * 2 * exec_macs / warm / 1e9 / rate:6.1f}%" if warm
-              else f"{'-':>10} {'-':>7}")
-    return (f"  {name:<22} {pairs / seconds:10.1f} {speed} {gf_exec:9.1f} {100 * gf_exec / rate:6.1f}% {pair_s} "
-            f"{warm_s} {gf_model:9.1f} {peak / 2**20:9.1f} {err_s} {top}")
+    warm_s = f"{pairs / warm:10.1f} {100 * 2 * exec_macs / warm / 1e9 / rate:6.1f}%" if warm else f"{'-':>10} {'-':>7}"
+    return (
+        f"  {name:<22} {pairs / seconds:10.1f} {speed} {gf_exec:9.1f} {100 * gf_exec / rate:6.1f}% {pair_s} "
+        f"{warm_s} {gf_model:9.1f} {peak / 2**20:9.1f} {err_s} {top}"
+    )
 
 
-HEADER = (f"  {'implementation':<22} {'pairs/s':>10} {'speed':>7} {'exec GF/s':>9} {'%best':>7} {'%paired':>7} "
-          f"{'warm p/s':>10} {'%best w':>7} {'model GF/s':>9} {'peak MiB':>9} {'max relerr':>9} {'top-1 =':>7}")
+HEADER = (
+    f"  {'implementation':<22} {'pairs/s':>10} {'speed':>7} {'exec GF/s':>9} {'%best':>7} {'%paired':>7} "
+    f"{'warm p/s':>10} {'%best w':>7} {'model GF/s':>9} {'peak MiB':>9} {'max relerr':>9} {'top-1 =':>7}"
+)
 
 
 RATES: dict[str, float] = {}  # the best matmul rate of each dtype seen in this session
 PAIRED: dict[tuple[str, str], float] = {}  # the best paired share of each row
 
 
-def bench_size(n_q: int, n_v: int, steps: int, device: torch.device, dtypes: list[str], reference: bool,
-               shortlist: int | None, repeats: int, tmp: str) -> None:
+def bench_size(
+    n_q: int,
+    n_v: int,
+    steps: int,
+    device: torch.device,
+    dtypes: list[str],
+    reference: bool,
+    shortlist: int | None,
+    repeats: int,
+    tmp: str,
+) -> None:
     cfg = random_model(steps).cfg
     rm, em = reference_macs(cfg, NUM_FRAMES), engine_macs(cfg, NUM_FRAMES)
     pairs = n_q * n_v
     model_macs = rm["paper_per_pair"] * pairs
-    print(f"\n{n_q} x {n_v} pairs, T'={steps}, D={cfg.embed_dim}, drift {cfg.drift_hidden}, F={NUM_FRAMES}: "
-          f"per pair {rm['per_pair'] / 1e6:.2f} M MACs (reference), {em['per_pair'] / 1e6:.2f} M (engine), "
-          f"{rm['paper_per_pair'] / 1e6:.2f} M (paper count); best of {repeats}")
+    print(
+        f"\n{n_q} x {n_v} pairs, T'={steps}, D={cfg.embed_dim}, drift {cfg.drift_hidden}, F={NUM_FRAMES}: "
+        f"per pair {rm['per_pair'] / 1e6:.2f} M MACs (reference), {em['per_pair'] / 1e6:.2f} M (engine), "
+        f"{rm['paper_per_pair'] / 1e6:.2f} M (paper count); best of {repeats}"
+    )
     print(HEADER, flush=True)
     runs = [("reference", "float32")] if reference else []
     runs += [("engine", dt) for dt in dtypes]
@@ -378,9 +431,22 @@ def bench_size(n_q: int, n_v: int, steps: int, device: torch.device, dtypes: lis
             err = float(np.max(np.abs(cost - ref_cost) / np.abs(ref_cost)))
             top1 = float(np.mean(cost.argmin(1) == ref_cost.argmin(1)))
         macs = total_macs(rm if impl == "reference" else em, n_q, n_v)
-        print(row(f"{impl} {dt}", r["seconds"], r["peak"], pairs, macs, model_macs, RATES[dt],
-                  ref_s if impl.startswith("engine") else None, err, top1, PAIRED.get((impl, dt)),
-                  warm.get((impl, dt))))
+        print(
+            row(
+                f"{impl} {dt}",
+                r["seconds"],
+                r["peak"],
+                pairs,
+                macs,
+                model_macs,
+                RATES[dt],
+                ref_s if impl.startswith("engine") else None,
+                err,
+                top1,
+                PAIRED.get((impl, dt)),
+                warm.get((impl, dt)),
+            )
+        )
         extra = {k: r["info"][k] for k in ("products", "kernels", "block_pairs") if k in r.get("info", {})}
         if extra:
             print(f"  {'':<22} ({', '.join(f'{k}: {v}' for k, v in extra.items())})")
@@ -388,9 +454,12 @@ def bench_size(n_q: int, n_v: int, steps: int, device: torch.device, dtypes: lis
         k = min(shortlist, n_v)
         r = in_child("engine", "float32", steps, n_q, n_v, device, k, os.path.join(tmp, "shortlist.npy"))
         exact = np.load(os.path.join(tmp, "engine-float32.npy"))
-        print(f"  shortlist K={k}: {best[('engine', 'float32')]['seconds'] / r['seconds']:.2f}x faster than exact "
-              f"float32, " + recall_kept(exact, np.load(os.path.join(tmp, "shortlist.npy")))
-              + f"  (random model: ~{100 * k / n_v:.0f}% expected)")
+        print(
+            f"  shortlist K={k}: {best[('engine', 'float32')]['seconds'] / r['seconds']:.2f}x faster than exact "
+            f"float32, "
+            + recall_kept(exact, np.load(os.path.join(tmp, "shortlist.npy")))
+            + f"  (random model: ~{100 * k / n_v:.0f}% expected)"
+        )
 
 
 def recall_kept(exact_cost: np.ndarray, approx_cost: np.ndarray) -> str:
@@ -401,8 +470,9 @@ def recall_kept(exact_cost: np.ndarray, approx_cost: np.ndarray) -> str:
     return f"exact top-1 kept {100 * top1:.1f}%, exact top-10 kept {100 * top10:.1f}%"
 
 
-def bench_teacher(run_dir: str, teacher_dir: str, store: str, split: str, device: torch.device,
-                  repeats: int = 3) -> None:
+def bench_teacher(
+    run_dir: str, teacher_dir: str, store: str, split: str, device: torch.device, repeats: int = 3
+) -> None:
     """A distilled run against its teacher on the same pairs: speed, metrics, top-1 agreement (float32)."""
     from dab_pipeline.metrics import t2v_metrics
     from dab_pipeline.stages.search import load_run
@@ -422,13 +492,16 @@ def bench_teacher(run_dir: str, teacher_dir: str, store: str, split: str, device
             sync(device)
             best = min(best, time.perf_counter() - t)
         rows[name] = (run.model.cfg.steps, pairs / best, t2v_metrics(res.cost, gt), res.cost.argmin(1))
-    print(f"\n{run_dir} against its teacher {teacher_dir} on {store} [{split}]: {pairs} pairs, float32, "
-          f"best of {repeats}")
+    print(
+        f"\n{run_dir} against its teacher {teacher_dir} on {store} [{split}]: {pairs} pairs, float32, best of {repeats}"
+    )
     for name, (steps, rate, m, _) in rows.items():
         print(f"  {name:<8} T'={steps:<3} {rate:12,.0f} pairs/s  R@1 {m['R@1']:6.2f}  MnR {m['MnR']:7.2f}")
     agree = float(np.mean(rows["student"][3] == rows["teacher"][3]))
-    print(f"  speed-up {rows['student'][1] / rows['teacher'][1]:.2f}x; top-1 equal to the teacher's for "
-          f"{100 * agree:.1f}% of the queries")
+    print(
+        f"  speed-up {rows['student'][1] / rows['teacher'][1]:.2f}x; top-1 equal to the teacher's for "
+        f"{100 * agree:.1f}% of the queries"
+    )
 
 
 def bench_run(run_dir: str, store: str, split: str, device: torch.device, shortlist: int | None) -> None:
@@ -441,8 +514,10 @@ def bench_run(run_dir: str, store: str, split: str, device: torch.device, shortl
         feats = s.load_split(split)
     gt = np.asarray(feats.caption_video)
     n_q, n_v = len(feats.caption_ids), len(feats.video_ids)
-    print(f"\ntrained run {run_dir} on {store} [{split}]: {n_q} queries x {n_v} videos, "
-          f"variant {run.model.cfg.variant}, T'={run.model.cfg.steps}")
+    print(
+        f"\ntrained run {run_dir} on {store} [{split}]: {n_q} queries x {n_v} videos, "
+        f"variant {run.model.cfg.variant}, T'={run.model.cfg.steps}"
+    )
     out = {}
     for dt in ("float32", "bfloat16"):
         t = time.perf_counter()
@@ -455,17 +530,22 @@ def bench_run(run_dir: str, store: str, split: str, device: torch.device, shortl
     for key in ("R@1", "R@5", "R@10", "MdR", "MnR"):
         print(f"  {key:<6} {m32[key]:9.2f} {m16[key]:9.2f} {m16[key] - m32[key]:+8.2f}")
     worst = max(abs(m16[k] - m32[k]) for k in ("R@1", "R@5", "MnR"))
-    print(f"  bf16 max relative cost error {np.max(np.abs(c16 - c32) / np.abs(c32)):.2e}; "
-          f"largest |delta| of R@1/R@5/MnR {worst:.2f} ({'within' if worst <= 0.3 else 'OUTSIDE'} the 0.3 target); "
-          f"time {out['float32'][0]:.1f} s float32, {out['bfloat16'][0]:.1f} s bf16")
+    print(
+        f"  bf16 max relative cost error {np.max(np.abs(c16 - c32) / np.abs(c32)):.2e}; "
+        f"largest |delta| of R@1/R@5/MnR {worst:.2f} ({'within' if worst <= 0.3 else 'OUTSIDE'} the 0.3 target); "
+        f"time {out['float32'][0]:.1f} s float32, {out['bfloat16'][0]:.1f} s bf16"
+    )
     k = min(shortlist or max(1, n_v // 10), n_v)
     t = time.perf_counter()
     res = score_all(run.model, feats.text, feats.frames, feats.frame_mask, device=device, shortlist=k)
     sync(device)
     sec = time.perf_counter() - t
     msl = t2v_metrics(res.cost, gt)
-    print(f"  shortlist K={k}: {out['float32'][0] / sec:.2f}x faster; " + recall_kept(c32, res.cost)
-          + f"; R@1 {msl['R@1']:.2f} (exact {m32['R@1']:.2f}), R@5 {msl['R@5']:.2f} (exact {m32['R@5']:.2f})")
+    print(
+        f"  shortlist K={k}: {out['float32'][0] / sec:.2f}x faster; "
+        + recall_kept(c32, res.cost)
+        + f"; R@1 {msl['R@1']:.2f} (exact {m32['R@1']:.2f}), R@5 {msl['R@5']:.2f} (exact {m32['R@5']:.2f})"
+    )
 
 
 def main() -> None:
@@ -486,20 +566,31 @@ def main() -> None:
     ap.add_argument("--full", action="store_true", help="T' = 8 and 32 on CPU (about 3x the default's time)")
     ap.add_argument("--force-bf16", action="store_true", help="run bf16 rows even where bf16 is emulated (slow)")
     ap.add_argument("--device", default="auto", help="cpu, cuda or auto")
-    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "tfloat32", "bfloat16"],
-                    help="tfloat32: float32 scoring with TF32 products (CUDA, compute capability 8.0+)")
+    ap.add_argument(
+        "--dtypes",
+        nargs="+",
+        default=["float32", "bfloat16"],
+        choices=["float32", "tfloat32", "bfloat16"],
+        help="tfloat32: float32 scoring with TF32 products (CUDA, compute capability 8.0+)",
+    )
     ap.add_argument("--repeats", type=int, default=1, help="runs per row (interleaved); the fastest is shown")
     ap.add_argument("--no-reference", action="store_true", help="skip the reference (no speed-up / error columns)")
     ap.add_argument("--shortlist", type=int, default=None, help="K of the shortlist row (default V/10; 0: skip)")
     ap.add_argument("--run", default=None, help="trained run folder: float32 vs bf16 metrics on its split")
     ap.add_argument("--features", default=None, help="feature store of --run")
-    ap.add_argument("--teacher", default=None, help="with --run: the teacher of a distilled run (dab distill); "
-                                                    "speed and agreement on the same pairs")
+    ap.add_argument(
+        "--teacher",
+        default=None,
+        help="with --run: the teacher of a distilled run (dab distill); speed and agreement on the same pairs",
+    )
     ap.add_argument("--split", default="test")
     args = ap.parse_args()
 
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if args.device == "auto" else args.device)
+    )
     cuda = device.type == "cuda"
     where = torch.cuda.get_device_name(device) if cuda else f"{cpu_name()}, {os.cpu_count()} cores"
     print(f"device: {device} ({where}); torch {torch.__version__}, {torch.get_num_threads()} CPU threads")
@@ -525,9 +616,12 @@ def main() -> None:
         rates[dt] = matmul_rate(torch_dtype(dt), device)
     use_tf32("float32")
     RATES.update(rates)
-    print("matmul rate: " + ", ".join(f"{dt} {r:.0f} GFLOP/s" for dt, r in rates.items())
-          + " (at start; %best divides by the best rate seen in the whole session, %paired by the rate of "
-          "bare products run between the row's own tiles)")
+    print(
+        "matmul rate: "
+        + ", ".join(f"{dt} {r:.0f} GFLOP/s" for dt, r in rates.items())
+        + " (at start; %best divides by the best rate seen in the whole session, %paired by the rate of "
+        "bare products run between the row's own tiles)"
+    )
     n_q, n_v = args.pairs or ((1000, 1000) if (args.large or cuda) else (256, 256))
     steps = args.steps or ([32] if cuda else ([8, 32] if args.full else [8]))
     shortlist = None if args.shortlist == 0 else (args.shortlist or max(1, n_v // 10))

@@ -41,8 +41,9 @@ def recall(short: np.ndarray, top: np.ndarray) -> tuple[float, float]:
     return float(hit.mean()), float(hit[:, 0].mean())
 
 
-def run_recall(run_dir: Path, store_path: Path, ks: list[int], factories: list[tuple[str, int]],
-               work: Path) -> dict[tuple[str, str, int], tuple[float, float]]:
+def run_recall(
+    run_dir: Path, store_path: Path, ks: list[int], factories: list[tuple[str, int]], work: Path
+) -> dict[tuple[str, str, int], tuple[float, float]]:
     run = load_run(run_dir, "cpu")
     cm = read_costs(run_dir / "costs_test.h5")
     cost = cm.to_cost()  # (Q, V) the run's full DAB costs
@@ -55,8 +56,9 @@ def run_recall(run_dir: Path, store_path: Path, ks: list[int], factories: list[t
         plans = [(kind, "Flat", 1) for kind in VECTOR_KINDS.names()] + [(DEFAULT_VECTOR, f, p) for f, p in factories]
         for kind, factory, nprobe in plans:
             where = work / f"{run_dir.name}-{kind}-{factory.replace(',', '_')}"
-            build_index(st, where, split="test", vector=kind, model=run.model, factory=factory, nprobe=nprobe,
-                        overwrite=True)
+            build_index(
+                st, where, split="test", vector=kind, model=run.model, factory=factory, nprobe=nprobe, overwrite=True
+            )
             idx = load_index(where)
             qv = query_vectors(kind, text, run.model)
             for k in ks:
@@ -78,8 +80,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for r in args.runs:
             per_run.append(run_recall(r, args.store, args.ks, factories, Path(tmp)))
-    print(f"shortlist recall of the full-scoring top-10 (top-1 in brackets), {len(per_run)} runs, "
-          f"{args.store}, test split")
+    print(
+        f"shortlist recall of the full-scoring top-10 (top-1 in brackets), {len(per_run)} runs, "
+        f"{args.store}, test split"
+    )
     print(f"{'vector':8} {'index':22} " + " ".join(f"{'K=' + str(k):>22}" for k in args.ks))
     for key in dict.fromkeys((kind, label) for kind, label, _ in per_run[0]):
         cells = []

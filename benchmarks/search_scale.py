@@ -48,8 +48,8 @@ import torch
 from dab_pipeline.clip_models import encode_queries_short
 from dab_pipeline.index import build_index, load_index, query_vectors
 from dab_pipeline.model import DABModel, ModelConfig
-from dab_pipeline.runtime.capabilities import resolve_score_dtype
 from dab_pipeline.runs.run_folder import RunFolder
+from dab_pipeline.runtime.capabilities import resolve_score_dtype
 from dab_pipeline.scoring import Scorer
 from dab_pipeline.stages.search import Searcher, load_run
 from dab_pipeline.stages.train import TrainConfig
@@ -68,9 +68,11 @@ def check_disk(path: Path, n: int, keep_free_gb: float) -> None:
     need = n * F * D * 2 * 1.05  # float16 frames, plus masks, captions and HDF5 overhead
     free = shutil.disk_usage(path.parent).free
     if free - need < keep_free_gb * 1e9:
-        raise SystemExit(f"{path}: writing {n:,} videos needs {need / 1e9:.1f} GB and would leave "
-                         f"{(free - need) / 1e9:.1f} GB free on its disk (--keep-free-gb {keep_free_gb:g}); "
-                         f"remove old stores under {path.parent.parent} or pass a --work on a larger disk")
+        raise SystemExit(
+            f"{path}: writing {n:,} videos needs {need / 1e9:.1f} GB and would leave "
+            f"{(free - need) / 1e9:.1f} GB free on its disk (--keep-free-gb {keep_free_gb:g}); "
+            f"remove old stores under {path.parent.parent} or pass a --work on a larger disk"
+        )
 
 
 def write_store(path: Path, n: int, seed: int = 0, chunk: int = 16384) -> float:
@@ -83,10 +85,20 @@ def write_store(path: Path, n: int, seed: int = 0, chunk: int = 16384) -> float:
     vids = [f"s{i:07d}" for i in range(n)]
     cap_v = np.arange(0, n, CAPS_EVERY)
     tmp = path.with_name("writing-" + path.name)
-    st = create_store(tmp, manifest={"model": "synthetic", "clip": {"embed_dim": D}, "frames": F}, video_ids=vids,
-                      video_split=["test"] * n, caption_ids=[f"{vids[v]}#0" for v in cap_v],
-                      caption_video_index=cap_v, caption_text=["synthetic"] * len(cap_v),
-                      caption_split=["test"] * len(cap_v), num_frames=F, dim=D, dtype="float16", overwrite=True)
+    st = create_store(
+        tmp,
+        manifest={"model": "synthetic", "clip": {"embed_dim": D}, "frames": F},
+        video_ids=vids,
+        video_split=["test"] * n,
+        caption_ids=[f"{vids[v]}#0" for v in cap_v],
+        caption_video_index=cap_v,
+        caption_text=["synthetic"] * len(cap_v),
+        caption_split=["test"] * len(cap_v),
+        num_frames=F,
+        dim=D,
+        dtype="float16",
+        overwrite=True,
+    )
     with st:
         for a in range(0, n, chunk):
             b = min(a + chunk, n)
@@ -134,7 +146,7 @@ def timed_queries(fn, text: np.ndarray) -> list[float]:
     out = []
     for i in range(len(text)):
         t0 = time.perf_counter()
-        fn(text[i: i + 1])
+        fn(text[i : i + 1])
         out.append(1000 * (time.perf_counter() - t0))
     return out
 
@@ -161,8 +173,12 @@ def serve_child(args: tuple) -> dict:
     # by a stored caption's, which the random tower cannot give)
     clip = open_clip.create_model("ViT-B-32", pretrained=None).eval()
     clip.visual = None
-    bundle = SimpleNamespace(model=clip, tokenizer=open_clip.get_tokenizer("ViT-B-32"), device=torch.device("cpu"),
-                             autocast=contextlib.nullcontext)  # the parts of a ClipBundle the encoder reads
+    bundle = SimpleNamespace(
+        model=clip,
+        tokenizer=open_clip.get_tokenizer("ViT-B-32"),
+        device=torch.device("cpu"),
+        autocast=contextlib.nullcontext,
+    )  # the parts of a ClipBundle the encoder reads
 
     def answer(s, q: np.ndarray, k: int, t: dict) -> None:
         t0 = time.perf_counter()
@@ -177,12 +193,12 @@ def serve_child(args: tuple) -> dict:
             ms = timed_queries(lambda q: answer(s, q, k, t), text)
             n = len(text) + 1
             rows[k] = {"ms": ms, "parts": {p: 1000 * v / n for p, v in t.items()}}
-    return {"rows": rows, "rss_loaded_mb": rss_loaded,
-            "rss_peak_mb": peak_rss_mb()}
+    return {"rows": rows, "rss_loaded_mb": rss_loaded, "rss_peak_mb": peak_rss_mb()}
 
 
-def in_ram_paths(run_dirs: dict, store: Path, text: np.ndarray, ks: list[int], n: int, dtype: str,
-                 full_max: int) -> list[str]:
+def in_ram_paths(
+    run_dirs: dict, store: Path, text: np.ndarray, ks: list[int], n: int, dtype: str, full_max: int
+) -> list[str]:
     lines = []
     with open_store(store) as st:
         feats = st.load_split("test")
@@ -230,8 +246,10 @@ def encoder_ms(repeats: int = 20) -> dict[str, float]:
     tok = open_clip.get_tokenizer("ViT-B-32")
     bundle = SimpleNamespace(model=model, tokenizer=tok, device=torch.device("cpu"), autocast=contextlib.nullcontext)
     out = {}
-    for name, fn in (("full context", lambda q: model.encode_text(tok(q))),
-                     ("up to EOT", lambda q: encode_queries_short(bundle, q))):
+    for name, fn in (
+        ("full context", lambda q: model.encode_text(tok(q))),
+        ("up to EOT", lambda q: encode_queries_short(bundle, q)),
+    ):
         ms = []
         with torch.no_grad():
             for i in range(repeats + 1):
@@ -252,20 +270,31 @@ def main() -> None:
     ap.add_argument("--ram-max", type=int, default=100_000, help="largest N whose split is loaded in RAM")
     ap.add_argument("--full-max", type=int, default=10_000, help="largest N scored in full")
     ap.add_argument("--ram-queries", type=int, default=5, help="queries timed on the in-RAM paths (slow)")
-    ap.add_argument("--reuse-index", action="store_true", help="keep an index built by an earlier run (its build "
-                                                                 "time is the one it recorded)")
-    ap.add_argument("--keep-free-gb", type=float, default=10.0, help="refuse to write a store that would leave "
-                                                                         "less than this much free disk")
-    ap.add_argument("--remove-stores", action="store_true", help="delete each N's folder (store, index, runs) "
-                                                                  "once it is measured")
+    ap.add_argument(
+        "--reuse-index",
+        action="store_true",
+        help="keep an index built by an earlier run (its build time is the one it recorded)",
+    )
+    ap.add_argument(
+        "--keep-free-gb",
+        type=float,
+        default=10.0,
+        help="refuse to write a store that would leave less than this much free disk",
+    )
+    ap.add_argument(
+        "--remove-stores", action="store_true", help="delete each N's folder (store, index, runs) once it is measured"
+    )
     args = ap.parse_args()
     torch.set_num_threads(2)
     choice = resolve_score_dtype(args.dtype, torch.device("cpu"))
     args.dtype = choice.dtype
     print(f"scoring dtype {args.dtype}" + (f" ({choice.warning})" if choice.warning else ""), flush=True)
     report: dict = {"sizes": {}, "encode_ms": encoder_ms()}
-    print("query encoding (ViT-B/32 text tower, 2 threads), p50: "
-          + ", ".join(f"{k} {v:.1f} ms" for k, v in report["encode_ms"].items()), flush=True)
+    print(
+        "query encoding (ViT-B/32 text tower, 2 threads), p50: "
+        + ", ".join(f"{k} {v:.1f} ms" for k, v in report["encode_ms"].items()),
+        flush=True,
+    )
     lines = [f"{'videos':>9} {'run':4} {'path':28} {'K':>5} {'p50 ms':>8} {'p99 ms':>8}"]
     for n in args.sizes:
         root = args.work / f"n{n}"
@@ -286,10 +315,19 @@ def main() -> None:
                 meta = build_index(st, index, split="test", overwrite=True)
             t_build = time.perf_counter() - t0
         size = sum(p.stat().st_size for p in index.iterdir())
-        info = {"store_gb": store.stat().st_size / 1e9, "store_write_s": t_store, "build_s": t_build,
-                "factory": meta.factory, "vectors": meta.count * meta.per_video, "index_mb": size / 1e6}
-        print(f"N={n:,}: store {info['store_gb']:.2f} GB (written in {t_store:.0f} s), index {meta.factory} over "
-              f"{info['vectors']:,} vectors built in {t_build:.1f} s, {info['index_mb']:.1f} MB", flush=True)
+        info = {
+            "store_gb": store.stat().st_size / 1e9,
+            "store_write_s": t_store,
+            "build_s": t_build,
+            "factory": meta.factory,
+            "vectors": meta.count * meta.per_video,
+            "index_mb": size / 1e6,
+        }
+        print(
+            f"N={n:,}: store {info['store_gb']:.2f} GB (written in {t_store:.0f} s), index {meta.factory} over "
+            f"{info['vectors']:,} vectors built in {t_build:.1f} s, {info['index_mb']:.1f} MB",
+            flush=True,
+        )
         if n <= args.ram_max:
             m = args.ram_queries if n <= args.full_max else 2
             lines += in_ram_paths(runs, store, text[:m], args.ks, n, args.dtype, args.full_max)
@@ -302,12 +340,18 @@ def main() -> None:
                     lines.append(f"{n:>9,} {name:4} {'FAISS shortlist + DAB':28} {k:>5} {pct(r['ms'])}   ({parts})")
                 info[f"rss_{name}_mb"] = res["rss_peak_mb"]
                 info[f"rss_{name}_loaded_mb"] = res["rss_loaded_mb"]
-                print(lines[-1], f"peak RSS {res['rss_peak_mb']:.0f} MB ({res['rss_loaded_mb']:.0f} MB once loaded)",
-                      flush=True)
+                print(
+                    lines[-1],
+                    f"peak RSS {res['rss_peak_mb']:.0f} MB ({res['rss_loaded_mb']:.0f} MB once loaded)",
+                    flush=True,
+                )
         if meta.factory != "Flat":
             info["ann_recall"] = ann_recall(store, index, root, text)
-            print(f"N={n:,}: the index's top 100 against the exact first stage's (same vectors, Flat): "
-                  + ", ".join(f"{key} {100 * v:.1f} %" for key, v in info["ann_recall"].items()), flush=True)
+            print(
+                f"N={n:,}: the index's top 100 against the exact first stage's (same vectors, Flat): "
+                + ", ".join(f"{key} {100 * v:.1f} %" for key, v in info["ann_recall"].items()),
+                flush=True,
+            )
         report["sizes"][n] = info
         if args.remove_stores:
             shutil.rmtree(root)

@@ -27,8 +27,12 @@ def build(path: Path, n: int, f: int, d: int) -> None:
     with st:
         for a in range(0, n, 4096):
             b = min(a + 4096, n)
-            st.write_videos(np.arange(a, b), rng.standard_normal((b - a, f, d)).astype(np.float16),
-                            np.ones((b - a, f), bool), np.full(b - a, f))
+            st.write_videos(
+                np.arange(a, b),
+                rng.standard_normal((b - a, f, d)).astype(np.float16),
+                np.ones((b - a, f), bool),
+                np.full(b - a, f),
+            )
 
 
 def main() -> None:
@@ -53,8 +57,10 @@ def main() -> None:
                         st.read_videos(rows)
                         times.append(time.perf_counter() - t0)
                     ms = 1000 * float(np.median(times))
-                    print(f"{suffix[1:]:5} chunks {str(chunks):18} K={k:5}: {ms:8.2f} ms a read, "
-                          f"{1000 * ms / k:7.1f} us a video ({f * d * 2 / 1024:.0f} KiB of features a video)")
+                    print(
+                        f"{suffix[1:]:5} chunks {str(chunks):18} K={k:5}: {ms:8.2f} ms a read, "
+                        f"{1000 * ms / k:7.1f} us a video ({f * d * 2 / 1024:.0f} KiB of features a video)"
+                    )
 
 
 if __name__ == "__main__":

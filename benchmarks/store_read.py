@@ -26,7 +26,6 @@ from typing import Callable
 import numpy as np
 
 from dab_pipeline.store import open_store
-
 from dab_pipeline.testing import empty_store  # noqa: E402
 
 
@@ -41,17 +40,32 @@ def timed(fn: Callable[[], object], repeats: int) -> float:
     return 1000 * float(np.median(out))
 
 
-def build(path: Path, n: int, f: int, d: int, captions_per_video: int, rng: np.random.Generator, vision_state_shape=None) -> float:
+def build(
+    path: Path, n: int, f: int, d: int, captions_per_video: int, rng: np.random.Generator, vision_state_shape=None
+) -> float:
     split = rng.choice(["train", "val", "test"], size=n, p=[0.7, 0.1, 0.2])
     cvid = np.repeat(np.arange(n), captions_per_video)
     extra = {}
     if vision_state_shape is not None:
-        extra = {"vision_state_shape": vision_state_shape, "text_state_width": 8, "text_state_lengths": np.full(len(cvid), 2)}
+        extra = {
+            "vision_state_shape": vision_state_shape,
+            "text_state_width": 8,
+            "text_state_lengths": np.full(len(cvid), 2),
+        }
     t = time.perf_counter()
     with empty_store(
-        path, n, captions_per_video=captions_per_video, splits=split, video_id="video{i}", caption_id="{video}#{q}",
-        caption_text=lambda q, v: f"a caption about video {v}", manifest={"benchmark": True}, num_frames=f, dim=d,
-        dtype="float16", **extra,
+        path,
+        n,
+        captions_per_video=captions_per_video,
+        splits=split,
+        video_id="video{i}",
+        caption_id="{video}#{q}",
+        caption_text=lambda q, v: f"a caption about video {v}",
+        manifest={"benchmark": True},
+        num_frames=f,
+        dim=d,
+        dtype="float16",
+        **extra,
     ) as s:
         b = 32
         for a in range(0, n, b):
@@ -59,7 +73,9 @@ def build(path: Path, n: int, f: int, d: int, captions_per_video: int, rng: np.r
             states = None
             if vision_state_shape is not None:
                 states = rng.standard_normal((len(idx), f, *vision_state_shape), dtype=np.float32).astype(np.float16)
-            s.write_videos(idx, rng.standard_normal((len(idx), f, d)), np.ones((len(idx), f), bool), np.full(len(idx), 100), states)
+            s.write_videos(
+                idx, rng.standard_normal((len(idx), f, d)), np.ones((len(idx), f), bool), np.full(len(idx), 100), states
+            )
         for a in range(0, len(cvid), 256):
             q = np.arange(a, min(a + 256, len(cvid)))
             ts = [np.zeros((2, 8))] * len(q) if vision_state_shape is not None else None
@@ -82,8 +98,12 @@ def main() -> None:
     f, d, batch = 12, 512, 32
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
-        print(f"store: {args.videos} videos, F={f}, D={d}, float16, 5 captions/video, random splits; batch {batch}; median ms")
-        print(f"{'backend':8} {'write s':>8} {'MB':>6} {'read_videos':>12} {'fancy':>8} {'per-row':>8} {'load train':>11} {'load test':>10}")
+        print(
+            f"store: {args.videos} videos, F={f}, D={d}, float16, 5 captions/video, random splits; batch {batch}; median ms"
+        )
+        print(
+            f"{'backend':8} {'write s':>8} {'MB':>6} {'read_videos':>12} {'fancy':>8} {'per-row':>8} {'load train':>11} {'load test':>10}"
+        )
         for suffix in (".h5", ".zarr"):
             path = Path(tmp) / f"bench{suffix}"
             write_s = build(path, args.videos, f, d, 5, rng)
@@ -107,7 +127,9 @@ def main() -> None:
             )
         if args.token_videos:
             n, shape, b = args.token_videos, (50, 768), 8
-            print(f"\ntoken grids: {n} videos, states (F={f}, L={shape[0]}, W={shape[1]}) float16, batch {b}; median ms")
+            print(
+                f"\ntoken grids: {n} videos, states (F={f}, L={shape[0]}, W={shape[1]}) float16, batch {b}; median ms"
+            )
             print(f"{'backend':8} {'MB':>6} {'read_vision_states':>19} {'fancy':>8}")
             for suffix in (".h5", ".zarr"):
                 path = Path(tmp) / f"tokens{suffix}"

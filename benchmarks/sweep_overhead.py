@@ -55,19 +55,53 @@ def shell_by_hand(store: Path, out: Path, grid: list[str], seeds: tuple[int, ...
     t0 = time.perf_counter()
     for run in resolve_plan(grid_plan(grid, seeds=seeds), store, out, sets).runs:
         variant = run.config.model.variant
-        subprocess.run([*dab, "train", "--features", str(store), "--out", str(run.config.out), "--variant", variant,
-                        "--seed", str(run.seed), *[a for s in sets for a in ("--set", s)], "--quiet"],
-                       check=True, capture_output=True)
-        subprocess.run([*dab, "evaluate", "--run", str(run.config.out), "--no-plots", "--examples", "0"],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [
+                *dab,
+                "train",
+                "--features",
+                str(store),
+                "--out",
+                str(run.config.out),
+                "--variant",
+                variant,
+                "--seed",
+                str(run.seed),
+                *[a for s in sets for a in ("--set", s)],
+                "--quiet",
+            ],
+            check=True,
+            capture_output=True,
+        )
+        subprocess.run(
+            [*dab, "evaluate", "--run", str(run.config.out), "--no-plots", "--examples", "0"],
+            check=True,
+            capture_output=True,
+        )
     return time.perf_counter() - t0
 
 
 def shell_sweep(store: Path, out: Path, grid: list[str], seeds: tuple[int, ...], sets: tuple[str, ...]) -> float:
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "dab_pipeline.cli", "sweep", "--features", str(store), "--out", str(out),
-                    *[a for g in grid for a in ("--grid", g)], "--seeds", *map(str, seeds),
-                    *[a for s in sets for a in ("--set", s)], "--quiet"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dab_pipeline.cli",
+            "sweep",
+            "--features",
+            str(store),
+            "--out",
+            str(out),
+            *[a for g in grid for a in ("--grid", g)],
+            "--seeds",
+            *map(str, seeds),
+            *[a for s in sets for a in ("--set", s)],
+            "--quiet",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return time.perf_counter() - t0
 
 
@@ -84,11 +118,15 @@ def main() -> None:
         n_val = n_test = max(1, args.videos // 6)
         splits = ("train",) * (args.videos - n_val - n_test) + ("val",) * n_val + ("test",) * n_test
         store = random_store(work / "s.h5", n_videos=args.videos, dim=32, frames=6, splits=splits)
-        grid = [f"model.variant={','.join(VARIANTS[:args.rows])}"]
+        grid = [f"model.variant={','.join(VARIANTS[: args.rows])}"]
         seeds = tuple(range(1, args.seeds + 1))
         sets = (*SMALL, f"epochs={args.epochs}")
-        ways = {"by hand (library)": by_hand, "sweep (library)": swept, "by hand (dab train + dab evaluate)":
-                shell_by_hand, "dab sweep": shell_sweep}
+        ways = {
+            "by hand (library)": by_hand,
+            "sweep (library)": swept,
+            "by hand (dab train + dab evaluate)": shell_by_hand,
+            "dab sweep": shell_sweep,
+        }
         times: dict[str, list[float]] = {k: [] for k in ways}
         for rep in range(args.repeats):
             order = list(ways) if rep % 2 == 0 else list(reversed(ways))
@@ -97,18 +135,24 @@ def main() -> None:
                 times[name].append(ways[name](store, out, grid, seeds, sets))
                 shutil.rmtree(out)
         runs = args.rows * args.seeds
-        print(f"{runs} runs ({args.rows} rows x {args.seeds} seeds, {args.epochs} epochs, {args.videos} videos), "
-              f"{args.repeats} repeats")
+        print(
+            f"{runs} runs ({args.rows} rows x {args.seeds} seeds, {args.epochs} epochs, {args.videos} videos), "
+            f"{args.repeats} repeats"
+        )
         for name, ts in times.items():
             sd = statistics.stdev(ts) if len(ts) > 1 else 0.0
             print(f"  {name:40s} {statistics.mean(ts):7.2f} ± {sd:5.2f} s")
-        for sweep_way, hand_way in (("sweep (library)", "by hand (library)"),
-                                    ("dab sweep", "by hand (dab train + dab evaluate)")):
+        for sweep_way, hand_way in (
+            ("sweep (library)", "by hand (library)"),
+            ("dab sweep", "by hand (dab train + dab evaluate)"),
+        ):
             ratios = [a / b for a, b in zip(times[sweep_way], times[hand_way])]
             sd = statistics.stdev(ratios) if len(ratios) > 1 else 0.0
             extra = [(a - b) / runs for a, b in zip(times[sweep_way], times[hand_way])]
-            print(f"  {sweep_way} / {hand_way}: {statistics.mean(ratios):.3f} ± {sd:.3f} "
-                  f"({statistics.mean(extra):+.2f} s per run)")
+            print(
+                f"  {sweep_way} / {hand_way}: {statistics.mean(ratios):.3f} ± {sd:.3f} "
+                f"({statistics.mean(extra):+.2f} s per run)"
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

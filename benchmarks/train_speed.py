@@ -54,8 +54,9 @@ def clip_weights(name: str, folder: Path) -> tuple[Optional[str], dict]:
     return str(path), {"bundle": load_clip(name, str(path))}
 
 
-def make_store(path: Path, bundle, pretrained: Optional[str], videos: int, per_video: int, k: Optional[int],
-               seed: int = 0) -> Path:
+def make_store(
+    path: Path, bundle, pretrained: Optional[str], videos: int, per_video: int, k: Optional[int], seed: int = 0
+) -> Path:
     """A random store with ``videos`` training videos (and 64 each for val and test) for ``bundle``'s CLIP."""
     from dab_pipeline.clip_models import full_depth
     from dab_pipeline.store import create_store
@@ -70,31 +71,52 @@ def make_store(path: Path, bundle, pretrained: Optional[str], videos: int, per_v
     if k is not None:
         v_tokens, v_width, t_width = bundle.vision_tokens, bundle.vision_width, bundle.text_width
         lengths = rng.integers(8, 24, len(cvid))
-        states = {"vision_state_shape": (v_tokens, v_width), "text_state_width": t_width,
-                  "text_state_lengths": lengths}
-    manifest = {"model": bundle.model_name, "pretrained": pretrained, "weights_sha256": bundle.weights_sha256,
-                "frames": f, "dataset": "random", "trainable_blocks": k if k is not None else None,
-                "clip": {"embed_dim": d, "logit_scale": 100.0}, "depth": depth}
-    st = create_store(path, manifest=manifest, video_ids=[f"v{i}" for i in range(n)], video_split=split,
-                      caption_ids=[f"c{q}" for q in range(len(cvid))], caption_video_index=cvid,
-                      caption_text=["x"] * len(cvid), caption_split=[split[v] for v in cvid], num_frames=f,
-                      dim=d, dtype="float16", **states)
+        states = {"vision_state_shape": (v_tokens, v_width), "text_state_width": t_width, "text_state_lengths": lengths}
+    manifest = {
+        "model": bundle.model_name,
+        "pretrained": pretrained,
+        "weights_sha256": bundle.weights_sha256,
+        "frames": f,
+        "dataset": "random",
+        "trainable_blocks": k if k is not None else None,
+        "clip": {"embed_dim": d, "logit_scale": 100.0},
+        "depth": depth,
+    }
+    st = create_store(
+        path,
+        manifest=manifest,
+        video_ids=[f"v{i}" for i in range(n)],
+        video_split=split,
+        caption_ids=[f"c{q}" for q in range(len(cvid))],
+        caption_video_index=cvid,
+        caption_text=["x"] * len(cvid),
+        caption_split=[split[v] for v in cvid],
+        num_frames=f,
+        dim=d,
+        dtype="float16",
+        **states,
+    )
     for a in range(0, n, 256):
         b = min(n, a + 256)
         centre = rng.normal(size=(b - a, 1, d)).astype(np.float32)
         frames = centre + 0.3 * rng.normal(size=(b - a, f, d)).astype(np.float32)
         vs = None
         if k is not None:
-            vs = (0.5 * rng.normal(size=(b - a, f, states["vision_state_shape"][0], states["vision_state_shape"][1]))
-                  ).astype(np.float16)
+            vs = (
+                0.5 * rng.normal(size=(b - a, f, states["vision_state_shape"][0], states["vision_state_shape"][1]))
+            ).astype(np.float16)
         st.write_videos(np.arange(a, b), frames, np.ones((b - a, f), bool), np.full(b - a, 36), vs)
     for a in range(0, len(cvid), 4096):
         b = min(len(cvid), a + 4096)
         text = rng.normal(size=(b - a, d)).astype(np.float32)
         ts = None
         if k is not None:
-            ts = [(0.5 * rng.normal(size=(int(states["text_state_lengths"][q]), states["text_state_width"])))
-                  .astype(np.float16) for q in range(a, b)]
+            ts = [
+                (0.5 * rng.normal(size=(int(states["text_state_lengths"][q]), states["text_state_width"]))).astype(
+                    np.float16
+                )
+                for q in range(a, b)
+            ]
         st.write_captions(np.arange(a, b), text, ts)
     st.close()
     return path
@@ -105,8 +127,16 @@ def train_once(store: Path, out: Path, amp: str, k: Optional[int], steps: int, d
     from dab_pipeline.stages.train import TrainConfig, resolve_train_config, run_train
     from dab_pipeline.store import open_store
 
-    sets = [f"amp={amp}", f"device={device}", "epochs=2", f"max_steps_per_epoch={steps}", "select_metric=last",
-            "model.variant=dab", "batch_size=32" if not tiny else "batch_size=8", "warmup_ratio=0.1"]
+    sets = [
+        f"amp={amp}",
+        f"device={device}",
+        "epochs=2",
+        f"max_steps_per_epoch={steps}",
+        "select_metric=last",
+        "model.variant=dab",
+        "batch_size=32" if not tiny else "batch_size=8",
+        "warmup_ratio=0.1",
+    ]
     if tiny:
         sets += ["model.steps=4", "model.drift_hidden=32", "model.time_embed_dim=8"]
     if k is not None:
@@ -121,10 +151,17 @@ def train_once(store: Path, out: Path, amp: str, k: Optional[int], steps: int, d
     precision = json.loads((out / "precision.json").read_text())
     sec = float(log[-1]["epoch_seconds"])
     per_s = steps / sec
-    peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") and torch.cuda.is_available() else None
-    return {"amp_used": precision["amp"]["used"], "steps_per_s": per_s, "pairs_per_s": per_s * cfg.batch_size,
-            "epoch_minutes": EPOCH_PAIRS / (per_s * cfg.batch_size) / 60, "peak_gib": peak,
-            "final_loss": log[-1]["train_loss"]}
+    peak = (
+        torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") and torch.cuda.is_available() else None
+    )
+    return {
+        "amp_used": precision["amp"]["used"],
+        "steps_per_s": per_s,
+        "pairs_per_s": per_s * cfg.batch_size,
+        "epoch_minutes": EPOCH_PAIRS / (per_s * cfg.batch_size) / 60,
+        "peak_gib": peak,
+        "final_loss": log[-1]["train_loss"],
+    }
 
 
 def main(argv: Optional[list[str]] = None) -> dict:
@@ -158,15 +195,21 @@ def main(argv: Optional[list[str]] = None) -> dict:
                 k, n = full_depth(bundle.model_name), args.finetune_videos
             t0 = time.time()
             store = make_store(root / f"{mode}.h5", bundle, pretrained, n, args.captions_per_video, k)
-            print(f"store {mode}: {n} training videos x {args.captions_per_video} captions, "
-                  f"{store.stat().st_size / 2**20:.0f} MiB, made in {time.time() - t0:.0f} s", flush=True)
+            print(
+                f"store {mode}: {n} training videos x {args.captions_per_video} captions, "
+                f"{store.stat().st_size / 2**20:.0f} MiB, made in {time.time() - t0:.0f} s",
+                flush=True,
+            )
             for amp in args.amp:
                 res = train_once(store, root / f"run-{mode}-{amp}", amp, k, args.steps, device, args.tiny)
                 out[f"{mode}/{amp}"] = res
                 peak = f", peak {res['peak_gib']:.2f} GiB" if res["peak_gib"] is not None else ""
-                print(f"{mode} ({'all ' + str(k) + ' CLIP blocks' if k else 'CLIP frozen'}), amp {amp} (ran "
-                      f"{res['amp_used']}): {res['steps_per_s']:.2f} steps/s, {res['pairs_per_s']:.0f} pairs/s; one "
-                      f"MSR-VTT-9k epoch of {EPOCH_PAIRS:,} pairs: {res['epoch_minutes']:.1f} min{peak}", flush=True)
+                print(
+                    f"{mode} ({'all ' + str(k) + ' CLIP blocks' if k else 'CLIP frozen'}), amp {amp} (ran "
+                    f"{res['amp_used']}): {res['steps_per_s']:.2f} steps/s, {res['pairs_per_s']:.0f} pairs/s; one "
+                    f"MSR-VTT-9k epoch of {EPOCH_PAIRS:,} pairs: {res['epoch_minutes']:.1f} min{peak}",
+                    flush=True,
+                )
     print(json.dumps(out, default=str))
     return out
 

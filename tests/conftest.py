@@ -58,8 +58,9 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
 
     os.environ["DAB_CACHE"] = str(tmp_path_factory.mktemp("dab_cache"))
     # the compiled CPU kernels are kept across sessions (a build takes ~10 s), keyed by their source
-    os.environ.setdefault("DAB_KERNEL_CACHE", str(Path(__file__).resolve().parent.parent / ".pytest_cache"
-                                                  / "dab-kernels"))
+    os.environ.setdefault(
+        "DAB_KERNEL_CACHE", str(Path(__file__).resolve().parent.parent / ".pytest_cache" / "dab-kernels")
+    )
 
 
 @pytest.fixture(scope="session")
@@ -75,8 +76,10 @@ def tiny_folder_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for i, n in enumerate([5, 12, 13, 20, 30, 37]):
         write_index_video(root / "videos" / f"clip{i}.mp4", n, (32, 24))
         split = "train" if i < 4 else ("val" if i == 4 else "test")
-        rows += [(f"clip{i}.mp4", f"clip number {i} with {n} frames", split),
-                 (f"clip{i}.mp4", f"another caption of clip {i}", split)]
+        rows += [
+            (f"clip{i}.mp4", f"clip number {i} with {n} frames", split),
+            (f"clip{i}.mp4", f"another caption of clip {i}", split),
+        ]
     with open(root / "captions.csv", "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["video", "caption", "split"])

@@ -32,8 +32,11 @@ def test_every_library_module_is_in_the_contracts() -> None:
     layers, forbidden = contracts[0], contracts[1]
     assert layers["layers"][:3] == ["dab_pipeline.cli", "dab_pipeline.testing", "dab_pipeline.stages"]
     library = {m.strip() for m in layers["layers"][3].split(":")}
-    top = {p.stem if p.is_file() else p.name for p in (REPO / "dab_pipeline").iterdir()
-           if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())}
+    top = {
+        p.stem if p.is_file() else p.name
+        for p in (REPO / "dab_pipeline").iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())
+    }
     expected = {f"dab_pipeline.{m}" for m in top - {"cli", "stages", "testing"}}
     assert library == expected, (sorted(expected - library), sorted(library - expected))
     assert set(forbidden["source_modules"]) == expected | {"dab_pipeline.stages", "dab_pipeline.testing"}
@@ -71,7 +74,7 @@ def _project_imports(path: Path, tree: ast.Module | None = None) -> list[tuple[a
     found = []
     for node in ast.walk(tree or ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.level:
-            base = pkg[:len(pkg) - node.level + 1]
+            base = pkg[: len(pkg) - node.level + 1]
             found.append((node, ".".join(base + ([node.module] if node.module else []))))
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dab_pipeline"):
             found.append((node, node.module))
@@ -93,11 +96,16 @@ def test_every_stage_is_a_leaf_in_the_contracts() -> None:
 
     contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
     leaves = next(c for c in contracts if c["type"] == "independence")
-    stages = {p.stem if p.is_file() else p.name for p in (REPO / "dab_pipeline" / "stages").iterdir()
-              if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())}
+    stages = {
+        p.stem if p.is_file() else p.name
+        for p in (REPO / "dab_pipeline" / "stages").iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())
+    }
     assert set(leaves["modules"]) == {f"dab_pipeline.stages.{s}" for s in stages}
-    assert sorted(leaves.get("ignore_imports", [])) == ["dab_pipeline.stages.sweep.* -> dab_pipeline.stages.evaluate",
-                                                        "dab_pipeline.stages.sweep.* -> dab_pipeline.stages.train"]
+    assert sorted(leaves.get("ignore_imports", [])) == [
+        "dab_pipeline.stages.sweep.* -> dab_pipeline.stages.evaluate",
+        "dab_pipeline.stages.sweep.* -> dab_pipeline.stages.train",
+    ]
 
 
 def stage_rule_breaks(path: Path, tree: ast.Module | None = None) -> list[str]:
@@ -138,17 +146,23 @@ def test_the_stage_rules_catch_a_bad_import(tmp_path: Path) -> None:
         "dab_pipeline/stages/serve.py": ("from .search import SearchConfig", "into the serve stage"),
         "dab_pipeline/stages/evaluate/run.py": ("from ..train.config import TrainResult", "into the evaluate stage"),
         "dab_pipeline/stages/sweep/one.py": ("from ..train.loop import Trainer", "into the sweep stage"),
-        "dab_pipeline/cli/commands/training.py": ("from ...stages.distill.run import _distill_epoch",
-                                                  "_distill_epoch of the distill stage"),
-        "tests/stages/test_train.py": ("from dab_pipeline.stages.train.run import _run_train",
-                                       "_run_train of the train stage"),
+        "dab_pipeline/cli/commands/training.py": (
+            "from ...stages.distill.run import _distill_epoch",
+            "_distill_epoch of the distill stage",
+        ),
+        "tests/stages/test_train.py": (
+            "from dab_pipeline.stages.train.run import _run_train",
+            "_run_train of the train stage",
+        ),
     }
     for where, (line, expected) in cases.items():
         broken = stage_rule_breaks(REPO / where, ast.parse(line))
         assert any(expected in b for b in broken), (where, line, broken)
-    fine = {"dab_pipeline/stages/sweep/one.py": "from ..train import TrainConfig, run_train",
-            "dab_pipeline/stages/train/run.py": "from .loop import Trainer",
-            "dab_pipeline/cli/commands/training.py": "from ...stages.distill import run_distill"}
+    fine = {
+        "dab_pipeline/stages/sweep/one.py": "from ..train import TrainConfig, run_train",
+        "dab_pipeline/stages/train/run.py": "from .loop import Trainer",
+        "dab_pipeline/cli/commands/training.py": "from ...stages.distill import run_distill",
+    }
     for where, line in fine.items():
         assert not stage_rule_breaks(REPO / where, ast.parse(line)), (where, line)
 
@@ -166,26 +180,42 @@ def imports_of_test_modules(source: str, strings: bool = True) -> list[str]:
             if any(part.startswith("test_") for part in dotted):
                 found.append(f"{node.lineno}: {ast.unparse(node)}")
         elif isinstance(node, ast.Import):
-            found += [f"{node.lineno}: import {a.name}" for a in node.names
-                      if any(part.startswith("test_") for part in a.name.split("."))]
+            found += [
+                f"{node.lineno}: import {a.name}"
+                for a in node.names
+                if any(part.startswith("test_") for part in a.name.split("."))
+            ]
         elif strings and isinstance(node, ast.Constant) and isinstance(node.value, str):
-            found += [f"{node.lineno}: {m.group(0).strip()} (in a string)"
-                      for m in _TEST_MODULE_IMPORT.finditer(node.value)]
+            found += [
+                f"{node.lineno}: {m.group(0).strip()} (in a string)" for m in _TEST_MODULE_IMPORT.finditer(node.value)
+            ]
     return found
 
 
 def test_no_test_file_imports_another() -> None:
     """What several test files share lives in tests/helpers/ (or a conftest.py fixture); no file under tests/
     imports a test module, subprocess scripts included (issue 35). The rule fails on what it forbids, first."""
-    bad = ["from .test_train import _cfg", "from tests.stages.test_train import x", "from . import test_train",
-           "import tests.store.test_store", 'CODE = "import sys\\nfrom tests.store.test_store import make_store"']
+    bad = [
+        "from .test_train import _cfg",
+        "from tests.stages.test_train import x",
+        "from . import test_train",
+        "import tests.store.test_store",
+        'CODE = "import sys\\nfrom tests.store.test_store import make_store"',
+    ]
     for line in bad:
         assert imports_of_test_modules(line), line
-    for line in ["from ..helpers.training import train_config", "from click.testing import CliRunner",
-                 "from dab_pipeline.testing import random_store", 'CODE = "from tests.helpers.store_rows import F"']:
+    for line in [
+        "from ..helpers.training import train_config",
+        "from click.testing import CliRunner",
+        "from dab_pipeline.testing import random_store",
+        'CODE = "from tests.helpers.store_rows import F"',
+    ]:
         assert not imports_of_test_modules(line), line
-    found = [f"{path.relative_to(REPO)}:{hit}" for path in sorted((REPO / "tests").rglob("*.py"))
-             for hit in imports_of_test_modules(path.read_text(), strings=path != Path(__file__))]  # ours: examples
+    found = [
+        f"{path.relative_to(REPO)}:{hit}"
+        for path in sorted((REPO / "tests").rglob("*.py"))
+        for hit in imports_of_test_modules(path.read_text(), strings=path != Path(__file__))
+    ]  # ours: examples
     assert not found, found
 
 
@@ -222,8 +252,10 @@ def test_in_function_imports_of_the_project_are_deferred_with_a_reason() -> None
         for node, module in _project_imports(path, tree):
             if id(node) in top_level or module.endswith("TYPE_CHECKING"):
                 continue
-            in_type_block = any(isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test) and node in ast.walk(n)
-                                for n in tree.body)
+            in_type_block = any(
+                isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test) and node in ast.walk(n)
+                for n in tree.body
+            )
             if in_type_block:
                 continue
             cli = path.relative_to(REPO).parts[1] == "cli"

@@ -16,8 +16,18 @@ from dab_pipeline.store import open_store
 from .helpers.runner import invoke
 
 FIXTURES = Path(__file__).resolve().parent / "data" / "compat"
-SMALL = ["--set", "model.drift_hidden=16", "--set", "model.time_embed_dim=8", "--set", "model.steps=2",
-         "--set", "batch_size=4", "--set", "lr=3e-3"]
+SMALL = [
+    "--set",
+    "model.drift_hidden=16",
+    "--set",
+    "model.time_embed_dim=8",
+    "--set",
+    "model.steps=2",
+    "--set",
+    "batch_size=4",
+    "--set",
+    "lr=3e-3",
+]
 
 
 @pytest.fixture(params=sorted(p.name for p in FIXTURES.iterdir() if p.is_dir()))
@@ -64,8 +74,23 @@ def test_an_old_index_still_fits_its_store_and_searches(old: Path) -> None:
 def test_an_old_sweep_is_reused_not_retrained(old: Path) -> None:
     stamps = {p: p.stat().st_mtime_ns for p in (old / "sweep").rglob("checkpoints/*.pt")}
     table = json.loads((old / "sweep" / "sweep.json").read_text())
-    res = invoke(["sweep", "--features", "store.zarr", "--out", "sweep", "--grid", "model.variant=prob", "--seeds",
-                  "1", "--set", "epochs=1", *SMALL, "--quiet"])
+    res = invoke(
+        [
+            "sweep",
+            "--features",
+            "store.zarr",
+            "--out",
+            "sweep",
+            "--grid",
+            "model.variant=prob",
+            "--seeds",
+            "1",
+            "--set",
+            "epochs=1",
+            *SMALL,
+            "--quiet",
+        ]
+    )
     assert res.exit_code == 0, res.output
     assert {p: p.stat().st_mtime_ns for p in (old / "sweep").rglob("checkpoints/*.pt")} == stamps
     again = json.loads((old / "sweep" / "sweep.json").read_text())

@@ -51,13 +51,30 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(out)
     out.mkdir(parents=True)
     cfg = world_preset(args.world)
-    print(f"writing the {args.world!r} world ({cfg.train} train / {cfg.val} val / {cfg.test} test clips) "
-          f"to {out / 'world'} ...", flush=True)
+    print(
+        f"writing the {args.world!r} world ({cfg.train} train / {cfg.val} val / {cfg.test} test clips) "
+        f"to {out / 'world'} ...",
+        flush=True,
+    )
     captions = make_world(out / "world", cfg, workers=2)
     store = out / f"store.{args.backend}"
     q = ["--quiet"] if args.quiet else []
-    _run(["extract", "--dataset", "folder", "--videos", str(out / "world" / "videos"), "--annotations",
-          str(captions), "--model", "dab-world", "--out", str(store), *q])
+    _run(
+        [
+            "extract",
+            "--dataset",
+            "folder",
+            "--videos",
+            str(out / "world" / "videos"),
+            "--annotations",
+            str(captions),
+            "--model",
+            "dab-world",
+            "--out",
+            str(store),
+            *q,
+        ]
+    )
     _run(["inspect", str(store)])
     sets = ["--recipe", "world", "--epochs", str(args.epochs)]  # the world's recipe (dab_pipeline/recipes/world.json)
     runs = []
@@ -68,10 +85,27 @@ def main(argv: list[str] | None = None) -> int:
         _run(["evaluate", "--run", str(run)])
         runs.append(str(run))
     _run(["compare", *runs, "--out", str(out / "comparison.md")])
-    _run(["search", "--run", runs[-1], "--features", str(store), "-k", "5", "--descriptions",
-          str(out / "world" / "descriptions.json"), "--html", str(out / "search.html"), *QUERIES])
-    print(f"\nopen {out / 'runs' / 'dab' / 'examples.html'} (test queries, with thumbnails of what was retrieved) "
-          f"and {out / 'search.html'} (the queries above) in a browser", flush=True)
+    _run(
+        [
+            "search",
+            "--run",
+            runs[-1],
+            "--features",
+            str(store),
+            "-k",
+            "5",
+            "--descriptions",
+            str(out / "world" / "descriptions.json"),
+            "--html",
+            str(out / "search.html"),
+            *QUERIES,
+        ]
+    )
+    print(
+        f"\nopen {out / 'runs' / 'dab' / 'examples.html'} (test queries, with thumbnails of what was retrieved) "
+        f"and {out / 'search.html'} (the queries above) in a browser",
+        flush=True,
+    )
     print(f"\ndemo finished in {time.time() - t0:.0f} s; everything is under {out}/", flush=True)
     return 0
 

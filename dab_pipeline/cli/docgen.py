@@ -21,8 +21,9 @@ file and the commands disagree.
 def _section(title: str, cmd: click.Command, info_name: str, parent: click.Context | None) -> str:
     lines = [f"## `{title}`", ""]
     # make_context applies each command's context_settings (e.g. -h), as a real invocation does
-    sub = cmd.make_context(info_name, [], parent=parent, resilient_parsing=True, terminal_width=100,
-                           max_content_width=100)
+    sub = cmd.make_context(
+        info_name, [], parent=parent, resilient_parsing=True, terminal_width=100, max_content_width=100
+    )
     help_text = cmd.get_help(sub)
     lines += ["```text", help_text.rstrip(), "```", ""]
     return "\n".join(lines)

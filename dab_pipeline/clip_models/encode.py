@@ -25,9 +25,7 @@ def check_vision_blocks(bundle: ClipBundle, k: int) -> VisionTransformer:
     v = bundle.model.visual
     _check_blocks(k, len(v.transformer.resblocks) if isinstance(v, VisionTransformer) else None, "vision")
     if not isinstance(v, VisionTransformer):
-        raise ConfigError(
-            f"trainable_blocks needs a ViT image tower; {bundle.model_name} uses {type(v).__name__}"
-        )
+        raise ConfigError(f"trainable_blocks needs a ViT image tower; {bundle.model_name} uses {type(v).__name__}")
     if v.attn_pool is not None:
         raise ConfigError(f"{bundle.model_name}: attentional_pool is not supported with trainable_blocks")
     if v.pool_type not in ("tok", "avg"):
@@ -216,7 +214,8 @@ def encode_queries_short(bundle: ClipBundle, texts: list[str]) -> Tensor:
         cast_dtype = clip.transformer.get_cast_dtype()
         x = clip.token_embedding(tokens[:, :n]).to(cast_dtype)  # (M, n, W)
         x = x + clip.positional_embedding[:n].to(cast_dtype)
-        x = run_blocks(list(clip.transformer.resblocks), x, getattr(clip.transformer, "batch_first", False),
-                       mask[:n, :n])
+        x = run_blocks(
+            list(clip.transformer.resblocks), x, getattr(clip.transformer, "batch_first", False), mask[:n, :n]
+        )
         last = x[torch.arange(x.shape[0], device=x.device), eot]  # (M, W) the EOT tokens
         return project(clip.ln_final(last), clip.text_projection).float()  # (M, D)

@@ -28,8 +28,15 @@ def _fresh_copy(module: Any) -> Any:
 class VisionHead(nn.Module):
     """The last K vision blocks + ``ln_post`` + projection, trainable, fed with stored states."""
 
-    def __init__(self, blocks: list[nn.Module], ln_post: nn.Module, proj: Optional[nn.Parameter],
-                 pool_type: str = "tok", final_ln_after_pool: bool = False, batch_first: bool = True) -> None:
+    def __init__(
+        self,
+        blocks: list[nn.Module],
+        ln_post: nn.Module,
+        proj: Optional[nn.Parameter],
+        pool_type: str = "tok",
+        final_ln_after_pool: bool = False,
+        batch_first: bool = True,
+    ) -> None:
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
         self.ln_post = ln_post
@@ -76,8 +83,14 @@ class VisionHead(nn.Module):
 class TextHead(nn.Module):
     """The last K text blocks + ``ln_final`` + text projection, trainable, fed with stored states."""
 
-    def __init__(self, blocks: list[nn.Module], ln_final: nn.Module, proj: Union[None, nn.Parameter, nn.Module],
-                 attn_mask: Optional[Tensor], batch_first: bool = True) -> None:
+    def __init__(
+        self,
+        blocks: list[nn.Module],
+        ln_final: nn.Module,
+        proj: Union[None, nn.Parameter, nn.Module],
+        attn_mask: Optional[Tensor],
+        batch_first: bool = True,
+    ) -> None:
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
         self.ln_final = ln_final

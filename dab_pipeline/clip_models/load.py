@@ -66,9 +66,7 @@ def _fit_state_dict(model: nn.Module, state: dict[str, Tensor], path: Path, name
         resize_text_pos_embed(state, model)
         result = model.load_state_dict(state, strict=False)
     except RuntimeError as exc:  # shape mismatches
-        raise WeightsError(
-            f"weights file {path} does not fit architecture {name}: {first_line(exc, 300)}"
-        ) from None
+        raise WeightsError(f"weights file {path} does not fit architecture {name}: {first_line(exc, 300)}") from None
     if result.missing_keys or result.unexpected_keys:
         missing = ", ".join(result.missing_keys[:4]) + (" ..." if len(result.missing_keys) > 4 else "")
         extra = ", ".join(result.unexpected_keys[:4]) + (" ..." if len(result.unexpected_keys) > 4 else "")
@@ -171,8 +169,9 @@ def _locate_weights(name: str, pretrained: Optional[str], cache_dir: Optional[st
     return _WeightsSource(fetch_tag(found_under, tag, tag_cfg, cache_dir), tag, tag_cfg)
 
 
-def _choose_activation(name: str, src: _WeightsSource, sha: str, format_reason: Optional[str],
-                       quick_gelu: Optional[bool]) -> _Activation:
+def _choose_activation(
+    name: str, src: _WeightsSource, sha: str, format_reason: Optional[str], quick_gelu: Optional[bool]
+) -> _Activation:
     """OpenAI weights were trained with QuickGELU: build the architecture their activation needs."""
     notes: list[str] = []
     openai_reason: Optional[str] = None
@@ -216,14 +215,27 @@ def _build(name: str, dtype_name: str, tag_cfg: dict, force_quick: bool) -> nn.M
     pp_override = {k: tag_cfg[k] for k in ("mean", "std", "interpolation", "resize_mode") if k in tag_cfg}
     try:
         with quiet_open_clip():
-            return open_clip.create_model(name, pretrained=None, precision=precision, device="cpu",
-                                          force_quick_gelu=force_quick, force_preprocess_cfg=pp_override or None)
+            return open_clip.create_model(
+                name,
+                pretrained=None,
+                precision=precision,
+                device="cpu",
+                force_quick_gelu=force_quick,
+                force_preprocess_cfg=pp_override or None,
+            )
     except Exception as exc:  # e.g. a timm/hf tower whose backbone config needs the network
         raise WeightsError(f"cannot build CLIP model {name}: {type(exc).__name__}: {first_line(exc)}") from None
 
 
-def _bundle(clip: nn.Module, act: _Activation, src: _WeightsSource, sha: str, dtype_name: str,
-            device: torch.device, requested: str) -> ClipBundle:
+def _bundle(
+    clip: nn.Module,
+    act: _Activation,
+    src: _WeightsSource,
+    sha: str,
+    dtype_name: str,
+    device: torch.device,
+    requested: str,
+) -> ClipBundle:
     pp_cfg = PreprocessCfg(**clip.visual.preprocess_cfg)
     tokenizer = open_clip.get_tokenizer(act.name)
     return ClipBundle(
@@ -327,12 +339,15 @@ def full_depth(model_name: str) -> int:
     name = model_name.replace("-quickgelu", "") if open_clip.get_model_config(model_name) is None else model_name
     cfg = open_clip.get_model_config(name)
     if cfg is None:
-        raise UnknownNameError(f"unknown CLIP model {model_name!r}; see `python -c 'import open_clip; "
-                               f"print(open_clip.list_models())'`")
+        raise UnknownNameError(
+            f"unknown CLIP model {model_name!r}; see `python -c 'import open_clip; print(open_clip.list_models())'`"
+        )
     vision, text = cfg.get("vision_cfg", {}).get("layers"), cfg.get("text_cfg", {}).get("layers")
     if not isinstance(vision, int) or not isinstance(text, int):
         raise ConfigError(f"{model_name}: trainable_blocks=all needs a ViT image tower and a transformer text tower")
     if vision != text:
-        raise ConfigError(f"{model_name}: its towers have {vision} (image) and {text} (text) blocks; trainable_blocks "
-                          f"is one K for both, so 'all' is not defined here: pass a number up to {min(vision, text)}")
+        raise ConfigError(
+            f"{model_name}: its towers have {vision} (image) and {text} (text) blocks; trainable_blocks "
+            f"is one K for both, so 'all' is not defined here: pass a number up to {min(vision, text)}"
+        )
     return vision

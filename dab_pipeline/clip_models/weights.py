@@ -80,9 +80,11 @@ def builtin_weights(name: str) -> Optional[Path]:
         raise WeightsError(f"the weights of {name} shipped with dab are missing ({path}); reinstall dab")
     sha = sha256_file(path)
     if sha != meta["sha256"]:
-        raise WeightsError(f"the weights of {name} shipped with dab are damaged: {path} has sha256 {sha[:12]}..., "
-                           f"{meta_path.name} records {meta['sha256'][:12]}... (a Git LFS pointer or a partial "
-                           "copy?); reinstall dab")
+        raise WeightsError(
+            f"the weights of {name} shipped with dab are damaged: {path} has sha256 {sha[:12]}..., "
+            f"{meta_path.name} records {meta['sha256'][:12]}... (a Git LFS pointer or a partial "
+            "copy?); reinstall dab"
+        )
     return path
 
 
@@ -130,9 +132,16 @@ class _ScriptedModule:
 
 
 _STORAGE_DTYPES = {
-    "FloatStorage": torch.float32, "HalfStorage": torch.float16, "BFloat16Storage": torch.bfloat16,
-    "DoubleStorage": torch.float64, "LongStorage": torch.int64, "IntStorage": torch.int32,
-    "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8, "BoolStorage": torch.bool,
+    "FloatStorage": torch.float32,
+    "HalfStorage": torch.float16,
+    "BFloat16Storage": torch.bfloat16,
+    "DoubleStorage": torch.float64,
+    "LongStorage": torch.int64,
+    "IntStorage": torch.int32,
+    "ShortStorage": torch.int16,
+    "CharStorage": torch.int8,
+    "ByteStorage": torch.uint8,
+    "BoolStorage": torch.bool,
 }
 
 

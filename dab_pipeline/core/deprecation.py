@@ -11,8 +11,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def warn_renamed(old: str, new: str, stacklevel: int = 3) -> None:
     """One DeprecationWarning: ``old`` is now called ``new`` (the old name goes in a later release)."""
-    warnings.warn(f"{old} is deprecated: it is now {new} (the old name will be removed in a later release)",
-                  DeprecationWarning, stacklevel=stacklevel)
+    warnings.warn(
+        f"{old} is deprecated: it is now {new} (the old name will be removed in a later release)",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
 
 
 def renamed_keywords(**old_to_new: str) -> Callable[[F], F]:

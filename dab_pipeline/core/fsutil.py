@@ -76,7 +76,7 @@ def remove_stale_temps(path: Path) -> int:
         name = entry.name
         if not (name.startswith(prefix) and name.endswith(".tmp")):
             continue
-        pid_text = name[len(prefix):].split("-", 1)[0]
+        pid_text = name[len(prefix) :].split("-", 1)[0]
         if pid_text.isdigit():
             stale = not _alive(int(pid_text))
         else:

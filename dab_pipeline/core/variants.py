@@ -34,7 +34,7 @@ class VariantSpec:
 
     @property
     def cost_family(self) -> str:
-        """"distribution" (KL / W2 under PAC) or "cosine" (X-Pool's InfoNCE)."""
+        """ "distribution" (KL / W2 under PAC) or "cosine" (X-Pool's InfoNCE)."""
         return "distribution" if self.gaussian else "cosine"
 
     @property
@@ -57,8 +57,21 @@ VARIANT_NAMES: tuple[str, ...] = tuple(s.name for s in _SPECS)
 
 # ModelConfig fields that only some variants read: a sweep collapses rows that differ in these alone
 # (``model.steps`` on xpool trains the same model twice), and says so.
-BRIDGE_FIELDS = ("steps", "total_steps", "beta_min", "beta_max", "chi_min", "chi_max", "time_embed_dim",
-                 "drift_hidden", "drift_layers", "drift", "drift_init", "drift_inputs", "chi_norm")
+BRIDGE_FIELDS = (
+    "steps",
+    "total_steps",
+    "beta_min",
+    "beta_max",
+    "chi_min",
+    "chi_max",
+    "time_embed_dim",
+    "drift_hidden",
+    "drift_layers",
+    "drift",
+    "drift_init",
+    "drift_inputs",
+    "chi_norm",
+)
 GAUSSIAN_FIELDS = ("cost", "logvar_init", "logvar_min", "logvar_max", "tau", "learn_tau", "variance")
 COSINE_FIELDS = ("logit_scale_init",)
 
@@ -85,12 +98,21 @@ class ControlSpec:
 
 
 _CONTROLS = (  # docs/model.md's order
-    ControlSpec("prob-fixvar", "prob", (("variance", "fixed"),),
-                summary="prob with every Gaussian's variance fixed at e^logvar_init"),
-    ControlSpec("dab-fixvar", "dab", (("variance", "fixed"),),
-                summary="dab with the encoders' variances fixed at e^logvar_init"),
-    ControlSpec("dab-const", "dab", (("drift", "constant"),),
-                summary="dab with the drift network replaced by one learned shift for every pair"),
+    ControlSpec(
+        "prob-fixvar",
+        "prob",
+        (("variance", "fixed"),),
+        summary="prob with every Gaussian's variance fixed at e^logvar_init",
+    ),
+    ControlSpec(
+        "dab-fixvar", "dab", (("variance", "fixed"),), summary="dab with the encoders' variances fixed at e^logvar_init"
+    ),
+    ControlSpec(
+        "dab-const",
+        "dab",
+        (("drift", "constant"),),
+        summary="dab with the drift network replaced by one learned shift for every pair",
+    ),
 )
 CONTROL_SPECS: Registry[ControlSpec] = Registry("control")
 for _control in _CONTROLS:
@@ -141,9 +163,11 @@ def expand_variant(values: Mapping[str, Any]) -> dict[str, Any]:
     control = CONTROL_SPECS.get(name)
     for key, value in control.model_values().items():
         if key != VARIANT_KEY and key in out and str(out[key]).strip() != value:
-            raise ConfigError(f"model.variant={name} is model.variant={control.variant} with {key}={value}; "
-                              f"{key}={out[key]} contradicts it (drop one, or name the variant "
-                              f"{control.variant})")
+            raise ConfigError(
+                f"model.variant={name} is model.variant={control.variant} with {key}={value}; "
+                f"{key}={out[key]} contradicts it (drop one, or name the variant "
+                f"{control.variant})"
+            )
     out.update(control.model_values())
     return out
 
@@ -160,4 +184,3 @@ def expand_overrides(items: Iterable[str]) -> list[str]:
         expanded = expand_variant({canonical_key(key): raw.strip()})
         out += [f"{k}={v}" for k, v in expanded.items()]
     return out
-

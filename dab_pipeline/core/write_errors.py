@@ -18,8 +18,16 @@ from typing import Iterator, Optional
 
 from .errors import DabError, WriteError
 
-__all__ = ["write_failure", "named_write_errors", "free_bytes", "check_free_space", "human_bytes", "LOW_SPACE",
-           "reserve_file", "reserve_blocks"]
+__all__ = [
+    "write_failure",
+    "named_write_errors",
+    "free_bytes",
+    "check_free_space",
+    "human_bytes",
+    "LOW_SPACE",
+    "reserve_file",
+    "reserve_blocks",
+]
 
 # Under this much free space a failed write is put down to the full disk: a write that
 # failed for another reason on a nearly full disk would fail again after the user frees space.
@@ -84,8 +92,11 @@ def _no_space(path: Path) -> str:
 
 # How the libraries word a failed write when they give no errno: torch's zip writer ("unexpected pos 117504 vs
 # 117392"), faiss ("write error 16339 != 102400"), HDF5 ("file write failed", "Can't synchronously write").
-_WRITE_WORDS = re.compile(r"unexpected pos|write error|write failed|can't (synchronously )?write|short write|"
-                          r"unable to (synchronously )?flush", re.IGNORECASE)
+_WRITE_WORDS = re.compile(
+    r"unexpected pos|write error|write failed|can't (synchronously )?write|short write|"
+    r"unable to (synchronously )?flush",
+    re.IGNORECASE,
+)
 
 
 def write_cause(exc: BaseException, path: Path) -> Optional[str]:
@@ -152,8 +163,10 @@ def check_free_space(path: Path, need: int, hint: str = "") -> None:
     where = _folder(Path(path))
     free = free_bytes(where)
     if free is not None and free < need:
-        raise WriteError(f"cannot write {path}: no space left on device ({human_bytes(free)} free in {where}, "
-                         f"{human_bytes(need)} needed)" + (f"; {hint}" if hint else ""))
+        raise WriteError(
+            f"cannot write {path}: no space left on device ({human_bytes(free)} free in {where}, "
+            f"{human_bytes(need)} needed)" + (f"; {hint}" if hint else "")
+        )
 
 
 def reserve_file(path: Path, size: int, hint: str = "") -> None:

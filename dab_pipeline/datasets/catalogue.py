@@ -68,7 +68,9 @@ DATASETS: Registry[Loader] = Registry("dataset")
 def load_dataset(name: str, videos: Path | None, annotations: Path | None, **options: Any) -> Catalogue:
     """The catalogue of dataset ``name`` (see :data:`DATASETS` for the names)."""
     loader = DATASETS.get(name)
-    return loader(Path(videos) if videos is not None else None, Path(annotations) if annotations is not None else None, **options)
+    return loader(
+        Path(videos) if videos is not None else None, Path(annotations) if annotations is not None else None, **options
+    )
 
 
 def resolve_dirs(name: str, videos: Path | None, annotations: Path | None) -> tuple[Path, Path, Path | None]:
@@ -85,10 +87,14 @@ def resolve_dirs(name: str, videos: Path | None, annotations: Path | None) -> tu
         elif annotations.is_file():
             ann_file, ann_dir = annotations, annotations.parent
         else:
-            raise DatasetError(f"dataset {name!r}: annotations path {annotations} does not exist (expected a folder or a file)")
+            raise DatasetError(
+                f"dataset {name!r}: annotations path {annotations} does not exist (expected a folder or a file)"
+            )
     video_dir = Path(videos).resolve() if videos is not None else ann_dir
     if not video_dir.is_dir():
-        raise DatasetError(f"dataset {name!r}: videos folder {video_dir} does not exist (expected a folder of video files)")
+        raise DatasetError(
+            f"dataset {name!r}: videos folder {video_dir} does not exist (expected a folder of video files)"
+        )
     return video_dir, ann_dir, ann_file
 
 
@@ -199,7 +205,9 @@ def build_catalogue(
     return Catalogue(name, videos, caps, annotation_files, missing, options)
 
 
-def drop_uncaptioned(split_ids: dict[str, list[str]], captions: dict[str, list[str]], source: Path, warnings: list[str]) -> None:
+def drop_uncaptioned(
+    split_ids: dict[str, list[str]], captions: dict[str, list[str]], source: Path, warnings: list[str]
+) -> None:
     for split, ids in split_ids.items():
         kept = [i for i in ids if captions.get(i)]
         if len(kept) != len(ids):
@@ -218,7 +226,8 @@ def holdout(ids: Sequence[str], val_size: int, seed: int, source: Path) -> tuple
     if val_size < 0 or val_size >= len(ids):
         raise ConfigError(
             f"val_size must be in [0, {len(ids) - 1}] for the {len(ids)} training videos of {source}, got {val_size}; "
-            f"set it with --option val_size=N (0: no validation split)")
+            f"set it with --option val_size=N (0: no validation split)"
+        )
     ordered = sorted(ids)
     chosen = set(ordered[i] for i in np.random.default_rng(seed).permutation(len(ordered))[:val_size])
     return [i for i in ids if i not in chosen], [i for i in ordered if i in chosen]

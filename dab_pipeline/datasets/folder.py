@@ -29,7 +29,9 @@ def load_folder(
     annotations = _annotation_file(annotations)
     video_dir = Path(videos).resolve() if videos is not None else annotations.parent
     if not video_dir.is_dir():
-        raise DatasetError(f"dataset 'folder': videos folder {video_dir} does not exist (expected a folder of video files)")
+        raise DatasetError(
+            f"dataset 'folder': videos folder {video_dir} does not exist (expected a folder of video files)"
+        )
     suffix = annotations.suffix.lower()
     if suffix == ".csv":
         records = _folder_csv(annotations)
@@ -63,18 +65,23 @@ def _annotation_file(annotations: Path | None) -> Path:
         raise DatasetError("dataset 'folder': an annotations file is required (a CSV or JSONL with video and caption)")
     annotations = Path(annotations).resolve()
     if annotations.is_dir():
-        candidates = [annotations / n for n in ("captions.csv", "captions.jsonl", "annotations.csv", "annotations.jsonl")]
+        candidates = [
+            annotations / n for n in ("captions.csv", "captions.jsonl", "annotations.csv", "annotations.jsonl")
+        ]
         found = [c for c in candidates if c.is_file()]
         if not found:
-            raise DatasetError(f"missing annotation file in {annotations} (expected one of {', '.join(c.name for c in candidates)})")
+            raise DatasetError(
+                f"missing annotation file in {annotations} (expected one of {', '.join(c.name for c in candidates)})"
+            )
         return found[0]
     if not annotations.is_file():
         raise DatasetError(f"missing annotation file {annotations} (expected a CSV or JSONL with video and caption)")
     return annotations
 
 
-def _group_by_video(records: list["_Record"], annotations: Path
-                    ) -> tuple[list[str], dict[str, str], dict[str, str], dict[str, list[str]]]:
+def _group_by_video(
+    records: list["_Record"], annotations: Path
+) -> tuple[list[str], dict[str, str], dict[str, str], dict[str, list[str]]]:
     """(video ids in first-seen order, their paths, the splits given, their captions); conflicts named by row."""
     order: list[str] = []
     rel_paths: dict[str, str] = {}
@@ -108,9 +115,11 @@ def _refuse_outside(records: list[_Record], video_dir: Path, annotations: Path) 
     for where, rel, *_ in records:
         target = (video_dir / rel).resolve()
         if Path(rel).is_absolute() or not target.is_relative_to(video_dir):
-            raise DatasetError(f"{annotations}: {where}: video {rel!r} resolves to {target}, outside the videos "
-                               f"folder {video_dir}; video paths must stay inside it (relative, no '..', no symlink "
-                               "out of it)")
+            raise DatasetError(
+                f"{annotations}: {where}: video {rel!r} resolves to {target}, outside the videos "
+                f"folder {video_dir}; video paths must stay inside it (relative, no '..', no symlink "
+                "out of it)"
+            )
 
 
 def _folder_csv(path: Path) -> list[_Record]:
@@ -150,5 +159,13 @@ def _folder_jsonl(path: Path) -> list[_Record]:
             texts = [obj["caption"]]
         else:
             raise DatasetError(f"{path}: {where}: missing 'caption' (a string) or 'captions' (a list)")
-        out.append((where, obj["video"], str(obj.get("video_id") or ""), str(obj.get("split") or ""), [t.strip() for t in texts]))
+        out.append(
+            (
+                where,
+                obj["video"],
+                str(obj.get("video_id") or ""),
+                str(obj.get("split") or ""),
+                [t.strip() for t in texts],
+            )
+        )
     return out

@@ -31,9 +31,12 @@ from .catalogue import (  # noqa: F401
     wanted_splits,
 )
 
-warnings.warn("dab_pipeline.datasets.index is deprecated: import from dab_pipeline.datasets (DatasetIndex is now "
-              "Catalogue, build_index is build_catalogue); the old module will be removed in a later release",
-              DeprecationWarning, stacklevel=2)
+warnings.warn(
+    "dab_pipeline.datasets.index is deprecated: import from dab_pipeline.datasets (DatasetIndex is now "
+    "Catalogue, build_index is build_catalogue); the old module will be removed in a later release",
+    DeprecationWarning,
+    stacklevel=2,
+)
 
 DatasetIndex = Catalogue
 build_index = build_catalogue

@@ -83,14 +83,21 @@ def load_msrvtt(
             split_ids["val"] = val_ids
         files += [train_path, data_path]
 
-    options = {"train_split": train_split, "val_size": int(val_size), "seed": int(seed), "splits": sorted(want, key=SPLITS.index), "warnings": warnings}
+    options = {
+        "train_split": train_split,
+        "val_size": int(val_size),
+        "seed": int(seed),
+        "splits": sorted(want, key=SPLITS.index),
+        "warnings": warnings,
+    }
     return build_catalogue("msrvtt", video_dir, split_ids, captions, ".mp4", files, options)
 
 
 def _test_pairs(test_path: Path, captions: dict[str, list[str]]) -> list[str]:
     """The 1K-A test video ids, in file order; their sentences go into ``captions``."""
-    rows = read_csv(require_file(test_path, "the 1K-A test pairs, columns key,vid_key,video_id,sentence"),
-                     ["video_id", "sentence"])
+    rows = read_csv(
+        require_file(test_path, "the 1K-A test pairs, columns key,vid_key,video_id,sentence"), ["video_id", "sentence"]
+    )
     ids: list[str] = []
     for row in rows:
         vid = row["video_id"]
@@ -103,14 +110,22 @@ def _test_pairs(test_path: Path, captions: dict[str, list[str]]) -> list[str]:
     return ids
 
 
-def _training_ids(train_path: Path, data_path: Path, train_split: str, captions: dict[str, list[str]],
-                  test_ids: list[str], warnings: list[str]) -> list[str]:
+def _training_ids(
+    train_path: Path,
+    data_path: Path,
+    train_split: str,
+    captions: dict[str, list[str]],
+    test_ids: list[str],
+    warnings: list[str],
+) -> list[str]:
     """The 9k / 7k training ids that have captions (theirs go into ``captions``, in sen_id order)."""
     train_rows = read_csv(require_file(train_path, f"the {train_split} training ids, header video_id"), ["video_id"])
     train_ids = [r["video_id"] for r in train_rows if r["video_id"]]
     if len(set(train_ids)) != len(train_ids):
         raise DatasetError(f"{train_path}: duplicate video ids")
-    data = read_json(require_file(data_path, 'the MSR-VTT captions, {"sentences": [{"video_id", "caption", "sen_id"}, ...]}'))
+    data = read_json(
+        require_file(data_path, 'the MSR-VTT captions, {"sentences": [{"video_id", "caption", "sen_id"}, ...]}')
+    )
     sentences = data.get("sentences") if isinstance(data, dict) else None
     if not isinstance(sentences, list):
         raise DatasetError(f'{data_path}: expected an object with a "sentences" list')

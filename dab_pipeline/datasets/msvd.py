@@ -33,13 +33,18 @@ def load_msvd(
     reject_unknown("msvd", unused)
     wanted = wanted_splits(splits) or SPLITS
     video_dir, ann_dir, ann_file = resolve_dirs("msvd", videos, annotations)
-    cap_path = ann_file if ann_file is not None and ann_file.suffix.lower() == ".json" else ann_dir / "captions_msvd.json"
+    cap_path = (
+        ann_file if ann_file is not None and ann_file.suffix.lower() == ".json" else ann_dir / "captions_msvd.json"
+    )
     data = read_json(require_file(cap_path, "MSVD captions, {video_id: [caption, ...]}"))
     captions = caption_lists(data, cap_path)
-    split_ids = {s: read_list(require_file(ann_dir / f"{s}_list.txt", f"the MSVD {s} ids, one per line")) for s in wanted}
+    split_ids = {
+        s: read_list(require_file(ann_dir / f"{s}_list.txt", f"the MSVD {s} ids, one per line")) for s in wanted
+    }
     check_disjoint(split_ids, ann_dir)
     warnings: list[str] = []
     drop_uncaptioned(split_ids, captions, cap_path, warnings)
     files = [cap_path] + [ann_dir / f"{s}_list.txt" for s in wanted]
-    return build_catalogue("msvd", video_dir, split_ids, captions, ".avi", files,
-                           {"splits": list(wanted), "warnings": warnings})
+    return build_catalogue(
+        "msvd", video_dir, split_ids, captions, ".avi", files, {"splits": list(wanted), "warnings": warnings}
+    )

@@ -49,7 +49,11 @@ def load_vatex(
     reject_unknown("vatex", unused)
     wanted = wanted_splits(splits) or SPLITS
     video_dir, ann_dir, ann_file = resolve_dirs("vatex", videos, annotations)
-    list_names = {"train": train_list or "train_list.txt", "val": val_list or "val_list.txt", "test": test_list or "test_list.txt"}
+    list_names = {
+        "train": train_list or "train_list.txt",
+        "val": val_list or "val_list.txt",
+        "test": test_list or "test_list.txt",
+    }
 
     if ann_file is not None and ann_file.suffix.lower() == ".json":
         cap_files = [ann_file]
@@ -79,15 +83,18 @@ def load_vatex(
     source = cap_files[0] if len(cap_files) == 1 else ann_dir
     drop_uncaptioned(split_ids, captions, source, warnings)
     options = {"splits": list(wanted), "lists": {s: split_files[s].name for s in wanted}, "warnings": warnings}
-    return build_catalogue("vatex", video_dir, split_ids, captions, ".mp4", cap_files + list(split_files.values()),
-                           options)
+    return build_catalogue(
+        "vatex", video_dir, split_ids, captions, ".mp4", cap_files + list(split_files.values()), options
+    )
 
 
 def _vatex_captions(data: Any, path: Path) -> dict[str, list[str]]:
     if isinstance(data, dict):
         return caption_lists(data, path)
     if not isinstance(data, list):
-        raise DatasetError(f'{path}: expected a list of {{"videoID", "enCap"}} objects or an {{id: {{"enCap": [...]}}}} map')
+        raise DatasetError(
+            f'{path}: expected a list of {{"videoID", "enCap"}} objects or an {{id: {{"enCap": [...]}}}} map'
+        )
     out: dict[str, list[str]] = {}
     for pos, item in enumerate(data):
         if not isinstance(item, dict) or "videoID" not in item:

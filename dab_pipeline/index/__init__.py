@@ -4,6 +4,20 @@ from .build import average_query, build_index, split_rows, staging_path, store_f
 from .faiss_index import FLAT_MAX, IndexMeta, VideoIndex, auto_factory, load_index, require_faiss
 from .vectors import DEFAULT_VECTOR, VECTOR_KINDS, query_vectors, video_vectors
 
-__all__ = ["average_query", "build_index", "split_rows", "staging_path", "store_fingerprint", "FLAT_MAX",
-           "IndexMeta", "VideoIndex", "auto_factory", "load_index", "require_faiss", "DEFAULT_VECTOR",
-           "VECTOR_KINDS", "query_vectors", "video_vectors"]
+__all__ = [
+    "average_query",
+    "build_index",
+    "split_rows",
+    "staging_path",
+    "store_fingerprint",
+    "FLAT_MAX",
+    "IndexMeta",
+    "VideoIndex",
+    "auto_factory",
+    "load_index",
+    "require_faiss",
+    "DEFAULT_VECTOR",
+    "VECTOR_KINDS",
+    "query_vectors",
+    "video_vectors",
+]

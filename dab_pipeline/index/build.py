@@ -98,10 +98,22 @@ def _staging(out: Path, state: dict, n: int, dim: int) -> tuple[Path, np.ndarray
     return stage, vecs, done
 
 
-def build_index(store: FeatureStore, out: str | Path, *, split: str = "test", vector: str = DEFAULT_VECTOR,
-                model: Optional[DABModel] = None, run: Optional[dict] = None, factory: str = "auto",
-                chunk: int = 4096, nprobe: int = 32, ef_search: int = 64, refine: int = 4, overwrite: bool = False,
-                progress: ProgressCallback = null_progress) -> IndexMeta:
+def build_index(
+    store: FeatureStore,
+    out: str | Path,
+    *,
+    split: str = "test",
+    vector: str = DEFAULT_VECTOR,
+    model: Optional[DABModel] = None,
+    run: Optional[dict] = None,
+    factory: str = "auto",
+    chunk: int = 4096,
+    nprobe: int = 32,
+    ef_search: int = 64,
+    refine: int = 4,
+    overwrite: bool = False,
+    progress: ProgressCallback = null_progress,
+) -> IndexMeta:
     """Index ``split``'s videos of an open, complete ``store`` into the folder ``out``; returns its metadata.
 
     ``model`` / ``run`` ({"path", "checkpoint_sha256"}): the run the index serves (needed by run-dependent
@@ -130,15 +142,20 @@ def build_index(store: FeatureStore, out: str | Path, *, split: str = "test", ve
     avg = average_query(store) if kind.needs_run else None
     fp = store_fingerprint(store, rows)
     run = run or {"path": None, "checkpoint_sha256": None}
-    state = {"fingerprint": fp, "vector": vector, "run": run.get("checkpoint_sha256") if kind.needs_run else None,
-             "n": n, "dim": dim}
+    state = {
+        "fingerprint": fp,
+        "vector": vector,
+        "run": run.get("checkpoint_sha256") if kind.needs_run else None,
+        "n": n,
+        "dim": dim,
+    }
     stage, vecs, done = _staging(out, state, n * per, dim)
     progress(Event("start", task="vectors", total=n))
     progress(Event("advance", task="vectors", n=done))
     for c0 in range(done, n, chunk):
         c1 = min(c0 + chunk, n)
         frames, mask = store.read_videos(rows[c0:c1])  # (B, F, D), (B, F)
-        vecs[c0 * per: c1 * per] = video_vectors(vector, frames, mask, model, avg).reshape(-1, dim)
+        vecs[c0 * per : c1 * per] = video_vectors(vector, frames, mask, model, avg).reshape(-1, dim)
         with named_write_errors(stage / "vectors.npy", RESUME_HINT):
             vecs.flush()
             atomic_write_text(stage / "state.json", json.dumps({**state, "done": c1}))
@@ -152,11 +169,26 @@ def build_index(store: FeatureStore, out: str | Path, *, split: str = "test", ve
         with named_write_errors(stage / REFINE_FILE, RESUME_HINT):
             check_free_space(stage, len(vecs) * dim * 2)
             _write_refine(stage / REFINE_FILE, vecs, progress)
-    meta = IndexMeta(vector=vector, factory=factory, dim=dim, count=n, per_video=per, split=split,
-                     store={"path": str(store.path), "fingerprint": fp}, run=run, nprobe=nprobe,
-                     ef_search=ef_search, refine=refine, avg_query=None if avg is None else [float(x) for x in avg],
-                     build={"seconds": round(time.perf_counter() - t0, 3), "vector_seconds": round(t_vec, 3),
-                            "faiss": faiss.__version__, "chunk": chunk})
+    meta = IndexMeta(
+        vector=vector,
+        factory=factory,
+        dim=dim,
+        count=n,
+        per_video=per,
+        split=split,
+        store={"path": str(store.path), "fingerprint": fp},
+        run=run,
+        nprobe=nprobe,
+        ef_search=ef_search,
+        refine=refine,
+        avg_query=None if avg is None else [float(x) for x in avg],
+        build={
+            "seconds": round(time.perf_counter() - t0, 3),
+            "vector_seconds": round(t_vec, 3),
+            "faiss": faiss.__version__,
+            "chunk": chunk,
+        },
+    )
     # the vectors stay until the index is written: a build that fails here resumes past its chunks
     with named_write_errors(stage / "index.faiss", RESUME_HINT):
         faiss.write_index(index, str(stage / "index.faiss"))
@@ -173,7 +205,7 @@ def _write_refine(path: Path, vecs: np.ndarray, progress: ProgressCallback, chun
     """The exact vectors as float16 rows, for re-scoring an approximate index's candidates."""
     with open(path, "wb") as fh:
         for a in range(0, len(vecs), chunk):
-            fh.write(np.ascontiguousarray(vecs[a: a + chunk], dtype=np.float16).tobytes())
+            fh.write(np.ascontiguousarray(vecs[a : a + chunk], dtype=np.float16).tobytes())
     progress(Event("info", message=f"wrote {path.name} ({path.stat().st_size / 1e9:.2f} GB)"))
 
 
@@ -185,12 +217,14 @@ def _fill(faiss, index, vecs: np.ndarray, progress: ProgressCallback, add_chunk:
         want = TRAIN_PER_LIST * (ivf.nlist if ivf is not None else 256)
         pick = np.unique(np.linspace(0, n - 1, min(n, want)).astype(np.int64))
         if ivf is not None and len(pick) < ivf.nlist:
-            raise ConfigError(f"an IVF index of {ivf.nlist} lists needs at least as many videos; got {n} "
-                              "(use a smaller nlist, or Flat)")
+            raise ConfigError(
+                f"an IVF index of {ivf.nlist} lists needs at least as many videos; got {n} "
+                "(use a smaller nlist, or Flat)"
+            )
         progress(Event("info", message=f"training the index on {len(pick):,} vectors"))
         index.train(np.ascontiguousarray(vecs[pick]))
     progress(Event("start", task="index", total=n))
     for a in range(0, n, add_chunk):
-        index.add(np.ascontiguousarray(vecs[a: a + add_chunk]))
+        index.add(np.ascontiguousarray(vecs[a : a + add_chunk]))
         progress(Event("advance", task="index", n=min(add_chunk, n - a)))
     progress(Event("end", task="index"))

@@ -33,8 +33,16 @@ import numpy as np
 
 from ..core.errors import ConfigError, StoreMismatchError
 
-__all__ = ["FLAT_MAX", "IndexMeta", "VideoIndex", "auto_factory", "require_faiss", "new_faiss_index",
-           "load_index", "INDEX_FORMAT"]
+__all__ = [
+    "FLAT_MAX",
+    "IndexMeta",
+    "VideoIndex",
+    "auto_factory",
+    "require_faiss",
+    "new_faiss_index",
+    "load_index",
+    "INDEX_FORMAT",
+]
 
 INDEX_FORMAT = 1
 REFINE_MAX = 4096  # candidates re-scored a query, unless k x S alone is more
@@ -48,8 +56,9 @@ def require_faiss():
     try:
         import faiss
     except ImportError:
-        raise ConfigError("FAISS is not installed: `pip install 'dab-pipeline[index]'` (faiss-cpu) to build or "
-                          "load a video index") from None
+        raise ConfigError(
+            "FAISS is not installed: `pip install 'dab-pipeline[index]'` (faiss-cpu) to build or load a video index"
+        ) from None
     return faiss
 
 
@@ -125,7 +134,7 @@ class VideoIndex:
         buf = bytearray(len(ids) * row_bytes)
         view = memoryview(buf)
         for j, i in enumerate(ids.tolist()):
-            os.preadv(fd, [view[j * row_bytes: (j + 1) * row_bytes]], int(i) * row_bytes)
+            os.preadv(fd, [view[j * row_bytes : (j + 1) * row_bytes]], int(i) * row_bytes)
         return np.frombuffer(buf, np.float16).reshape(len(ids), d).astype(np.float32)
 
     def close(self) -> None:
@@ -133,8 +142,9 @@ class VideoIndex:
             self._exact.close()
             self._exact = None
 
-    def search(self, queries: np.ndarray, k: int, nprobe: Optional[int] = None,
-               ef_search: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
+    def search(
+        self, queries: np.ndarray, k: int, nprobe: Optional[int] = None, ef_search: Optional[int] = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         faiss = require_faiss()
         q = np.ascontiguousarray(queries, dtype=np.float32)  # (M, D)
         if q.ndim != 2 or q.shape[1] != self.meta.dim:
@@ -192,7 +202,8 @@ class VideoIndex:
             raise StoreMismatchError(
                 f"{self.path} was built from another store (or the store changed since): its fingerprint "
                 f"{self.meta.store['fingerprint'][:12]} != {fingerprint[:12]} of {store_path}; rebuild it with "
-                f"`dab index --features {store_path} --out {self.path} --overwrite`")
+                f"`dab index --features {store_path} --out {self.path} --overwrite`"
+            )
 
 
 def load_index(path: str | Path) -> VideoIndex:
@@ -209,12 +220,16 @@ def load_index(path: str | Path) -> VideoIndex:
     except (OSError, ValueError, RuntimeError) as exc:
         raise ConfigError(f"{p}: cannot read the index ({str(exc).strip().splitlines()[-1]})") from None
     if index.ntotal != meta.count * meta.per_video or len(rows) != index.ntotal:
-        raise ConfigError(f"{p}: damaged index ({index.ntotal} vectors, {len(rows)} rows, index.json says "
-                          f"{meta.count}); rebuild it with `dab index ... --overwrite`")
+        raise ConfigError(
+            f"{p}: damaged index ({index.ntotal} vectors, {len(rows)} rows, index.json says "
+            f"{meta.count}); rebuild it with `dab index ... --overwrite`"
+        )
     want = index.ntotal * meta.dim * 2
     have = (p / REFINE_FILE).stat().st_size if (p / REFINE_FILE).is_file() else None
     if meta.refine and have != want:
-        raise ConfigError(f"{p}: damaged index ({REFINE_FILE} is {'missing' if have is None else f'{have:,} bytes'}, "
-                          f"expected {want:,}); rebuild it with `dab index ... --overwrite`, or set refine to 0 "
-                          "in index.json to search the codes alone")
+        raise ConfigError(
+            f"{p}: damaged index ({REFINE_FILE} is {'missing' if have is None else f'{have:,} bytes'}, "
+            f"expected {want:,}); rebuild it with `dab index ... --overwrite`, or set refine to 0 "
+            "in index.json to search the codes alone"
+        )
     return VideoIndex(p, meta, index, rows)

@@ -108,18 +108,32 @@ def _pooled_query(text: Tensor, model: Optional[DABModel]) -> Tensor:
     return F.normalize(ts.mu if ts.mu is not None else ts.feat, dim=-1)
 
 
-VECTOR_KINDS.register("segments", VectorKind(_segments, _text, False,
-                                             f"meanP of {SEGMENTS} consecutive runs of frames, the best one counts",
-                                             per_video=SEGMENTS))
+VECTOR_KINDS.register(
+    "segments",
+    VectorKind(
+        _segments,
+        _text,
+        False,
+        f"meanP of {SEGMENTS} consecutive runs of frames, the best one counts",
+        per_video=SEGMENTS,
+    ),
+)
 VECTOR_KINDS.register("meanp", VectorKind(_meanp, _text, False, "mean of the L2-normalised frames (CLIP4Clip meanP)"))
 VECTOR_KINDS.register("mean", VectorKind(_mean, _text, False, "mean of the raw frames"))
-VECTOR_KINDS.register("pooled", VectorKind(_pooled, _pooled_query, True,
-                                           "the run's pooling with the mean caption as query (its Gaussian mean)"))
+VECTOR_KINDS.register(
+    "pooled",
+    VectorKind(_pooled, _pooled_query, True, "the run's pooling with the mean caption as query (its Gaussian mean)"),
+)
 
 
 @torch.no_grad()
-def video_vectors(kind: str, frames: np.ndarray | Tensor, mask: np.ndarray | Tensor,
-                  model: Optional[DABModel] = None, avg_query: Optional[np.ndarray] = None) -> np.ndarray:
+def video_vectors(
+    kind: str,
+    frames: np.ndarray | Tensor,
+    mask: np.ndarray | Tensor,
+    model: Optional[DABModel] = None,
+    avg_query: Optional[np.ndarray] = None,
+) -> np.ndarray:
     """frames (B, F, D), mask (B, F) -> (B, S, D) float32 unit vectors of ``kind`` (S = its ``per_video``)."""
     vk = VECTOR_KINDS.get(kind)
     dev = next(model.parameters()).device if model is not None else torch.device("cpu")

@@ -12,9 +12,7 @@ from ..core.errors import ConfigError
 from .retrieval import as_cost, as_gt, row_blocks
 
 
-def variance_asymmetry(
-    text_var: Any, bridged_var: Any | None, video_var: Any
-) -> dict[str, Any]:
+def variance_asymmetry(text_var: Any, bridged_var: Any | None, video_var: Any) -> dict[str, Any]:
     """Mean sigma^2 of text, bridged and video distributions and their ratios to text.
 
     Inputs are arrays of variances of any shape (e.g. the per-query mean
@@ -109,16 +107,16 @@ def _unit_features(video_features: Any, cost_shape: tuple[int, int]) -> np.ndarr
     feats = np.asarray(video_features, dtype=np.float64)
     if feats.ndim != 2 or feats.shape[0] != cost_shape[1]:
         raise ConfigError(
-            f"video_features must have shape ({cost_shape[1]}, D) to match cost {cost_shape}, "
-            f"got {feats.shape}"
+            f"video_features must have shape ({cost_shape[1]}, D) to match cost {cost_shape}, got {feats.shape}"
         )
     if not np.all(np.isfinite(feats)):
         raise ConfigError("video_features contain non-finite values")
     return feats / np.maximum(np.linalg.norm(feats, axis=1, keepdims=True), 1e-12)
 
 
-def _neighbourhood_counts(c: np.ndarray, g: np.ndarray, unit: np.ndarray, thresholds: np.ndarray, k: int, seed: int
-                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _neighbourhood_counts(
+    c: np.ndarray, g: np.ndarray, unit: np.ndarray, thresholds: np.ndarray, k: int, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Semantic positives (cosine >= a threshold to the gt video, gt excluded) in the model's top-k, their exact
     random-ranking expectation and one seeded random top-k, summed over queries: (T,) each."""
     q_count, v_count = c.shape
@@ -168,8 +166,12 @@ def shift_decomposition(shift: Any) -> dict[str, float]:
     a = s.mean(axis=1) - m  # (T, D)
     b = s.mean(axis=0) - m  # (V, D)
     e = s - m - a[:, None, :] - b[None, :, :]  # (T, V, D)
-    parts = {"constant": n_t * n_v * float(m @ m), "text": n_v * float((a * a).sum()),
-             "video": n_t * float((b * b).sum()), "interaction": float((e * e).sum())}
+    parts = {
+        "constant": n_t * n_v * float(m @ m),
+        "text": n_v * float((a * a).sum()),
+        "video": n_t * float((b * b).sum()),
+        "interaction": float((e * e).sum()),
+    }
     total = float((s * s).sum())
     out = {k: (v / total if total > 0 else float("nan")) for k, v in parts.items()}
     out["pair_dependent"] = 1.0 - out["constant"] if total > 0 else float("nan")

@@ -45,8 +45,7 @@ def as_gt(gt: Any, num_queries: int, num_videos: int) -> np.ndarray:
     arr = np.asarray(gt)
     if arr.ndim != 1 or arr.shape[0] != num_queries:
         raise ConfigError(
-            f"gt must have shape ({num_queries},) to match cost ({num_queries}, {num_videos}), "
-            f"got {arr.shape}"
+            f"gt must have shape ({num_queries},) to match cost ({num_queries}, {num_videos}), got {arr.shape}"
         )
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
         if np.issubdtype(arr.dtype, np.floating) and np.all(arr == np.round(arr)):
@@ -55,9 +54,7 @@ def as_gt(gt: Any, num_queries: int, num_videos: int) -> np.ndarray:
             raise ConfigError(f"gt must hold integer video indices, got dtype {arr.dtype}")
     arr = arr.astype(np.int64, copy=False)
     if arr.size and (arr.min() < 0 or arr.max() >= num_videos):
-        raise ConfigError(
-            f"gt indices must lie in [0, {num_videos}), got range [{arr.min()}, {arr.max()}]"
-        )
+        raise ConfigError(f"gt indices must lie in [0, {num_videos}), got range [{arr.min()}, {arr.max()}]")
     return arr
 
 
@@ -194,8 +191,9 @@ def v2t_metrics(cost: Any, gt: Any, convention: str = "videos") -> dict[str, flo
 def _check_postprocess_temperature(postprocess_temperature: float) -> float:
     t = float(postprocess_temperature)
     if not math.isfinite(t) or t <= 0:
-        raise ConfigError("the post-processing temperature must be a positive finite number, "
-                          f"got {postprocess_temperature!r}")
+        raise ConfigError(
+            f"the post-processing temperature must be a positive finite number, got {postprocess_temperature!r}"
+        )
     return t
 
 
@@ -293,10 +291,7 @@ def inverted_softmax(
     ax = _check_axis(axis)
     bank = c if bank_cost is None else as_cost(bank_cost, "bank_cost")
     if bank.shape[1 - ax] != c.shape[1 - ax]:
-        raise ConfigError(
-            f"bank_cost shape {bank.shape} does not match cost shape {c.shape} "
-            f"along axis {1 - ax}"
-        )
+        raise ConfigError(f"bank_cost shape {bank.shape} does not match cost shape {c.shape} along axis {1 - ax}")
     normaliser = _log_normaliser(_LazyScaled(bank, t), ax)
     return _apply_log_prior(c, normaliser, t, 1.0, ax)
 
@@ -339,9 +334,7 @@ def evaluate_all(
     c = as_cost(cost)
     g = as_gt(gt, *c.shape)
     if postprocess not in POSTPROCESS_NAMES:
-        raise ConfigError(
-            f"unknown post-processing {postprocess!r}; valid: {', '.join(POSTPROCESS_NAMES)}"
-        )
+        raise ConfigError(f"unknown post-processing {postprocess!r}; valid: {', '.join(POSTPROCESS_NAMES)}")
     label: dict[str, Any] = {"name": postprocess}
     if postprocess != "none":
         label["temperature"] = float(_check_postprocess_temperature(postprocess_temperature))

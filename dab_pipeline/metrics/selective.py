@@ -32,17 +32,13 @@ def _check_pair(confidence: Any, correct: Any) -> tuple[np.ndarray, np.ndarray]:
     conf = as_1d(confidence, "confidence")
     corr = as_1d(correct, "correct")
     if conf.shape != corr.shape:
-        raise ConfigError(
-            f"confidence {conf.shape} and correct {corr.shape} must have the same shape"
-        )
+        raise ConfigError(f"confidence {conf.shape} and correct {corr.shape} must have the same shape")
     if np.isnan(conf).any():
         raise ConfigError("confidence contains NaN")
     return conf, corr
 
 
-def risk_coverage(
-    confidence: Any, correct: Any, *, ties: str = "average"
-) -> tuple[np.ndarray, np.ndarray]:
+def risk_coverage(confidence: Any, correct: Any, *, ties: str = "average") -> tuple[np.ndarray, np.ndarray]:
     """Risk-coverage curve of selective prediction.
 
     Queries are kept from the most to the least confident; at coverage
@@ -122,9 +118,7 @@ def aurc_optimal(correct: Any) -> float:
     return float(np.sum(1.0 - c / k) / n)
 
 
-def accuracy_at_coverage(
-    confidence: Any, correct: Any, coverage: float, *, ties: str = "average"
-) -> float:
+def accuracy_at_coverage(confidence: Any, correct: Any, coverage: float, *, ties: str = "average") -> float:
     """Accuracy (fraction in [0, 1]) of the ``ceil(coverage * Q)`` most confident queries."""
     cov = float(coverage)
     if not (0.0 < cov <= 1.0):
@@ -175,9 +169,7 @@ def selective_report(
     else:
         conf = as_1d(confidence, "confidence")
         if conf.shape[0] != c.shape[0]:
-            raise ConfigError(
-                f"confidence has shape {conf.shape}, expected ({c.shape[0]},) for cost {c.shape}"
-            )
+            raise ConfigError(f"confidence has shape {conf.shape}, expected ({c.shape[0]},) for cost {c.shape}")
     for cov in coverages:
         if not (0.0 < float(cov) <= 1.0):
             raise ConfigError(f"coverage must be in (0, 1], got {cov!r}")

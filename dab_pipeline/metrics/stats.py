@@ -49,11 +49,18 @@ def paired_bootstrap(a: Any, b: Any, n_boot: int = 2000, seed: int = 0, level: f
     means = np.empty(n_boot)
     for i0 in range(0, n_boot, 256):  # bounded memory: 256 resamples of Q indices at a time
         idx = rng.integers(0, n, size=(min(256, n_boot - i0), n))
-        means[i0: i0 + idx.shape[0]] = d[idx].mean(axis=1)
+        means[i0 : i0 + idx.shape[0]] = d[idx].mean(axis=1)
     tail = (1.0 - level) / 2.0
     low, high = np.quantile(means, [tail, 1.0 - tail])
-    return {"diff": float(d.mean()), "low": float(low), "high": float(high), "level": level, "n_boot": int(n_boot),
-            "queries": int(n), "excludes_zero": bool(low > 0 or high < 0)}
+    return {
+        "diff": float(d.mean()),
+        "low": float(low),
+        "high": float(high),
+        "level": level,
+        "n_boot": int(n_boot),
+        "queries": int(n),
+        "excludes_zero": bool(low > 0 or high < 0),
+    }
 
 
 def average_ranks(x: Any) -> np.ndarray:

@@ -59,10 +59,10 @@ class DistributionBridge(nn.Module):
         """
         first: nn.Linear = self.drift[0]  # type: ignore[assignment]
         width = self.n_state * self.dim
-        w_state, w_target = first.weight[:, :width], first.weight[:, width: 2 * width]  # (H, n*D) each
+        w_state, w_target = first.weight[:, :width], first.weight[:, width : 2 * width]  # (H, n*D) each
         if not self.residual:
             return w_state, w_target
-        w_res = first.weight[:, 2 * width: 2 * width + self.dim]  # (H, D): on mu_v - mu_t | x_v - x_t
+        w_res = first.weight[:, 2 * width : 2 * width + self.dim]  # (H, D): on mu_v - mu_t | x_v - x_t
         pad = w_res.new_zeros(w_res.shape[0], width - self.dim)  # the sigma block takes no residual
         w_fold = torch.cat([w_res, pad], dim=1)  # (H, n*D)
         return w_state - w_fold, w_target + w_fold
@@ -71,7 +71,7 @@ class DistributionBridge(nn.Module):
         """Time-embedding contribution (plus bias) to the first drift layer, per step (T', H)."""
         e = self.time_mlp(sinusoidal_embedding(self.timesteps, self.time_dim).to(self.chi.dtype))  # (T', d_t)
         first: nn.Linear = self.drift[0]  # type: ignore[assignment]
-        return e @ first.weight[:, -self.time_dim:].T + first.bias  # (T', H)
+        return e @ first.weight[:, -self.time_dim :].T + first.bias  # (T', H)
 
     def _trajectory(self, state: list[Tensor], target: list[Tensor], update: Callable) -> list[Tensor]:
         """Run the T' steps; ``state[:n_state]`` and ``target`` feed the drift, ``update`` applies it."""
@@ -141,7 +141,7 @@ class ConstantShift(DistributionBridge):
 
     @property
     def shift_logvar(self) -> Optional[Tensor]:
-        return None if self.point else self.total_shift()[self.dim:]  # (D,)
+        return None if self.point else self.total_shift()[self.dim :]  # (D,)
 
     def set_shift(self, shift_mu: Tensor, shift_logvar: Optional[Tensor]) -> None:
         """Make the shift exactly ``(shift_mu, shift_logvar)``: the output layer's weight zeroed, its bias set."""
@@ -160,7 +160,7 @@ class ConstantShift(DistributionBridge):
         shift = self.total_shift()
         shape = torch.broadcast_shapes(mu_t.shape, mu_v.shape)
         mu = (mu_t.float() + shift[: self.dim]).expand(shape)
-        logvar = (logvar_t.float() + shift[self.dim:]).clamp(self.logvar_min, self.logvar_max).expand(shape)
+        logvar = (logvar_t.float() + shift[self.dim :]).clamp(self.logvar_min, self.logvar_max).expand(shape)
         return mu, logvar
 
     def forward_point(self, x_t: Tensor, x_v: Tensor) -> Tensor:

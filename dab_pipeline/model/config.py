@@ -70,11 +70,9 @@ class ModelConfig:
         if not isinstance(self.steps, int) or not 1 <= self.steps <= self.total_steps:
             raise bad("steps", f"an integer in [1, total_steps={self.total_steps}]")
         if not 0.0 < self.beta_min <= self.beta_max < 1.0:
-            raise bad("beta_min" if not 0.0 < self.beta_min < 1.0 else "beta_max",
-                      "0 < beta_min <= beta_max < 1")
+            raise bad("beta_min" if not 0.0 < self.beta_min < 1.0 else "beta_max", "0 < beta_min <= beta_max < 1")
         if not 0.0 < self.chi_min <= self.chi_max <= 1.0:
-            raise bad("chi_min" if not 0.0 < self.chi_min <= 1.0 else "chi_max",
-                      "0 < chi_min <= chi_max <= 1")
+            raise bad("chi_min" if not 0.0 < self.chi_min <= 1.0 else "chi_max", "0 < chi_min <= chi_max <= 1")
         if not isinstance(self.time_embed_dim, int) or self.time_embed_dim < 2 or self.time_embed_dim % 2:
             raise bad("time_embed_dim", "an even integer >= 2")
         if not isinstance(self.drift_hidden, int) or self.drift_hidden < 1:
@@ -91,8 +89,12 @@ class ModelConfig:
             raise bad("tau", "a positive float, or None for the embed_dim-scaled default")
         if not self.logit_scale_init > 0.0:
             raise bad("logit_scale_init", "a positive float")
-        for name, valid in (("variance", VARIANCE_MODES), ("drift", DRIFTS), ("drift_inputs", DRIFT_INPUTS),
-                            ("chi_norm", CHI_NORMS)):
+        for name, valid in (
+            ("variance", VARIANCE_MODES),
+            ("drift", DRIFTS),
+            ("drift_inputs", DRIFT_INPUTS),
+            ("chi_norm", CHI_NORMS),
+        ):
             if getattr(self, name) not in valid:
                 raise bad(name, " | ".join(valid))
         if not self.drift_init >= 0.0:

@@ -61,7 +61,9 @@ def infonce_loss(cost: Tensor, temperature: Tensor | float) -> Tensor:
 
 LOSSES: Registry[LossFn] = Registry("loss")
 LOSSES.register("distribution", pac_loss)  # prob, dab: PAC over the distributional cost
-LOSSES.register("cosine", infonce_loss)  # xpool, bridge: X-Pool's InfoNCE, so bridge differs from xpool by the bridge alone
+LOSSES.register(
+    "cosine", infonce_loss
+)  # xpool, bridge: X-Pool's InfoNCE, so bridge differs from xpool by the bridge alone
 
 
 def loss_of(spec: VariantSpec) -> LossFn:
@@ -75,8 +77,15 @@ def contrastive_loss(loss: LossFn, cost: Tensor, temperature: Tensor) -> Tensor:
         return loss(cost.float(), temperature.float())
 
 
-def distill_loss(student_cost: Tensor, student_state: list[Tensor], teacher_cost: Tensor, teacher_state: list[Tensor],
-                 temperature: Tensor, state_weight: float, rank_weight: float) -> tuple[Tensor, dict[str, float]]:
+def distill_loss(
+    student_cost: Tensor,
+    student_state: list[Tensor],
+    teacher_cost: Tensor,
+    teacher_state: list[Tensor],
+    temperature: Tensor,
+    state_weight: float,
+    rank_weight: float,
+) -> tuple[Tensor, dict[str, float]]:
     """`dab distill`'s loss: state matching + row/column ranking KL; costs (B, B), states [(B, B, D), ...].
 
     ``state``: the mean squared error of each bridged state (mu and logvar, or the point bridge's x) of the
@@ -85,9 +94,9 @@ def distill_loss(student_cost: Tensor, student_state: list[Tensor], teacher_cost
     """
     state = sum(F.mse_loss(s, t) for s, t in zip(student_state, teacher_state)) / len(student_state)
     t_logits, s_logits = -teacher_cost / temperature, -student_cost / temperature  # (B, B)
-    rank = 0.5 * (F.kl_div(F.log_softmax(s_logits, 1), F.log_softmax(t_logits, 1), log_target=True,
-                           reduction="batchmean")
-                  + F.kl_div(F.log_softmax(s_logits, 0).T, F.log_softmax(t_logits, 0).T, log_target=True,
-                             reduction="batchmean"))
+    rank = 0.5 * (
+        F.kl_div(F.log_softmax(s_logits, 1), F.log_softmax(t_logits, 1), log_target=True, reduction="batchmean")
+        + F.kl_div(F.log_softmax(s_logits, 0).T, F.log_softmax(t_logits, 0).T, log_target=True, reduction="batchmean")
+    )
     loss = state_weight * state + rank_weight * rank
     return loss, {"state": float(state.detach()), "rank": float(rank.detach())}

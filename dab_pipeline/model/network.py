@@ -32,7 +32,9 @@ class TextState:
         return self.feat.shape[0]
 
     def select(self, idx: Tensor | slice) -> "TextState":
-        return TextState(*(None if t is None else t[idx] for t in (self.feat, self.q, self.mu, self.logvar, self.point)))
+        return TextState(
+            *(None if t is None else t[idx] for t in (self.feat, self.q, self.mu, self.logvar, self.point))
+        )
 
 
 @dataclass
@@ -48,8 +50,9 @@ class VideoState:
         return self.k.shape[0]
 
     def select(self, idx: Tensor | slice) -> "VideoState":
-        return VideoState(self.k[idx], self.v[idx], self.mask[idx],
-                          None if self.tok_logvar is None else self.tok_logvar[idx])
+        return VideoState(
+            self.k[idx], self.v[idx], self.mask[idx], None if self.tok_logvar is None else self.tok_logvar[idx]
+        )
 
 
 @dataclass

@@ -63,7 +63,12 @@ def load_recipe(name: str) -> Recipe:
         raise UnknownNameError(f"unknown recipe {name!r}; valid: {', '.join(recipe_names())}")
     try:
         data = json.loads(path.read_text())
-        return Recipe(name=name, doc=data.get("_doc", ""), source=data.get("_source", ""),
-                      values=dict(data["set"]), by_dataset=dict(data.get("by_dataset", {})))
+        return Recipe(
+            name=name,
+            doc=data.get("_doc", ""),
+            source=data.get("_source", ""),
+            values=dict(data["set"]),
+            by_dataset=dict(data.get("by_dataset", {})),
+        )
     except (ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"recipe file {path} is malformed: {exc}") from None

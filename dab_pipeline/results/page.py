@@ -105,9 +105,17 @@ def cost_plot(row: np.ndarray, gt: Optional[int], top: Sequence[int]) -> str:
     return data_uri(buf.getvalue(), "image/png")
 
 
-def build_queries(cost: np.ndarray, picks: Sequence[int], texts: Sequence[str], video_ids: Sequence[str],
-                  gt: Optional[np.ndarray] = None, thumbs: Optional[Mapping[str, Optional[bytes]]] = None,
-                  captions: Optional[Mapping[str, str]] = None, k: int = 5, plots: bool = True) -> list[ExampleQuery]:
+def build_queries(
+    cost: np.ndarray,
+    picks: Sequence[int],
+    texts: Sequence[str],
+    video_ids: Sequence[str],
+    gt: Optional[np.ndarray] = None,
+    thumbs: Optional[Mapping[str, Optional[bytes]]] = None,
+    captions: Optional[Mapping[str, str]] = None,
+    k: int = 5,
+    plots: bool = True,
+) -> list[ExampleQuery]:
     """The blocks of the page for the queries ``picks`` (rows of ``cost`` (Q, V), lower is better)."""
     thumbs, captions = thumbs or {}, captions or {}
     picks = np.asarray(picks, np.int64)
@@ -118,9 +126,17 @@ def build_queries(cost: np.ndarray, picks: Sequence[int], texts: Sequence[str], 
         row = np.asarray(cost[qi], np.float64)
         top = np.argsort(row, kind="stable")[: min(k, len(row))]
         g = int(gt[qi]) if gt is not None else None
-        hits = [ExampleHit(rank=r + 1, video=str(video_ids[v]), cost=float(row[v]), is_gt=(g == int(v)),
-                           thumb=data_uri(thumbs.get(str(video_ids[v]))), caption=captions.get(str(video_ids[v])))
-                for r, v in enumerate(top)]
+        hits = [
+            ExampleHit(
+                rank=r + 1,
+                video=str(video_ids[v]),
+                cost=float(row[v]),
+                is_gt=(g == int(v)),
+                thumb=data_uri(thumbs.get(str(video_ids[v]))),
+                caption=captions.get(str(video_ids[v])),
+            )
+            for r, v in enumerate(top)
+        ]
         eq = ExampleQuery(text=str(texts[qi]), margin=None if np.isnan(margins[j]) else float(margins[j]), hits=hits)
         if g is not None:
             eq.gt_video, eq.gt_rank, eq.gt_cost = str(video_ids[g]), int(ranks[j]), float(row[g])
@@ -131,13 +147,17 @@ def build_queries(cost: np.ndarray, picks: Sequence[int], texts: Sequence[str], 
     return out
 
 
-def render_page(path: str | Path, title: str, summary: Sequence[tuple[str, str]],
-                queries: Sequence[ExampleQuery]) -> Path:
+def render_page(
+    path: str | Path, title: str, summary: Sequence[tuple[str, str]], queries: Sequence[ExampleQuery]
+) -> Path:
     """Write the self-contained page; returns its path."""
     import jinja2
 
-    env = jinja2.Environment(loader=jinja2.PackageLoader("dab_pipeline.results", "templates"),
-                             autoescape=jinja2.select_autoescape(["html", "j2"]), undefined=jinja2.StrictUndefined)
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("dab_pipeline.results", "templates"),
+        autoescape=jinja2.select_autoescape(["html", "j2"]),
+        undefined=jinja2.StrictUndefined,
+    )
     html = env.get_template(TEMPLATE).render(title=title, summary=list(summary), queries=list(queries))
     path = Path(path)
     atomic_write_text(path, html)

@@ -138,8 +138,11 @@ def _md_retrieval(results: dict[str, Any]) -> list[str]:
         n = metrics.get("n")
         suffix = f" ({n} {'queries' if key == 't2v' else 'videos'})" if n is not None else ""
         if key == "v2t" and results.get("v2t_convention"):
-            suffix += ("; each other video ranked once, by its best caption" if results["v2t_convention"] == "videos"
-                       else "; every caption of every other video ranked")
+            suffix += (
+                "; each other video ranked once, by its best caption"
+                if results["v2t_convention"] == "videos"
+                else "; every caption of every other video ranked"
+            )
         row = [format_metric(c, metrics.get(c)) for c in _REPORT_COLUMNS]
         out += [f"## {heading}{suffix}", "", _md_table(list(_REPORT_COLUMNS), [row]), ""]
     return out
@@ -160,11 +163,18 @@ def _md_selective(results: dict[str, Any]) -> list[str]:
     rows = []
     for k in rec_keys:
         s = selective[k]
-        row = [f"rank <= {k[2:]}", format_metric(k, s.get("accuracy")), _fmt_fraction(s.get("aurc")),
-               _fmt_fraction(s.get("aurc_random")), _fmt_fraction(s.get("aurc_optimal"))]
+        row = [
+            f"rank <= {k[2:]}",
+            format_metric(k, s.get("accuracy")),
+            _fmt_fraction(s.get("aurc")),
+            _fmt_fraction(s.get("aurc_random")),
+            _fmt_fraction(s.get("aurc_optimal")),
+        ]
         rows.append(row + [format_metric(k, s.get("at_coverage", {}).get(c)) for c in cov_keys])
-    note = (f"Confidence: `{selective.get('confidence', '?')}` (larger = more confident); "
-            "AURC is the mean risk over coverages 1/Q..1, random = 1 - accuracy.")
+    note = (
+        f"Confidence: `{selective.get('confidence', '?')}` (larger = more confident); "
+        "AURC is the mean risk over coverages 1/Q..1, random = 1 - accuracy."
+    )
     return ["## Selective prediction", "", note, "", _md_table(headers, rows), ""]
 
 
@@ -188,11 +198,19 @@ def bridge_summary(bridge: dict[str, Any]) -> str:
         return f"the bridge is a constant shift by construction (model.drift=constant): pair-dependent share {share}"
     probe, ctrl = bridge.get("probe", {}), bridge.get("constant_control", {})
     parts = bridge.get("decomposition", {}).get("mu", {})
-    split = (f" (mu: text {parts['text'] * 100:.1f} %, video {parts['video'] * 100:.1f} %, "
-             f"pair {parts['interaction'] * 100:.1f} %)") if parts else ""
-    return (f"bridge: pair-dependent share of its shift {share}{split} on {probe.get('texts')} x "
-            f"{probe.get('videos')} {probe.get('split', '')} pairs; with the bridge replaced by its mean shift: "
-            f"R@1 {ctrl.get('R@1', float('nan')):.1f}, MnR {ctrl.get('MnR', float('nan')):.1f}")
+    split = (
+        (
+            f" (mu: text {parts['text'] * 100:.1f} %, video {parts['video'] * 100:.1f} %, "
+            f"pair {parts['interaction'] * 100:.1f} %)"
+        )
+        if parts
+        else ""
+    )
+    return (
+        f"bridge: pair-dependent share of its shift {share}{split} on {probe.get('texts')} x "
+        f"{probe.get('videos')} {probe.get('split', '')} pairs; with the bridge replaced by its mean shift: "
+        f"R@1 {ctrl.get('R@1', float('nan')):.1f}, MnR {ctrl.get('MnR', float('nan')):.1f}"
+    )
 
 
 def _md_bridge(results: dict[str, Any]) -> list[str]:
@@ -203,21 +221,32 @@ def _md_bridge(results: dict[str, Any]) -> list[str]:
     if bridge.get("drift") == "constant":
         return lines + [bridge_summary(bridge), ""]
     probe = bridge["probe"]
-    lines += [f"The bridge's shift (bridged minus text, per feature) on {probe['texts']} texts x {probe['videos']} "
-              f"videos of the {probe['split']} split ({probe['pairs']} pairs; the split has {probe['of'][0]} x "
-              f"{probe['of'][1]}), as shares of its sum of squares: the mean shift over the pairs (constant), "
-              "what depends on the text alone, on the video alone, and on the pair.", ""]
+    lines += [
+        f"The bridge's shift (bridged minus text, per feature) on {probe['texts']} texts x {probe['videos']} "
+        f"videos of the {probe['split']} split ({probe['pairs']} pairs; the split has {probe['of'][0]} x "
+        f"{probe['of'][1]}), as shares of its sum of squares: the mean shift over the pairs (constant), "
+        "what depends on the text alone, on the video alone, and on the pair.",
+        "",
+    ]
     headers = ["state", "pair-dependent", "constant", "text", "video", "pair"]
-    rows = [[k, f"{v['pair_dependent'] * 100:.1f} %"] + [f"{v[p] * 100:.1f} %" for p in
-                                                        ("constant", "text", "video", "interaction")]
-            for k, v in bridge["decomposition"].items()]
+    rows = [
+        [k, f"{v['pair_dependent'] * 100:.1f} %"]
+        + [f"{v[p] * 100:.1f} %" for p in ("constant", "text", "video", "interaction")]
+        for k, v in bridge["decomposition"].items()
+    ]
     lines += [_md_table(headers, rows), ""]
     t2v, ctrl = results.get("t2v", {}), bridge["constant_control"]
     headers = ["text-to-video", "R@1", "R@5", "R@10", "MdR", "MnR"]
-    rows = [["with the bridge"] + [format_metric(c, t2v.get(c)) for c in headers[1:]],
-            ["bridge replaced by its mean shift"] + [format_metric(c, ctrl.get(c)) for c in headers[1:]]]
-    lines += ["The constant-bridge control: the same trained model with the bridge replaced by its mean shift.", "",
-              _md_table(headers, rows), ""]
+    rows = [
+        ["with the bridge"] + [format_metric(c, t2v.get(c)) for c in headers[1:]],
+        ["bridge replaced by its mean shift"] + [format_metric(c, ctrl.get(c)) for c in headers[1:]],
+    ]
+    lines += [
+        "The constant-bridge control: the same trained model with the bridge replaced by its mean shift.",
+        "",
+        _md_table(headers, rows),
+        "",
+    ]
     if bridge.get("acts_as_constant"):
         lines += ["**The bridge acts as a constant shift (a temperature) on this data.**", ""]
     return lines
@@ -229,11 +258,21 @@ def _md_neighbourhood(results: dict[str, Any]) -> list[str]:
         return []
     k = neighbourhood.get("topk", "?")
     gt_note = "counted" if neighbourhood.get("counts_gt") else "not counted"
-    note = (f"Mean number of top-{k} videos whose cosine to the ground-truth video is at least the threshold "
-            f"(ground truth itself {gt_note}); random = exact expectation under random ranking.")
+    note = (
+        f"Mean number of top-{k} videos whose cosine to the ground-truth video is at least the threshold "
+        f"(ground truth itself {gt_note}); random = exact expectation under random ranking."
+    )
     headers = ["cosine >=", "Model", "Random", "Random (sampled)", "Model / random"]
-    rows = [[f"{r['tau']:g}", f"{r['model']:.3f}", f"{r['random']:.3f}", _fmt_opt(r.get("random_sampled"), ".3f"),
-             _fmt_opt(r.get("ratio"), ".2f")] for r in neighbourhood["rows"]]
+    rows = [
+        [
+            f"{r['tau']:g}",
+            f"{r['model']:.3f}",
+            f"{r['random']:.3f}",
+            _fmt_opt(r.get("random_sampled"), ".3f"),
+            _fmt_opt(r.get("ratio"), ".2f"),
+        ]
+        for r in neighbourhood["rows"]
+    ]
     return ["## Local semantic neighbourhood", "", note, "", _md_table(headers, rows), ""]
 
 
@@ -410,7 +449,7 @@ def _bridge_cells(bridge: Any) -> list[str]:
     if not isinstance(bridge, dict):
         return [_MISSING] * 3
     share = bridge.get("pair_dependent_share", {})
-    pct = (lambda v: _MISSING if v is None else f"{v * 100:.1f} %")
+    pct = lambda v: _MISSING if v is None else f"{v * 100:.1f} %"
     ctrl = bridge.get("constant_control") or {}
     return [pct(share.get("mu")), pct(share.get("logvar")), format_metric("R@1", ctrl.get("R@1"))]
 
@@ -436,9 +475,7 @@ def load_metrics(target: str | Path) -> tuple[str, dict[str, Any]]:
     return run.name, data
 
 
-def compare_markdown(
-    runs: list[tuple[str, dict[str, Any]]], *, direction: str = "t2v"
-) -> str:
+def compare_markdown(runs: list[tuple[str, dict[str, Any]]], *, direction: str = "t2v") -> str:
     """:func:`compare_table` rendered as a markdown table."""
     headers, rows = compare_table(runs, direction=direction)
     return _md_table(headers, rows) + "\n"

@@ -25,10 +25,17 @@ __all__ = ["SWEEP_FILES", "COLUMNS", "collect_run", "mean_std", "sweep_table", "
 
 SWEEP_FILES = ("sweep.json", "sweep.md", "sweep.png")
 # (column, where it comes from, decimals); "train s" and "pairs/s" from the run folder, the rest from metrics.json
-COLUMNS = (("R@1", ("t2v", "R@1"), 1), ("R@5", ("t2v", "R@5"), 1), ("R@10", ("t2v", "R@10"), 1),
-           ("MdR", ("t2v", "MdR"), 1), ("MnR", ("t2v", "MnR"), 1), ("v2t R@1", ("v2t", "R@1"), 1),
-           ("AURC", ("selective", "R@1", "aurc"), 3), ("train s", ("train_seconds",), 0),
-           ("pairs/s", ("pairs_per_s",), 0))
+COLUMNS = (
+    ("R@1", ("t2v", "R@1"), 1),
+    ("R@5", ("t2v", "R@5"), 1),
+    ("R@10", ("t2v", "R@10"), 1),
+    ("MdR", ("t2v", "MdR"), 1),
+    ("MnR", ("t2v", "MnR"), 1),
+    ("v2t R@1", ("v2t", "R@1"), 1),
+    ("AURC", ("selective", "R@1", "aurc"), 3),
+    ("train s", ("train_seconds",), 0),
+    ("pairs/s", ("pairs_per_s",), 0),
+)
 
 
 def _dig(d: Any, path: tuple[str, ...]) -> Optional[float]:
@@ -55,13 +62,18 @@ def collect_run(run_dir: Path) -> Optional[dict[str, Any]]:
     metrics["pairs_per_s"] = scoring.get("pairs_per_s")
     model = json.loads(folder.config_path.read_text()).get("model", {})
     # what sets the scoring cost: the variant, and T' where there is a bridge
-    scorer = model.get("variant", "?") + (f" T'={model.get('steps')}" if model.get("variant") in ("bridge", "dab") else "")
+    scorer = model.get("variant", "?") + (
+        f" T'={model.get('steps')}" if model.get("variant") in ("bridge", "dab") else ""
+    )
     return {"metrics": metrics, "hits": hits, "query_ids": list(map(str, cm.query_ids)), "scorer": scorer}
 
 
 def mean_std(values: list[float]) -> dict[str, Any]:
-    return {"mean": statistics.mean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "values": values}
+    return {
+        "mean": statistics.mean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "values": values,
+    }
 
 
 def _row(runs: dict[int, dict[str, Any]]) -> dict[str, Any]:
@@ -90,8 +102,12 @@ def _against(runs: dict[int, dict[str, Any]], base: dict[int, dict[str, Any]]) -
     return {**boot, "seeds": seeds}
 
 
-def sweep_table(rows: dict[str, dict[int, dict[str, Any]]], baseline: str, notes: tuple | list = (),
-                failed: Optional[dict[str, str]] = None) -> dict[str, Any]:
+def sweep_table(
+    rows: dict[str, dict[int, dict[str, Any]]],
+    baseline: str,
+    notes: tuple | list = (),
+    failed: Optional[dict[str, str]] = None,
+) -> dict[str, Any]:
     """The table of a sweep from each row's finished runs ``{row: {seed: collect_run(...)}}``."""
     out_rows = {}
     base = rows.get(baseline, {})
@@ -99,8 +115,13 @@ def sweep_table(rows: dict[str, dict[int, dict[str, Any]]], baseline: str, notes
         row = _row(runs)
         row["vs_baseline"] = None if name == baseline or not runs or not base else _against(runs, base)
         out_rows[name] = row
-    return {"baseline": baseline, "rows": out_rows, "notes": list(notes), "failed": dict(failed or {}),
-            "columns": [c for c, _, _ in COLUMNS]}
+    return {
+        "baseline": baseline,
+        "rows": out_rows,
+        "notes": list(notes),
+        "failed": dict(failed or {}),
+        "columns": [c for c, _, _ in COLUMNS],
+    }
 
 
 def _cell(col: Optional[dict], digits: int) -> str:
@@ -124,11 +145,15 @@ def sweep_markdown(table: dict[str, Any]) -> str:
     lines = ["| " + " | ".join(head) + " |", "| --- | ---: |" + " ---: |" * (len(head) - 2)]
     for name, row in table["rows"].items():
         cells = [_cell(row["columns"][c], d) for c, _, d in COLUMNS]
-        lines.append(f"| {name} | {len(row['seeds'])} | " + " | ".join(cells) + f" | {_diff_cell(row['vs_baseline'])} |")
+        lines.append(
+            f"| {name} | {len(row['seeds'])} | " + " | ".join(cells) + f" | {_diff_cell(row['vs_baseline'])} |"
+        )
     text = "\n".join(lines)
-    text += (f"\n\nMean ± std over seeds. R@1 - {base}: the difference of means with a paired bootstrap 95 % "
-             "interval over test queries (seeds both rows finished, pooled per query); * = the interval excludes 0. "
-             "AURC: area under the risk-coverage curve of R@1 by the KL (or cost) margin, lower is better.")
+    text += (
+        f"\n\nMean ± std over seeds. R@1 - {base}: the difference of means with a paired bootstrap 95 % "
+        "interval over test queries (seeds both rows finished, pooled per query); * = the interval excludes 0. "
+        "AURC: area under the risk-coverage curve of R@1 by the KL (or cost) margin, lower is better."
+    )
     for note in table.get("notes", []):
         text += f"\n\n- {note}"
     if table.get("failed"):
@@ -154,8 +179,9 @@ def _plot(path: Path, table: dict[str, Any]) -> None:
         return
     names = list(rows)
     mean = np.array([rows[n]["columns"]["R@1"]["mean"] for n in names])
-    err = np.array([(m - rows[n]["r1_interval"]["low"], rows[n]["r1_interval"]["high"] - m)
-                    for n, m in zip(names, mean)]).T  # (2, rows)
+    err = np.array(
+        [(m - rows[n]["r1_interval"]["low"], rows[n]["r1_interval"]["high"] - m) for n, m in zip(names, mean)]
+    ).T  # (2, rows)
     speed = [rows[n]["columns"]["pairs/s"] for n in names]
     cost_axis = all(s is not None for s in speed) and len({rows[n]["scorer"] for n in names}) > 1
     fig, axes = plt.subplots(1, 2 if cost_axis else 1, figsize=(10 if cost_axis else 6, 3.6), squeeze=False)

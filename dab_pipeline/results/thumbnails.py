@@ -18,8 +18,9 @@ __all__ = ["THUMB_FRAMES", "THUMB_HEIGHT", "THUMB_BYTES", "make_thumbnail", "THU
 THUMB_FRAMES = 3
 THUMB_HEIGHT = 96
 THUMB_BYTES = 24 * 1024
-THUMBNAIL_NOTE = (f"{THUMB_FRAMES} sampled frames, {THUMB_HEIGHT} px high, side by side, JPEG "
-                  f"(at most {THUMB_BYTES} bytes)")
+THUMBNAIL_NOTE = (
+    f"{THUMB_FRAMES} sampled frames, {THUMB_HEIGHT} px high, side by side, JPEG (at most {THUMB_BYTES} bytes)"
+)
 
 
 def make_thumbnail(frames: Sequence[np.ndarray], mask: np.ndarray | None = None) -> bytes:

@@ -52,11 +52,14 @@ def load_checkpoint(path: Path, map_location: Any = "cpu") -> dict:
             state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         reason = str(exc).strip().splitlines()
-        detail = next((ln.strip() for ln in reason if "GLOBAL" in ln or "Unsupported" in ln), reason[0] if reason else "")
+        detail = next(
+            (ln.strip() for ln in reason if "GLOBAL" in ln or "Unsupported" in ln), reason[0] if reason else ""
+        )
         raise CheckpointError(
             f"refused to load {path}: it holds objects other than tensors and plain containers, and loading it "
             f"could run code ({detail[:160]}); only load checkpoints from people you trust with `torch.load` "
-            "yourself") from None
+            "yourself"
+        ) from None
     except (RuntimeError, EOFError, OSError) as exc:
         raise CheckpointError(f"cannot read checkpoint {path}: {str(exc).strip().splitlines()[0][:200]}") from None
     if not isinstance(state, dict):
@@ -73,8 +76,13 @@ def rng_state(device: Optional[torch.device] = None) -> dict:
     name, keys, pos, has_gauss, gauss = np.random.get_state()
     st: dict[str, Any] = {
         "torch": torch.get_rng_state(),
-        "numpy": {"name": str(name), "keys": torch.from_numpy(np.asarray(keys, np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(gauss)},
+        "numpy": {
+            "name": str(name),
+            "keys": torch.from_numpy(np.asarray(keys, np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(gauss),
+        },
         "python": random.getstate(),
     }
     if device is not None:

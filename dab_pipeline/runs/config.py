@@ -77,13 +77,13 @@ class TrainConfig:
         if self.epoch not in EPOCH_MODES:
             raise ConfigError(f"epoch must be one of {', '.join(EPOCH_MODES)}, got {self.epoch!r}")
         if self.logit_scale_group not in LOGIT_SCALE_GROUPS:
-            raise ConfigError(f"logit_scale_group must be one of {', '.join(LOGIT_SCALE_GROUPS)}, "
-                              f"got {self.logit_scale_group!r}")
+            raise ConfigError(
+                f"logit_scale_group must be one of {', '.join(LOGIT_SCALE_GROUPS)}, got {self.logit_scale_group!r}"
+            )
         if self.bridge_lr is not None and not self.bridge_lr > 0:
             raise ConfigError(f"bridge_lr must be a positive float or None (the new modules' lr), got {self.bridge_lr}")
         if self.score_dtype not in SCORE_DTYPES:
             raise ConfigError(f"score_dtype must be one of {', '.join(SCORE_DTYPES)}, got {self.score_dtype!r}")
-
 
     def _check_ranges(self) -> None:
         """Every numeric field in its range when the config is built, never a traceback an epoch later."""
@@ -93,13 +93,19 @@ class TrainConfig:
             ("weight_decay", self.weight_decay >= 0, "a float >= 0"),
             ("grad_clip", self.grad_clip is None or self.grad_clip > 0, "a float > 0, or none (no clipping)"),
             ("seed", 0 <= self.seed < 2**63, "an integer >= 0"),
-            ("trainable_blocks", self.trainable_blocks is None or self.trainable_blocks >= 0,
-             "an integer >= 0 (0: the final LayerNorms and projections only), or none (CLIP frozen)"),
+            (
+                "trainable_blocks",
+                self.trainable_blocks is None or self.trainable_blocks >= 0,
+                "an integer >= 0 (0: the final LayerNorms and projections only), or none (CLIP frozen)",
+            ),
             ("text_chunk", self.text_chunk >= 1, "an integer >= 1"),
             ("video_chunk", self.video_chunk >= 1, "an integer >= 1"),
             ("checkpoint_every", self.checkpoint_every >= 0, "an integer >= 0 (0: at the end of each epoch only)"),
-            ("max_steps_per_epoch", self.max_steps_per_epoch is None or self.max_steps_per_epoch >= 1,
-             "an integer >= 1, or none (whole epochs)"),
+            (
+                "max_steps_per_epoch",
+                self.max_steps_per_epoch is None or self.max_steps_per_epoch >= 1,
+                "an integer >= 1, or none (whole epochs)",
+            ),
         ]
         for name, ok, valid in checks:
             if not ok:

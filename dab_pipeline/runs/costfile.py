@@ -364,9 +364,7 @@ def _read_npz(p: Path) -> CostMatrix:
     extras = {}
     for name, a in data.items():
         if a.shape != (q,):
-            raise StoreError(
-                f"cost file {p}: unexpected array {name!r} of shape {a.shape}; extras must be (Q,)=({q},)"
-            )
+            raise StoreError(f"cost file {p}: unexpected array {name!r} of shape {a.shape}; extras must be (Q,)=({q},)")
         extras[name] = a
     return CostMatrix(
         cost=mat.astype(np.float32),

@@ -74,8 +74,10 @@ def text_state_batch(feats: SplitArrays, qidx: torch.Tensor, device: torch.devic
     rows = qidx.numpy()
     if split.text_offsets is not None:
         states, lengths = split.text_state_batch(rows)  # (B, T, W), (B,)
-        return (torch.as_tensor(states, dtype=torch.float32, device=device),
-                torch.as_tensor(lengths, dtype=torch.long, device=device))
+        return (
+            torch.as_tensor(states, dtype=torch.float32, device=device),
+            torch.as_tensor(lengths, dtype=torch.long, device=device),
+        )
     states = np.asarray(split.text_states[rows], dtype=np.float32)  # (B, W)
     return torch.as_tensor(states, device=device), None
 

@@ -31,8 +31,9 @@ class LoadedRun:
     heads: Optional[torch.nn.Module] = None  # the fine-tuned CLIP blocks (load_run(..., heads=True))
 
 
-def load_run(run_dir: str | Path, device: str | torch.device = "cpu", checkpoint: str = "best.pt",
-             heads: bool = False) -> LoadedRun:
+def load_run(
+    run_dir: str | Path, device: str | torch.device = "cpu", checkpoint: str = "best.pt", heads: bool = False
+) -> LoadedRun:
     """Read ``run_dir/config.json`` and ``run_dir/checkpoints/<checkpoint>`` into an eval-mode model.
 
     ``heads``: also load a fine-tuned run's CLIP blocks (its store's CLIP weights must be
@@ -46,7 +47,9 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu", checkpoint
     ck_path = folder.checkpoint(checkpoint)
     ck = folder.load_checkpoint(checkpoint)
     if ck is None:
-        raise TrainingError(f"{ck_path} does not exist: the run has no {checkpoint} checkpoint yet (did it finish an epoch?)")
+        raise TrainingError(
+            f"{ck_path} does not exist: the run has no {checkpoint} checkpoint yet (did it finish an epoch?)"
+        )
     tuned = cfg.trainable_blocks is not None or ck.get("heads") is not None
     if tuned and not heads:
         raise ConfigError(

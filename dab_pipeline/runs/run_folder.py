@@ -100,8 +100,10 @@ class RunFolder:
         except OSError:
             holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "a process"
             os.close(fd)
-            raise RunLockedError(f"{self.path} is being written by another process ({holder}); wait for it to "
-                                 "finish, or stop it, before you run this again") from None
+            raise RunLockedError(
+                f"{self.path} is being written by another process ({holder}); wait for it to "
+                "finish, or stop it, before you run this again"
+            ) from None
         try:
             with named_write_errors(self.path / self.LOCK):
                 os.ftruncate(fd, 0)
@@ -166,8 +168,9 @@ class RunFolder:
         """The run's config as ``cls``, its store where it is found from here (:func:`locate_store`);
         ConfigError for a folder that is not a run or a damaged config.json."""
         if not self.is_run():
-            raise ConfigError(f"{self.path} is not a run folder (no {self.CONFIG}); pass the folder "
-                              "`dab train --out` wrote")
+            raise ConfigError(
+                f"{self.path} is not a run folder (no {self.CONFIG}); pass the folder `dab train --out` wrote"
+            )
         try:
             data = json.loads(self.config_path.read_text())
         except ValueError as exc:  # bad JSON, or bytes that are not UTF-8
@@ -193,8 +196,9 @@ class RunFolder:
             raise ConfigError(f"--run {self.path}: not a folder (expected a run folder written by `dab train`)")
         cands = sorted(p for p in self.path.iterdir() if p.name.startswith("costs_") and p.suffix in COST_SUFFIXES)
         if not cands:
-            raise StoreError(f"{self.path} holds no cost file (costs_<split>.h5|.zarr); "
-                             f"the run's state is {self.state!r}")
+            raise StoreError(
+                f"{self.path} holds no cost file (costs_<split>.h5|.zarr); the run's state is {self.state!r}"
+            )
         return cands[0]
 
 
@@ -228,5 +232,6 @@ def check_not_inside_run(path: str | Path) -> None:
     and deleted with that run, and read as part of it. Called before anything of the new run is written."""
     outer = enclosing_run(path)
     if outer is not None:
-        raise ConfigError(f"--out {path} is inside the run folder {outer} (it holds a run's config.json); "
-                          "choose a folder outside it")
+        raise ConfigError(
+            f"--out {path} is inside the run folder {outer} (it holds a run's config.json); choose a folder outside it"
+        )

@@ -111,14 +111,19 @@ def onednn_bf16() -> bool:
 def probe_cpu() -> Capabilities:
     flags = cpu_flags()
     isa = tuple(f for f in _ISA_FLAGS if f in flags)
-    units = [name for flag, name in (("amx_bf16", "AMX-BF16"), ("avx512_bf16", "AVX512-BF16"), ("bf16", "ARM BF16"))
-             if flag in flags]
+    units = [
+        name
+        for flag, name in (("amx_bf16", "AMX-BF16"), ("avx512_bf16", "AVX512-BF16"), ("bf16", "ARM BF16"))
+        if flag in flags
+    ]
     onednn = onednn_bf16()
     if units and onednn:
         bf16, why = True, f"{', '.join(units)}; oneDNN bf16 on"
     elif units:
-        bf16, why = False, (f"{', '.join(units)} present, but oneDNN's bf16 check is off "
-                            "(this torch build, or ONEDNN_MAX_CPU_ISA)")
+        bf16, why = (
+            False,
+            (f"{', '.join(units)} present, but oneDNN's bf16 check is off (this torch build, or ONEDNN_MAX_CPU_ISA)"),
+        )
     elif onednn:
         # oneDNN knows the CPU better than a flag list we may not recognise (e.g. no /proc)
         bf16, why = True, "oneDNN reports native bf16"
@@ -179,8 +184,10 @@ def _emulation_allowed() -> bool:
 
 
 def _fallback(what: str, requested: str, caps: Capabilities) -> str:
-    return (f"{what} {requested} requested, but {caps.device} has no native bf16 ({caps.bf16_why}): "
-            f"running in float32, which is much faster here (set {ALLOW_EMULATED_ENV}=1 to run bf16 anyway)")
+    return (
+        f"{what} {requested} requested, but {caps.device} has no native bf16 ({caps.bf16_why}): "
+        f"running in float32, which is much faster here (set {ALLOW_EMULATED_ENV}=1 to run bf16 anyway)"
+    )
 
 
 # --------------------------------------------------------------------------- resolution

@@ -315,8 +315,9 @@ class LocalContext:
         return x
 
 
-def init_distributed(device: str = "auto", backend: str = "auto",
-                     timeout: Optional[_dt.timedelta] = None) -> DistContext:
+def init_distributed(
+    device: str = "auto", backend: str = "auto", timeout: Optional[_dt.timedelta] = None
+) -> DistContext:
     """Initialise the default process group from torchrun's environment; one rank's context."""
     rank = _env_int("RANK")
     world = _env_int("WORLD_SIZE")
@@ -335,13 +336,15 @@ def init_distributed(device: str = "auto", backend: str = "auto",
         if timeout is not None:
             kwargs["timeout"] = timeout
         dist.init_process_group(**kwargs)
-    return DistContext(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
-                       backend=be, device=dev)
+    return DistContext(
+        rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world, backend=be, device=dev
+    )
 
 
 @contextmanager
-def distributed_session(device: str = "auto", backend: str = "auto",
-                        timeout: Optional[_dt.timedelta] = None) -> Iterator[DistContext]:
+def distributed_session(
+    device: str = "auto", backend: str = "auto", timeout: Optional[_dt.timedelta] = None
+) -> Iterator[DistContext]:
     """``init_distributed`` ... ``destroy_process_group``, also on errors."""
     ctx = init_distributed(device, backend, timeout)
     try:

@@ -43,9 +43,24 @@ class Videos:
     g_all: Optional[Tensor] = None  # (V, R + 3, D + 2D [+ H]): [token term / g | heads | mu_v block]
 
     def take(self, idx: slice | Tensor) -> "Videos":
-        return Videos(*(None if t is None else t[idx] for t in (
-            self.mask, self.key_t, self.ur, self.c_basis, self.g_heads, self.g_target, self.tok,
-            self.quad1, self.quad2, self.quad3, self.g_all)))
+        return Videos(
+            *(
+                None if t is None else t[idx]
+                for t in (
+                    self.mask,
+                    self.key_t,
+                    self.ur,
+                    self.c_basis,
+                    self.g_heads,
+                    self.g_target,
+                    self.tok,
+                    self.quad1,
+                    self.quad2,
+                    self.quad3,
+                    self.g_all,
+                )
+            )
+        )
 
     def __len__(self) -> int:
         return self.mask.shape[0]
@@ -81,8 +96,9 @@ class OneDNN:
                 return None
             weights, biases = [], []
             for w, b in linears:
-                weights.append(torch.ops.mkldnn._reorder_linear_weight(w.contiguous().to(torch.bfloat16),
-                                                                       max(1, batch_hint)))
+                weights.append(
+                    torch.ops.mkldnn._reorder_linear_weight(w.contiguous().to(torch.bfloat16), max(1, batch_hint))
+                )
                 biases.append(None if b is None else b.to(torch.bfloat16))
             eng = OneDNN(weights, biases)
             x = torch.zeros(2, linears[0][0].shape[1], dtype=torch.bfloat16)

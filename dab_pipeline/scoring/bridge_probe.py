@@ -45,12 +45,13 @@ class BridgeProbe:
 def probe_grid(n_texts: int, n_videos: int, side: int = PROBE_SIDE, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Sorted seeded samples of at most ``side`` texts and ``side`` videos (all of them when fewer)."""
     rng = np.random.default_rng(seed)
-    pick = (lambda n: np.arange(n) if n <= side else np.sort(rng.choice(n, side, replace=False)))
+    pick = lambda n: np.arange(n) if n <= side else np.sort(rng.choice(n, side, replace=False))
     return pick(n_texts), pick(n_videos)
 
 
-def bridge_shifts(model: DABModel, text: Tensor, frames: Tensor, mask: Tensor, chunk: int = 32
-                  ) -> tuple[np.ndarray, Optional[np.ndarray]]:
+def bridge_shifts(
+    model: DABModel, text: Tensor, frames: Tensor, mask: Tensor, chunk: int = 32
+) -> tuple[np.ndarray, Optional[np.ndarray]]:
     """The bridge's shift for every pair of these texts (T, D) and videos (V, F, D): (T, V, D) for mu (or x)
     and for logvar (None for the point bridge). Eval mode, no gradients, ``chunk`` texts at a time."""
     if model.bridge is None:
@@ -62,7 +63,7 @@ def bridge_shifts(model: DABModel, text: Tensor, frames: Tensor, mask: Tensor, c
         with torch.no_grad():
             vs = model.encode_video(frames, mask)
             for q0 in range(0, text.shape[0], chunk):
-                ts = model.encode_text(text[q0: q0 + chunk])
+                ts = model.encode_text(text[q0 : q0 + chunk])
                 terms = model.pair_terms(ts, vs, grid=True)
                 start = ts.mu if ts.mu is not None else ts.point  # (t, D)
                 assert start is not None and terms.bridged_mu is not None
@@ -74,8 +75,9 @@ def bridge_shifts(model: DABModel, text: Tensor, frames: Tensor, mask: Tensor, c
     return np.concatenate(mus), (np.concatenate(lvs) if lvs else None)
 
 
-def probe_bridge(model: DABModel, text: Tensor, frames: Tensor, mask: Tensor, side: int = PROBE_SIDE,
-                 seed: int = 0) -> BridgeProbe:
+def probe_bridge(
+    model: DABModel, text: Tensor, frames: Tensor, mask: Tensor, side: int = PROBE_SIDE, seed: int = 0
+) -> BridgeProbe:
     """Probe the bridge on a seeded grid of at most ``side`` x ``side`` of these texts and videos."""
     t_idx, v_idx = probe_grid(text.shape[0], frames.shape[0], side, seed)
     it, iv = torch.as_tensor(t_idx), torch.as_tensor(v_idx)
@@ -83,8 +85,13 @@ def probe_bridge(model: DABModel, text: Tensor, frames: Tensor, mask: Tensor, si
     shares = {"mu": shift_decomposition(mu)}
     if lv is not None:
         shares["logvar"] = shift_decomposition(lv)
-    return BridgeProbe(texts=t_idx, videos=v_idx, shares=shares, mean_shift_mu=mu.mean(axis=(0, 1)),
-                       mean_shift_logvar=None if lv is None else lv.mean(axis=(0, 1)))
+    return BridgeProbe(
+        texts=t_idx,
+        videos=v_idx,
+        shares=shares,
+        mean_shift_mu=mu.mean(axis=(0, 1)),
+        mean_shift_logvar=None if lv is None else lv.mean(axis=(0, 1)),
+    )
 
 
 def constant_bridge(model: DABModel, shift_mu: np.ndarray, shift_logvar: Optional[np.ndarray]) -> DABModel:

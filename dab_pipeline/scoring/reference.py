@@ -44,20 +44,22 @@ def score_all_reference(
         n_vc = -(-n_v // video_chunk)
         progress(Event("start", task="score", total=n_tc * n_vc))
         # text states are O(Q * D): encode once and reuse them for every video chunk
-        ts_chunks = [model.encode_text(text_t[i: i + text_chunk].to(device)) for i in range(0, n_q, text_chunk)]
+        ts_chunks = [model.encode_text(text_t[i : i + text_chunk].to(device)) for i in range(0, n_q, text_chunk)]
         for v0 in range(0, n_v, video_chunk):
-            vs = model.encode_video(frames_t[v0: v0 + video_chunk].to(device), mask_t[v0: v0 + video_chunk].to(device))
+            vs = model.encode_video(
+                frames_t[v0 : v0 + video_chunk].to(device), mask_t[v0 : v0 + video_chunk].to(device)
+            )
             for ci, ts in enumerate(ts_chunks):
                 q0 = ci * text_chunk
                 block = model.pair_costs(ts, vs)  # (tq, tv)
-                cost[q0: q0 + len(ts), v0: v0 + len(vs)] = block.float().cpu().numpy()
+                cost[q0 : q0 + len(ts), v0 : v0 + len(vs)] = block.float().cpu().numpy()
                 progress(Event("advance", task="score", n=1))
         result = ScoreResult(cost=cost)
         if gt_t is not None and model.cfg.probabilistic:
             parts: dict[str, list[np.ndarray]] = {"text_var": [], "bridged_var": [], "video_var": []}
             for q0 in range(0, n_q, text_chunk):
-                g = gt_t[q0: q0 + text_chunk]
-                ts = model.encode_text(text_t[q0: q0 + text_chunk].to(device))
+                g = gt_t[q0 : q0 + text_chunk]
+                ts = model.encode_text(text_t[q0 : q0 + text_chunk].to(device))
                 # only the ground-truth videos of this chunk, paired one-to-one
                 vs = model.encode_video(frames_t[g].to(device), mask_t[g].to(device))
                 diag = model.pair_diagnostics(ts, vs)
@@ -72,8 +74,15 @@ def score_all_reference(
 
 
 @torch.no_grad()
-def score_query(model: DABModel, text: np.ndarray | Tensor, frames: np.ndarray | Tensor, mask: np.ndarray | Tensor,
-                *, dtype: str = "float32", video_chunk: int = 1024) -> np.ndarray:
+def score_query(
+    model: DABModel,
+    text: np.ndarray | Tensor,
+    frames: np.ndarray | Tensor,
+    mask: np.ndarray | Tensor,
+    *,
+    dtype: str = "float32",
+    video_chunk: int = 1024,
+) -> np.ndarray:
     """One query's costs over a few videos (a shortlist) -> (V,) float32, through the model's own path.
 
     The fast engine precomputes per-video bases that many texts then share; one query cannot amortise them
@@ -90,6 +99,6 @@ def score_query(model: DABModel, text: np.ndarray | Tensor, frames: np.ndarray |
     with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
         ts = model.encode_text(t.to(dev))
         for v0 in range(0, len(fr), video_chunk):
-            vs = model.encode_video(fr[v0: v0 + video_chunk].to(dev), mk[v0: v0 + video_chunk].to(dev))
-            out[v0: v0 + len(vs)] = model.pair_costs(ts, vs)[0].float().cpu().numpy()  # (tv,)
+            vs = model.encode_video(fr[v0 : v0 + video_chunk].to(dev), mk[v0 : v0 + video_chunk].to(dev))
+            out[v0 : v0 + len(vs)] = model.pair_costs(ts, vs)[0].float().cpu().numpy()  # (tv,)
     return out

@@ -42,8 +42,9 @@ def _as_tensor(x: np.ndarray | Tensor) -> Tensor:
     return torch.from_numpy(a if a.flags.writeable else a.copy())
 
 
-def prepare_inputs(model: DABModel, text, frames, mask, gt, text_chunk: Optional[int],
-                    video_chunk: Optional[int]) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+def prepare_inputs(
+    model: DABModel, text, frames, mask, gt, text_chunk: Optional[int], video_chunk: Optional[int]
+) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
     """Inputs as float32 / bool / long tensors, checked against the model: text (Q, D), frames (V, F, D), mask (V, F), gt (Q,)."""
     text_t = _as_tensor(text).to(torch.float32)
     frames_t = _as_tensor(frames).to(torch.float32)
@@ -53,8 +54,15 @@ def prepare_inputs(model: DABModel, text, frames, mask, gt, text_chunk: Optional
     return text_t, frames_t, mask_t, gt_t
 
 
-def _check_inputs(model: DABModel, text: Tensor, frames: Tensor, mask: Tensor,
-                  text_chunk: Optional[int], video_chunk: Optional[int], gt: Optional[Tensor]) -> None:
+def _check_inputs(
+    model: DABModel,
+    text: Tensor,
+    frames: Tensor,
+    mask: Tensor,
+    text_chunk: Optional[int],
+    video_chunk: Optional[int],
+    gt: Optional[Tensor],
+) -> None:
     d = model.cfg.embed_dim
     if text.dim() != 2 or text.shape[1] != d:
         raise ValueError(f"text must be (Q, {d}), got {tuple(text.shape)}")
@@ -68,4 +76,6 @@ def _check_inputs(model: DABModel, text: Tensor, frames: Tensor, mask: Tensor,
         if tuple(gt.shape) != (text.shape[0],):
             raise ValueError(f"gt must be ({text.shape[0]},), got {tuple(gt.shape)}")
         if len(gt) and (int(gt.min()) < 0 or int(gt.max()) >= frames.shape[0]):
-            raise ValueError(f"gt indexes videos 0..{frames.shape[0] - 1}, got values in [{int(gt.min())}, {int(gt.max())}]")
+            raise ValueError(
+                f"gt indexes videos 0..{frames.shape[0] - 1}, got values in [{int(gt.min())}, {int(gt.max())}]"
+            )

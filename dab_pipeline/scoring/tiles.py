@@ -56,14 +56,27 @@ def tile_key(model: DABModel, num_frames: int, dtype: torch.dtype) -> str:
     products = "amx" if dtype == torch.bfloat16 and amx_bridge_applies(cfg.embed_dim, cfg.drift_hidden) else "default"
     if dtype == torch.bfloat16:
         products += ":" + build_key()
-    parts = [_cpu_signature(), torch.__version__, str(torch.get_num_threads()), str(dtype), cfg.variant,
-             str(cfg.embed_dim), str(cfg.drift_hidden), str(cfg.drift_layers), str(cfg.steps), str(cfg.num_heads),
-             str(num_frames), str(cfg.cost), products]
+    parts = [
+        _cpu_signature(),
+        torch.__version__,
+        str(torch.get_num_threads()),
+        str(dtype),
+        cfg.variant,
+        str(cfg.embed_dim),
+        str(cfg.drift_hidden),
+        str(cfg.drift_layers),
+        str(cfg.steps),
+        str(cfg.num_heads),
+        str(num_frames),
+        str(cfg.cost),
+        products,
+    ]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
 
 
-def _time_block(model: DABModel, device: torch.device, dtype: torch.dtype, num_frames: int, tq: int, tv: int,
-                repeats: int = 3) -> float:
+def _time_block(
+    model: DABModel, device: torch.device, dtype: torch.dtype, num_frames: int, tq: int, tv: int, repeats: int = 3
+) -> float:
     """Seconds a pair of one engine sub-block of tq texts x tv videos (best of ``repeats`` after a warm-up)."""
     eng = build_engine(model, device, dtype, batch_hint=tq * tv)
     gen = torch.Generator().manual_seed(0)
@@ -80,9 +93,16 @@ def _time_block(model: DABModel, device: torch.device, dtype: torch.dtype, num_f
     return best / (tq * tv)
 
 
-def tuned_pairs(model: DABModel, device: torch.device, dtype: torch.dtype, num_frames: int, caps: list[int],
-                shape: Callable[[int], tuple[int, int]], grid: tuple[int, int],
-                measure: Optional[Callable[[int, int], float]] = None) -> int:
+def tuned_pairs(
+    model: DABModel,
+    device: torch.device,
+    dtype: torch.dtype,
+    num_frames: int,
+    caps: list[int],
+    shape: Callable[[int], tuple[int, int]],
+    grid: tuple[int, int],
+    measure: Optional[Callable[[int, int], float]] = None,
+) -> int:
     """Of the candidate caps on the sub-block's pairs, the one whose sub-block (``shape(cap)`` -> (texts,
     videos), exactly as the driver will cut the ``grid``) scored fastest per pair here. Each shape's rate is
     measured once per key (CPU, torch, threads, model, grid) and cached, so a later call with other caps

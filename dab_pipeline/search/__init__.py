@@ -4,9 +4,9 @@ store's CLIP and (optionally) a ``dab index`` folder once and ranks queries; ``d
 
 from .searcher import (  # noqa: F401
     DEFAULT_SHORTLIST,
+    Searcher,
     SearchHit,
     SearchResult,
-    Searcher,
     check_queries,
     encode_queries,
 )

@@ -106,9 +106,18 @@ class Searcher:
     ``search`` is not re-entrant: a server serialises calls (``lock``).
     """
 
-    def __init__(self, run_dir: str | Path, store_path: str | Path, *, split: str = "test",
-                 index: str | Path | None = None, device: str = "auto", dtype: str = "float32",
-                 warn: Callable[[str], None] = lambda message: None, encoder: bool = True) -> None:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        store_path: str | Path,
+        *,
+        split: str = "test",
+        index: str | Path | None = None,
+        device: str = "auto",
+        dtype: str = "float32",
+        warn: Callable[[str], None] = lambda message: None,
+        encoder: bool = True,
+    ) -> None:
         self.device = resolve_device(device)
         choice = resolve_score_dtype(dtype, self.device)
         if choice.warning:
@@ -124,7 +133,9 @@ class Searcher:
             self.run = load_run(run_dir, self.device)
             d = self.run.model.cfg.embed_dim
             if self.store.dim != d:
-                raise ConfigError(f"{store_path} holds D={self.store.dim} features but the run's model has embed_dim={d}")
+                raise ConfigError(
+                    f"{store_path} holds D={self.store.dim} features but the run's model has embed_dim={d}"
+                )
             self.index = None
             if index is not None:
                 self.index = load_index(index)
@@ -144,9 +155,13 @@ class Searcher:
         if meta.split != self.split:
             raise ConfigError(f"{self.index.path} indexes split {meta.split!r}, not {self.split!r}")
         self.index.check_store(fingerprint, self.store_path)
-        if VECTOR_KINDS.get(meta.vector).needs_run and meta.run.get("checkpoint_sha256") != sha256_file(self.run.checkpoint):
-            raise ConfigError(f"{self.index.path} holds the {meta.vector!r} vectors of another run "
-                              f"({meta.run.get('path')}); rebuild it with `dab index --run {self.run.run_dir} ...`")
+        if VECTOR_KINDS.get(meta.vector).needs_run and meta.run.get("checkpoint_sha256") != sha256_file(
+            self.run.checkpoint
+        ):
+            raise ConfigError(
+                f"{self.index.path} holds the {meta.vector!r} vectors of another run "
+                f"({meta.run.get('path')}); rebuild it with `dab index --run {self.run.run_dir} ...`"
+            )
 
     def close(self) -> None:
         self._scorer.close()
@@ -179,8 +194,14 @@ class Searcher:
             raise ConfigError("this Searcher was opened without its query encoder (encoder=False)")
         return encode_queries_short(self.bundle, list(queries))  # (M, D): the causal tower up to EOT only
 
-    def search(self, queries: Sequence[str], topk: int = 10, shortlist: Optional[int] = None,
-               nprobe: Optional[int] = None, memory_budget: Optional[int] = None) -> list[SearchResult]:
+    def search(
+        self,
+        queries: Sequence[str],
+        topk: int = 10,
+        shortlist: Optional[int] = None,
+        nprobe: Optional[int] = None,
+        memory_budget: Optional[int] = None,
+    ) -> list[SearchResult]:
         """Each query's ``topk`` videos, best first, with its top-1/top-2 margin.
 
         ``shortlist``: K videos re-ranked a query (with an index: default ``DEFAULT_SHORTLIST``, 100; without:
@@ -189,9 +210,16 @@ class Searcher:
         queries = check_queries(queries, topk, shortlist)
         return self.rank(queries, self.encode(queries), topk, shortlist, nprobe, memory_budget)
 
-    def rank(self, queries: Sequence[str], text: torch.Tensor | np.ndarray, topk: int = 10,
-             shortlist: Optional[int] = None, nprobe: Optional[int] = None,
-             memory_budget: Optional[int] = None, timings: Optional[dict] = None) -> list[SearchResult]:
+    def rank(
+        self,
+        queries: Sequence[str],
+        text: torch.Tensor | np.ndarray,
+        topk: int = 10,
+        shortlist: Optional[int] = None,
+        nprobe: Optional[int] = None,
+        memory_budget: Optional[int] = None,
+        timings: Optional[dict] = None,
+    ) -> list[SearchResult]:
         """:meth:`search` for queries already encoded (``text`` (M, D)); ``timings`` (a dict) gets the seconds
         spent in each step added to it: index, read, score."""
         text = torch.as_tensor(np.asarray(text, np.float32))  # (M, D)
@@ -224,16 +252,17 @@ class Searcher:
             self._scorer = Scorer(self.run.model, device=self.device, dtype=self.dtype, memory_budget=memory_budget)
         return self._scorer
 
-    def _search_split(self, queries: list[str], text: torch.Tensor, topk: int, shortlist: Optional[int],
-                      memory_budget: Optional[int]) -> list[SearchResult]:
+    def _search_split(
+        self, queries: list[str], text: torch.Tensor, topk: int, shortlist: Optional[int], memory_budget: Optional[int]
+    ) -> list[SearchResult]:
         if self._feats is None:
             self._feats = self.store.load_split(self.split)
         feats = self._feats
         n_v = len(feats.video_ids)
-        res = self._scorer_for(memory_budget).score(text, feats.frames, feats.frame_mask,
-                                                    topk=min(max(topk, 2), n_v), shortlist=shortlist)
-        return [_result(q, res, i, feats.video_ids, np.arange(n_v), topk, shortlist)
-                for i, q in enumerate(queries)]
+        res = self._scorer_for(memory_budget).score(
+            text, feats.frames, feats.frame_mask, topk=min(max(topk, 2), n_v), shortlist=shortlist
+        )
+        return [_result(q, res, i, feats.video_ids, np.arange(n_v), topk, shortlist) for i, q in enumerate(queries)]
 
 
 @dataclass
@@ -263,15 +292,20 @@ def check_queries(queries: Sequence[str], topk: int, shortlist: Optional[int]) -
     return queries
 
 
-def _result(query: str, res, i: int, ids: np.ndarray, split_pos: np.ndarray, topk: int,
-            shortlist: Optional[int]) -> SearchResult:
+def _result(
+    query: str, res, i: int, ids: np.ndarray, split_pos: np.ndarray, topk: int, shortlist: Optional[int]
+) -> SearchResult:
     """Row ``i`` of a ScoreResult over the videos ``ids`` (their positions in the split: ``split_pos``)."""
     assert res.topk_indices is not None and res.topk_costs is not None
     idx, costs = res.topk_indices[i], res.topk_costs[i]
     margin = float(costs[1] - costs[0]) if len(ids) >= 2 and np.isfinite(costs[:2]).all() else None
     # a video outside a cosine shortlist was not scored (+inf): never a hit
-    hits = [SearchHit(rank=r + 1, video_index=int(split_pos[j]), video_id=str(ids[j]), cost=float(c))
-            for r, (j, c) in enumerate(zip(idx[:topk], costs[:topk])) if np.isfinite(c)]
+    hits = [
+        SearchHit(rank=r + 1, video_index=int(split_pos[j]), video_id=str(ids[j]), cost=float(c))
+        for r, (j, c) in enumerate(zip(idx[:topk], costs[:topk]))
+        if np.isfinite(c)
+    ]
     row = np.asarray(res.cost[i], np.float32) if res.cost is not None else None
-    return SearchResult(query=query, hits=hits, margin=margin, costs=row, video_ids=np.asarray(ids),
-                        shortlist=shortlist)
+    return SearchResult(
+        query=query, hits=hits, margin=margin, costs=row, video_ids=np.asarray(ids), shortlist=shortlist
+    )

@@ -58,11 +58,23 @@ def run_index(cfg: IndexConfig, progress: ProgressCallback = null_progress) -> I
     with open_store(cfg.features) as store:
         store.require_complete("dab index")
         if model is not None and store.dim != model.cfg.embed_dim:
-            raise ConfigError(f"{cfg.features} holds D={store.dim} features but the run's model has "
-                              f"embed_dim={model.cfg.embed_dim}")
-        meta = build_index(store, cfg.out, split=cfg.split, vector=cfg.vector, model=model, run=run,
-                           factory=cfg.factory, chunk=cfg.chunk, nprobe=cfg.nprobe, ef_search=cfg.ef_search,
-                           refine=cfg.refine,
-                           overwrite=cfg.overwrite, progress=progress)
+            raise ConfigError(
+                f"{cfg.features} holds D={store.dim} features but the run's model has embed_dim={model.cfg.embed_dim}"
+            )
+        meta = build_index(
+            store,
+            cfg.out,
+            split=cfg.split,
+            vector=cfg.vector,
+            model=model,
+            run=run,
+            factory=cfg.factory,
+            chunk=cfg.chunk,
+            nprobe=cfg.nprobe,
+            ef_search=cfg.ef_search,
+            refine=cfg.refine,
+            overwrite=cfg.overwrite,
+            progress=progress,
+        )
     atomic_write_text(Path(cfg.out) / "config.json", json.dumps(asdict(cfg), indent=2, default=str))
     return meta

@@ -13,13 +13,25 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from ..core.errors import ConfigError
+
 # Re-exported, not defined here: scripts imported loading a run and the Searcher from this module before they
 # moved into the library (runs.load, beside the run format; search, which dab serve shares), and may still.
 from ..runs.load import LoadedRun, load_run  # noqa: F401
-from ..search import DEFAULT_SHORTLIST, SearchHit, SearchResult, Searcher, check_queries, encode_queries  # noqa: F401
+from ..search import DEFAULT_SHORTLIST, Searcher, SearchHit, SearchResult, check_queries, encode_queries  # noqa: F401
 
-__all__ = ["SearchConfig", "run_search", "search", "load_descriptions", "SearchHit", "SearchResult", "LoadedRun",
-           "Searcher", "load_run", "encode_queries", "DEFAULT_SHORTLIST"]
+__all__ = [
+    "SearchConfig",
+    "run_search",
+    "search",
+    "load_descriptions",
+    "SearchHit",
+    "SearchResult",
+    "LoadedRun",
+    "Searcher",
+    "load_run",
+    "encode_queries",
+    "DEFAULT_SHORTLIST",
+]
 
 
 @dataclass(frozen=True)
@@ -45,10 +57,12 @@ class SearchConfig:
 
 def run_search(cfg: SearchConfig, warn: Callable[[str], None] = lambda message: None) -> list[SearchResult]:
     """Each query's ``cfg.topk`` videos, best first, with its margin: a one-shot :class:`Searcher`."""
-    with Searcher(cfg.run, cfg.features, split=cfg.split, index=cfg.index, device=cfg.device, dtype=cfg.dtype,
-                  warn=warn) as s:
-        return s.search(list(cfg.queries), cfg.topk, shortlist=cfg.shortlist, nprobe=cfg.nprobe,
-                        memory_budget=cfg.memory_budget)
+    with Searcher(
+        cfg.run, cfg.features, split=cfg.split, index=cfg.index, device=cfg.device, dtype=cfg.dtype, warn=warn
+    ) as s:
+        return s.search(
+            list(cfg.queries), cfg.topk, shortlist=cfg.shortlist, nprobe=cfg.nprobe, memory_budget=cfg.memory_budget
+        )
 
 
 def search(
@@ -74,9 +88,19 @@ def search(
     device first (:func:`dab_pipeline.runtime.capabilities.resolve_score_dtype`): bf16 asked where it is not
     native runs in float32 and ``warn`` gets the reason.
     """
-    cfg = SearchConfig(run=Path(run_dir), features=Path(store_path), queries=tuple(queries), topk=topk, split=split,
-                       device=device, dtype=dtype, shortlist=shortlist, index=None if index is None else Path(index),
-                       nprobe=nprobe, memory_budget=memory_budget)
+    cfg = SearchConfig(
+        run=Path(run_dir),
+        features=Path(store_path),
+        queries=tuple(queries),
+        topk=topk,
+        split=split,
+        device=device,
+        dtype=dtype,
+        shortlist=shortlist,
+        index=None if index is None else Path(index),
+        nprobe=nprobe,
+        memory_budget=memory_budget,
+    )
     return run_search(cfg, warn)
 
 

@@ -41,7 +41,7 @@ from ..metrics import kl_margin, threshold_outcome
 from ..results.page import data_uri
 from ..runs.costfile import read_costs
 from ..runs.run_folder import RunFolder
-from ..search import SearchResult, Searcher
+from ..search import Searcher, SearchResult
 
 __all__ = ["ServeSettings", "Health", "Unavailable", "abstain_report", "create_app", "cost_svg", "check_query_string"]
 
@@ -86,9 +86,15 @@ def abstain_report(run_dir: Path, threshold: Optional[float]) -> Optional[dict]:
     margin = kl_margin(cost[ok])
     correct = np.argmin(cost[ok], axis=1) == cm.gt[ok]
     coverage, precision = threshold_outcome(margin, correct, threshold)
-    return {"threshold": threshold, "test": {"queries": int(ok.sum()), "coverage": coverage,
-                                             "precision_at_1": None if math.isnan(precision) else precision,
-                                             "precision_at_1_all": float(correct.mean())}}
+    return {
+        "threshold": threshold,
+        "test": {
+            "queries": int(ok.sum()),
+            "coverage": coverage,
+            "precision_at_1": None if math.isnan(precision) else precision,
+            "precision_at_1_all": float(correct.mean()),
+        },
+    }
 
 
 def check_query(q: Optional[str], max_chars: int) -> str:
@@ -140,8 +146,10 @@ class Health:
         """Record the first problem (logged once) and raise :class:`Unavailable`."""
         with self._lock:
             if self.problem is None:
-                self.problem = (f"{what}; this server stops answering from it: restart `dab serve` (after "
-                                "`dab index --overwrite ...` if the store's videos changed)")
+                self.problem = (
+                    f"{what}; this server stops answering from it: restart `dab serve` (after "
+                    "`dab index --overwrite ...` if the store's videos changed)"
+                )
                 log.error("%s", self.problem)
         raise Unavailable(self.problem)
 
@@ -161,21 +169,35 @@ def cost_svg(costs: np.ndarray, top: int, width: int = 420, height: int = 120) -
     ys = 5 + (height - 25) * (c - lo) / span
     pts = " ".join(f"{x:.1f},{y:.1f}" for x, y in zip(xs, ys))
     dots = "".join(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="#1f6feb"/>' for x, y in zip(xs[:top], ys[:top]))
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-            f'aria-label="costs of the re-ranked videos">'
-            f'<polyline fill="none" stroke="#555" stroke-width="1" points="{pts}"/>{dots}'
-            f'<text x="30" y="{height - 4}" font-size="10" fill="#555">{len(c)} re-ranked videos, by cost '
-            f'({lo:.4g} .. {hi:.4g})</text></svg>')
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+        f'aria-label="costs of the re-ranked videos">'
+        f'<polyline fill="none" stroke="#555" stroke-width="1" points="{pts}"/>{dots}'
+        f'<text x="30" y="{height - 4}" font-size="10" fill="#555">{len(c)} re-ranked videos, by cost '
+        f"({lo:.4g} .. {hi:.4g})</text></svg>"
+    )
 
 
 def _payload(r: SearchResult, settings: ServeSettings, seconds: float) -> dict[str, Any]:
     conf = r.margin
-    abstain = (settings.abstain_below is not None and (conf is None or conf < settings.abstain_below))
+    abstain = settings.abstain_below is not None and (conf is None or conf < settings.abstain_below)
     about = settings.descriptions
-    return {"query": r.query, "confidence": conf, "abstain": bool(abstain), "shortlist": r.shortlist,
-            "hits": [{"rank": h.rank, "video_id": h.video_id, "cost": h.cost,
-                      **({"description": about.get(h.video_id)} if about else {})} for h in r.hits],
-            "ms": round(1000 * seconds, 2)}
+    return {
+        "query": r.query,
+        "confidence": conf,
+        "abstain": bool(abstain),
+        "shortlist": r.shortlist,
+        "hits": [
+            {
+                "rank": h.rank,
+                "video_id": h.video_id,
+                "cost": h.cost,
+                **({"description": about.get(h.video_id)} if about else {}),
+            }
+            for h in r.hits
+        ],
+        "ms": round(1000 * seconds, 2),
+    }
 
 
 def create_app(searcher: Searcher, settings: ServeSettings = ServeSettings(), abstain: Optional[dict] = None):
@@ -188,8 +210,11 @@ def create_app(searcher: Searcher, settings: ServeSettings = ServeSettings(), ab
         raise ConfigError("dab serve needs FastAPI: `pip install 'dab-pipeline[serve]'`") from None
 
     app = FastAPI(title=settings.title, docs_url=None, redoc_url=None)
-    env = jinja2.Environment(loader=jinja2.PackageLoader("dab_pipeline.results", "templates"),
-                             autoescape=True, undefined=jinja2.StrictUndefined)
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("dab_pipeline.results", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
     page = env.get_template("search.html.j2")
 
     @app.exception_handler(DabError)
@@ -214,8 +239,11 @@ def create_app(searcher: Searcher, settings: ServeSettings = ServeSettings(), ab
             health.check()  # changed while it was read: the answer may mix old and new bytes
         return res, time.perf_counter() - t0
 
-    def search(request: Request, q: Optional[str] = Query(None, description="the query text"),
-               k: int = Query(settings.k, ge=1, le=settings.max_k, description="videos returned")) -> dict:
+    def search(
+        request: Request,
+        q: Optional[str] = Query(None, description="the query text"),
+        k: int = Query(settings.k, ge=1, le=settings.max_k, description="videos returned"),
+    ) -> dict:
         res, secs = run_query(request, q, k)
         return {**_payload(res, settings, secs), "k": k, "abstain_threshold": abstain}
 
@@ -225,12 +253,18 @@ def create_app(searcher: Searcher, settings: ServeSettings = ServeSettings(), ab
             health.check()
         except Unavailable as exc:
             return JSONResponse({"ok": False, "error": str(exc)}, status_code=503)
-        return {"ok": True, "videos": searcher.num_videos, "split": searcher.split,
-                "run": str(searcher.run.run_dir), "store": str(searcher.store_path),
-                "index": None if meta is None else {"factory": meta.factory, "vector": meta.vector}}
+        return {
+            "ok": True,
+            "videos": searcher.num_videos,
+            "split": searcher.split,
+            "run": str(searcher.run.run_dir),
+            "store": str(searcher.store_path),
+            "index": None if meta is None else {"factory": meta.factory, "vector": meta.vector},
+        }
 
-    def home(request: Request, q: Optional[str] = Query(None),
-             k: int = Query(settings.k, ge=1, le=settings.max_k)) -> HTMLResponse:
+    def home(
+        request: Request, q: Optional[str] = Query(None), k: int = Query(settings.k, ge=1, le=settings.max_k)
+    ) -> HTMLResponse:
         result, error, status = None, None, 200
         if q is not None:
             try:
@@ -238,8 +272,16 @@ def create_app(searcher: Searcher, settings: ServeSettings = ServeSettings(), ab
                 result = _page_result(searcher, res, settings, secs, captions)
             except DabError as exc:  # the page says it, with the status the API gives the same request
                 error, status = str(exc), _status(exc)
-        html = page.render(title=settings.title, q=printable(q or ""), k=k, result=result, error=error,
-                           abstain=abstain, videos=searcher.num_videos, index=searcher.index is not None)
+        html = page.render(
+            title=settings.title,
+            q=printable(q or ""),
+            k=k,
+            result=result,
+            error=error,
+            abstain=abstain,
+            videos=searcher.num_videos,
+            index=searcher.index is not None,
+        )
         return HTMLResponse(html, status_code=status)
 
     for path, fn in (("/search", search), ("/healthz", healthz), ("/", home)):
@@ -290,8 +332,13 @@ def _first_captions(searcher: Searcher) -> Optional[Callable[[int], Optional[str
     return caption
 
 
-def _page_result(searcher: Searcher, res: SearchResult, settings: ServeSettings, seconds: float,
-                 captions: Optional[Callable[[int], Optional[str]]]) -> dict:
+def _page_result(
+    searcher: Searcher,
+    res: SearchResult,
+    settings: ServeSettings,
+    seconds: float,
+    captions: Optional[Callable[[int], Optional[str]]],
+) -> dict:
     rows = [int(searcher.rows[h.video_index]) for h in res.hits]  # video_index: the hit's place in the split
     thumbs = searcher.store.read_thumbnails(rows)  # in the order asked
     out = _payload(res, settings, seconds)

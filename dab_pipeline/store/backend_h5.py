@@ -73,8 +73,10 @@ def _raise_if_damaged(path: Path, exc: BaseException) -> None:
     """A StoreError for HDF5's signs of a file whose end-of-file record is behind its data: what a write that
     failed on a full disk, with nothing reserved, can leave (HDF5 then refuses to allocate or size anything)."""
     if "addr overflow" in str(exc):
-        raise StoreError(f"{path} is damaged: HDF5's record of where the file ends is behind its data (a write "
-                         "failed on a full disk); rebuild it: the same `dab extract` command with --overwrite") from None
+        raise StoreError(
+            f"{path} is damaged: HDF5's record of where the file ends is behind its data (a write "
+            "failed on a full disk); rebuild it: the same `dab extract` command with --overwrite"
+        ) from None
 
 
 def h5_locking_kwargs() -> dict:
@@ -97,9 +99,11 @@ class H5Backend(Backend):
             trunc = re.search(r"truncated file: eof = (\d+).*stored_eof = (\d+)", msg)
             if trunc:  # HDF5's header records the file's size: a copy or download cut short, or a full disk
                 have, want = (int(x) for x in trunc.groups())
-                raise StoreError(f"{path} is damaged: truncated to {have:,} bytes, while its HDF5 header expects "
-                                 f"{want:,} (a copy or download cut short, or a disk that filled up); copy it again, "
-                                 "or re-run `dab extract` into a new --out") from None
+                raise StoreError(
+                    f"{path} is damaged: truncated to {have:,} bytes, while its HDF5 header expects "
+                    f"{want:,} (a copy or download cut short, or a disk that filled up); copy it again, "
+                    "or re-run `dab extract` into a new --out"
+                ) from None
             if re.search(r"\block|unable to lock|lock(ing)? (failed|error)", msg, re.IGNORECASE):
                 # HDF5 allows one writer and nobody else, or any number of readers.
                 raise StoreError(
@@ -262,9 +266,15 @@ def _fill_new_file(f: Any, layout: dict, attrs: dict, init: dict[str, np.ndarray
         if spec.name in COMPRESSED:
             # JPEG rows padded with zeros: chunked + deflate stores about the JPEGs' bytes
             # (a contiguous array would hold every row's padding: the sieve buffer writes it).
-            f.create_dataset(spec.name, shape=spec.shape, dtype=spec.dtype, fillvalue=0,
-                             chunks=(min(16, max(1, spec.shape[0])), *spec.shape[1:]),
-                             compression="gzip", compression_opts=1)
+            f.create_dataset(
+                spec.name,
+                shape=spec.shape,
+                dtype=spec.dtype,
+                fillvalue=0,
+                chunks=(min(16, max(1, spec.shape[0])), *spec.shape[1:]),
+                compression="gzip",
+                compression_opts=1,
+            )
             continue
         # Contiguous + early allocation: every byte of every array has its
         # file address now, so later writes are pure raw-data writes.

@@ -123,9 +123,11 @@ class ZarrBackend(Backend):
     def _missing(self, name: str, path: str) -> None:
         """A chunk file absent where zarr would give zeros: zeros for a sparse array, an error for a strict one."""
         if name in self.strict:
-            raise StoreError(f"{self.path} is damaged: chunk file {path} of array {name!r} is missing, while the "
-                             "store records its rows as written; `dab inspect --verify` lists every missing chunk, "
-                             "and `dab extract ... --overwrite` rebuilds the store")
+            raise StoreError(
+                f"{self.path} is damaged: chunk file {path} of array {name!r} is missing, while the "
+                "store records its rows as written; `dab inspect --verify` lists every missing chunk, "
+                "and `dab extract ... --overwrite` rebuilds the store"
+            )
 
     def chunk_files(self, name: str, chunks: np.ndarray) -> list[str] | None:
         """The chunk files of ``chunks`` (indices along the first axis), or None for an array not read raw."""

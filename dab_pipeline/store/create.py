@@ -120,8 +120,10 @@ def _check_request(p: Path, overwrite: bool, dtype: str, num_frames: int, dim: i
         raise StoreError(f"{p} already exists; pass overwrite=True (--overwrite) to replace it, or open it to resume")
     if p.exists() and overwrite and not is_dab_store(p):
         what = "folder" if p.is_dir() else "file"
-        raise StoreError(f"--overwrite replaces dab feature stores only, and {p} is a {what} without dab's store "
-                         "attributes; it is left alone: choose another --out, or move it away yourself")
+        raise StoreError(
+            f"--overwrite replaces dab feature stores only, and {p} is a {what} without dab's store "
+            "attributes; it is left alone: choose another --out, or move it away yourself"
+        )
     if np.dtype(dtype) not in (np.dtype(np.float16), np.dtype(np.float32)):
         raise ValueError(f"dtype must be 'float16' or 'float32', got {dtype!r}")
     if int(num_frames) < 1 or int(dim) < 1:
@@ -132,8 +134,9 @@ def _check_request(p: Path, overwrite: bool, dtype: str, num_frames: int, dim: i
         raise ValueError(f"manifest must be JSON-serialisable: {e}") from None
 
 
-def _index(video_ids, video_split, caption_ids, caption_video_index, caption_text, caption_split
-           ) -> dict[str, np.ndarray]:
+def _index(
+    video_ids, video_split, caption_ids, caption_video_index, caption_text, caption_split
+) -> dict[str, np.ndarray]:
     """The checked id / split / text arrays, under their names in the store."""
     vids = _str_array(video_ids, None, "video_ids")
     n = len(vids)
@@ -156,8 +159,16 @@ def _index(video_ids, video_split, caption_ids, caption_video_index, caption_tex
     }
 
 
-def _layout(n: int, m: int, num_frames: int, dim: int, dtype: str, train_views: int, thumbnail_bytes: int,
-            share_rows: int | None) -> dict[str, Any]:
+def _layout(
+    n: int,
+    m: int,
+    num_frames: int,
+    dim: int,
+    dtype: str,
+    train_views: int,
+    thumbnail_bytes: int,
+    share_rows: int | None,
+) -> dict[str, Any]:
     """The layout record of a store without CLIP states (see :func:`_add_states`)."""
     layout: dict[str, Any] = {
         "num_videos": n,
@@ -242,10 +253,15 @@ def _create_atomically(p: Path, layout: dict, attrs: dict, init: dict, overwrite
 def _initial_bytes(layout: dict, init: dict) -> int:
     """Bytes a new store writes when it is created: the given arrays and the zero-filled flags and masks (the
     feature arrays stay sparse until written)."""
-    given = sum(np.asarray(v).nbytes if np.asarray(v).dtype != object else sum(len(str(x)) + 16 for x in v)
-                for v in init.values())
-    zeros = sum(int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
-                for spec in array_specs(layout) if spec.name in ZERO_INIT and spec.name not in init)
+    given = sum(
+        np.asarray(v).nbytes if np.asarray(v).dtype != object else sum(len(str(x)) + 16 for x in v)
+        for v in init.values()
+    )
+    zeros = sum(
+        int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
+        for spec in array_specs(layout)
+        if spec.name in ZERO_INIT and spec.name not in init
+    )
     return int(given + zeros)
 
 

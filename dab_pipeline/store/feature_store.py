@@ -9,6 +9,7 @@ import numpy as np
 
 from ..core.errors import StoreError
 from .backend_h5 import Backend
+from .integrity import WRITTEN_ROWS_ARRAYS, StoreIntegrity
 from .layout import (
     FORMAT_VERSION,
     STATUS_FAILED,
@@ -20,7 +21,6 @@ from .layout import (
     default_share_rows,
     video_share,
 )
-from .integrity import WRITTEN_ROWS_ARRAYS, StoreIntegrity
 from .reads import StoreReads
 from .writes import StoreWrites
 
@@ -87,7 +87,9 @@ class FeatureStore(StoreReads, StoreIntegrity, StoreWrites):
         if self.state_layout == "tokens":
             self._token_offsets = np.asarray(self._b.read_all("captions/token_offsets"), np.int64)  # (M+1,)
             self._token_lengths = np.diff(self._token_offsets)  # (M,)
-        if self.num_captions and (self.caption_video_index.min() < 0 or self.caption_video_index.max() >= self.num_videos):
+        if self.num_captions and (
+            self.caption_video_index.min() < 0 or self.caption_video_index.max() >= self.num_videos
+        ):
             raise StoreError(f"{self.path}: captions/video_index points outside the {self.num_videos} videos")
 
     # -- shape of the store ----------------------------------------------------

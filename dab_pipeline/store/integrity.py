@@ -63,7 +63,9 @@ class StoreIntegrity:
         Zarr: every chunk file of written rows must exist and hold a whole chunk; HDF5: every
         array must read back without an I/O error (a truncated or damaged file fails here).
         """
-        problems = [f"{name}: chunk file {path} is missing ({n} written rows)" for name, path, n in self.missing_chunks()]
+        problems = [
+            f"{name}: chunk file {path} is missing ({n} written rows)" for name, path, n in self.missing_chunks()
+        ]
         for name, spec in self._specs.items():
             raw = self._b.raw_chunks(name) if hasattr(self._b, "chunk_files") else None
             if raw is not None:
@@ -71,8 +73,9 @@ class StoreIntegrity:
                 want = raw.rows_per_chunk * raw.row_bytes
                 for path in self._b.chunk_files(name, chunks) or []:
                     if os.path.exists(path) and os.path.getsize(path) != want:
-                        problems.append(f"{name}: chunk file {path} holds {os.path.getsize(path):,} bytes, "
-                                        f"a chunk is {want:,}")
+                        problems.append(
+                            f"{name}: chunk file {path} holds {os.path.getsize(path):,} bytes, a chunk is {want:,}"
+                        )
                 continue
             try:  # HDF5, and Zarr arrays read through zarr (strings, compressed thumbnails)
                 if spec.dtype is None:
@@ -95,30 +98,46 @@ class StoreIntegrity:
         missing = self.missing_chunks()
         if missing:
             name, path, n = missing[0]
-            raise StoreError(f"{self.path} is damaged: {len(missing)} chunk file(s) of rows it records as written "
-                             f"are missing, the first {path} ({name!r}, {n} rows); {purpose} cannot use it. "
-                             "`dab inspect --verify` lists them; `dab extract ... --overwrite` rebuilds the store")
+            raise StoreError(
+                f"{self.path} is damaged: {len(missing)} chunk file(s) of rows it records as written "
+                f"are missing, the first {path} ({name!r}, {n} rows); {purpose} cannot use it. "
+                "`dab inspect --verify` lists them; `dab extract ... --overwrite` rebuilds the store"
+            )
         videos = int((self.status() == STATUS_PENDING).sum())
         captions = int((~self.caption_done()).sum())
         raise StoreError(
             f"{self.path} is incomplete: {videos} of {self.num_videos} videos and {captions} of {self.num_captions} "
             f"captions are not extracted yet (was `dab extract` stopped, or is it still running?); {purpose} needs a "
             f"complete store. Finish it with `{extract_command(self.manifest, self.path)}`: it resumes where it "
-            "stopped")
+            "stopped"
+        )
 
 
 # arrays read only at rows the store records as written: a missing Zarr chunk there is damage
-WRITTEN_ROWS_ARRAYS = ("videos/frames", "videos/frame_mask", "videos/states", "videos/views", "videos/view_states",
-                       "captions/features", "captions/states", "captions/token_states")
+WRITTEN_ROWS_ARRAYS = (
+    "videos/frames",
+    "videos/frame_mask",
+    "videos/states",
+    "videos/views",
+    "videos/view_states",
+    "captions/features",
+    "captions/states",
+    "captions/token_states",
+)
 
 
 def extract_command(manifest: dict, path: Path) -> str:
     """The `dab extract` command line that made (and so resumes) a store, from its manifest."""
     cfg = manifest.get("config") or {}
     parts = ["dab extract", f"--dataset {cfg.get('dataset') or manifest.get('dataset', '?')}"]
-    for key, flag in (("videos", "--videos"), ("annotations", "--annotations"), ("model", "--model"),
-                      ("pretrained", "--pretrained"), ("trainable_blocks", "--trainable-blocks"),
-                      ("train_views", "--train-views")):
+    for key, flag in (
+        ("videos", "--videos"),
+        ("annotations", "--annotations"),
+        ("model", "--model"),
+        ("pretrained", "--pretrained"),
+        ("trainable_blocks", "--trainable-blocks"),
+        ("train_views", "--train-views"),
+    ):
         value = cfg.get(key)
         if value not in (None, "", 0):
             parts.append(f"{flag} {value}")

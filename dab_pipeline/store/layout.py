@@ -80,8 +80,9 @@ def zstd():
     return ZstdCodec(level=3)
 
 
-ZERO_INIT = frozenset({"videos/status", "videos/num_video_frames", "videos/frame_mask", "captions/done",
-                        "videos/thumbnail_size"})
+ZERO_INIT = frozenset(
+    {"videos/status", "videos/num_video_frames", "videos/frame_mask", "captions/done", "videos/thumbnail_size"}
+)
 
 
 def store_backend(path: str | os.PathLike) -> str:
@@ -245,13 +246,15 @@ class SplitFeatures:
     def text_state_batch(self, rows: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Token states of captions ``rows`` padded to the longest: ((B, T, W) float32, lengths (B,))."""
         if self.text_states is None or self.text_offsets is None or self.text_lengths is None:
-            raise ValueError("this split holds no token-level text states (load_split(..., with_states=True) on a K>0 store)")
+            raise ValueError(
+                "this split holds no token-level text states (load_split(..., with_states=True) on a K>0 store)"
+            )
         rows = np.asarray(rows, dtype=np.int64)
         lengths = self.text_lengths[rows]
         states, offsets = self.text_states, self.text_offsets
 
         def fill(j: int, dest: np.ndarray) -> None:
-            dest[:] = states[offsets[rows[j]]: offsets[rows[j] + 1]]
+            dest[:] = states[offsets[rows[j]] : offsets[rows[j] + 1]]
 
         return pad_ragged(lengths, states.shape[1], fill), lengths
 

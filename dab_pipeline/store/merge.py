@@ -20,8 +20,9 @@ from .layout import FORMAT_VERSION, STATUS_PENDING, array_specs, index_runs, sto
 _MERGE_BLOCK_BYTES = 64 << 20
 
 
-def _copy_rows(src: Backend, dst: Backend, name: str, runs: Sequence[tuple[int, int]], row_shape: tuple[int, ...],
-               dtype: np.dtype) -> None:
+def _copy_rows(
+    src: Backend, dst: Backend, name: str, runs: Sequence[tuple[int, int]], row_shape: tuple[int, ...], dtype: np.dtype
+) -> None:
     row_bytes = max(1, int(np.prod(row_shape, dtype=np.int64)) * dtype.itemsize)
     step = max(1, _MERGE_BLOCK_BYTES // row_bytes)
     for a, b in runs:
@@ -129,8 +130,14 @@ def _write_merged(tmp: Path, kind: str, opened: Sequence[FeatureStore], shares: 
                 continue
             if spec.name.startswith("videos/"):
                 for st, share in zip(opened, shares):
-                    _copy_rows(st.raw_backend, out, spec.name, index_runs(np.sort(np.asarray(share, np.int64))),
-                               spec.shape[1:], spec.dtype)
+                    _copy_rows(
+                        st.raw_backend,
+                        out,
+                        spec.name,
+                        index_runs(np.sort(np.asarray(share, np.int64))),
+                        spec.shape[1:],
+                        spec.dtype,
+                    )
             else:  # caption arrays (features, done, states, token rows): all from part 0
                 _copy_rows(ref.raw_backend, out, spec.name, [(0, spec.shape[0])], spec.shape[1:], spec.dtype)
         out.flush()

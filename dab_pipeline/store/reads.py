@@ -14,7 +14,6 @@ from .layout import STATUS_NAMES, STATUS_OK, SplitFeatures, index_runs, pad_ragg
 class StoreReads:
     """The reading half of :class:`FeatureStore`: every method that reads features (a mixin)."""
 
-
     def _read_rows(self, name: str, idx_sorted: np.ndarray) -> np.ndarray:
         """Rows ``idx_sorted`` (sorted, unique) of an array, in the store dtype."""
         shape = self._b.shape(name)
@@ -36,7 +35,9 @@ class StoreReads:
         st = self.status()[idx]
         bad = st != STATUS_OK
         if bad.any():
-            desc = ", ".join(f"{self.video_ids[i]} ({STATUS_NAMES.get(int(s), s)})" for i, s in zip(idx[bad][:5], st[bad][:5]))
+            desc = ", ".join(
+                f"{self.video_ids[i]} ({STATUS_NAMES.get(int(s), s)})" for i, s in zip(idx[bad][:5], st[bad][:5])
+            )
             raise StoreError(f"{self.path}: videos without features requested: {desc}")
 
     def read_videos(self, indices: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -94,8 +95,9 @@ class StoreReads:
         sizes = self._read_any("videos/thumbnail_size", idx, self.num_videos, "video")
         status = self.status()[idx]
         rows = self._read_any("videos/thumbnail", idx, self.num_videos, "video")
-        return [bytes(rows[j, : sizes[j]]) if status[j] == STATUS_OK and sizes[j] > 0 else None
-                for j in range(len(idx))]
+        return [
+            bytes(rows[j, : sizes[j]]) if status[j] == STATUS_OK and sizes[j] > 0 else None for j in range(len(idx))
+        ]
 
     def load_split(self, split: str, with_states: bool = False, with_views: bool = False) -> SplitFeatures:
         """Every ok video of ``split`` and the written captions pointing at them, in RAM.
@@ -103,7 +105,9 @@ class StoreReads:
         ``with_views``: also the augmented views (only training videos have them written).
         """
         if split not in self.splits():
-            raise StoreError(f"{self.path}: no split {split!r}; splits in this store: {', '.join(self.splits()) or '(none)'}")
+            raise StoreError(
+                f"{self.path}: no split {split!r}; splits in this store: {', '.join(self.splits()) or '(none)'}"
+            )
         if with_states and not self.has_states:
             raise StoreError(f"{self.path} holds no states; re-extract with trainable_blocks set to load them")
         status = self.status()
@@ -160,6 +164,8 @@ class StoreReads:
         if ok.all():
             return
         bad = np.flatnonzero(~ok)
-        raise StoreError(f"{self.path}: the {split!r} split holds non-finite features (NaN or inf) for {len(bad)} "
-                         f"{what}(s), the first {str(ids[bad[0]])!r} (store row {int(rows[bad[0]])}); re-extract the "
-                         "store (`dab extract ... --overwrite`)")
+        raise StoreError(
+            f"{self.path}: the {split!r} split holds non-finite features (NaN or inf) for {len(bad)} "
+            f"{what}(s), the first {str(ids[bad[0]])!r} (store row {int(rows[bad[0]])}); re-extract the "
+            "store (`dab extract ... --overwrite`)"
+        )

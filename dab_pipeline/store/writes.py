@@ -28,7 +28,9 @@ class StoreWrites:
 
     def _require_caption_writer(self) -> None:
         if self.writer is not None and self.writer[0] != 0:
-            raise ValueError(f"captions are written by writer 0 only (this is writer {self.writer[0]} of {self.writer[1]})")
+            raise ValueError(
+                f"captions are written by writer 0 only (this is writer {self.writer[0]} of {self.writer[1]})"
+            )
 
     def _indices(self, indices: Iterable[int] | np.ndarray, n: int, what: str) -> np.ndarray:
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
@@ -122,7 +124,9 @@ class StoreWrites:
         states = None
         if self.has_states:
             if vision_states is None:
-                raise ValueError(f"{self.path} stores vision states ({self.state_layout}); write_videos needs vision_states")
+                raise ValueError(
+                    f"{self.path} stores vision states ({self.state_layout}); write_videos needs vision_states"
+                )
             states = self._cast(vision_states, (b, f, *self.vision_state_shape), "vision_states", ids)
         elif vision_states is not None:
             raise ValueError(f"{self.path} was created without vision states; vision_states must be None")
@@ -233,8 +237,9 @@ class StoreWrites:
         order = np.argsort(idx, kind="stable")
         self._write_rows("videos/thumbnail_size", idx[order], sizes[order])
 
-    def write_views(self, indices: Sequence[int] | np.ndarray, views: np.ndarray,
-                    view_states: np.ndarray | None = None) -> None:
+    def write_views(
+        self, indices: Sequence[int] | np.ndarray, views: np.ndarray, view_states: np.ndarray | None = None
+    ) -> None:
         """Write the augmented views of training videos; call before :meth:`write_videos` marks them ok.
 
         views (B, N, F, D); view_states (B, N, F, W) | (B, N, F, L, W), required when the store

@@ -32,8 +32,17 @@ from .pyav_decoder import StreamInfo, decode_seeking, decode_sequential, open_vi
 from .sampling import resized_shape, sample_frame_indices
 from .types import DecodedVideo
 
-__all__ = ["BACKENDS", "SEEK_MIN_FRAMES", "DecodedVideo", "StreamInfo", "decode_video", "probe_video",
-           "resized_shape", "sample_frame_indices", "DECODE_RULES"]
+__all__ = [
+    "BACKENDS",
+    "SEEK_MIN_FRAMES",
+    "DecodedVideo",
+    "StreamInfo",
+    "decode_video",
+    "probe_video",
+    "resized_shape",
+    "sample_frame_indices",
+    "DECODE_RULES",
+]
 
 # pyav-seek reads shorter files sequentially: below about this many frames a sequential
 # read decodes about as many frames as seeking to 12 key frames does (docs/extraction.md).

@@ -21,9 +21,11 @@ __all__ = ["VIEW_TRANSFORM", "crop_params", "view_seed", "augmented_views"]
 
 SCALE = (0.5, 1.0)
 RATIO = (3.0 / 4.0, 4.0 / 3.0)
-VIEW_TRANSFORM = ("X-Pool's train transform: RandomResizedCrop(S, scale=(0.5, 1.0), ratio=(3/4, 4/3)) + "
-                  "RandomHorizontalFlip(0.5), one draw per clip, seeded by (video id, view); bicubic resize; "
-                  "CLIP's mean/std")
+VIEW_TRANSFORM = (
+    "X-Pool's train transform: RandomResizedCrop(S, scale=(0.5, 1.0), ratio=(3/4, 4/3)) + "
+    "RandomHorizontalFlip(0.5), one draw per clip, seeded by (video id, view); bicubic resize; "
+    "CLIP's mean/std"
+)
 
 
 def view_seed(video_id: str, view: int) -> int:
@@ -59,8 +61,9 @@ def crop_params(h: int, w: int, gen: torch.Generator) -> tuple[int, int, int, in
     return (*crop, flip)
 
 
-def augmented_views(frames: Sequence[np.ndarray], video_id: str, views: int, size: int,
-                    mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+def augmented_views(
+    frames: Sequence[np.ndarray], video_id: str, views: int, size: int, mean: Sequence[float], std: Sequence[float]
+) -> torch.Tensor:
     """``views`` augmented copies of a clip -> (N, F, 3, S, S) float32, normalised like CLIP's input.
 
     frames: F decoded frames (H, W, 3) uint8, all the same size.

@@ -60,8 +60,9 @@ def decode_decord(path: Path, num_frames: int, short_side: Optional[int], info: 
     try:
         decoded = reader.get_batch(unique.tolist()).asnumpy()  # (U, H, W, 3)
     except Exception as exc:  # noqa: BLE001
-        raise VideoDecodeError(f"cannot read frames {unique.tolist()} of {n} "
-                               f"({str(exc).strip().splitlines()[-1][:200]})") from None
+        raise VideoDecodeError(
+            f"cannot read frames {unique.tolist()} of {n} ({str(exc).strip().splitlines()[-1][:200]})"
+        ) from None
     finally:
         del reader
     if decoded.ndim != 4 or decoded.shape[0] != len(unique) or decoded.shape[-1] != 3:
@@ -69,8 +70,14 @@ def decode_decord(path: Path, num_frames: int, short_side: Optional[int], info: 
     if short_side is not None and not size_kwargs and min(decoded.shape[1:3]) != short_side:
         decoded = _resize(decoded, short_side)
     warning = shortfall_warning(n, info, None)
-    return DecodedVideo(gather_slots(unique, decoded.astype(np.uint8, copy=False), indices), mask, indices, int(n),
-                        backend="decord", warnings=(warning,) if warning else ())
+    return DecodedVideo(
+        gather_slots(unique, decoded.astype(np.uint8, copy=False), indices),
+        mask,
+        indices,
+        int(n),
+        backend="decord",
+        warnings=(warning,) if warning else (),
+    )
 
 
 def _resize(frames: np.ndarray, short_side: int) -> np.ndarray:

@@ -113,9 +113,15 @@ def _stream_info(container, stream) -> StreamInfo:
         duration = container.duration / 1_000_000  # AV_TIME_BASE
     rate = float(stream.average_rate) if stream.average_rate else None
     cc = stream.codec_context
-    return StreamInfo(container=container.format.name, codec=cc.name, width=int(cc.width or 0),
-                      height=int(cc.height or 0), header_frames=int(stream.frames or 0),
-                      duration=duration if duration and duration > 0 else None, rate=rate)
+    return StreamInfo(
+        container=container.format.name,
+        codec=cc.name,
+        width=int(cc.width or 0),
+        height=int(cc.height or 0),
+        header_frames=int(stream.frames or 0),
+        duration=duration if duration and duration > 0 else None,
+        rate=rate,
+    )
 
 
 def probe_video(path: Path) -> tuple[StreamInfo, int]:
@@ -231,8 +237,7 @@ def decode_sequential(path: Path, num_frames: int, short_side: Optional[int], th
     warning = shortfall_warning(n, info, last_time)
     if warning:
         notes.append(warning)
-    return DecodedVideo(gather_slots(unique, decoded, indices), mask, indices, n, backend="pyav",
-                        warnings=tuple(notes))
+    return DecodedVideo(gather_slots(unique, decoded, indices), mask, indices, n, backend="pyav", warnings=tuple(notes))
 
 
 def shortfall_warning(n: int, info: StreamInfo, last_time: Optional[float]) -> Optional[str]:
@@ -247,8 +252,10 @@ def shortfall_warning(n: int, info: StreamInfo, last_time: Optional[float]) -> O
     nominal = info.header_frames / info.rate if info.header_frames and info.rate else info.duration
     if nominal and last_time is not None:
         if last_time >= nominal - max(1.0, 0.05 * nominal):
-            return msg + (f"; they span the whole {nominal:.1f} s, so the file holds fewer frames than its "
-                          "nominal rate (variable frame rate): frames are sampled over the decoded ones")
+            return msg + (
+                f"; they span the whole {nominal:.1f} s, so the file holds fewer frames than its "
+                "nominal rate (variable frame rate): frames are sampled over the decoded ones"
+            )
         return msg + f"; the frames end at {last_time:.1f} s of {nominal:.1f} s: the file looks truncated"
     return msg + ": the file may be truncated"
 
@@ -288,8 +295,9 @@ def _timestamps(container, stream) -> tuple[list[int], list[int]]:
     return sorted(pts), sorted(keys)
 
 
-def _seek_frames(container, stream, targets: list[int], keys: list[int],
-                 short_side: Optional[int]) -> Optional[list[np.ndarray]]:
+def _seek_frames(
+    container, stream, targets: list[int], keys: list[int], short_side: Optional[int]
+) -> Optional[list[np.ndarray]]:
     """The frames with exactly these timestamps (ascending), or None if one does not come out."""
     import bisect
 

@@ -9,6 +9,7 @@ video flashes a set of 2 or 3 named colours in random order, and its captions
 name that set (in varying word orders), so answering needs only the unordered
 set of frames.
 """
+
 from __future__ import annotations
 
 import csv
@@ -43,15 +44,18 @@ class VideoFormat:
 _X264_DETERMINISTIC = ("x264-params", "threads=1:sync-lookahead=0:mbtree=0")
 VIDEO_FORMATS: dict[str, VideoFormat] = {
     "x264": VideoFormat(".mp4", "libx264", (("crf", "0"), ("preset", "veryfast"), _X264_DETERMINISTIC)),
-    "x264-bframes": VideoFormat(".mp4", "libx264", (("crf", "12"), ("preset", "medium"), ("bf", "3"),
-                                                    _X264_DETERMINISTIC), gop=24),
-    "h264-mkv": VideoFormat(".mkv", "libx264", (("crf", "12"), ("preset", "veryfast"), ("bf", "2"),
-                                                _X264_DETERMINISTIC), gop=30),
+    "x264-bframes": VideoFormat(
+        ".mp4", "libx264", (("crf", "12"), ("preset", "medium"), ("bf", "3"), _X264_DETERMINISTIC), gop=24
+    ),
+    "h264-mkv": VideoFormat(
+        ".mkv", "libx264", (("crf", "12"), ("preset", "veryfast"), ("bf", "2"), _X264_DETERMINISTIC), gop=30
+    ),
     "xvid-avi": VideoFormat(".avi", "mpeg4", (("qscale", "2"),), codec_tag="XVID", b_frames=2, gop=25),
     "mpeg4-avi": VideoFormat(".avi", "mpeg4", (("qscale", "2"),), gop=12),
     "msmpeg4-avi": VideoFormat(".avi", "msmpeg4", (("qscale", "2"),), gop=12),
-    "vp9-webm": VideoFormat(".webm", "libvpx-vp9", (("crf", "10"), ("b", "0"), ("deadline", "realtime"),
-                                                    ("cpu-used", "8")), gop=30),
+    "vp9-webm": VideoFormat(
+        ".webm", "libvpx-vp9", (("crf", "10"), ("b", "0"), ("deadline", "realtime"), ("cpu-used", "8")), gop=30
+    ),
 }
 
 
@@ -67,8 +71,9 @@ def _default_format() -> str:
     raise RuntimeError("PyAV's FFmpeg has neither libx264 nor mpeg4 encoders")
 
 
-def write_video(path: Path, frames: np.ndarray, fps: int = 25, fmt: Optional[str] = None,
-                rotation: int = 0, faststart: bool = False) -> Path:
+def write_video(
+    path: Path, frames: np.ndarray, fps: int = 25, fmt: Optional[str] = None, rotation: int = 0, faststart: bool = False
+) -> Path:
     """Encode ``frames`` (N, H, W, 3) uint8 RGB; H and W must be even.
 
     ``fmt``: a name of :data:`VIDEO_FORMATS` (default: lossless x264 in mp4; the

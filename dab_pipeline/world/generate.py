@@ -114,8 +114,15 @@ def world_video(cfg: WorldConfig, i: int, split: str) -> WorldVideo:
     rng = np.random.default_rng([cfg.seed, _VIDEO_STREAM, i])
     shots = tuple(random_shots(rng, cfg.frames, cfg.max_shots, cfg.min_shot))
     if cfg.uncertain:
-        shots = tuple(with_uncertainty(shots, np.random.default_rng([cfg.seed, UNCERTAINTY_STREAM, i]),
-                                       cfg.partial, cfg.low_contrast, cfg.flash))
+        shots = tuple(
+            with_uncertainty(
+                shots,
+                np.random.default_rng([cfg.seed, UNCERTAINTY_STREAM, i]),
+                cfg.partial,
+                cfg.low_contrast,
+                cfg.flash,
+            )
+        )
     lo, hi = cfg.captions_per_video
     caps = tuple(make_captions(shots, int(rng.integers(lo, hi + 1)), cfg.ambiguity, rng))
     query = int(rng.integers(0, len(caps))) if split in ("val", "test") else 0
@@ -130,8 +137,12 @@ def iter_world(cfg: WorldConfig) -> Iterator[WorldVideo]:
 def _write_one(job: tuple[WorldConfig, int, str, str]) -> None:
     cfg, i, split, path = job
     video = world_video(cfg, i, split)
-    write_video(Path(path), render_video(list(video.shots), cfg.size, seed=cfg.seed * 1_000_003 + i),
-                fps=cfg.fps, fmt="x264-bframes")
+    write_video(
+        Path(path),
+        render_video(list(video.shots), cfg.size, seed=cfg.seed * 1_000_003 + i),
+        fps=cfg.fps,
+        fmt="x264-bframes",
+    )
 
 
 def make_world(root: Path, cfg: WorldConfig = WorldConfig(), workers: int = 1) -> Path:
@@ -176,13 +187,16 @@ def world_metadata(cfg: WorldConfig, videos: list[WorldVideo]) -> dict[str, Any]
         "format": "dab-world",
         "version": 1,
         "config": config_dict(cfg),
-        "videos": {v.video_id: {
-            "split": v.split,
-            "description": v.description,
-            "shots": [_shot_dict(s) for s in v.shots],
-            "captions": [{"text": c.text, "level": c.level, "claim": _claim_dict(c.claim)} for c in v.captions],
-            "test_query": v.test_query,
-        } for v in videos},
+        "videos": {
+            v.video_id: {
+                "split": v.split,
+                "description": v.description,
+                "shots": [_shot_dict(s) for s in v.shots],
+                "captions": [{"text": c.text, "level": c.level, "claim": _claim_dict(c.claim)} for c in v.captions],
+                "test_query": v.test_query,
+            }
+            for v in videos
+        },
     }
 
 
@@ -194,8 +208,12 @@ def config_dict(cfg: WorldConfig) -> dict[str, Any]:
 
 
 def _shot_dict(shot: Shot) -> dict[str, Any]:
-    return {"start": shot.start, "stop": shot.stop, "background": shot.scene.background,
-            "objects": [_object_dict(t) for t in shot.scene.things]}
+    return {
+        "start": shot.start,
+        "stop": shot.stop,
+        "background": shot.scene.background,
+        "objects": [_object_dict(t) for t in shot.scene.things],
+    }
 
 
 def _object_dict(t) -> dict[str, Any]:
@@ -208,13 +226,21 @@ def _object_dict(t) -> dict[str, Any]:
 
 
 def _claim_dict(claim: Claim) -> list[dict[str, Any]]:
-    return [{"background": s.background, "count": s.count,
-             "objects": [dataclasses.asdict(o) for o in s.objects]} for s in claim.shots]
+    return [
+        {"background": s.background, "count": s.count, "objects": [dataclasses.asdict(o) for o in s.objects]}
+        for s in claim.shots
+    ]
 
 
 def claim_from_dict(items: list[dict[str, Any]]) -> Claim:
-    return Claim(tuple(ShotClaim(background=s["background"], count=s["count"],
-                                 objects=tuple(ObjectClaim(**o) for o in s["objects"])) for s in items))
+    return Claim(
+        tuple(
+            ShotClaim(
+                background=s["background"], count=s["count"], objects=tuple(ObjectClaim(**o) for o in s["objects"])
+            )
+            for s in items
+        )
+    )
 
 
 def matching_videos(caption: Caption, videos: list[WorldVideo]) -> list[int]:
@@ -252,8 +278,9 @@ def descriptions(root: Path) -> dict[str, str]:
     return json.loads((Path(root) / "descriptions.json").read_text())
 
 
-def frame_caption_pairs(seed: int, count: int, size: tuple[int, int], start: int = 0,
-                        ambiguity: float = 0.5) -> tuple[np.ndarray, list[str]]:
+def frame_caption_pairs(
+    seed: int, count: int, size: tuple[int, int], start: int = 0, ambiguity: float = 0.5
+) -> tuple[np.ndarray, list[str]]:
     """``count`` pretraining frames (N, H, W, 3) and their captions, from index ``start`` on."""
     frames, texts = zip(*(pretrain_frame(seed, i, size, ambiguity) for i in range(start, start + count)))
     return np.stack(frames), list(texts)
@@ -266,5 +293,9 @@ def summary(videos: list[WorldVideo], split: Optional[str] = None) -> dict[str, 
     for v in chosen:
         for c in v.captions:
             levels[c.level] = levels.get(c.level, 0) + 1
-    return {"videos": len(chosen), "captions": sum(len(v.captions) for v in chosen), "levels": levels,
-            "shots": {k: sum(1 for v in chosen if len(v.shots) == k) for k in (1, 2, 3, 4)}}
+    return {
+        "videos": len(chosen),
+        "captions": sum(len(v.captions) for v in chosen),
+        "levels": levels,
+        "shots": {k: sum(1 for v in chosen if len(v.shots) == k) for k in (1, 2, 3, 4)},
+    }

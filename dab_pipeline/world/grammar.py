@@ -45,8 +45,10 @@ class ObjectClaim:
     size: Optional[str] = None
 
     def holds(self, thing: Thing) -> bool:
-        return all(want is None or want == have for want, have in
-                   ((self.shape, thing.shape), (self.colour, thing.colour), (self.size, thing.size)))
+        return all(
+            want is None or want == have
+            for want, have in ((self.shape, thing.shape), (self.colour, thing.colour), (self.size, thing.size))
+        )
 
 
 @dataclass(frozen=True)
@@ -102,8 +104,9 @@ def _join(parts: Sequence[str]) -> str:
 
 def _object_phrase(thing: Thing, rng: np.random.Generator, with_size: bool = True) -> tuple[str, ObjectClaim]:
     if with_size:
-        return _article(f"{thing.size} {thing.colour} {thing.shape}"), ObjectClaim(thing.shape, thing.colour,
-                                                                                    thing.size)
+        return _article(f"{thing.size} {thing.colour} {thing.shape}"), ObjectClaim(
+            thing.shape, thing.colour, thing.size
+        )
     return _article(f"{thing.colour} {thing.shape}"), ObjectClaim(thing.shape, thing.colour)
 
 
@@ -140,8 +143,9 @@ def _object_caption(shots: Sequence[Shot], rng: np.random.Generator) -> Caption:
     phrase, claim = _object_phrase(thing, rng, with_size=bool(rng.random() < 0.6))
     if rng.random() < 0.5:
         bg = shot.scene.background
-        return Caption(f"{phrase} on {BACKGROUND_PHRASES[bg]}", "object",
-                       Claim((ShotClaim(background=bg, objects=(claim,)),)))
+        return Caption(
+            f"{phrase} on {BACKGROUND_PHRASES[bg]}", "object", Claim((ShotClaim(background=bg, objects=(claim,)),))
+        )
     return Caption(phrase, "object", Claim((ShotClaim(objects=(claim,)),)))
 
 
@@ -156,16 +160,18 @@ def _generic_caption(shots: Sequence[Shot], rng: np.random.Generator) -> Caption
     if kind == 1:
         n = len(scene.things)
         words = f"{_NUMBER[n]} shape" + ("s" if n > 1 else "")
-        return Caption(f"{words} on {BACKGROUND_PHRASES[bg]}", "generic",
-                       Claim((ShotClaim(background=bg, count=n),)))
+        return Caption(f"{words} on {BACKGROUND_PHRASES[bg]}", "generic", Claim((ShotClaim(background=bg, count=n),)))
     if kind == 2:
-        return Caption(f"something {thing.colour}", "generic", Claim((ShotClaim(objects=(ObjectClaim(
-            colour=thing.colour),)),)))
+        return Caption(
+            f"something {thing.colour}", "generic", Claim((ShotClaim(objects=(ObjectClaim(colour=thing.colour),)),))
+        )
     if kind == 3:
-        return Caption(_article(thing.shape), "generic", Claim((ShotClaim(objects=(ObjectClaim(
-            shape=thing.shape),)),)))
-    return Caption(f"{_article(thing.size)} shape on {BACKGROUND_PHRASES[bg]}", "generic",
-                   Claim((ShotClaim(background=bg, objects=(ObjectClaim(size=thing.size),)),)))
+        return Caption(_article(thing.shape), "generic", Claim((ShotClaim(objects=(ObjectClaim(shape=thing.shape),)),)))
+    return Caption(
+        f"{_article(thing.size)} shape on {BACKGROUND_PHRASES[bg]}",
+        "generic",
+        Claim((ShotClaim(background=bg, objects=(ObjectClaim(size=thing.size),)),)),
+    )
 
 
 _MAKERS = {"video": _video_caption, "shot": None, "object": _object_caption, "generic": _generic_caption}
@@ -219,8 +225,12 @@ def _seen_phrase(thing: Thing, shot: Shot) -> str:
     if thing.hidden:
         n = shot.stop - shot.start
         seen = [k for k in range(n) if thing.visible_at(k)]
-        notes.append(f"drawn in {len(seen)} of {n} frames: " + ", ".join(
-            f"{shot.start + a}-{shot.start + b - 1}" if b - a > 1 else f"{shot.start + a}" for a, b in _runs(seen)))
+        notes.append(
+            f"drawn in {len(seen)} of {n} frames: "
+            + ", ".join(
+                f"{shot.start + a}-{shot.start + b - 1}" if b - a > 1 else f"{shot.start + a}" for a, b in _runs(seen)
+            )
+        )
     return thing.phrase + (f" ({'; '.join(notes)})" if notes else "")
 
 

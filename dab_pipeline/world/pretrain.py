@@ -72,11 +72,12 @@ def _lr_factor(step: int, total: int, warmup: float) -> float:
 
 def world_vocabulary(tokenizer, texts: list[str]) -> torch.Tensor:
     """Sorted token ids of ``texts`` plus the specials and every word the world's grammar can produce."""
-    grammar = [c.text for v in iter_world(WorldConfig(seed=PRETRAIN_SEED, train=600, val=0, test=0))
-               for c in v.captions]
+    grammar = [
+        c.text for v in iter_world(WorldConfig(seed=PRETRAIN_SEED, train=600, val=0, test=0)) for c in v.captions
+    ]
     ids = set()
     for start in range(0, len(texts) + len(grammar), 4096):
-        chunk = (texts + grammar)[start:start + 4096]
+        chunk = (texts + grammar)[start : start + 4096]
         ids.update(tokenizer(chunk).unique().tolist())
     return torch.tensor(sorted(ids), dtype=torch.int64)
 
@@ -88,8 +89,11 @@ def compact_state(state: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[st
     fewer than 100; :func:`dab_pipeline.clip_models` expands the compact form back,
     with zeros for every other token.
     """
-    out = {k: v.detach().to(torch.float16) if v.is_floating_point() else v.detach().clone()
-           for k, v in state.items() if k != "token_embedding.weight"}
+    out = {
+        k: v.detach().to(torch.float16) if v.is_floating_point() else v.detach().clone()
+        for k, v in state.items()
+        if k != "token_embedding.weight"
+    }
     table = state["token_embedding.weight"]
     out["token_embedding.rows"] = rows.clone()
     out["token_embedding.values"] = table[rows].detach().to(torch.float16)
@@ -107,8 +111,12 @@ def frame_to_caption(model, tokenizer, images: torch.Tensor, texts: list[str]) -
     order = (fi @ fc.T).argsort(dim=1, descending=True)  # (N, C)
     target = torch.tensor([index[t] for t in texts])
     rank = (order == target[:, None]).float().argmax(dim=1)  # (N,) 0-based
-    return {"captions": len(caps), "R@1": float((rank < 1).float().mean() * 100),
-            "R@5": float((rank < 5).float().mean() * 100), "chance_R@1": 100.0 / len(caps)}
+    return {
+        "captions": len(caps),
+        "R@1": float((rank < 1).float().mean() * 100),
+        "R@5": float((rank < 5).float().mean() * 100),
+        "chance_R@1": 100.0 / len(caps),
+    }
 
 
 def zero_shot_videos(model, tokenizer, mean: tuple, std: tuple, world: WorldConfig, frames: int = 12) -> dict:
@@ -165,8 +173,10 @@ def pretrain(cfg: PretrainConfig, log: Callable[[str], None] = print) -> tuple[d
         with torch.no_grad():
             model.logit_scale.clamp_(0, math.log(100))
         if step % 50 == 0 or step == cfg.steps - 1:
-            log(f"step {step + 1}/{cfg.steps} loss {loss.item():.4f} logit scale {model.logit_scale.exp().item():.1f} "
-                f"({time.time() - t0:.0f} s)")
+            log(
+                f"step {step + 1}/{cfg.steps} loss {loss.item():.4f} logit scale {model.logit_scale.exp().item():.1f} "
+                f"({time.time() - t0:.0f} s)"
+            )
     train_seconds = time.time() - t0
     rows = world_vocabulary(tokenizer, texts)
     state = compact_state(model.state_dict(), rows)
@@ -175,14 +185,16 @@ def pretrain(cfg: PretrainConfig, log: Callable[[str], None] = print) -> tuple[d
         shipped = open_clip.create_model(MODEL)
     shipped.load_state_dict({k: v.float() for k, v in expand_compact_state(dict(state)).items()})
     shipped.eval()
-    held = images[cfg.frames:]
+    held = images[cfg.frames :]
     report = {
         "train_seconds": round(train_seconds, 1),
         "vocabulary_rows": int(len(rows)),
-        "frame_to_caption": frame_to_caption(shipped, tokenizer, held, texts[cfg.frames:]),
+        "frame_to_caption": frame_to_caption(shipped, tokenizer, held, texts[cfg.frames :]),
     }
-    report["zero_shot_video"] = {"world": cfg.zero_shot_world, **zero_shot_videos(
-        shipped, tokenizer, mean, std, world_preset(cfg.zero_shot_world))}
+    report["zero_shot_video"] = {
+        "world": cfg.zero_shot_world,
+        **zero_shot_videos(shipped, tokenizer, mean, std, world_preset(cfg.zero_shot_world)),
+    }
     log(f"held-out frame -> caption: {report['frame_to_caption']}")
     log(f"zero-shot video retrieval ({cfg.zero_shot_world} test split): {report['zero_shot_video']}")
     return state, report
@@ -199,8 +211,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--frames", type=int, default=PretrainConfig.frames, help="training pool size")
     ap.add_argument("--zero-shot-world", default=PretrainConfig.zero_shot_world)
     args = ap.parse_args(argv)
-    cfg = dataclasses.replace(PretrainConfig(), steps=args.steps, frames=args.frames,
-                              zero_shot_world=args.zero_shot_world)
+    cfg = dataclasses.replace(
+        PretrainConfig(), steps=args.steps, frames=args.frames, zero_shot_world=args.zero_shot_world
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     lines: list[str] = []
 
@@ -208,8 +221,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(msg, flush=True)
         lines.append(msg)
 
-    log(f"dab-world pretraining {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')} on "
-        f"{platform.processor() or platform.machine()}, torch {torch.__version__}, {cfg.threads} threads")
+    log(
+        f"dab-world pretraining {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')} on "
+        f"{platform.processor() or platform.machine()}, torch {torch.__version__}, {cfg.threads} threads"
+    )
     log(f"config: {json.dumps(dataclasses.asdict(cfg))}")
     state, report = pretrain(cfg, log)
     import io
@@ -218,9 +233,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     torch.save(state, buf)
     data = buf.getvalue()
     atomic_write_bytes(args.out / f"{MODEL}.pt", data)
-    meta = {"model": MODEL, "file": f"{MODEL}.pt", "sha256": sha256_bytes(data), "bytes": len(data),
-            "config": dataclasses.asdict(cfg), "report": report, "torch": torch.__version__,
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    meta = {
+        "model": MODEL,
+        "file": f"{MODEL}.pt",
+        "sha256": sha256_bytes(data),
+        "bytes": len(data),
+        "config": dataclasses.asdict(cfg),
+        "report": report,
+        "torch": torch.__version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
     atomic_write_text(args.out / f"{MODEL}.json", json.dumps(meta, indent=2) + "\n")
     atomic_write_text(args.out / f"{MODEL}.log", "\n".join(lines) + "\n")
     log(f"wrote {args.out / f'{MODEL}.pt'} ({len(data) / 1e6:.2f} MB, sha256 {meta['sha256'][:16]}...)")

@@ -107,9 +107,18 @@ def random_scene(rng: np.random.Generator, max_things: int = 3) -> Scene:
         size = str(rng.choice(list(SIZES)))
         lo, hi = SIZES[size]
         radius = float(rng.uniform(lo, hi))
-        things.append(Thing(shape=shape, colour=colour, size=size, radius=radius,
-                            x=float(rng.uniform(radius, 1 - radius)), y=float(rng.uniform(radius, 1 - radius)),
-                            vx=float(rng.uniform(-0.025, 0.025)), vy=float(rng.uniform(-0.025, 0.025))))
+        things.append(
+            Thing(
+                shape=shape,
+                colour=colour,
+                size=size,
+                radius=radius,
+                x=float(rng.uniform(radius, 1 - radius)),
+                y=float(rng.uniform(radius, 1 - radius)),
+                vx=float(rng.uniform(-0.025, 0.025)),
+                vy=float(rng.uniform(-0.025, 0.025)),
+            )
+        )
     # larger objects first, so that small ones are drawn on top and stay visible
     things.sort(key=lambda t: -t.radius)
     return Scene(background=background, things=tuple(things), texture_seed=int(rng.integers(0, 2**31)))
@@ -128,8 +137,11 @@ def random_shots(rng: np.random.Generator, num_frames: int, max_shots: int = 3, 
     while len(scenes) < k:
         s = random_scene(rng)
         # neighbouring shots look different: another background or other objects
-        if scenes and s.background == scenes[-1].background and {t.phrase for t in s.things} == {
-                t.phrase for t in scenes[-1].things}:
+        if (
+            scenes
+            and s.background == scenes[-1].background
+            and {t.phrase for t in s.things} == {t.phrase for t in scenes[-1].things}
+        ):
             continue
         scenes.append(s)
     return [Shot(scene=sc, start=int(a), stop=int(a + n)) for sc, a, n in zip(scenes, starts, lengths)]

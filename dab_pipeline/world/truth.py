@@ -27,8 +27,9 @@ def world_videos(meta: dict[str, Any]) -> dict[str, WorldVideo]:
     return {v.video_id: v for v in iter_world(world_config(meta))}
 
 
-def caption_claims(meta: dict[str, Any], caption_video_ids: Sequence[str], caption_texts: Sequence[str]
-                   ) -> tuple[list[Claim], list[str]]:
+def caption_claims(
+    meta: dict[str, Any], caption_video_ids: Sequence[str], caption_texts: Sequence[str]
+) -> tuple[list[Claim], list[str]]:
     """The claim and level of each caption, found by its video and text in world.json."""
     claims, levels = [], []
     by_text: dict[str, dict[str, dict]] = {}

@@ -37,8 +37,9 @@ FAINT_ALPHA = (0.25, 0.5)  # contrast of a faint object
 FLASH_FRAMES = (1, 2)  # length of a flash shot
 
 
-def with_uncertainty(shots: Sequence[Shot], rng: np.random.Generator, partial: float, low_contrast: float,
-                     flash: float) -> list[Shot]:
+def with_uncertainty(
+    shots: Sequence[Shot], rng: np.random.Generator, partial: float, low_contrast: float, flash: float
+) -> list[Shot]:
     """``shots`` with at most one flash shot added, then partly visible and faint objects in the other shots."""
     out = list(shots)
     flash_at = None
@@ -90,7 +91,7 @@ def _add_flash(shots: list[Shot], rng: np.random.Generator) -> tuple[list[Shot],
             break
     cut = host.stop - length
     flash = Shot(scene=scene, start=cut, stop=host.stop)
-    return shots[:j] + [dataclasses.replace(host, stop=cut), flash] + shots[j + 1:], j + 1
+    return shots[:j] + [dataclasses.replace(host, stop=cut), flash] + shots[j + 1 :], j + 1
 
 
 def visible_frames(thing: Thing, shot: Shot) -> list[int]:

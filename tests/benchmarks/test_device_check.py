@@ -15,10 +15,21 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_the_device_check_runs_every_step_on_the_cpu(tmp_path: Path) -> None:
-    env = {**os.environ, "DEVICE_CHECK_ON_CPU": "1", "OUT": str(tmp_path), "PYTHON": sys.executable,
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    res = subprocess.run(["bash", str(REPO / "benchmarks" / "device_check.sh")], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=2400)  # the steps' limits, 4x on the CPU
+    env = {
+        **os.environ,
+        "DEVICE_CHECK_ON_CPU": "1",
+        "OUT": str(tmp_path),
+        "PYTHON": sys.executable,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    res = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "device_check.sh")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=2400,
+    )  # the steps' limits, 4x on the CPU
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
     steps = (tmp_path / "steps.txt").read_text().splitlines()
     assert len(steps) == 6 and all(line.endswith(" s") and ": exit 0 " in line for line in steps), steps

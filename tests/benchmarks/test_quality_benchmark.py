@@ -24,9 +24,29 @@ def _quality():
 def test_quality_benchmark_runs_every_kind_of_row(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     q = _quality()
     out = tmp_path / "report"
-    res = q.main(["--world", "tiny", "--seeds", "1", "--variants", "zero-shot", "xpool", "dab-T1", "dab-ft2",
-                  "dab-const", "prob-fixvar", "--reference", "dab-T1", "--epochs", "1",
-                  "--data-dir", str(tmp_path / "data"), "--out", str(out)])
+    res = q.main(
+        [
+            "--world",
+            "tiny",
+            "--seeds",
+            "1",
+            "--variants",
+            "zero-shot",
+            "xpool",
+            "dab-T1",
+            "dab-ft2",
+            "dab-const",
+            "prob-fixvar",
+            "--reference",
+            "dab-T1",
+            "--epochs",
+            "1",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--out",
+            str(out),
+        ]
+    )
     (world,) = res["worlds"]
     table = world["table"]
     assert set(table) == {"zero-shot", "xpool", "dab-T1", "dab-ft2", "dab-const", "prob-fixvar"}
@@ -50,8 +70,20 @@ def test_quality_benchmark_runs_every_kind_of_row(tmp_path: Path, capsys: pytest
     saved = json.loads((out / "quality.json").read_text())
     assert saved["recipe"]["lr"] == q.RECIPE["lr"] and saved["machine"]["cores"] >= 1
     # a rerun reuses the finished runs (and their claim-aware results) instead of training again
-    again = q.main(["--world", "tiny", "--seeds", "1", "--variants", "xpool", "--epochs", "1",
-                    "--data-dir", str(tmp_path / "data")])
+    again = q.main(
+        [
+            "--world",
+            "tiny",
+            "--seeds",
+            "1",
+            "--variants",
+            "xpool",
+            "--epochs",
+            "1",
+            "--data-dir",
+            str(tmp_path / "data"),
+        ]
+    )
     assert again["worlds"][0]["table"]["xpool"]["t2v R@1"] == table["xpool"]["t2v R@1"]
     assert again["worlds"][0]["claims"]["rows"]["xpool"]["AP"] == claims["rows"]["xpool"]["AP"]
     assert "oracle" in capsys.readouterr().err

@@ -9,8 +9,15 @@ from ..helpers.runner import invoke
 
 
 def _metrics(i: int) -> dict:
-    t2v = {"R@1": 1977.123 + i, "R@5": 2345.6, "R@10": 3456.7, "R@50": 4567.8, "MdR": 1234.5, "MnR": 98765.4,
-           "RSum": 12345.6}
+    t2v = {
+        "R@1": 1977.123 + i,
+        "R@5": 2345.6,
+        "R@10": 3456.7,
+        "R@50": 4567.8,
+        "MdR": 1234.5,
+        "MnR": 98765.4,
+        "RSum": 12345.6,
+    }
     bridge = {"pair_dependent_share": {"mu": 0.123456, "logvar": 0.654321}, "constant_control": {"R@1": 1888.8}}
     return {"t2v": t2v, "v2t": dict(t2v), "bridge": bridge}
 

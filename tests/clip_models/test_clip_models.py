@@ -254,8 +254,15 @@ def test_openai_file_switches_to_quickgelu(tmp_path, tiny_path, fmt, images):
         path = _openai_torchscript(state, tmp_path / "ViT-tiny.pt")
     else:
         path = tmp_path / "openai_sd.pt"
-        torch.save({**state, "input_resolution": torch.tensor(32), "context_length": torch.tensor(77),
-                    "vocab_size": torch.tensor(49408)}, path)
+        torch.save(
+            {
+                **state,
+                "input_resolution": torch.tensor(32),
+                "context_length": torch.tensor(77),
+                "vocab_size": torch.tensor(49408),
+            },
+            path,
+        )
     b = cm.load_clip("dab-tiny", str(path))
     assert b.model_name == "dab-tiny-quickgelu" and b.quick_gelu and b.weights_format == "openai"
     assert any(isinstance(m, QuickGELU) for m in b.model.modules())

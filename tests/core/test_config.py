@@ -6,8 +6,8 @@ from typing import Optional
 
 import pytest
 
-from dab_pipeline.core.overrides import apply_overrides, from_dict, load_config, save_config, to_dict
 from dab_pipeline.core.errors import ConfigError
+from dab_pipeline.core.overrides import apply_overrides, from_dict, load_config, save_config, to_dict
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,10 +62,19 @@ def test_json_round_trip(tmp_path: Path) -> None:
 
 
 # Numeric fields for which 0 or -1 is a meaningful value (every other 0 / -1 must be refused when built)
-MEANINGFUL = {("TrainConfig", "weight_decay", 0), ("TrainConfig", "seed", 0), ("TrainConfig", "checkpoint_every", 0),
-              ("TrainConfig", "warmup_ratio", 0), ("TrainConfig", "trainable_blocks", 0), ("ModelConfig", "dropout", 0), ("ModelConfig", "drift_init", 0),
-              ("ModelConfig", "logvar_init", 0), ("ModelConfig", "logvar_init", -1), ("ModelConfig", "logvar_max", 0),
-              ("ModelConfig", "logvar_max", -1)}
+MEANINGFUL = {
+    ("TrainConfig", "weight_decay", 0),
+    ("TrainConfig", "seed", 0),
+    ("TrainConfig", "checkpoint_every", 0),
+    ("TrainConfig", "warmup_ratio", 0),
+    ("TrainConfig", "trainable_blocks", 0),
+    ("ModelConfig", "dropout", 0),
+    ("ModelConfig", "drift_init", 0),
+    ("ModelConfig", "logvar_init", 0),
+    ("ModelConfig", "logvar_init", -1),
+    ("ModelConfig", "logvar_max", 0),
+    ("ModelConfig", "logvar_max", -1),
+}
 
 
 def _numeric_fields(cls) -> list[str]:

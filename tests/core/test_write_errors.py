@@ -13,8 +13,10 @@ from dab_pipeline.core.errors import WriteError
 from dab_pipeline.core.fsutil import atomic_torch_save, atomic_write_text
 from dab_pipeline.core.write_errors import check_free_space, named_write_errors, write_failure
 
-H5_TEXT = ("Unable to synchronously flush file (file write failed: time = Thu Dec  3 07:41:28 2026, filename = "
-           "'s.h5', file descriptor = 3, errno = 28, error message = 'No space left on device', buf = 0x5)")
+H5_TEXT = (
+    "Unable to synchronously flush file (file write failed: time = Thu Dec  3 07:41:28 2026, filename = "
+    "'s.h5', file descriptor = 3, errno = 28, error message = 'No space left on device', buf = 0x5)"
+)
 
 
 def no_blocks(fd: int, mode: int, offset: int, length: int) -> int:
@@ -31,8 +33,15 @@ def full_disk(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(we, "free_bytes", lambda path: 100)
 
 
-@pytest.mark.parametrize("exc", [OSError(errno.ENOSPC, "No space left on device"), RuntimeError(H5_TEXT),
-                                 OSError(errno.EDQUOT, "Disk quota exceeded")], ids=["errno", "hdf5", "quota"])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        OSError(errno.ENOSPC, "No space left on device"),
+        RuntimeError(H5_TEXT),
+        OSError(errno.EDQUOT, "Disk quota exceeded"),
+    ],
+    ids=["errno", "hdf5", "quota"],
+)
 def test_a_full_disk_is_named_from_its_errno_or_hdf5s_text(exc: BaseException, tmp_path: Path) -> None:
     err = write_failure(exc, tmp_path / "s.h5")
     assert isinstance(err, WriteError)
@@ -40,9 +49,14 @@ def test_a_full_disk_is_named_from_its_errno_or_hdf5s_text(exc: BaseException, t
     assert "\n" not in str(err)
 
 
-@pytest.mark.parametrize("exc", [RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 117504 vs 117392"),
-                                 RuntimeError("Error in faiss::FileIOWriter: write error 16339 != 102400")],
-                         ids=["torch", "faiss"])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 117504 vs 117392"),
+        RuntimeError("Error in faiss::FileIOWriter: write error 16339 != 102400"),
+    ],
+    ids=["torch", "faiss"],
+)
 def test_errors_without_an_errno_are_named_by_asking_the_file_system(exc, tmp_path: Path, full_disk) -> None:
     err = write_failure(exc, tmp_path / "x.bin", hint="free some space")
     assert err is not None and "no space left on device (100 bytes free in" in str(err)
@@ -70,8 +84,9 @@ def test_the_preflight_refuses_what_the_disk_cannot_take(tmp_path: Path, full_di
         check_free_space(tmp_path / "new" / "file.h5", 101)
 
 
-def test_a_torch_save_that_fails_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path: Path, full_disk,
-                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_torch_save_that_fails_on_a_full_disk_is_one_line_and_leaves_nothing(
+    tmp_path: Path, full_disk, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import torch
 
     target = tmp_path / "ck" / "last.pt"
@@ -103,8 +118,9 @@ def test_an_atomic_text_write_that_hits_enospc_names_the_file(tmp_path: Path, mo
     assert list(tmp_path.iterdir()) == []
 
 
-def test_an_hdf5_store_whose_write_fails_is_named_and_closes_without_raising(tmp_path: Path,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_hdf5_store_whose_write_fails_is_named_and_closes_without_raising(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A write whose blocks cannot be reserved is refused before HDF5 makes it; where the file system cannot
     reserve, the free space is asked; a write that fails all the same (a race) is named, later writes are
     refused, close() does not raise and the file is listed for the CLI's exit."""

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dab_pipeline.datasets import DATASETS, Catalogue, hash_split, load_dataset
 from dab_pipeline.core.errors import ConfigError, DatasetError, UnknownNameError
+from dab_pipeline.datasets import DATASETS, Catalogue, hash_split, load_dataset
 
 
 def _check_invariants(index: Catalogue) -> None:
@@ -100,7 +100,11 @@ def test_msrvtt_small_files(tmp_path: Path) -> None:
     assert listed == {"video0", "video1", "video2", "video3", "video4", "video8", "video9"}
     assert sorted(index.missing) == sorted(listed - {"video0", "video1", "video9"})
     assert any("video5" in w for w in index.options["warnings"])
-    assert [p.name for p in index.annotation_files] == ["MSRVTT_JSFUSION_test.csv", "MSRVTT_train.9k.csv", "MSRVTT_data.json"]
+    assert [p.name for p in index.annotation_files] == [
+        "MSRVTT_JSFUSION_test.csv",
+        "MSRVTT_train.9k.csv",
+        "MSRVTT_data.json",
+    ]
 
     seven = load_dataset("msrvtt", videos, ann, train_split="7k", val_size=0)
     assert _counts(seven) == {"train": (4, 12), "val": (0, 0), "test": (2, 2)}
@@ -154,7 +158,11 @@ def test_msrvtt_real_lists(shared_data: Path, tmp_path: Path) -> None:
 
     with open(src / "MSRVTT_train.9k.csv", newline="") as fh:
         nine = [r["video_id"] for r in csv.DictReader(fh)]
-    sentences = [{"video_id": v, "caption": f"{v} caption {k}", "sen_id": 2 * i + k} for i, v in enumerate(nine) for k in range(2)]
+    sentences = [
+        {"video_id": v, "caption": f"{v} caption {k}", "sen_id": 2 * i + k}
+        for i, v in enumerate(nine)
+        for k in range(2)
+    ]
     (ann / "MSRVTT_data.json").write_text(json.dumps({"sentences": sentences}))
 
     full = load_dataset("msrvtt", tmp_path, ann)
@@ -234,8 +242,14 @@ def test_msvd_real_files(shared_data: Path, tmp_path: Path) -> None:
 def test_vatex_official_format(tmp_path: Path) -> None:
     ann = tmp_path / "ann"
     ann.mkdir()
-    train = [{"videoID": f"t{i}_000000_000010", "enCap": [f"en {i} {k}" for k in range(10)], "chCap": ["x"]} for i in range(3)]
-    val = [{"videoID": f"v{i}_000000_000010", "enCap": [f"ve {i} {k}" for k in range(10)], "chCap": ["x"]} for i in range(3)]
+    train = [
+        {"videoID": f"t{i}_000000_000010", "enCap": [f"en {i} {k}" for k in range(10)], "chCap": ["x"]}
+        for i in range(3)
+    ]
+    val = [
+        {"videoID": f"v{i}_000000_000010", "enCap": [f"ve {i} {k}" for k in range(10)], "chCap": ["x"]}
+        for i in range(3)
+    ]
     (ann / "vatex_training_v1.0.json").write_text(json.dumps(train))
     (ann / "vatex_validation_v1.0.json").write_text(json.dumps(val))
     (ann / "train_list.txt").write_text("t0_000000_000010\nt1_000000_000010\nt2_000000_000010\nlost_000000_000010\n")
@@ -297,7 +311,9 @@ def test_vatex_real_lists(shared_data: Path, tmp_path: Path) -> None:
     assert _counts(index) == expected
     assert [len((ann / f"{s}_list.txt").read_text().split()) for s in ("train", "val", "test")] == [25991, 1500, 1500]
     dropped = sum(int(w.split("dropped ")[1].split(" ")[0]) for w in index.options["warnings"])
-    assert dropped == sum(1 for s in ("train", "val", "test") for v in (ann / f"{s}_list.txt").read_text().split() if v in lost)
+    assert dropped == sum(
+        1 for s in ("train", "val", "test") for v in (ann / f"{s}_list.txt").read_text().split() if v in lost
+    )
 
     alt = load_dataset("vatex", tmp_path, ann, test_list="test1k5_sec_list.txt")
     assert len(alt.split_videos("test")) == 1500 - len(lost & set((ann / "test1k5_sec_list.txt").read_text().split()))
@@ -315,7 +331,12 @@ def test_folder_csv_with_splits(tmp_path: Path) -> None:
     ann = _write_csv(
         tmp_path / "captions.csv",
         ["video", "caption", "split"],
-        [["sub/a.mp4", "first", "train"], ["sub/a.mp4", "second", "train"], ["b.mp4", "third", "test"], ["c.mp4", "fourth", "val"]],
+        [
+            ["sub/a.mp4", "first", "train"],
+            ["sub/a.mp4", "second", "train"],
+            ["b.mp4", "third", "test"],
+            ["c.mp4", "fourth", "val"],
+        ],
     )
     index = load_dataset("folder", videos, ann)
     _check_invariants(index)

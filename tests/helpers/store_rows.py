@@ -44,8 +44,13 @@ def expected_caption(q: int) -> dict:
 
 
 def index_arrays(n: int, captions_per_video: int = 2) -> dict:
-    idx = store_index(n, captions_per_video, splits=[SPLITS[i % 3] for i in range(n)],  # interleaved splits
-                      video_id="vid{i:04d}", caption_text=lambda q, v: f"caption {q} of vid{v} — ünïcode")
+    idx = store_index(
+        n,
+        captions_per_video,
+        splits=[SPLITS[i % 3] for i in range(n)],  # interleaved splits
+        video_id="vid{i:04d}",
+        caption_text=lambda q, v: f"caption {q} of vid{v} — ünïcode",
+    )
     return {**idx, "_m": n * captions_per_video}
 
 
@@ -61,7 +66,13 @@ def make_store(path: Path, n: int = 12, states: str | None = None, dtype: str = 
             "text_state_width": WT,
             "text_state_lengths": [token_length(q) for q in range(m)],
         }
-    manifest = {"model": "dab-tiny", "pretrained": None, "frames": F, "preprocessing": (224, "center"), "trainable_blocks": 2 if states == "tokens" else 0 if states else None}
+    manifest = {
+        "model": "dab-tiny",
+        "pretrained": None,
+        "frames": F,
+        "preprocessing": (224, "center"),
+        "trainable_blocks": 2 if states == "tokens" else 0 if states else None,
+    }
     return create_store(path, manifest=manifest, num_frames=F, dim=D, dtype=dtype, **idx, **extra, **kw)
 
 

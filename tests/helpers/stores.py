@@ -10,22 +10,48 @@ import numpy as np
 from dab_pipeline.clip_models import encode_texts, load_clip
 from dab_pipeline.testing import empty_store
 
-SEARCH_CAPTIONS = ["a red ball rolls", "a dog runs on grass", "two people talk", "a car at night",
-                   "waves on a beach", "a cat sleeps", "someone cooks pasta", "a train passes"]
+SEARCH_CAPTIONS = [
+    "a red ball rolls",
+    "a dog runs on grass",
+    "two people talk",
+    "a car at night",
+    "waves on a beach",
+    "a cat sleeps",
+    "someone cooks pasta",
+    "a train passes",
+]
 
 
-def text_store(path: Path, captions: Sequence[str] = SEARCH_CAPTIONS, test_videos: int = 6, frames: int = 4,
-               pretrained: Optional[str] = None) -> Path:
+def text_store(
+    path: Path,
+    captions: Sequence[str] = SEARCH_CAPTIONS,
+    test_videos: int = 6,
+    frames: int = 4,
+    pretrained: Optional[str] = None,
+) -> Path:
     """One caption per video, encoded by dab-tiny (so a query string re-encodes to its stored feature).
 
     Videos ``0 .. test_videos - 1`` are "test", the rest "train"; video 1 is short (2 frames).
     """
     bundle = load_clip("dab-tiny", None)
     d, n = bundle.embed_dim, len(captions)
-    manifest = {"model": "dab-tiny", "pretrained": pretrained, "weights_sha256": bundle.weights_sha256,
-                "clip": {"embed_dim": d}, "frames": frames}
-    store = empty_store(path, n, splits=["test"] * test_videos + ["train"] * (n - test_videos), video_id="vid{i}",
-                        caption_text=lambda q, v: captions[q], manifest=manifest, num_frames=frames, dim=d)
+    manifest = {
+        "model": "dab-tiny",
+        "pretrained": pretrained,
+        "weights_sha256": bundle.weights_sha256,
+        "clip": {"embed_dim": d},
+        "frames": frames,
+    }
+    store = empty_store(
+        path,
+        n,
+        splits=["test"] * test_videos + ["train"] * (n - test_videos),
+        video_id="vid{i}",
+        caption_text=lambda q, v: captions[q],
+        manifest=manifest,
+        num_frames=frames,
+        dim=d,
+    )
     gen = np.random.default_rng(0)
     fr = gen.standard_normal((n, frames, d)).astype(np.float32)
     mask = np.ones((n, frames), bool)

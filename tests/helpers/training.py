@@ -34,6 +34,7 @@ def patch_loss(monkeypatch: pytest.MonkeyPatch, wrap):
         def loss(cost, temperature):
             calls["n"] += 1
             return wrap(calls["n"], lambda: base(cost, temperature))
+
         return loss
 
     monkeypatch.setattr(loop, "loss_of", loss_of)
@@ -42,10 +43,12 @@ def patch_loss(monkeypatch: pytest.MonkeyPatch, wrap):
 
 def interrupt_at(n: int):
     """A ``wrap`` for :func:`patch_loss` that raises KeyboardInterrupt (Ctrl-C) at step ``n``."""
+
     def wrap(step: int, compute):
         if step == n:
             raise KeyboardInterrupt
         return compute()
+
     return wrap
 
 

@@ -102,9 +102,17 @@ def read_frame_index(frame: np.ndarray) -> int:
     return value
 
 
-def write_index_video(path: Path, num_frames: int, size: tuple[int, int] = (32, 24), fps: int = 25,
-                      fmt: Optional[str] = None, rotation: int = 0, noise: int = 0, faststart: bool = False,
-                      seed: int = 0) -> Path:
+def write_index_video(
+    path: Path,
+    num_frames: int,
+    size: tuple[int, int] = (32, 24),
+    fps: int = 25,
+    fmt: Optional[str] = None,
+    rotation: int = 0,
+    noise: int = 0,
+    faststart: bool = False,
+    seed: int = 0,
+) -> Path:
     """Write a video of ``num_frames`` frames where frame i encodes i (``size`` is (W, H)).
 
     ``noise``: uniform pixel noise of that amplitude on top of the blocks, so packets

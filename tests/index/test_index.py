@@ -11,8 +11,17 @@ import torch
 
 from dab_pipeline.core.errors import ConfigError, StoreMismatchError
 from dab_pipeline.core.events import Event
-from dab_pipeline.index import (DEFAULT_VECTOR, VECTOR_KINDS, auto_factory, build_index, load_index, query_vectors,
-                                staging_path, store_fingerprint, video_vectors)
+from dab_pipeline.index import (
+    DEFAULT_VECTOR,
+    VECTOR_KINDS,
+    auto_factory,
+    build_index,
+    load_index,
+    query_vectors,
+    staging_path,
+    store_fingerprint,
+    video_vectors,
+)
 from dab_pipeline.index.vectors import SEGMENTS, segment_ids
 from dab_pipeline.scoring import score_all_reference, score_query
 from dab_pipeline.store import open_store

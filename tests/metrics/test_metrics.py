@@ -173,9 +173,7 @@ def test_ranks_blockwise_path(monkeypatch):
     np.testing.assert_array_equal(M.t2v_ranks(cost, gt), naive_t2v(cost, gt))
     np.testing.assert_array_equal(M.v2t_ranks(cost, gt, "captions"), naive_v2t(cost, gt))
     np.testing.assert_array_equal(M.v2t_ranks(cost, gt), naive_v2t_by_video(cost, gt))
-    np.testing.assert_allclose(
-        M.kl_margin(cost), np.diff(np.sort(cost, axis=1)[:, :2], axis=1)[:, 0]
-    )
+    np.testing.assert_allclose(M.kl_margin(cost), np.diff(np.sort(cost, axis=1)[:, :2], axis=1)[:, 0])
 
 
 def test_evaluate_all_sections_and_label():
@@ -565,8 +563,10 @@ def test_paired_bootstrap_hand_case_and_identical_rows() -> None:
     shifted = M.paired_bootstrap(a + 0.1, a)
     assert shifted["low"] == pytest.approx(0.1) and shifted["excludes_zero"]
     # two independent noisy rows of the same mean: the 95 % interval covers 0 about 95 % of the time
-    covered = [not M.paired_bootstrap(rng.random((3, 100)), rng.random((3, 100)), n_boot=500, seed=s)["excludes_zero"]
-               for s in range(40)]
+    covered = [
+        not M.paired_bootstrap(rng.random((3, 100)), rng.random((3, 100)), n_boot=500, seed=s)["excludes_zero"]
+        for s in range(40)
+    ]
     assert 34 <= sum(covered) <= 40
     b = rng.random((3, 200))
     # seeds pooled: (S, Q) is averaged per query first

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch.distributions import Independent, Normal, kl_divergence
 
-from dab_pipeline.model.costs import COSTS, get_cost, kl_diag_gaussian, neg_cosine, w2_diag_gaussian
 from dab_pipeline.core.errors import UnknownNameError
+from dab_pipeline.model.costs import COSTS, get_cost, kl_diag_gaussian, neg_cosine, w2_diag_gaussian
 
 
 def _gauss(gen: torch.Generator, *shape: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,9 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dab_pipeline.model.costs import kl_diag_gaussian
 from dab_pipeline.core.errors import ConfigError
-from dab_pipeline.testing import perturb
 from dab_pipeline.model import (
     VARIANTS,
     DABModel,
@@ -24,6 +22,8 @@ from dab_pipeline.model import (
     sinusoidal_embedding,
     step_sizes,
 )
+from dab_pipeline.model.costs import kl_diag_gaussian
+from dab_pipeline.testing import perturb
 
 D, F_ = 16, 4
 
@@ -327,8 +327,9 @@ def test_dab_cost_is_kl_of_video_against_bridged_text() -> None:
         aligned = model.pair_terms(ts, vs, grid=False)
     torch.testing.assert_close(terms.cost, ref)
     torch.testing.assert_close(aligned.cost, torch.diagonal(terms.cost), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(aligned.bridged_logvar, torch.diagonal(terms.bridged_logvar, dim1=0, dim2=1).T,
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        aligned.bridged_logvar, torch.diagonal(terms.bridged_logvar, dim1=0, dim2=1).T, rtol=1e-5, atol=1e-5
+    )
 
 
 def test_video_logvar_fuses_base_and_token_terms() -> None:
@@ -392,9 +393,13 @@ def test_input_shape_errors() -> None:
 
 
 OPTIONS = [{"variant": v} for v in VARIANTS] + [
-    {"variant": "dab", "drift": "constant"}, {"variant": "bridge", "drift": "constant"},
-    {"variant": "dab", "drift_inputs": "residual"}, {"variant": "bridge", "drift_inputs": "residual"},
-    {"variant": "dab", "variance": "fixed"}, {"variant": "prob", "variance": "fixed"}]
+    {"variant": "dab", "drift": "constant"},
+    {"variant": "bridge", "drift": "constant"},
+    {"variant": "dab", "drift_inputs": "residual"},
+    {"variant": "bridge", "drift_inputs": "residual"},
+    {"variant": "dab", "variance": "fixed"},
+    {"variant": "prob", "variance": "fixed"},
+]
 
 
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(map(str, o.values())))
@@ -474,8 +479,12 @@ def test_bridge_carries_its_state_in_float32_under_autocast() -> None:
     cfg = small_cfg(steps=32)
     bridge = perturb(DistributionBridge(cfg), scale=0.05)
     gen = torch.Generator().manual_seed(1)
-    ins = [torch.randn(20, D, generator=gen) * 3, torch.rand(20, D, generator=gen) - 2,
-           torch.randn(20, D, generator=gen) * 3, torch.rand(20, D, generator=gen) - 2]
+    ins = [
+        torch.randn(20, D, generator=gen) * 3,
+        torch.rand(20, D, generator=gen) - 2,
+        torch.randn(20, D, generator=gen) * 3,
+        torch.rand(20, D, generator=gen) - 2,
+    ]
     ins16 = [x.bfloat16() for x in ins]
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         mu, lv = bridge(*ins16)
@@ -505,8 +514,9 @@ def test_model_under_autocast_scores_like_the_bf16_engine(device: str) -> None:
     mask = torch.ones(20, 6, dtype=torch.bool)
     model.to(device)
     with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
-        terms = model.pair_terms(model.encode_text(text.to(device)), model.encode_video(frames.to(device),
-                                                                                         mask.to(device)))
+        terms = model.pair_terms(
+            model.encode_text(text.to(device)), model.encode_video(frames.to(device), mask.to(device))
+        )
     assert terms.bridged_mu.dtype == terms.bridged_logvar.dtype == torch.float32
     engine = torch.as_tensor(score_all(model, text, frames, mask, dtype="bfloat16", device=device).cost)
     assert ((terms.cost.cpu() - engine).abs().max() / engine.abs().mean()).item() < 0.06
@@ -615,10 +625,16 @@ def test_bridge_lr_puts_the_bridge_in_its_own_group() -> None:
     assert "bridge" not in {g["name"] for g in optimizer_groups(model, None, _train_cfg())}
 
 
-@pytest.mark.parametrize("field, value, fragment", [("variance", "none", "learned | fixed"),
-                                                    ("drift", "linear", "mlp | constant"),
-                                                    ("drift_inputs", "diff", "paper | residual"),
-                                                    ("chi_norm", "max", "minmax | sum"), ("drift_init", -1.0, ">= 0")])
+@pytest.mark.parametrize(
+    "field, value, fragment",
+    [
+        ("variance", "none", "learned | fixed"),
+        ("drift", "linear", "mlp | constant"),
+        ("drift_inputs", "diff", "paper | residual"),
+        ("chi_norm", "max", "minmax | sum"),
+        ("drift_init", -1.0, ">= 0"),
+    ],
+)
 def test_control_options_are_validated(field: str, value, fragment: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(fragment)):
         ModelConfig(**{field: value})

@@ -9,9 +9,9 @@ import torch
 
 from dab_pipeline.core.choices import VARIANTS
 from dab_pipeline.core.errors import ConfigError, UnknownNameError
+from dab_pipeline.core.variants import VARIANT_NAMES, VARIANT_SPECS
 from dab_pipeline.model import DABModel, ModelConfig
 from dab_pipeline.scoring import ENGINES, build_engine
-from dab_pipeline.core.variants import VARIANT_NAMES, VARIANT_SPECS
 
 
 def test_every_variant_has_a_spec_and_an_engine_and_the_cli_offers_it() -> None:
@@ -49,9 +49,11 @@ def test_each_control_is_a_variant_with_valid_model_values_and_the_cli_offers_it
 
     assert CONTROL_NAMES == ("prob-fixvar", "dab-fixvar", "dab-const")
     assert VARIANT_OPTIONS == VARIANTS + CONTROL_NAMES and not set(CONTROL_NAMES) & set(VARIANTS)
-    expected = {"prob-fixvar": {"model.variant": "prob", "model.variance": "fixed"},
-                "dab-fixvar": {"model.variant": "dab", "model.variance": "fixed"},
-                "dab-const": {"model.variant": "dab", "model.drift": "constant"}}  # docs/model.md's table
+    expected = {
+        "prob-fixvar": {"model.variant": "prob", "model.variance": "fixed"},
+        "dab-fixvar": {"model.variant": "dab", "model.variance": "fixed"},
+        "dab-const": {"model.variant": "dab", "model.drift": "constant"},
+    }  # docs/model.md's table
     for name in CONTROL_NAMES:
         control = CONTROL_SPECS.get(name)
         assert control.model_values() == expected[name]
@@ -70,12 +72,22 @@ def test_short_keys_are_the_model_fields_and_a_control_expands_to_its_values() -
     for short, key in MODEL_KEY_ALIASES.items():
         assert key == f"model.{short}" and short in model_fields and short not in train_fields
     assert canonical_values({"model.variant": "xpool"}, {"variant": "dab", "steps": 8, "cost": "w2"}) == {
-        "model.variant": "dab", "model.steps": 8, "model.cost": "w2"}
+        "model.variant": "dab",
+        "model.steps": 8,
+        "model.cost": "w2",
+    }
     assert expand_variant({"model.variant": "dab-const", "model.steps": 8}) == {
-        "model.variant": "dab", "model.steps": 8, "model.drift": "constant"}
+        "model.variant": "dab",
+        "model.steps": 8,
+        "model.drift": "constant",
+    }
     assert expand_variant({"model.variant": "dab-const", "model.drift": "constant"})["model.drift"] == "constant"
     assert expand_overrides(["variant=prob-fixvar", "steps=4", "lr=1e-3"]) == [
-        "model.variant=prob", "model.variance=fixed", "model.steps=4", "lr=1e-3"]
+        "model.variant=prob",
+        "model.variance=fixed",
+        "model.steps=4",
+        "lr=1e-3",
+    ]
     with pytest.raises(ConfigError, match="model.drift=mlp contradicts it"):
         expand_variant({"model.variant": "dab-const", "model.drift": "mlp"})
     with pytest.raises(UnknownNameError, match="valid: xpool, prob, bridge, dab, prob-fixvar, dab-fixvar, dab-const"):

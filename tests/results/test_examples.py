@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dab_pipeline.runs.costfile import read_costs
-from dab_pipeline.results.page import select_queries
 from dab_pipeline.metrics import t2v_ranks
-from dab_pipeline.store import open_store
+from dab_pipeline.results.page import select_queries
 from dab_pipeline.results.thumbnails import THUMB_BYTES, make_thumbnail
+from dab_pipeline.runs.costfile import read_costs
+from dab_pipeline.store import open_store
+
 from ..helpers.runner import invoke
 
 
@@ -82,16 +83,48 @@ def test_selection_spreads_over_confidence_and_keeps_failures() -> None:
 
 
 def _extract(captions: Path, out: Path, *extra: str):
-    args = ["extract", "--dataset", "folder", "--model", "dab-tiny", "--workers", "0", "--batch-size", "2",
-            "--dtype", "float32", "--annotations", str(captions), "--videos", str(captions.parent / "videos"),
-            "--out", str(out), "--quiet", *extra]
+    args = [
+        "extract",
+        "--dataset",
+        "folder",
+        "--model",
+        "dab-tiny",
+        "--workers",
+        "0",
+        "--batch-size",
+        "2",
+        "--dtype",
+        "float32",
+        "--annotations",
+        str(captions),
+        "--videos",
+        str(captions.parent / "videos"),
+        "--out",
+        str(out),
+        "--quiet",
+        *extra,
+    ]
     return invoke(args, catch_exceptions=False)
 
 
 def _train(store: Path, out: Path):
     # scored on the train split (8 captions x 4 videos), so the page has failures and successes
-    args = ["train", "--features", str(store), "--variant", "xpool", "--epochs", "1", "--batch-size", "2",
-            "--set", "test_split=train", "--out", str(out), "--quiet"]
+    args = [
+        "train",
+        "--features",
+        str(store),
+        "--variant",
+        "xpool",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "2",
+        "--set",
+        "test_split=train",
+        "--out",
+        str(out),
+        "--quiet",
+    ]
     return invoke(args, catch_exceptions=False)
 
 
@@ -118,15 +151,29 @@ def test_examples_page_shows_what_the_cost_matrix_says(tiny_folder_dataset: Path
         assert [v for _, v in q["hits"]] == [str(cm.video_ids[j]) for j in order]
         assert [r for r, _ in q["hits"]] == list(range(1, len(order) + 1))
     again = tmp_path / "again"
-    invoke(["evaluate", "--run", str(run), "--examples", "5", "--out", str(again)],
-                       catch_exceptions=False)
+    invoke(["evaluate", "--run", str(run), "--examples", "5", "--out", str(again)], catch_exceptions=False)
     strip = lambda p: re.sub(r"data:image/png;base64,[^\"]+", "", p.read_text())  # noqa: E731
     assert strip(again / "examples.html") == strip(run / "examples.html")  # the same page again
 
     html = tmp_path / "search.html"
-    res = invoke(["search", "--run", str(run), "--features", str(store), "--split", "train", "-k",
-                                   "3", "--html", str(html), "clip number 1", "another caption"],
-                             catch_exceptions=False)
+    res = invoke(
+        [
+            "search",
+            "--run",
+            str(run),
+            "--features",
+            str(store),
+            "--split",
+            "train",
+            "-k",
+            "3",
+            "--html",
+            str(html),
+            "clip number 1",
+            "another caption",
+        ],
+        catch_exceptions=False,
+    )
     assert res.exit_code == 0, res.output
     page = _parse(html)
     assert len(page.queries) == 2 and all(len(q["hits"]) == 3 for q in page.queries)
@@ -140,8 +187,7 @@ def test_a_store_without_thumbnails_gives_a_page_without_images(tiny_folder_data
     with open_store(store) as st:
         assert st.thumbnail_bytes == 0 and st.read_thumbnails([0, 1]) == [None, None]
     assert _train(store, run).exit_code == 0
-    res = invoke(["evaluate", "--run", str(run), "--examples", "3", "--no-plots"],
-                             catch_exceptions=False)
+    res = invoke(["evaluate", "--run", str(run), "--examples", "3", "--no-plots"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     page = _parse(run / "examples.html")
     assert len(page.queries) == 3 and page.images == []

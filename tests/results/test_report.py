@@ -21,9 +21,7 @@ def _fake_results(seed: int = 0, q: int = 60, v: int = 20):
     cost[np.arange(q), gt] -= 0.4  # a model that is right most of the time
     results = M.evaluate_all(cost, gt)
     results["selective"] = M.selective_report(cost, gt)
-    results["variance"] = M.variance_asymmetry(
-        rng.random(q) * 0.5 + 0.25, rng.random(q) + 0.5, rng.random(q) * 3 + 1.5
-    )
+    results["variance"] = M.variance_asymmetry(rng.random(q) * 0.5 + 0.25, rng.random(q) + 0.5, rng.random(q) * 3 + 1.5)
     results["neighbourhood"] = M.semantic_neighbourhood(
         cost, gt, rng.normal(size=(v, 8)), cosine_thresholds=(0.0, 0.3), topk=5
     )
@@ -49,9 +47,7 @@ def test_write_report_writes_readable_files(tmp_path):
     assert md.startswith("# Demo run")
     assert "| R@1 | R@5 | R@10 | MdR | MnR | RSum | R@50 |" in md
     t2v = results["t2v"]
-    row = " | ".join(
-        format_metric(k, t2v[k]) for k in ("R@1", "R@5", "R@10", "MdR", "MnR", "RSum", "R@50")
-    )
+    row = " | ".join(format_metric(k, t2v[k]) for k in ("R@1", "R@5", "R@10", "MdR", "MnR", "RSum", "R@50"))
     assert f"| {row} |" in md
     assert "## Video-to-text (20 videos)" in md
     assert "Post-processing: **none**" in md
@@ -91,9 +87,7 @@ def test_write_report_labels_postprocessing_and_handles_large_ranks(tmp_path):
     gt = rng.integers(0, 300, size=40)
     results = M.evaluate_all(cost, gt, postprocess="dsl", postprocess_temperature=0.05)
     sel = M.selective_report(cost, gt)
-    paths = write_report(
-        tmp_path, results, title="dsl", curves=sel["curves"], ranks=M.t2v_ranks(cost, gt)
-    )
+    paths = write_report(tmp_path, results, title="dsl", curves=sel["curves"], ranks=M.t2v_ranks(cost, gt))
     md = paths["report"].read_text()
     assert "Post-processing: **dsl (temperature=0.05)**" in md
     assert json.loads(paths["metrics"].read_text())["postprocess"]["name"] == "dsl"
@@ -107,10 +101,14 @@ def test_write_report_rejects_results_without_t2v(tmp_path):
 
 
 def test_compare_table_two_runs():
-    base = {"t2v": {"R@1": 46.9, "R@5": 72.8, "R@10": 82.2, "MdR": 2, "MnR": 14.3,
-                    "RSum": 201.9}, "postprocess": {"name": "none"}}
-    dab = {"t2v": {"R@1": 52.64, "R@5": 82.7, "R@10": 90.8, "MdR": 1.0, "MnR": 5.3},
-           "postprocess": {"name": "dsl", "temperature": 0.01}}
+    base = {
+        "t2v": {"R@1": 46.9, "R@5": 72.8, "R@10": 82.2, "MdR": 2, "MnR": 14.3, "RSum": 201.9},
+        "postprocess": {"name": "none"},
+    }
+    dab = {
+        "t2v": {"R@1": 52.64, "R@5": 82.7, "R@10": 90.8, "MdR": 1.0, "MnR": 5.3},
+        "postprocess": {"name": "dsl", "temperature": 0.01},
+    }
     headers, rows = compare_table([("Baseline", base), ("DAB", dab)])
     assert headers == ["Method", "R@1", "R@5", "R@10", "MdR", "MnR", "RSum"]
     assert rows[0] == ["Baseline", "46.9", "72.8", "82.2", "2", "14.30", "201.9"]
@@ -130,8 +128,10 @@ def test_compare_table_two_runs():
 
 def test_v2t_convention_is_named_in_metrics_json_and_report(tmp_path):
     results, ranks = _fake_results()  # 3 captions per video: the conventions differ
-    for name, words in (("videos", "each other video ranked once, by its best caption"),
-                        ("captions", "every caption of every other video ranked")):
+    for name, words in (
+        ("videos", "each other video ranked once, by its best caption"),
+        ("captions", "every caption of every other video ranked"),
+    ):
         rng = np.random.default_rng(0)
         gt = np.arange(60) % 20
         cost = rng.random((60, 20))

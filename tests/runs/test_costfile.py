@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dab_pipeline.runs.costfile import CostMatrix, read_costs, write_costs
 from dab_pipeline.core.errors import StoreError
+from dab_pipeline.runs.costfile import CostMatrix, read_costs, write_costs
 
 
 def sample(kind: str = "cost", q: int = 5, v: int = 4) -> CostMatrix:
@@ -75,7 +75,13 @@ def test_user_npz_with_similarity_and_defaults(tmp_path: Path) -> None:
     np.testing.assert_array_equal(got.gt, [0, 1, 2])
     assert got.query_ids.tolist() == ["0", "1", "2"]
     np.testing.assert_array_equal(got.ranking[:, 0], [0, 1, 2])
-    np.savez(path, cost=np.zeros((2, 3)), query_ids=np.array(["a", "b"]), video_ids=np.array(["x", "y", "z"]), gt=np.array([2, -1]))
+    np.savez(
+        path,
+        cost=np.zeros((2, 3)),
+        query_ids=np.array(["a", "b"]),
+        video_ids=np.array(["x", "y", "z"]),
+        gt=np.array([2, -1]),
+    )
     got = read_costs(path)
     assert got.kind == "cost" and got.gt.tolist() == [2, -1] and got.video_ids.tolist() == ["x", "y", "z"]
 

@@ -62,8 +62,9 @@ def test_find_costs_names_what_is_missing(tmp_path: Path) -> None:
     assert run.find_costs() == tmp_path / "costs_test.zarr" == run.costs_path("test", "zarr")
 
 
-def test_config_records_the_store_absolute_and_an_old_config_still_loads(tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_config_records_the_store_absolute_and_an_old_config_still_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     run = RunFolder("run")
     run.path.mkdir()
@@ -77,8 +78,9 @@ def test_config_records_the_store_absolute_and_an_old_config_still_loads(tmp_pat
     assert run.load_config(TrainConfig) == cfg
 
 
-def test_the_store_is_found_relative_to_the_cwd_then_the_run_then_absolute(tmp_path: Path,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_store_is_found_relative_to_the_cwd_then_the_run_then_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "made").mkdir()
     monkeypatch.chdir(tmp_path / "made")
     run = RunFolder("run")

@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from dab_pipeline.core.errors import ConfigError
+from dab_pipeline.core.events import Event
+from dab_pipeline.model import ModelConfig
 from dab_pipeline.runtime import capabilities as caps_mod
-from dab_pipeline.scoring.kernels import cpu as cpu_kernels
 from dab_pipeline.runtime.capabilities import (
     ALLOW_EMULATED_ENV,
     Capabilities,
@@ -23,17 +25,28 @@ from dab_pipeline.runtime.capabilities import (
     resolve_clip_dtype,
     resolve_score_dtype,
 )
-from dab_pipeline.core.errors import ConfigError
-from dab_pipeline.core.events import Event
-from dab_pipeline.model import ModelConfig
+from dab_pipeline.scoring.kernels import cpu as cpu_kernels
 from dab_pipeline.store import open_store
+
 from ..helpers.runner import invoke
 
 REPO = Path(__file__).resolve().parents[2]
-NATIVE = Capabilities("cpu", "test CPU with AMX", True, "AMX-BF16, AVX512-BF16; oneDNN bf16 on", False,
-                      ("avx2", "avx512f", "avx512_bf16", "amx_bf16"))
-AVX2 = Capabilities("cpu", "test CPU (Zen 3)", False, "AVX2 without AMX or AVX512-BF16: bf16 products are emulated",
-                    False, ("avx2", "fma"))
+NATIVE = Capabilities(
+    "cpu",
+    "test CPU with AMX",
+    True,
+    "AMX-BF16, AVX512-BF16; oneDNN bf16 on",
+    False,
+    ("avx2", "avx512f", "avx512_bf16", "amx_bf16"),
+)
+AVX2 = Capabilities(
+    "cpu",
+    "test CPU (Zen 3)",
+    False,
+    "AVX2 without AMX or AVX512-BF16: bf16 products are emulated",
+    False,
+    ("avx2", "fma"),
+)
 
 
 @pytest.fixture(autouse=True)
@@ -69,10 +82,12 @@ def test_cuda_auto_follows_the_compute_capability() -> None:
 
 def test_explicit_bf16_on_a_cpu_without_it_runs_float32_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     with override(AVX2):
-        for resolve, asked, fallback in ((resolve_score_dtype, "bfloat16", "float32"),
-                                         (resolve_clip_dtype, "bfloat16", "float32"),
-                                         (resolve_clip_dtype, "autocast-bf16", "float32"),
-                                         (resolve_amp, "bf16", "none")):
+        for resolve, asked, fallback in (
+            (resolve_score_dtype, "bfloat16", "float32"),
+            (resolve_clip_dtype, "bfloat16", "float32"),
+            (resolve_clip_dtype, "autocast-bf16", "float32"),
+            (resolve_amp, "bf16", "none"),
+        ):
             choice = resolve(asked, "cpu")
             assert choice.dtype == fallback and choice.requested == asked
             assert "no native bf16" in choice.warning and "AVX2" in choice.warning
@@ -94,10 +109,12 @@ def test_unknown_dtypes_are_refused_with_the_valid_ones() -> None:
 def test_cpu_probe_reads_flags_and_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
     real = caps_mod.capabilities("cpu")
     assert real.device == "cpu" and real.bf16 == caps_mod.onednn_bf16()  # this machine, as detected
-    cases = [({"avx2", "avx512f", "avx512_bf16"}, True, True, "AVX512-BF16"),
-             ({"avx2", "avx512f", "avx512_bf16"}, False, False, "bf16 check is off"),
-             ({"avx2", "fma"}, False, False, "AVX2 without"),
-             ({"avx2", "avx512f"}, False, False, "AVX-512 without")]
+    cases = [
+        ({"avx2", "avx512f", "avx512_bf16"}, True, True, "AVX512-BF16"),
+        ({"avx2", "avx512f", "avx512_bf16"}, False, False, "bf16 check is off"),
+        ({"avx2", "fma"}, False, False, "AVX2 without"),
+        ({"avx2", "avx512f"}, False, False, "AVX-512 without"),
+    ]
     for flags, onednn, native, why in cases:
         monkeypatch.setattr(caps_mod, "cpu_flags", lambda f=flags: frozenset(f))
         monkeypatch.setattr(caps_mod, "onednn_bf16", lambda o=onednn: o)
@@ -109,14 +126,32 @@ def test_cpu_probe_reads_flags_and_onednn(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def _extract(captions: Path, out: Path, *extra: str):
-    args = ["extract", "--dataset", "folder", "--model", "dab-tiny", "--workers", "0", "--batch-size", "2",
-            "--store-dtype", "float32", "--annotations", str(captions), "--videos", str(captions.parent / "videos"),
-            "--out", str(out), *extra]
+    args = [
+        "extract",
+        "--dataset",
+        "folder",
+        "--model",
+        "dab-tiny",
+        "--workers",
+        "0",
+        "--batch-size",
+        "2",
+        "--store-dtype",
+        "float32",
+        "--annotations",
+        str(captions),
+        "--videos",
+        str(captions.parent / "videos"),
+        "--out",
+        str(out),
+        *extra,
+    ]
     return invoke(args, catch_exceptions=False)
 
 
-def test_extract_bf16_on_a_cpu_without_it_stores_float32_and_says_why(tiny_folder_dataset: Path,
-                                                                      tmp_path: Path) -> None:
+def test_extract_bf16_on_a_cpu_without_it_stores_float32_and_says_why(
+    tiny_folder_dataset: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "s.h5"
     with override(AVX2):
         res = _extract(tiny_folder_dataset, out, "--dtype", "bfloat16")
@@ -152,10 +187,16 @@ def test_train_bf16_scoring_on_a_cpu_without_it_runs_float32(tmp_path: Path) -> 
     from dab_pipeline.stages.train import TrainConfig, run_train
 
     store = _train_store(tmp_path / "store.h5")
-    cfg = TrainConfig(features=store, out=tmp_path / "run", epochs=1, batch_size=2, score_dtype="bfloat16",
-                      val_split="test",
-                      amp="bf16", model=ModelConfig(embed_dim=32, variant="dab", steps=2, drift_hidden=16,
-                                                    time_embed_dim=8))
+    cfg = TrainConfig(
+        features=store,
+        out=tmp_path / "run",
+        epochs=1,
+        batch_size=2,
+        score_dtype="bfloat16",
+        val_split="test",
+        amp="bf16",
+        model=ModelConfig(embed_dim=32, variant="dab", steps=2, drift_hidden=16, time_embed_dim=8),
+    )
     events: list[Event] = []
     with override(AVX2):
         run_train(cfg, progress=events.append)
@@ -171,7 +212,6 @@ def test_train_bf16_scoring_on_a_cpu_without_it_runs_float32(tmp_path: Path) -> 
 
 def test_search_warns_and_scores_float32(tmp_path: Path) -> None:
     from dab_pipeline.stages.search import search
-
     from dab_pipeline.testing import hand_made_run
 
     from ..helpers.stores import text_store
@@ -185,8 +225,10 @@ def test_search_warns_and_scores_float32(tmp_path: Path) -> None:
     assert len(said) == 1 and "no native bf16" in said[0]
     assert [h.cost for h in slow[0].hits] == [h.cost for h in exact[0].hits]  # it really ran float32
     with override(AVX2):
-        res = invoke(["search", "--run", str(run), "--features", str(store), "--dtype", "bfloat16",
-                                       "--json", "a cat sleeps"], catch_exceptions=False)
+        res = invoke(
+            ["search", "--run", str(run), "--features", str(store), "--dtype", "bfloat16", "--json", "a cat sleeps"],
+            catch_exceptions=False,
+        )
     assert res.exit_code == 0 and "warning:" in res.output and "no native bf16" in res.output
 
 
@@ -211,8 +253,10 @@ def test_scoring_benchmark_skips_emulated_bf16_rows() -> None:
     with override(AVX2):
         keep, skipped = bench.runnable_dtypes(["float32", "bfloat16"], torch.device("cpu"))
         assert keep == ["float32"] and "no native bf16" in skipped["bfloat16"] and "--force-bf16" in skipped["bfloat16"]
-        assert bench.runnable_dtypes(["float32", "bfloat16"], torch.device("cpu"), force=True)[0] == ["float32",
-                                                                                                      "bfloat16"]
+        assert bench.runnable_dtypes(["float32", "bfloat16"], torch.device("cpu"), force=True)[0] == [
+            "float32",
+            "bfloat16",
+        ]
         assert "not used by these rows" in bench.prepare_kernels(torch.device("cpu"), keep)
     with override(NATIVE):
         assert bench.runnable_dtypes(["float32", "bfloat16"], torch.device("cpu")) == (["float32", "bfloat16"], {})
@@ -222,9 +266,30 @@ def test_scoring_benchmark_skips_emulated_bf16_rows() -> None:
 def test_extract_benchmark_skips_emulated_bf16(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     bench = _benchmark("extract")
     with override(AVX2):
-        res = bench.main(["--videos", "2", "--frames-per-video", "8", "--size", "32x32", "--repeats", "1",
-                          "--workers", "0", "--batch-size", "2", "--dtype", "bfloat16", "--design-videos", "0",
-                          "--dtype-model", "dab-tiny", "--dtype-videos", "1"])
+        res = bench.main(
+            [
+                "--videos",
+                "2",
+                "--frames-per-video",
+                "8",
+                "--size",
+                "32x32",
+                "--repeats",
+                "1",
+                "--workers",
+                "0",
+                "--batch-size",
+                "2",
+                "--dtype",
+                "bfloat16",
+                "--design-videos",
+                "0",
+                "--dtype-model",
+                "dab-tiny",
+                "--dtype-videos",
+                "1",
+            ]
+        )
     assert res["config"]["dtype"] == "float32"
     assert set(res["skipped"]) == {"--dtype bfloat16", "encode dtype bfloat16", "encode dtype autocast-bf16"}
     assert set(res["design_dtype"]) == {"model", "images", "float32"}
@@ -256,14 +321,28 @@ def test_portable_build_without_avx512_matches_the_eager_spec(tmp_path: Path) ->
     # The kernel tests again, in a fresh process, against a build for AVX2 (no AVX-512): every
     # kernel's portable path held to the same eager spec.
     env = {**os.environ, "DAB_KERNEL_MARCH": "x86-64-v3", "DAB_KERNEL_CACHE": str(tmp_path), "DAB_CPU_KERNELS": "auto"}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-                           str(REPO / "tests" / "scoring" / "test_cpu_kernels.py")], env=env, cwd=REPO, capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-rs",
+            "-p",
+            "no:cacheprovider",
+            str(REPO / "tests" / "scoring" / "test_cpu_kernels.py"),
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     tail = done.stdout[-3000:]
     assert done.returncode == 0, tail
     assert "skipped" not in tail and " passed" in tail, tail  # the fused fixture did not skip
     built = list(tmp_path.glob("dab_cpu_*/dab_cpu_*.so"))
     assert len(built) == 1, built
-    code = ("from dab_pipeline.scoring.kernels.cpu import get_kernels; k = get_kernels(build=False); print(k.name)")
+    code = "from dab_pipeline.scoring.kernels.cpu import get_kernels; k = get_kernels(build=False); print(k.name)"
     name = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert name.stdout.strip() == "fused (x86-64-v3)"

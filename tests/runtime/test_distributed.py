@@ -22,14 +22,25 @@ import pytest
 import torch
 
 from dab_pipeline.runs.checkpoint import load_checkpoint
+
 from ..helpers.runner import invoke
 
 REPO = Path(__file__).resolve().parents[2]
 WORLD = 2
 TIMEOUT_S = 240  # per torchrun launch; a normal one takes 10-20 s on 2 busy cores
 
-EXTRACT = ["extract", "--dataset", "folder", "--model", "dab-tiny", "--workers", "0", "--store-dtype", "float32",
-           "--quiet"]
+EXTRACT = [
+    "extract",
+    "--dataset",
+    "folder",
+    "--model",
+    "dab-tiny",
+    "--workers",
+    "0",
+    "--store-dtype",
+    "float32",
+    "--quiet",
+]
 TRAIN_SETS = ["model.drift_hidden=16", "model.time_embed_dim=8", "model.steps=2", "batch_size=8", "lr=3e-3"]
 
 
@@ -47,8 +58,20 @@ def _torchrun(target: list[str], cwd: Path, nproc: int = WORLD, env: dict | None
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **(env or {})}
     full_env.pop("WORLD_SIZE", None)  # never inherit an outer job's rank variables
     full_env.pop("RANK", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "--monitor-interval", "0.2", *target]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        "--monitor-interval",
+        "0.2",
+        *target,
+    ]
     return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=TIMEOUT_S)
 
 
@@ -57,7 +80,9 @@ def _dab(args: list[str], cwd: Path, **kw) -> subprocess.CompletedProcess:
 
 
 def _helper(mode: str, args: list[str], cwd: Path, **kw) -> subprocess.CompletedProcess:
-    return _torchrun(["-m", "tests.runtime.test_distributed", mode, *args], cwd, **kw)  # a module: it imports its package
+    return _torchrun(
+        ["-m", "tests.runtime.test_distributed", mode, *args], cwd, **kw
+    )  # a module: it imports its package
 
 
 def _ok(res: subprocess.CompletedProcess) -> str:
@@ -90,21 +115,27 @@ def _assert_same_store(a: Path, b: Path) -> None:
 
 
 def _extract_args(captions: Path, out: Path, *extra: str) -> list[str]:
-    return [*EXTRACT, "--annotations", str(captions), "--videos", str(captions.parent / "videos"), "--out", str(out),
-            *extra]
+    return [
+        *EXTRACT,
+        "--annotations",
+        str(captions),
+        "--videos",
+        str(captions.parent / "videos"),
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
 def single_stores(tiny_folder_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One-process reference stores (h5 and zarr) of the tiny dataset."""
 
-
     root = tmp_path_factory.mktemp("single")
     out = {}
     for kind in ("h5", "zarr"):
         out[kind] = root / f"store.{kind}"
-        res = invoke(_extract_args(tiny_folder_dataset, out[kind], "--batch-size", "2"),
-                                 catch_exceptions=False)
+        res = invoke(_extract_args(tiny_folder_dataset, out[kind], "--batch-size", "2"), catch_exceptions=False)
         assert res.exit_code == 0, res.output
     return out
 
@@ -182,7 +213,9 @@ def test_merge_parts_is_atomic_and_exact(tmp_path: Path) -> None:
     for r in range(2):
         st = _tiny_store(tmp_path / f"p{r}.h5")
         s = shares[r]
-        st.write_videos(s[1:], np.full((len(s) - 1, 3, 4), r + 1.0), np.ones((len(s) - 1, 3), bool), np.full(len(s) - 1, 5))
+        st.write_videos(
+            s[1:], np.full((len(s) - 1, 3, 4), r + 1.0), np.ones((len(s) - 1, 3), bool), np.full(len(s) - 1, 5)
+        )
         st.mark_failed(int(s[0]), f"broken on rank {r}")
         if r == 0:
             st.write_captions(np.arange(10), np.arange(40, dtype=np.float32).reshape(10, 4))
@@ -207,8 +240,8 @@ def test_merge_parts_is_atomic_and_exact(tmp_path: Path) -> None:
 
 
 def test_part_files_of_another_world_size_are_refused(tmp_path: Path) -> None:
-    from dab_pipeline.runtime.distributed import part_files, part_path
     from dab_pipeline.core.errors import StoreMismatchError
+    from dab_pipeline.runtime.distributed import part_files, part_path
     from dab_pipeline.stages.extract import check_part_files
 
     out = tmp_path / "store.h5"
@@ -224,8 +257,8 @@ def test_part_files_of_another_world_size_are_refused(tmp_path: Path) -> None:
 
 
 def test_distributed_flag_needs_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
-    from dab_pipeline.runtime.distributed import TORCHRUN_ENV, want_distributed
     from dab_pipeline.core.errors import ConfigError
+    from dab_pipeline.runtime.distributed import TORCHRUN_ENV, want_distributed
 
     for k in TORCHRUN_ENV:
         monkeypatch.delenv(k, raising=False)
@@ -244,8 +277,9 @@ def test_distributed_flag_needs_torchrun(monkeypatch: pytest.MonkeyPatch) -> Non
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("kind", ["h5", "zarr"])
-def test_distributed_extract_equals_single_process(kind: str, tiny_folder_dataset: Path, single_stores: dict,
-                                                   tmp_path: Path) -> None:
+def test_distributed_extract_equals_single_process(
+    kind: str, tiny_folder_dataset: Path, single_stores: dict, tmp_path: Path
+) -> None:
     from dab_pipeline.store import open_store
 
     out = tmp_path / f"store.{kind}"
@@ -280,8 +314,9 @@ def test_distributed_extract_equals_single_process(kind: str, tiny_folder_datase
 
 
 @pytest.mark.distributed
-def test_distributed_h5_extract_resumes_a_lost_rank(tiny_folder_dataset: Path, single_stores: dict,
-                                                    tmp_path: Path) -> None:
+def test_distributed_h5_extract_resumes_a_lost_rank(
+    tiny_folder_dataset: Path, single_stores: dict, tmp_path: Path
+) -> None:
     from dab_pipeline.runtime.distributed import part_path
     from dab_pipeline.store import open_store, video_share
 
@@ -315,8 +350,9 @@ def _grad_case(variant: str, with_heads: bool):
     from dab_pipeline.stages.train import TrainHeads
 
     torch.manual_seed(0)
-    cfg = ModelConfig(embed_dim=32, variant=variant, drift_hidden=16, time_embed_dim=8, steps=2, dropout=0.0,
-                      learn_tau=True)
+    cfg = ModelConfig(
+        embed_dim=32, variant=variant, drift_hidden=16, time_embed_dim=8, steps=2, dropout=0.0, learn_tau=True
+    )
     model = DABModel(cfg)
     heads = TrainHeads({"model": "dab-tiny", "pretrained": None}, 1, torch.device("cpu")) if with_heads else None
     g = torch.Generator().manual_seed(1)
@@ -391,7 +427,9 @@ def test_distributed_train_run_and_exact_resume(tmp_path: Path) -> None:
     sb = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")
     for k in sa["model"]:
         torch.testing.assert_close(sa["model"][k], sb["model"][k], rtol=0, atol=0, msg=k)
-    np.testing.assert_array_equal(read_costs(a / "costs_test.h5").cost, read_costs(tmp_path / "b" / "costs_test.h5").cost)
+    np.testing.assert_array_equal(
+        read_costs(a / "costs_test.h5").cost, read_costs(tmp_path / "b" / "costs_test.h5").cost
+    )
     lb = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert [x["train_loss"] for x in lines] == [x["train_loss"] for x in lb]
 
@@ -439,6 +477,7 @@ def _main_train_rank0_dies(at_call: int, args: list[str]) -> None:
             if int(os.environ["RANK"]) == 0 and calls["n"] == at_call:
                 os._exit(3)
             return real(spec)(cost, temperature)
+
         return loss
 
     loop.loss_of = dying_loss_of  # where the trainer looks it up
@@ -458,8 +497,9 @@ def _main_train_grads(out: str) -> None:
             b = text_in.shape[0] // ctx.world_size
             sl = slice(ctx.rank * b, (ctx.rank + 1) * b)  # this rank's slice of the global batch
             step = DistributedDataParallel(TrainStep(model, heads))
-            loss = distributed_batch_loss(step, model, text_in[sl], None if lengths is None else lengths[sl],
-                                          video_in[sl], mask[sl])
+            loss = distributed_batch_loss(
+                step, model, text_in[sl], None if lengths is None else lengths[sl], video_in[sl], mask[sl]
+            )
             loss.backward()
             grads = {k: p.grad.clone() for k, p in step.module.named_parameters() if p.grad is not None}
             results[name] = {"loss": loss.detach(), "grads": grads}
@@ -486,7 +526,9 @@ def test_local_context_offers_every_call_of_a_rank_context() -> None:
     from dab_pipeline.runtime.distributed import DistContext, LocalContext
 
     def calls(cls) -> set[str]:
-        return {n for n, v in inspect.getmembers(cls) if not n.startswith("_") and (callable(v) or isinstance(v, property))}
+        return {
+            n for n, v in inspect.getmembers(cls) if not n.startswith("_") and (callable(v) or isinstance(v, property))
+        }
 
     assert calls(DistContext) <= calls(LocalContext) | {"local_rank", "local_world_size", "backend"}
     ctx = LocalContext(torch.device("cpu"))
@@ -496,10 +538,18 @@ def test_local_context_offers_every_call_of_a_rank_context() -> None:
         ctx.agree(lambda: {}["missing"])  # one process: its error, unchanged
 
 
-@pytest.mark.parametrize("suffix, world, expected", [(".h5", 1, "StoreWriter"), (".zarr", 1, "StoreWriter"),
-                                                      (".zarr", 2, "ZarrSharesWriter"), (".h5", 4, "H5PartsWriter")])
-def test_extract_picks_the_writer_of_its_backend_and_world_size(tmp_path: Path, suffix: str, world: int,
-                                                                expected: str) -> None:
+@pytest.mark.parametrize(
+    "suffix, world, expected",
+    [
+        (".h5", 1, "StoreWriter"),
+        (".zarr", 1, "StoreWriter"),
+        (".zarr", 2, "ZarrSharesWriter"),
+        (".h5", 4, "H5PartsWriter"),
+    ],
+)
+def test_extract_picks_the_writer_of_its_backend_and_world_size(
+    tmp_path: Path, suffix: str, world: int, expected: str
+) -> None:
     """One process writes its store itself; several ranks share a Zarr store or write HDF5 parts."""
     from dataclasses import dataclass
 
@@ -512,8 +562,15 @@ def test_extract_picks_the_writer_of_its_backend_and_world_size(tmp_path: Path, 
         world_size: int
         is_main: bool = True
 
-    job = ex.ExtractJob(cfg=None, out=tmp_path / f"s{suffix}", bundle=None, manifest={}, videos=[None] * 40,
-                        captions=[], ctx=Rank(0, world))
+    job = ex.ExtractJob(
+        cfg=None,
+        out=tmp_path / f"s{suffix}",
+        bundle=None,
+        manifest={},
+        videos=[None] * 40,
+        captions=[],
+        ctx=Rank(0, world),
+    )
     writer = ex.choose_writer(job)
     assert type(writer).__name__ == expected
     done = ex.ExistingStore(complete=True, world_size=world, share_rows=4, status=np.arange(40))

@@ -14,7 +14,7 @@ from dab_pipeline.model import DABModel, ModelConfig
 from dab_pipeline.scoring import build_engine, score_all, score_all_reference
 from dab_pipeline.scoring.kernels.cpu import amx_ops, bridge_update_eager, get_kernels
 
-BF16_REL = 2 ** -8  # one rounding to bf16: at most half an ulp, 2^-8 of the value
+BF16_REL = 2**-8  # one rounding to bf16: at most half an ulp, 2^-8 of the value
 SILU_APPROX = 2e-4  # the epilogue's SiLU: 2^t to 7.6e-5 and a 14-bit reciprocal
 F32_SUMS = 1e-5  # float32 sums of bf16 products in another order: relative to the largest, well under this
 
@@ -43,7 +43,7 @@ def unblock(x: torch.Tensor, rows: int) -> torch.Tensor:
 def case(p: int, k: int, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     x = (torch.randn(p, k, generator=gen)).to(torch.bfloat16)
-    w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(torch.bfloat16)
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(torch.bfloat16)
     return x, w, torch.randn(n, generator=gen)
 
 
@@ -150,10 +150,17 @@ def test_many_blocks_any_split(ops, threads: int) -> None:
         close(unblock(h0, p).float(), F.silu(target.float() + prod + rows[r_of[:p]]), BF16_REL + SILU_APPROX)
         assert (unblock(h0, 608)[p:] == 0).all()
         st_ref = rows[r_of].clone()
-        bridge_update_eager(st_ref, F.pad(prod + bias, (0, 0, 0, 8)), torch.zeros(608, n, dtype=torch.bfloat16),
-                            0.2, -1.0, 1.0, d, False)
-        torch.testing.assert_close(st_i[:p], st_ref[:p], rtol=0,
-                                   atol=0.2 * (prod + bias).abs().max().item() * F32_SUMS)
+        bridge_update_eager(
+            st_ref,
+            F.pad(prod + bias, (0, 0, 0, 8)),
+            torch.zeros(608, n, dtype=torch.bfloat16),
+            0.2,
+            -1.0,
+            1.0,
+            d,
+            False,
+        )
+        torch.testing.assert_close(st_i[:p], st_ref[:p], rtol=0, atol=0.2 * (prod + bias).abs().max().item() * F32_SUMS)
 
 
 @pytest.mark.parametrize("write_s", [True, False])
@@ -204,20 +211,35 @@ def test_ops_reject_bad_shapes(ops) -> None:
     with pytest.raises(RuntimeError, match="multiples of 32"):
         ops.amx_pack_weight(torch.zeros(48, 64, dtype=torch.bfloat16))
     with pytest.raises(RuntimeError, match="st must be"):
-        ops.amx_linear_update_(ops.amx_block_rows(x), ops.amx_pack_weight(w), bias, torch.zeros(31, 64),
-                               torch.zeros(2, 2, 16, 32, dtype=torch.bfloat16), 0.1, -1.0, 1.0, 32, True)
+        ops.amx_linear_update_(
+            ops.amx_block_rows(x),
+            ops.amx_pack_weight(w),
+            bias,
+            torch.zeros(31, 64),
+            torch.zeros(2, 2, 16, 32, dtype=torch.bfloat16),
+            0.1,
+            -1.0,
+            1.0,
+            32,
+            True,
+        )
     with pytest.raises(RuntimeError, match="first must be"):
-        ops.amx_linear_add_first_(ops.amx_block_rows(x), ops.amx_pack_weight(w), torch.zeros(32, 64, dtype=torch.bfloat16),
-                                  torch.zeros(4, 32))
+        ops.amx_linear_add_first_(
+            ops.amx_block_rows(x), ops.amx_pack_weight(w), torch.zeros(32, 64, dtype=torch.bfloat16), torch.zeros(4, 32)
+        )
 
 
-@pytest.mark.parametrize("variant,steps,cost", [("dab", 3, "kl"), ("bridge", 2, "kl"), ("dab", 1, "kl"), ("dab", 2, "w2")])
-def test_engine_on_amx_agrees_with_the_onednn_path(ops, variant: str, steps: int, cost: str,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "variant,steps,cost", [("dab", 3, "kl"), ("bridge", 2, "kl"), ("dab", 1, "kl"), ("dab", 2, "w2")]
+)
+def test_engine_on_amx_agrees_with_the_onednn_path(
+    ops, variant: str, steps: int, cost: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # w2: the bridge's float32 state comes back to the generic cost (not the KL kernel's fast path)
     torch.manual_seed(0)
-    model = DABModel(ModelConfig(variant=variant, embed_dim=32, num_heads=2, drift_hidden=64, steps=steps,
-                                 cost=cost)).eval()
+    model = DABModel(
+        ModelConfig(variant=variant, embed_dim=32, num_heads=2, drift_hidden=64, steps=steps, cost=cost)
+    ).eval()
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for prm in model.parameters():

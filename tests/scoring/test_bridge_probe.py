@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from dab_pipeline.runs.costfile import CostMatrix, write_costs
 from dab_pipeline.core.events import Event
 from dab_pipeline.model import DABModel, ModelConfig
+from dab_pipeline.runs.costfile import CostMatrix, write_costs
 from dab_pipeline.runs.run_folder import RunFolder
 from dab_pipeline.scoring import constant_bridge, probe_bridge, score_all
 from dab_pipeline.stages.evaluate import EvaluateConfig, run_evaluate
 from dab_pipeline.store import open_store
-
 from dab_pipeline.testing import hand_made_run, perturb, random_store
+
 from ..helpers.runner import invoke
 
 D, F_ = 16, 4
@@ -46,8 +46,8 @@ def make_pulling(model: DABModel) -> DABModel:
     with torch.no_grad():
         for p in (*bridge.parameters(),):
             p.zero_()
-        first.weight[:d, :d], first.weight[:d, 2 * d: 3 * d] = -eye, eye  # mu_v - mu_t
-        first.weight[d:, :d], first.weight[d:, 2 * d: 3 * d] = eye, -eye  # mu_t - mu_v
+        first.weight[:d, :d], first.weight[:d, 2 * d : 3 * d] = -eye, eye  # mu_v - mu_t
+        first.weight[d:, :d], first.weight[d:, 2 * d : 3 * d] = eye, -eye  # mu_t - mu_v
         last.weight[:d, :d], last.weight[:d, d:] = -eye, eye
     return model
 
@@ -58,7 +58,11 @@ def pulling_cfg(**kw) -> ModelConfig:
 
 def inputs(seed: int = 0, q: int = 9, v: int = 8):
     gen = torch.Generator().manual_seed(seed)
-    return torch.randn(q, D, generator=gen) * 2, torch.randn(v, F_, D, generator=gen) * 2, torch.ones(v, F_, dtype=torch.bool)
+    return (
+        torch.randn(q, D, generator=gen) * 2,
+        torch.randn(v, F_, D, generator=gen) * 2,
+        torch.ones(v, F_, dtype=torch.bool),
+    )
 
 
 def perturbed(cfg: ModelConfig) -> DABModel:
@@ -74,8 +78,9 @@ def test_a_constant_bridge_has_no_pair_dependent_shift_and_its_control_is_itself
     chi = model.bridge.chi.sum().item()
     np.testing.assert_allclose(probe.mean_shift_mu, -chi * model.bridge.drift[-1].bias[:D].detach().numpy(), atol=1e-5)
     control = constant_bridge(model, probe.mean_shift_mu, probe.mean_shift_logvar)
-    np.testing.assert_allclose(score_all(control, text, frames, mask).cost, score_all(model, text, frames, mask).cost,
-                               rtol=1e-4)
+    np.testing.assert_allclose(
+        score_all(control, text, frames, mask).cost, score_all(model, text, frames, mask).cost, rtol=1e-4
+    )
 
 
 def test_a_pulling_bridge_is_pair_dependent() -> None:
@@ -125,18 +130,28 @@ def bridge_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     store = random_store(root / "store.h5", dim=32)
     with open_store(store) as st:
         test = st.load_split("test")
-    specs = {"constant": ({}, make_constant), "pulling": ({"drift_layers": 2, "drift_hidden": 64}, make_pulling),
-             "const-drift": ({"drift": "constant"}, None)}
+    specs = {
+        "constant": ({}, make_constant),
+        "pulling": ({"drift_layers": 2, "drift_hidden": 64}, make_pulling),
+        "const-drift": ({"drift": "constant"}, None),
+    }
     runs = {}
     for name, (kw, edit) in specs.items():
         run, model = hand_made_run(root / name, store, variant="dab", model_kw=kw)
         if edit is not None:
             _save(run, edit(model))
         cost = score_all(load_run(run).model, test.text, test.frames, test.frame_mask).cost
-        write_costs(RunFolder(run).costs_path("test", "h5"), CostMatrix(
-            cost=cost, query_ids=np.asarray(test.caption_ids), video_ids=np.asarray(test.video_ids),
-            gt=np.asarray(test.caption_video, np.int64), kind="cost",
-            attrs={"split": "test", "variant": "dab", "store": str(store)}))
+        write_costs(
+            RunFolder(run).costs_path("test", "h5"),
+            CostMatrix(
+                cost=cost,
+                query_ids=np.asarray(test.caption_ids),
+                video_ids=np.asarray(test.video_ids),
+                gt=np.asarray(test.caption_video, np.int64),
+                kind="cost",
+                attrs={"split": "test", "variant": "dab", "store": str(store)},
+            ),
+        )
         runs[name] = run
     return runs
 
@@ -179,8 +194,9 @@ def test_the_cli_and_compare_show_the_bridge(bridge_runs, tmp_path: Path) -> Non
     assert "pair-dependent share" in text and "replaced by its mean shift" in text
     assert "acts as a constant shift" in text  # the warning (stderr, mixed in by CliRunner)
     invoke(["evaluate", "--run", str(bridge_runs["pulling"]), "--no-plots"])
-    out = invoke(["compare", str(bridge_runs["constant"]), str(bridge_runs["pulling"]),
-                                   "--out", str(tmp_path / "cmp.md")])
+    out = invoke(
+        ["compare", str(bridge_runs["constant"]), str(bridge_runs["pulling"]), "--out", str(tmp_path / "cmp.md")]
+    )
     assert out.exit_code == 0, out.output
     md = (tmp_path / "cmp.md").read_text()
     assert "pair-dep. mu" in md and "const. R@1" in md and "0.0 %" in md

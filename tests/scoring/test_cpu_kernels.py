@@ -11,6 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from dab_pipeline.model import DABModel, ModelConfig
+from dab_pipeline.scoring import build_engine, score_all, score_all_reference
 from dab_pipeline.scoring.kernels import cpu as cpu_kernels
 from dab_pipeline.scoring.kernels.cpu import (
     add_silu_bf16_eager,
@@ -20,10 +22,8 @@ from dab_pipeline.scoring.kernels.cpu import (
     kl_rows_eager,
     pair_heads_eager,
 )
-from dab_pipeline.model import DABModel, ModelConfig
-from dab_pipeline.scoring import build_engine, score_all, score_all_reference
 
-BF16_REL = 2 ** -8  # one bf16 rounding step, relative
+BF16_REL = 2**-8  # one bf16 rounding step, relative
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +102,12 @@ def heads_case(d: int, h: int, seed: int, runs: tuple[int, ...]) -> tuple:
 def run_heads(fn, case: tuple, lo: float, hi: float, pad: int = 0) -> tuple[torch.Tensor, ...]:
     coef, g, basis, vidx, vtok = case
     p, d, h = coef.shape[0], vtok.shape[1], basis.shape[2] - 3 * vtok.shape[1]
-    outs = [torch.full((p, d), 7.0), torch.full((p, d), 7.0), torch.zeros(p, d, dtype=torch.bfloat16),
-            torch.zeros(p, h, dtype=torch.bfloat16)]
+    outs = [
+        torch.full((p, d), 7.0),
+        torch.full((p, d), 7.0),
+        torch.zeros(p, d, dtype=torch.bfloat16),
+        torch.zeros(p, h, dtype=torch.bfloat16),
+    ]
     if pad:
         outs = [rows_view(o, pad) for o in outs]
     fn(rows_view(coef, pad) if pad else coef, g, basis, vidx, vtok, lo, hi, *outs)
@@ -146,11 +150,11 @@ def test_pair_heads_eager_is_the_model_function() -> None:
     coef, g, basis, vidx, vtok = case
     mu, lv, sig, tgt = run_heads(pair_heads_eager, case, -2.0, 2.0)
     out = torch.einsum("pk,pkn->pn", coef, basis[vidx])  # (P, 3D + H)
-    want_lv = ((out[:, 2 * d: 3 * d].clamp(-2, 2) + out[:, :d] / g[:, None] + vtok[vidx]) / 2).clamp(-2, 2)
-    torch.testing.assert_close(mu, out[:, d: 2 * d])
+    want_lv = ((out[:, 2 * d : 3 * d].clamp(-2, 2) + out[:, :d] / g[:, None] + vtok[vidx]) / 2).clamp(-2, 2)
+    torch.testing.assert_close(mu, out[:, d : 2 * d])
     torch.testing.assert_close(lv, want_lv)
     torch.testing.assert_close(sig, torch.exp(want_lv / 2).to(torch.bfloat16))
-    torch.testing.assert_close(tgt, out[:, 3 * d:].to(torch.bfloat16))
+    torch.testing.assert_close(tgt, out[:, 3 * d :].to(torch.bfloat16))
 
 
 def test_pair_heads_rejects_a_video_out_of_range(fused: cpu_kernels.Kernels) -> None:
@@ -191,8 +195,9 @@ def test_nan_passes_through_every_kernel(fused: cpu_kernels.Kernels) -> None:
         basis = torch.zeros(1, 1, 3 * d + 16)
         basis[0, 0, 2 * d] = nan  # row 0's raw logvar, column 0
         g = torch.tensor([1.0, nan])  # row 1: every logvar through tok_g / g
-        mu, lv, sig, tgt = run_heads(fused.pair_heads_, (coef, g, basis, torch.zeros(2, dtype=torch.long),
-                                                         torch.zeros(1, d)), -1.0, 1.0)
+        mu, lv, sig, tgt = run_heads(
+            fused.pair_heads_, (coef, g, basis, torch.zeros(2, dtype=torch.long), torch.zeros(1, d)), -1.0, 1.0
+        )
         assert torch.isnan(lv[0, 0]) and torch.isnan(sig[0, 0].float()) and (lv[0, 1:] == 0.0).all()
         assert torch.isnan(lv[1]).all() and torch.isnan(sig[1].float()).all() and not torch.isnan(mu).any()
     cost = fused.kl_rows(torch.tensor([[nan, 0.0]]), torch.zeros(1, 2), torch.zeros(1, 4))
@@ -214,8 +219,7 @@ def test_turned_off_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_no_compiler_falls_back_with_the_reason(tmp_path) -> None:
     # a fresh process, an empty cache and no compiler: the eager kernels, and why
     env = {**os.environ, "DAB_KERNEL_CACHE": str(tmp_path), "CXX": "/nonexistent/c++", "DAB_CPU_KERNELS": "auto"}
-    code = ("from dab_pipeline.scoring.kernels.cpu import get_kernels; k = get_kernels(); "
-            "print(k.fused, '|', k.reason)")
+    code = "from dab_pipeline.scoring.kernels.cpu import get_kernels; k = get_kernels(); print(k.fused, '|', k.reason)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     fused_flag, reason = out.stdout.strip().split(" | ", 1)
     assert fused_flag == "False" and "no C++ compiler" in reason and "/nonexistent/c++" in reason
@@ -239,8 +243,9 @@ def _data(q: int = 13, v: int = 9) -> tuple[torch.Tensor, torch.Tensor, torch.Te
 
 
 @pytest.mark.parametrize("variant", ["dab", "bridge"])
-def test_bf16_engine_with_fused_and_eager_kernels_agree(variant: str, fused: cpu_kernels.Kernels,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bf16_engine_with_fused_and_eager_kernels_agree(
+    variant: str, fused: cpu_kernels.Kernels, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model = _model(variant)
     text, frames, mask = _data()
     eng = build_engine(model, torch.device("cpu"), torch.bfloat16)
@@ -277,5 +282,13 @@ def test_kernels_reject_mismatched_shapes(fused: cpu_kernels.Kernels) -> None:
     with pytest.raises(RuntimeError, match=r"st must be \(3, 8\), got \(3, 6\)"):
         fused.kl_rows(torch.zeros(3, 4), torch.zeros(3, 4), torch.zeros(3, 6))
     with pytest.raises(RuntimeError, match=r"delta must be \(2, 4\)"):
-        fused.bridge_update_(torch.zeros(2, 4), torch.zeros(2, 5, dtype=torch.bfloat16),
-                             torch.zeros(2, 4, dtype=torch.bfloat16), 0.1, -1.0, 1.0, 2, True)
+        fused.bridge_update_(
+            torch.zeros(2, 4),
+            torch.zeros(2, 5, dtype=torch.bfloat16),
+            torch.zeros(2, 4, dtype=torch.bfloat16),
+            0.1,
+            -1.0,
+            1.0,
+            2,
+            True,
+        )

@@ -8,8 +8,8 @@ import torch
 
 from dab_pipeline.core.events import Event
 from dab_pipeline.model import DABModel
-from dab_pipeline.testing import random_inputs, small_model
 from dab_pipeline.scoring import ScoreResult, score_all, score_all_reference
+from dab_pipeline.testing import random_inputs, small_model
 
 D, F_ = 16, 5
 Q, V = 11, 7
@@ -97,8 +97,9 @@ def test_numpy_inputs_progress_and_mode_restored() -> None:
     events: list[Event] = []
     ro = frames.numpy().copy()
     ro.setflags(write=False)  # like a memory-mapped store
-    res = score_all(model, text.numpy().astype(np.float64), ro, mask.numpy(),
-                    text_chunk=5, video_chunk=4, progress=events.append)
+    res = score_all(
+        model, text.numpy().astype(np.float64), ro, mask.numpy(), text_chunk=5, video_chunk=4, progress=events.append
+    )
     assert model.training  # the caller's mode is restored
     np.testing.assert_allclose(res.cost, unchunked(model, text, frames, mask), rtol=1e-5, atol=1e-4)
     kinds = [e.kind for e in events]

@@ -9,7 +9,6 @@ import torch
 from dab_pipeline.core.errors import ConfigError
 from dab_pipeline.core.events import Event
 from dab_pipeline.model import DABModel, ModelConfig, bridge_macs_per_pair_step
-from dab_pipeline.testing import random_inputs, small_model
 from dab_pipeline.scoring import (
     ENGINES,
     default_memory_budget,
@@ -20,6 +19,7 @@ from dab_pipeline.scoring import (
     score_all_reference,
     topk_smallest,
 )
+from dab_pipeline.testing import random_inputs, small_model
 
 D, F_ = 16, 5
 Q, V = 11, 7
@@ -60,8 +60,9 @@ def test_engine_equals_reference(variant: str, cost: str, chunks: tuple) -> None
 
 
 @pytest.mark.parametrize("variant", ["xpool", "prob", "bridge", "dab"])
-@pytest.mark.parametrize("kw", [{"num_heads": 2}, {"num_heads": 4}, {"drift_layers": 2}, {"drift_layers": 4},
-                                {"steps": 1}, {"steps": 7}])
+@pytest.mark.parametrize(
+    "kw", [{"num_heads": 2}, {"num_heads": 4}, {"drift_layers": 2}, {"drift_layers": 4}, {"steps": 1}, {"steps": 7}]
+)
 def test_engine_equals_reference_across_configs(variant: str, kw: dict) -> None:
     model = make(variant, seed=3, **kw)
     text, frames, mask, _ = data(seed=4)
@@ -78,6 +79,7 @@ def pair_blocks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         def spy(self, ts, vs, keep=None, want_var=False):
             seen.append(len(vs) * ts.q.shape[1] if keep is None else len(keep))
             return original(self, ts, vs, keep, want_var)
+
         return spy
 
     for name in ENGINES:
@@ -200,7 +202,9 @@ def test_shortlist_scores_exactly_the_first_stage_candidates(variant: str) -> No
     model = make(variant)
     text, frames, mask, _ = data(q=9, v=8)
     ref = score_all_reference(model, text, frames, mask).cost
-    res = score_all(model, text, frames, mask, shortlist=3, topk=2, memory_budget=4 * pair_bytes(model.cfg, F_, aligned=True))
+    res = score_all(
+        model, text, frames, mask, shortlist=3, topk=2, memory_budget=4 * pair_bytes(model.cfg, F_, aligned=True)
+    )
     assert res.shortlist == 3
     cand = first_stage(text, frames, mask, 3)
     scored = np.isfinite(res.cost)
@@ -221,8 +225,15 @@ def test_progress_and_training_flag_and_weights_untouched() -> None:
     before = {k: v.clone() for k, v in model.state_dict().items()}
     text, frames, mask, _ = data()
     events: list[Event] = []
-    a = score_all(model, text.numpy().astype(np.float64), frames.numpy(), mask.numpy(), text_chunk=5, video_chunk=4,
-                  progress=events.append)
+    a = score_all(
+        model,
+        text.numpy().astype(np.float64),
+        frames.numpy(),
+        mask.numpy(),
+        text_chunk=5,
+        video_chunk=4,
+        progress=events.append,
+    )
     assert model.training
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
@@ -337,9 +348,11 @@ def test_even_cuts_cover_the_range_in_pieces_within_one_of_each_other() -> None:
 # --------------------------------------------------------------------------- controls and study options
 
 BRIDGE_OPTIONS = [{"drift": "constant"}, {"drift_inputs": "residual"}, {"chi_norm": "sum"}, {"drift_init": 0.05}]
-CONTROLS = ([("prob", {"variance": "fixed"}), ("dab", {"variance": "fixed"}),
-             ("dab", {"variance": "fixed", "drift": "constant"})]
-            + [(v, kw) for v in ("bridge", "dab") for kw in BRIDGE_OPTIONS])
+CONTROLS = [
+    ("prob", {"variance": "fixed"}),
+    ("dab", {"variance": "fixed"}),
+    ("dab", {"variance": "fixed", "drift": "constant"}),
+] + [(v, kw) for v in ("bridge", "dab") for kw in BRIDGE_OPTIONS]
 
 
 @pytest.mark.parametrize("variant,kw", CONTROLS)

@@ -20,7 +20,7 @@ def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def square(cap: int) -> tuple[int, int]:
-    t = int(cap ** 0.5)
+    t = int(cap**0.5)
     return t, cap // t
 
 
@@ -38,15 +38,41 @@ def test_picks_the_fastest_shape_and_caches_it() -> None:
     assert tiles.tuned_pairs(model, cpu, torch.bfloat16, 4, caps, square, (300, 300), measure=measure) == 768
     assert sorted(asked) == sorted(rate)  # each sub-block shape measured once
     tiles._memo.clear()  # a new process: the file answers, nothing is measured
-    assert tiles.tuned_pairs(model, cpu, torch.bfloat16, 4, caps, square, (300, 300),
-                             measure=lambda *a: pytest.fail("measured again")) == 768
+    assert (
+        tiles.tuned_pairs(
+            model, cpu, torch.bfloat16, 4, caps, square, (300, 300), measure=lambda *a: pytest.fail("measured again")
+        )
+        == 768
+    )
     assert tiles.tiles_cache_path().is_file()
     # less free RAM, fewer caps: the cached rates answer; a new cap's shape alone is measured
-    assert tiles.tuned_pairs(model, cpu, torch.bfloat16, 4, [256, 512], square, (300, 300),
-                             measure=lambda *a: pytest.fail("measured again")) == 512
+    assert (
+        tiles.tuned_pairs(
+            model,
+            cpu,
+            torch.bfloat16,
+            4,
+            [256, 512],
+            square,
+            (300, 300),
+            measure=lambda *a: pytest.fail("measured again"),
+        )
+        == 512
+    )
     more: list[tuple[int, int]] = []
-    assert tiles.tuned_pairs(model, cpu, torch.bfloat16, 4, caps + [2048], square, (300, 300),
-                             measure=lambda tq, tv: more.append((tq, tv)) or 0.1) == 2048
+    assert (
+        tiles.tuned_pairs(
+            model,
+            cpu,
+            torch.bfloat16,
+            4,
+            caps + [2048],
+            square,
+            (300, 300),
+            measure=lambda tq, tv: more.append((tq, tv)) or 0.1,
+        )
+        == 2048
+    )
     assert more == [square(2048)]
     other = small_model("dab", steps=5)  # another shape: its own key
     assert tiles.tile_key(other, 4, torch.bfloat16) != tiles.tile_key(model, 4, torch.bfloat16)
@@ -64,8 +90,16 @@ def test_a_new_kernel_build_measures_again(monkeypatch: pytest.MonkeyPatch) -> N
 def test_caps_that_cut_the_same_sub_block_are_measured_once() -> None:
     model = small_model("dab")
     asked: list[tuple[int, int]] = []
-    got = tiles.tuned_pairs(model, torch.device("cpu"), torch.float32, 4, [100, 120, 140], lambda cap: (10, 10),
-                            (50, 50), measure=lambda tq, tv: asked.append((tq, tv)) or 1.0)
+    got = tiles.tuned_pairs(
+        model,
+        torch.device("cpu"),
+        torch.float32,
+        4,
+        [100, 120, 140],
+        lambda cap: (10, 10),
+        (50, 50),
+        measure=lambda tq, tv: asked.append((tq, tv)) or 1.0,
+    )
     assert got == 100 and asked == [(10, 10)]
 
 

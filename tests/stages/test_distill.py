@@ -10,11 +10,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from dab_pipeline.runs.checkpoint import load_checkpoint
 from dab_pipeline.cli import cli
-from dab_pipeline.core.overrides import apply_overrides
 from dab_pipeline.core.errors import ConfigError
-from dab_pipeline.stages.distill import DistillConfig, pair_outputs, distill_loss, run_distill
+from dab_pipeline.core.overrides import apply_overrides
+from dab_pipeline.runs.checkpoint import load_checkpoint
+from dab_pipeline.stages.distill import DistillConfig, distill_loss, pair_outputs, run_distill
 from dab_pipeline.stages.search import load_run
 from dab_pipeline.stages.train import TrainConfig, resolve_train_config, run_train
 from dab_pipeline.store import open_store
@@ -29,8 +29,9 @@ SMALL = ["model.drift_hidden=16", "model.time_embed_dim=8", "batch_size=8", "lr=
 def teacher(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("distill")
     store = random_store(root / "store.h5")
-    cfg = apply_overrides(TrainConfig(features=store, out=root / "teacher"), [*SMALL, "model.variant=dab",
-                                                                              "model.steps=4"])
+    cfg = apply_overrides(
+        TrainConfig(features=store, out=root / "teacher"), [*SMALL, "model.variant=dab", "model.steps=4"]
+    )
     with open_store(store) as st:
         run_train(resolve_train_config(cfg, st.manifest))
     return root / "teacher"
@@ -45,11 +46,13 @@ def test_loss_is_zero_for_identical_outputs_and_positive_otherwise() -> None:
     assert parts["rank"] > 0 and float(loss) > 0
 
 
-def test_student_reaches_the_teachers_state_and_scores_everywhere(teacher: Path, tmp_path: Path,
-                                                                  capsys: pytest.CaptureFixture) -> None:
+def test_student_reaches_the_teachers_state_and_scores_everywhere(
+    teacher: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     out = tmp_path / "student"
-    res = run_distill(DistillConfig(teacher=teacher, out=out, student_steps=1, epochs=30, batch_size=8, lr=3e-3,
-                                    rank_weight=0.1))
+    res = run_distill(
+        DistillConfig(teacher=teacher, out=out, student_steps=1, epochs=30, batch_size=8, lr=3e-3, rank_weight=0.1)
+    )
     t = load_run(teacher).model
     s = load_run(out, checkpoint="last.pt").model
     assert s.cfg.steps == 1 and t.cfg.steps == 4
@@ -69,8 +72,10 @@ def test_student_reaches_the_teachers_state_and_scores_everywhere(teacher: Path,
     before = max(float((a - b).abs().mean()) for a, b in zip(u_state, t_state))
     assert err < 0.5 * before, (err, before)  # the distillation closed most of the gap on training pairs
     # only the bridge trained: every other weight is the teacher's
-    ts, ss = load_checkpoint(teacher / "checkpoints" / "best.pt")["model"], load_checkpoint(
-        out / "checkpoints" / "last.pt")["model"]
+    ts, ss = (
+        load_checkpoint(teacher / "checkpoints" / "best.pt")["model"],
+        load_checkpoint(out / "checkpoints" / "last.pt")["model"],
+    )
     assert all(torch.equal(ts[k], ss[k]) for k in ts if not k.startswith("bridge."))
     assert any(not torch.equal(ts[k], ss[k]) for k in ts if k.startswith("bridge."))
     info = json.loads((out / "distill.json").read_text())
@@ -80,19 +85,24 @@ def test_student_reaches_the_teachers_state_and_scores_everywhere(teacher: Path,
     # the scoring benchmark compares it with its teacher on the same pairs
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("bench_scoring", Path(__file__).parents[2] / "benchmarks" / "scoring.py")
+    spec = importlib.util.spec_from_file_location(
+        "bench_scoring", Path(__file__).parents[2] / "benchmarks" / "scoring.py"
+    )
     bench = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
     spec.loader.exec_module(bench)
-    bench.bench_teacher(str(out), str(teacher), str(load_run(teacher).config.features), "test", torch.device("cpu"),
-                        repeats=1)
+    bench.bench_teacher(
+        str(out), str(teacher), str(load_run(teacher).config.features), "test", torch.device("cpu"), repeats=1
+    )
     # an ordinary run folder: evaluate, compare and search read it
     runner = CliRunner()
     printed = capsys.readouterr().out
     assert "speed-up" in printed and "T'=4" in printed and "T'=1" in printed
-    for args in (["evaluate", "--run", str(out), "--no-plots", "--examples", "2"],
-                 ["evaluate", "--run", str(teacher), "--no-plots", "--examples", "0", "--out", str(tmp_path / "t")],
-                 ["compare", str(tmp_path / "t"), str(out)]):
+    for args in (
+        ["evaluate", "--run", str(out), "--no-plots", "--examples", "2"],
+        ["evaluate", "--run", str(teacher), "--no-plots", "--examples", "0", "--out", str(tmp_path / "t")],
+        ["compare", str(tmp_path / "t"), str(out)],
+    ):
         r = runner.invoke(cli, args, catch_exceptions=False)
         assert r.exit_code == 0, r.output
 
@@ -144,9 +154,10 @@ def test_distillation_counts_steps_like_its_teacher(tmp_path: Path) -> None:
     from dab_pipeline.core.events import Event
 
     store = random_store(tmp_path / "store.h5")  # 20 training videos, 2 captions each
-    cfg = apply_overrides(TrainConfig(features=store, out=tmp_path / "teacher"),
-                          [*SMALL, "model.variant=dab", "model.steps=2", "epoch=videos", "weight_decay=0.05",
-                           "warmup_ratio=0.2"])
+    cfg = apply_overrides(
+        TrainConfig(features=store, out=tmp_path / "teacher"),
+        [*SMALL, "model.variant=dab", "model.steps=2", "epoch=videos", "weight_decay=0.05", "warmup_ratio=0.2"],
+    )
     with open_store(store) as st:
         run_train(resolve_train_config(cfg, st.manifest))
     events: list[Event] = []
@@ -176,8 +187,9 @@ def _dying_after(monkeypatch: pytest.MonkeyPatch, epochs: int) -> None:
     monkeypatch.setattr(D, "_distill_epoch", dying)
 
 
-def test_a_bare_resume_continues_a_distillation_started_with_other_values(teacher: Path, tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bare_resume_continues_a_distillation_started_with_other_values(
+    teacher: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`dab distill --resume` with nothing else typed: a default the user never gave is not a change."""
     out = tmp_path / "student"
     args = ["distill", "--run", teacher, "--out", out, "--quiet"]
@@ -191,8 +203,10 @@ def test_a_bare_resume_continues_a_distillation_started_with_other_values(teache
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
     assert json.loads((out / "config.json").read_text())["model"]["steps"] == 2
     # an option typed with another value than the saved one is still refused, naming it (and only it)
-    for extra, named in ((["--epochs", "3"], "epochs (saved 2, given 3)"),
-                         (["--set", "lr=1e-3"], "lr (saved 0.002, given 0.001)")):
+    for extra, named in (
+        (["--epochs", "3"], "epochs (saved 2, given 3)"),
+        (["--set", "lr=1e-3"], "lr (saved 0.002, given 0.001)"),
+    ):
         res = invoke([*args, "--resume", *extra])
         text = " ".join(res.output.split())
         assert res.exit_code != 0 and named in text and "Traceback" not in res.output, res.output
@@ -211,9 +225,32 @@ def test_the_student_inherits_the_teachers_training_values_unless_typed(tmp_path
     """A teacher trained with --batch-size 4 on a split smaller than the default batch of 32: its student trains."""
     store = random_store(tmp_path / "store.h5", caps_per_video=1)  # 20 training captions
     teacher = tmp_path / "teacher"
-    res = invoke(["train", "--features", store, "--variant", "dab", "--steps", "2", "--epochs", "1", "--batch-size",
-                  "4", "--out", teacher, "--quiet", "--set", "model.drift_hidden=16", "--set",
-                  "model.time_embed_dim=8", "--set", "lr=3e-3", "--set", "weight_decay=0.05"])
+    res = invoke(
+        [
+            "train",
+            "--features",
+            store,
+            "--variant",
+            "dab",
+            "--steps",
+            "2",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "4",
+            "--out",
+            teacher,
+            "--quiet",
+            "--set",
+            "model.drift_hidden=16",
+            "--set",
+            "model.time_embed_dim=8",
+            "--set",
+            "lr=3e-3",
+            "--set",
+            "weight_decay=0.05",
+        ]
+    )
     assert res.exit_code == 0, res.output
     out = tmp_path / "student"
     res = invoke(["distill", "--run", teacher, "--out", out, "--epochs", "1"])
@@ -224,8 +261,21 @@ def test_the_student_inherits_the_teachers_training_values_unless_typed(tmp_path
     assert saved["batch_size"] == 4 and saved["lr"] == 3e-3 and saved["weight_decay"] == 0.05
     assert json.loads((out / "distill.json").read_text())["distill"]["batch_size"] == 4  # what ran, not "inherit"
     # typed values are the user's: batch_size 2 is used and not reported as inherited
-    res = invoke(["distill", "--run", teacher, "--out", tmp_path / "typed", "--epochs", "1", "--set",
-                  "batch_size=2", "--set", "lr=1e-3"])
+    res = invoke(
+        [
+            "distill",
+            "--run",
+            teacher,
+            "--out",
+            tmp_path / "typed",
+            "--epochs",
+            "1",
+            "--set",
+            "batch_size=2",
+            "--set",
+            "lr=1e-3",
+        ]
+    )
     text = " ".join(res.output.split())
     assert res.exit_code == 0, res.output
     assert "inherited from the teacher: weight_decay=0.05" in text and "batch_size=" not in text, text

@@ -38,8 +38,8 @@ def test_evaluate_run_writes_reports(two_runs) -> None:
     assert set(m["t2v"]) >= {"R@1", "R@5", "R@10", "R@50", "MdR", "MnR", "RSum"}
     assert m["postprocess"]["name"] == "none"
     # the numbers agree with metrics computed straight from the cost file
-    from dab_pipeline.runs.costfile import read_costs
     from dab_pipeline.metrics import t2v_metrics
+    from dab_pipeline.runs.costfile import read_costs
 
     cm = read_costs(run / "costs_test.h5")
     assert m["t2v"]["R@1"] == pytest.approx(t2v_metrics(cm.cost, cm.gt)["R@1"])
@@ -61,19 +61,31 @@ def test_run_folder_files_follow_the_umask(two_runs) -> None:
     assert invoke(["evaluate", "--run", str(run)]).exit_code == 0
     mask = os.umask(0o022)
     os.umask(mask)
-    names = ["config.json", "status.json", "metrics.json", "report.md", "risk_coverage.png", "rank_hist.png",
-             "store_manifest.json", "checkpoints/last.pt", "checkpoints/best.pt"]
+    names = [
+        "config.json",
+        "status.json",
+        "metrics.json",
+        "report.md",
+        "risk_coverage.png",
+        "rank_hist.png",
+        "store_manifest.json",
+        "checkpoints/last.pt",
+        "checkpoints/best.pt",
+    ]
     for name in names:
         assert (run / name).stat().st_mode & 0o777 == 0o666 & ~mask, name
 
 
 def test_postprocessing_is_labelled(two_runs, tmp_path: Path) -> None:
     _, run, _ = two_runs
-    res = run_evaluate(EvaluateConfig(run=run, out=tmp_path, postprocess="dsl", postprocess_temperature=0.1,
-                                      plots=False))
+    res = run_evaluate(
+        EvaluateConfig(run=run, out=tmp_path, postprocess="dsl", postprocess_temperature=0.1, plots=False)
+    )
     assert res["postprocess"]["name"] == "dsl"
     assert json.loads((tmp_path / "metrics.json").read_text())["postprocess"]["name"] == "dsl"
-    assert "dsl" in (tmp_path / "report.md").read_text().lower() or "dual" in (tmp_path / "report.md").read_text().lower()
+    assert (
+        "dsl" in (tmp_path / "report.md").read_text().lower() or "dual" in (tmp_path / "report.md").read_text().lower()
+    )
 
 
 def test_evaluate_any_cost_file(tmp_path: Path) -> None:
@@ -81,16 +93,27 @@ def test_evaluate_any_cost_file(tmp_path: Path) -> None:
     sim = rng.normal(size=(6, 4)).astype(np.float32)
     gt = np.array([0, 0, 1, 2, 3, 3])
     sim[np.arange(6), gt] += 5.0  # a method that is always right
-    np.savez(tmp_path / "other.npz", similarity=sim, gt=gt, query_ids=np.array([f"q{i}" for i in range(6)]),
-             video_ids=np.array([f"v{i}" for i in range(4)]))
-    res = invoke(["evaluate", "--costs", str(tmp_path / "other.npz"), "--json", "--no-plots"],
-                             catch_exceptions=False)
+    np.savez(
+        tmp_path / "other.npz",
+        similarity=sim,
+        gt=gt,
+        query_ids=np.array([f"q{i}" for i in range(6)]),
+        video_ids=np.array([f"v{i}" for i in range(4)]),
+    )
+    res = invoke(["evaluate", "--costs", str(tmp_path / "other.npz"), "--json", "--no-plots"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     m = json.loads(res.output)
     assert m["t2v"]["R@1"] == 100.0 and m["v2t"]["R@1"] == 100.0
     # the same matrix as an h5 cost file written by the library
-    write_costs(tmp_path / "c.h5", CostMatrix(cost=-sim, query_ids=np.array([f"q{i}" for i in range(6)]),
-                                              video_ids=np.array([f"v{i}" for i in range(4)]), gt=gt))
+    write_costs(
+        tmp_path / "c.h5",
+        CostMatrix(
+            cost=-sim,
+            query_ids=np.array([f"q{i}" for i in range(6)]),
+            video_ids=np.array([f"v{i}" for i in range(4)]),
+            gt=gt,
+        ),
+    )
     m2 = run_evaluate(EvaluateConfig(costs=tmp_path / "c.h5", plots=False))
     assert m2["t2v"] == m["t2v"]
 
@@ -107,16 +130,16 @@ def test_compare_two_runs(two_runs, tmp_path: Path) -> None:
     _, a, b = two_runs
     for run in (a, b):
         assert invoke(["evaluate", "--run", str(run), "--no-plots"]).exit_code == 0
-    res = invoke(["compare", str(a), str(b), "--out", str(tmp_path / "cmp.md")],
-                             catch_exceptions=False)
+    res = invoke(["compare", str(a), str(b), "--out", str(tmp_path / "cmp.md")], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert "xpool" in res.output and "dab" in res.output
     md = (tmp_path / "cmp.md").read_text()
     assert "| xpool" in md and "| dab" in md and "R@1" in md
 
 
-@pytest.mark.parametrize("damage", [b'{"t2v": {"R@1": 4', b"[1, 2, 3]", b"\xff\xfe not text"],
-                         ids=["truncated", "not-an-object", "not-utf8"])
+@pytest.mark.parametrize(
+    "damage", [b'{"t2v": {"R@1": 4', b"[1, 2, 3]", b"\xff\xfe not text"], ids=["truncated", "not-an-object", "not-utf8"]
+)
 @pytest.mark.parametrize("name_file", [False, True], ids=["folder", "file"])
 def test_compare_names_a_damaged_metrics_json(tmp_path: Path, damage: bytes, name_file: bool) -> None:
     """A truncated, non-object or non-UTF-8 metrics.json: one line naming it and how to remake it, no traceback."""
@@ -134,8 +157,12 @@ def _small_costs(path: Path, nan: bool = True) -> Path:
     cost = np.array([[0.0, 1.0], [1.0, 0.0], [1.0, 0.5]], np.float32)
     if nan:
         cost[1, 1] = np.nan
-    write_costs(path, CostMatrix(cost=cost, query_ids=np.array(["q0", "q1", "q2"]), video_ids=np.array(["v0", "v1"]),
-                                 gt=np.array([0, 1, 1])))
+    write_costs(
+        path,
+        CostMatrix(
+            cost=cost, query_ids=np.array(["q0", "q1", "q2"]), video_ids=np.array(["v0", "v1"]), gt=np.array([0, 1, 1])
+        ),
+    )
     return path
 
 
@@ -153,8 +180,9 @@ def test_a_failed_evaluation_leaves_no_new_folder(tmp_path: Path) -> None:
     assert existing.is_dir() and not any(existing.iterdir())
 
 
-def test_an_evaluation_failing_at_its_first_write_removes_the_folders_it_made(tmp_path: Path,
-                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_evaluation_failing_at_its_first_write_removes_the_folders_it_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import errno
 
     import dab_pipeline.stages.evaluate.run as evaluate

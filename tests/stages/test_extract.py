@@ -13,15 +13,36 @@ import pytest
 import torch
 
 from dab_pipeline.store import open_store
+
 from ..helpers.runner import invoke
 
-BASE = ["extract", "--dataset", "folder", "--model", "dab-tiny", "--workers", "0", "--batch-size", "2",
-        "--store-dtype", "float32", "--quiet"]
+BASE = [
+    "extract",
+    "--dataset",
+    "folder",
+    "--model",
+    "dab-tiny",
+    "--workers",
+    "0",
+    "--batch-size",
+    "2",
+    "--store-dtype",
+    "float32",
+    "--quiet",
+]
 
 
 def _args(captions: Path, out: Path, *extra: str) -> list[str]:
-    return [*BASE, "--annotations", str(captions), "--videos", str(captions.parent / "videos"), "--out", str(out),
-            *extra]
+    return [
+        *BASE,
+        "--annotations",
+        str(captions),
+        "--videos",
+        str(captions.parent / "videos"),
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def _invoke(args: list[str]):
@@ -105,8 +126,9 @@ def test_corrupt_and_missing_videos_are_recorded(broken_dataset: Path, tmp_path:
         assert list(test.video_ids) == ["clip5"]  # failed/missing videos are not served
 
 
-def test_resume_after_interruption_equals_one_run(tiny_folder_dataset: Path, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resume_after_interruption_equals_one_run(
+    tiny_folder_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import dab_pipeline.stages.extract as ex
 
     full = tmp_path / "full.h5"
@@ -164,11 +186,23 @@ def test_every_video_failing_exits_nonzero(tmp_path: Path) -> None:
 def test_user_errors_are_one_line(tmp_path: Path) -> None:
     res = invoke(["extract", "--dataset", "nope", "--out", str(tmp_path / "s.h5")])
     assert res.exit_code != 0 and "msrvtt" in res.output and "Traceback" not in res.output
-    res = invoke(["extract", "--dataset", "msvd", "--annotations", str(tmp_path / "absent"),
-                                   "--videos", str(tmp_path), "--out", str(tmp_path / "s.h5")])
+    res = invoke(
+        [
+            "extract",
+            "--dataset",
+            "msvd",
+            "--annotations",
+            str(tmp_path / "absent"),
+            "--videos",
+            str(tmp_path),
+            "--out",
+            str(tmp_path / "s.h5"),
+        ]
+    )
     assert res.exit_code != 0 and "absent" in res.output and "Traceback" not in res.output
-    res = invoke(["extract", "--dataset", "folder", "--annotations", str(tmp_path / "c.csv"),
-                                   "--out", str(tmp_path / "s.txt")])
+    res = invoke(
+        ["extract", "--dataset", "folder", "--annotations", str(tmp_path / "c.csv"), "--out", str(tmp_path / "s.txt")]
+    )
     assert res.exit_code != 0 and "Traceback" not in res.output
 
 
@@ -185,8 +219,8 @@ def test_inspect_prints_manifest(tiny_folder_dataset: Path, tmp_path: Path) -> N
 
 
 def test_dtype_auto_resolution() -> None:
-    from dab_pipeline.runtime.capabilities import capabilities
     from dab_pipeline.core.errors import ConfigError
+    from dab_pipeline.runtime.capabilities import capabilities
     from dab_pipeline.stages.extract import resolve_compute_dtype
 
     native = capabilities("cpu").bf16  # the both-ways cases are in test_capabilities.py
@@ -227,8 +261,9 @@ def _one_video_dataset(root: Path, write) -> Path:
 
 
 @pytest.mark.parametrize("setting", ["decode_backend=pyav-seek", "decode_short_side=0", "decode_short_side=64"])
-def test_resume_refuses_decode_settings_that_change_the_features(tiny_folder_dataset: Path, tmp_path: Path,
-                                                                 setting: str) -> None:
+def test_resume_refuses_decode_settings_that_change_the_features(
+    tiny_folder_dataset: Path, tmp_path: Path, setting: str
+) -> None:
     out = tmp_path / "store.h5"
     assert _invoke(_args(tiny_folder_dataset, out, "--limit", "3")).exit_code == 0
     res = invoke(_args(tiny_folder_dataset, out, "--limit", "3", "--set", setting))
@@ -256,8 +291,9 @@ def test_unwritable_out_is_one_line(tiny_folder_dataset: Path, tmp_path: Path) -
         assert len(res.output.strip().splitlines()) == 1, res.output
 
 
-def test_read_only_file_system_is_named_even_when_cleanup_fails(tiny_folder_dataset: Path, tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_read_only_file_system_is_named_even_when_cleanup_fails(
+    tiny_folder_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """EROFS at creation, and the cleanup's own unlink fails too: the user still sees the real cause."""
     import errno
 
@@ -277,8 +313,9 @@ def test_read_only_file_system_is_named_even_when_cleanup_fails(tiny_folder_data
     assert f"cannot create {out}: Read-only file system" in res.output
 
 
-def test_disk_full_during_extraction_is_one_line_and_resumable(tiny_folder_dataset: Path, tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_disk_full_during_extraction_is_one_line_and_resumable(
+    tiny_folder_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import errno
 
     from dab_pipeline.store import FeatureStore
@@ -331,8 +368,9 @@ def test_rerun_of_an_all_failed_extraction_fails_the_same_way(tmp_path: Path) ->
     (tmp_path / "videos").mkdir()
     for name in ("a", "b", "c", "d"):
         write_corrupt_video(tmp_path / "videos" / f"{name}.mp4")
-    (tmp_path / "captions.csv").write_text("video,caption,split\n" + "".join(
-        f"{n}.mp4,caption {n},test\n" for n in "abcd"))
+    (tmp_path / "captions.csv").write_text(
+        "video,caption,split\n" + "".join(f"{n}.mp4,caption {n},test\n" for n in "abcd")
+    )
     args = _args(tmp_path / "captions.csv", tmp_path / "s.h5")
     first = invoke(args)
     again = invoke(args)
@@ -416,8 +454,9 @@ def test_zarr_store_is_clean_for_plain_zarr_readers(tiny_folder_dataset: Path, t
 
 
 @pytest.mark.parametrize("decoder", ["pyav", "decord"])
-def test_no_ffmpeg_console_noise_for_files_dab_handles(tmp_path: Path, capfd: pytest.CaptureFixture,
-                                                       decoder: str) -> None:
+def test_no_ffmpeg_console_noise_for_files_dab_handles(
+    tmp_path: Path, capfd: pytest.CaptureFixture, decoder: str
+) -> None:
     """FFmpeg and decord print to the process's stderr (fd 2) unless silenced; dab reports what matters."""
     from ..helpers.videos import damage_video, truncate_file, write_corrupt_video, write_index_video
 
@@ -438,8 +477,9 @@ def test_no_ffmpeg_console_noise_for_files_dab_handles(tmp_path: Path, capfd: py
         assert noise not in err, err[-2000:]
 
 
-def test_store_resumes_with_another_weights_cache(tiny_folder_dataset: Path, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_store_resumes_with_another_weights_cache(
+    tiny_folder_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """dab-tiny's weights are generated per cache folder; the same seed must give the same bytes (sha256)."""
     out = tmp_path / "store.h5"
     monkeypatch.setenv("DAB_CACHE", str(tmp_path / "cache-a"))
@@ -452,8 +492,9 @@ def test_store_resumes_with_another_weights_cache(tiny_folder_dataset: Path, tmp
     assert "1 videos encoded, 2 already done" in res.output
 
 
-def test_single_process_over_part_files_of_a_torchrun_job_warns_and_leaves_them(tiny_folder_dataset: Path,
-                                                                               tmp_path: Path) -> None:
+def test_single_process_over_part_files_of_a_torchrun_job_warns_and_leaves_them(
+    tiny_folder_dataset: Path, tmp_path: Path
+) -> None:
     from dab_pipeline.runtime.distributed import part_files, part_path
 
     out = tmp_path / "store.h5"
@@ -467,8 +508,9 @@ def test_single_process_over_part_files_of_a_torchrun_job_warns_and_leaves_them(
         assert st.is_complete
 
 
-def test_a_lost_zarr_chunk_is_found_and_the_same_command_extracts_it_again(tiny_folder_dataset: Path,
-                                                                          tmp_path: Path) -> None:
+def test_a_lost_zarr_chunk_is_found_and_the_same_command_extracts_it_again(
+    tiny_folder_dataset: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "store.zarr"
     assert _invoke(_args(tiny_folder_dataset, out)).exit_code == 0
     with open_store(out) as st:
@@ -493,15 +535,17 @@ def test_decode_workers_die_with_their_parent(tmp_path: Path) -> None:
     import subprocess
     import time
 
-    code = ("import os, sys, time\n"
-            "from dab_pipeline.stages.extract.workers import die_with_parent\n"
-            "pid = os.fork()\n"
-            "if pid == 0:\n"
-            "    ok = die_with_parent()\n"
-            "    print(os.getpid(), ok, flush=True)\n"
-            "    time.sleep(60)\n"
-            "    os._exit(0)\n"
-            "time.sleep(60)\n")
+    code = (
+        "import os, sys, time\n"
+        "from dab_pipeline.stages.extract.workers import die_with_parent\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    ok = die_with_parent()\n"
+        "    print(os.getpid(), ok, flush=True)\n"
+        "    time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "time.sleep(60)\n"
+    )
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     child, ok = parent.stdout.readline().split()
     assert ok == "True"
@@ -520,8 +564,9 @@ def test_decode_workers_die_with_their_parent(tmp_path: Path) -> None:
     assert gone(), "the worker outlived its parent"
 
 
-def test_a_store_that_resized_at_decode_time_resumes_with_its_setting(tiny_folder_dataset: Path,
-                                                                      tmp_path: Path) -> None:
+def test_a_store_that_resized_at_decode_time_resumes_with_its_setting(
+    tiny_folder_dataset: Path, tmp_path: Path
+) -> None:
     """Before dab resized as open_clip does, it resized in swscale at decode time: such a store says how to resume."""
     out = tmp_path / "store.h5"
     assert _invoke(_args(tiny_folder_dataset, out, "--limit", "3", "--set", "decode_short_side=0")).exit_code == 0
@@ -542,21 +587,36 @@ def test_build_extract_config_decides_what_the_cli_used_to(tmp_path: Path) -> No
     assert build_extract_config("folder", out, options={"model": "ViT-B-32"}).pretrained == "openai"
     assert build_extract_config("folder", out, options={"model": "dab-tiny", "pretrained": None}).pretrained is None
     assert build_extract_config("folder", out, options={"pretrained": "none"}).pretrained is None
-    cfg = build_extract_config("folder", out, options={"model": "dab-tiny", "trainable_blocks": "all", "frames": None},
-                               overrides=["batch_size=3"])
+    cfg = build_extract_config(
+        "folder",
+        out,
+        options={"model": "dab-tiny", "trainable_blocks": "all", "frames": None},
+        overrides=["batch_size=3"],
+    )
     assert cfg.trainable_blocks == full_depth("dab-tiny") and cfg.frames == 12 and cfg.batch_size == 3
     with pytest.raises(ConfigError, match="expected a number of blocks or 'all'"):
         build_extract_config("folder", out, options={"trainable_blocks": "some"})
 
 
-def test_a_rerun_with_only_the_required_options_resumes_a_store_made_with_other_values(tiny_folder_dataset: Path,
-                                                                                       tmp_path: Path) -> None:
+def test_a_rerun_with_only_the_required_options_resumes_a_store_made_with_other_values(
+    tiny_folder_dataset: Path, tmp_path: Path
+) -> None:
     """Rerunning is extract's resume: an option left out keeps the store's value; only a typed one can differ."""
     out = tmp_path / "store.h5"
     # BASE also types --store-dtype float32, --batch-size 2 and --workers 0: none of them the default
     assert _invoke(_args(tiny_folder_dataset, out, "--frames", "8")).exit_code == 0
-    bare = ["extract", "--dataset", "folder", "--annotations", tiny_folder_dataset, "--videos",
-            tiny_folder_dataset.parent / "videos", "--out", out, "--quiet"]
+    bare = [
+        "extract",
+        "--dataset",
+        "folder",
+        "--annotations",
+        tiny_folder_dataset,
+        "--videos",
+        tiny_folder_dataset.parent / "videos",
+        "--out",
+        out,
+        "--quiet",
+    ]
     res = invoke(bare)  # no --model, --frames or --store-dtype: the store's dab-tiny, 8 and float32
     text = " ".join(res.output.split())
     assert res.exit_code == 0 and "0 videos encoded, 6 already done" in text, res.output

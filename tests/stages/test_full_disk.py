@@ -29,8 +29,20 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _train(store: Path, out: Path, *extra: str) -> list[str]:
-    return ["train", "--features", store, "--variant", "prob", "--epochs", "2", "--out", out, "--quiet",
-            *[x for s in SMALL for x in ("--set", s)], *extra]
+    return [
+        "train",
+        "--features",
+        store,
+        "--variant",
+        "prob",
+        "--epochs",
+        "2",
+        "--out",
+        out,
+        "--quiet",
+        *[x for s in SMALL for x in ("--set", s)],
+        *extra,
+    ]
 
 
 def _one_line_error(res) -> str:
@@ -56,7 +68,8 @@ def _fail_torch_save_at(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
 
 
 def test_train_on_a_full_disk_before_its_first_checkpoint_is_one_line_and_starts_over(
-        store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = tmp_path / "run"
     _fail_torch_save_at(monkeypatch, 1)
     line = _one_line_error(invoke(_train(store, out)))
@@ -71,7 +84,8 @@ def test_train_on_a_full_disk_before_its_first_checkpoint_is_one_line_and_starts
 
 
 def test_train_on_a_full_disk_after_a_checkpoint_says_resume_and_resume_finishes(
-        store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = tmp_path / "run"
     _fail_torch_save_at(monkeypatch, 3)  # epoch 1's last.pt and best.pt are written, epoch 2's last.pt is not
     line = _one_line_error(invoke(_train(store, out)))
@@ -84,8 +98,9 @@ def test_train_on_a_full_disk_after_a_checkpoint_says_resume_and_resume_finishes
     assert json.loads((out / "status.json").read_text())["state"] == "complete"
 
 
-def test_a_run_whose_failure_could_not_even_be_recorded_starts_over(store: Path, tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_whose_failure_could_not_even_be_recorded_starts_over(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The disk is so full that status.json cannot say "failed": the folder reads "running", nobody holds it and
     it has no checkpoint, so the same command starts over (no --resume to a checkpoint that does not exist)."""
     from dab_pipeline.core.errors import WriteError
@@ -110,8 +125,9 @@ def test_a_run_whose_failure_could_not_even_be_recorded_starts_over(store: Path,
     assert json.loads((out / "status.json").read_text())["state"] == "complete"
 
 
-def test_index_on_a_full_disk_is_one_line_leaves_no_index_and_resumes(store: Path, tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_index_on_a_full_disk_is_one_line_leaves_no_index_and_resumes(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     faiss = pytest.importorskip("faiss")
     out = tmp_path / "idx"
 
@@ -130,7 +146,8 @@ def test_index_on_a_full_disk_is_one_line_leaves_no_index_and_resumes(store: Pat
 
 
 def test_a_memory_map_that_cannot_get_its_disk_blocks_is_refused_before_it_is_written(
-        store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Stores into a sparse page of a full tmpfs are a SIGBUS: the index's vector file is reserved first."""
     pytest.importorskip("faiss")
     import ctypes
@@ -148,6 +165,7 @@ def test_a_memory_map_that_cannot_get_its_disk_blocks_is_refused_before_it_is_wr
 
 
 # ----------------------------------------------------------------------------- the real thing on a tmpfs
+
 
 def _can_mount() -> bool:
     return sys.platform == "linux" and hasattr(os, "geteuid") and os.geteuid() == 0
@@ -195,8 +213,9 @@ def _arrays(path: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_a_real_full_disk_in_extract_index_and_train(tiny_folder_dataset: Path, store: Path, tmp_path: Path,
-                                                     tmpfs, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_real_full_disk_in_extract_index_and_train(
+    tiny_folder_dataset: Path, store: Path, tmp_path: Path, tmpfs, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """On a tmpfs of 16-32 KiB: `dab extract` into HDF5 with nothing reserved (HDF5's own writes fail) exits 1 with
     one line, not with HDF5's SIGSEGV at exit; with its writes reserved it stops before HDF5 writes, as do
     `dab train` and `dab index`; after the disk grows the same commands finish, and the store equals one made
@@ -204,15 +223,35 @@ def test_a_real_full_disk_in_extract_index_and_train(tiny_folder_dataset: Path, 
     from dab_pipeline.store import backend_h5
 
     disk, resize = tmpfs
-    base = ["extract", "--dataset", "folder", "--model", "dab-tiny", "--workers", "0", "--batch-size", "2",
-            "--store-dtype", "float32", "--quiet", "--annotations", str(tiny_folder_dataset),
-            "--videos", str(tiny_folder_dataset.parent / "videos")]
+    base = [
+        "extract",
+        "--dataset",
+        "folder",
+        "--model",
+        "dab-tiny",
+        "--workers",
+        "0",
+        "--batch-size",
+        "2",
+        "--store-dtype",
+        "float32",
+        "--quiet",
+        "--annotations",
+        str(tiny_folder_dataset),
+        "--videos",
+        str(tiny_folder_dataset.parent / "videos"),
+    ]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     # 16 KiB: HDF5's writes fail while the store is created; 32 KiB: it is created (sparse), its writes fail
     for size, name in (("16k", "s0.h5"), ("32k", "race.h5")):
         resize(size)
-        full = subprocess.run([sys.executable, "-c", PRE_FLIGHT_OFF, *base, "--out", str(disk / name)],
-                              capture_output=True, text=True, env=env, timeout=300)
+        full = subprocess.run(
+            [sys.executable, "-c", PRE_FLIGHT_OFF, *base, "--out", str(disk / name)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
         assert full.returncode == 1, (size, full.returncode, full.stderr[-2000:])
         line = [x for x in full.stderr.splitlines() if x.startswith("Error:")]
         assert "Traceback" not in full.stderr and len(line) == 1, full.stderr

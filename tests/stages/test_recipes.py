@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from dab_pipeline.core.overrides import apply_overrides
 from dab_pipeline.core.errors import ConfigError, UnknownNameError
+from dab_pipeline.core.overrides import apply_overrides
 from dab_pipeline.recipes import load_recipe, recipe_names
 from dab_pipeline.stages.train import TrainConfig, optimizer_groups
+
 from ..helpers.runner import invoke
 
 
@@ -24,8 +25,13 @@ def test_every_recipe_loads_and_resolves_onto_a_train_config() -> None:
         cfg = apply_overrides(TrainConfig(features=Path("s.h5"), out=Path("r")), opts)
         assert isinstance(cfg, TrainConfig)
     paper = load_recipe("paper").resolved()
-    assert (paper["lr"], paper["clip_lr"], paper["weight_decay"], paper["epochs"], paper["seed"]) == (1e-4, 1e-6, 0.02,
-                                                                                                    10, 24)
+    assert (paper["lr"], paper["clip_lr"], paper["weight_decay"], paper["epochs"], paper["seed"]) == (
+        1e-4,
+        1e-6,
+        0.02,
+        10,
+        24,
+    )
     assert load_recipe("paper-ablation").resolved()["epochs"] == 5
     assert load_recipe("frozen").resolved() == {}
 
@@ -62,9 +68,29 @@ def test_logit_scale_in_the_clip_group_without_decay() -> None:
 
 
 def _extract(captions: Path, out: Path, *extra: str):
-    args = ["extract", "--dataset", "folder", "--model", "dab-tiny", "--workers", "0", "--batch-size", "2",
-            "--store-dtype", "float32", "--dtype", "float32", "--annotations", str(captions), "--videos",
-            str(captions.parent / "videos"), "--out", str(out), "--quiet", *extra]
+    args = [
+        "extract",
+        "--dataset",
+        "folder",
+        "--model",
+        "dab-tiny",
+        "--workers",
+        "0",
+        "--batch-size",
+        "2",
+        "--store-dtype",
+        "float32",
+        "--dtype",
+        "float32",
+        "--annotations",
+        str(captions),
+        "--videos",
+        str(captions.parent / "videos"),
+        "--out",
+        str(out),
+        "--quiet",
+        *extra,
+    ]
     return invoke(args, catch_exceptions=False)
 
 
@@ -80,9 +106,27 @@ def test_paper_recipe_fine_tunes_every_clip_block(tiny_folder_dataset: Path, tmp
         manifest = st.manifest
     assert manifest["trainable_blocks"] == 3  # dab-tiny: 3 blocks in each tower
     run = tmp_path / "run"
-    res = invoke(["train", "--features", str(store), "--recipe", "paper", "--epochs", "1",
-                                   "--batch-size", "2", "--steps", "2", "--set", "clip_lr=1e-3", "--out", str(run),
-                                   "--quiet"], catch_exceptions=False)
+    res = invoke(
+        [
+            "train",
+            "--features",
+            str(store),
+            "--recipe",
+            "paper",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "2",
+            "--steps",
+            "2",
+            "--set",
+            "clip_lr=1e-3",
+            "--out",
+            str(run),
+            "--quiet",
+        ],
+        catch_exceptions=False,
+    )
     assert res.exit_code == 0, res.output
     cfg = json.loads((run / "config.json").read_text())
     assert cfg["recipe"] == "paper" and cfg["trainable_blocks"] == 3 and cfg["clip_lr"] == 1e-3  # --set wins
@@ -104,8 +148,8 @@ def test_paper_recipe_fine_tunes_every_clip_block(tiny_folder_dataset: Path, tmp
 def test_logit_scale_is_clamped_at_100_during_training(tmp_path: Path) -> None:
     import math
 
-    from dab_pipeline.runs.checkpoint import load_checkpoint
     from dab_pipeline.model import ModelConfig
+    from dab_pipeline.runs.checkpoint import load_checkpoint
     from dab_pipeline.stages.train import run_train
 
     from ..helpers.stores import text_store
@@ -113,9 +157,17 @@ def test_logit_scale_is_clamped_at_100_during_training(tmp_path: Path) -> None:
     store = text_store(tmp_path / "store.h5")
     # start above the cap with a learning rate too small to move it: only the clamp brings it to 100
     for group, expect in (("clip", math.log(100.0)), ("new", math.log(1000.0))):
-        cfg = TrainConfig(features=store, out=tmp_path / group, epochs=1, batch_size=2, val_split="test",
-                          lr=1e-9, clip_lr=1e-9, logit_scale_group=group,
-                          model=ModelConfig(embed_dim=32, variant="xpool", logit_scale_init=1000.0))
+        cfg = TrainConfig(
+            features=store,
+            out=tmp_path / group,
+            epochs=1,
+            batch_size=2,
+            val_split="test",
+            lr=1e-9,
+            clip_lr=1e-9,
+            logit_scale_group=group,
+            model=ModelConfig(embed_dim=32, variant="xpool", logit_scale_init=1000.0),
+        )
         run_train(cfg)
         scale = load_checkpoint(tmp_path / group / "checkpoints" / "last.pt")["model"]["log_logit_scale"]
         assert float(scale) == pytest.approx(expect, abs=1e-4), group
@@ -131,12 +183,23 @@ def test_select_last_keeps_the_last_epoch_and_says_nothing(tmp_path: Path) -> No
     store = text_store(tmp_path / "store.h5")  # train + test splits, no val split
     model = ModelConfig(embed_dim=32, variant="xpool")
     events: list[Event] = []
-    res = run_train(TrainConfig(features=store, out=tmp_path / "last", epochs=3, batch_size=2,
-                                select_metric="last", model=model), progress=events.append)
+    res = run_train(
+        TrainConfig(features=store, out=tmp_path / "last", epochs=3, batch_size=2, select_metric="last", model=model),
+        progress=events.append,
+    )
     assert res.best_epoch == 3 and not [e for e in events if e.kind == "warning"]
     # with a validation split (here the test split, for the test only) "last" still keeps the last epoch
-    res = run_train(TrainConfig(features=store, out=tmp_path / "val", epochs=3, batch_size=2, val_split="test",
-                                select_metric="last", model=model))
+    res = run_train(
+        TrainConfig(
+            features=store,
+            out=tmp_path / "val",
+            epochs=3,
+            batch_size=2,
+            val_split="test",
+            select_metric="last",
+            model=model,
+        )
+    )
     assert res.best_epoch == 3
     lines = (tmp_path / "val" / "metrics.jsonl").read_text().splitlines()
     assert all("val" in json.loads(line) for line in lines)  # still measured each epoch, for the log
@@ -146,7 +209,6 @@ def test_options_override_their_recipe_and_seed_is_an_option(tmp_path: Path) -> 
     """`--recipe xpool` fine-tunes every CLIP block; on a frozen store `--trainable-blocks none` overrides that,
     and `--trainable-blocks 0` (which needs pooled states) says how."""
     from dab_pipeline.stages.train import build_train_config
-
     from dab_pipeline.testing import random_store
 
     store = random_store(tmp_path / "s.h5")
@@ -154,8 +216,24 @@ def test_options_override_their_recipe_and_seed_is_an_option(tmp_path: Path) -> 
     assert cfg.trainable_blocks is None and cfg.seed == 7 and cfg.model.variant == "xpool" and cfg.recipe == "xpool"
     with pytest.raises(ConfigError, match="--trainable-blocks none"):
         build_train_config(store, tmp_path / "r", recipe="xpool", options={"trainable_blocks": 0})
-    res = invoke(["train", "--features", str(store), "--recipe", "xpool", "--trainable-blocks",
-                                   "none", "--seed", "5", "--epochs", "1", "--out", str(tmp_path / "cli"), "--quiet"])
+    res = invoke(
+        [
+            "train",
+            "--features",
+            str(store),
+            "--recipe",
+            "xpool",
+            "--trainable-blocks",
+            "none",
+            "--seed",
+            "5",
+            "--epochs",
+            "1",
+            "--out",
+            str(tmp_path / "cli"),
+            "--quiet",
+        ]
+    )
     assert res.exit_code == 0, res.output
     saved = json.loads((tmp_path / "cli" / "config.json").read_text())
     assert saved["seed"] == 5 and saved["trainable_blocks"] is None and saved["lr"] == 3e-5
@@ -168,8 +246,7 @@ def test_a_recipe_applies_as_typed_values(tmp_path: Path) -> None:
 
     base = TrainConfig(features=tmp_path / "s.h5", out=tmp_path / "r")
     for name in ("paper", "paper-ablation", "world", "frozen"):
-        values = {k: v for k, v in load_recipe(name).resolved({"dataset": "msrvtt"}).items()
-                  if str(v) != "all"}
+        values = {k: v for k, v in load_recipe(name).resolved({"dataset": "msrvtt"}).items() if str(v) != "all"}
         typed = replace_values(base, values)
         parsed = apply_overrides(base, [f"{k}={v}" for k, v in values.items()])
         assert to_dict(typed) == to_dict(parsed), name

@@ -13,7 +13,6 @@ from dab_pipeline.core.errors import ConfigError
 from dab_pipeline.runs.run_folder import RunFolder
 from dab_pipeline.stages.evaluate import EvaluateConfig, run_evaluate
 from dab_pipeline.stages.train import TrainConfig, run_train
-
 from dab_pipeline.testing import random_store
 
 from ..helpers.runner import invoke
@@ -63,8 +62,9 @@ def _trained_elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple
     return made, elsewhere
 
 
-def test_a_copied_run_evaluated_from_another_directory_finds_its_store(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_copied_run_evaluated_from_another_directory_finds_its_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     made, elsewhere = _trained_elsewhere(tmp_path, monkeypatch)
     run_train(train_config(Path("store.h5"), Path("run"), "model.variant=dab", "epochs=1"))
     saved = json.loads(Path("run/config.json").read_text())

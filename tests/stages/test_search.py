@@ -71,12 +71,28 @@ def test_cli_prints_the_table_and_json(store: Path, tmp_path: Path) -> None:
     run, _ = build_run(tmp_path / "run", store)
     expected = search(run, store, [CAPTIONS[2]], topk=3, device="cpu")[0]
     runner = CliRunner()
-    out = runner.invoke(cli, ["search", "--run", str(run), "--features", str(store), "-k", "3", "--device", "cpu",
-                              CAPTIONS[2]])
+    out = runner.invoke(
+        cli, ["search", "--run", str(run), "--features", str(store), "-k", "3", "--device", "cpu", CAPTIONS[2]]
+    )
     assert out.exit_code == 0, out.output
     assert expected.hits[0].video_id in out.output and "confidence" in out.output and CAPTIONS[2] in out.output
-    out = runner.invoke(cli, ["search", "--run", str(run), "--features", str(store), "-k", "3", "--device", "cpu",
-                              "--json", CAPTIONS[2], CAPTIONS[5]])
+    out = runner.invoke(
+        cli,
+        [
+            "search",
+            "--run",
+            str(run),
+            "--features",
+            str(store),
+            "-k",
+            "3",
+            "--device",
+            "cpu",
+            "--json",
+            CAPTIONS[2],
+            CAPTIONS[5],
+        ],
+    )
     assert out.exit_code == 0, out.output
     payload = json.loads(out.output)
     assert [p["query"] for p in payload] == [CAPTIONS[2], CAPTIONS[5]]
@@ -158,8 +174,7 @@ def test_checkpoint_of_an_older_dab_still_loads(tmp_path: Path) -> None:
     from dab_pipeline.runs.checkpoint import load_checkpoint, set_rng_state
 
     np.random.seed(5)
-    old = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
-           "cuda": None}
+    old = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(), "cuda": None}
     path = tmp_path / "old.pt"
     torch.save({"rng": old, "model": {}}, path)
     expected = np.random.random(3)
@@ -170,24 +185,28 @@ def test_checkpoint_of_an_older_dab_still_loads(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("spelling", [["-k", "3"], ["--k", "3"], ["--k=3"], ["--topk", "3"]])
-def test_k_is_spelt_as_in_dab_serve_and_topk_still_works_with_a_notice(spelling: list[str], tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_k_is_spelt_as_in_dab_serve_and_topk_still_works_with_a_notice(
+    spelling: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Issue 35: `dab search` and `dab serve` both say -k/--k (the HTTP API's k); --topk, search's former spelling,
     still works, with one deprecation line on stderr (stdout stays the JSON a script reads)."""
     import dab_pipeline.stages.search as stage
 
     asked: list[int] = []
     monkeypatch.setattr(stage, "search", lambda *a, topk, **kw: asked.append(topk) or [])
-    out = CliRunner().invoke(cli, ["search", "--run", str(tmp_path), "--features", str(tmp_path), *spelling,
-                                   "--json", "a query"])
+    out = CliRunner().invoke(
+        cli, ["search", "--run", str(tmp_path), "--features", str(tmp_path), *spelling, "--json", "a query"]
+    )
     assert out.exit_code == 0, out.output
     assert asked == [3] and json.loads(out.stdout) == []
     if spelling[0] == "--topk":
-        assert out.stderr == ("warning: --topk is deprecated, use -k/--k (the same option; --topk goes in a later "
-                              "release)\n")
+        assert out.stderr == (
+            "warning: --topk is deprecated, use -k/--k (the same option; --topk goes in a later release)\n"
+        )
     else:
         assert out.stderr == ""
-    both = CliRunner().invoke(cli, ["search", "--run", str(tmp_path), "--features", str(tmp_path), "-k", "2",
-                                    "--topk", "3", "a query"])
+    both = CliRunner().invoke(
+        cli, ["search", "--run", str(tmp_path), "--features", str(tmp_path), "-k", "2", "--topk", "3", "a query"]
+    )
     assert both.exit_code == 2 and "--topk is the former spelling of -k/--k: give -k/--k only" in both.output
     assert "--topk" not in CliRunner().invoke(cli, ["search", "--help"]).stdout.split("-k, --k")[0]

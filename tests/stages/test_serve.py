@@ -42,8 +42,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_index_search_equals_exact_search_when_the_shortlist_holds_every_video(world: dict) -> None:
     queries = [CAPTIONS[0], CAPTIONS[4], "something else entirely"]
     exact = search(world["run"], world["store"], queries, topk=5, device="cpu")
-    short = search(world["run"], world["store"], queries, topk=5, device="cpu", index=world["index"],
-                   shortlist=TEST_VIDEOS)
+    short = search(
+        world["run"], world["store"], queries, topk=5, device="cpu", index=world["index"], shortlist=TEST_VIDEOS
+    )
     for e, s in zip(exact, short):
         assert [h.video_id for h in s.hits] == [h.video_id for h in e.hits]
         assert [h.video_index for h in s.hits] == [h.video_index for h in e.hits]
@@ -56,8 +57,9 @@ def test_rows_map_back_to_the_split_where_it_is_not_the_first_rows(world: dict, 
     with open_store(world["store"]) as st:
         build_index(st, tmp_path / "train-index", split="train")
     exact = search(world["run"], world["store"], [CAPTIONS[7]], topk=2, split="train", device="cpu")[0]
-    short = search(world["run"], world["store"], [CAPTIONS[7]], topk=2, split="train", device="cpu",
-                   index=tmp_path / "train-index")[0]
+    short = search(
+        world["run"], world["store"], [CAPTIONS[7]], topk=2, split="train", device="cpu", index=tmp_path / "train-index"
+    )[0]
     assert {h.video_id for h in short.hits} == {"vid6", "vid7"}
     assert [(h.video_id, h.video_index) for h in short.hits] == [(h.video_id, h.video_index) for h in exact.hits]
 
@@ -90,13 +92,47 @@ def test_cli_index_then_search(world: dict, tmp_path: Path) -> None:
     assert json.loads((tmp_path / "idx" / "config.json").read_text())["vector"] == "segments"
     out = invoke(["index", "--features", world["store"], "--out", tmp_path / "idx"])
     assert out.exit_code != 0 and "already exists" in out.output and "Traceback" not in out.output
-    out = invoke(["search", "--run", world["run"], "--features", world["store"], "--index", tmp_path / "idx",
-                  "--device", "cpu", "-k", "2", "--json", CAPTIONS[2]])
+    out = invoke(
+        [
+            "search",
+            "--run",
+            world["run"],
+            "--features",
+            world["store"],
+            "--index",
+            tmp_path / "idx",
+            "--device",
+            "cpu",
+            "-k",
+            "2",
+            "--json",
+            CAPTIONS[2],
+        ]
+    )
     assert out.exit_code == 0, out.output
     assert len(json.loads(out.output)[0]["hits"]) == 2
     page = tmp_path / "page.html"  # two queries, two shortlists: the page shows the union of their videos
-    out = invoke(["search", "--run", world["run"], "--features", world["store"], "--index", tmp_path / "idx",
-                  "--device", "cpu", "-k", "2", "--shortlist", "3", "--html", page, CAPTIONS[0], "<i>two</i>"])
+    out = invoke(
+        [
+            "search",
+            "--run",
+            world["run"],
+            "--features",
+            world["store"],
+            "--index",
+            tmp_path / "idx",
+            "--device",
+            "cpu",
+            "-k",
+            "2",
+            "--shortlist",
+            "3",
+            "--html",
+            page,
+            CAPTIONS[0],
+            "<i>two</i>",
+        ]
+    )
     assert out.exit_code == 0, out.output
     html = page.read_text()
     assert html.count('class="query"') == 2 and "&lt;i&gt;two&lt;/i&gt;" in html and "<i>two</i>" not in html
@@ -116,8 +152,7 @@ def client(world: dict):
     from dab_pipeline.stages.serve import ServeSettings, abstain_report, create_app
 
     searcher = Searcher(world["run"], world["store"], index=world["index"], device="cpu")
-    app = create_app(searcher, ServeSettings(abstain_below=1e9, max_k=5),
-                     abstain_report(world["run"], 1e9))
+    app = create_app(searcher, ServeSettings(abstain_below=1e9, max_k=5), abstain_report(world["run"], 1e9))
     with TestClient(app, raise_server_exceptions=False) as c:
         c.searcher = searcher
         yield c
@@ -136,11 +171,18 @@ def test_search_api_returns_hits_confidence_and_abstain(client, world: dict) -> 
     assert body["abstain_threshold"]["test"] is None  # the hand-made run has no test costs
 
 
-@pytest.mark.parametrize("params, status, words", [
-    ({}, 400, "empty"), ({"q": "   "}, 400, "empty"), ({"q": "x" * 501}, 400, "at most 500"),
-    ({"q": "a\x07b"}, 400, "control"), ({"q": "ok", "k": 0}, 422, "greater than"),
-    ({"q": "ok", "k": 6}, 422, "less than"), ({"q": "ok", "k": "many"}, 422, "integer"),
-])
+@pytest.mark.parametrize(
+    "params, status, words",
+    [
+        ({}, 400, "empty"),
+        ({"q": "   "}, 400, "empty"),
+        ({"q": "x" * 501}, 400, "at most 500"),
+        ({"q": "a\x07b"}, 400, "control"),
+        ({"q": "ok", "k": 0}, 422, "greater than"),
+        ({"q": "ok", "k": 6}, 422, "less than"),
+        ({"q": "ok", "k": "many"}, 422, "integer"),
+    ],
+)
 def test_bad_requests_get_a_4xx_with_a_message(client, params: dict, status: int, words: str) -> None:
     r = client.get("/search", params=params)
     assert r.status_code == status
@@ -235,10 +277,10 @@ def test_a_bad_port_or_one_in_use_is_one_line_before_anything_loads(world: dict,
     assert "serving" not in out.output and "Traceback" not in out.output
 
 
-
 @pytest.mark.parametrize("spelling", [["-k", "3"], ["--k", "3"], ["--topk", "3"]])
-def test_k_is_spelt_as_in_dab_search_and_topk_works_with_a_notice(spelling: list[str], tmp_path: Path,
-                                                                  monkeypatch) -> None:
+def test_k_is_spelt_as_in_dab_search_and_topk_works_with_a_notice(
+    spelling: list[str], tmp_path: Path, monkeypatch
+) -> None:
     """Issue 35: -k/--k as `dab search` (and the HTTP API) spell it; --topk too, with one deprecation line."""
     pytest.importorskip("uvicorn")
     import click
@@ -261,6 +303,7 @@ def test_k_is_spelt_as_in_dab_search_and_topk_works_with_a_notice(spelling: list
 
 
 # ----------------------------------------------------------------------------- a store that changes under a server
+
 
 def _served(world: dict, root: Path, backend: str):
     """A copy of the world's store in ``backend`` (h5 / zarr), its index and a test client over them."""
@@ -288,7 +331,9 @@ def _replace_with_other(store: Path, root: Path) -> None:
 
 def _truncate(store: Path, root: Path) -> None:
     if store.is_dir():  # a chunk file of the frames cut to nothing
-        chunk = next(p for p in sorted((store / "videos" / "frames").rglob("*")) if p.is_file() and p.name != "zarr.json")
+        chunk = next(
+            p for p in sorted((store / "videos" / "frames").rglob("*")) if p.is_file() and p.name != "zarr.json"
+        )
         chunk.write_bytes(b"")
     else:
         os.truncate(store, 20_000)
@@ -297,7 +342,9 @@ def _truncate(store: Path, root: Path) -> None:
 def _rewrite_in_place(store: Path, root: Path) -> None:
     """Bytes rewritten with the same size, the modification time set back (as `cp -p` or a careful tool would)."""
     if store.is_dir():
-        target = next(p for p in sorted((store / "videos" / "frames").rglob("*")) if p.is_file() and p.name != "zarr.json")
+        target = next(
+            p for p in sorted((store / "videos" / "frames").rglob("*")) if p.is_file() and p.name != "zarr.json"
+        )
     else:
         target = store
     st = target.stat()
@@ -314,10 +361,14 @@ def _delete(store: Path, root: Path) -> None:
 
 
 @pytest.mark.parametrize("backend", ["h5", "zarr"])
-@pytest.mark.parametrize("damage", [_truncate, _delete, _replace_with_other, _rewrite_in_place],
-                         ids=["truncated", "deleted", "replaced", "rewritten-in-place"])
-def test_a_server_never_answers_from_a_changed_or_damaged_store(world: dict, tmp_path: Path, backend: str,
-                                                                damage, caplog) -> None:
+@pytest.mark.parametrize(
+    "damage",
+    [_truncate, _delete, _replace_with_other, _rewrite_in_place],
+    ids=["truncated", "deleted", "replaced", "rewritten-in-place"],
+)
+def test_a_server_never_answers_from_a_changed_or_damaged_store(
+    world: dict, tmp_path: Path, backend: str, damage, caplog
+) -> None:
     store, searcher, client = _served(world, tmp_path, backend)
     with searcher, client:
         before = client.get("/search", params={"q": CAPTIONS[2], "k": 3})
@@ -335,8 +386,9 @@ def test_a_server_never_answers_from_a_changed_or_damaged_store(world: dict, tmp
         assert client.get("/search", params={"q": CAPTIONS[3]}).status_code == 503  # until restarted
 
 
-def test_a_read_that_fails_twice_stops_the_server_and_one_that_fails_once_does_not(world: dict, tmp_path: Path,
-                                                                                  monkeypatch) -> None:
+def test_a_read_that_fails_twice_stops_the_server_and_one_that_fails_once_does_not(
+    world: dict, tmp_path: Path, monkeypatch
+) -> None:
     _, searcher, client = _served(world, tmp_path, "h5")
     with searcher, client:
         real, calls = searcher.store.read_videos, {"n": 0}
@@ -373,8 +425,15 @@ def test_abstain_report_against_a_naive_count(tmp_path: Path) -> None:
     gt = rng.integers(0, 12, 40)
     run = tmp_path / "run"
     run.mkdir()
-    write_costs(run / "costs_test.npz", CostMatrix(cost=cost, query_ids=np.array([f"q{i}" for i in range(40)]),
-                                                    video_ids=np.array([f"v{j}" for j in range(12)]), gt=gt))
+    write_costs(
+        run / "costs_test.npz",
+        CostMatrix(
+            cost=cost,
+            query_ids=np.array([f"q{i}" for i in range(40)]),
+            video_ids=np.array([f"v{j}" for j in range(12)]),
+            gt=gt,
+        ),
+    )
     srt = np.sort(cost, axis=1)
     margin = srt[:, 1] - srt[:, 0]
     t = float(np.median(margin))
@@ -386,6 +445,7 @@ def test_abstain_report_against_a_naive_count(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- a real server
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -403,10 +463,29 @@ def test_real_server_answers_a_bounded_concurrent_load(world: dict, tmp_path: Pa
 
     pytest.importorskip("uvicorn")
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "dab_pipeline.cli", "serve", "--run", str(world["run"]),
-                             "--features", str(world["store"]), "--index", str(world["index"]),
-                             "--host", "127.0.0.1", "--port", str(port), "--threads", "1"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dab_pipeline.cli",
+            "serve",
+            "--run",
+            str(world["run"]),
+            "--features",
+            str(world["store"]),
+            "--index",
+            str(world["index"]),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--threads",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120

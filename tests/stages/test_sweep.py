@@ -12,8 +12,18 @@ import pytest
 from dab_pipeline.core.errors import ConfigError, RunLockedError
 from dab_pipeline.results.sweep import sweep_table
 from dab_pipeline.runs.costfile import read_costs
-from dab_pipeline.stages.sweep import (SweepConfig, SweepPlan, SweepRow, grid_plan, load_plan, load_sweep_config,
-                                       plan_from_dict, plan_names, resolve_plan, run_sweep)
+from dab_pipeline.stages.sweep import (
+    SweepConfig,
+    SweepPlan,
+    SweepRow,
+    grid_plan,
+    load_plan,
+    load_sweep_config,
+    plan_from_dict,
+    plan_names,
+    resolve_plan,
+    run_sweep,
+)
 from dab_pipeline.testing import random_store
 
 from ..helpers.runner import invoke
@@ -31,8 +41,10 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def swept(store: Path, tmp_path_factory: pytest.TempPathFactory):
     out = tmp_path_factory.mktemp("sweep") / "one"
     events = []
-    res = run_sweep(SweepConfig(features=store, out=out, plan=grid_plan(GRID, seeds=(1, 2)), overrides=SMALL),
-                    progress=events.append)
+    res = run_sweep(
+        SweepConfig(features=store, out=out, plan=grid_plan(GRID, seeds=(1, 2)), overrides=SMALL),
+        progress=events.append,
+    )
     return out, res, events
 
 
@@ -40,8 +52,9 @@ def test_a_grid_runs_every_row_and_seed_and_collapses_what_a_variant_ignores(swe
     out, res, events = swept
     rows = list(res.table["rows"])
     assert rows == ["variant=xpool,steps=2", "variant=dab,steps=2", "variant=dab,steps=4"]
-    assert res.notes == ["row variant=xpool,steps=4 is row variant=xpool,steps=2 (model.steps has no effect on "
-                         "xpool): run once"]
+    assert res.notes == [
+        "row variant=xpool,steps=4 is row variant=xpool,steps=2 (model.steps has no effect on xpool): run once"
+    ]
     assert len(res.done) == 6 and not res.failed and not res.reused
     for row in rows:  # ordinary run folders: trained, evaluated
         for seed in (1, 2):
@@ -52,8 +65,10 @@ def test_a_grid_runs_every_row_and_seed_and_collapses_what_a_variant_ignores(swe
     assert {p.name for p in out.iterdir() if p.is_file()} >= {"sweep.json", "sweep.md", "sweep.png", "sweep_plan.json"}
     table = json.loads((out / "sweep.json").read_text())
     r1 = table["rows"]["variant=dab,steps=4"]["columns"]["R@1"]
-    got = [json.loads((out / "variant=dab,steps=4" / f"seed{s}" / "metrics.json").read_text())["t2v"]["R@1"]
-           for s in (1, 2)]
+    got = [
+        json.loads((out / "variant=dab,steps=4" / f"seed{s}" / "metrics.json").read_text())["t2v"]["R@1"]
+        for s in (1, 2)
+    ]
     assert r1["values"] == got and r1["mean"] == pytest.approx(np.mean(got))
     assert table["rows"]["variant=xpool,steps=2"]["vs_baseline"] is None  # the baseline row
     vs = table["rows"]["variant=dab,steps=2"]["vs_baseline"]
@@ -75,8 +90,9 @@ def test_the_same_sweep_again_reuses_every_run(swept, store: Path) -> None:
 @pytest.mark.slow
 def test_jobs_2_gives_the_numbers_of_jobs_1(swept, store: Path, tmp_path: Path) -> None:
     out, first, _ = swept
-    res = run_sweep(SweepConfig(features=store, out=tmp_path / "two", plan=grid_plan(GRID, seeds=(1, 2)),
-                                overrides=SMALL, jobs=2))
+    res = run_sweep(
+        SweepConfig(features=store, out=tmp_path / "two", plan=grid_plan(GRID, seeds=(1, 2)), overrides=SMALL, jobs=2)
+    )
     assert len(res.done) == 6 and not res.failed
     for row, vals in first.table["rows"].items():
         for col in ("R@1", "R@5", "R@10", "MdR", "MnR", "v2t R@1"):
@@ -87,8 +103,9 @@ def test_jobs_2_gives_the_numbers_of_jobs_1(swept, store: Path, tmp_path: Path) 
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-4)
 
 
-def test_a_failed_run_does_not_stop_the_others_and_a_rerun_retries_it(store: Path, tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_run_does_not_stop_the_others_and_a_rerun_retries_it(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import dab_pipeline.stages.sweep.one as one
 
     real = one.run_train
@@ -100,8 +117,20 @@ def test_a_failed_run_does_not_stop_the_others_and_a_rerun_retries_it(store: Pat
 
     monkeypatch.setattr(one, "run_train", broken_for_seed_2)
     plan = grid_plan(["model.variant=xpool,prob"], seeds=(1, 2))
-    args = ["sweep", "--features", store, "--out", tmp_path / "s", "--grid", "model.variant=xpool,prob",
-            "--seeds", "1", "2", *[a for s in SMALL for a in ("--set", s)], "--quiet"]
+    args = [
+        "sweep",
+        "--features",
+        store,
+        "--out",
+        tmp_path / "s",
+        "--grid",
+        "model.variant=xpool,prob",
+        "--seeds",
+        "1",
+        "2",
+        *[a for s in SMALL for a in ("--set", s)],
+        "--quiet",
+    ]
     r = invoke(args)
     assert r.exit_code == 1, r.output
     assert "2 run(s) failed" in r.output and "simulated: the disk went away" in r.output and "Traceback" not in r.output
@@ -116,8 +145,12 @@ def test_a_failed_run_does_not_stop_the_others_and_a_rerun_retries_it(store: Pat
 
 
 def test_an_interrupted_sweep_loses_only_the_run_in_flight(store: Path, tmp_path: Path) -> None:
-    cfg = SweepConfig(features=store, out=tmp_path / "k", plan=grid_plan(["model.variant=prob"], seeds=(1, 2)),
-                      overrides=(*SMALL[:-1], "epochs=3"))
+    cfg = SweepConfig(
+        features=store,
+        out=tmp_path / "k",
+        plan=grid_plan(["model.variant=prob"], seeds=(1, 2)),
+        overrides=(*SMALL[:-1], "epochs=3"),
+    )
     epochs = []
 
     def stop_in_the_second_run(event) -> None:
@@ -140,8 +173,14 @@ def test_bad_plans_fail_before_any_run_naming_the_row(store: Path, tmp_path: Pat
     with pytest.raises(ConfigError, match=r"sweep row nope=1: .*unknown key 'nope'; valid: .*epochs"):
         run_sweep(SweepConfig(features=store, out=tmp_path / "a", plan=grid_plan(["nope=1"], seeds=(1,))))
     with pytest.raises(ConfigError, match=r"sweep row steps=0: .*model.steps=0 is invalid"):
-        run_sweep(SweepConfig(features=store, out=tmp_path / "a", plan=grid_plan(["model.steps=0"], seeds=(1,)),
-                              overrides=("model.variant=xpool",)))
+        run_sweep(
+            SweepConfig(
+                features=store,
+                out=tmp_path / "a",
+                plan=grid_plan(["model.steps=0"], seeds=(1,)),
+                overrides=("model.variant=xpool",),
+            )
+        )
     assert not (tmp_path / "a").exists()
     with pytest.raises(ConfigError, match="--baseline model.variant=prob: no row has these values"):
         grid_plan(["model.variant=xpool,dab"], baseline="model.variant=prob")
@@ -155,16 +194,24 @@ def test_seed_in_a_grid_a_plan_or_set_is_refused_pointing_to_seeds(store: Path, 
     trained with seed 1), so it is refused with where to put it instead."""
     with pytest.raises(ConfigError, match=r"--grid seed=1,2,3: seed is set by --seeds .*pass --seeds 1,2,3"):
         grid_plan(["model.variant=xpool", "seed=1,2,3"], seeds=(1,))
-    for data, where in (({"grid": {"seed": [1, 2]}}, "grid seed=1,2"),
-                        ({"rows": [{"name": "a", "set": {"seed": 5}}]}, "row a seed=5"),
-                        ({"grid": {"model.steps": [8]}, "set": {"seed": 5}}, "set seed=5")):
+    for data, where in (
+        ({"grid": {"seed": [1, 2]}}, "grid seed=1,2"),
+        ({"rows": [{"name": "a", "set": {"seed": 5}}]}, "row a seed=5"),
+        ({"grid": {"model.steps": [8]}, "set": {"seed": 5}}, "set seed=5"),
+    ):
         with pytest.raises(ConfigError, match=rf"sweep plan 'mine': {where}: {re.escape(SEEDS_OWN_IT)}.*\"seeds\""):
             plan_from_dict(data, "mine")
-    with pytest.raises(ConfigError, match=re.escape(SEEDS_OWN_IT)):  # a plan built in Python, as the benchmarks build theirs
+    with pytest.raises(
+        ConfigError, match=re.escape(SEEDS_OWN_IT)
+    ):  # a plan built in Python, as the benchmarks build theirs
         SweepPlan(name="py", rows=(SweepRow("a", {"seed": 5}),))
     with pytest.raises(ConfigError, match=r"--set seed=5: seed is set by --seeds .*pass --seeds 5"):
-        SweepConfig(features=store, out=tmp_path / "a", plan=grid_plan(["model.variant=xpool"], seeds=(1,)),
-                    overrides=(*SMALL, "seed=5"))
+        SweepConfig(
+            features=store,
+            out=tmp_path / "a",
+            plan=grid_plan(["model.variant=xpool"], seeds=(1,)),
+            overrides=(*SMALL, "seed=5"),
+        )
     assert not (tmp_path / "a").exists()
 
 
@@ -172,23 +219,26 @@ def test_the_cli_refuses_seed_in_grid_plan_or_set_in_one_line(store: Path, tmp_p
     plan = tmp_path / "mine.json"
     plan.write_text(json.dumps({"rows": [{"name": "a", "set": {"model.variant": "xpool", "seed": 7}}]}))
     sets = [a for s in SMALL for a in ("--set", s)]
-    for extra in (["--grid", "seed=1,2,3", "--seeds", "1"], ["--plan", plan, "--seeds", "1"],
-                  ["--grid", "model.variant=xpool", "--set", "seed=5"]):
+    for extra in (
+        ["--grid", "seed=1,2,3", "--seeds", "1"],
+        ["--plan", plan, "--seeds", "1"],
+        ["--grid", "model.variant=xpool", "--set", "seed=5"],
+    ):
         r = invoke(["sweep", "--features", store, "--out", tmp_path / "s", *extra, *sets, "--quiet"])
         assert r.exit_code != 0 and "Traceback" not in r.output, r.output
         assert SEEDS_OWN_IT in " ".join(r.output.split()), r.output  # rich may wrap the line
     assert not (tmp_path / "s").exists()  # refused before any run
 
 
-def test_a_run_another_sweep_finished_is_not_listed_as_failed(store: Path, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_another_sweep_finished_is_not_listed_as_failed(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two sweeps into one --out: the first is locked out of seed 2 while the second trains it, then writes its
     sweep.md after the second finished it. The run is in the table; its stale failure must not be listed too."""
     import dab_pipeline.stages.sweep.one as one
 
     real, out, racing = one.run_train, tmp_path / "s", []
-    second = SweepConfig(features=store, out=out, plan=grid_plan(["model.variant=xpool"], seeds=(2,)),
-                         overrides=SMALL)
+    second = SweepConfig(features=store, out=out, plan=grid_plan(["model.variant=xpool"], seeds=(2,)), overrides=SMALL)
 
     def locked_out_while_the_other_sweep_finishes_it(cfg, **kw):
         if cfg.seed != 2 or racing:
@@ -198,8 +248,9 @@ def test_a_run_another_sweep_finished_is_not_listed_as_failed(store: Path, tmp_p
         raise RunLockedError(f"{cfg.out} is being written by another process (pid 1: dab train)")
 
     monkeypatch.setattr(one, "run_train", locked_out_while_the_other_sweep_finishes_it)
-    res = run_sweep(SweepConfig(features=store, out=out, plan=grid_plan(["model.variant=xpool"], seeds=(1, 2, 3)),
-                                overrides=SMALL))
+    res = run_sweep(
+        SweepConfig(features=store, out=out, plan=grid_plan(["model.variant=xpool"], seeds=(1, 2, 3)), overrides=SMALL)
+    )
     assert racing == [out / "variant=xpool" / "seed2"]
     assert res.table["rows"]["variant=xpool"]["seeds"] == [1, 2, 3]
     md = (out / "sweep.md").read_text()
@@ -217,8 +268,7 @@ def test_more_seeds_reuse_the_runs_and_a_foreign_run_is_refused(swept, store: Pa
     assert res.table["rows"]["variant=dab,steps=4"]["seeds"] == [2, 3]
     stamps = {p: p.stat().st_mtime_ns for p in out.rglob("config.json")}
     with pytest.raises(ConfigError, match=r"holds a run of another configuration \(lr \(saved 0.003, given 0.01\)"):
-        run_sweep(SweepConfig(features=store, out=out, plan=grid_plan(GRID, seeds=(1,)),
-                              overrides=(*SMALL, "lr=0.01")))
+        run_sweep(SweepConfig(features=store, out=out, plan=grid_plan(GRID, seeds=(1,)), overrides=(*SMALL, "lr=0.01")))
     assert {p: p.stat().st_mtime_ns for p in out.rglob("config.json")} == stamps  # refused before anything ran
     r = invoke(["sweep", "--resume", "--out", out, "--grid", "model.variant=dab"])
     assert r.exit_code != 0 and "drop the options" in r.output
@@ -227,8 +277,20 @@ def test_more_seeds_reuse_the_runs_and_a_foreign_run_is_refused(swept, store: Pa
 def test_the_cli_prints_the_table_and_accepts_seed_lists(swept, store: Path) -> None:
     out, first, _ = swept
     sets = [a for s in SMALL for a in ("--set", s)]
-    r = invoke(["sweep", "--features", store, "--out", out, *[a for g in GRID for a in ("--grid", g)],
-                "--seeds", "1,2", *sets, "--quiet"])
+    r = invoke(
+        [
+            "sweep",
+            "--features",
+            store,
+            "--out",
+            out,
+            *[a for g in GRID for a in ("--grid", g)],
+            "--seeds",
+            "1,2",
+            *sets,
+            "--quiet",
+        ]
+    )
     assert r.exit_code == 0, r.output
     assert "0 run(s) done, 6 reused, 0 failed" in r.output and "variant=dab" in r.output
     # outside a terminal (click's runner, a log, CI) the table is whole: no cell cut to fit 80 columns
@@ -259,8 +321,9 @@ def test_the_table_of_identical_rows_has_an_interval_around_zero() -> None:
     hits = {s: (rng.random(50) < 0.4).astype(float) for s in (1, 2, 3)}
 
     def runs(h):
-        return {s: {"metrics": {"t2v": {"R@1": 100 * h[s].mean()}}, "hits": h[s], "query_ids": list(range(50))}
-                for s in h}
+        return {
+            s: {"metrics": {"t2v": {"R@1": 100 * h[s].mean()}}, "hits": h[s], "query_ids": list(range(50))} for s in h
+        }
 
     table = sweep_table({"a": runs(hits), "b": runs(hits)}, "a")
     v = table["rows"]["b"]["vs_baseline"]
@@ -279,9 +342,15 @@ def test_the_ray_backend_runs_the_sweep_on_a_local_instance(swept, store: Path, 
     out, first, _ = swept
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        res = run_sweep(SweepConfig(features=store, out=tmp_path / "ray",
-                                    plan=grid_plan(["model.variant=xpool,dab", "model.steps=2"], seeds=(1,)),
-                                    overrides=SMALL, backend="ray"))
+        res = run_sweep(
+            SweepConfig(
+                features=store,
+                out=tmp_path / "ray",
+                plan=grid_plan(["model.variant=xpool,dab", "model.steps=2"], seeds=(1,)),
+                overrides=SMALL,
+                backend="ray",
+            )
+        )
     finally:
         ray.shutdown()
     assert len(res.done) == 2 and not res.failed, res.failed
@@ -291,21 +360,31 @@ def test_the_ray_backend_runs_the_sweep_on_a_local_instance(swept, store: Path, 
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-4, err_msg=row)
 
 
-def test_variant_cost_and_steps_are_the_model_keys_in_grids_plans_set_and_baseline(store: Path,
-                                                                                 tmp_path: Path) -> None:
+def test_variant_cost_and_steps_are_the_model_keys_in_grids_plans_set_and_baseline(store: Path, tmp_path: Path) -> None:
     """`dab train`'s option names are the same keys as model.variant, model.cost, model.steps in a sweep."""
     out = tmp_path / "s"
-    long = resolve_plan(grid_plan(GRID, seeds=(1,), baseline="model.variant=dab"), store, out,
-                        (*SMALL, "model.cost=w2"))
-    short = resolve_plan(grid_plan(["variant=xpool,dab", "steps=2,4"], seeds=(1,), baseline="variant=dab"), store,
-                         out, (*SMALL, "cost=w2"))
+    long = resolve_plan(
+        grid_plan(GRID, seeds=(1,), baseline="model.variant=dab"), store, out, (*SMALL, "model.cost=w2")
+    )
+    short = resolve_plan(
+        grid_plan(["variant=xpool,dab", "steps=2,4"], seeds=(1,), baseline="variant=dab"),
+        store,
+        out,
+        (*SMALL, "cost=w2"),
+    )
     assert short.rows == long.rows == ["variant=xpool,steps=2", "variant=dab,steps=2", "variant=dab,steps=4"]
     assert short.baseline == long.baseline == "variant=dab,steps=2" and short.notes == long.notes
     assert [r.config for r in short.runs] == [r.config for r in long.runs]
     assert {r.config.model.cost for r in short.runs} == {"w2"}
-    plan = plan_from_dict({"set": {"cost": "w2"}, "grid": {"variant": ["prob", "dab"]},
-                           "rows": [{"name": "short", "set": {"variant": "dab", "steps": 2}}],
-                           "baseline": {"variant": "prob"}}, "mine")
+    plan = plan_from_dict(
+        {
+            "set": {"cost": "w2"},
+            "grid": {"variant": ["prob", "dab"]},
+            "rows": [{"name": "short", "set": {"variant": "dab", "steps": 2}}],
+            "baseline": {"variant": "prob"},
+        },
+        "mine",
+    )
     assert [r.name for r in plan.rows] == ["variant=prob", "variant=dab", "short"]
     assert plan.values == {"model.cost": "w2"} and plan.rows[2].values == {"model.variant": "dab", "model.steps": 2}
     assert plan.baseline_row == "variant=prob"
@@ -320,10 +399,15 @@ def test_the_controls_are_variants_of_a_grid_with_todays_configs(store: Path, tm
     out = tmp_path / "s"
     named = resolve_plan(grid_plan(["variant=dab,dab-const,prob-fixvar,dab-fixvar"], seeds=(1,)), store, out, SMALL)
     assert named.rows == ["variant=dab", "variant=dab-const", "variant=prob-fixvar", "variant=dab-fixvar"]
-    old = SweepPlan("old", rows=(SweepRow("variant=dab-const", {"model.variant": "dab", "model.drift": "constant"}),
-                                 SweepRow("variant=prob-fixvar", {"model.variant": "prob", "model.variance": "fixed"}),
-                                 SweepRow("variant=dab-fixvar", {"model.variant": "dab", "model.variance": "fixed"})),
-                    seeds=(1,))
+    old = SweepPlan(
+        "old",
+        rows=(
+            SweepRow("variant=dab-const", {"model.variant": "dab", "model.drift": "constant"}),
+            SweepRow("variant=prob-fixvar", {"model.variant": "prob", "model.variance": "fixed"}),
+            SweepRow("variant=dab-fixvar", {"model.variant": "dab", "model.variance": "fixed"}),
+        ),
+        seeds=(1,),
+    )
     by_row = {r.row: r.config for r in named.runs}
     for run in resolve_plan(old, store, out, SMALL).runs:
         assert by_row[run.row] == run.config, run.row  # the same config, the same folder: a sweep reuses it

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from dab_pipeline.runs.checkpoint import load_checkpoint
-from dab_pipeline.core.overrides import apply_overrides
-from dab_pipeline.runs.costfile import read_costs
 from dab_pipeline.core.errors import ConfigError, TrainingError
+from dab_pipeline.core.overrides import apply_overrides
+from dab_pipeline.runs.checkpoint import load_checkpoint
+from dab_pipeline.runs.costfile import read_costs
 from dab_pipeline.stages.train import TrainConfig, resolve_train_config, run_train
 from dab_pipeline.store import open_store
-
 from dab_pipeline.testing import random_store as make_random_store
+
 from ..helpers.runner import invoke
 from ..helpers.training import SMALL_TRAIN, interrupt_at, interrupted_run, patch_loss, train_config
 
@@ -50,8 +50,10 @@ def test_each_variant_writes_a_complete_run(random_store: Path, tmp_path: Path, 
 
 def test_bf16_scoring_gives_the_float32_ranking(random_store: Path, tmp_path: Path) -> None:
     # score_dtype only changes how val / test are scored: one epoch (no selection), near-equal costs
-    runs = {dt: run_train(train_config(random_store, tmp_path / dt, "model.variant=dab", "epochs=1", f"score_dtype={dt}"))
-            for dt in ("float32", "bfloat16")}
+    runs = {
+        dt: run_train(train_config(random_store, tmp_path / dt, "model.variant=dab", "epochs=1", f"score_dtype={dt}"))
+        for dt in ("float32", "bfloat16")
+    }
     c32, c16 = (read_costs(runs[dt].costs_path).cost for dt in ("float32", "bfloat16"))
     assert np.max(np.abs(c16 - c32) / np.abs(c32)) < 2e-2
     assert np.mean(c16.argmin(1) == c32.argmin(1)) >= 0.9
@@ -62,8 +64,9 @@ def test_bf16_scoring_gives_the_float32_ranking(random_store: Path, tmp_path: Pa
 
 
 @pytest.mark.parametrize("epoch", ["captions", "videos"])
-def test_resume_equals_uninterrupted(random_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                     epoch: str) -> None:
+def test_resume_equals_uninterrupted(
+    random_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, epoch: str
+) -> None:
     sets = ["model.variant=dab", "epochs=3", "checkpoint_every=1", f"epoch={epoch}"]
     a = run_train(train_config(random_store, tmp_path / "a", *sets))
     restore = patch_loss(monkeypatch, interrupt_at(4))  # second step of the second epoch (2 steps per epoch)
@@ -102,8 +105,9 @@ def test_epoch_orders() -> None:
         TrainConfig(features=Path("x.h5"), out=Path("r"), epoch="steps")
 
 
-def test_nan_loss_stops_with_a_clear_message(random_store: Path, tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_nan_loss_stops_with_a_clear_message(
+    random_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     patch_loss(monkeypatch, lambda n, compute: compute() * float("nan") if n == 6 else compute())  # 5 steps an epoch
     out = tmp_path / "nan"
     with pytest.raises(TrainingError, match=r"epoch 2, step 1 \(global step 6\)"):
@@ -119,8 +123,9 @@ def test_existing_run_is_not_overwritten(random_store: Path, tmp_path: Path) -> 
         run_train(train_config(random_store, tmp_path / "r", "epochs=1"))
 
 
-def test_interrupted_run_with_a_checkpoint_needs_resume(random_store: Path, tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_interrupted_run_with_a_checkpoint_needs_resume(
+    random_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import dab_pipeline.stages.train as tr
 
     real = tr.score_split
@@ -141,8 +146,9 @@ def test_interrupted_run_with_a_checkpoint_needs_resume(random_store: Path, tmp_
     assert res.epochs_done == 2
 
 
-def test_run_that_stopped_before_a_checkpoint_starts_over(random_store: Path, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_run_that_stopped_before_a_checkpoint_starts_over(
+    random_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import dab_pipeline.stages.train as tr
 
     real = tr.score_split
@@ -165,8 +171,7 @@ def test_run_that_stopped_before_a_checkpoint_starts_over(random_store: Path, tm
     assert any("starting over" in (e.message or "") for e in events)
 
 
-def test_batch_larger_than_the_split_is_refused_before_the_folder_exists(random_store: Path,
-                                                                        tmp_path: Path) -> None:
+def test_batch_larger_than_the_split_is_refused_before_the_folder_exists(random_store: Path, tmp_path: Path) -> None:
     out = tmp_path / "r"
     with pytest.raises(ConfigError, match="exceeds the .* training captions.*--batch-size"):
         run_train(train_config(random_store, out, "epochs=1", "batch_size=100000"))
@@ -191,9 +196,20 @@ def states_store(tiny_folder_dataset: Path, tmp_path_factory: pytest.TempPathFac
     from dab_pipeline.stages.extract import ExtractConfig, run_extract
 
     out = tmp_path_factory.mktemp("k1") / "store.h5"
-    run_extract(ExtractConfig(dataset="folder", out=out, annotations=tiny_folder_dataset,
-                              videos=tiny_folder_dataset.parent / "videos", model="dab-tiny", pretrained=None,
-                              trainable_blocks=1, store_dtype="float32", workers=0, batch_size=3))
+    run_extract(
+        ExtractConfig(
+            dataset="folder",
+            out=out,
+            annotations=tiny_folder_dataset,
+            videos=tiny_folder_dataset.parent / "videos",
+            model="dab-tiny",
+            pretrained=None,
+            trainable_blocks=1,
+            store_dtype="float32",
+            workers=0,
+            batch_size=3,
+        )
+    )
     return out
 
 
@@ -236,8 +252,19 @@ def test_partial_finetuning_trains_clip_blocks(states_store: Path, tmp_path: Pat
 
 def test_cli_train_and_resume(random_store: Path, tmp_path: Path) -> None:
     out = tmp_path / "cli"
-    args = ["train", "--features", str(random_store), "--variant", "prob", "--epochs", "1", "--out", str(out),
-            "--quiet", *[x for s in SMALL_TRAIN for x in ("--set", s)]]
+    args = [
+        "train",
+        "--features",
+        str(random_store),
+        "--variant",
+        "prob",
+        "--epochs",
+        "1",
+        "--out",
+        str(out),
+        "--quiet",
+        *[x for s in SMALL_TRAIN for x in ("--set", s)],
+    ]
     res = invoke(args, catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert "test t2v: R@1" in res.output
@@ -251,8 +278,9 @@ def test_cli_train_and_resume(random_store: Path, tmp_path: Path) -> None:
     assert res.exit_code != 0 and "batch_size" in res.output and "saved" in res.output
     res = invoke(["train", "--resume", "--out", str(out), "--epochs", "1", "--quiet"])
     assert res.exit_code == 0, res.output  # the same value as saved is fine
-    res = invoke(["train", "--features", str(random_store), "--set", "model.variant=nope",
-                                   "--out", str(tmp_path / "bad")])
+    res = invoke(
+        ["train", "--features", str(random_store), "--set", "model.variant=nope", "--out", str(tmp_path / "bad")]
+    )
     assert res.exit_code != 0 and "xpool" in res.output and "Traceback" not in res.output
 
 
@@ -268,8 +296,9 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("how", ["copy", "move"])
-def test_a_copied_or_moved_run_resumes_where_out_points(random_store: Path, tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+def test_a_copied_or_moved_run_resumes_where_out_points(
+    random_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
     import shutil
 
     original = tmp_path / "original"
@@ -303,16 +332,19 @@ def _hold_lock(folder: Path):
     import subprocess
     import sys
 
-    code = ("import sys, time; from dab_pipeline.runs.run_folder import RunFolder; "
-            "lock = RunFolder(sys.argv[1]).writer_lock('dab train --resume'); lock.__enter__(); "
-            "print('locked', flush=True); time.sleep(120)")
+    code = (
+        "import sys, time; from dab_pipeline.runs.run_folder import RunFolder; "
+        "lock = RunFolder(sys.argv[1]).writer_lock('dab train --resume'); lock.__enter__(); "
+        "print('locked', flush=True); time.sleep(120)"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "locked"
     return proc
 
 
 def test_a_live_run_refuses_a_second_writer_and_a_dead_ones_lock_is_taken_over(
-        random_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    random_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = tmp_path / "live"
     interrupted_run(random_store, out, monkeypatch)
     before = _snapshot(out)
@@ -322,8 +354,9 @@ def test_a_live_run_refuses_a_second_writer_and_a_dead_ones_lock_is_taken_over(
         text = " ".join(res.output.split())
         assert res.exit_code != 0 and "Traceback" not in res.output, res.output
         assert f"being written by another process (pid {holder.pid}: dab train --resume)" in text, text
-        assert {k: v for k, v in _snapshot(out).items() if k != ".lock"} == \
-            {k: v for k, v in before.items() if k != ".lock"}  # nothing written, its status not marked failed
+        assert {k: v for k, v in _snapshot(out).items() if k != ".lock"} == {
+            k: v for k, v in before.items() if k != ".lock"
+        }  # nothing written, its status not marked failed
     finally:
         holder.kill()
         holder.wait()
@@ -421,13 +454,37 @@ def test_a_run_on_cuda_trains_and_scores(random_store: Path, tmp_path: Path, amp
     np.testing.assert_allclose(again, cost, rtol=1e-4, atol=1e-4)
 
 
-def test_a_bare_resume_keeps_every_non_default_value(random_store: Path, tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bare_resume_keeps_every_non_default_value(
+    random_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`dab train --resume --out RUN` after a run made with non-default values: nothing typed, nothing changed."""
     out = tmp_path / "run"
-    args = ["train", "--features", random_store, "--variant", "dab", "--steps", "2", "--epochs", "2", "--batch-size",
-            "4", "--seed", "3", "--out", out, "--quiet", "--set", "lr=2e-3", "--set", "model.drift_hidden=16",
-            "--set", "model.time_embed_dim=8", "--set", "checkpoint_every=1"]
+    args = [
+        "train",
+        "--features",
+        random_store,
+        "--variant",
+        "dab",
+        "--steps",
+        "2",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "4",
+        "--seed",
+        "3",
+        "--out",
+        out,
+        "--quiet",
+        "--set",
+        "lr=2e-3",
+        "--set",
+        "model.drift_hidden=16",
+        "--set",
+        "model.time_embed_dim=8",
+        "--set",
+        "checkpoint_every=1",
+    ]
     restore = patch_loss(monkeypatch, interrupt_at(13))  # in the second epoch (40 captions: 10 steps of 4)
     res = invoke(args)
     restore()
@@ -443,11 +500,17 @@ def test_a_bare_resume_keeps_every_non_default_value(random_store: Path, tmp_pat
     assert res.exit_code != 0 and "lr (saved 0.002, given 0.001)" in text and "batch_size" not in text, text
 
 
-@pytest.mark.parametrize("control,old", [("prob-fixvar", ["model.variant=prob", "model.variance=fixed"]),
-                                         ("dab-fixvar", ["model.variant=dab", "model.variance=fixed"]),
-                                         ("dab-const", ["model.variant=dab", "model.drift=constant"])])
-def test_a_control_named_as_the_variant_is_todays_combination_of_keys(random_store: Path, tmp_path: Path,
-                                                                      control: str, old: list[str]) -> None:
+@pytest.mark.parametrize(
+    "control,old",
+    [
+        ("prob-fixvar", ["model.variant=prob", "model.variance=fixed"]),
+        ("dab-fixvar", ["model.variant=dab", "model.variance=fixed"]),
+        ("dab-const", ["model.variant=dab", "model.drift=constant"]),
+    ],
+)
+def test_a_control_named_as_the_variant_is_todays_combination_of_keys(
+    random_store: Path, tmp_path: Path, control: str, old: list[str]
+) -> None:
     from dab_pipeline.stages.train import build_train_config
 
     out = tmp_path / "run"
@@ -464,12 +527,30 @@ def test_a_control_run_made_the_old_way_loads_and_resumes_under_its_name(random_
 
     out = tmp_path / "old"
     sets = [x for s in SMALL_TRAIN for x in ("--set", s)]
-    res = invoke(["train", "--features", random_store, "--variant", "dab", "--set", "model.drift=constant",
-                  "--epochs", "1", "--out", out, "--quiet", *sets], catch_exceptions=False)
+    res = invoke(
+        [
+            "train",
+            "--features",
+            random_store,
+            "--variant",
+            "dab",
+            "--set",
+            "model.drift=constant",
+            "--epochs",
+            "1",
+            "--out",
+            out,
+            "--quiet",
+            *sets,
+        ],
+        catch_exceptions=False,
+    )
     assert res.exit_code == 0, res.output
     saved = json.loads((out / "config.json").read_text())["model"]
     assert (saved["variant"], saved["drift"]) == ("dab", "constant")  # the form old runs have
-    named = build_train_config(random_store, out, options={"model.variant": "dab-const", "epochs": 1}, overrides=SMALL_TRAIN)
+    named = build_train_config(
+        random_store, out, options={"model.variant": "dab-const", "epochs": 1}, overrides=SMALL_TRAIN
+    )
     assert RunFolder(out).load_config(TrainConfig) == named
     res = invoke(["train", "--resume", "--out", out, "--variant", "dab-const", "--quiet"])
     assert res.exit_code == 0, res.output

@@ -9,18 +9,26 @@ import numpy as np
 import pytest
 import torch
 
-from dab_pipeline.video.augment import augmented_views, crop_params, view_seed
-from dab_pipeline.runs.checkpoint import load_checkpoint
 from dab_pipeline.core.overrides import apply_overrides
+from dab_pipeline.runs.checkpoint import load_checkpoint
 from dab_pipeline.runs.costfile import read_costs
 from dab_pipeline.stages.train import TrainConfig, epoch_views, resolve_train_config, run_train
 from dab_pipeline.store import open_store
-
 from dab_pipeline.testing import random_store
+from dab_pipeline.video.augment import augmented_views, crop_params, view_seed
+
 from ..helpers.runner import invoke
 
-SMALL = ["model.drift_hidden=16", "model.time_embed_dim=8", "model.steps=2", "batch_size=8", "lr=3e-3",
-         "model.variant=dab", "epochs=3", "checkpoint_every=1"]
+SMALL = [
+    "model.drift_hidden=16",
+    "model.time_embed_dim=8",
+    "model.steps=2",
+    "batch_size=8",
+    "lr=3e-3",
+    "model.variant=dab",
+    "epochs=3",
+    "checkpoint_every=1",
+]
 
 
 def test_crop_params_follow_random_resized_crop_and_are_seeded() -> None:
@@ -47,9 +55,29 @@ def test_augmented_views_shape_normalisation_and_determinism() -> None:
 
 
 def _extract(captions: Path, out: Path, *extra: str):
-    args = ["extract", "--dataset", "folder", "--model", "dab-tiny", "--workers", "0", "--batch-size", "2",
-            "--store-dtype", "float32", "--dtype", "float32", "--annotations", str(captions), "--videos",
-            str(captions.parent / "videos"), "--out", str(out), "--quiet", *extra]
+    args = [
+        "extract",
+        "--dataset",
+        "folder",
+        "--model",
+        "dab-tiny",
+        "--workers",
+        "0",
+        "--batch-size",
+        "2",
+        "--store-dtype",
+        "float32",
+        "--dtype",
+        "float32",
+        "--annotations",
+        str(captions),
+        "--videos",
+        str(captions.parent / "videos"),
+        "--out",
+        str(out),
+        "--quiet",
+        *extra,
+    ]
     return invoke(args, catch_exceptions=False)
 
 
@@ -57,13 +85,17 @@ def test_extract_stores_views_of_training_videos_only(tiny_folder_dataset: Path,
     out = tmp_path / "s.h5"
     assert _extract(tiny_folder_dataset, out, "--train-views", "2").exit_code == 0
     with open_store(out) as st:
-        assert st.train_views == 2 and st.manifest["train_views"] == 2 and "RandomResizedCrop" in \
-            st.manifest["train_view_transform"]
+        assert (
+            st.train_views == 2
+            and st.manifest["train_views"] == 2
+            and "RandomResizedCrop" in st.manifest["train_view_transform"]
+        )
         train = st.load_split("train", with_views=True)
         assert train.views.shape == (len(train.video_ids), 2, 12, train.frames.shape[2])
         assert np.isfinite(train.views).all()
-        assert not np.allclose(train.views[:, 0], train.frames) and not np.allclose(train.views[:, 0],
-                                                                                   train.views[:, 1])
+        assert not np.allclose(train.views[:, 0], train.frames) and not np.allclose(
+            train.views[:, 0], train.views[:, 1]
+        )
         test = st.load_split("test")
         assert test.views is None
     again = tmp_path / "again.h5"
@@ -90,9 +122,25 @@ def test_views_at_token_state_level_for_fine_tuning(tiny_folder_dataset: Path, t
         train = st.load_split("train", with_states=True, with_views=True)
         assert train.view_states.shape == (len(train.video_ids), 2, *train.vision_states.shape[1:])
         assert not np.allclose(train.view_states[:, 0].astype(np.float32), train.vision_states.astype(np.float32))
-    res = invoke(["train", "--features", str(out), "--trainable-blocks", "1", "--epochs", "1",
-                                   "--batch-size", "2", "--steps", "2", "--out", str(tmp_path / "run"), "--quiet"],
-                             catch_exceptions=False)
+    res = invoke(
+        [
+            "train",
+            "--features",
+            str(out),
+            "--trainable-blocks",
+            "1",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "2",
+            "--steps",
+            "2",
+            "--out",
+            str(tmp_path / "run"),
+            "--quiet",
+        ],
+        catch_exceptions=False,
+    )
     assert res.exit_code == 0, res.output
 
 
@@ -142,8 +190,9 @@ def test_training_uses_the_views_and_scores_on_the_eval_view(tmp_path: Path, mon
     run = load_run(tmp_path / "views")
     with open_store(store) as st:
         test = st.load_split("test")
-    res = score_all(run.model, torch.as_tensor(test.text), torch.as_tensor(test.frames),
-                    torch.as_tensor(test.frame_mask))
+    res = score_all(
+        run.model, torch.as_tensor(test.text), torch.as_tensor(test.frames), torch.as_tensor(test.frame_mask)
+    )
     np.testing.assert_allclose(read_costs(with_views.costs_path).cost, res.cost, rtol=1e-5, atol=1e-5)
     assert without.best_epoch is not None
 

@@ -35,9 +35,16 @@ def test_a_truncated_hdf5_store_is_called_damaged_not_locked(tmp_path: Path) -> 
 def test_a_store_another_process_writes_is_locked(tmp_path: Path) -> None:
     with make_store(tmp_path / "busy.h5", n=3):
         pass
-    holder = subprocess.Popen([sys.executable, "-c", "import h5py, sys, time; f = h5py.File(sys.argv[1], 'r+'); "
-                               "print('open', flush=True); time.sleep(60)", str(tmp_path / "busy.h5")],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import h5py, sys, time; f = h5py.File(sys.argv[1], 'r+'); print('open', flush=True); time.sleep(60)",
+            str(tmp_path / "busy.h5"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "open"
         with pytest.raises(StoreError, match="locked by another process"):

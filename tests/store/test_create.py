@@ -113,7 +113,10 @@ def test_sigkill_during_creation_leaves_no_half_store(tmp_path: Path, suffix: st
     for attempt in range(20):
         proc = subprocess.Popen(
             [sys.executable, "-c", _CREATOR, str(tmp_path), str(REPO), suffix],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
         )
         assert proc.stdout.readline().strip() == "ready"
         time.sleep(float(rng.uniform(0.02, 0.3)))

@@ -68,7 +68,9 @@ def test_failures_table(tmp_path: Path, suffix: str) -> None:
         s.mark_missing([0])
     with open_store(tmp_path / f"s{suffix}", "a") as s:
         assert s.failures() == [("vid0001", "x" * ERROR_BYTES), ("vid0003", "cannot decode: moov atom not found ✗")]
-        np.testing.assert_array_equal(s.status(), [STATUS_MISSING, STATUS_FAILED, STATUS_PENDING, STATUS_FAILED, STATUS_PENDING])
+        np.testing.assert_array_equal(
+            s.status(), [STATUS_MISSING, STATUS_FAILED, STATUS_PENDING, STATUS_FAILED, STATUS_PENDING]
+        )
         np.testing.assert_array_equal(s.pending_videos(), [2, 4])
         np.testing.assert_array_equal(s.pending_videos(include_failed=True), [1, 2, 3, 4])
         # a retry that succeeds takes the video out of the failures table
@@ -83,7 +85,15 @@ def test_summary(tmp_path: Path, suffix: str) -> None:
         s.mark_missing([4])
         info = s.summary()
     assert info["videos"] == {"pending": 1, "ok": 3, "failed": 1, "missing": 1}
-    assert info["splits"]["train"] == {"videos": 2, "pending": 0, "ok": 1, "failed": 1, "missing": 0, "captions": 4, "captions_done": 4}
+    assert info["splits"]["train"] == {
+        "videos": 2,
+        "pending": 0,
+        "ok": 1,
+        "failed": 1,
+        "missing": 0,
+        "captions": 4,
+        "captions_done": 4,
+    }
     assert info["captions"] == {"done": 12, "pending": 0}
     assert info["complete"] is False
     assert info["arrays"]["videos/frames"]["nbytes"] == 6 * F * D * 2
@@ -104,7 +114,9 @@ def test_second_writer_is_refused_while_one_is_alive(tmp_path: Path, suffix: str
     path = tmp_path / f"s{suffix}"
     with make_store(path, n=2):
         pass
-    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(path), str(REPO)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(path), str(REPO)], stdout=subprocess.PIPE, text=True, cwd=REPO
+    )
     try:
         assert proc.stdout.readline().strip() == "ready"
         with pytest.raises(StoreError, match=f"{path} is locked"):

@@ -27,7 +27,7 @@ def test_a_deleted_zarr_chunk_is_damage_not_zeros(tmp_path: Path) -> None:
         victim = raw.chunk_file(0)
     os.remove(victim)
     with open_store(path) as s:
-        (name, chunk, rows), = s.missing_chunks()
+        ((name, chunk, rows),) = s.missing_chunks()
         assert name == "videos/frames" and chunk == victim and rows >= 1
         assert not s.is_complete and s.summary()["missing_chunks"] == 1 and not s.summary()["complete"]
         with pytest.raises(StoreError, match=f"chunk file {victim} of array 'videos/frames' is missing"):

@@ -134,10 +134,18 @@ def test_ragged_text_token_states_round_trip(tmp_path: Path, suffix: str) -> Non
 
 def test_first_caption_rows_against_a_naive_scan(tmp_path: Path) -> None:
     cvid = [3, 0, 3, 1, 0, 3]  # videos 2 and 4 have no caption; a video's captions are not contiguous
-    st = create_store(tmp_path / "s.h5", manifest={"m": 1}, video_ids=[f"v{i}" for i in range(5)],
-                      video_split=["test"] * 5, caption_ids=[f"c{c}" for c in range(len(cvid))],
-                      caption_video_index=cvid, caption_text=["x"] * len(cvid), caption_split=["test"] * len(cvid),
-                      num_frames=2, dim=4)
+    st = create_store(
+        tmp_path / "s.h5",
+        manifest={"m": 1},
+        video_ids=[f"v{i}" for i in range(5)],
+        video_split=["test"] * 5,
+        caption_ids=[f"c{c}" for c in range(len(cvid))],
+        caption_video_index=cvid,
+        caption_text=["x"] * len(cvid),
+        caption_split=["test"] * len(cvid),
+        num_frames=2,
+        dim=4,
+    )
     st.close()
     naive = np.full(5, -1)
     for c, v in enumerate(cvid):

@@ -55,8 +55,16 @@ def test_write_validation(tmp_path: Path, suffix: str) -> None:
         assert s.status().tolist() == [0, 0, 0]  # nothing marked done by a refused batch
     with pytest.raises(ValueError, match="video ids repeat.*'a'"):
         create_store(
-            tmp_path / f"dup{suffix}", manifest={}, video_ids=["a", "a"], video_split=["t", "t"],
-            caption_ids=[], caption_video_index=[], caption_text=[], caption_split=[], num_frames=F, dim=D,
+            tmp_path / f"dup{suffix}",
+            manifest={},
+            video_ids=["a", "a"],
+            video_split=["t", "t"],
+            caption_ids=[],
+            caption_video_index=[],
+            caption_text=[],
+            caption_split=[],
+            num_frames=F,
+            dim=D,
         )
     assert not (tmp_path / f"dup{suffix}").exists()
 
@@ -115,7 +123,9 @@ def _check_store_consistent(path: Path) -> tuple[int, int]:
                     np.testing.assert_array_equal(sp.text[j], expected_caption(int(q))["text"].astype(np.float32))
             got, lengths = s.read_text_states(done)
             for j, q in enumerate(done):
-                np.testing.assert_array_equal(got[j, : lengths[j]], expected_caption(int(q))["tokens"], err_msg=f"caption {q}")
+                np.testing.assert_array_equal(
+                    got[j, : lengths[j]], expected_caption(int(q))["tokens"], err_msg=f"caption {q}"
+                )
         return int((st != STATUS_PENDING).sum()), len(done)
 
 
@@ -123,7 +133,10 @@ def _run_writer(path: Path, kill_after: tuple[int, float] | None) -> str:
     """Run the writer to the end, or SIGKILL it ``delay`` s after its ``batches``-th batch."""
     proc = subprocess.Popen(
         [sys.executable, "-c", _WRITER, str(path), str(REPO)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
     )
     try:
         assert proc.stdout.readline().strip() == "ready", proc.stderr.read()

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dab_pipeline.datasets import load_dataset
 from dab_pipeline.core.errors import ConfigError
-from dab_pipeline.video.synthetic import PALETTE, make_demo_dataset
+from dab_pipeline.datasets import load_dataset
 from dab_pipeline.video import decode_video, sample_frame_indices
+from dab_pipeline.video.synthetic import PALETTE, make_demo_dataset
 
 
 def _rows(captions: Path) -> list[dict[str, str]]:

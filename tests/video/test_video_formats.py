@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dab_pipeline.video.synthetic import VIDEO_FORMATS
 from dab_pipeline.video import decode_video, sample_frame_indices
 from dab_pipeline.video.pyav_decoder import StreamInfo, probe_video, shortfall_warning
 from dab_pipeline.video.reference import read_every_frame
+from dab_pipeline.video.synthetic import VIDEO_FORMATS
 
 from ..helpers.videos import damage_video, read_frame_index, truncate_file, write_index_video
 
@@ -25,8 +25,10 @@ N = 150  # frames per generated clip: several GOPs of every format
 @pytest.fixture(scope="module")
 def clips(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("formats")
-    return {name: write_index_video(folder / f"{name}{spec.suffix}", N, (64, 48), fmt=name)
-            for name, spec in VIDEO_FORMATS.items()}
+    return {
+        name: write_index_video(folder / f"{name}{spec.suffix}", N, (64, 48), fmt=name)
+        for name, spec in VIDEO_FORMATS.items()
+    }
 
 
 @pytest.mark.parametrize("fmt", sorted(VIDEO_FORMATS))
@@ -163,16 +165,18 @@ def test_truncated_file_is_decoded_with_a_warning(tmp_path: Path, fmt: str, fast
 
 
 def test_shortfall_warning_tells_truncation_from_variable_frame_rate() -> None:
-    info = StreamInfo(container="avi", codec="cinepak", width=320, height=240, header_frames=444, duration=4.0,
-                      rate=15.0)
+    info = StreamInfo(
+        container="avi", codec="cinepak", width=320, height=240, header_frames=444, duration=4.0, rate=15.0
+    )
     # 68 frames that span the nominal 29.6 s (444 / 15): a variable-frame-rate AVI (opencv-doc's tree.avi).
     vfr = shortfall_warning(68, info, last_time=29.5)
     assert vfr and "variable frame rate" in vfr and "444" in vfr
     cut = shortfall_warning(68, info, last_time=4.5)
     assert cut and "truncated" in cut
     assert shortfall_warning(443, info, last_time=29.5) is None  # a frame or two short is ordinary
-    no_count = StreamInfo(container="matroska,webm", codec="vp9", width=64, height=48, header_frames=0,
-                          duration=10.0, rate=25.0)
+    no_count = StreamInfo(
+        container="matroska,webm", codec="vp9", width=64, height=48, header_frames=0, duration=10.0, rate=25.0
+    )
     assert "implies" in shortfall_warning(100, no_count, last_time=4.0)
     unknown = StreamInfo(container="avi", codec="x", width=1, height=1, header_frames=0, duration=None, rate=None)
     assert shortfall_warning(3, unknown, None) is None
@@ -200,8 +204,8 @@ def test_rotated_and_damaged_videos_give_thumbnails_and_views(clips, tmp_path: P
 
     from PIL import Image
 
-    from dab_pipeline.video.augment import augmented_views
     from dab_pipeline.results.thumbnails import make_thumbnail
+    from dab_pipeline.video.augment import augmented_views
 
     phone = write_index_video(tmp_path / "phone.mp4", 20, (64, 48), rotation=270)
     dec = decode_video(phone, 4, short_side=24)

@@ -154,8 +154,16 @@ def test_videos_decode_through_the_normal_path(small_world: Path) -> None:
 
 def test_rendered_shapes_have_their_colour_and_size() -> None:
     for size, lo, hi in (("small", 20, 140), ("large", 300, 1300)):
-        thing = Thing(shape="circle", colour="red", size=size, radius=0.08 if size == "small" else 0.2,
-                      x=0.5, y=0.5, vx=0.0, vy=0.0)
+        thing = Thing(
+            shape="circle",
+            colour="red",
+            size=size,
+            radius=0.08 if size == "small" else 0.2,
+            x=0.5,
+            y=0.5,
+            vx=0.0,
+            vy=0.0,
+        )
         img = render_scene(Scene("black", (thing,), texture_seed=0), 0, (64, 64), noise_seed=0)
         red = (np.abs(img.astype(int) - np.array(COLOURS["red"])).sum(axis=-1) < 40).sum()
         assert lo < red < hi, (size, red)
@@ -193,6 +201,7 @@ def test_presets_are_named_and_fixed() -> None:
 
 # --------------------------------------------------------------------------- video-side uncertainty
 
+
 def test_worlds_without_uncertainty_are_unchanged() -> None:
     """The knobs draw from their own stream and only when on: world.json of a world without them is the one
     written before they existed (sha256 of the metadata, computed by the code of commit 10cb691)."""
@@ -200,8 +209,10 @@ def test_worlds_without_uncertainty_are_unchanged() -> None:
 
     from dab_pipeline.world.generate import world_metadata
 
-    for cfg, digest in ((SMALL, "fed64132945617b582f3fe27a852203e436c117f5b6ec4cc6421b837bc9549b0"),
-                        (world_preset_named("tiny"), "ce21d8fff53910777982738fb63654293587c7d01c6b693b2a57f34052b05d39")):
+    for cfg, digest in (
+        (SMALL, "fed64132945617b582f3fe27a852203e436c117f5b6ec4cc6421b837bc9549b0"),
+        (world_preset_named("tiny"), "ce21d8fff53910777982738fb63654293587c7d01c6b693b2a57f34052b05d39"),
+    ):
         meta = json.dumps(world_metadata(cfg, list(iter_world(cfg))), indent=1)
         assert hashlib.sha256(meta.encode()).hexdigest() == digest
 
@@ -214,8 +225,9 @@ def world_preset_named(name: str) -> WorldConfig:
 
 def test_hidden_and_faint_objects_are_drawn_so() -> None:
     red = np.array(COLOURS["red"])
-    thing = Thing(shape="square", colour="red", size="large", radius=0.2, x=0.5, y=0.5, vx=0.0, vy=0.0,
-                  hidden=((0, 4),))
+    thing = Thing(
+        shape="square", colour="red", size="large", radius=0.2, x=0.5, y=0.5, vx=0.0, vy=0.0, hidden=((0, 4),)
+    )
 
     def red_pixels(t: Thing, k: int) -> int:
         img = render_scene(Scene("black", (t,), texture_seed=0), k, (64, 64), noise_seed=k)

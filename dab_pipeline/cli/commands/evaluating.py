@@ -17,31 +17,64 @@ from .output import console, metric_table, v2t_label
 
 @cli.command()
 @click.option("--run", type=EXISTING, default=None, help="Run folder written by `dab train`.")
-@click.option("--costs", type=EXISTING, default=None,
-              help="Any cost/similarity file of the documented layout (h5, zarr, npz) instead of a run.")
+@click.option(
+    "--costs",
+    type=EXISTING,
+    default=None,
+    help="Any cost/similarity file of the documented layout (h5, zarr, npz) instead of a run.",
+)
 @click.option("--features", type=EXISTING, default=None, help="Store for the neighbourhood diagnostic.")
 @click.option("--out", type=PATH, default=None, help="Where to write metrics.json, report.md and plots.")
-@click.option("--postprocess", type=click.Choice(POSTPROCESS), default="none", show_default=True,
-              help="Optional post-processing: dual softmax (dsl) or inverted softmax (is); labelled in outputs.")
-@click.option("--temperature", "postprocess_temperature", type=float, default=0.01, show_default=True,
-              help="Softmax temperature of --postprocess dsl / is (not the model's PAC temperature).")
-@click.option("--v2t", "v2t", type=click.Choice(V2T_CONVENTIONS), default="videos", show_default=True,
-              help="Video-to-text with several captions per video: rank the other videos by their best caption "
-                   "(X-Pool, CLIP4Clip), or every caption of every other video (stricter). Labelled in outputs.")
-@click.option("--examples", type=click.IntRange(min=0), default=24, show_default=True,
-              help="Queries shown in examples.html (thumbnails of what was retrieved, across the confidence "
-                   "range, failures included); 0: no page.")
+@click.option(
+    "--postprocess",
+    type=click.Choice(POSTPROCESS),
+    default="none",
+    show_default=True,
+    help="Optional post-processing: dual softmax (dsl) or inverted softmax (is); labelled in outputs.",
+)
+@click.option(
+    "--temperature",
+    "postprocess_temperature",
+    type=float,
+    default=0.01,
+    show_default=True,
+    help="Softmax temperature of --postprocess dsl / is (not the model's PAC temperature).",
+)
+@click.option(
+    "--v2t",
+    "v2t",
+    type=click.Choice(V2T_CONVENTIONS),
+    default="videos",
+    show_default=True,
+    help="Video-to-text with several captions per video: rank the other videos by their best caption "
+    "(X-Pool, CLIP4Clip), or every caption of every other video (stricter). Labelled in outputs.",
+)
+@click.option(
+    "--examples",
+    type=click.IntRange(min=0),
+    default=24,
+    show_default=True,
+    help="Queries shown in examples.html (thumbnails of what was retrieved, across the confidence "
+    "range, failures included); 0: no page.",
+)
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
 @click.option("--json", "as_json", is_flag=True, help="Print metrics.json to stdout instead of tables.")
-def evaluate(run, costs, features, out, postprocess, postprocess_temperature, v2t, examples, no_plots,
-             as_json) -> None:
+def evaluate(run, costs, features, out, postprocess, postprocess_temperature, v2t, examples, no_plots, as_json) -> None:
     """Retrieval metrics, uncertainty diagnostics and reports for a run (or any cost file)."""
     from ...stages.evaluate import EvaluateConfig, run_evaluate  # deferred: `dab --help` must not import torch
 
     try:
-        cfg = EvaluateConfig(run=run, costs=costs, features=features, out=out, postprocess=postprocess,
-                             postprocess_temperature=postprocess_temperature, v2t=v2t, examples=examples,
-                             plots=not no_plots)
+        cfg = EvaluateConfig(
+            run=run,
+            costs=costs,
+            features=features,
+            out=out,
+            postprocess=postprocess,
+            postprocess_temperature=postprocess_temperature,
+            v2t=v2t,
+            examples=examples,
+            plots=not no_plots,
+        )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     with RichProgress(quiet=True) as prog:
@@ -52,19 +85,30 @@ def evaluate(run, costs, features, out, postprocess, postprocess_temperature, v2
     con = console()
     pp = res.get("postprocess", {})
     pp_name = pp.get("label") or pp.get("name", "none") if isinstance(pp, dict) else str(pp)
-    con.print(metric_table(f"{res['source']}  (postprocess: {pp_name})",
-                            [("text-to-video", res["t2v"]), (v2t_label(res), res["v2t"])]))
+    con.print(
+        metric_table(
+            f"{res['source']}  (postprocess: {pp_name})", [("text-to-video", res["t2v"]), (v2t_label(res), res["v2t"])]
+        )
+    )
     sel = res.get("selective", {})
     for k in ("R@1", "R@5"):
         r = sel.get(k)
         if isinstance(r, dict):
             cov = ", ".join(f"{c} {v:.1f}" for c, v in r.get("at_coverage", {}).items())
-            con.print(f"selective {k} by {sel.get('confidence', 'margin')}: AURC {r['aurc']:.3f} "
-                      f"(random {r['aurc_random']:.3f}, optimal {r['aurc_optimal']:.3f}); {k} at coverage {cov}")
+            con.print(
+                f"selective {k} by {sel.get('confidence', 'margin')}: AURC {r['aurc']:.3f} "
+                f"(random {r['aurc_random']:.3f}, optimal {r['aurc_optimal']:.3f}); {k} at coverage {cov}"
+            )
     var = res.get("variance")
     if var:
-        con.print("mean sigma^2: " + ", ".join(f"{k} {v:.3f} (x{var['ratio'].get(k, float('nan')):.2f})"
-                                               for k, v in var["mean"].items() if v is not None))
+        con.print(
+            "mean sigma^2: "
+            + ", ".join(
+                f"{k} {v:.3f} (x{var['ratio'].get(k, float('nan')):.2f})"
+                for k, v in var["mean"].items()
+                if v is not None
+            )
+        )
     bridge = res.get("bridge")
     if bridge:
         from ...results.report import bridge_summary  # deferred: `dab --help` must not import torch
@@ -72,8 +116,10 @@ def evaluate(run, costs, features, out, postprocess, postprocess_temperature, v2
         con.print(bridge_summary(bridge))  # a bridge acting as a constant was warned about on stderr
     nb = res.get("neighbourhood")
     if nb:
-        con.print(f"semantic positives in top-{nb['topk']} (model / random): " + ", ".join(
-            f"cosine >= {r['tau']}: {r['model']:.2f} / {r['random']:.2f}" for r in nb["rows"]))
+        con.print(
+            f"semantic positives in top-{nb['topk']} (model / random): "
+            + ", ".join(f"cosine >= {r['tau']}: {r['model']:.2f} / {r['random']:.2f}" for r in nb["rows"])
+        )
     con.print("wrote " + ", ".join(res.get("files", {}).values()))
 
 

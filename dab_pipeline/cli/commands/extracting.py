@@ -18,46 +18,106 @@ from .output import console, human_bytes, quiet_shared_errors
 @click.option("--dataset", required=True, help="Dataset format: msrvtt, msvd, vatex or folder.")
 @click.option("--videos", type=PATH, default=None, help="Folder holding the video files.")
 @click.option("--annotations", type=PATH, default=None, help="Annotation folder or file (captions and splits).")
-@click.option("--out", type=PATH, default=Path("store.h5"), show_default=True,
-              help="Store to write: *.h5 (HDF5) or *.zarr (Zarr v3).")
-@click.option("--model", default="ViT-B-32", show_default=True,
-              help="open_clip architecture, or dab-world (the procedural world's CLIP) / dab-tiny (tests).")
-@click.option("--pretrained", default=None,
-              help="open_clip pretrained tag or a local weights file (default: openai; dab-world and dab-tiny: "
-                   "their own weights).")
+@click.option(
+    "--out",
+    type=PATH,
+    default=Path("store.h5"),
+    show_default=True,
+    help="Store to write: *.h5 (HDF5) or *.zarr (Zarr v3).",
+)
+@click.option(
+    "--model",
+    default="ViT-B-32",
+    show_default=True,
+    help="open_clip architecture, or dab-world (the procedural world's CLIP) / dab-tiny (tests).",
+)
+@click.option(
+    "--pretrained",
+    default=None,
+    help="open_clip pretrained tag or a local weights file (default: openai; dab-world and dab-tiny: "
+    "their own weights).",
+)
 @click.option("--frames", type=int, default=12, show_default=True, help="Frames sampled per video.")
-@click.option("--trainable-blocks", default=None, metavar="K|all",
-              help="Also store the states entering the last K transformer blocks of both towers (fine-tuning in "
-                   "stage two); all: every block (12 for ViT-B/32 and B/16).")
-@click.option("--dtype", "compute_dtype", type=click.Choice(CLIP_DTYPES),
-              default="auto", show_default=True,
-              help="CLIP's dtype while encoding; auto: bf16 where the device multiplies bf16 natively (autocast "
-                   "on CUDA 8.0+, the converted model on AMX / AVX512-BF16 CPUs: 1.4-2.6x faster), else float32 "
-                   "(float16 on older GPUs); a resumed store keeps its dtype. bf16 asked on a CPU without it runs "
-                   "float32, with a warning. Recorded in the manifest.")
+@click.option(
+    "--trainable-blocks",
+    default=None,
+    metavar="K|all",
+    help="Also store the states entering the last K transformer blocks of both towers (fine-tuning in "
+    "stage two); all: every block (12 for ViT-B/32 and B/16).",
+)
+@click.option(
+    "--dtype",
+    "compute_dtype",
+    type=click.Choice(CLIP_DTYPES),
+    default="auto",
+    show_default=True,
+    help="CLIP's dtype while encoding; auto: bf16 where the device multiplies bf16 natively (autocast "
+    "on CUDA 8.0+, the converted model on AMX / AVX512-BF16 CPUs: 1.4-2.6x faster), else float32 "
+    "(float16 on older GPUs); a resumed store keeps its dtype. bf16 asked on a CPU without it runs "
+    "float32, with a warning. Recorded in the manifest.",
+)
 @click.option("--store-dtype", type=click.Choice(STORE_DTYPES), default="float16", show_default=True)
-@click.option("--train-views", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Also store N augmented views of every training video (X-Pool's random resized crop + flip, "
-                   "seeded per video and view); dab train draws one per video per epoch.")
+@click.option(
+    "--train-views",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Also store N augmented views of every training video (X-Pool's random resized crop + flip, "
+    "seeded per video and view); dab train draws one per video per epoch.",
+)
 @click.option("--batch-size", type=int, default=16, show_default=True, help="Videos per encoding batch.")
 @click.option("--workers", type=int, default=2, show_default=True, help="Decoding worker processes.")
-@click.option("--decoder", "decode_backend", type=click.Choice(DECODE_BACKENDS), default="pyav", show_default=True,
-              help="pyav: exact frames from every container (sequential read); pyav-seek: seek to key frames "
-                   "(long MP4/MKV/WebM videos); decord: decord's reader (clean MP4/MKV only). "
-                   "See docs/extraction.md.")
+@click.option(
+    "--decoder",
+    "decode_backend",
+    type=click.Choice(DECODE_BACKENDS),
+    default="pyav",
+    show_default=True,
+    help="pyav: exact frames from every container (sequential read); pyav-seek: seek to key frames "
+    "(long MP4/MKV/WebM videos); decord: decord's reader (clean MP4/MKV only). "
+    "See docs/extraction.md.",
+)
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
-@click.option("--option", "dataset_options", multiple=True, metavar="KEY=VALUE",
-              help="Dataset loader option, e.g. train_split=7k or val_size=0 (repeatable).")
+@click.option(
+    "--option",
+    "dataset_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Dataset loader option, e.g. train_split=7k or val_size=0 (repeatable).",
+)
 @click.option("--limit", type=int, default=None, help="Only the first N videos (a quick trial).")
 @click.option("--overwrite", is_flag=True, help="Rebuild the store even if one exists with another configuration.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override any ExtractConfig field.")
-@click.option("--distributed/--no-distributed", default=None,
-              help="One rank of a torchrun job: each process encodes its share of the videos "
-                   "(default: on when launched by torchrun). See docs/distributed.md.")
+@click.option(
+    "--distributed/--no-distributed",
+    default=None,
+    help="One rank of a torchrun job: each process encodes its share of the videos "
+    "(default: on when launched by torchrun). See docs/distributed.md.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def extract(dataset, videos, annotations, out, model, pretrained, frames, trainable_blocks, compute_dtype,
-            store_dtype, train_views, batch_size, workers, decode_backend, device, dataset_options, limit, overwrite, overrides,
-            distributed, quiet) -> None:
+def extract(
+    dataset,
+    videos,
+    annotations,
+    out,
+    model,
+    pretrained,
+    frames,
+    trainable_blocks,
+    compute_dtype,
+    store_dtype,
+    train_views,
+    batch_size,
+    workers,
+    decode_backend,
+    device,
+    dataset_options,
+    limit,
+    overwrite,
+    overrides,
+    distributed,
+    quiet,
+) -> None:
     """Decode videos, encode frames and captions with CLIP, and cache the features in a store.
 
     Running the same command again resumes: finished videos are skipped.
@@ -65,11 +125,24 @@ def extract(dataset, videos, annotations, out, model, pretrained, frames, traina
     """
     from ...stages.extract import build_extract_config, run_extract  # deferred: `dab --help` must not import torch
 
-    options = dict(videos=videos, annotations=annotations, dataset_options=tuple(dataset_options), model=model,
-                   pretrained=pretrained, frames=frames, trainable_blocks=trainable_blocks,
-                   compute_dtype=compute_dtype, store_dtype=store_dtype, train_views=train_views,
-                   batch_size=batch_size, workers=workers, device=device, decode_backend=decode_backend, limit=limit,
-                   overwrite=overwrite)
+    options = dict(
+        videos=videos,
+        annotations=annotations,
+        dataset_options=tuple(dataset_options),
+        model=model,
+        pretrained=pretrained,
+        frames=frames,
+        trainable_blocks=trainable_blocks,
+        compute_dtype=compute_dtype,
+        store_dtype=store_dtype,
+        train_views=train_views,
+        batch_size=batch_size,
+        workers=workers,
+        device=device,
+        decode_backend=decode_backend,
+        limit=limit,
+        overwrite=overwrite,
+    )
     options.update(_resumed_options(click.get_current_context(), out, overwrite))
     cfg = build_extract_config(dataset, out, options=options, overrides=overrides)
     from ...runtime.distributed import want_distributed  # deferred: `dab --help` must not import torch
@@ -104,8 +177,12 @@ def _resumed_options(ctx: click.Context, out: Path, overwrite: bool) -> dict:
     taken = {k: v for k, v in stored.items() if not typed(ctx, k)}
     differ = {k: v for k, v in taken.items() if _spelled(v) != _spelled(ctx.params.get(k))}
     if differ:  # said, so that a rerun never silently takes another model than its options' defaults name
-        click.echo(f"options not given, taken from {out}: " + ", ".join(f"{k}={v}" for k, v in sorted(differ.items()))
-                   + " (type one to change it: a value that differs from the store's is refused)", err=True)
+        click.echo(
+            f"options not given, taken from {out}: "
+            + ", ".join(f"{k}={v}" for k, v in sorted(differ.items()))
+            + " (type one to change it: a value that differs from the store's is refused)",
+            err=True,
+        )
     return taken
 
 
@@ -114,16 +191,20 @@ def _spelled(value) -> str:
 
 
 def _extract_summary(res) -> None:
-    msg = (f"{res.store}: {res.videos_ok} videos encoded, {res.videos_skipped} already done, "
-           f"{res.videos_failed} failed, {res.videos_missing} missing; {res.captions} captions")
+    msg = (
+        f"{res.store}: {res.videos_ok} videos encoded, {res.videos_skipped} already done, "
+        f"{res.videos_failed} failed, {res.videos_missing} missing; {res.captions} captions"
+    )
     done = res.videos_ok + res.videos_failed
     if done and res.video_seconds > 0:
         msg += f"; {done} videos in {res.video_seconds:.2f} s ({done / res.video_seconds:.1f} videos/s)"
     click.echo(msg + f"; {res.seconds:.2f} s in all")
     earlier = res.store_failed - res.videos_failed
-    click.echo(f"store: {res.store_ok} ok, {res.store_failed} failed"
-               + (f" ({earlier} in earlier runs)" if earlier > 0 else "")
-               + f", {res.store_missing} missing; {len(res.warnings)} of this run's videos have decoder warnings")
+    click.echo(
+        f"store: {res.store_ok} ok, {res.store_failed} failed"
+        + (f" ({earlier} in earlier runs)" if earlier > 0 else "")
+        + f", {res.store_missing} missing; {len(res.warnings)} of this run's videos have decoder warnings"
+    )
     if res.failures:
         click.echo(f"failures (first {min(5, len(res.failures))}):", err=True)
         for vid, err in res.failures[:5]:
@@ -137,8 +218,11 @@ def _extract_summary(res) -> None:
 @cli.command()
 @click.argument("store", type=EXISTING)
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest and summary as JSON.")
-@click.option("--verify", is_flag=True,
-              help="Also read back every array the store records as written, end to end (exit 1 on damage).")
+@click.option(
+    "--verify",
+    is_flag=True,
+    help="Also read back every array the store records as written, end to end (exit 1 on damage).",
+)
 def inspect(store: Path, as_json: bool, verify: bool) -> None:
     """Print a store's manifest, counts per split and array sizes."""
     from rich.table import Table
@@ -152,17 +236,36 @@ def inspect(store: Path, as_json: bool, verify: bool) -> None:
         failures = st.failures()
         problems = st.verify() if verify else None
     if as_json:
-        click.echo(json.dumps({"manifest": manifest, "summary": summary, "warnings": dict(warnings),
-                               "failures": dict(failures)} | ({} if problems is None else {"verify": problems}),
-                              indent=2, default=str))
+        click.echo(
+            json.dumps(
+                {"manifest": manifest, "summary": summary, "warnings": dict(warnings), "failures": dict(failures)}
+                | ({} if problems is None else {"verify": problems}),
+                indent=2,
+                default=str,
+            )
+        )
         if problems:
             raise SystemExit(1)
         return
     con = console()
     t = Table(title=f"{store}", show_header=False)
-    for key in ("model", "pretrained", "weights_sha256", "quick_gelu", "frames", "image_size", "compute_dtype",
-                "store_dtype", "trainable_blocks", "decoder", "dataset", "dataset_options", "package_version",
-                "created", "world_size"):
+    for key in (
+        "model",
+        "pretrained",
+        "weights_sha256",
+        "quick_gelu",
+        "frames",
+        "image_size",
+        "compute_dtype",
+        "store_dtype",
+        "trainable_blocks",
+        "decoder",
+        "dataset",
+        "dataset_options",
+        "package_version",
+        "created",
+        "world_size",
+    ):
         if key in manifest:
             t.add_row(key, str(manifest[key]))
     con.print(t)
@@ -170,8 +273,10 @@ def inspect(store: Path, as_json: bool, verify: bool) -> None:
     for col in ("split", "videos", "ok", "failed", "missing", "pending", "captions", "captions done"):
         s.add_column(col, justify="left" if col == "split" else "right")
     for split, c in summary.get("splits", {}).items():
-        s.add_row(split, *[str(c.get(k, "")) for k in ("videos", "ok", "failed", "missing", "pending", "captions",
-                                                        "captions_done")])
+        s.add_row(
+            split,
+            *[str(c.get(k, "")) for k in ("videos", "ok", "failed", "missing", "pending", "captions", "captions_done")],
+        )
     con.print(s)
     arrays = summary.get("arrays", {})
     if arrays:
@@ -179,8 +284,12 @@ def inspect(store: Path, as_json: bool, verify: bool) -> None:
         for col in ("name", "shape", "dtype", "bytes on disk"):
             a.add_column(col, justify="left" if col in ("name", "dtype") else "right")
         for name, info in arrays.items():
-            a.add_row(name, "x".join(map(str, info.get("shape", []))), str(info.get("dtype", "")),
-                      human_bytes(info.get("stored_bytes")))
+            a.add_row(
+                name,
+                "x".join(map(str, info.get("shape", []))),
+                str(info.get("dtype", "")),
+                human_bytes(info.get("stored_bytes")),
+            )
         con.print(a)
     for title, rows in (("failed videos", failures), ("decoder warnings", warnings)):
         if rows:
@@ -193,8 +302,10 @@ def inspect(store: Path, as_json: bool, verify: bool) -> None:
             if len(rows) > 50:
                 con.print(f"... and {len(rows) - 50} more (dab inspect --json lists all)")
     if summary.get("missing_chunks"):
-        state = (f"damaged: {summary['missing_chunks']} chunk file(s) of written rows are missing (run the same "
-                 "extract command to extract them again)")
+        state = (
+            f"damaged: {summary['missing_chunks']} chunk file(s) of written rows are missing (run the same "
+            "extract command to extract them again)"
+        )
     elif summary.get("complete"):
         state = "complete"
     else:

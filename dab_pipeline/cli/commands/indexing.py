@@ -15,39 +15,70 @@ from .options import EXISTING
 @cli.command()
 @click.option("--features", type=EXISTING, required=True, help="Feature store whose videos are indexed.")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Index folder to write.")
-@click.option("--run", type=EXISTING, default=None,
-              help="Run folder the index serves (required by --vector pooled; recorded always).")
+@click.option(
+    "--run",
+    type=EXISTING,
+    default=None,
+    help="Run folder the index serves (required by --vector pooled; recorded always).",
+)
 @click.option("--split", default="test", show_default=True, help="Split of the store to index.")
-@click.option("--vector", default="segments", show_default=True,  # = index.DEFAULT_VECTOR (a test checks)
-              help="What the index holds: segments (4 vectors a video, the meanP of consecutive frame runs; the "
-                   "best counts), meanp (mean of the L2-normalised frames), mean, pooled (the run's pooling with "
-                   "the mean caption as query). docs/search.md measures them.")
-@click.option("--factory", default="auto", show_default=True,
-              help="FAISS factory string (Flat, IVF4096,PQ64, HNSW32, ...); auto: Flat up to 262,144 vectors, "
-                   "IVF(~2 sqrt N),PQ(D/8) above.")
+@click.option(
+    "--vector",
+    default="segments",
+    show_default=True,  # = index.DEFAULT_VECTOR (a test checks)
+    help="What the index holds: segments (4 vectors a video, the meanP of consecutive frame runs; the "
+    "best counts), meanp (mean of the L2-normalised frames), mean, pooled (the run's pooling with "
+    "the mean caption as query). docs/search.md measures them.",
+)
+@click.option(
+    "--factory",
+    default="auto",
+    show_default=True,
+    help="FAISS factory string (Flat, IVF4096,PQ64, HNSW32, ...); auto: Flat up to 262,144 vectors, "
+    "IVF(~2 sqrt N),PQ(D/8) above.",
+)
 @click.option("--nprobe", type=int, default=32, show_default=True, help="IVF lists scanned a query (default).")
 @click.option("--ef-search", type=int, default=64, show_default=True, help="HNSW search breadth (default).")
-@click.option("--refine", type=int, default=4, show_default=True,
-              help="Quantised factories (PQ, SQ): keep the exact vectors (float16, on disk) and re-score this many "
-                   "x K x S candidates a query (at most 4,096 unless K x S is more); 0: the codes alone.")
+@click.option(
+    "--refine",
+    type=int,
+    default=4,
+    show_default=True,
+    help="Quantised factories (PQ, SQ): keep the exact vectors (float16, on disk) and re-score this many "
+    "x K x S candidates a query (at most 4,096 unless K x S is more); 0: the codes alone.",
+)
 @click.option("--chunk", type=int, default=4096, show_default=True, help="Videos read from the store at a time.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing index folder.")
 @click.option("--json", "as_json", is_flag=True, help="Print index.json to stdout.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def index(features, out, run, split, vector, factory, nprobe, ef_search, refine, chunk, overwrite, as_json,
-          quiet) -> None:
+def index(
+    features, out, run, split, vector, factory, nprobe, ef_search, refine, chunk, overwrite, as_json, quiet
+) -> None:
     """Build a FAISS index over one vector per video of a store's split.
 
     A stopped build resumes from its last chunk when run again with the same arguments.
     """
     from ...stages.index import IndexConfig, run_index  # deferred: `dab --help` must not import torch
 
-    cfg = IndexConfig(features=features, out=out, run=run, split=split, vector=vector, factory=factory,
-                      chunk=chunk, nprobe=nprobe, ef_search=ef_search, refine=refine, overwrite=overwrite)
+    cfg = IndexConfig(
+        features=features,
+        out=out,
+        run=run,
+        split=split,
+        vector=vector,
+        factory=factory,
+        chunk=chunk,
+        nprobe=nprobe,
+        ef_search=ef_search,
+        refine=refine,
+        overwrite=overwrite,
+    )
     with RichProgress(quiet=quiet or as_json) as prog:
         meta = run_index(cfg, progress=prog)
     if as_json:
         click.echo(json.dumps(meta.to_json(), indent=2))
         return
-    click.echo(f"wrote {out}: {meta.count:,} videos of split {meta.split!r}, vector {meta.vector}, "
-               f"factory {meta.factory}, {meta.build['seconds']:.1f} s")
+    click.echo(
+        f"wrote {out}: {meta.count:,} videos of split {meta.split!r}, vector {meta.vector}, "
+        f"factory {meta.factory}, {meta.build['seconds']:.1f} s"
+    )

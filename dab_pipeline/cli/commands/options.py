@@ -67,6 +67,7 @@ def one_spelling(ctx: click.Context, name: str, spelling: str, old: str, former:
         return ctx.params[name]
     if typed(ctx, name):
         raise click.UsageError(f"{old} is the former spelling of {spelling}: give {spelling} only")
-    click.echo(f"warning: {old} is deprecated, use {spelling} (the same option; {old} goes in a later release)",
-               err=True)
+    click.echo(
+        f"warning: {old} is deprecated, use {spelling} (the same option; {old} goes in a later release)", err=True
+    )
     return former

@@ -10,7 +10,6 @@ import click
 from ...core.errors import DabError
 from .. import UserError
 
-
 # Outside a terminal (a log, a pipe, CI, click's CliRunner) rich would fit a table into 80 columns and cut
 # its cells (`1977…`); there nobody resizes a window, so the console is wide enough for any table, which rich
 # renders at its natural width (never padded to this one).
@@ -35,6 +34,7 @@ def quiet_shared_errors(ctx):
     as soon as one rank ends with an error, which could cut rank 0 short.
     """
     from ...runtime.distributed import is_shared_error  # deferred: `dab --help` must not import torch
+
     try:
         yield
     except DabError as err:
@@ -62,8 +62,10 @@ def echo_run(res) -> None:
     click.echo(f"run folder: {res.run_dir}")
     if res.test_metrics:
         m = res.test_metrics
-        click.echo(f"test t2v: R@1 {m['R@1']:.1f}  R@5 {m['R@5']:.1f}  R@10 {m['R@10']:.1f}  "
-                   f"MdR {m['MdR']:.1f}  MnR {m['MnR']:.1f}  (best epoch {res.best_epoch})")
+        click.echo(
+            f"test t2v: R@1 {m['R@1']:.1f}  R@5 {m['R@5']:.1f}  R@10 {m['R@10']:.1f}  "
+            f"MdR {m['MdR']:.1f}  MnR {m['MnR']:.1f}  (best epoch {res.best_epoch})"
+        )
 
 
 def v2t_label(res: dict) -> str:

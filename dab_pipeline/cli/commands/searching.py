@@ -16,35 +16,82 @@ _EXISTING = click.Path(path_type=Path, exists=True)
 
 @cli.command()
 @click.argument("queries", nargs=-1, required=True)
-@click.option("--run", "run_dir", type=_EXISTING, required=True, help="Run folder written by `dab train` (its best.pt is used).")
+@click.option(
+    "--run", "run_dir", type=_EXISTING, required=True, help="Run folder written by `dab train` (its best.pt is used)."
+)
 @click.option("--features", type=_EXISTING, required=True, help="Feature store whose videos are searched.")
 @click.option("--split", default="test", show_default=True, help="Split of the store to search.")
-@click.option("-k", "--k", "k", type=int, default=10, show_default=True,
-              help="Videos listed per query (as `dab serve -k` and the HTTP API's k; --topk, its former spelling, "
-                   "still works with a deprecation line).")
+@click.option(
+    "-k",
+    "--k",
+    "k",
+    type=int,
+    default=10,
+    show_default=True,
+    help="Videos listed per query (as `dab serve -k` and the HTTP API's k; --topk, its former spelling, "
+    "still works with a deprecation line).",
+)
 @former_spelling("--topk", type=int)
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
-@click.option("--dtype", type=click.Choice(SCORE_DTYPES), default="float32", show_default=True,
-              help="Precision of the bridge's matrix products (bfloat16: several times faster where the device "
-                   "multiplies bf16 natively, costs within ~1e-3; float32 with a warning elsewhere; auto: bf16 "
-                   "where native).")
-@click.option("--index", "index_dir", type=_EXISTING, default=None,
-              help="Index folder from `dab index`: the first stage; only each query's shortlist is read from the "
-                   "store and re-ranked (large stores).")
-@click.option("--shortlist", type=int, default=None,
-              help="Videos re-ranked per query: with --index the index's K best (default 100); without, the K best "
-                   "by a cosine over the split in memory (default: every video).")
+@click.option(
+    "--dtype",
+    type=click.Choice(SCORE_DTYPES),
+    default="float32",
+    show_default=True,
+    help="Precision of the bridge's matrix products (bfloat16: several times faster where the device "
+    "multiplies bf16 natively, costs within ~1e-3; float32 with a warning elsewhere; auto: bf16 "
+    "where native).",
+)
+@click.option(
+    "--index",
+    "index_dir",
+    type=_EXISTING,
+    default=None,
+    help="Index folder from `dab index`: the first stage; only each query's shortlist is read from the "
+    "store and re-ranked (large stores).",
+)
+@click.option(
+    "--shortlist",
+    type=int,
+    default=None,
+    help="Videos re-ranked per query: with --index the index's K best (default 100); without, the K best "
+    "by a cosine over the split in memory (default: every video).",
+)
 @click.option("--nprobe", type=int, default=None, help="IVF lists scanned a query (default: the index's).")
-@click.option("--descriptions", type=_EXISTING, default=None,
-              help="JSON {video_id: text} or CSV (video_id, description) shown beside each hit, e.g. the "
-                   "descriptions.json of a procedural world.")
-@click.option("--html", "html", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also write a self-contained page with each query's top-k as thumbnails (from the store), "
-                   "costs, the confidence and a plot of its costs over every video.")
+@click.option(
+    "--descriptions",
+    type=_EXISTING,
+    default=None,
+    help="JSON {video_id: text} or CSV (video_id, description) shown beside each hit, e.g. the "
+    "descriptions.json of a procedural world.",
+)
+@click.option(
+    "--html",
+    "html",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write a self-contained page with each query's top-k as thumbnails (from the store), "
+    "costs, the confidence and a plot of its costs over every video.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.pass_context
-def search(ctx, queries, run_dir, features, split, k, former_topk, device, dtype, index_dir, shortlist, nprobe,
-           descriptions, html, as_json) -> None:
+def search(
+    ctx,
+    queries,
+    run_dir,
+    features,
+    split,
+    k,
+    former_topk,
+    device,
+    dtype,
+    index_dir,
+    shortlist,
+    nprobe,
+    descriptions,
+    html,
+    as_json,
+) -> None:
     """Top-k videos of a store for each QUERY, with costs and the top-1/top-2 margin.
 
     The query is encoded with the store's own CLIP model, so its weights must be
@@ -55,17 +102,39 @@ def search(ctx, queries, run_dir, features, split, k, former_topk, device, dtype
     from ...stages.search import search as run_search  # deferred: `dab --help` must not import torch
 
     about = load_descriptions(descriptions) if descriptions else {}
-    results = run_search(run_dir, features, list(queries), topk=k, split=split, device=device,
-                         dtype=dtype, shortlist=shortlist, index=index_dir, nprobe=nprobe,
-                         warn=lambda message: click.echo(f"warning: {message}", err=True))
+    results = run_search(
+        run_dir,
+        features,
+        list(queries),
+        topk=k,
+        split=split,
+        device=device,
+        dtype=dtype,
+        shortlist=shortlist,
+        index=index_dir,
+        nprobe=nprobe,
+        warn=lambda message: click.echo(f"warning: {message}", err=True),
+    )
     if html is not None:
         page = _write_page(html, results, features, run_dir, about, k)
         click.echo(f"wrote {page}", err=True)
     if as_json:
-        payload = [{"query": r.query, "margin": r.margin,
-                    "hits": [{"rank": h.rank, "video_id": h.video_id, "cost": h.cost,
-                              **({"description": about.get(h.video_id)} if about else {})} for h in r.hits]}
-                   for r in results]
+        payload = [
+            {
+                "query": r.query,
+                "margin": r.margin,
+                "hits": [
+                    {
+                        "rank": h.rank,
+                        "video_id": h.video_id,
+                        "cost": h.cost,
+                        **({"description": about.get(h.video_id)} if about else {}),
+                    }
+                    for h in r.hits
+                ],
+            }
+            for r in results
+        ]
         click.echo(json.dumps(payload, indent=2))
         return
     from rich.console import Console
@@ -74,16 +143,24 @@ def search(ctx, queries, run_dir, features, split, k, former_topk, device, dtype
     console = Console()
     for r in results:
         margin = "n/a (fewer than 2 videos)" if r.margin is None else f"{r.margin:.4g}"
-        table = Table(title=f"{r.query}", caption=f"confidence (2nd - 1st cost margin): {margin}",
-                      title_justify="left", caption_justify="left")
+        table = Table(
+            title=f"{r.query}",
+            caption=f"confidence (2nd - 1st cost margin): {margin}",
+            title_justify="left",
+            caption_justify="left",
+        )
         table.add_column("rank", justify="right")
         table.add_column("video")
         table.add_column("cost", justify="right")
         if about:
             table.add_column("what the video shows")
         for h in r.hits:
-            table.add_row(str(h.rank), h.video_id, f"{h.cost:.4f}",
-                          *([about.get(h.video_id, "(no description)")] if about else []))
+            table.add_row(
+                str(h.rank),
+                h.video_id,
+                f"{h.cost:.4f}",
+                *([about.get(h.video_id, "(no description)")] if about else []),
+            )
         console.print(table)
 
 
@@ -101,7 +178,15 @@ def _write_page(path: Path, results, features: Path, run_dir: Path, about: dict,
         cost[i, np.searchsorted(videos, np.asarray(r.video_ids))] = r.costs
     thumbs, captions, _ = store_context(features, videos)
     captions = {**captions, **about}  # a description (world ground truth) says more than a caption
-    queries = build_queries(cost, range(len(results)), [r.query for r in results], videos, thumbs=thumbs,
-                            captions=captions, k=topk, plots=bool(np.isfinite(cost).all()))
+    queries = build_queries(
+        cost,
+        range(len(results)),
+        [r.query for r in results],
+        videos,
+        thumbs=thumbs,
+        captions=captions,
+        k=topk,
+        plots=bool(np.isfinite(cost).all()),
+    )
     summary = [("run", str(run_dir)), ("store", str(features)), ("videos searched", str(len(videos)))]
     return render_page(path, f"dab search: {len(results)} queries", summary, queries)

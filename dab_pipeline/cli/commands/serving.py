@@ -16,30 +16,79 @@ from .options import EXISTING, FINITE_FLOAT, former_spelling, one_spelling
 @cli.command()
 @click.option("--run", "run_dir", type=EXISTING, required=True, help="Run folder written by `dab train`.")
 @click.option("--features", type=EXISTING, required=True, help="Feature store whose videos are searched.")
-@click.option("--index", "index_dir", type=EXISTING, default=None,
-              help="Index folder from `dab index` (large stores: only each query's shortlist is read).")
+@click.option(
+    "--index",
+    "index_dir",
+    type=EXISTING,
+    default=None,
+    help="Index folder from `dab index` (large stores: only each query's shortlist is read).",
+)
 @click.option("--split", default="test", show_default=True, help="Split of the store to search.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
-              help="Port to listen on (0: any free port, printed when serving).")
-@click.option("-k", "--k", "k", type=int, default=10, show_default=True,
-              help="Videos a query returns by default (the HTTP API's k; as `dab search -k`; --topk also works, "
-                   "with a deprecation line).")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8000,
+    show_default=True,
+    help="Port to listen on (0: any free port, printed when serving).",
+)
+@click.option(
+    "-k",
+    "--k",
+    "k",
+    type=int,
+    default=10,
+    show_default=True,
+    help="Videos a query returns by default (the HTTP API's k; as `dab search -k`; --topk also works, "
+    "with a deprecation line).",
+)
 @former_spelling("--topk", type=int)
-@click.option("--shortlist", type=int, default=None,
-              help="Videos re-ranked a query (with --index: default 100; without: every video).")
-@click.option("--abstain-below", type=FINITE_FLOAT, default=None,
-              help="Flag answers whose confidence (the KL margin) is below this; the page and /search say what "
-                   "the threshold gave on the run's test split.")
-@click.option("--descriptions", type=EXISTING, default=None,
-              help="JSON {video_id: text} or CSV (video_id, description) shown beside each hit.")
+@click.option(
+    "--shortlist",
+    type=int,
+    default=None,
+    help="Videos re-ranked a query (with --index: default 100; without: every video).",
+)
+@click.option(
+    "--abstain-below",
+    type=FINITE_FLOAT,
+    default=None,
+    help="Flag answers whose confidence (the KL margin) is below this; the page and /search say what "
+    "the threshold gave on the run's test split.",
+)
+@click.option(
+    "--descriptions",
+    type=EXISTING,
+    default=None,
+    help="JSON {video_id: text} or CSV (video_id, description) shown beside each hit.",
+)
 @click.option("--threads", type=int, default=2, show_default=True, help="CPU threads for the model and FAISS.")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:N or auto.")
-@click.option("--dtype", type=click.Choice(SCORE_DTYPES), default="auto", show_default=True,
-              help="Precision of the re-ranking (auto: bf16 where the device has it natively).")
+@click.option(
+    "--dtype",
+    type=click.Choice(SCORE_DTYPES),
+    default="auto",
+    show_default=True,
+    help="Precision of the re-ranking (auto: bf16 where the device has it natively).",
+)
 @click.pass_context
-def serve(ctx, run_dir, features, index_dir, split, host, port, k, former_topk, shortlist, abstain_below, descriptions,
-          threads, device, dtype) -> None:
+def serve(
+    ctx,
+    run_dir,
+    features,
+    index_dir,
+    split,
+    host,
+    port,
+    k,
+    former_topk,
+    shortlist,
+    abstain_below,
+    descriptions,
+    threads,
+    device,
+    dtype,
+) -> None:
     """Serve a search page (/) and a JSON API (/search?q=...&k=10) over a run and a store.
 
     One worker; the run, the store's CLIP and the index are loaded once.
@@ -52,8 +101,9 @@ def serve(ctx, run_dir, features, index_dir, split, host, port, k, former_topk, 
     # the address first: a port in use or not ours is one line at once, not after torch, the run and the index
     sock = bind_socket(host, port)
     try:
-        searcher, settings, create_app, abstain_report = _load(run_dir, features, index_dir, split, k, shortlist,
-                                                               abstain_below, descriptions, threads, device, dtype)
+        searcher, settings, create_app, abstain_report = _load(
+            run_dir, features, index_dir, split, k, shortlist, abstain_below, descriptions, threads, device, dtype
+        )
     except BaseException:
         sock.close()
         raise
@@ -61,8 +111,10 @@ def serve(ctx, run_dir, features, index_dir, split, host, port, k, former_topk, 
         app = create_app(searcher, settings, abstain_report(Path(run_dir), abstain_below))
         sock.listen(2048)
         bound = sock.getsockname()[1]
-        click.echo(f"serving {searcher.num_videos:,} videos of {features} on http://{_url_host(host)}:{bound}/ "
-                   "(Ctrl-C stops)", err=True)
+        click.echo(
+            f"serving {searcher.num_videos:,} videos of {features} on http://{_url_host(host)}:{bound}/ (Ctrl-C stops)",
+            err=True,
+        )
         server = uvicorn.Server(uvicorn.Config(app, workers=1, log_level="warning"))
         server.run(sockets=[sock])
     finally:
@@ -85,10 +137,22 @@ def _load(run_dir, features, index_dir, split, k, shortlist, abstain_below, desc
     except ImportError:
         pass
     about = load_descriptions(descriptions) if descriptions else {}
-    settings = ServeSettings(k=k, shortlist=shortlist, abstain_below=abstain_below, descriptions=about,
-                             title=f"dab search: {Path(run_dir).name}")
-    searcher = Searcher(run_dir, features, split=split, index=index_dir, device=device, dtype=dtype,
-                        warn=lambda message: click.echo(f"warning: {message}", err=True))
+    settings = ServeSettings(
+        k=k,
+        shortlist=shortlist,
+        abstain_below=abstain_below,
+        descriptions=about,
+        title=f"dab search: {Path(run_dir).name}",
+    )
+    searcher = Searcher(
+        run_dir,
+        features,
+        split=split,
+        index=index_dir,
+        device=device,
+        dtype=dtype,
+        warn=lambda message: click.echo(f"warning: {message}", err=True),
+    )
     return searcher, settings, create_app, abstain_report
 
 

@@ -28,28 +28,69 @@ def _seeds(option: tuple[str, ...], more: tuple[str, ...]) -> tuple[int, ...] | 
 @click.argument("more_seeds", nargs=-1, metavar="")
 @click.option("--features", type=EXISTING, default=None, help="The store every run trains on (not with --resume).")
 @click.option("--out", type=PATH, required=True, help="The sweep folder: one run folder per row and seed, the table.")
-@click.option("--grid", multiple=True, metavar="KEY=V1,V2,...",
-              help="A TrainConfig key and its values (repeatable: the rows are every combination); variant, cost "
-                   "and steps are model.variant, model.cost and model.steps, and a variant may be a control "
-                   "(variant=dab,dab-const).")
-@click.option("--plan", default=None, metavar="NAME|FILE",
-              help="A shipped plan (paper-table4, paper-table5a, paper-table5b) or a plan file (JSON) instead of --grid.")
-@click.option("--seeds", "seeds", multiple=True, metavar="N [N ...]", help="Training seeds of every row (default 1 2 3).")
+@click.option(
+    "--grid",
+    multiple=True,
+    metavar="KEY=V1,V2,...",
+    help="A TrainConfig key and its values (repeatable: the rows are every combination); variant, cost "
+    "and steps are model.variant, model.cost and model.steps, and a variant may be a control "
+    "(variant=dab,dab-const).",
+)
+@click.option(
+    "--plan",
+    default=None,
+    metavar="NAME|FILE",
+    help="A shipped plan (paper-table4, paper-table5a, paper-table5b) or a plan file (JSON) instead of --grid.",
+)
+@click.option(
+    "--seeds", "seeds", multiple=True, metavar="N [N ...]", help="Training seeds of every row (default 1 2 3)."
+)
 @click.option("--recipe", default=None, help="The recipe every run starts from (a plan names its own).")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a TrainConfig value of every run.")
-@click.option("--baseline", default=None, metavar="KEY=VALUE[,...]|ROW",
-              help="The row the others are compared with (default: the plan's, else the first row).")
-@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Runs at a time on this machine, each in its own process with cores // N threads (and one GPU "
-                   "each where there are GPUs).")
-@click.option("--backend", type=click.Choice(["local", "ray"]), default="local", show_default=True,
-              help="ray: one Ray task per run on the cluster of RAY_ADDRESS or --ray-address (pip install 'dab[ray]').")
+@click.option(
+    "--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a TrainConfig value of every run."
+)
+@click.option(
+    "--baseline",
+    default=None,
+    metavar="KEY=VALUE[,...]|ROW",
+    help="The row the others are compared with (default: the plan's, else the first row).",
+)
+@click.option(
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Runs at a time on this machine, each in its own process with cores // N threads (and one GPU "
+    "each where there are GPUs).",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="ray: one Ray task per run on the cluster of RAY_ADDRESS or --ray-address (pip install 'dab[ray]').",
+)
 @click.option("--ray-address", default=None, help="The Ray cluster's address (default: RAY_ADDRESS, else a local one).")
 @click.option("--resume", is_flag=True, help="Run what is missing of the sweep in --out, with its recorded plan.")
 @click.option("--json", "as_json", is_flag=True, help="Print sweep.json instead of the table.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress display (logs only).")
-def sweep(more_seeds, features, out, grid, plan, seeds, recipe, overrides, baseline, jobs, backend, ray_address,
-          resume, as_json, quiet) -> None:
+def sweep(
+    more_seeds,
+    features,
+    out,
+    grid,
+    plan,
+    seeds,
+    recipe,
+    overrides,
+    baseline,
+    jobs,
+    backend,
+    ray_address,
+    resume,
+    as_json,
+    quiet,
+) -> None:
     """Train and evaluate every row x seed of a grid or plan on one store; a table with bootstrap intervals.
 
     Every run is an ordinary run folder under --out (dab evaluate, compare and search read it). A
@@ -79,8 +120,15 @@ def sweep(more_seeds, features, out, grid, plan, seeds, recipe, overrides, basel
             p = with_choices(load_plan(plan), seeds=seed_list, baseline=baseline)
         else:
             p = grid_plan(grid, seeds=seed_list or (1, 2, 3), recipe=recipe, baseline=baseline)
-        cfg = SweepConfig(features=features, out=out, plan=p, overrides=tuple(overrides), jobs=jobs, backend=backend,
-                          ray_address=ray_address)
+        cfg = SweepConfig(
+            features=features,
+            out=out,
+            plan=p,
+            overrides=tuple(overrides),
+            jobs=jobs,
+            backend=backend,
+            ray_address=ray_address,
+        )
     with RichProgress(quiet=quiet) as prog:
         res = run_sweep(cfg, progress=prog)
     if as_json:
@@ -88,8 +136,10 @@ def sweep(more_seeds, features, out, grid, plan, seeds, recipe, overrides, basel
     else:
         _print_table(res)
     if res.failed:
-        raise click.ClickException(f"{len(res.failed)} run(s) failed (listed above); rerun the same command, or "
-                                   f"dab sweep --resume --out {out}, to retry them")
+        raise click.ClickException(
+            f"{len(res.failed)} run(s) failed (listed above); rerun the same command, or "
+            f"dab sweep --resume --out {out}, to retry them"
+        )
 
 
 def _print_table(res) -> None:
@@ -107,10 +157,17 @@ def _print_table(res) -> None:
         cells = []
         for col, digits in shown:
             c = row["columns"][col]
-            cells.append("-" if c is None else (f"{c['mean']:.{digits}f}" + (f" ± {c['std']:.{digits}f}"
-                                                                                  if len(c["values"]) > 1 else "")))
+            cells.append(
+                "-"
+                if c is None
+                else (f"{c['mean']:.{digits}f}" + (f" ± {c['std']:.{digits}f}" if len(c["values"]) > 1 else ""))
+            )
         v = row["vs_baseline"]
-        diff = "-" if v is None else f"{v['diff']:+.1f} [{v['low']:+.1f}, {v['high']:+.1f}]{' *' if v['excludes_zero'] else ''}"
+        diff = (
+            "-"
+            if v is None
+            else f"{v['diff']:+.1f} [{v['low']:+.1f}, {v['high']:+.1f}]{' *' if v['excludes_zero'] else ''}"
+        )
         t.add_row(name, str(len(row["seeds"])), *cells, diff)
     con = console()
     con.print(t)
@@ -118,5 +175,7 @@ def _print_table(res) -> None:
         con.print(f"note: {note}")
     for key, why in res.failed.items():
         con.print(f"[red]failed[/red] {key}: {why}")
-    con.print(f"{len(res.done)} run(s) done, {len(res.reused)} reused, {len(res.failed)} failed in "
-              f"{res.seconds:.0f} s; wrote {res.out / 'sweep.md'}, sweep.json, sweep.png")
+    con.print(
+        f"{len(res.done)} run(s) done, {len(res.reused)} reused, {len(res.failed)} failed in "
+        f"{res.seconds:.0f} s; wrote {res.out / 'sweep.md'}, sweep.json, sweep.png"
+    )

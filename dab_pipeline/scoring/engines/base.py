@@ -91,8 +91,11 @@ class Engine:
         u = u.reshape(n_v, self.heads * n_f, d)  # (V, R, D), row r = h * F + f
         a1 = self.g1 * center(u)  # (V, R, D)
         rm = a1 + a1 @ self.wl_t  # (V, R, D)
-        out = Videos(mask=mask, key_t=key.permute(0, 2, 3, 1).contiguous(),  # (V, Hh, Dh, F)
-                     ur=torch.cat([u, rm], dim=-1))  # (V, R, 2D)
+        out = Videos(
+            mask=mask,
+            key_t=key.permute(0, 2, 3, 1).contiguous(),  # (V, Hh, Dh, F)
+            ur=torch.cat([u, rm], dim=-1),
+        )  # (V, R, 2D)
         return out, u, rm
 
     @staticmethod

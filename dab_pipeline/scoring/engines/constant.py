@@ -25,7 +25,7 @@ class ConstantShiftEngine(GaussianEngine):
         assert out.mu is not None and out.logvar is not None and self.model.bridge is not None
         shift = self.f32(self.model.bridge.total_shift())  # (2D,): [Delta mu, Delta logvar]
         out.mu = out.mu + shift[: self.d]  # (Q, D)
-        out.logvar = (out.logvar + shift[self.d:]).clamp(self.lo, self.hi)  # (Q, D)
+        out.logvar = (out.logvar + shift[self.d :]).clamp(self.lo, self.hi)  # (Q, D)
         return out
 
 

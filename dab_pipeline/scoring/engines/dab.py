@@ -72,8 +72,9 @@ class DABEngine(GaussianEngine):
         mu_t, lv_t = self.steps.run([pack(ts.mu), pack(ts.logvar)], target, first, h0=h0)
         return self.costs(mu_v, lv_v, mu_t, lv_t, keep, want_var)
 
-    def _fused_heads(self, vs: Videos, coef_g: Tensor, g: Tensor, keep: Optional[Tensor]
-                     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def _fused_heads(
+        self, vs: Videos, coef_g: Tensor, g: Tensor, keep: Optional[Tensor]
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """bf16 on CPU: one pass from the coefficients to mu_v, logvar_v, bf16 sigma_v and the bf16 target
         block, without the (B, M, 3D + H) float32 product.  Shapes (B, M, .) or, with ``keep``, (P, 1, .)."""
         assert self.steps.kernels is not None and vs.g_all is not None and vs.tok is not None
@@ -86,10 +87,12 @@ class DABEngine(GaussianEngine):
         mu_v, lv_v = torch.empty(p, d), torch.empty(p, d)  # (P, D) float32
         # sigma_v (P, D), or on AMX in the products' tile-blocked layout (Pp/16, D/32, 16, 32)
         pp = -(-p // 32) * 32
-        sigma_v = torch.empty(*((pp // 16, d // 32, 16, 32) if self.steps.amx is not None else (p, d)),
-                              dtype=torch.bfloat16)
+        sigma_v = torch.empty(
+            *((pp // 16, d // 32, 16, 32) if self.steps.amx is not None else (p, d)), dtype=torch.bfloat16
+        )
         target = torch.empty(p, hidden, dtype=torch.bfloat16)  # (P, H)
-        self.steps.kernels.pair_heads_(coef_rows, g_rows, vs.g_all, vidx, vs.tok, self.lo, self.hi, mu_v, lv_v,
-                                       sigma_v, target)
+        self.steps.kernels.pair_heads_(
+            coef_rows, g_rows, vs.g_all, vidx, vs.tok, self.lo, self.hi, mu_v, lv_v, sigma_v, target
+        )
         shape = (n_b, n_m) if keep is None else (p, 1)
         return mu_v.view(*shape, d), lv_v.view(*shape, d), sigma_v, target.view(*shape, hidden)

@@ -100,9 +100,10 @@ class GaussianEngine(Engine):
         rs2 = torch.rsqrt(var2.clamp_min_(0.0) + self.eps2)
         zq = torch.bmm(z, vs.quad3)  # (B, M, R + 3)
         r = z.shape[-1]
-        s1 = rs2 * zq[..., r + 1: r + 2]  # sum(v_c - m0), (B, M, 1)
-        s2 = (rs2.square() * (zq[..., :r] * z).sum(dim=-1, keepdim=True) + 2.0 * rs2 * zq[..., r: r + 1]
-              + self.b2c_sq).clamp_min_(0.0)  # |v_c - m0|^2
+        s1 = rs2 * zq[..., r + 1 : r + 2]  # sum(v_c - m0), (B, M, 1)
+        s2 = (
+            rs2.square() * (zq[..., :r] * z).sum(dim=-1, keepdim=True) + 2.0 * rs2 * zq[..., r : r + 1] + self.b2c_sq
+        ).clamp_min_(0.0)  # |v_c - m0|^2
         var_v = (s2 / d - (s1 / d).square()).clamp_min_(0.0)  # (B, M, 1)
         nv2 = (s2 + 2.0 * self.m0 * s1 + d * self.m0 * self.m0).clamp_min_(0.0)  # |v_c|^2
         den = nv2.sqrt().clamp_min_(1e-12)  # F.normalize's clamp
@@ -115,9 +116,9 @@ class GaussianEngine(Engine):
         d = self.d
         assert vs.g_all is not None and vs.tok is not None
         out = torch.bmm(coef_g, vs.g_all)  # (B, M, D + 2D [+ H]): [g (W2 v_c + b2) | mu | logvar | target]
-        lv_raw, tok_g = out[..., 2 * d: 3 * d], out[..., :d]
+        lv_raw, tok_g = out[..., 2 * d : 3 * d], out[..., :d]
         lv_v = lv_raw.clamp_(self.lo, self.hi).add_(tok_g / g).add_(vs.tok[:, None])  # (B, M, D)
-        return out[..., d: 2 * d], lv_v.mul_(0.5).clamp_(self.lo, self.hi), out[..., 3 * d:]
+        return out[..., d : 2 * d], lv_v.mul_(0.5).clamp_(self.lo, self.hi), out[..., 3 * d :]
 
     def pairs(self, ts: Texts, vs: Videos, keep: Optional[Tensor] = None, want_var: bool = False) -> PairCosts:
         assert ts.mu is not None and ts.logvar is not None
@@ -126,8 +127,9 @@ class GaussianEngine(Engine):
         mu_v, lv_v, _ = self.video_gaussian(vs, *self.coefficients(vs, w))
         return self.costs(pack(mu_v), pack(lv_v), pack(ts.mu), pack(ts.logvar), keep, want_var)
 
-    def costs(self, mu_v: Tensor, lv_v: Tensor, mu_t: Tensor, lv_t: Tensor, keep: Optional[Tensor],
-              want_var: bool) -> PairCosts:
+    def costs(
+        self, mu_v: Tensor, lv_v: Tensor, mu_t: Tensor, lv_t: Tensor, keep: Optional[Tensor], want_var: bool
+    ) -> PairCosts:
         """The distributional cost D(Q_v || P_t) of the (packed) pairs, with the mean variances if asked."""
         cost = self.model.cost_fn(mu_v, lv_v, mu_t, lv_t)  # (B, M) | (P, 1)
         bridged_var = video_var = None

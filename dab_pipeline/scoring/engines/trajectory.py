@@ -21,8 +21,9 @@ from ..kernels.cpu import Kernels, amx_ops, get_kernels
 class BridgeSteps:
     """The drift MLP of ``model.bridge`` as merged matrices, and the loop that runs it."""
 
-    def __init__(self, engine, extra_linears: list[tuple[Tensor, Optional[Tensor]]] = (),
-                 batch_hint: int = 1024) -> None:
+    def __init__(
+        self, engine, extra_linears: list[tuple[Tensor, Optional[Tensor]]] = (), batch_hint: int = 1024
+    ) -> None:
         bridge, f32, mm_dtype, device = engine.model.bridge, engine.f32, engine.mm_dtype, engine.device
         assert bridge is not None
         d = self.d = engine.d
@@ -64,9 +65,15 @@ class BridgeSteps:
             self.onednn = OneDNN.pack(linears, batch_hint)
             if self.onednn is not None:
                 self.kernels = get_kernels()
-                self.amx = AmxBridge.pack(self, w_state, [f32(m.weight) for m in lins[1:-1]],
-                                          [f32(m.bias) for m in lins[1:-1]], w_last, b_last,
-                                          [w for w, _ in extra_linears])
+                self.amx = AmxBridge.pack(
+                    self,
+                    w_state,
+                    [f32(m.weight) for m in lins[1:-1]],
+                    [f32(m.bias) for m in lins[1:-1]],
+                    w_last,
+                    b_last,
+                    [w for w, _ in extra_linears],
+                )
 
     @staticmethod
     def video_block(bridge, f32) -> Tensor:
@@ -139,8 +146,17 @@ class BridgeSteps:
             out.append((hv * 2.0).view(n_b, n_m, d))
         return out
 
-    def _drift(self, k: int, s: Tensor, target: Tensor, first: Tensor, h_a: Tensor, h_b: Tensor, delta: Tensor,
-               grid: tuple[int, int]) -> None:
+    def _drift(
+        self,
+        k: int,
+        s: Tensor,
+        target: Tensor,
+        first: Tensor,
+        h_a: Tensor,
+        h_b: Tensor,
+        delta: Tensor,
+        grid: tuple[int, int],
+    ) -> None:
         """Step k's drift MLP on the state input ``s`` into ``delta`` (P, n*D), through the buffers h_a / h_b."""
         hidden = target.shape[1]
         pre = h_a[:, :hidden]  # (P, H) view
@@ -159,8 +175,9 @@ class BridgeSteps:
             h_in = h_out
         torch.mm(h_in, self.last, out=delta)  # (P, n*D)
 
-    def run_onednn(self, state: list[Tensor], target: Tensor, first: Tensor, raw: bool = False,
-                   h0: Optional[Tensor] = None) -> list[Tensor] | Tensor:
+    def run_onednn(
+        self, state: list[Tensor], target: Tensor, first: Tensor, raw: bool = False, h0: Optional[Tensor] = None
+    ) -> list[Tensor] | Tensor:
         """:meth:`run` for bf16 on CPU: oneDNN linears and the fused kernels.
 
         Each step: the first layer as one linear whose epilogue adds the time feature
@@ -229,8 +246,16 @@ class AmxBridge:
     exp use polynomials accurate to ~1e-4, under bf16's rounding.
     """
 
-    def __init__(self, ops, w_state: Tensor, mids: list[Tensor], mid_biases: list[Tensor], w_last: Tensor,
-                 b_last: Tensor, extras: list[Tensor] = ()) -> None:
+    def __init__(
+        self,
+        ops,
+        w_state: Tensor,
+        mids: list[Tensor],
+        mid_biases: list[Tensor],
+        w_last: Tensor,
+        b_last: Tensor,
+        extras: list[Tensor] = (),
+    ) -> None:
         self.ops = ops
         pack = ops.amx_pack_weight
         self.extras = [pack(w.to(torch.bfloat16)) for w in extras]  # (H, .) blocks added to the target (DAB: sigma_v's)
@@ -241,8 +266,15 @@ class AmxBridge:
         self.b_last = b_last.float().contiguous()
 
     @staticmethod
-    def pack(steps: BridgeSteps, w_state: Tensor, mids: list[Tensor], mid_biases: list[Tensor], w_last: Tensor,
-             b_last: Tensor, extras: list[Tensor] = ()) -> Optional["AmxBridge"]:
+    def pack(
+        steps: BridgeSteps,
+        w_state: Tensor,
+        mids: list[Tensor],
+        mid_biases: list[Tensor],
+        w_last: Tensor,
+        b_last: Tensor,
+        extras: list[Tensor] = (),
+    ) -> Optional["AmxBridge"]:
         """The packed weights, or None where :func:`amx_bridge_applies` says no."""
         if not amx_bridge_applies(steps.d, w_state.shape[0]):
             return None
@@ -255,11 +287,19 @@ class AmxBridge:
         silu(target + first) with ``first`` :meth:`BridgeSteps.first`'s rows broadcastable to the (B, M, H) grid,
         and returns it (tile-blocked) for :meth:`run`.
         """
-        return self.ops.amx_linear_add_first_(xb, self.extras[i], target.view(-1, target.shape[-1]),
-                                             _first_rows(first, *target.shape))
+        return self.ops.amx_linear_add_first_(
+            xb, self.extras[i], target.view(-1, target.shape[-1]), _first_rows(first, *target.shape)
+        )
 
-    def run(self, steps: BridgeSteps, state: list[Tensor], target: Tensor, first: Tensor, raw: bool,
-            h0: Optional[Tensor] = None) -> list[Tensor] | Tensor:
+    def run(
+        self,
+        steps: BridgeSteps,
+        state: list[Tensor],
+        target: Tensor,
+        first: Tensor,
+        raw: bool,
+        h0: Optional[Tensor] = None,
+    ) -> list[Tensor] | Tensor:
         """:meth:`BridgeSteps.run_onednn` on AMX; rows are padded to a multiple of 32 (never read back).
 
         ``h0``: the first step's activation where :meth:`add_to_target` computed it."""
@@ -284,8 +324,9 @@ class AmxBridge:
                 hb = ops.amx_linear_silu(s, self.w_state, steps.time_feat[k], target)  # silu(s W_s^T + time_k + target)
             for w, b in zip(self.mids, self.mid_biases):
                 hb = ops.amx_linear_silu(hb, w, b)
-            ops.amx_linear_update_(hb, self.w_last, self.b_last, st, s, steps.chi[k], lo, hi, d, k + 1 < n_steps,
-                                   init if k == 0 else None)
+            ops.amx_linear_update_(
+                hb, self.w_last, self.b_last, st, s, steps.chi[k], lo, hi, d, k + 1 < n_steps, init if k == 0 else None
+            )
         st = st[:p]
         if raw:
             return st  # (P, n*D) float32

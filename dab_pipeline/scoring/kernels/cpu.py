@@ -76,8 +76,9 @@ def add_silu_bf16_eager(out: Tensor, a: Tensor, b: Tensor) -> None:
     F.silu(out, inplace=True)
 
 
-def bridge_update_eager(st: Tensor, delta: Tensor, s: Tensor, chi: float, lo: float, hi: float, d: int,
-                        write_s: bool) -> None:
+def bridge_update_eager(
+    st: Tensor, delta: Tensor, s: Tensor, chi: float, lo: float, hi: float, d: int, write_s: bool
+) -> None:
     """One bridge step's state update, in place.
 
     st (P, W) float32 holds ``[mu, logvar / 2]`` (W = 2D) or ``[x]`` (W = D); delta (P, W)
@@ -94,8 +95,19 @@ def bridge_update_eager(st: Tensor, delta: Tensor, s: Tensor, chi: float, lo: fl
             torch.exp(st[:, d:], out=s[:, d:])
 
 
-def pair_heads_eager(coef: Tensor, g: Tensor, basis: Tensor, vidx: Tensor, vtok: Tensor, lo: float, hi: float,
-                     mu: Tensor, lv: Tensor, sigma: Tensor, target: Tensor) -> None:
+def pair_heads_eager(
+    coef: Tensor,
+    g: Tensor,
+    basis: Tensor,
+    vidx: Tensor,
+    vtok: Tensor,
+    lo: float,
+    hi: float,
+    mu: Tensor,
+    lv: Tensor,
+    sigma: Tensor,
+    target: Tensor,
+) -> None:
     """The video side of a block of pairs, from each video's merged basis; writes the four outputs.
 
     coef (P, K) float32 holds each pair's coefficients and vidx (P,) int64 its video (any
@@ -112,10 +124,10 @@ def pair_heads_eager(coef: Tensor, g: Tensor, basis: Tensor, vidx: Tensor, vtok:
     videos, counts = torch.unique_consecutive(vidx, return_counts=True)
     r0 = 0
     for v, n in zip(videos.tolist(), counts.tolist()):
-        torch.mm(coef[r0: r0 + n], basis[v], out=out[r0: r0 + n])
+        torch.mm(coef[r0 : r0 + n], basis[v], out=out[r0 : r0 + n])
         r0 += n
-    mu.copy_(out[:, d: 2 * d])
-    lv.copy_(out[:, 2 * d: 3 * d]).clamp_(lo, hi).add_(out[:, :d] / g[:, None]).add_(vtok[vidx])
+    mu.copy_(out[:, d : 2 * d])
+    lv.copy_(out[:, 2 * d : 3 * d]).clamp_(lo, hi).add_(out[:, :d] / g[:, None]).add_(vtok[vidx])
     lv.mul_(0.5).clamp_(lo, hi)
     if sigma.dim() == 4:
         rows = torch.zeros(sigma.shape[0] * 16, d, dtype=sigma.dtype)  # (Pp, D)
@@ -123,7 +135,7 @@ def pair_heads_eager(coef: Tensor, g: Tensor, basis: Tensor, vidx: Tensor, vtok:
         sigma.permute(0, 2, 1, 3).copy_(rows.view(sigma.shape[0], 16, d // 32, 32))
     else:
         torch.exp(lv * 0.5, out=sigma)
-    target.copy_(out[:, 3 * d:])
+    target.copy_(out[:, 3 * d :])
 
 
 def kl_rows_eager(mu_v: Tensor, lv_v: Tensor, st: Tensor) -> Tensor:
@@ -177,8 +189,15 @@ def compile_flags() -> list[str]:
     # Newton step: ~1e-7 relative) in place of divides; the source tests NaN on the bits, so it
     # still passes NaN through.  Not -ffast-math itself: at link time that can pull in
     # crtfastmath.o, which would flush denormals for the whole process.
-    flags = ["-O3", "-fopenmp", "-fno-math-errno", "-funsafe-math-optimizations", "-ffinite-math-only",
-             "-fno-trapping-math", "-fno-signed-zeros"]
+    flags = [
+        "-O3",
+        "-fopenmp",
+        "-fno-math-errno",
+        "-funsafe-math-optimizations",
+        "-ffinite-math-only",
+        "-fno-trapping-math",
+        "-fno-signed-zeros",
+    ]
     machine = platform.machine().lower()
     target = kernel_target()
     if machine in ("x86_64", "amd64"):
@@ -209,8 +228,14 @@ def _cpu_signature() -> str:
 
 def build_key() -> str:
     h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), AMX_SOURCE.read_bytes(), " ".join(compile_flags()).encode(),
-                 torch.__version__.encode(), sys.version.encode(), _cpu_signature().encode()):
+    for part in (
+        SOURCE.read_bytes(),
+        AMX_SOURCE.read_bytes(),
+        " ".join(compile_flags()).encode(),
+        torch.__version__.encode(),
+        sys.version.encode(),
+        _cpu_signature().encode(),
+    ):
         h.update(part)
         h.update(b"\0")
     return h.hexdigest()[:16]
@@ -296,9 +321,15 @@ def _load(build: bool) -> Kernels:
     folder.mkdir(parents=True, exist_ok=True)
     try:
         # cpp_extension locks the folder while it builds, so concurrent ranks build once
-        cpp_extension.load(name=name, sources=[str(SOURCE), str(AMX_SOURCE)], extra_cflags=compile_flags(),
-                           extra_ldflags=["-fopenmp"], build_directory=str(folder), is_python_module=False,
-                           verbose=False)
+        cpp_extension.load(
+            name=name,
+            sources=[str(SOURCE), str(AMX_SOURCE)],
+            extra_cflags=compile_flags(),
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(folder),
+            is_python_module=False,
+            verbose=False,
+        )
     except Exception as exc:  # noqa: BLE001 - any build failure falls back to the eager kernels
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         errors = [ln for ln in lines if ": error" in ln or ": fatal error" in ln]

@@ -39,5 +39,12 @@ from .build import build_distill_config  # noqa: F401
 from .config import INHERITED, DistillConfig, DistillResult, inherit_from_teacher  # noqa: F401
 from .run import build_student, pair_outputs, run_distill  # noqa: F401
 
-__all__ = ["DistillConfig", "DistillResult", "INHERITED", "build_distill_config", "inherit_from_teacher",
-           "run_distill", "distill_loss"]
+__all__ = [
+    "DistillConfig",
+    "DistillResult",
+    "INHERITED",
+    "build_distill_config",
+    "inherit_from_teacher",
+    "run_distill",
+    "distill_loss",
+]

@@ -13,8 +13,14 @@ from ...core.overrides import apply_overrides, from_dict, replace_values
 from .config import DistillConfig
 
 
-def build_distill_config(teacher: Path, out: Path, *, options: Optional[Mapping[str, Any]] = None,
-                         overrides: Sequence[str] = (), resume: bool = False) -> DistillConfig:
+def build_distill_config(
+    teacher: Path,
+    out: Path,
+    *,
+    options: Optional[Mapping[str, Any]] = None,
+    overrides: Sequence[str] = (),
+    resume: bool = False,
+) -> DistillConfig:
     """The DistillConfig of one `dab distill` call (the sibling of ``build_train_config``): ``options`` by name,
     None meaning "not given", then ``--set`` strings.
 
@@ -23,8 +29,9 @@ def build_distill_config(teacher: Path, out: Path, *, options: Optional[Mapping[
     """
     given = {k: v for k, v in (options or {}).items() if v is not None}
     if resume:
-        saved = dataclasses.replace(from_dict(DistillConfig, saved_distill(Path(out))["distill"]),
-                                    teacher=Path(teacher), out=Path(out))  # folders are relocatable
+        saved = dataclasses.replace(
+            from_dict(DistillConfig, saved_distill(Path(out))["distill"]), teacher=Path(teacher), out=Path(out)
+        )  # folders are relocatable
         return apply_overrides(replace_values(saved, given, "option"), overrides)
     return apply_overrides(DistillConfig(teacher=Path(teacher), out=Path(out), **given), overrides)
 

@@ -54,8 +54,13 @@ INHERITED = ("batch_size", "lr", "weight_decay", "warmup_ratio", "seed")
 def inherit_from_teacher(cfg: DistillConfig, tcfg: TrainConfig) -> tuple[DistillConfig, dict[str, Any]]:
     """``cfg`` with each None of :data:`INHERITED` set to the teacher's value (``tcfg``: the teacher's
     config.json), and ``{field: value}`` of what was taken."""
-    teacher = {"batch_size": tcfg.batch_size, "lr": tcfg.bridge_lr if tcfg.bridge_lr is not None else tcfg.lr,
-               "weight_decay": tcfg.weight_decay, "warmup_ratio": tcfg.warmup_ratio, "seed": tcfg.seed}
+    teacher = {
+        "batch_size": tcfg.batch_size,
+        "lr": tcfg.bridge_lr if tcfg.bridge_lr is not None else tcfg.lr,
+        "weight_decay": tcfg.weight_decay,
+        "warmup_ratio": tcfg.warmup_ratio,
+        "seed": tcfg.seed,
+    }
     taken = {k: teacher[k] for k in INHERITED if getattr(cfg, k) is None}
     return dataclasses.replace(cfg, **taken), taken
 

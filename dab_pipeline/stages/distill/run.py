@@ -66,21 +66,41 @@ def run_distill(cfg: DistillConfig, progress: ProgressCallback = null_progress, 
     student = build_student(teacher, cfg.student_steps).to(device)
     # what an epoch visits is the teacher's (its epoch mode), so a student's steps count like its teacher's;
     # the bridge, the one part that trains, trains at lr (a bridge_lr of the teacher's no longer applies)
-    run_cfg = dataclasses.replace(tcfg, out=out, model=student.cfg, epochs=cfg.epochs, batch_size=cfg.batch_size,
-                                  lr=cfg.lr, bridge_lr=None, seed=cfg.seed, recipe=None,
-                                  weight_decay=cfg.weight_decay, warmup_ratio=cfg.warmup_ratio)
+    run_cfg = dataclasses.replace(
+        tcfg,
+        out=out,
+        model=student.cfg,
+        epochs=cfg.epochs,
+        batch_size=cfg.batch_size,
+        lr=cfg.lr,
+        bridge_lr=None,
+        seed=cfg.seed,
+        recipe=None,
+        weight_decay=cfg.weight_decay,
+        warmup_ratio=cfg.warmup_ratio,
+    )
     folder.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     with folder.writer_lock("dab distill" + (" --resume" if resume else "")):
         return _distill(cfg, folder, teacher_run, run_cfg, student, (train, val, test), resume, device, progress)
 
 
 def _inherited_line(taken: Mapping[str, Any]) -> str:
-    return "inherited from the teacher: " + ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
-                                                       for k, v in taken.items())
+    return "inherited from the teacher: " + ", ".join(
+        f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in taken.items()
+    )
 
 
-def _distill(cfg: DistillConfig, folder: RunFolder, teacher_run, run_cfg, student, splits, resume: bool,
-             device: torch.device, progress: ProgressCallback) -> DistillResult:
+def _distill(
+    cfg: DistillConfig,
+    folder: RunFolder,
+    teacher_run,
+    run_cfg,
+    student,
+    splits,
+    resume: bool,
+    device: torch.device,
+    progress: ProgressCallback,
+) -> DistillResult:
     """The distillation proper, with the folder's writer lock held."""
     teacher, tcfg = teacher_run.model, teacher_run.config
     train, val, test = splits
@@ -91,8 +111,10 @@ def _distill(cfg: DistillConfig, folder: RunFolder, teacher_run, run_cfg, studen
     per_epoch = epoch_length(train.caption_video.numpy(), tcfg.epoch)
     steps = per_epoch // cfg.batch_size
     if steps < 1:
-        raise ConfigError(f"batch_size {cfg.batch_size} is larger than an epoch of the teacher's training split "
-                          f"({per_epoch}); pass a smaller one (--set batch_size=N)")
+        raise ConfigError(
+            f"batch_size {cfg.batch_size} is larger than an epoch of the teacher's training split "
+            f"({per_epoch}); pass a smaller one (--set batch_size=N)"
+        )
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_lambda(steps * cfg.epochs, warmup))
     torch.manual_seed(cfg.seed)
     start, best, best_epoch = _restore(folder, student, optim, sched, device, resume, progress)
@@ -101,8 +123,9 @@ def _distill(cfg: DistillConfig, folder: RunFolder, teacher_run, run_cfg, studen
     progress(Event("start", task="distill", total=(cfg.epochs - start) * steps))
     for epoch in range(start, cfg.epochs):
         t0 = time.time()
-        losses = _distill_epoch(student, teacher, train, cfg, tcfg.epoch, epoch, steps, optim, sched, temperature,
-                                device, progress)
+        losses = _distill_epoch(
+            student, teacher, train, cfg, tcfg.epoch, epoch, steps, optim, sched, temperature, device, progress
+        )
         record: dict[str, Any] = {"epoch": epoch + 1, "loss": losses, "epoch_seconds": round(time.time() - t0, 3)}
         improved = True
         if val is not None:
@@ -114,14 +137,28 @@ def _distill(cfg: DistillConfig, folder: RunFolder, teacher_run, run_cfg, studen
         else:
             best_epoch = epoch + 1
         folder.append_metrics(record)
-        state = {"model": student.state_dict(), "heads": None, "optim": optim.state_dict(),
-                 "sched": sched.state_dict(), "epoch": epoch + 1,
-                 "best_value": best, "best_epoch": best_epoch, "rng": rng_state(), "config": to_dict(run_cfg)}
+        state = {
+            "model": student.state_dict(),
+            "heads": None,
+            "optim": optim.state_dict(),
+            "sched": sched.state_dict(),
+            "epoch": epoch + 1,
+            "best_value": best,
+            "best_epoch": best_epoch,
+            "rng": rng_state(),
+            "config": to_dict(run_cfg),
+        }
         folder.save_checkpoint(RunFolder.LAST, state)
         if improved:
             folder.save_checkpoint(RunFolder.BEST, state)
-        progress(Event("metrics", message=f"epoch {epoch + 1}: loss {losses['loss']:.4f}"
-                       + (f"  val R@1 {val_metrics['R@1']:.1f}" if val_metrics else ""), data=record))
+        progress(
+            Event(
+                "metrics",
+                message=f"epoch {epoch + 1}: loss {losses['loss']:.4f}"
+                + (f"  val R@1 {val_metrics['R@1']:.1f}" if val_metrics else ""),
+                data=record,
+            )
+        )
     progress(Event("end", task="distill", message=f"best epoch {best_epoch}"))
     return _finish(student, test, run_cfg, out, best, best_epoch, val_metrics, device)
 
@@ -130,8 +167,10 @@ def _load_teacher(cfg: DistillConfig, device: torch.device):
     """The teacher run, which must have a bridge to distill."""
     teacher_run = load_run(cfg.teacher, device)
     if teacher_run.model.bridge is None:
-        raise ConfigError(f"{cfg.teacher} is a {teacher_run.model.cfg.variant!r} run: it has no bridge to distill "
-                          "(dab distill takes dab or bridge runs)")
+        raise ConfigError(
+            f"{cfg.teacher} is a {teacher_run.model.cfg.variant!r} run: it has no bridge to distill "
+            "(dab distill takes dab or bridge runs)"
+        )
     if not teacher_run.model.cfg.runs_drift:
         raise ConfigError(f"{cfg.teacher} has a constant drift (model.drift=constant): it runs no steps to distill")
     return teacher_run
@@ -154,9 +193,15 @@ def _open_folder(folder: RunFolder, cfg: DistillConfig, run_cfg, teacher_run, re
         _check_resume(folder, cfg, teacher_run)
     else:
         folder.save_config(run_cfg)
-        folder.write_json("distill.json", {"teacher": str(cfg.teacher),
-                                           "teacher_checkpoint_sha256": sha256_file(teacher_run.checkpoint),
-                                           "teacher_steps": teacher_run.model.cfg.steps, "distill": to_dict(cfg)})
+        folder.write_json(
+            "distill.json",
+            {
+                "teacher": str(cfg.teacher),
+                "teacher_checkpoint_sha256": sha256_file(teacher_run.checkpoint),
+                "teacher_steps": teacher_run.model.cfg.steps,
+                "distill": to_dict(cfg),
+            },
+        )
     folder.write_status(state="running", features=str(run_cfg.features))
 
 
@@ -168,15 +213,18 @@ def _check_resume(folder: RunFolder, cfg: DistillConfig, teacher_run) -> None:
     # the folders are relocatable: where the teacher and the student live now is not compared
     diff = differences(to_dict(before), to_dict(cfg), ignore=("teacher", "out"))
     if diff:
-        raise ConfigError(f"--resume continues {folder.path} with its saved configuration; these options differ "
-                          f"from it: {', '.join(diff)}. Drop them, or start a new run with another --out")
+        raise ConfigError(
+            f"--resume continues {folder.path} with its saved configuration; these options differ "
+            f"from it: {', '.join(diff)}. Drop them, or start a new run with another --out"
+        )
     if saved["teacher_checkpoint_sha256"] != sha256_file(teacher_run.checkpoint):
-        raise ConfigError(f"--resume continues {folder.path} from a teacher whose checkpoint has changed since "
-                          f"(sha256 differs from distill.json); start a new run with another --out")
+        raise ConfigError(
+            f"--resume continues {folder.path} from a teacher whose checkpoint has changed since "
+            f"(sha256 differs from distill.json); start a new run with another --out"
+        )
 
 
-def _restore(folder: RunFolder, student, optim, sched, device: torch.device, resume: bool,
-             progress: ProgressCallback):
+def _restore(folder: RunFolder, student, optim, sched, device: torch.device, resume: bool, progress: ProgressCallback):
     """(first epoch, best value, best epoch): from last.pt with --resume, else a fresh start."""
     ck = folder.load_checkpoint(RunFolder.LAST, map_location=device) if resume else None
     if ck is None:
@@ -190,8 +238,20 @@ def _restore(folder: RunFolder, student, optim, sched, device: torch.device, res
     return ck["epoch"], ck["best_value"], ck["best_epoch"]
 
 
-def _distill_epoch(student, teacher, train, cfg: DistillConfig, mode: str, epoch: int, steps: int, optim, sched,
-                   temperature, device: torch.device, progress: ProgressCallback) -> dict[str, float]:
+def _distill_epoch(
+    student,
+    teacher,
+    train,
+    cfg: DistillConfig,
+    mode: str,
+    epoch: int,
+    steps: int,
+    optim,
+    sched,
+    temperature,
+    device: torch.device,
+    progress: ProgressCallback,
+) -> dict[str, float]:
     order = epoch_order(train.caption_video.numpy(), mode, cfg.seed, epoch)  # the teacher's epoch mode
     # eval mode for both: the student's copied pooling must see what the teacher's does (no dropout);
     # gradients still reach the bridge, the only part that trains
@@ -199,7 +259,7 @@ def _distill_epoch(student, teacher, train, cfg: DistillConfig, mode: str, epoch
     teacher.eval()
     sums = {"loss": 0.0, "state": 0.0, "rank": 0.0}
     for step in range(steps):
-        q = order[step * cfg.batch_size: (step + 1) * cfg.batch_size]  # (B,)
+        q = order[step * cfg.batch_size : (step + 1) * cfg.batch_size]  # (B,)
         v = train.caption_video[q]
         text, frames, mask = train.text[q].to(device), train.frames[v].to(device), train.mask[v].to(device)
         with torch.no_grad():
@@ -213,14 +273,28 @@ def _distill_epoch(student, teacher, train, cfg: DistillConfig, mode: str, epoch
         sums["loss"] += float(loss.detach())
         for k, x in parts.items():
             sums[k] += x
-        progress(Event("advance", task="distill", n=1, data={"unit": "it"},
-                       message=f"epoch {epoch + 1}/{cfg.epochs} loss {sums['loss'] / (step + 1):.4f}"))
+        progress(
+            Event(
+                "advance",
+                task="distill",
+                n=1,
+                data={"unit": "it"},
+                message=f"epoch {epoch + 1}/{cfg.epochs} loss {sums['loss'] / (step + 1):.4f}",
+            )
+        )
     return {k: x / max(1, steps) for k, x in sums.items()}
 
 
 def _metrics(model, feats, tcfg, device: torch.device) -> dict:
-    res = score_all(model, feats.text, feats.frames, feats.mask, device=device, text_chunk=tcfg.text_chunk,
-                    video_chunk=tcfg.video_chunk)
+    res = score_all(
+        model,
+        feats.text,
+        feats.frames,
+        feats.mask,
+        device=device,
+        text_chunk=tcfg.text_chunk,
+        video_chunk=tcfg.video_chunk,
+    )
     return t2v_metrics(res.cost, feats.caption_video.numpy())
 
 
@@ -231,17 +305,41 @@ def _finish(student, test, run_cfg, out: Path, best, best_epoch, val_metrics, de
     student.eval()
     res = score_all(student, test.text, test.frames, test.mask, device=device, gt=test.caption_video)
     gt = test.caption_video.numpy()
-    extras = {k: np.asarray(getattr(res, k)) for k in ("text_var", "bridged_var", "video_var")
-              if getattr(res, k, None) is not None}
+    extras = {
+        k: np.asarray(getattr(res, k))
+        for k in ("text_var", "bridged_var", "video_var")
+        if getattr(res, k, None) is not None
+    }
     path = folder.costs_path(run_cfg.test_split, "h5")
-    write_costs(path, CostMatrix(cost=np.asarray(res.cost, np.float32), query_ids=np.asarray(test.caption_ids),
-                                 video_ids=np.asarray(test.video_ids), gt=gt.astype(np.int64), kind="cost",
-                                 extras=extras,
-                                 attrs={"config": json.dumps(to_dict(run_cfg), default=str),
-                                        "split": run_cfg.test_split, "best_epoch": best_epoch,
-                                        "variant": run_cfg.model.variant, "store": str(run_cfg.features)}))
+    write_costs(
+        path,
+        CostMatrix(
+            cost=np.asarray(res.cost, np.float32),
+            query_ids=np.asarray(test.caption_ids),
+            video_ids=np.asarray(test.video_ids),
+            gt=gt.astype(np.int64),
+            kind="cost",
+            extras=extras,
+            attrs={
+                "config": json.dumps(to_dict(run_cfg), default=str),
+                "split": run_cfg.test_split,
+                "best_epoch": best_epoch,
+                "variant": run_cfg.model.variant,
+                "store": str(run_cfg.features),
+            },
+        ),
+    )
     test_metrics = t2v_metrics(res.cost, gt)
-    folder.write_status(state="complete", epochs=run_cfg.epochs, best_epoch=best_epoch, best_value=best,
-                  select_metric="R@1", val=val_metrics, test_t2v=test_metrics, costs=str(path))
-    return DistillResult(run_dir=out, best_epoch=best_epoch, val_metrics=val_metrics, test_metrics=test_metrics,
-                         costs_path=path)
+    folder.write_status(
+        state="complete",
+        epochs=run_cfg.epochs,
+        best_epoch=best_epoch,
+        best_value=best,
+        select_metric="R@1",
+        val=val_metrics,
+        test_t2v=test_metrics,
+        costs=str(path),
+    )
+    return DistillResult(
+        run_dir=out, best_epoch=best_epoch, val_metrics=val_metrics, test_metrics=test_metrics, costs_path=path
+    )

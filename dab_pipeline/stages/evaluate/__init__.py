@@ -15,5 +15,13 @@ from .config import EvaluateConfig  # noqa: F401
 from .examples import store_context  # noqa: F401
 from .run import find_costs, run_evaluate, store_of  # noqa: F401
 
-__all__ = ["EvaluateConfig", "run_evaluate", "find_costs", "store_of", "store_context", "bridge_report",
-           "bridge_warning", "CONSTANT_SHARE"]
+__all__ = [
+    "EvaluateConfig",
+    "run_evaluate",
+    "find_costs",
+    "store_of",
+    "store_context",
+    "bridge_report",
+    "bridge_warning",
+    "CONSTANT_SHARE",
+]

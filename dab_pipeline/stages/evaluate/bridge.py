@@ -18,13 +18,13 @@ from ...runs.run_folder import RunFolder
 from ...scoring import PROBE_SIDE, Scorer, constant_bridge, probe_bridge
 from ...store import open_store
 
-
 # Below this pair-dependent share (of mu and of logvar alike) the bridge is reported to act as a constant shift.
 CONSTANT_SHARE = 0.05
 
 
-def bridge_report(run: Path, cm, store_path: Optional[Path], seed: int = 0,
-                  progress: ProgressCallback = null_progress) -> Optional[dict[str, Any]]:
+def bridge_report(
+    run: Path, cm, store_path: Optional[Path], seed: int = 0, progress: ProgressCallback = null_progress
+) -> Optional[dict[str, Any]]:
     """What a bridge run's bridge does per pair on the cost file's split (None for a run without a bridge).
 
     ``pair_dependent_share``: the share of the bridge's squared shift (bridged minus text, per
@@ -58,8 +58,13 @@ def bridge_report(run: Path, cm, store_path: Optional[Path], seed: int = 0,
         tuned = loaded.heads is not None
         feats = SplitArrays(st.load_split(split, with_states=tuned), device, with_states=tuned)
     if [str(c) for c in feats.caption_ids] != [str(q) for q in cm.query_ids]:
-        progress(Event("warning", message=f"the {split!r} split of {store_path} does not hold the cost file's "
-                                          "queries in its order: skipping the bridge diagnostics"))
+        progress(
+            Event(
+                "warning",
+                message=f"the {split!r} split of {store_path} does not hold the cost file's "
+                "queries in its order: skipping the bridge diagnostics",
+            )
+        )
         return None
     with torch.no_grad():
         text, frames = score_inputs(loaded.heads, feats, device, 0, feats.num_queries)
@@ -72,9 +77,15 @@ def bridge_report(run: Path, cm, store_path: Optional[Path], seed: int = 0,
     out: dict[str, Any] = {
         "pair_dependent_share": share,
         "decomposition": probe.shares,
-        "probe": {"texts": int(len(probe.texts)), "videos": int(len(probe.videos)),
-                  "pairs": int(len(probe.texts) * len(probe.videos)), "split": split,
-                  "of": [int(feats.num_queries), int(feats.num_videos)], "max_side": PROBE_SIDE, "seed": seed},
+        "probe": {
+            "texts": int(len(probe.texts)),
+            "videos": int(len(probe.videos)),
+            "pairs": int(len(probe.texts) * len(probe.videos)),
+            "split": split,
+            "of": [int(feats.num_queries), int(feats.num_videos)],
+            "max_side": PROBE_SIDE,
+            "seed": seed,
+        },
         "mean_shift": {"mu_norm": float(np.linalg.norm(probe.mean_shift_mu))}
         | ({} if probe.mean_shift_logvar is None else {"logvar_mean": float(probe.mean_shift_logvar.mean())}),
         "constant_control": t2v_metrics(cost, gt) | {"aurc": aurc} | _agreement(_cost_of(cm), cost),
@@ -106,5 +117,7 @@ def _agreement(real: np.ndarray, control: np.ndarray) -> dict[str, float]:
 def bridge_warning(bridge: dict[str, Any]) -> str:
     """The one line a user reads when the bridge moves every pair (nearly) alike."""
     shares = ", ".join(f"{k} {v * 100:.1f} %" for k, v in bridge["pair_dependent_share"].items())
-    return (f"the bridge acts as a constant shift (a temperature) on this data: its pair-dependent share is "
-            f"{shares} (under {CONSTANT_SHARE:.0%})")
+    return (
+        f"the bridge acts as a constant shift (a temperature) on this data: its pair-dependent share is "
+        f"{shares} (under {CONSTANT_SHARE:.0%})"
+    )

@@ -62,4 +62,5 @@ class EvaluateConfig:
 
 
 EvaluateConfig.__init__ = renamed_keywords(  # type: ignore[method-assign]
-    temperature="postprocess_temperature", taus="cosine_thresholds")(EvaluateConfig.__init__)
+    temperature="postprocess_temperature", taus="cosine_thresholds"
+)(EvaluateConfig.__init__)

@@ -15,8 +15,9 @@ from ...store import open_store
 from .config import EvaluateConfig
 
 
-def store_context(store_path: Optional[Path], video_ids: np.ndarray, query_ids: Optional[np.ndarray] = None
-                  ) -> tuple[dict[str, Optional[bytes]], dict[str, str], dict[str, str]]:
+def store_context(
+    store_path: Optional[Path], video_ids: np.ndarray, query_ids: Optional[np.ndarray] = None
+) -> tuple[dict[str, Optional[bytes]], dict[str, str], dict[str, str]]:
     """From a store (when it exists): thumbnails and first captions of these videos, texts of these queries."""
     if store_path is None or not Path(store_path).exists():
         return {}, {}, {}
@@ -32,8 +33,9 @@ def store_context(store_path: Optional[Path], video_ids: np.ndarray, query_ids: 
     return thumbs, captions, texts
 
 
-def write_examples(path: Path, cfg: EvaluateConfig, cm, cost: np.ndarray, gt: np.ndarray, results: dict,
-                    store_path: Optional[Path]) -> Path:
+def write_examples(
+    path: Path, cfg: EvaluateConfig, cm, cost: np.ndarray, gt: np.ndarray, results: dict, store_path: Optional[Path]
+) -> Path:
     """examples.html: a seeded sample of queries across the confidence range, with thumbnails."""
     picks = select_queries(cost, gt, cfg.examples, seed=cfg.seed)
     videos = np.asarray(cm.video_ids)
@@ -42,14 +44,18 @@ def write_examples(path: Path, cfg: EvaluateConfig, cm, cost: np.ndarray, gt: np
     queries = build_queries(cost, picks, qtext, videos, gt=gt, thumbs=thumbs, captions=captions, plots=cfg.plots)
     run = results.get("run", {})
     t2v = results["t2v"]
-    summary = [("source", results["source"]), ("variant", str(run.get("variant", "-"))),
-               ("recipe", _recipe_of(cfg)), ("queries x videos", f"{results['queries']} x {results['videos']}"),
-               ("text-to-video", f"R@1 {t2v['R@1']:.1f}, R@5 {t2v['R@5']:.1f}, R@10 {t2v['R@10']:.1f}, "
-                                 f"MnR {t2v['MnR']:.1f}"),
-               ("shown", f"{len(picks)} queries across the confidence range (seed {cfg.seed}), failures included"),
-               ("thumbnails", "from " + str(store_path) if any(thumbs.values()) else "none in the store")]
-    return render_page(path, f"dab examples: {Path(cfg.run).name if cfg.run else Path(results['source']).name}",
-                       summary, queries)
+    summary = [
+        ("source", results["source"]),
+        ("variant", str(run.get("variant", "-"))),
+        ("recipe", _recipe_of(cfg)),
+        ("queries x videos", f"{results['queries']} x {results['videos']}"),
+        ("text-to-video", f"R@1 {t2v['R@1']:.1f}, R@5 {t2v['R@5']:.1f}, R@10 {t2v['R@10']:.1f}, MnR {t2v['MnR']:.1f}"),
+        ("shown", f"{len(picks)} queries across the confidence range (seed {cfg.seed}), failures included"),
+        ("thumbnails", "from " + str(store_path) if any(thumbs.values()) else "none in the store"),
+    ]
+    return render_page(
+        path, f"dab examples: {Path(cfg.run).name if cfg.run else Path(results['source']).name}", summary, queries
+    )
 
 
 def _recipe_of(cfg: EvaluateConfig) -> str:

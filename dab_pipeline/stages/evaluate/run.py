@@ -61,9 +61,15 @@ def run_evaluate(cfg: EvaluateConfig, progress: ProgressCallback = null_progress
     }
     # Post-processing changes the retrieval metrics only (and is labelled there);
     # the uncertainty diagnostics always read the model's own costs.
-    results.update(M.evaluate_all(cost, gt, postprocess=cfg.postprocess,
-                                   postprocess_temperature=cfg.postprocess_temperature,
-                                   v2t_convention=cfg.v2t))
+    results.update(
+        M.evaluate_all(
+            cost,
+            gt,
+            postprocess=cfg.postprocess,
+            postprocess_temperature=cfg.postprocess_temperature,
+            v2t_convention=cfg.v2t,
+        )
+    )
     sel = M.selective_report(cost, gt)
     curves = sel.pop("curves", None) if isinstance(sel, dict) else None
     results["selective"] = sel
@@ -79,8 +85,9 @@ def run_evaluate(cfg: EvaluateConfig, progress: ProgressCallback = null_progress
     title = f"dab evaluation: {Path(cfg.run).name if cfg.run else costs_path.name}"
     ranks = M.t2v_ranks(cost, gt)
     with _removed_if_left_empty(out_dir):
-        files = write_report(out_dir, results, title=title, curves=curves if cfg.plots else None,
-                             ranks=ranks if cfg.plots else None)
+        files = write_report(
+            out_dir, results, title=title, curves=curves if cfg.plots else None, ranks=ranks if cfg.plots else None
+        )
     if cfg.examples:
         files["examples"] = write_examples(out_dir / RunFolder.EXAMPLES, cfg, cm, cost, gt, results, store_path)
     results["files"] = {k: str(v) for k, v in files.items()}
@@ -122,16 +129,24 @@ def store_of(cfg: EvaluateConfig, cm: CostMatrix, costs_path: Path) -> Optional[
     return next((p for p in named if p.exists()), named[0] if named else None)
 
 
-def _store_diagnostics(results: dict[str, Any], cfg: EvaluateConfig, cm: CostMatrix, cost: np.ndarray, gt: np.ndarray,
-                       store_path: Optional[Path], progress: ProgressCallback) -> None:
+def _store_diagnostics(
+    results: dict[str, Any],
+    cfg: EvaluateConfig,
+    cm: CostMatrix,
+    cost: np.ndarray,
+    gt: np.ndarray,
+    store_path: Optional[Path],
+    progress: ProgressCallback,
+) -> None:
     """The neighbourhood diagnostic and a run's bridge report, into ``results``; a missing store is warned of."""
     if store_path is not None and store_path.exists():
         feats = _frame_mean_features(store_path, cm.video_ids)
         topk = min(cfg.topk, cost.shape[1])
         if topk < cfg.topk:
             progress(Event("warning", message=f"neighbourhood: only {cost.shape[1]} videos, using top-{topk}"))
-        results["neighbourhood"] = M.semantic_neighbourhood(cost, gt, feats, cosine_thresholds=cfg.cosine_thresholds,
-                                                              topk=topk, seed=cfg.seed)
+        results["neighbourhood"] = M.semantic_neighbourhood(
+            cost, gt, feats, cosine_thresholds=cfg.cosine_thresholds, topk=topk, seed=cfg.seed
+        )
     elif store_path is not None:
         progress(Event("warning", message=f"store {store_path} not found: skipping the neighbourhood diagnostic"))
     if cfg.run is not None and RunFolder(cfg.run).is_run():

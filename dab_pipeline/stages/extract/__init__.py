@@ -15,22 +15,22 @@ from __future__ import annotations
 
 from .build import build_extract_config, default_pretrained  # noqa: F401
 from .config import (  # noqa: F401
-                     COMPATIBILITY_KEYS,
-                     ExtractConfig,
-                     ExtractResult,
-                     build_manifest,
-                     parse_options,
-                     resolve_compute_dtype,
+    COMPATIBILITY_KEYS,
+    ExtractConfig,
+    ExtractResult,
+    build_manifest,
+    parse_options,
+    resolve_compute_dtype,
 )
 from .run import run_extract  # noqa: F401
 from .workers import DecodeDataset, collate_items, decode_worker_init, encode_captions, encode_videos  # noqa: F401
 from .writers import (  # noqa: F401
-                     ExistingStore,
-                     ExtractJob,
-                     H5PartsWriter,
-                     StoreWriter,
-                     ZarrSharesWriter,
-                     check_part_files,
-                     check_resumable,
-                     choose_writer,
+    ExistingStore,
+    ExtractJob,
+    H5PartsWriter,
+    StoreWriter,
+    ZarrSharesWriter,
+    check_part_files,
+    check_resumable,
+    choose_writer,
 )

@@ -40,8 +40,9 @@ def _blocks(raw: Any, model: str) -> Optional[int]:
         raise ConfigError(f"trainable_blocks: expected a number of blocks or 'all', got {raw!r}") from None
 
 
-def build_extract_config(dataset: str, out: Path, *, options: Optional[Mapping[str, Any]] = None,
-                         overrides: Sequence[str] = ()) -> ExtractConfig:
+def build_extract_config(
+    dataset: str, out: Path, *, options: Optional[Mapping[str, Any]] = None, overrides: Sequence[str] = ()
+) -> ExtractConfig:
     """The ExtractConfig of one `dab extract` call.
 
     ``options``: ExtractConfig values by name, None meaning "not given" (``{"model": "ViT-B-32",

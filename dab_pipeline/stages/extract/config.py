@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     pass
 
 
-
 # Manifest keys that must agree before an existing store is appended to:
 # anything that changes the numbers a video or caption gets.
 COMPATIBILITY_KEYS = (
@@ -77,7 +76,9 @@ class ExtractConfig:
     limit: Optional[int] = None  # only the first N videos (and their captions): quick trials
     # augmented views per training video (X-Pool's train transform, seeded; dab_pipeline.video.augment)
     train_views: int = 0
-    thumbnails: bool = True  # a small JPEG strip per video in the store (dab_pipeline.results.thumbnails), for result pages
+    thumbnails: bool = (
+        True  # a small JPEG strip per video in the store (dab_pipeline.results.thumbnails), for result pages
+    )
     overwrite: bool = False
 
     def __post_init__(self) -> None:
@@ -142,8 +143,9 @@ def parse_options(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
     return out
 
 
-def resolve_compute_dtype(dtype: str, device: "str | torch.device", out: Optional[Path] = None,
-                          progress: ProgressCallback = null_progress) -> str:
+def resolve_compute_dtype(
+    dtype: str, device: "str | torch.device", out: Optional[Path] = None, progress: ProgressCallback = null_progress
+) -> str:
     """CLIP's compute dtype for this device (:func:`dab_pipeline.runtime.capabilities.resolve_clip_dtype`).
 
     ``auto`` resuming an existing store takes the store's own dtype, so the same
@@ -181,8 +183,16 @@ def _stored_manifest(out: Path) -> dict[str, Any]:
 # a video or caption gets, and differs from the option's default in a store made with another value). Not
 # here: --limit (leaving it out is how to ask for every video), --dtype (its auto already takes the store's
 # dtype) and what the resume check does not compare (--batch-size, --workers, --device, the paths).
-RESUMED_OPTIONS = ("model", "pretrained", "frames", "trainable_blocks", "store_dtype", "train_views",
-                   "decode_backend", "dataset_options")
+RESUMED_OPTIONS = (
+    "model",
+    "pretrained",
+    "frames",
+    "trainable_blocks",
+    "store_dtype",
+    "train_views",
+    "decode_backend",
+    "dataset_options",
+)
 
 
 def stored_options(out: Path) -> dict[str, Any]:
@@ -197,8 +207,9 @@ def stored_options(out: Path) -> dict[str, Any]:
     return values
 
 
-def build_manifest(cfg: ExtractConfig, bundle, catalogue, world_size: int = 1,
-                   device: "str | torch.device" = "cpu") -> dict[str, Any]:
+def build_manifest(
+    cfg: ExtractConfig, bundle, catalogue, world_size: int = 1, device: "str | torch.device" = "cpu"
+) -> dict[str, Any]:
     desc = bundle.describe()
     return {
         "format": "dab-store",
@@ -222,9 +233,13 @@ def build_manifest(cfg: ExtractConfig, bundle, catalogue, world_size: int = 1,
         ),
         "decode_short_side": _short_side(cfg, bundle),
         # Everything about decoding that changes the pixels a video gets (compared on resume).
-        "decoder": {"backend": cfg.decode_backend, "short_side": _short_side(cfg, bundle), "rules": DECODE_RULES,
-                    "frame_order": "sequential decode order" if cfg.decode_backend == "pyav" else
-                    "timestamps (seeking)", "resize": _resize_note(cfg)},
+        "decoder": {
+            "backend": cfg.decode_backend,
+            "short_side": _short_side(cfg, bundle),
+            "rules": DECODE_RULES,
+            "frame_order": "sequential decode order" if cfg.decode_backend == "pyav" else "timestamps (seeking)",
+            "resize": _resize_note(cfg),
+        },
         "compute_dtype": cfg.compute_dtype,
         "store_dtype": cfg.store_dtype,
         "trainable_blocks": cfg.trainable_blocks,
@@ -234,8 +249,11 @@ def build_manifest(cfg: ExtractConfig, bundle, catalogue, world_size: int = 1,
         "annotation_files": [str(p) for p in catalogue.annotation_files],
         "annotation_sha256": {Path(p).name: sha256_file(Path(p)) for p in catalogue.annotation_files},
         **({"thumbnails": THUMBNAIL_NOTE} if cfg.thumbnails else {}),
-        **({"train_views": cfg.train_views, "train_view_transform": VIEW_TRANSFORM,
-            "train_view_split": "train"} if cfg.train_views else {}),
+        **(
+            {"train_views": cfg.train_views, "train_view_transform": VIEW_TRANSFORM, "train_view_split": "train"}
+            if cfg.train_views
+            else {}
+        ),
         "limit": cfg.limit,
         "world_size": world_size,
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(cfg).items()},

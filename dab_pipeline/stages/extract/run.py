@@ -23,12 +23,21 @@ from .writers import ExistingStore, ExtractJob, StoreWriter, choose_writer, exis
 if TYPE_CHECKING:
     from ...runtime.distributed import DistContext
 
-_COUNTS = ("videos_total", "videos_ok", "videos_failed", "videos_missing", "videos_skipped", "store_ok",
-           "store_failed", "store_missing")
+_COUNTS = (
+    "videos_total",
+    "videos_ok",
+    "videos_failed",
+    "videos_missing",
+    "videos_skipped",
+    "store_ok",
+    "store_failed",
+    "store_missing",
+)
 
 
-def run_extract(cfg: ExtractConfig, progress: ProgressCallback = null_progress,
-                dist: Optional["DistContext"] = None) -> ExtractResult:
+def run_extract(
+    cfg: ExtractConfig, progress: ProgressCallback = null_progress, dist: Optional["DistContext"] = None
+) -> ExtractResult:
     """Build (or resume) the feature store described by ``cfg``.
 
     ``dist``: this process is one rank of a torchrun job (see
@@ -45,8 +54,9 @@ def run_extract(cfg: ExtractConfig, progress: ProgressCallback = null_progress,
     out = Path(cfg.out)
     catalogue, videos, captions, missing = _load_catalogue(cfg, progress)
     resumed = None if cfg.overwrite else out
-    cfg = dataclasses.replace(cfg, compute_dtype=resolve_compute_dtype(cfg.compute_dtype, ctx.device, resumed,
-                                                                       progress))
+    cfg = dataclasses.replace(
+        cfg, compute_dtype=resolve_compute_dtype(cfg.compute_dtype, ctx.device, resumed, progress)
+    )
     # Rank 0 first: it fills the weights cache (download, dab-tiny generation) that the others then read.
     bundle = ctx.main_first(lambda: load_clip(cfg.model, cfg.pretrained, device=ctx.device, dtype=cfg.compute_dtype))
     for w in getattr(bundle, "warnings", []) or []:
@@ -59,8 +69,13 @@ def run_extract(cfg: ExtractConfig, progress: ProgressCallback = null_progress,
     writer = choose_writer(job)
     state = ctx.run_on_main(lambda: existing_store(job))
     if state is not None and state.repaired != (0, 0):
-        progress(Event("warning", message=f"{out} had lost chunk files: extracting the {state.repaired[0]} videos "
-                                          f"and {state.repaired[1]} captions they held again"))
+        progress(
+            Event(
+                "warning",
+                message=f"{out} had lost chunk files: extracting the {state.repaired[0]} videos "
+                f"and {state.repaired[1]} captions they held again",
+            )
+        )
     writer.check(state, progress)
     if state is not None and state.complete:
         progress(Event("info", message=f"{out} is complete; nothing to do"))
@@ -75,8 +90,9 @@ def run_extract(cfg: ExtractConfig, progress: ProgressCallback = null_progress,
     return result
 
 
-def _encode(job: ExtractJob, writer: StoreWriter, state: Optional[ExistingStore], missing: set[str],
-            progress: ProgressCallback) -> ExtractResult:
+def _encode(
+    job: ExtractJob, writer: StoreWriter, state: Optional[ExistingStore], missing: set[str], progress: ProgressCallback
+) -> ExtractResult:
     """Open this rank's store, encode its pending captions (rank 0) and videos, close it."""
     cfg, ctx = job.cfg, job.ctx
     store, rows = writer.open(state, progress)
@@ -84,8 +100,9 @@ def _encode(job: ExtractJob, writer: StoreWriter, state: Optional[ExistingStore]
         with _store_errors(job.out):
             if ctx.is_main:
                 encode_captions(store, job.bundle, [c.text for c in job.captions], cfg, progress, encode_texts)
-            res = encode_videos(store, job.bundle, job.videos, missing, cfg, ctx.device, progress, encode_images,
-                                rows=rows)
+            res = encode_videos(
+                store, job.bundle, job.videos, missing, cfg, ctx.device, progress, encode_images, rows=rows
+            )
         res.captions = len(job.captions)
         return res
     finally:
@@ -96,10 +113,19 @@ def _counts_of_complete(state: ExistingStore, writer: StoreWriter, n_caps: int, 
     """This rank's result for a store that was complete before the run: every video skipped."""
     share = writer.share(state)
     mine = state.status if share is None else state.status[share]
-    return ExtractResult(store=out, videos_total=len(mine), videos_ok=0, videos_failed=0, videos_missing=0,
-                         videos_skipped=len(mine), captions=n_caps, failures=[],
-                         store_ok=int((mine == STATUS_OK).sum()), store_failed=int((mine == STATUS_FAILED).sum()),
-                         store_missing=int((mine == STATUS_MISSING).sum()))
+    return ExtractResult(
+        store=out,
+        videos_total=len(mine),
+        videos_ok=0,
+        videos_failed=0,
+        videos_missing=0,
+        videos_skipped=len(mine),
+        captions=n_caps,
+        failures=[],
+        store_ok=int((mine == STATUS_OK).sum()),
+        store_failed=int((mine == STATUS_FAILED).sum()),
+        store_missing=int((mine == STATUS_MISSING).sum()),
+    )
 
 
 def _combine_results(ctx, local: ExtractResult, videos, n_caps: int, out: Path) -> ExtractResult:
@@ -108,13 +134,20 @@ def _combine_results(ctx, local: ExtractResult, videos, n_caps: int, out: Path) 
     A run that failed no video of its own but left failed videos in the store
     reports the reasons of the earlier runs' failures (the first five).
     """
-    rows = ctx.all_gather_object(({k: getattr(local, k) for k in _COUNTS}, local.failures, local.warnings,
-                                  local.video_seconds))
+    rows = ctx.all_gather_object(
+        ({k: getattr(local, k) for k in _COUNTS}, local.failures, local.warnings, local.video_seconds)
+    )
     pos = {v.video_id: i for i, v in enumerate(videos)}
     failures = sorted((f for r in rows for f in r[1]), key=lambda f: pos.get(f[0], -1))
     warnings = sorted((w for r in rows for w in r[2]), key=lambda w: pos.get(w[0], -1))
-    result = ExtractResult(store=out, captions=n_caps, failures=failures, warnings=warnings,
-                           video_seconds=max(r[3] for r in rows), **{k: sum(r[0][k] for r in rows) for k in _COUNTS})
+    result = ExtractResult(
+        store=out,
+        captions=n_caps,
+        failures=failures,
+        warnings=warnings,
+        video_seconds=max(r[3] for r in rows),
+        **{k: sum(r[0][k] for r in rows) for k in _COUNTS},
+    )
     if not result.failures and result.store_failed:
         result.failures = ctx.run_on_main(lambda: _earlier_failures(out))
     first_missing = ""
@@ -179,5 +212,10 @@ def _load_catalogue(cfg: ExtractConfig, progress: ProgressCallback):
     missing = set(catalogue.missing) & {v.video_id for v in videos}
     if missing:
         first = ", ".join(sorted(missing)[:5])
-        progress(Event("warning", message=f"{len(missing)} listed videos are missing on disk (first: {first}); recorded in the store"))
+        progress(
+            Event(
+                "warning",
+                message=f"{len(missing)} listed videos are missing on disk (first: {first}); recorded in the store",
+            )
+        )
     return catalogue, videos, captions, missing

@@ -30,8 +30,15 @@ class DecodeDataset(torch.utils.data.Dataset):
     items: (store row, path) or (store row, path, video id, N): N augmented training views too.
     """
 
-    def __init__(self, items: list[tuple], frames: int, short_side: Optional[int], backend: str, preprocess,
-                 view_geometry: Optional[tuple[int, Sequence[float], Sequence[float]]] = None) -> None:
+    def __init__(
+        self,
+        items: list[tuple],
+        frames: int,
+        short_side: Optional[int],
+        backend: str,
+        preprocess,
+        view_geometry: Optional[tuple[int, Sequence[float], Sequence[float]]] = None,
+    ) -> None:
         self.items = items
         self.frames = frames
         self.short_side = short_side
@@ -50,10 +57,16 @@ class DecodeDataset(torch.utils.data.Dataset):
             dec = decode_video(Path(path), num_frames=self.frames, short_side=self.short_side, backend=self.backend)
             # CLIP's own PIL transform, frame by frame, so features equal open_clip's on these frames.
             pixels = torch.stack([self.preprocess(Image.fromarray(f)) for f in dec.frames])  # (F, 3, S, S)
-            item = {"index": index, "pixels": pixels, "mask": torch.from_numpy(dec.mask),
-                    "num_video_frames": dec.num_video_frames, "error": None,
-                    "warning": "; ".join(dec.warnings) or None, "views": None,
-                    "thumbnail": make_thumbnail(dec.frames, dec.mask)}
+            item = {
+                "index": index,
+                "pixels": pixels,
+                "mask": torch.from_numpy(dec.mask),
+                "num_video_frames": dec.num_video_frames,
+                "error": None,
+                "warning": "; ".join(dec.warnings) or None,
+                "views": None,
+                "thumbnail": make_thumbnail(dec.frames, dec.mask),
+            }
             if len(self.items[i]) > 2 and self.items[i][3] and self.view_geometry is not None:
                 size, mean, std = self.view_geometry
                 item["views"] = augmented_views(dec.frames, self.items[i][2], self.items[i][3], size, mean, std)
@@ -100,7 +113,9 @@ def die_with_parent() -> bool:
     return True
 
 
-def encode_captions(store, bundle, texts: list[str], cfg: ExtractConfig, progress: ProgressCallback, encode_texts) -> int:
+def encode_captions(
+    store, bundle, texts: list[str], cfg: ExtractConfig, progress: ProgressCallback, encode_texts
+) -> int:
     pending = np.asarray(store.pending_captions())
     if len(pending) == 0:
         return len(texts)
@@ -119,8 +134,17 @@ def encode_captions(store, bundle, texts: list[str], cfg: ExtractConfig, progres
     return len(texts)
 
 
-def encode_videos(store, bundle, videos, missing: set[str], cfg: ExtractConfig, device: torch.device,
-                   progress: ProgressCallback, encode_images, rows: Optional[np.ndarray] = None) -> ExtractResult:
+def encode_videos(
+    store,
+    bundle,
+    videos,
+    missing: set[str],
+    cfg: ExtractConfig,
+    device: torch.device,
+    progress: ProgressCallback,
+    encode_images,
+    rows: Optional[np.ndarray] = None,
+) -> ExtractResult:
     """Encode the pending videos (of ``rows`` only, when given: one rank's share)."""
     total = len(videos) if rows is None else len(rows)
     # a rerun retries the videos that failed or were missing: their files may have been replaced since
@@ -131,31 +155,48 @@ def encode_videos(store, bundle, videos, missing: set[str], cfg: ExtractConfig, 
     miss_idx = [i for i in pending if videos[i].video_id in missing]
     if miss_idx:
         store.mark_missing(miss_idx)
-    todo = [(i, str(videos[i].path), videos[i].video_id, cfg.train_views if videos[i].split == "train" else 0)
-            for i in pending if videos[i].video_id not in missing]
+    todo = [
+        (i, str(videos[i].path), videos[i].video_id, cfg.train_views if videos[i].split == "train" else 0)
+        for i in pending
+        if videos[i].video_id not in missing
+    ]
     short_side = bundle.image_size if cfg.decode_short_side == 0 else cfg.decode_short_side
     geometry = (int(bundle.image_size), list(map(float, bundle.mean)), list(map(float, bundle.std)))
     ds = DecodeDataset(todo, cfg.frames, short_side, cfg.decode_backend, bundle.preprocess, geometry)
     loader = torch.utils.data.DataLoader(
-        ds, batch_size=cfg.batch_size, shuffle=False, num_workers=cfg.workers, collate_fn=collate_items,
+        ds,
+        batch_size=cfg.batch_size,
+        shuffle=False,
+        num_workers=cfg.workers,
+        collate_fn=collate_items,
         worker_init_fn=decode_worker_init if cfg.workers > 0 else None,
-        prefetch_factor=2 if cfg.workers > 0 else None, persistent_workers=False,
+        prefetch_factor=2 if cfg.workers > 0 else None,
+        persistent_workers=False,
     )
     failures: list[tuple[str, str]] = []
     warnings: list[tuple[str, str]] = []
     t0 = time.perf_counter()
     progress(Event("start", task="videos", total=len(todo)))
     with _encoder_threads(device, cfg.workers):
-        ok, failed = _consume(loader, store, bundle, videos, cfg, device, progress, encode_images, failures,
-                              warnings)
+        ok, failed = _consume(loader, store, bundle, videos, cfg, device, progress, encode_images, failures, warnings)
     seconds = time.perf_counter() - t0
     progress(Event("end", task="videos", message=f"{ok} ok, {failed} failed, {len(miss_idx)} missing"))
     status = store.status() if rows is None else store.status()[np.asarray(rows, np.int64)]
-    return ExtractResult(store=Path(cfg.out), videos_total=total, videos_ok=ok, videos_failed=failed,
-                         videos_missing=len(miss_idx), videos_skipped=skipped, captions=0, failures=failures,
-                         warnings=warnings, store_ok=int((status == STATUS_OK).sum()),
-                         store_failed=int((status == STATUS_FAILED).sum()),
-                         store_missing=int((status == STATUS_MISSING).sum()), video_seconds=seconds)
+    return ExtractResult(
+        store=Path(cfg.out),
+        videos_total=total,
+        videos_ok=ok,
+        videos_failed=failed,
+        videos_missing=len(miss_idx),
+        videos_skipped=skipped,
+        captions=0,
+        failures=failures,
+        warnings=warnings,
+        store_ok=int((status == STATUS_OK).sum()),
+        store_failed=int((status == STATUS_FAILED).sum()),
+        store_missing=int((status == STATUS_MISSING).sum()),
+        video_seconds=seconds,
+    )
 
 
 @contextlib.contextmanager
@@ -174,8 +215,9 @@ def _encoder_threads(device: torch.device, workers: int):
         torch.set_num_threads(before)
 
 
-def _write_views(store, bundle, items: list[dict[str, Any]], cfg: ExtractConfig, device: torch.device,
-                 encode_images) -> None:
+def _write_views(
+    store, bundle, items: list[dict[str, Any]], cfg: ExtractConfig, device: torch.device, encode_images
+) -> None:
     """Encode and write the augmented views of these training videos (before write_videos marks them ok)."""
     if not items:
         return
@@ -188,8 +230,18 @@ def _write_views(store, bundle, items: list[dict[str, Any]], cfg: ExtractConfig,
     store.write_views(np.array([b["index"] for b in items]), feats, states)
 
 
-def _consume(loader, store, bundle, videos, cfg: ExtractConfig, device: torch.device, progress: ProgressCallback,
-             encode_images, failures: list[tuple[str, str]], warnings: list[tuple[str, str]]) -> tuple[int, int]:
+def _consume(
+    loader,
+    store,
+    bundle,
+    videos,
+    cfg: ExtractConfig,
+    device: torch.device,
+    progress: ProgressCallback,
+    encode_images,
+    failures: list[tuple[str, str]],
+    warnings: list[tuple[str, str]],
+) -> tuple[int, int]:
     """Encode and write decoded batches as they arrive; returns (ok, failed)."""
     ok = failed = 0
     for batch in loader:
@@ -206,8 +258,7 @@ def _consume(loader, store, bundle, videos, cfg: ExtractConfig, device: torch.de
             feats = feats.float().reshape(B, F, -1).cpu().numpy()  # (B, F, D)
             if states is not None:
                 states = states.float().reshape(B, F, *states.shape[1:]).cpu().numpy()  # (B, F, [L,] W)
-            _write_views(store, bundle, [b for b in good if b.get("views") is not None], cfg, device,
-                         encode_images)
+            _write_views(store, bundle, [b for b in good if b.get("views") is not None], cfg, device, encode_images)
             if store.thumbnail_bytes:  # a store made before thumbnails existed resumes without them
                 store.write_thumbnails(np.array([b["index"] for b in good]), [b["thumbnail"] for b in good])
             store.write_videos(
@@ -220,6 +271,13 @@ def _consume(loader, store, bundle, videos, cfg: ExtractConfig, device: torch.de
             )
             warnings.extend((videos[b["index"]].video_id, b["warning"]) for b in good if b["warning"])
             ok += len(good)
-        progress(Event("advance", task="videos", n=len(batch), data={"unit": "videos"},
-                       message=f"{failed} failed" if failed else ""))
+        progress(
+            Event(
+                "advance",
+                task="videos",
+                n=len(batch),
+                data={"unit": "videos"},
+                message=f"{failed} failed" if failed else "",
+            )
+        )
     return ok, failed

@@ -76,8 +76,14 @@ def check_resumable(store, manifest: dict, videos, captions, out: Path) -> None:
     if diff or not same_ids:
         what = ", ".join(diff) if diff else "the video/caption lists"
         old_resize = "decoder" in diff and store.manifest.get("decode_short_side") is not None
-        hint = (" (a store that resized frames at decode time, dab's default before it resized as open_clip does: "
-                "resume it with --set decode_short_side=0)") if old_resize else ""
+        hint = (
+            (
+                " (a store that resized frames at decode time, dab's default before it resized as open_clip does: "
+                "resume it with --set decode_short_side=0)"
+            )
+            if old_resize
+            else ""
+        )
         raise StoreMismatchError(
             f"{out} was built with a different configuration ({what} differ){hint}; "
             "choose another --out or pass --overwrite to rebuild it"
@@ -98,8 +104,13 @@ def existing_store(job: ExtractJob) -> Optional[ExistingStore]:
     with open_store(job.out, "r") as st:
         # nothing to do only when no video waits for a retry (failed or missing ones are retried on a rerun)
         retry = bool(len(st.pending_videos(include_failed=True, include_missing=True)))
-        return ExistingStore(repaired=repaired, complete=st.is_complete and not retry, world_size=int(st.manifest.get("world_size") or 1),
-                             share_rows=st.share_rows, status=st.status())
+        return ExistingStore(
+            repaired=repaired,
+            complete=st.is_complete and not retry,
+            world_size=int(st.manifest.get("world_size") or 1),
+            share_rows=st.share_rows,
+            status=st.status(),
+        )
 
 
 def create_for(job: ExtractJob, path: Path, *, overwrite: bool, share_rows: Optional[int] = None):
@@ -167,9 +178,15 @@ class StoreWriter:
         out = self.job.out
         worlds = sorted({w for _, _, w in part_files(out)}) if store_backend(out) == "hdf5" else []
         if worlds:
-            progress(Event("warning", message=(
-                f"part files of an unfinished {worlds[0]}-process extraction into {out} exist; this single "
-                f"process ignores them (rerun with torchrun --nproc-per-node {worlds[0]} to resume them)")))
+            progress(
+                Event(
+                    "warning",
+                    message=(
+                        f"part files of an unfinished {worlds[0]}-process extraction into {out} exist; this single "
+                        f"process ignores them (rerun with torchrun --nproc-per-node {worlds[0]} to resume them)"
+                    ),
+                )
+            )
 
     def share(self, state: ExistingStore) -> Optional[np.ndarray]:
         return None  # every row
@@ -199,11 +216,13 @@ class _SharedWriter(StoreWriter):
     def check(self, state: Optional[ExistingStore], progress: ProgressCallback) -> None:
         world = self.job.ctx.world_size
         if state is not None and not state.complete and state.world_size != world:
-            raise mark_shared(StoreMismatchError(
-                f"{self.job.out} is incomplete and was started by a {state.world_size}-process run; this run has "
-                f"{world} processes. Resume it with {state.world_size} process(es) (torchrun --nproc-per-node / "
-                "--nnodes), or pass --overwrite to rebuild it"
-            ))
+            raise mark_shared(
+                StoreMismatchError(
+                    f"{self.job.out} is incomplete and was started by a {state.world_size}-process run; this run has "
+                    f"{world} processes. Resume it with {state.world_size} process(es) (torchrun --nproc-per-node / "
+                    "--nnodes), or pass --overwrite to rebuild it"
+                )
+            )
 
 
 class ZarrSharesWriter(_SharedWriter):
@@ -215,8 +234,7 @@ class ZarrSharesWriter(_SharedWriter):
 
         def prepare() -> None:
             if state is None:
-                st = create_for(j, j.out, overwrite=j.cfg.overwrite,
-                                share_rows=default_share_rows(j.num_videos, world))
+                st = create_for(j, j.out, overwrite=j.cfg.overwrite, share_rows=default_share_rows(j.num_videos, world))
             else:
                 # Opened once as the only writer before the others start: clears stale .partial files.
                 st = open_store(j.out, "a")
@@ -239,10 +257,12 @@ class H5PartsWriter(_SharedWriter):
     def check(self, state: Optional[ExistingStore], progress: ProgressCallback) -> None:
         super().check(state, progress)
         if state is not None and not state.complete:
-            raise mark_shared(StoreError(
-                f"{self.job.out} is an incomplete HDF5 store; only one process can write it: finish it with a "
-                "single-process `dab extract`, or pass --overwrite"
-            ))
+            raise mark_shared(
+                StoreError(
+                    f"{self.job.out} is an incomplete HDF5 store; only one process can write it: finish it with a "
+                    "single-process `dab extract`, or pass --overwrite"
+                )
+            )
 
     @property
     def parts(self) -> list[Path]:
@@ -278,8 +298,9 @@ class H5PartsWriter(_SharedWriter):
         def merge() -> None:
             progress(Event("info", message=f"merging {world} part files into {j.out}"))
             u = default_share_rows(n, world)
-            merge_parts(j.out, self.parts, [video_share(n, u, r, world) for r in range(world)],
-                        overwrite=j.cfg.overwrite)
+            merge_parts(
+                j.out, self.parts, [video_share(n, u, r, world) for r in range(world)], overwrite=j.cfg.overwrite
+            )
             remove_part_files(j.out, world)
 
         j.ctx.run_on_main(merge)

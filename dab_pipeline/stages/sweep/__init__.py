@@ -14,17 +14,17 @@ from __future__ import annotations
 from .local import local_executor, threads_per_job  # noqa: F401
 from .one import execute_run, run_state  # noqa: F401
 from .plan import (  # noqa: F401
-                   PLAN_DIR,
-                   PlannedRun,
-                   ResolvedPlan,
-                   SweepPlan,
-                   SweepRow,
-                   grid_plan,
-                   load_plan,
-                   plan_from_dict,
-                   plan_names,
-                   resolve_plan,
-                   row_name,
-                   with_choices,
+    PLAN_DIR,
+    PlannedRun,
+    ResolvedPlan,
+    SweepPlan,
+    SweepRow,
+    grid_plan,
+    load_plan,
+    plan_from_dict,
+    plan_names,
+    resolve_plan,
+    row_name,
+    with_choices,
 )
 from .run import SWEEP_BACKENDS, SweepConfig, SweepResult, load_sweep_config, run_sweep  # noqa: F401

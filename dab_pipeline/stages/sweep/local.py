@@ -56,8 +56,9 @@ def _work(config: dict[str, Any], examples: int) -> dict[str, Any]:
 def local_executor(jobs: int):
     """An executor of the sweep's runs: at most ``jobs`` worker processes, results as runs finish."""
 
-    def execute(runs: Sequence[PlannedRun], examples: int, progress: ProgressCallback
-                ) -> Iterator[tuple[PlannedRun, dict[str, Any]]]:
+    def execute(
+        runs: Sequence[PlannedRun], examples: int, progress: ProgressCallback
+    ) -> Iterator[tuple[PlannedRun, dict[str, Any]]]:
         if not runs:
             return
         n = min(jobs, len(runs))
@@ -67,8 +68,13 @@ def local_executor(jobs: int):
         for i in range(n):
             slots.put(gpus[i % len(gpus)] if gpus else None)
         threads = threads_per_job(n)
-        progress(Event("info", message=f"{n} worker processes, {threads} CPU thread(s) each"
-                                       + (f", GPUs {', '.join(gpus)}" if gpus else "")))
+        progress(
+            Event(
+                "info",
+                message=f"{n} worker processes, {threads} CPU thread(s) each"
+                + (f", GPUs {', '.join(gpus)}" if gpus else ""),
+            )
+        )
         with ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_worker, initargs=(threads, slots)) as pool:
             pending = {pool.submit(_work, to_dict(r.config), examples): r for r in runs}
             while pending:

@@ -21,7 +21,7 @@ __all__ = ["run_state", "execute_run"]
 
 
 def run_state(run: PlannedRun, replace: bool = False) -> str:
-    """"done" (complete, evaluated, same config), "evaluate" (complete, not evaluated), "resume", "start".
+    """ "done" (complete, evaluated, same config), "evaluate" (complete, not evaluated), "resume", "start".
 
     Raises ConfigError when the folder holds a run of another configuration: a sweep never trains
     over a run it did not plan (``replace``: a cache's folder, emptied instead, and the run starts).
@@ -35,16 +35,19 @@ def run_state(run: PlannedRun, replace: bool = False) -> str:
         shutil.rmtree(folder.path)
         return "start"
     if diff:
-        raise ConfigError(f"{folder.path} holds a run of another configuration ({', '.join(diff[:3])}); move it "
-                          "away, or choose another --out")
+        raise ConfigError(
+            f"{folder.path} holds a run of another configuration ({', '.join(diff[:3])}); move it "
+            "away, or choose another --out"
+        )
     status = folder.read_status()
     if status.get("state") == "complete":
         return "done" if (folder.path / "metrics.json").is_file() else "evaluate"
     return "resume" if folder.checkpoint(RunFolder.LAST).exists() else "start"
 
 
-def execute_run(config: dict[str, Any], examples: int = 0, progress: ProgressCallback = null_progress,
-                replace: bool = False) -> dict[str, Any]:
+def execute_run(
+    config: dict[str, Any], examples: int = 0, progress: ProgressCallback = null_progress, replace: bool = False
+) -> dict[str, Any]:
     """Train (or resume) and evaluate one run: ``{"ok", "seconds", "error"}``. Never raises for a run's failure,
     so a worker process or a Ray task reports it instead of dying (a KeyboardInterrupt still stops it)."""
     cfg = from_dict(TrainConfig, config)
@@ -63,5 +66,8 @@ def execute_run(config: dict[str, Any], examples: int = 0, progress: ProgressCal
             atomic_write_text(cfg.out / "sweep_error.txt", traceback.format_exc())
         except DabError:  # a full disk: the run's error is the one to report
             pass
-        return {"ok": False, "seconds": time.perf_counter() - t0,
-                "error": f"{type(exc).__name__}: {exc} (traceback in {cfg.out / 'sweep_error.txt'})"}
+        return {
+            "ok": False,
+            "seconds": time.perf_counter() - t0,
+            "error": f"{type(exc).__name__}: {exc} (traceback in {cfg.out / 'sweep_error.txt'})",
+        }

@@ -28,8 +28,22 @@ from ...core.variants import canonical_key, canonical_values, unused_model_field
 from ...store import open_store
 from ..train import TrainConfig, build_train_config
 
-__all__ = ["PLAN_DIR", "SweepPlan", "SweepRow", "PlannedRun", "ResolvedPlan", "plan_names", "load_plan", "grid_plan",
-           "plan_from_dict", "resolve_plan", "row_name", "with_choices", "SEED_KEYS", "refuse_seed_keys"]
+__all__ = [
+    "PLAN_DIR",
+    "SweepPlan",
+    "SweepRow",
+    "PlannedRun",
+    "ResolvedPlan",
+    "plan_names",
+    "load_plan",
+    "grid_plan",
+    "plan_from_dict",
+    "resolve_plan",
+    "row_name",
+    "with_choices",
+    "SEED_KEYS",
+    "refuse_seed_keys",
+]
 
 PLAN_DIR = Path(__file__).parent / "plans"
 BRIDGE_ONLY_TRAIN_KEYS = ("bridge_lr",)
@@ -48,8 +62,10 @@ def refuse_seed_keys(values: Mapping[str, Any], where: str, fix: str) -> None:
     for key, value in values.items():
         if str(key).strip() in SEED_KEYS:
             seeds = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
-            raise ConfigError(f"{where}{key}={seeds}: {str(key).strip()} is set by --seeds (the plan's seeds); "
-                              + fix.format(seeds=seeds))
+            raise ConfigError(
+                f"{where}{key}={seeds}: {str(key).strip()} is set by --seeds (the plan's seeds); "
+                + fix.format(seeds=seeds)
+            )
 
 
 @dataclass(frozen=True)
@@ -83,8 +99,9 @@ class SweepPlan:
         for row in self.rows:
             refuse_seed_keys(row.values, f"sweep plan {self.name!r}: row {row.name} ", PLAN_SEEDS_FIX)
         if self.baseline is not None and self.baseline not in names:
-            raise ConfigError(f"sweep plan {self.name!r}: baseline {self.baseline!r} is not a row; rows: "
-                              f"{', '.join(names)}")
+            raise ConfigError(
+                f"sweep plan {self.name!r}: baseline {self.baseline!r} is not a row; rows: {', '.join(names)}"
+            )
 
     @property
     def baseline_row(self) -> str:
@@ -131,8 +148,13 @@ def _expand(grid: Mapping[str, Sequence[Any]]) -> list[SweepRow]:
     return rows
 
 
-def grid_plan(grid: Sequence[str], seeds: Sequence[int] = (1, 2, 3), recipe: Optional[str] = None,
-              baseline: Optional[str] = None, values: Optional[Mapping[str, Any]] = None) -> SweepPlan:
+def grid_plan(
+    grid: Sequence[str],
+    seeds: Sequence[int] = (1, 2, 3),
+    recipe: Optional[str] = None,
+    baseline: Optional[str] = None,
+    values: Optional[Mapping[str, Any]] = None,
+) -> SweepPlan:
     """A plan from ``--grid KEY=V1,V2`` strings (their cartesian product, in the order given).
 
     ``baseline``: ``KEY=VALUE[,KEY=VALUE]`` picking the first row with those values (None: the first row).
@@ -140,9 +162,14 @@ def grid_plan(grid: Sequence[str], seeds: Sequence[int] = (1, 2, 3), recipe: Opt
     parsed = _parse_grid(grid)
     refuse_seed_keys(parsed, "--grid ", "remove it from --grid and pass --seeds {seeds}")
     rows = _expand(parsed) if parsed else [SweepRow("default", {})]
-    return SweepPlan(name="grid", rows=tuple(rows), seeds=tuple(seeds), recipe=recipe,
-                     values=canonical_values(values or {}),
-                     baseline=_baseline_row(rows, baseline))
+    return SweepPlan(
+        name="grid",
+        rows=tuple(rows),
+        seeds=tuple(seeds),
+        recipe=recipe,
+        values=canonical_values(values or {}),
+        baseline=_baseline_row(rows, baseline),
+    )
 
 
 def _baseline_row(rows: Sequence[SweepRow], spec: Optional[str]) -> Optional[str]:
@@ -157,8 +184,7 @@ def _baseline_row(rows: Sequence[SweepRow], spec: Optional[str]) -> Optional[str
     raise ConfigError(f"--baseline {spec}: no row has these values; rows: {', '.join(r.name for r in rows)}")
 
 
-def with_choices(plan: SweepPlan, seeds: Optional[Sequence[int]] = None, baseline: Optional[str] = None
-                 ) -> SweepPlan:
+def with_choices(plan: SweepPlan, seeds: Optional[Sequence[int]] = None, baseline: Optional[str] = None) -> SweepPlan:
     """``plan`` with other seeds and another baseline (a row name or ``KEY=VALUE[,...]``); None keeps the plan's."""
     if seeds:
         plan = dataclasses.replace(plan, seeds=tuple(int(s) for s in seeds))
@@ -176,8 +202,10 @@ def load_plan(name_or_path: str | Path) -> SweepPlan:
     path = Path(name_or_path)
     if path.suffix != ".json":
         if str(name_or_path) not in plan_names():
-            raise UnknownNameError(f"unknown sweep plan {str(name_or_path)!r}; valid: {', '.join(plan_names())} "
-                                   "(or the path of a .json plan)")
+            raise UnknownNameError(
+                f"unknown sweep plan {str(name_or_path)!r}; valid: {', '.join(plan_names())} "
+                "(or the path of a .json plan)"
+            )
         path = PLAN_DIR / f"{name_or_path}.json"
     try:
         data = json.loads(path.read_text())
@@ -204,9 +232,15 @@ def plan_from_dict(data: Mapping[str, Any], name: str) -> SweepPlan:
     base = data.get("baseline")
     if isinstance(base, Mapping):
         base = _baseline_row(rows, ",".join(f"{k}={v}" for k, v in base.items()))
-    return SweepPlan(name=name, rows=tuple(rows), seeds=tuple(data.get("seeds", (1, 2, 3))),
-                     recipe=data.get("recipe"), values=canonical_values(data.get("set", {})), baseline=base,
-                     doc=str(data.get("_doc", "")))
+    return SweepPlan(
+        name=name,
+        rows=tuple(rows),
+        seeds=tuple(data.get("seeds", (1, 2, 3))),
+        recipe=data.get("recipe"),
+        values=canonical_values(data.get("set", {})),
+        baseline=base,
+        doc=str(data.get("_doc", "")),
+    )
 
 
 def _canonical(cfg: TrainConfig) -> dict[str, Any]:
@@ -235,8 +269,9 @@ class ResolvedPlan:
         return list(dict.fromkeys(r.row for r in self.runs))
 
 
-def resolve_plan(plan: SweepPlan, features: Path, out: Path, overrides: Sequence[str] = (),
-                 layout: str = "{row}/seed{seed}") -> ResolvedPlan:
+def resolve_plan(
+    plan: SweepPlan, features: Path, out: Path, overrides: Sequence[str] = (), layout: str = "{row}/seed{seed}"
+) -> ResolvedPlan:
     """Every run of the plan, resolved (its folder: ``out / layout``), rows collapsed where runs would repeat.
 
     Raises ConfigError naming the row for an unknown key or an invalid value, before anything runs.
@@ -250,16 +285,23 @@ def resolve_plan(plan: SweepPlan, features: Path, out: Path, overrides: Sequence
     for row in plan.rows:
         values = canonical_values(plan.values, row.values)  # a plan built in Python may use variant= too
         try:
-            cfg = build_train_config(values.pop("features", features), out / row.name, recipe=plan.recipe,
-                                     options=values, overrides=overrides)
+            cfg = build_train_config(
+                values.pop("features", features),
+                out / row.name,
+                recipe=plan.recipe,
+                options=values,
+                overrides=overrides,
+            )
         except ConfigError as exc:
             raise ConfigError(f"sweep row {row.name}: {exc}") from None
         canon = _canonical(cfg)
         twin = next((name for name, (_, c) in kept.items() if c == canon), None)
         if twin is not None:
-            ignored = sorted(k for k in canonical_values(row.values)
-                             if k.removeprefix("model.") in unused_model_fields(cfg.model.variant)
-                             or k in BRIDGE_ONLY_TRAIN_KEYS)
+            ignored = sorted(
+                k
+                for k in canonical_values(row.values)
+                if k.removeprefix("model.") in unused_model_fields(cfg.model.variant) or k in BRIDGE_ONLY_TRAIN_KEYS
+            )
             why = f"{', '.join(ignored)} has no effect on {cfg.model.variant}" if ignored else "the same configuration"
             notes.append(f"row {row.name} is row {twin} ({why}): run once")
             aliases[row.name] = twin

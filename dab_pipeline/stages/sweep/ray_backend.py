@@ -31,8 +31,9 @@ def _ray():
 def ray_executor(address: Optional[str] = None, cpus_per_run: int = 1):
     """An executor of the sweep's runs as Ray tasks; ``address`` None: RAY_ADDRESS, else a local instance."""
 
-    def execute(runs: Sequence[PlannedRun], examples: int, progress: ProgressCallback
-                ) -> Iterator[tuple[PlannedRun, dict[str, Any]]]:
+    def execute(
+        runs: Sequence[PlannedRun], examples: int, progress: ProgressCallback
+    ) -> Iterator[tuple[PlannedRun, dict[str, Any]]]:
         if not runs:
             return
         ray = _ray()

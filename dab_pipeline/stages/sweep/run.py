@@ -73,10 +73,20 @@ class SweepResult:
 
 
 def _plan_record(cfg: SweepConfig) -> dict[str, Any]:
-    return {"features": str(cfg.features), "overrides": list(cfg.overrides), "layout": cfg.layout,
-            "plan": {"name": cfg.plan.name, "doc": cfg.plan.doc, "recipe": cfg.plan.recipe,
-                     "set": cfg.plan.values, "seeds": list(cfg.plan.seeds), "baseline": cfg.plan.baseline,
-                     "rows": [{"name": r.name, "set": r.values} for r in cfg.plan.rows]}}
+    return {
+        "features": str(cfg.features),
+        "overrides": list(cfg.overrides),
+        "layout": cfg.layout,
+        "plan": {
+            "name": cfg.plan.name,
+            "doc": cfg.plan.doc,
+            "recipe": cfg.plan.recipe,
+            "set": cfg.plan.values,
+            "seeds": list(cfg.plan.seeds),
+            "baseline": cfg.plan.baseline,
+            "rows": [{"name": r.name, "set": r.values} for r in cfg.plan.rows],
+        },
+    }
 
 
 def load_sweep_config(out: Path, **changes: Any) -> SweepConfig:
@@ -86,10 +96,25 @@ def load_sweep_config(out: Path, **changes: Any) -> SweepConfig:
         raise ConfigError(f"{out} holds no sweep ({PLAN_FILE} is missing): nothing to resume")
     rec = json.loads(path.read_text())
     p = rec["plan"]
-    plan = plan_from_dict({"rows": p["rows"], "seeds": p["seeds"], "recipe": p["recipe"], "set": p["set"],
-                           "baseline": p["baseline"], "_doc": p.get("doc", "")}, p["name"])
-    return SweepConfig(features=Path(rec["features"]), out=Path(out), plan=plan, overrides=tuple(rec["overrides"]),
-                       layout=rec.get("layout", "{row}/seed{seed}"), **changes)
+    plan = plan_from_dict(
+        {
+            "rows": p["rows"],
+            "seeds": p["seeds"],
+            "recipe": p["recipe"],
+            "set": p["set"],
+            "baseline": p["baseline"],
+            "_doc": p.get("doc", ""),
+        },
+        p["name"],
+    )
+    return SweepConfig(
+        features=Path(rec["features"]),
+        out=Path(out),
+        plan=plan,
+        overrides=tuple(rec["overrides"]),
+        layout=rec.get("layout", "{row}/seed{seed}"),
+        **changes,
+    )
 
 
 def _record_plan(cfg: SweepConfig) -> None:
@@ -102,18 +127,27 @@ def _record_plan(cfg: SweepConfig) -> None:
 Executor = Callable[[Sequence[PlannedRun], int, ProgressCallback], Iterator[tuple[PlannedRun, dict[str, Any]]]]
 
 
-def _in_process(runs: Sequence[PlannedRun], examples: int, progress: ProgressCallback
-                ) -> Iterator[tuple[PlannedRun, dict[str, Any]]]:
+def _in_process(
+    runs: Sequence[PlannedRun], examples: int, progress: ProgressCallback
+) -> Iterator[tuple[PlannedRun, dict[str, Any]]]:
     for run in runs:
         yield run, execute_run(to_dict(run.config), examples, _run_progress(run, progress))
 
 
 def _run_progress(run: PlannedRun, progress: ProgressCallback) -> ProgressCallback:
     """A run's events as the sweep shows them: its epochs on the sweep's line, its warnings; not its own bars."""
+
     def forward(event: Event) -> None:
         if event.kind == "metrics" and "epoch" in event.data:
-            progress(Event("advance", task="sweep", n=0, data={"epoch": event.data["epoch"], "run": str(run.config.out)},
-                           message=f"{run.row} seed {run.seed}: epoch {event.data['epoch']}/{run.config.epochs}"))
+            progress(
+                Event(
+                    "advance",
+                    task="sweep",
+                    n=0,
+                    data={"epoch": event.data["epoch"], "run": str(run.config.out)},
+                    message=f"{run.row} seed {run.seed}: epoch {event.data['epoch']}/{run.config.epochs}",
+                )
+            )
         elif event.kind == "warning":
             progress(event)
 
@@ -132,8 +166,14 @@ def run_sweep(cfg: SweepConfig, progress: ProgressCallback = null_progress) -> S
     todo = [r for r in plan.runs if states[str(r.config.out)] != "done"]
     res.reused = [k for k, s in states.items() if s == "done"]
     parallel = 1 if cfg.backend == "local" and cfg.jobs == 1 else (cfg.jobs if cfg.backend == "local" else len(todo))
-    progress(Event("start", task="sweep", total=len(todo),
-                   message=f"{len(res.reused)} reused, {min(parallel, len(todo))} running"))
+    progress(
+        Event(
+            "start",
+            task="sweep",
+            total=len(todo),
+            message=f"{len(res.reused)} reused, {min(parallel, len(todo))} running",
+        )
+    )
     for run, outcome in _executor(cfg)(todo, cfg.evaluate_examples, progress):
         key = str(run.config.out)
         if outcome["ok"]:
@@ -142,8 +182,15 @@ def run_sweep(cfg: SweepConfig, progress: ProgressCallback = null_progress) -> S
             res.failed[key] = outcome["error"]
             progress(Event("warning", message=f"{key} failed: {outcome['error']}"))
         left = len(todo) - len(res.done) - len(res.failed)
-        progress(Event("advance", task="sweep", n=1, data={"unit": "runs"},
-                       message=f"{len(res.done)} done, {min(parallel, left)} running, {len(res.failed)} failed"))
+        progress(
+            Event(
+                "advance",
+                task="sweep",
+                n=1,
+                data={"unit": "runs"},
+                message=f"{len(res.done)} done, {min(parallel, left)} running, {len(res.failed)} failed",
+            )
+        )
     progress(Event("end", task="sweep"))
     rows = _collect(plan)
     for note in _supersede_failures(res.failed, plan, rows):
@@ -165,8 +212,9 @@ def _collect(plan: ResolvedPlan) -> dict[str, dict[int, dict[str, Any]]]:
     return rows
 
 
-def _supersede_failures(failed: dict[str, str], plan: ResolvedPlan, rows: dict[str, dict[int, dict[str, Any]]]
-                        ) -> list[str]:
+def _supersede_failures(
+    failed: dict[str, str], plan: ResolvedPlan, rows: dict[str, dict[int, dict[str, Any]]]
+) -> list[str]:
     """Drop from ``failed`` every run that has a finished result now; a note for each.
 
     A failure is recorded when the run is tried, the table when the sweep ends: in between another sweep
@@ -178,8 +226,10 @@ def _supersede_failures(failed: dict[str, str], plan: ResolvedPlan, rows: dict[s
     for run in plan.runs:
         key = str(run.config.out)
         if key in failed and run.seed in rows.get(run.row, {}):
-            notes.append(f"{key} failed in this sweep ({failed.pop(key)}) but is finished and evaluated now "
-                         "(by another sweep into the same --out, or before the error): counted as finished")
+            notes.append(
+                f"{key} failed in this sweep ({failed.pop(key)}) but is finished and evaluated now "
+                "(by another sweep into the same --out, or before the error): counted as finished"
+            )
     return notes
 
 

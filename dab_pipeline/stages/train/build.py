@@ -24,9 +24,15 @@ from .config import TrainConfig, resolve_train_config
 __all__ = ["build_train_config", "store_depth"]
 
 
-def build_train_config(features: Optional[Path] = None, out: Optional[Path] = None, *, recipe: Optional[str] = None,
-                       options: Optional[Mapping[str, Any]] = None, overrides: Sequence[str] = (),
-                       resume: bool = False) -> TrainConfig:
+def build_train_config(
+    features: Optional[Path] = None,
+    out: Optional[Path] = None,
+    *,
+    recipe: Optional[str] = None,
+    options: Optional[Mapping[str, Any]] = None,
+    overrides: Sequence[str] = (),
+    resume: bool = False,
+) -> TrainConfig:
     """The TrainConfig of one `dab train` call.
 
     ``options``: TrainConfig values by (dotted) key, None meaning "not given"
@@ -59,8 +65,11 @@ def build_train_config(features: Optional[Path] = None, out: Optional[Path] = No
     values = expand_variant(values)
     if str(values.get("trainable_blocks", "")).strip().lower() == "all":
         values["trainable_blocks"] = store_depth(manifest)
-    cfg = TrainConfig(features=Path(features), out=Path(out) if out else Path("runs"),
-                      recipe=chosen.name if chosen is not None else None)
+    cfg = TrainConfig(
+        features=Path(features),
+        out=Path(out) if out else Path("runs"),
+        recipe=chosen.name if chosen is not None else None,
+    )
     cfg = replace_values(cfg, values)
     explicit = set(values)
     if out is None:
@@ -69,21 +78,26 @@ def build_train_config(features: Optional[Path] = None, out: Optional[Path] = No
     return resolve_train_config(cfg, manifest, explicit)
 
 
-def _resumed(out: Optional[Path], recipe: Optional[str], given: Mapping[str, Any],
-             overrides: Sequence[str]) -> TrainConfig:
+def _resumed(
+    out: Optional[Path], recipe: Optional[str], given: Mapping[str, Any], overrides: Sequence[str]
+) -> TrainConfig:
     if out is None:
         raise ConfigError("--resume needs --out RUN_FOLDER")
     folder = RunFolder(out)
     # a run folder is relocatable: a copied or moved run resumes where --out points, never where it was made
     saved = dataclasses.replace(folder.load_config(TrainConfig), out=Path(out))
     if recipe and recipe != saved.recipe:
-        raise ConfigError(f"--resume continues {out} with its saved configuration (recipe {saved.recipe!r}); "
-                          f"drop --recipe {recipe}, or start a new run with another --out")
+        raise ConfigError(
+            f"--resume continues {out} with its saved configuration (recipe {saved.recipe!r}); "
+            f"drop --recipe {recipe}, or start a new run with another --out"
+        )
     asked = apply_overrides(replace_values(saved, expand_variant(given), "option"), expand_overrides(overrides))
     diff = differences(saved, asked)
     if diff:
-        raise ConfigError(f"--resume continues {out} with its saved configuration; these options differ from it: "
-                          f"{', '.join(diff)}. Drop them, or start a new run with another --out")
+        raise ConfigError(
+            f"--resume continues {out} with its saved configuration; these options differ from it: "
+            f"{', '.join(diff)}. Drop them, or start a new run with another --out"
+        )
     return saved
 
 

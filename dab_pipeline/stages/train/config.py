@@ -79,8 +79,9 @@ def optimizer_groups(model: torch.nn.Module, heads: Optional[torch.nn.Module], c
     new = [p for p in model.parameters() if p.requires_grad and p is not scale and id(p) not in own]
     groups = [{"params": new, "lr": cfg.lr, "name": "new"}]
     if own:
-        groups.append({"params": [p for p in bridge.parameters() if p.requires_grad], "lr": cfg.bridge_lr,
-                       "name": "bridge"})
+        groups.append(
+            {"params": [p for p in bridge.parameters() if p.requires_grad], "lr": cfg.bridge_lr, "name": "bridge"}
+        )
     if heads is not None:
         groups.append({"params": list(heads.parameters()), "lr": cfg.clip_lr, "name": "clip"})
     if scale is not None:

@@ -9,8 +9,13 @@ import torch
 from ...runs.inputs import SplitArrays, TrainHeads, text_state_batch
 
 
-def batch_inputs(feats: SplitArrays, q: torch.Tensor, heads: Optional[TrainHeads], device: torch.device,
-                  views: Optional[torch.Tensor] = None):
+def batch_inputs(
+    feats: SplitArrays,
+    q: torch.Tensor,
+    heads: Optional[TrainHeads],
+    device: torch.device,
+    views: Optional[torch.Tensor] = None,
+):
     """Inputs of captions ``q`` (b,) and their videos: (text or text states, lengths, frames or states, mask).
 
     ``views`` (V,) int64: the augmented view each video trains on this epoch (None: the eval view).

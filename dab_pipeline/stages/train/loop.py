@@ -40,7 +40,9 @@ class Trainer:
         self.heads = None
         if cfg.trainable_blocks is not None:
             # Rank 0 first: it fills the CLIP weights cache that the others then read.
-            self.heads = ctx.main_first(lambda: TrainHeads(data.manifest, cfg.trainable_blocks, ctx.device)).to(ctx.device)
+            self.heads = ctx.main_first(lambda: TrainHeads(data.manifest, cfg.trainable_blocks, ctx.device)).to(
+                ctx.device
+            )
         groups = optimizer_groups(self.model, self.heads, cfg)
         self.clamp_scale = next((g["params"][0] for g in groups if g["name"] == "logit_scale"), None)
         self.optim = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
@@ -63,15 +65,19 @@ class Trainer:
         if ck is not None:
             saved_world = int(ck.get("world_size") or 1)
             if saved_world != ctx.world_size:
-                raise run.shared(TrainingError(
-                    f"--resume: {run.dir} was trained with {saved_world} process(es), this run has "
-                    f"{ctx.world_size}; resume it with {saved_world} (the per-process random streams are saved for "
-                    "that many)"))
+                raise run.shared(
+                    TrainingError(
+                        f"--resume: {run.dir} was trained with {saved_world} process(es), this run has "
+                        f"{ctx.world_size}; resume it with {saved_world} (the per-process random streams are saved for "
+                        "that many)"
+                    )
+                )
             self._load_state(ck)
             # every rank's own streams (older one-process checkpoints kept only "rng")
             set_rng_state(ck["rng_ranks"][ctx.rank] if "rng_ranks" in ck else ck["rng"], ctx.device)
-            run.progress(Event("info", message=f"resuming {run.dir} at epoch {self.start_epoch + 1}, "
-                                               f"step {self.start_step}"))
+            run.progress(
+                Event("info", message=f"resuming {run.dir} at epoch {self.start_epoch + 1}, step {self.start_step}")
+            )
         elif ctx.rank > 0:
             # Own dropout noise per rank (identical streams would correlate the masks of the
             # ranks' pairs); rank 0 keeps the single-process stream.
@@ -79,9 +85,14 @@ class Trainer:
         self.global_step = self.start_epoch * self.steps_per_epoch + self.start_step
         self.step_module = ctx.wrap(TrainStep(self.model, self.heads, ctx))  # DDP on several ranks
         if ctx.world_size > 1:
-            run.progress(Event("info", message=f"distributed training: {ctx.world_size} processes, "
-                                               f"{cfg.batch_size // ctx.world_size} of each global batch of "
-                                               f"{cfg.batch_size} per process"))
+            run.progress(
+                Event(
+                    "info",
+                    message=f"distributed training: {ctx.world_size} processes, "
+                    f"{cfg.batch_size // ctx.world_size} of each global batch of "
+                    f"{cfg.batch_size} per process",
+                )
+            )
 
     def _load_state(self, ck: dict) -> None:
         self.model.load_state_dict(ck["model"])
@@ -101,10 +112,17 @@ class Trainer:
         if not ctx.is_main:
             return
         state = {
-            "model": self.model.state_dict(), "heads": self.heads.state_dict() if self.heads is not None else None,
-            "optim": self.optim.state_dict(), "sched": self.sched.state_dict(), "epoch": epoch,
-            "step_in_epoch": step_in_epoch, "best_value": self.best_value, "best_epoch": self.best_epoch,
-            "rng": rngs[0], "config": to_dict(self.cfg), "epoch_loss": epoch_loss,
+            "model": self.model.state_dict(),
+            "heads": self.heads.state_dict() if self.heads is not None else None,
+            "optim": self.optim.state_dict(),
+            "sched": self.sched.state_dict(),
+            "epoch": epoch,
+            "step_in_epoch": step_in_epoch,
+            "best_value": self.best_value,
+            "best_epoch": self.best_epoch,
+            "rng": rngs[0],
+            "config": to_dict(self.cfg),
+            "epoch_loss": epoch_loss,
             "world_size": ctx.world_size,
         }
         state["rng_ranks"] = rngs
@@ -132,13 +150,24 @@ class Trainer:
             self.heads.train()
         loss_sum, n = self.resumed_loss if (epoch == self.start_epoch and first > 0) else (0.0, 0)
         for step in range(first, self.steps_per_epoch):
-            q = order[step * cfg.batch_size: (step + 1) * cfg.batch_size]  # (B,) caption indices
+            q = order[step * cfg.batch_size : (step + 1) * cfg.batch_size]  # (B,) caption indices
             loss = self.step(q, views, epoch, step)
             loss_sum += float(loss.item())
             n += 1
-            self.run.progress(Event("advance", task="train", n=1, data={"unit": "it"},
-                                    message=f"epoch {epoch + 1}/{cfg.epochs} loss {loss_sum / n:.4f}"))
-            if cfg.checkpoint_every and self.global_step % cfg.checkpoint_every == 0 and step + 1 < self.steps_per_epoch:
+            self.run.progress(
+                Event(
+                    "advance",
+                    task="train",
+                    n=1,
+                    data={"unit": "it"},
+                    message=f"epoch {epoch + 1}/{cfg.epochs} loss {loss_sum / n:.4f}",
+                )
+            )
+            if (
+                cfg.checkpoint_every
+                and self.global_step % cfg.checkpoint_every == 0
+                and step + 1 < self.steps_per_epoch
+            ):
                 self.checkpoint(epoch, step + 1, RunFolder.LAST, (loss_sum, n))
         return loss_sum, n
 
@@ -147,10 +176,11 @@ class Trainer:
         ctx, train, device = self.run.ctx, self.data.train, self.run.ctx.device
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=self.cfg.amp == "bf16"):
             local_b = self.cfg.batch_size // ctx.world_size
-            q_local = q[ctx.rank * local_b: (ctx.rank + 1) * local_b]  # (b,) this rank's slice (one rank: all)
+            q_local = q[ctx.rank * local_b : (ctx.rank + 1) * local_b]  # (b,) this rank's slice (one rank: all)
             text_in, lengths, video_in, mask = batch_inputs(train, q_local, self.heads, device, views)
-            return distributed_batch_loss(self.step_module, self.model, text_in, lengths, video_in, mask,
-                                          loss_of(self.model.cfg.spec), ctx)
+            return distributed_batch_loss(
+                self.step_module, self.model, text_in, lengths, video_in, mask, loss_of(self.model.cfg.spec), ctx
+            )
 
     def step(self, q: torch.Tensor, views: Optional[torch.Tensor], epoch: int, step: int) -> torch.Tensor:
         """One optimiser step on batch ``q``; a non-finite loss stops the run (every rank alike)."""
@@ -160,10 +190,13 @@ class Trainer:
             # Every rank holds the same (gathered) loss, so all stop here together.
             if run.ctx.is_main:
                 run.folder.write_status(state="failed", error=f"non-finite loss at epoch {epoch + 1} step {step + 1}")
-            raise run.shared(TrainingError(
-                f"loss became {loss.item()} at epoch {epoch + 1}, step {step + 1} (global step "
-                f"{self.global_step + 1}); the last good checkpoint is {run.folder.checkpoint('last.pt')}. "
-                "Try a lower --set lr=..."))
+            raise run.shared(
+                TrainingError(
+                    f"loss became {loss.item()} at epoch {epoch + 1}, step {step + 1} (global step "
+                    f"{self.global_step + 1}); the last good checkpoint is {run.folder.checkpoint('last.pt')}. "
+                    "Try a lower --set lr=..."
+                )
+            )
         self.optim.zero_grad(set_to_none=True)
         loss.backward()  # distributed: DDP has averaged the gradients across ranks when this returns
         if cfg.grad_clip:
@@ -180,9 +213,13 @@ class Trainer:
     def end_epoch(self, epoch: int, loss: tuple[float, int], seconds: float) -> None:
         """Validate, select (never on test), log the epoch and write last.pt / best.pt."""
         run, cfg, val = self.run, self.cfg, self.data.val
-        record: dict[str, Any] = {"epoch": epoch + 1, "step": self.global_step,
-                                  "train_loss": loss[0] / max(1, loss[1]), "lr": self.sched.get_last_lr()[0],
-                                  "epoch_seconds": round(seconds, 3)}
+        record: dict[str, Any] = {
+            "epoch": epoch + 1,
+            "step": self.global_step,
+            "train_loss": loss[0] / max(1, loss[1]),
+            "lr": self.sched.get_last_lr()[0],
+            "epoch_seconds": round(seconds, 3),
+        }
         improved = True
         if val is not None:
             res = score_split(self.model, self.heads, val, cfg, run.ctx.device, dist=run.ctx)
@@ -191,7 +228,9 @@ class Trainer:
         if val is not None and cfg.select_metric != "last":
             value = float(self.val_metrics[cfg.select_metric])
             higher_better = cfg.select_metric not in ("MnR", "MdR")
-            improved = self.best_value is None or (value > self.best_value if higher_better else value < self.best_value)
+            improved = self.best_value is None or (
+                value > self.best_value if higher_better else value < self.best_value
+            )
             if improved:
                 self.best_value, self.best_epoch = value, epoch + 1
         else:
@@ -217,39 +256,73 @@ class Trainer:
         if self.heads is not None:
             self.heads.load_state_dict(best["heads"])
         t0 = time.perf_counter()
-        res = score_split(self.model, self.heads, test, cfg, run.ctx.device, progress=run.progress,
-                          with_diagnostics=True, dist=run.ctx)
+        res = score_split(
+            self.model,
+            self.heads,
+            test,
+            cfg,
+            run.ctx.device,
+            progress=run.progress,
+            with_diagnostics=True,
+            dist=run.ctx,
+        )
         seconds = time.perf_counter() - t0
         pairs = int(test.num_queries) * int(test.num_videos)
         # what a sweep's table reports as scoring speed (the test pass, its diagnostics included)
         self.test_scoring = {"seconds": round(seconds, 3), "pairs": pairs, "pairs_per_s": round(pairs / seconds, 1)}
         gt = test.caption_video.numpy()
-        extras = {k: np.asarray(getattr(res, k)) for k in ("text_var", "bridged_var", "video_var")
-                  if getattr(res, k, None) is not None}
+        extras = {
+            k: np.asarray(getattr(res, k))
+            for k in ("text_var", "bridged_var", "video_var")
+            if getattr(res, k, None) is not None
+        }
         fmt = cfg.cost_format
         if fmt == "auto":
             fmt = "zarr" if str(cfg.features).rstrip("/").endswith(".zarr") else "h5"
         costs_path = run.folder.costs_path(cfg.test_split, fmt)
         if run.ctx.is_main:
-            write_costs(costs_path, CostMatrix(
-                cost=np.asarray(res.cost, dtype=np.float32),
-                query_ids=np.asarray(test.caption_ids), video_ids=np.asarray(test.video_ids), gt=gt.astype(np.int64),
-                kind="cost", extras=extras,
-                attrs={"config": json.dumps(to_dict(cfg)), "split": cfg.test_split, "best_epoch": self.best_epoch,
-                       "variant": cfg.model.variant, "store": str(cfg.features)},
-            ))
+            write_costs(
+                costs_path,
+                CostMatrix(
+                    cost=np.asarray(res.cost, dtype=np.float32),
+                    query_ids=np.asarray(test.caption_ids),
+                    video_ids=np.asarray(test.video_ids),
+                    gt=gt.astype(np.int64),
+                    kind="cost",
+                    extras=extras,
+                    attrs={
+                        "config": json.dumps(to_dict(cfg)),
+                        "split": cfg.test_split,
+                        "best_epoch": self.best_epoch,
+                        "variant": cfg.model.variant,
+                        "store": str(cfg.features),
+                    },
+                ),
+            )
         return t2v_metrics(res.cost, gt), costs_path
 
     def finish(self, test_metrics: Optional[dict], costs_path: Optional[Path]) -> TrainResult:
         """Mark the run complete; nobody leaves before rank 0 has written everything."""
         run, cfg = self.run, self.cfg
         if run.ctx.is_main:
-            run.folder.write_status(state="complete", epochs=cfg.epochs, best_epoch=self.best_epoch,
-                                    best_value=self.best_value, select_metric=cfg.select_metric,
-                                    val=self.val_metrics, test_t2v=test_metrics,
-                                    costs=str(costs_path) if costs_path else None,
-                                    test_scoring=self.test_scoring)
+            run.folder.write_status(
+                state="complete",
+                epochs=cfg.epochs,
+                best_epoch=self.best_epoch,
+                best_value=self.best_value,
+                select_metric=cfg.select_metric,
+                val=self.val_metrics,
+                test_t2v=test_metrics,
+                costs=str(costs_path) if costs_path else None,
+                test_scoring=self.test_scoring,
+            )
         run.ctx.barrier()
-        return TrainResult(run_dir=run.dir, epochs_done=cfg.epochs, best_epoch=self.best_epoch,
-                           best_value=self.best_value, val_metrics=self.val_metrics, test_metrics=test_metrics,
-                           costs_path=costs_path)
+        return TrainResult(
+            run_dir=run.dir,
+            epochs_done=cfg.epochs,
+            best_epoch=self.best_epoch,
+            best_value=self.best_value,
+            val_metrics=self.val_metrics,
+            test_metrics=test_metrics,
+            costs_path=costs_path,
+        )

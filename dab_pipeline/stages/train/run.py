@@ -21,8 +21,9 @@ from .loop import Trainer
 from .session import TrainRun
 
 
-def run_train(cfg: TrainConfig, progress: ProgressCallback = null_progress, resume: bool = False,
-              dist=None) -> TrainResult:
+def run_train(
+    cfg: TrainConfig, progress: ProgressCallback = null_progress, resume: bool = False, dist=None
+) -> TrainResult:
     """Train on ``cfg.features``; write the run folder ``cfg.out``. ``resume`` continues a stopped run.
 
     A run that stops on an error or Ctrl-C after its folder exists records that in
@@ -53,8 +54,9 @@ def _record_stop(cfg: TrainConfig, exc: BaseException) -> None:
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     folder = RunFolder(cfg.out)
     try:
-        folder.write_status(state=state, error=reason, features=str(cfg.features),
-                            resumable=folder.checkpoint(RunFolder.LAST).exists())
+        folder.write_status(
+            state=state, error=reason, features=str(cfg.features), resumable=folder.checkpoint(RunFolder.LAST).exists()
+        )
     except (DabError, OSError):
         pass  # the folder keeps status "running" with no live lock holder: a killed run, which reruns handle
 
@@ -69,27 +71,37 @@ def _after_write_error(cfg: TrainConfig, resume: bool) -> str:
 def _already_complete(cfg: TrainConfig, status: dict, progress: ProgressCallback) -> TrainResult:
     """--resume of a finished run: nothing to do, and nothing in its folder is rewritten."""
     run = RunFolder(cfg.out)
-    progress(Event("info", message=f"{run.path} is complete (best epoch {status.get('best_epoch')}): nothing to "
-                                   "resume"))
+    progress(
+        Event("info", message=f"{run.path} is complete (best epoch {status.get('best_epoch')}): nothing to resume")
+    )
     try:
         costs: Optional[Path] = run.find_costs()
     except (ConfigError, StoreError):  # a complete run without test costs (no test split)
         costs = None
-    return TrainResult(run_dir=run.path, epochs_done=int(status.get("epochs") or cfg.epochs),
-                       best_epoch=status.get("best_epoch"), best_value=status.get("best_value"),
-                       val_metrics=status.get("val"), test_metrics=status.get("test_t2v"), costs_path=costs)
+    return TrainResult(
+        run_dir=run.path,
+        epochs_done=int(status.get("epochs") or cfg.epochs),
+        best_epoch=status.get("best_epoch"),
+        best_value=status.get("best_value"),
+        val_metrics=status.get("val"),
+        test_metrics=status.get("test_t2v"),
+        costs_path=costs,
+    )
 
 
-def _resolve_precision(cfg: TrainConfig, device: torch.device, progress: ProgressCallback
-                       ) -> tuple[TrainConfig, dict[str, Any]]:
+def _resolve_precision(
+    cfg: TrainConfig, device: torch.device, progress: ProgressCallback
+) -> tuple[TrainConfig, dict[str, Any]]:
     """``amp`` and ``score_dtype`` as this device runs them, and the record written as precision.json."""
     amp, score = resolve_amp(cfg.amp, device), resolve_score_dtype(cfg.score_dtype, device)
     for choice in (amp, score):
         if choice.warning:
             progress(Event("warning", message=choice.warning))
-    record = {"amp": {"requested": amp.requested, "used": amp.dtype},
-              "score_dtype": {"requested": score.requested, "used": score.dtype},
-              "device": capabilities(device).as_dict()}
+    record = {
+        "amp": {"requested": amp.requested, "used": amp.dtype},
+        "score_dtype": {"requested": score.requested, "used": score.dtype},
+        "device": capabilities(device).as_dict(),
+    }
     return dataclasses.replace(cfg, amp=amp.dtype, score_dtype=score.dtype), record
 
 

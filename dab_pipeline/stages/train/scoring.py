@@ -11,11 +11,19 @@ from ...core.events import ProgressCallback, null_progress
 from ...runs.config import TrainConfig
 from ...runs.inputs import SplitArrays, TrainHeads, score_inputs
 from ...runtime.distributed import LocalContext, shard_range
-from ...scoring import ScoreResult, Scorer
+from ...scoring import Scorer, ScoreResult
 
 
-def score_split(model, heads: Optional[TrainHeads], feats: SplitArrays, cfg: TrainConfig, device: torch.device,
-                progress: ProgressCallback = null_progress, with_diagnostics: bool = False, dist=None):
+def score_split(
+    model,
+    heads: Optional[TrainHeads],
+    feats: SplitArrays,
+    cfg: TrainConfig,
+    device: torch.device,
+    progress: ProgressCallback = null_progress,
+    with_diagnostics: bool = False,
+    dist=None,
+):
     """Cost matrix of every (caption, video) pair of a split (bounded memory).
 
     ``dist`` (a several-process run): each rank scores a contiguous chunk of the
@@ -34,10 +42,16 @@ def score_split(model, heads: Optional[TrainHeads], feats: SplitArrays, cfg: Tra
         text_t, frames_t = score_inputs(heads, feats, device, lo, hi)
         if hi > lo:
             # one Scorer a call: the weights change between validations, so kept engines would be rebuilt anyway
-            scorer = Scorer(model, device=device, dtype=cfg.score_dtype, text_chunk=cfg.text_chunk,
-                            video_chunk=cfg.video_chunk)
-            local = scorer.score(text_t, frames_t, feats.mask, progress=progress,
-                                 gt=feats.caption_video[lo:hi] if with_diagnostics else None)
+            scorer = Scorer(
+                model, device=device, dtype=cfg.score_dtype, text_chunk=cfg.text_chunk, video_chunk=cfg.video_chunk
+            )
+            local = scorer.score(
+                text_t,
+                frames_t,
+                feats.mask,
+                progress=progress,
+                gt=feats.caption_video[lo:hi] if with_diagnostics else None,
+            )
     cost = np.asarray(local.cost, np.float32) if local is not None else np.zeros((0, feats.num_videos), np.float32)
     res = ScoreResult(cost=ctx.gather_rows(cost, counts))  # (Q, V)
     if with_diagnostics and model.cfg.probabilistic:

@@ -59,7 +59,9 @@ class TrainRun:
             mine, theirs = _compared(cfg), _compared(saved)
             if mine != theirs:
                 diff = sorted(k for k, v in mine.items() if theirs.get(k) != v)
-                raise TrainingError(f"--resume: {run_dir} was started with another configuration ({', '.join(diff)} differ)")
+                raise TrainingError(
+                    f"--resume: {run_dir} was started with another configuration ({', '.join(diff)} differ)"
+                )
             return
         check_not_inside_run(run_dir)  # before anything of the new run is written
         if folder.is_run():
@@ -67,16 +69,23 @@ class TrainRun:
             state = status.get("state", "unknown")
             holder = folder.lock_holder() if state == "running" else None
             if holder is not None:
-                raise RunLockedError(f"{run_dir} is being trained by another process ({holder}); wait for it to "
-                                     "finish, or choose another --out")
+                raise RunLockedError(
+                    f"{run_dir} is being trained by another process ({holder}); wait for it to "
+                    "finish, or choose another --out"
+                )
             # "running" with nobody holding it: killed, or stopped where not even its status could be written
             # (a full disk)
             stopped = state in ("failed", "interrupted") or state == "running"
             if stopped and not folder.checkpoint(RunFolder.LAST).exists():
                 # Nothing to resume: the run stopped before its first checkpoint, so start over.
-                self.progress(Event("info", message=f"{run_dir}: the earlier run stopped ({state}) before its first "
-                                                    f"checkpoint ({status.get('error', 'no reason recorded')}); "
-                                                    "starting over"))
+                self.progress(
+                    Event(
+                        "info",
+                        message=f"{run_dir}: the earlier run stopped ({state}) before its first "
+                        f"checkpoint ({status.get('error', 'no reason recorded')}); "
+                        "starting over",
+                    )
+                )
                 folder.clear_start()
                 return
             hint = "use --resume to continue it" if state != "complete" else "it is complete"
@@ -90,8 +99,9 @@ class TrainRun:
         try:
             store.require_complete("dab train")
             with_views = cfg.views and store.train_views > 0
-            train = SplitArrays(store.load_split(cfg.train_split, with_states=with_states, with_views=with_views),
-                              device, with_states)
+            train = SplitArrays(
+                store.load_split(cfg.train_split, with_states=with_states, with_views=with_views), device, with_states
+            )
             val = None
             # no validation split at all (e.g. MSR-VTT with --option val_size=0): select the last epoch
             if cfg.val_split in store.splits():
@@ -109,22 +119,35 @@ class TrainRun:
     def _check_sizes(self, train: SplitArrays, val: Optional[SplitArrays]) -> None:
         cfg, world = self.cfg, self.ctx.world_size
         if train.num_queries < 2:
-            raise self.shared(StoreError(f"{cfg.features}: the {cfg.train_split!r} split has {train.num_queries} "
-                                         "usable captions; need >= 2"))
+            raise self.shared(
+                StoreError(
+                    f"{cfg.features}: the {cfg.train_split!r} split has {train.num_queries} usable captions; need >= 2"
+                )
+            )
         if val is None and cfg.select_metric != "last":
-            self.progress(Event("warning", message=f"no {cfg.val_split!r} split in the store: best.pt is the last "
-                                                   "epoch (--set select_metric=last says so on purpose)"))
+            self.progress(
+                Event(
+                    "warning",
+                    message=f"no {cfg.val_split!r} split in the store: best.pt is the last "
+                    "epoch (--set select_metric=last says so on purpose)",
+                )
+            )
         if cfg.batch_size % world:
-            raise self.shared(ConfigError(
-                f"batch_size {cfg.batch_size} is the global batch and must split evenly over the {world} processes "
-                f"(e.g. {max(world, cfg.batch_size // world * world)})"
-            ))
+            raise self.shared(
+                ConfigError(
+                    f"batch_size {cfg.batch_size} is the global batch and must split evenly over the {world} processes "
+                    f"(e.g. {max(world, cfg.batch_size // world * world)})"
+                )
+            )
         per_epoch = epoch_length(train.caption_video.numpy(), cfg.epoch)
         if per_epoch // cfg.batch_size == 0:
             what = "training captions" if cfg.epoch == "captions" else "training videos (epoch=videos)"
-            raise self.shared(ConfigError(
-                f"batch_size {cfg.batch_size} exceeds the {per_epoch} {what} of {cfg.features}; "
-                f"pass a smaller --batch-size (at most {per_epoch})"))
+            raise self.shared(
+                ConfigError(
+                    f"batch_size {cfg.batch_size} exceeds the {per_epoch} {what} of {cfg.features}; "
+                    f"pass a smaller --batch-size (at most {per_epoch})"
+                )
+            )
 
     def open_folder(self, asked: TrainConfig, precision: dict, manifest: dict, folder: dict) -> None:
         """Rank 0 takes the folder's writer lock, writes its config, precision and store manifest, and marks the
@@ -135,8 +158,9 @@ class TrainRun:
         run.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self.locks.enter_context(run.writer_lock("dab train" + (" --resume" if self.resume else "")))
         if self.resume and run.state == "complete":  # finished by another process since this one looked
-            raise TrainingError(f"{run.path} was completed by another process while this one started: "
-                                "nothing to resume")
+            raise TrainingError(
+                f"{run.path} was completed by another process while this one started: nothing to resume"
+            )
         folder["ready"] = True
         run.write_json(RunFolder.PRECISION, precision)
         if not self.resume:

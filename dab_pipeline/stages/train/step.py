@@ -27,8 +27,9 @@ class TrainStep(torch.nn.Module):
         self.heads = heads
         self.gather = _gather_of(ctx)
 
-    def forward(self, text_in: torch.Tensor, lengths: Optional[torch.Tensor], video_in: torch.Tensor,
-                mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, text_in: torch.Tensor, lengths: Optional[torch.Tensor], video_in: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
         if self.heads is not None:
             text = self.heads.encode_text(text_in, lengths)  # (b, D)
             frames = self.heads.encode_frames(video_in)  # (b, F, D)
@@ -41,8 +42,16 @@ class TrainStep(torch.nn.Module):
         return self.model.pair_costs(ts, vs)  # (b, B)
 
 
-def distributed_batch_loss(step: torch.nn.Module, model, text_in: torch.Tensor, lengths: Optional[torch.Tensor],
-                           video_in: torch.Tensor, mask: torch.Tensor, loss_fn=None, ctx=None) -> torch.Tensor:
+def distributed_batch_loss(
+    step: torch.nn.Module,
+    model,
+    text_in: torch.Tensor,
+    lengths: Optional[torch.Tensor],
+    video_in: torch.Tensor,
+    mask: torch.Tensor,
+    loss_fn=None,
+    ctx=None,
+) -> torch.Tensor:
     """The loss of one global batch from this rank's slice; gradients match one process with the whole batch.
 
     ``step`` is the DistributedDataParallel-wrapped :class:`TrainStep`. Each
