@@ -1,18 +1,14 @@
-"""What the benchmarks and the tests build without decoding anything: stores, run folders and small models.
+"""What the benchmarks build without decoding anything: stores of random or given features.
 
 * ``store_index``: the id / split / caption arrays ``create_store`` takes;
 * ``empty_store``: a preallocated store (open for writing) over such an index
   (``benchmarks/store_read.py``, ``benchmarks/shortlist_read.py``);
 * ``random_store``: clustered random features (each caption near its video's centre, so a
   model can learn the pairing), with an optional set of augmented training views
-  (``benchmarks/ddp_check.py``, ``benchmarks/sweep_overhead.py``);
-* ``hand_made_run``: a run folder of a small perturbed model, as `dab train` leaves it;
-* ``small_model``, ``perturb``, ``random_inputs``: the one model factory of the tests (a seeded
-  small DABModel of any variant, moved off its identity / zero init, and CLIP-like inputs).
+  (``benchmarks/ddp_check.py``, ``benchmarks/sweep_overhead.py``).
 
-``hand_made_run`` and the small-model factory are used by tests only, tests/scoring among them; they stay here
-until those tests import them from ``tests/helpers`` (where the other test-only factories now are). Benchmarks
-import this module, so it imports nothing from pytest.
+The tests use them too; their own factories (small models, hand-made run folders, damaged videos) are in
+``tests/helpers``. Benchmarks import this module, so it imports nothing from pytest.
 """
 
 from __future__ import annotations
@@ -22,9 +18,6 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from dab_pipeline.model import DABModel, ModelConfig
-from dab_pipeline.runs.run_folder import RunFolder
-from dab_pipeline.stages.train import TrainConfig
 from dab_pipeline.store import create_store
 
 DEFAULT_SPLITS = ("train",) * 20 + ("val",) * 5 + ("test",) * 5
@@ -128,63 +121,3 @@ def random_store(
     )
     st.close()
     return path
-
-
-def hand_made_run(path: Path, store: Path, variant: str = "dab", model_kw: Optional[dict] = None, **train: Any):
-    """A run folder as `dab train` leaves it (config.json, checkpoints/best.pt), of a small model whose every
-    parameter is moved off its init; returns (path, the model in eval mode). ``model_kw``: ModelConfig fields."""
-    import torch
-
-    model_kw = {"steps": 3, "drift_hidden": 24, "time_embed_dim": 8, **(model_kw or {})}
-    cfg = TrainConfig(features=store, out=path, model=ModelConfig(embed_dim=32, variant=variant, **model_kw), **train)
-    torch.manual_seed(0)
-    model = DABModel(cfg.model)
-    with torch.no_grad():  # a "trained" model: every parameter off its init
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
-    run = RunFolder(path)
-    run.checkpoint_dir.mkdir(parents=True)
-    run.save_config(cfg)
-    run.save_checkpoint(RunFolder.BEST, {"model": model.state_dict(), "heads": None, "epoch": 1})
-    return path, model.eval()
-
-
-# --------------------------------------------------------------------------- small models
-
-SMALL_MODEL = {"embed_dim": 16, "steps": 3, "drift_hidden": 24, "time_embed_dim": 8, "dropout": 0.3}
-
-
-def perturb(model, seed: int = 0, scale: float = 0.1):
-    """Move every parameter off its (identity / zero) init by seeded Gaussian noise of ``scale``, so a test sees a
-    generic model (a zero-initialised drift would leave the bridge the identity)."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * scale)
-    return model
-
-
-def small_model(variant: str = "dab", *, seed: int = 0, scale: float = 0.1, **cfg: Any):
-    """A small DABModel of ``variant`` (:data:`SMALL_MODEL` unless ``cfg`` says), built under ``torch.manual_seed(seed)``
-    and perturbed by ``scale`` with the stream ``seed + 1`` (0: left at its init)."""
-    import torch
-
-    torch.manual_seed(seed)
-    model = DABModel(ModelConfig(variant=variant, **{**SMALL_MODEL, **cfg}))
-    return perturb(model, seed + 1, scale) if scale else model
-
-
-def random_inputs(q: int = 11, v: int = 7, frames: int = 5, dim: int = 16, seed: int = 0):
-    """CLIP-like inputs: text (q, dim), frames (v, frames, dim), a mask with two short videos, and a random gt (q,)."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    text = torch.randn(q, dim, generator=gen) * 2
-    feats = torch.randn(v, frames, dim, generator=gen) * 2
-    mask = torch.ones(v, frames, dtype=torch.bool)
-    mask[2 % v, 3:] = False  # short videos: padded frames
-    mask[5 % v, 1:] = False
-    gt = torch.randint(0, v, (q,), generator=gen)
-    return text, feats, mask, gt

@@ -265,3 +265,14 @@ def test_in_function_imports_of_the_project_are_deferred_with_a_reason() -> None
     code = "import sys, dab_pipeline.cli; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "False", done.stdout + done.stderr
+
+
+def test_functions_fit_on_a_screen() -> None:
+    """No function of the package is longer than 60 lines, def to last line, as the formatter writes it (issue 35:
+    the formatter applied once must leave functions within a screen)."""
+    long = []
+    for path in sorted((REPO / "dab_pipeline").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
+                long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1})")
+    assert not long, long

@@ -35,6 +35,31 @@ def _run(args: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    register_commands()
+    t0 = time.time()
+    out: Path = args.out
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    captions = _write_world(args.world, out)
+    store = out / f"store.{args.backend}"
+    q = ["--quiet"] if args.quiet else []
+    _extract(out / "world" / "videos", captions, store, q)
+    _run(["inspect", str(store)])
+    runs = [_train_and_evaluate(store, out / "runs" / v, v, args.epochs, args.steps, q) for v in ("xpool", "dab")]
+    _run(["compare", *runs, "--out", str(out / "comparison.md")])
+    _search(runs[-1], store, out)
+    print(
+        f"\nopen {out / 'runs' / 'dab' / 'examples.html'} (test queries, with thumbnails of what was retrieved) "
+        f"and {out / 'search.html'} (the queries above) in a browser",
+        flush=True,
+    )
+    print(f"\ndemo finished in {time.time() - t0:.0f} s; everything is under {out}/", flush=True)
+    return 0
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("demo_out"), help="working folder (rebuilt each time)")
     ap.add_argument("--world", default="demo", help="world preset (dab_pipeline/world/presets.json)")
@@ -42,30 +67,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=8, help="bridge steps T' for the dab run")
     ap.add_argument("--backend", choices=["h5", "zarr"], default="h5")
     ap.add_argument("--quiet", action="store_true")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
 
-    register_commands()
-    t0 = time.time()
-    out: Path = args.out
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    cfg = world_preset(args.world)
+
+def _write_world(preset: str, out: Path) -> Path:
+    """The world ``preset`` written under ``out / "world"``; its captions file."""
+    cfg = world_preset(preset)
     print(
-        f"writing the {args.world!r} world ({cfg.train} train / {cfg.val} val / {cfg.test} test clips) "
+        f"writing the {preset!r} world ({cfg.train} train / {cfg.val} val / {cfg.test} test clips) "
         f"to {out / 'world'} ...",
         flush=True,
     )
-    captions = make_world(out / "world", cfg, workers=2)
-    store = out / f"store.{args.backend}"
-    q = ["--quiet"] if args.quiet else []
+    return make_world(out / "world", cfg, workers=2)
+
+
+def _extract(videos: Path, captions: Path, store: Path, q: list[str]) -> None:
     _run(
         [
             "extract",
             "--dataset",
             "folder",
             "--videos",
-            str(out / "world" / "videos"),
+            str(videos),
             "--annotations",
             str(captions),
             "--model",
@@ -75,21 +98,24 @@ def main(argv: list[str] | None = None) -> int:
             *q,
         ]
     )
-    _run(["inspect", str(store)])
-    sets = ["--recipe", "world", "--epochs", str(args.epochs)]  # the world's recipe (dab_pipeline/recipes/world.json)
-    runs = []
-    for variant in ("xpool", "dab"):
-        run = out / "runs" / variant
-        extra = ["--steps", str(args.steps)] if variant == "dab" else []
-        _run(["train", "--features", str(store), "--variant", variant, *extra, *sets, "--out", str(run), *q])
-        _run(["evaluate", "--run", str(run)])
-        runs.append(str(run))
-    _run(["compare", *runs, "--out", str(out / "comparison.md")])
+
+
+def _train_and_evaluate(store: Path, run: Path, variant: str, epochs: int, steps: int, q: list[str]) -> str:
+    """Train ``variant`` on ``store`` with the world's recipe (dab_pipeline/recipes/world.json) and evaluate it; the
+    run folder (``steps``: the bridge steps T' of the dab variant)."""
+    sets = ["--recipe", "world", "--epochs", str(epochs)]
+    extra = ["--steps", str(steps)] if variant == "dab" else []
+    _run(["train", "--features", str(store), "--variant", variant, *extra, *sets, "--out", str(run), *q])
+    _run(["evaluate", "--run", str(run)])
+    return str(run)
+
+
+def _search(run: str, store: Path, out: Path) -> None:
     _run(
         [
             "search",
             "--run",
-            runs[-1],
+            run,
             "--features",
             str(store),
             "-k",
@@ -101,13 +127,6 @@ def main(argv: list[str] | None = None) -> int:
             *QUERIES,
         ]
     )
-    print(
-        f"\nopen {out / 'runs' / 'dab' / 'examples.html'} (test queries, with thumbnails of what was retrieved) "
-        f"and {out / 'search.html'} (the queries above) in a browser",
-        flush=True,
-    )
-    print(f"\ndemo finished in {time.time() - t0:.0f} s; everything is under {out}/", flush=True)
-    return 0
 
 
 if __name__ == "__main__":

@@ -123,52 +123,22 @@ def build_index(
     """
     out = Path(out)
     kind = VECTOR_KINDS.get(vector)
-    if kind.needs_run and model is None:
-        raise ConfigError(f"the {vector!r} index vector is the run's own pooling: pass --run")
-    if chunk < 1:
-        raise ConfigError(f"chunk must be a positive number of videos, got {chunk}")
-    if out.exists() and not overwrite:
-        raise ConfigError(f"{out} already exists; pass --overwrite to replace it")
-    if out.exists() and not (out / "index.json").is_file():
-        raise ConfigError(f"{out} exists and is not a dab index folder (no index.json); refusing to overwrite it")
+    _check_build_args(out, vector, kind, model, chunk, overwrite)
     faiss = require_faiss()
     t0 = time.perf_counter()
-    rows = split_rows(store, split)
-    if len(rows) == 0:
-        raise StoreError(f"{store.path}: split {split!r} has no encoded videos to index")
+    rows = _rows_to_index(store, split)
     n, dim, per = len(rows), store.dim, kind.per_video
     factory = auto_factory(n * per, dim) if factory == "auto" else factory
     index = new_faiss_index(factory, dim)  # a bad factory string fails before any reading
     avg = average_query(store) if kind.needs_run else None
     fp = store_fingerprint(store, rows)
     run = run or {"path": None, "checkpoint_sha256": None}
-    state = {
-        "fingerprint": fp,
-        "vector": vector,
-        "run": run.get("checkpoint_sha256") if kind.needs_run else None,
-        "n": n,
-        "dim": dim,
-    }
+    state = _resume_state(fp, vector, run.get("checkpoint_sha256") if kind.needs_run else None, n, dim)
     stage, vecs, done = _staging(out, state, n * per, dim)
-    progress(Event("start", task="vectors", total=n))
-    progress(Event("advance", task="vectors", n=done))
-    for c0 in range(done, n, chunk):
-        c1 = min(c0 + chunk, n)
-        frames, mask = store.read_videos(rows[c0:c1])  # (B, F, D), (B, F)
-        vecs[c0 * per : c1 * per] = video_vectors(vector, frames, mask, model, avg).reshape(-1, dim)
-        with named_write_errors(stage / "vectors.npy", RESUME_HINT):
-            vecs.flush()
-            atomic_write_text(stage / "state.json", json.dumps({**state, "done": c1}))
-        progress(Event("advance", task="vectors", n=c1 - c0))
-    progress(Event("end", task="vectors"))
+    _compute_vectors(store, rows, vector, model, avg, vecs, stage, state, done, chunk, per, progress)
     t_vec = time.perf_counter() - t0
     _fill(faiss, index, vecs, progress)
-    quantised = any(tag in factory for tag in ("PQ", "SQ", "LSH", "RaBitQ"))  # the codes lose precision
-    refine = refine if quantised else 0
-    if refine:
-        with named_write_errors(stage / REFINE_FILE, RESUME_HINT):
-            check_free_space(stage, len(vecs) * dim * 2)
-            _write_refine(stage / REFINE_FILE, vecs, progress)
+    refine = _refine_if_quantised(factory, refine, stage, vecs, progress)
     meta = IndexMeta(
         vector=vector,
         factory=factory,
@@ -182,23 +152,101 @@ def build_index(
         ef_search=ef_search,
         refine=refine,
         avg_query=None if avg is None else [float(x) for x in avg],
-        build={
-            "seconds": round(time.perf_counter() - t0, 3),
-            "vector_seconds": round(t_vec, 3),
-            "faiss": faiss.__version__,
-            "chunk": chunk,
-        },
+        build=_build_record(faiss, t0, t_vec, chunk),
     )
+    del vecs  # the staging vectors are dropped by _publish_index, once the index is written
+    _publish_index(faiss, index, rows, per, meta, stage, out, overwrite)
+    return meta
+
+
+def _rows_to_index(store: FeatureStore, split: str) -> np.ndarray:
+    """:func:`split_rows`, refusing a split with nothing to index."""
+    rows = split_rows(store, split)
+    if len(rows) == 0:
+        raise StoreError(f"{store.path}: split {split!r} has no encoded videos to index")
+    return rows
+
+
+def _resume_state(fingerprint: str, vector: str, run_sha: Optional[str], n: int, dim: int) -> dict:
+    """What a stopped build must share with this one for this one to resume it (state.json, less ``done``)."""
+    return {"fingerprint": fingerprint, "vector": vector, "run": run_sha, "n": n, "dim": dim}
+
+
+def _refine_if_quantised(factory: str, refine: int, stage: Path, vecs: np.ndarray, progress: ProgressCallback) -> int:
+    """The refine factor the index keeps: ``refine`` for a quantised factory (its exact float16 vectors are written
+    to ``stage``), else 0."""
+    quantised = any(tag in factory for tag in ("PQ", "SQ", "LSH", "RaBitQ"))  # the codes lose precision
+    refine = refine if quantised else 0
+    if refine:
+        with named_write_errors(stage / REFINE_FILE, RESUME_HINT):
+            check_free_space(stage, len(vecs) * vecs.shape[1] * 2)
+            _write_refine(stage / REFINE_FILE, vecs, progress)
+    return refine
+
+
+def _build_record(faiss, t0: float, t_vec: float, chunk: int) -> dict:
+    """The index.json ``build`` entry: timings since ``t0``, the FAISS version and the chunk size."""
+    return {
+        "seconds": round(time.perf_counter() - t0, 3),
+        "vector_seconds": round(t_vec, 3),
+        "faiss": faiss.__version__,
+        "chunk": chunk,
+    }
+
+
+def _check_build_args(out: Path, vector: str, kind, model: Optional[DABModel], chunk: int, overwrite: bool) -> None:
+    """Refuse a build whose arguments cannot work before anything is read or written."""
+    if kind.needs_run and model is None:
+        raise ConfigError(f"the {vector!r} index vector is the run's own pooling: pass --run")
+    if chunk < 1:
+        raise ConfigError(f"chunk must be a positive number of videos, got {chunk}")
+    if out.exists() and not overwrite:
+        raise ConfigError(f"{out} already exists; pass --overwrite to replace it")
+    if out.exists() and not (out / "index.json").is_file():
+        raise ConfigError(f"{out} exists and is not a dab index folder (no index.json); refusing to overwrite it")
+
+
+def _compute_vectors(
+    store: FeatureStore,
+    rows: np.ndarray,
+    vector: str,
+    model: Optional[DABModel],
+    avg: Optional[np.ndarray],
+    vecs: np.ndarray,
+    stage: Path,
+    state: dict,
+    done: int,
+    chunk: int,
+    per: int,
+    progress: ProgressCallback,
+) -> None:
+    """Fill ``vecs`` from row ``done`` on, ``chunk`` videos at a time, recording each finished chunk in state.json."""
+    n, dim = len(rows), vecs.shape[1]
+    progress(Event("start", task="vectors", total=n))
+    progress(Event("advance", task="vectors", n=done))
+    for c0 in range(done, n, chunk):
+        c1 = min(c0 + chunk, n)
+        frames, mask = store.read_videos(rows[c0:c1])  # (B, F, D), (B, F)
+        vecs[c0 * per : c1 * per] = video_vectors(vector, frames, mask, model, avg).reshape(-1, dim)
+        with named_write_errors(stage / "vectors.npy", RESUME_HINT):
+            vecs.flush()
+            atomic_write_text(stage / "state.json", json.dumps({**state, "done": c1}))
+        progress(Event("advance", task="vectors", n=c1 - c0))
+    progress(Event("end", task="vectors"))
+
+
+def _publish_index(
+    faiss, index, rows: np.ndarray, per: int, meta: IndexMeta, stage: Path, out: Path, overwrite: bool
+) -> None:
+    """Write the index and its rows into ``stage``, drop the resume files, and rename the folder to ``out``."""
     # the vectors stay until the index is written: a build that fails here resumes past its chunks
     with named_write_errors(stage / "index.faiss", RESUME_HINT):
         faiss.write_index(index, str(stage / "index.faiss"))
         np.save(stage / "rows.npy", np.repeat(rows, per))  # the store row of each vector
-    del vecs
     (stage / "vectors.npy").unlink()
     (stage / "state.json").unlink()
     atomic_write_text(stage / "index.json", json.dumps(meta.to_json(), indent=2))
     publish(stage, out, overwrite=overwrite)
-    return meta
 
 
 def _write_refine(path: Path, vecs: np.ndarray, progress: ProgressCallback, chunk: int = 65_536) -> None:

@@ -31,7 +31,7 @@ import unicodedata
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
 
@@ -42,6 +42,10 @@ from ..results.page import data_uri
 from ..runs.costfile import read_costs
 from ..runs.run_folder import RunFolder
 from ..search import Searcher, SearchResult
+
+if TYPE_CHECKING:
+    from fastapi import Request
+    from fastapi.responses import HTMLResponse
 
 __all__ = ["ServeSettings", "Health", "Unavailable", "abstain_report", "create_app", "cost_svg", "check_query_string"]
 
@@ -216,6 +220,27 @@ def create_app(searcher: Searcher, settings: ServeSettings = ServeSettings(), ab
         undefined=jinja2.StrictUndefined,
     )
     page = env.get_template("search.html.j2")
+    _add_error_handlers(app, JSONResponse)
+    captions = _first_captions(searcher)
+    health = Health(searcher)
+    run_query = _query_runner(searcher, settings, health)
+    routes = (
+        ("/search", _search_route(run_query, settings, abstain, Query)),
+        ("/healthz", _healthz_route(searcher, health, JSONResponse)),
+        ("/", _home_route(searcher, settings, abstain, run_query, page, captions, Query, HTMLResponse)),
+    )
+    for path, fn in routes:
+        if "request" in fn.__annotations__:
+            # this module's annotations are strings (`from __future__ import annotations`) and Request is
+            # imported in create_app, not at the top (FastAPI is an extra): FastAPI could not resolve the name
+            fn.__annotations__["request"] = Request
+        app.api_route(path, methods=["GET", "HEAD"])(fn)  # HEAD: monitors and link checkers ask it
+    app.state.health = health
+    return app
+
+
+def _add_error_handlers(app, JSONResponse) -> None:
+    """Library errors answer their status with one line; anything else a 500 with one line (the log keeps more)."""
 
     @app.exception_handler(DabError)
     async def _dab_error(request: Request, exc: DabError):
@@ -226,8 +251,11 @@ def create_app(searcher: Searcher, settings: ServeSettings = ServeSettings(), ab
         log.exception("search failed")  # the server's log keeps the traceback; the client gets one line
         return JSONResponse({"error": f"internal error ({type(exc).__name__})"}, status_code=500)
 
-    captions = _first_captions(searcher)
-    health = Health(searcher)
+
+def _query_runner(
+    searcher: Searcher, settings: ServeSettings, health: Health
+) -> Callable[[Request, Optional[str], int], tuple[SearchResult, float]]:
+    """request, q, k -> (the checked query's result, seconds searching), the files checked before and after."""
 
     def run_query(request: Request, q: Optional[str], k: int) -> tuple[SearchResult, float]:
         check_query_string(request.scope.get("query_string", b""))
@@ -239,6 +267,12 @@ def create_app(searcher: Searcher, settings: ServeSettings = ServeSettings(), ab
             health.check()  # changed while it was read: the answer may mix old and new bytes
         return res, time.perf_counter() - t0
 
+    return run_query
+
+
+def _search_route(run_query: Callable, settings: ServeSettings, abstain: Optional[dict], Query) -> Callable:
+    """``GET /search``: the JSON answer to one query."""
+
     def search(
         request: Request,
         q: Optional[str] = Query(None, description="the query text"),
@@ -246,6 +280,12 @@ def create_app(searcher: Searcher, settings: ServeSettings = ServeSettings(), ab
     ) -> dict:
         res, secs = run_query(request, q, k)
         return {**_payload(res, settings, secs), "k": k, "abstain_threshold": abstain}
+
+    return search
+
+
+def _healthz_route(searcher: Searcher, health: Health, JSONResponse) -> Callable:
+    """``GET /healthz``: what is loaded, or 503 with the reason the server stopped answering."""
 
     def healthz():
         meta = searcher.index.meta if searcher.index is not None else None
@@ -261,6 +301,21 @@ def create_app(searcher: Searcher, settings: ServeSettings = ServeSettings(), ab
             "store": str(searcher.store_path),
             "index": None if meta is None else {"factory": meta.factory, "vector": meta.vector},
         }
+
+    return healthz
+
+
+def _home_route(
+    searcher: Searcher,
+    settings: ServeSettings,
+    abstain: Optional[dict],
+    run_query: Callable,
+    page,
+    captions: Optional[Callable[[int], Optional[str]]],
+    Query,
+    HTMLResponse,
+) -> Callable:
+    """``GET /``: the search page, with the results of ``?q=`` when given."""
 
     def home(
         request: Request, q: Optional[str] = Query(None), k: int = Query(settings.k, ge=1, le=settings.max_k)
@@ -284,14 +339,7 @@ def create_app(searcher: Searcher, settings: ServeSettings = ServeSettings(), ab
         )
         return HTMLResponse(html, status_code=status)
 
-    for path, fn in (("/search", search), ("/healthz", healthz), ("/", home)):
-        if "request" in fn.__annotations__:
-            # this module's annotations are strings (`from __future__ import annotations`) and Request is
-            # imported here, not at the top (FastAPI is an extra): FastAPI could not resolve the name
-            fn.__annotations__["request"] = Request
-        app.api_route(path, methods=["GET", "HEAD"])(fn)  # HEAD: monitors and link checkers ask it
-    app.state.health = health
-    return app
+    return home
 
 
 def _search_or_fail(searcher: Searcher, health: Health, text: str, k: int, shortlist: Optional[int]) -> SearchResult:

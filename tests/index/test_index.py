@@ -25,7 +25,9 @@ from dab_pipeline.index import (
 from dab_pipeline.index.vectors import SEGMENTS, segment_ids
 from dab_pipeline.scoring import score_all_reference, score_query
 from dab_pipeline.store import open_store
-from dab_pipeline.testing import random_store, small_model
+from dab_pipeline.testing import random_store
+
+from ..helpers.models import small_model
 
 pytest.importorskip("faiss")
 

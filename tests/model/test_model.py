@@ -23,7 +23,8 @@ from dab_pipeline.model import (
     step_sizes,
 )
 from dab_pipeline.model.costs import kl_diag_gaussian
-from dab_pipeline.testing import perturb
+
+from ..helpers.models import perturb
 
 D, F_ = 16, 4
 

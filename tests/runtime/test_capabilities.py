@@ -212,8 +212,8 @@ def test_train_bf16_scoring_on_a_cpu_without_it_runs_float32(tmp_path: Path) -> 
 
 def test_search_warns_and_scores_float32(tmp_path: Path) -> None:
     from dab_pipeline.stages.search import search
-    from dab_pipeline.testing import hand_made_run
 
+    from ..helpers.models import hand_made_run
     from ..helpers.stores import text_store
 
     store = text_store(tmp_path / "store.h5")

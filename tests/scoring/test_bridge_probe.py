@@ -17,8 +17,9 @@ from dab_pipeline.runs.run_folder import RunFolder
 from dab_pipeline.scoring import constant_bridge, probe_bridge, score_all
 from dab_pipeline.stages.evaluate import EvaluateConfig, run_evaluate
 from dab_pipeline.store import open_store
-from dab_pipeline.testing import hand_made_run, perturb, random_store
+from dab_pipeline.testing import random_store
 
+from ..helpers.models import hand_made_run, perturb
 from ..helpers.runner import invoke
 
 D, F_ = 16, 4

@@ -19,7 +19,9 @@ from dab_pipeline.scoring import (
 )
 from dab_pipeline.search import Searcher
 from dab_pipeline.store import open_store
-from dab_pipeline.testing import hand_made_run, random_inputs, random_store, small_model
+from dab_pipeline.testing import random_store
+
+from ..helpers.models import hand_made_run, random_inputs, small_model
 
 V_TEST = 24  # random_store's first 24 videos are "test", the last 6 "train"
 

@@ -10,7 +10,8 @@ import torch
 from dab_pipeline.scoring import Scorer, score_all, score_all_reference
 from dab_pipeline.scoring import scorer as scorer_module
 from dab_pipeline.scoring.reference import score_query
-from dab_pipeline.testing import random_inputs, small_model
+
+from ..helpers.models import random_inputs, small_model
 
 F_ = 5
 

@@ -9,7 +9,8 @@ import torch
 from dab_pipeline.core.events import Event
 from dab_pipeline.model import DABModel
 from dab_pipeline.scoring import ScoreResult, score_all, score_all_reference
-from dab_pipeline.testing import random_inputs, small_model
+
+from ..helpers.models import random_inputs, small_model
 
 D, F_ = 16, 5
 Q, V = 11, 7

@@ -19,7 +19,8 @@ from dab_pipeline.scoring import (
     score_all_reference,
     topk_smallest,
 )
-from dab_pipeline.testing import random_inputs, small_model
+
+from ..helpers.models import random_inputs, small_model
 
 D, F_ = 16, 5
 Q, V = 11, 7

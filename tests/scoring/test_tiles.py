@@ -10,7 +10,8 @@ import torch
 
 from dab_pipeline.runtime.capabilities import onednn_bf16
 from dab_pipeline.scoring import planning, score_all, tiles, tune_blocks
-from dab_pipeline.testing import random_inputs, small_model
+
+from ..helpers.models import random_inputs, small_model
 
 
 @pytest.fixture(autouse=True)

@@ -16,8 +16,8 @@ from dab_pipeline.model import DABModel
 from dab_pipeline.scoring import score_all
 from dab_pipeline.stages.search import search
 from dab_pipeline.store import open_store
-from dab_pipeline.testing import hand_made_run
 
+from ..helpers.models import hand_made_run
 from ..helpers.runner import invoke
 from ..helpers.stores import SEARCH_CAPTIONS as CAPTIONS
 from ..helpers.stores import text_store

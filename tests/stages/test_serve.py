@@ -18,8 +18,8 @@ from dab_pipeline.index import build_index
 from dab_pipeline.runs.costfile import CostMatrix, write_costs
 from dab_pipeline.stages.search import Searcher, search
 from dab_pipeline.store import open_store
-from dab_pipeline.testing import hand_made_run
 
+from ..helpers.models import hand_made_run
 from ..helpers.runner import invoke
 from ..helpers.stores import SEARCH_CAPTIONS as CAPTIONS
 from ..helpers.stores import text_store

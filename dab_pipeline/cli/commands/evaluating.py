@@ -81,7 +81,13 @@ def evaluate(run, costs, features, out, postprocess, postprocess_temperature, v2
         res = run_evaluate(cfg, progress=prog)
     if as_json:
         click.echo(json.dumps(res, indent=2, default=str))
-        return
+    else:
+        _print_metrics(res)
+
+
+def _print_metrics(res: dict) -> None:
+    """The metrics of `dab evaluate` as tables and lines: retrieval, selective retrieval, the variance, the bridge,
+    the neighbourhood diagnostic and the files written."""
     con = console()
     pp = res.get("postprocess", {})
     pp_name = pp.get("label") or pp.get("name", "none") if isinstance(pp, dict) else str(pp)

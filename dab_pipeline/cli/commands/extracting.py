@@ -123,7 +123,7 @@ def extract(
     Running the same command again resumes: finished videos are skipped.
     Several processes: `torchrun --nproc-per-node N -m dab_pipeline.cli extract ...`.
     """
-    from ...stages.extract import build_extract_config, run_extract  # deferred: `dab --help` must not import torch
+    from ...stages.extract import build_extract_config  # deferred: `dab --help` must not import torch
 
     options = dict(
         videos=videos,
@@ -145,23 +145,29 @@ def extract(
     )
     options.update(_resumed_options(click.get_current_context(), out, overwrite))
     cfg = build_extract_config(dataset, out, options=options, overrides=overrides)
+    res = _run_extract(cfg, distributed, quiet)
+    if res is not None:
+        _extract_summary(res)
+
+
+def _run_extract(cfg, distributed: bool | None, quiet: bool):
+    """Extract with ``cfg``, as one rank of a torchrun job where ``distributed`` asks (or torchrun launched this
+    process); the result, or None on a rank other than 0, which prints nothing."""
     from ...runtime.distributed import want_distributed  # deferred: `dab --help` must not import torch
+    from ...stages.extract import run_extract  # deferred: `dab --help` must not import torch
 
-    if want_distributed(distributed):
-        from ...runtime.distributed import distributed_session  # deferred: `dab --help` must not import torch
-
-        # gloo even on GPUs: extraction exchanges only small control messages (the
-        # features go to the store), and gloo's long timeout covers ranks that
-        # wait for a slower share or for rank 0's HDF5 merge.
-        with distributed_session(cfg.device, backend="gloo", timeout=EXTRACT_TIMEOUT) as ctx:
-            with quiet_shared_errors(ctx), RichProgress(quiet=quiet or not ctx.is_main) as prog:
-                res = run_extract(cfg, progress=prog, dist=ctx)
-            if not ctx.is_main:
-                return
-    else:
+    if not want_distributed(distributed):
         with RichProgress(quiet=quiet) as prog:
-            res = run_extract(cfg, progress=prog)
-    _extract_summary(res)
+            return run_extract(cfg, progress=prog)
+    from ...runtime.distributed import distributed_session  # deferred: `dab --help` must not import torch
+
+    # gloo even on GPUs: extraction exchanges only small control messages (the
+    # features go to the store), and gloo's long timeout covers ranks that
+    # wait for a slower share or for rank 0's HDF5 merge.
+    with distributed_session(cfg.device, backend="gloo", timeout=EXTRACT_TIMEOUT) as ctx:
+        with quiet_shared_errors(ctx), RichProgress(quiet=quiet or not ctx.is_main) as prog:
+            res = run_extract(cfg, progress=prog, dist=ctx)
+        return res if ctx.is_main else None
 
 
 def _resumed_options(ctx: click.Context, out: Path, overwrite: bool) -> dict:
@@ -225,8 +231,6 @@ def _extract_summary(res) -> None:
 )
 def inspect(store: Path, as_json: bool, verify: bool) -> None:
     """Print a store's manifest, counts per split and array sizes."""
-    from rich.table import Table
-
     from ...store import open_store  # deferred: start-up (h5py, zarr)
 
     with open_store(store) as st:
@@ -244,31 +248,66 @@ def inspect(store: Path, as_json: bool, verify: bool) -> None:
                 default=str,
             )
         )
-        if problems:
-            raise SystemExit(1)
-        return
+    else:
+        _print_store(store, manifest, summary, warnings, failures, problems)
+    if problems:
+        raise SystemExit(1)
+
+
+# The manifest's entries `dab inspect` shows, in this order (--json shows all).
+_MANIFEST_KEYS = (
+    "model",
+    "pretrained",
+    "weights_sha256",
+    "quick_gelu",
+    "frames",
+    "image_size",
+    "compute_dtype",
+    "store_dtype",
+    "trainable_blocks",
+    "decoder",
+    "dataset",
+    "dataset_options",
+    "package_version",
+    "created",
+    "world_size",
+)
+
+
+def _print_store(store: Path, manifest: dict, summary: dict, warnings, failures, problems: list | None) -> None:
+    """`dab inspect` as tables: the manifest, the splits, the arrays, the videos that failed or warned, the
+    store's state and, after --verify, what is damaged."""
     con = console()
+    con.print(_manifest_table(store, manifest))
+    con.print(_splits_table(summary))
+    arrays = summary.get("arrays", {})
+    if arrays:
+        con.print(_arrays_table(arrays))
+    for title, rows in (("failed videos", failures), ("decoder warnings", warnings)):
+        if rows:
+            _print_video_notes(con, title, rows)
+    con.print(
+        f"{summary.get('backend')} store, {_store_state(summary)}; file size {human_bytes(summary.get('file_bytes'))}"
+    )
+    if problems is not None:
+        for line in problems[:50]:
+            con.print(f"[red]damaged:[/] {line}")
+        con.print(f"verify: {len(problems)} problem(s)" if problems else "verify: every written array reads back")
+
+
+def _manifest_table(store: Path, manifest: dict):
+    from rich.table import Table
+
     t = Table(title=f"{store}", show_header=False)
-    for key in (
-        "model",
-        "pretrained",
-        "weights_sha256",
-        "quick_gelu",
-        "frames",
-        "image_size",
-        "compute_dtype",
-        "store_dtype",
-        "trainable_blocks",
-        "decoder",
-        "dataset",
-        "dataset_options",
-        "package_version",
-        "created",
-        "world_size",
-    ):
+    for key in _MANIFEST_KEYS:
         if key in manifest:
             t.add_row(key, str(manifest[key]))
-    con.print(t)
+    return t
+
+
+def _splits_table(summary: dict):
+    from rich.table import Table
+
     s = Table(title="videos and captions per split")
     for col in ("split", "videos", "ok", "failed", "missing", "pending", "captions", "captions done"):
         s.add_column(col, justify="left" if col == "split" else "right")
@@ -277,43 +316,45 @@ def inspect(store: Path, as_json: bool, verify: bool) -> None:
             split,
             *[str(c.get(k, "")) for k in ("videos", "ok", "failed", "missing", "pending", "captions", "captions_done")],
         )
-    con.print(s)
-    arrays = summary.get("arrays", {})
-    if arrays:
-        a = Table(title="arrays")
-        for col in ("name", "shape", "dtype", "bytes on disk"):
-            a.add_column(col, justify="left" if col in ("name", "dtype") else "right")
-        for name, info in arrays.items():
-            a.add_row(
-                name,
-                "x".join(map(str, info.get("shape", []))),
-                str(info.get("dtype", "")),
-                human_bytes(info.get("stored_bytes")),
-            )
-        con.print(a)
-    for title, rows in (("failed videos", failures), ("decoder warnings", warnings)):
-        if rows:
-            w = Table(title=f"{title} ({len(rows)})")
-            w.add_column("video")
-            w.add_column("message")
-            for vid, text in rows[:50]:
-                w.add_row(vid, text)
-            con.print(w)
-            if len(rows) > 50:
-                con.print(f"... and {len(rows) - 50} more (dab inspect --json lists all)")
+    return s
+
+
+def _arrays_table(arrays: dict):
+    from rich.table import Table
+
+    a = Table(title="arrays")
+    for col in ("name", "shape", "dtype", "bytes on disk"):
+        a.add_column(col, justify="left" if col in ("name", "dtype") else "right")
+    for name, info in arrays.items():
+        a.add_row(
+            name,
+            "x".join(map(str, info.get("shape", []))),
+            str(info.get("dtype", "")),
+            human_bytes(info.get("stored_bytes")),
+        )
+    return a
+
+
+def _print_video_notes(con, title: str, rows) -> None:
+    """The first 50 (video, message) rows as a table, and how many more."""
+    from rich.table import Table
+
+    w = Table(title=f"{title} ({len(rows)})")
+    w.add_column("video")
+    w.add_column("message")
+    for vid, text in rows[:50]:
+        w.add_row(vid, text)
+    con.print(w)
+    if len(rows) > 50:
+        con.print(f"... and {len(rows) - 50} more (dab inspect --json lists all)")
+
+
+def _store_state(summary: dict) -> str:
     if summary.get("missing_chunks"):
-        state = (
+        return (
             f"damaged: {summary['missing_chunks']} chunk file(s) of written rows are missing (run the same "
             "extract command to extract them again)"
         )
-    elif summary.get("complete"):
-        state = "complete"
-    else:
-        state = "incomplete (run the same extract command to resume)"
-    con.print(f"{summary.get('backend')} store, {state}; file size {human_bytes(summary.get('file_bytes'))}")
-    if problems is not None:
-        for line in problems[:50]:
-            con.print(f"[red]damaged:[/] {line}")
-        con.print(f"verify: {len(problems)} problem(s)" if problems else "verify: every written array reads back")
-        if problems:
-            raise SystemExit(1)
+    if summary.get("complete"):
+        return "complete"
+    return "incomplete (run the same extract command to resume)"

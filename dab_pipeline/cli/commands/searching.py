@@ -119,24 +119,33 @@ def search(
         page = _write_page(html, results, features, run_dir, about, k)
         click.echo(f"wrote {page}", err=True)
     if as_json:
-        payload = [
-            {
-                "query": r.query,
-                "margin": r.margin,
-                "hits": [
-                    {
-                        "rank": h.rank,
-                        "video_id": h.video_id,
-                        "cost": h.cost,
-                        **({"description": about.get(h.video_id)} if about else {}),
-                    }
-                    for h in r.hits
-                ],
-            }
-            for r in results
-        ]
-        click.echo(json.dumps(payload, indent=2))
-        return
+        click.echo(json.dumps(_search_payload(results, about), indent=2))
+    else:
+        _print_results(results, about)
+
+
+def _search_payload(results, about: dict) -> list[dict]:
+    """The results as `dab search --json` prints them: each query's margin and hits (with descriptions if given)."""
+    return [
+        {
+            "query": r.query,
+            "margin": r.margin,
+            "hits": [
+                {
+                    "rank": h.rank,
+                    "video_id": h.video_id,
+                    "cost": h.cost,
+                    **({"description": about.get(h.video_id)} if about else {}),
+                }
+                for h in r.hits
+            ],
+        }
+        for r in results
+    ]
+
+
+def _print_results(results, about: dict) -> None:
+    """One table per query: its hits' ranks, videos and costs (and descriptions if given), the margin below."""
     from rich.console import Console
     from rich.table import Table
 

@@ -99,11 +99,8 @@ def sweep(
     """
     from ...stages.sweep import (  # deferred: `dab --help` must not import torch
         SweepConfig,
-        grid_plan,
-        load_plan,
         load_sweep_config,
         run_sweep,
-        with_choices,
     )
 
     seed_list = _seeds(seeds, more_seeds)
@@ -112,18 +109,10 @@ def sweep(
             raise ConfigError("--resume continues the sweep recorded in --out: drop the options that define one")
         cfg = load_sweep_config(out, jobs=jobs, backend=backend, ray_address=ray_address)
     else:
-        if features is None:
-            raise click.UsageError("--features STORE is required (or --resume --out DIR)")
-        if plan and (grid or recipe):
-            raise click.UsageError("--plan brings its own grid and recipe: drop --grid / --recipe")
-        if plan:
-            p = with_choices(load_plan(plan), seeds=seed_list, baseline=baseline)
-        else:
-            p = grid_plan(grid, seeds=seed_list or (1, 2, 3), recipe=recipe, baseline=baseline)
         cfg = SweepConfig(
             features=features,
             out=out,
-            plan=p,
+            plan=_sweep_plan(features, grid, plan, seed_list, recipe, baseline),
             overrides=tuple(overrides),
             jobs=jobs,
             backend=backend,
@@ -131,6 +120,25 @@ def sweep(
         )
     with RichProgress(quiet=quiet) as prog:
         res = run_sweep(cfg, progress=prog)
+    _report(res, out, as_json)
+
+
+def _sweep_plan(features, grid, plan, seeds, recipe, baseline):
+    """The plan of a new sweep: the shipped or saved plan ``plan`` (its seeds and baseline replaced where given), or
+    the rows of ``grid`` on ``recipe``."""
+    from ...stages.sweep import grid_plan, load_plan, with_choices  # deferred: `dab --help` must not import torch
+
+    if features is None:
+        raise click.UsageError("--features STORE is required (or --resume --out DIR)")
+    if plan and (grid or recipe):
+        raise click.UsageError("--plan brings its own grid and recipe: drop --grid / --recipe")
+    if plan:
+        return with_choices(load_plan(plan), seeds=seeds, baseline=baseline)
+    return grid_plan(grid, seeds=seeds or (1, 2, 3), recipe=recipe, baseline=baseline)
+
+
+def _report(res, out, as_json: bool) -> None:
+    """The sweep's table (or sweep.json with --json); an error, after it, when runs failed."""
     if as_json:
         click.echo(json.dumps(res.table, indent=2, default=float))
     else:

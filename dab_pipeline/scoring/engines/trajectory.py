@@ -104,21 +104,8 @@ class BridgeSteps:
         dev, mm = target.device, self.mm_dtype
         width = 2 * d if self.gaussian else d
         target = target.view(p, hidden)
-        # s is the state block's input [mu, sigma] | [x].  In float32 it holds mu (or x)
-        # itself, updated in place; in bf16 it is a rounded copy of the float32 state
-        # st = [mu, logvar / 2] | [x], which the update converts delta into once per step.
-        # Halving logvar is exact, so hv = logvar / 2 clamped to [lo/2, hi/2] is the
-        # reference's logvar / 2 bit for bit, and sigma = exp(hv) needs no multiply.
-        s = torch.empty(p, width, device=dev, dtype=mm)  # (P, n*D)
         f32 = mm == torch.float32
-        st = s if f32 else torch.empty(p, width, device=dev, dtype=torch.float32)  # (P, n*D)
-        mu = st[:, :d]  # (P, D)
-        hv = None
-        if self.gaussian:
-            hv = torch.empty(p, d, device=dev, dtype=torch.float32) if f32 else st[:, d:]  # (P, D)
-        mu.view(n_b, n_m, d).copy_(state[0])  # per-pair copies: the per-text state is never written
-        if hv is not None:
-            torch.mul(state[1].expand(n_b, n_m, d), 0.5, out=hv.view(n_b, n_m, d))
+        s, st, mu, hv = self._state_buffers(state, n_b, n_m, dev)
         delta32 = None if f32 else torch.empty(p, width, device=dev, dtype=torch.float32)
         h_a = torch.zeros(p, hidden + BIAS_PAD, device=dev, dtype=mm)  # (P, H+pad)
         h_a[:, hidden] = 1.0  # the bias input; the rest of the padding stays 0
@@ -145,6 +132,29 @@ class BridgeSteps:
         if hv is not None:
             out.append((hv * 2.0).view(n_b, n_m, d))
         return out
+
+    def _state_buffers(
+        self, state: list[Tensor], n_b: int, n_m: int, dev: torch.device
+    ) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+        """:meth:`run`'s state of a block's P = B x M pairs, set from the per-text ``state``: s, st, mu, hv."""
+        d, p, mm = self.d, n_b * n_m, self.mm_dtype
+        width = 2 * d if self.gaussian else d
+        # s is the state block's input [mu, sigma] | [x].  In float32 it holds mu (or x)
+        # itself, updated in place; in bf16 it is a rounded copy of the float32 state
+        # st = [mu, logvar / 2] | [x], which the update converts delta into once per step.
+        # Halving logvar is exact, so hv = logvar / 2 clamped to [lo/2, hi/2] is the
+        # reference's logvar / 2 bit for bit, and sigma = exp(hv) needs no multiply.
+        s = torch.empty(p, width, device=dev, dtype=mm)  # (P, n*D)
+        f32 = mm == torch.float32
+        st = s if f32 else torch.empty(p, width, device=dev, dtype=torch.float32)  # (P, n*D)
+        mu = st[:, :d]  # (P, D)
+        hv = None
+        if self.gaussian:
+            hv = torch.empty(p, d, device=dev, dtype=torch.float32) if f32 else st[:, d:]  # (P, D)
+        mu.view(n_b, n_m, d).copy_(state[0])  # per-pair copies: the per-text state is never written
+        if hv is not None:
+            torch.mul(state[1].expand(n_b, n_m, d), 0.5, out=hv.view(n_b, n_m, d))
+        return s, st, mu, hv
 
     def _drift(
         self,

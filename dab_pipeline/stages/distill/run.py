@@ -105,17 +105,8 @@ def _distill(
     teacher, tcfg = teacher_run.model, teacher_run.config
     train, val, test = splits
     out = folder.path
-    wd, warmup = run_cfg.weight_decay, run_cfg.warmup_ratio
     _open_folder(folder, cfg, run_cfg, teacher_run, resume)
-    optim = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=wd)
-    per_epoch = epoch_length(train.caption_video.numpy(), tcfg.epoch)
-    steps = per_epoch // cfg.batch_size
-    if steps < 1:
-        raise ConfigError(
-            f"batch_size {cfg.batch_size} is larger than an epoch of the teacher's training split "
-            f"({per_epoch}); pass a smaller one (--set batch_size=N)"
-        )
-    sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_lambda(steps * cfg.epochs, warmup))
+    optim, sched, steps = _optimiser(student, cfg, run_cfg, train, tcfg.epoch)
     torch.manual_seed(cfg.seed)
     start, best, best_epoch = _restore(folder, student, optim, sched, device, resume, progress)
     temperature = teacher.temperature().detach()  # the loss's temperature
@@ -137,30 +128,55 @@ def _distill(
         else:
             best_epoch = epoch + 1
         folder.append_metrics(record)
-        state = {
-            "model": student.state_dict(),
-            "heads": None,
-            "optim": optim.state_dict(),
-            "sched": sched.state_dict(),
-            "epoch": epoch + 1,
-            "best_value": best,
-            "best_epoch": best_epoch,
-            "rng": rng_state(),
-            "config": to_dict(run_cfg),
-        }
-        folder.save_checkpoint(RunFolder.LAST, state)
-        if improved:
-            folder.save_checkpoint(RunFolder.BEST, state)
-        progress(
-            Event(
-                "metrics",
-                message=f"epoch {epoch + 1}: loss {losses['loss']:.4f}"
-                + (f"  val R@1 {val_metrics['R@1']:.1f}" if val_metrics else ""),
-                data=record,
-            )
-        )
+        _save_epoch(folder, student, optim, sched, run_cfg, epoch + 1, best, best_epoch, improved)
+        progress(_epoch_event(record, losses, val_metrics))
     progress(Event("end", task="distill", message=f"best epoch {best_epoch}"))
     return _finish(student, test, run_cfg, out, best, best_epoch, val_metrics, device)
+
+
+def _optimiser(student, cfg: DistillConfig, run_cfg, train: SplitArrays, epoch_mode: str) -> tuple[Any, Any, int]:
+    """AdamW over the student's trainable weights, its warm-up schedule, and the optimiser steps an epoch."""
+    wd, warmup = run_cfg.weight_decay, run_cfg.warmup_ratio
+    optim = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=wd)
+    per_epoch = epoch_length(train.caption_video.numpy(), epoch_mode)
+    steps = per_epoch // cfg.batch_size
+    if steps < 1:
+        raise ConfigError(
+            f"batch_size {cfg.batch_size} is larger than an epoch of the teacher's training split "
+            f"({per_epoch}); pass a smaller one (--set batch_size=N)"
+        )
+    sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_lambda(steps * cfg.epochs, warmup))
+    return optim, sched, steps
+
+
+def _save_epoch(
+    folder: RunFolder, student, optim, sched, run_cfg, epochs_done: int, best, best_epoch, improved: bool
+) -> None:
+    """The checkpoint after ``epochs_done`` epochs: always last.pt, best.pt too when the epoch improved."""
+    state = {
+        "model": student.state_dict(),
+        "heads": None,
+        "optim": optim.state_dict(),
+        "sched": sched.state_dict(),
+        "epoch": epochs_done,
+        "best_value": best,
+        "best_epoch": best_epoch,
+        "rng": rng_state(),
+        "config": to_dict(run_cfg),
+    }
+    folder.save_checkpoint(RunFolder.LAST, state)
+    if improved:
+        folder.save_checkpoint(RunFolder.BEST, state)
+
+
+def _epoch_event(record: dict[str, Any], losses: dict, val_metrics) -> Event:
+    """The progress line of one finished epoch, its metrics record attached."""
+    return Event(
+        "metrics",
+        message=f"epoch {record['epoch']}: loss {losses['loss']:.4f}"
+        + (f"  val R@1 {val_metrics['R@1']:.1f}" if val_metrics else ""),
+        data=record,
+    )
 
 
 def _load_teacher(cfg: DistillConfig, device: torch.device):

@@ -13,9 +13,9 @@ from ...core.events import Event, ProgressCallback, null_progress
 from ...metrics import selective_report, t2v_metrics
 from ...runs.config import TrainConfig
 from ...runs.inputs import SplitArrays, score_inputs
-from ...runs.load import load_run
+from ...runs.load import LoadedRun, load_run
 from ...runs.run_folder import RunFolder
-from ...scoring import PROBE_SIDE, Scorer, constant_bridge, probe_bridge
+from ...scoring import PROBE_SIDE, BridgeProbe, Scorer, constant_bridge, probe_bridge
 from ...store import open_store
 
 # Below this pair-dependent share (of mu and of logvar alike) the bridge is reported to act as a constant shift.
@@ -43,6 +43,38 @@ def bridge_report(
         return None
     if run_cfg.model.drift == "constant":
         return {"drift": "constant", "pair_dependent_share": {"mu": 0.0, "logvar": 0.0}}  # by construction
+    device = torch.device("cpu")
+    found = _bridge_inputs(run, cm, store_path, run_cfg.test_split, device, progress)
+    if found is None:
+        return None
+    loaded, feats, split = found
+    with torch.no_grad():
+        text, frames = score_inputs(loaded.heads, feats, device, 0, feats.num_queries)
+    probe = probe_bridge(loaded.model, text, frames, feats.mask, seed=seed)
+    control = constant_bridge(loaded.model, probe.mean_shift_mu, probe.mean_shift_logvar)
+    cost = Scorer(control).score(text, frames, feats.mask).cost  # (Q, V)
+    gt = feats.caption_video.numpy()
+    aurc = selective_report(cost, gt).get("R@1", {}).get("aurc") if feats.num_videos > 1 else None
+    share = probe.pair_dependent
+    out: dict[str, Any] = {
+        "pair_dependent_share": share,
+        "decomposition": probe.shares,
+        "probe": _probe_summary(probe, split, feats, seed),
+        "mean_shift": {"mu_norm": float(np.linalg.norm(probe.mean_shift_mu))}
+        | ({} if probe.mean_shift_logvar is None else {"logvar_mean": float(probe.mean_shift_logvar.mean())}),
+        "constant_control": t2v_metrics(cost, gt) | {"aurc": aurc} | _agreement(_cost_of(cm), cost),
+        "acts_as_constant": bool(max(share.values()) < CONSTANT_SHARE),
+    }
+    if out["acts_as_constant"]:
+        progress(Event("warning", message=bridge_warning(out)))
+    return out
+
+
+def _bridge_inputs(
+    run: Path, cm, store_path: Optional[Path], test_split: str, device, progress: ProgressCallback
+) -> Optional[tuple[LoadedRun, SplitArrays, str]]:
+    """The loaded run, the cost file's split read from the store, and that split's name; None (with a warning)
+    when the store is missing, the run does not load, or the split does not hold the cost file's queries in order."""
     if store_path is None or not Path(store_path).exists():
         progress(Event("warning", message=f"store {store_path} not found: skipping the bridge diagnostics"))
         return None
@@ -51,8 +83,7 @@ def bridge_report(
     except DabError as exc:
         progress(Event("warning", message=f"skipping the bridge diagnostics: {exc}"))
         return None
-    split = str((cm.attrs or {}).get("split") or run_cfg.test_split)
-    device = torch.device("cpu")
+    split = str((cm.attrs or {}).get("split") or test_split)
     with open_store(store_path) as st:
         st.require_complete("dab evaluate (the bridge diagnostics read the split)")
         tuned = loaded.heads is not None
@@ -66,34 +97,20 @@ def bridge_report(
             )
         )
         return None
-    with torch.no_grad():
-        text, frames = score_inputs(loaded.heads, feats, device, 0, feats.num_queries)
-    probe = probe_bridge(loaded.model, text, frames, feats.mask, seed=seed)
-    control = constant_bridge(loaded.model, probe.mean_shift_mu, probe.mean_shift_logvar)
-    cost = Scorer(control).score(text, frames, feats.mask).cost  # (Q, V)
-    gt = feats.caption_video.numpy()
-    aurc = selective_report(cost, gt).get("R@1", {}).get("aurc") if feats.num_videos > 1 else None
-    share = probe.pair_dependent
-    out: dict[str, Any] = {
-        "pair_dependent_share": share,
-        "decomposition": probe.shares,
-        "probe": {
-            "texts": int(len(probe.texts)),
-            "videos": int(len(probe.videos)),
-            "pairs": int(len(probe.texts) * len(probe.videos)),
-            "split": split,
-            "of": [int(feats.num_queries), int(feats.num_videos)],
-            "max_side": PROBE_SIDE,
-            "seed": seed,
-        },
-        "mean_shift": {"mu_norm": float(np.linalg.norm(probe.mean_shift_mu))}
-        | ({} if probe.mean_shift_logvar is None else {"logvar_mean": float(probe.mean_shift_logvar.mean())}),
-        "constant_control": t2v_metrics(cost, gt) | {"aurc": aurc} | _agreement(_cost_of(cm), cost),
-        "acts_as_constant": bool(max(share.values()) < CONSTANT_SHARE),
+    return loaded, feats, split
+
+
+def _probe_summary(probe: BridgeProbe, split: str, feats: SplitArrays, seed: int) -> dict[str, Any]:
+    """The probe grid of the report: its texts, videos and pairs, out of the split's queries and videos."""
+    return {
+        "texts": int(len(probe.texts)),
+        "videos": int(len(probe.videos)),
+        "pairs": int(len(probe.texts) * len(probe.videos)),
+        "split": split,
+        "of": [int(feats.num_queries), int(feats.num_videos)],
+        "max_side": PROBE_SIDE,
+        "seed": seed,
     }
-    if out["acts_as_constant"]:
-        progress(Event("warning", message=bridge_warning(out)))
-    return out
 
 
 def _cost_of(cm) -> np.ndarray:

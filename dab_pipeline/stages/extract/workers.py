@@ -33,14 +33,14 @@ class DecodeDataset(torch.utils.data.Dataset):
     def __init__(
         self,
         items: list[tuple],
-        frames: int,
+        num_frames: int,
         short_side: Optional[int],
         backend: str,
         preprocess,
         view_geometry: Optional[tuple[int, Sequence[float], Sequence[float]]] = None,
     ) -> None:
         self.items = items
-        self.frames = frames
+        self.num_frames = num_frames  # a count; `frames` names arrays of them
         self.short_side = short_side
         self.backend = backend
         self.preprocess = preprocess
@@ -54,7 +54,7 @@ class DecodeDataset(torch.utils.data.Dataset):
 
         index, path = self.items[i][:2]
         try:
-            dec = decode_video(Path(path), num_frames=self.frames, short_side=self.short_side, backend=self.backend)
+            dec = decode_video(Path(path), num_frames=self.num_frames, short_side=self.short_side, backend=self.backend)
             # CLIP's own PIL transform, frame by frame, so features equal open_clip's on these frames.
             pixels = torch.stack([self.preprocess(Image.fromarray(f)) for f in dec.frames])  # (F, 3, S, S)
             item = {
@@ -147,10 +147,7 @@ def encode_videos(
 ) -> ExtractResult:
     """Encode the pending videos (of ``rows`` only, when given: one rank's share)."""
     total = len(videos) if rows is None else len(rows)
-    # a rerun retries the videos that failed or were missing: their files may have been replaced since
-    pending = [int(i) for i in store.pending_videos(include_failed=True, include_missing=True)]
-    if rows is not None:
-        pending = [int(i) for i in np.intersect1d(pending, rows)]  # sorted, like pending_videos()
+    pending = _pending_rows(store, rows)
     skipped = total - len(pending)
     miss_idx = [i for i in pending if videos[i].video_id in missing]
     if miss_idx:
@@ -160,19 +157,7 @@ def encode_videos(
         for i in pending
         if videos[i].video_id not in missing
     ]
-    short_side = bundle.image_size if cfg.decode_short_side == 0 else cfg.decode_short_side
-    geometry = (int(bundle.image_size), list(map(float, bundle.mean)), list(map(float, bundle.std)))
-    ds = DecodeDataset(todo, cfg.frames, short_side, cfg.decode_backend, bundle.preprocess, geometry)
-    loader = torch.utils.data.DataLoader(
-        ds,
-        batch_size=cfg.batch_size,
-        shuffle=False,
-        num_workers=cfg.workers,
-        collate_fn=collate_items,
-        worker_init_fn=decode_worker_init if cfg.workers > 0 else None,
-        prefetch_factor=2 if cfg.workers > 0 else None,
-        persistent_workers=False,
-    )
+    loader = _decode_loader(todo, bundle, cfg)
     failures: list[tuple[str, str]] = []
     warnings: list[tuple[str, str]] = []
     t0 = time.perf_counter()
@@ -196,6 +181,32 @@ def encode_videos(
         store_failed=int((status == STATUS_FAILED).sum()),
         store_missing=int((status == STATUS_MISSING).sum()),
         video_seconds=seconds,
+    )
+
+
+def _pending_rows(store, rows: Optional[np.ndarray]) -> list[int]:
+    """The store rows still to encode (of ``rows`` only, when given), ascending."""
+    # a rerun retries the videos that failed or were missing: their files may have been replaced since
+    pending = [int(i) for i in store.pending_videos(include_failed=True, include_missing=True)]
+    if rows is not None:
+        pending = [int(i) for i in np.intersect1d(pending, rows)]  # sorted, like pending_videos()
+    return pending
+
+
+def _decode_loader(todo: list[tuple], bundle, cfg: ExtractConfig) -> torch.utils.data.DataLoader:
+    """A loader decoding ``todo``'s videos in ``cfg.workers`` processes, in order, a list of items a batch."""
+    short_side = bundle.image_size if cfg.decode_short_side == 0 else cfg.decode_short_side
+    geometry = (int(bundle.image_size), list(map(float, bundle.mean)), list(map(float, bundle.std)))
+    ds = DecodeDataset(todo, cfg.frames, short_side, cfg.decode_backend, bundle.preprocess, geometry)
+    return torch.utils.data.DataLoader(
+        ds,
+        batch_size=cfg.batch_size,
+        shuffle=False,
+        num_workers=cfg.workers,
+        collate_fn=collate_items,
+        worker_init_fn=decode_worker_init if cfg.workers > 0 else None,
+        prefetch_factor=2 if cfg.workers > 0 else None,
+        persistent_workers=False,
     )
 
 
