@@ -18,7 +18,7 @@ from dab_pipeline.results.thumbnails import THUMB_BYTES, make_thumbnail
 from dab_pipeline.runs.costfile import read_costs
 from dab_pipeline.store import open_store
 
-from ..helpers.runner import invoke
+from ..helpers.runner import extract_args, invoke
 
 
 class _Page(HTMLParser):
@@ -83,27 +83,7 @@ def test_selection_spreads_over_confidence_and_keeps_failures() -> None:
 
 
 def _extract(captions: Path, out: Path, *extra: str):
-    args = [
-        "extract",
-        "--dataset",
-        "folder",
-        "--model",
-        "dab-tiny",
-        "--workers",
-        "0",
-        "--batch-size",
-        "2",
-        "--dtype",
-        "float32",
-        "--annotations",
-        str(captions),
-        "--videos",
-        str(captions.parent / "videos"),
-        "--out",
-        str(out),
-        "--quiet",
-        *extra,
-    ]
+    args = extract_args(captions, "--dtype", "float32", "--quiet", *extra, out=out)
     return invoke(args, catch_exceptions=False)
 
 

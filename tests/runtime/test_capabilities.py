@@ -28,7 +28,7 @@ from dab_pipeline.runtime.capabilities import (
 from dab_pipeline.scoring.kernels import cpu as cpu_kernels
 from dab_pipeline.store import open_store
 
-from ..helpers.runner import invoke
+from ..helpers.runner import extract_args, invoke
 
 REPO = Path(__file__).resolve().parents[2]
 NATIVE = Capabilities(
@@ -126,26 +126,7 @@ def test_cpu_probe_reads_flags_and_onednn(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def _extract(captions: Path, out: Path, *extra: str):
-    args = [
-        "extract",
-        "--dataset",
-        "folder",
-        "--model",
-        "dab-tiny",
-        "--workers",
-        "0",
-        "--batch-size",
-        "2",
-        "--store-dtype",
-        "float32",
-        "--annotations",
-        str(captions),
-        "--videos",
-        str(captions.parent / "videos"),
-        "--out",
-        str(out),
-        *extra,
-    ]
+    args = extract_args(captions, "--store-dtype", "float32", *extra, out=out)
     return invoke(args, catch_exceptions=False)
 
 

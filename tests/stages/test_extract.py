@@ -14,35 +14,11 @@ import torch
 
 from dab_pipeline.store import open_store
 
-from ..helpers.runner import invoke
-
-BASE = [
-    "extract",
-    "--dataset",
-    "folder",
-    "--model",
-    "dab-tiny",
-    "--workers",
-    "0",
-    "--batch-size",
-    "2",
-    "--store-dtype",
-    "float32",
-    "--quiet",
-]
+from ..helpers.runner import extract_args, invoke
 
 
 def _args(captions: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        *BASE,
-        "--annotations",
-        str(captions),
-        "--videos",
-        str(captions.parent / "videos"),
-        "--out",
-        str(out),
-        *extra,
-    ]
+    return extract_args(captions, "--store-dtype", "float32", "--quiet", *extra, out=out)
 
 
 def _invoke(args: list[str]):
@@ -603,7 +579,7 @@ def test_a_rerun_with_only_the_required_options_resumes_a_store_made_with_other_
 ) -> None:
     """Rerunning is extract's resume: an option left out keeps the store's value; only a typed one can differ."""
     out = tmp_path / "store.h5"
-    # BASE also types --store-dtype float32, --batch-size 2 and --workers 0: none of them the default
+    # _args also types --store-dtype float32, --batch-size 2 and --workers 0: none of them the default
     assert _invoke(_args(tiny_folder_dataset, out, "--frames", "8")).exit_code == 0
     bare = [
         "extract",

@@ -16,7 +16,7 @@ import pytest
 import dab_pipeline.core.write_errors as we
 from dab_pipeline.testing import random_store
 
-from ..helpers.runner import invoke
+from ..helpers.runner import extract_args, invoke
 
 SMALL = ["model.drift_hidden=16", "model.time_embed_dim=8", "model.steps=2", "batch_size=8", "lr=3e-3"]
 TORCH_TEXT = "[enforce fail at inline_container.cc:672] . unexpected pos 117504 vs 117392"
@@ -223,24 +223,7 @@ def test_a_real_full_disk_in_extract_index_and_train(
     from dab_pipeline.store import backend_h5
 
     disk, resize = tmpfs
-    base = [
-        "extract",
-        "--dataset",
-        "folder",
-        "--model",
-        "dab-tiny",
-        "--workers",
-        "0",
-        "--batch-size",
-        "2",
-        "--store-dtype",
-        "float32",
-        "--quiet",
-        "--annotations",
-        str(tiny_folder_dataset),
-        "--videos",
-        str(tiny_folder_dataset.parent / "videos"),
-    ]
+    base = extract_args(tiny_folder_dataset, "--store-dtype", "float32", "--quiet")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     # 16 KiB: HDF5's writes fail while the store is created; 32 KiB: it is created (sparse), its writes fail
     for size, name in (("16k", "s0.h5"), ("32k", "race.h5")):

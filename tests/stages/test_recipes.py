@@ -13,7 +13,7 @@ from dab_pipeline.core.overrides import apply_overrides
 from dab_pipeline.recipes import load_recipe, recipe_names
 from dab_pipeline.stages.train import TrainConfig, optimizer_groups
 
-from ..helpers.runner import invoke
+from ..helpers.runner import extract_args, invoke
 
 
 def test_every_recipe_loads_and_resolves_onto_a_train_config() -> None:
@@ -68,29 +68,7 @@ def test_logit_scale_in_the_clip_group_without_decay() -> None:
 
 
 def _extract(captions: Path, out: Path, *extra: str):
-    args = [
-        "extract",
-        "--dataset",
-        "folder",
-        "--model",
-        "dab-tiny",
-        "--workers",
-        "0",
-        "--batch-size",
-        "2",
-        "--store-dtype",
-        "float32",
-        "--dtype",
-        "float32",
-        "--annotations",
-        str(captions),
-        "--videos",
-        str(captions.parent / "videos"),
-        "--out",
-        str(out),
-        "--quiet",
-        *extra,
-    ]
+    args = extract_args(captions, "--store-dtype", "float32", "--dtype", "float32", "--quiet", *extra, out=out)
     return invoke(args, catch_exceptions=False)
 
 

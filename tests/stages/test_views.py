@@ -17,7 +17,7 @@ from dab_pipeline.store import open_store
 from dab_pipeline.testing import random_store
 from dab_pipeline.video.augment import augmented_views, crop_params, view_seed
 
-from ..helpers.runner import invoke
+from ..helpers.runner import extract_args, invoke
 
 SMALL = [
     "model.drift_hidden=16",
@@ -55,29 +55,7 @@ def test_augmented_views_shape_normalisation_and_determinism() -> None:
 
 
 def _extract(captions: Path, out: Path, *extra: str):
-    args = [
-        "extract",
-        "--dataset",
-        "folder",
-        "--model",
-        "dab-tiny",
-        "--workers",
-        "0",
-        "--batch-size",
-        "2",
-        "--store-dtype",
-        "float32",
-        "--dtype",
-        "float32",
-        "--annotations",
-        str(captions),
-        "--videos",
-        str(captions.parent / "videos"),
-        "--out",
-        str(out),
-        "--quiet",
-        *extra,
-    ]
+    args = extract_args(captions, "--store-dtype", "float32", "--dtype", "float32", "--quiet", *extra, out=out)
     return invoke(args, catch_exceptions=False)
 
 
