@@ -31,6 +31,9 @@ class VariantSpec:
     gaussian: bool  # Gaussian text / video embeddings, a distributional cost and the PAC loss
     bridge: bool  # the text embedding is refined toward the video's by the bridge's T' steps
     summary: str
+    # model.covariance kinds it takes (issue 36): every variant "diag"; "lowrank" where its cost is a KL between
+    # Gaussians and the model carries U (prob); the cosine variants have no covariance to widen.
+    covariances: tuple[str, ...] = ("diag",)
 
     @property
     def cost_family(self) -> str:
@@ -45,7 +48,13 @@ class VariantSpec:
 
 _SPECS = (  # Table 5a's order
     VariantSpec("xpool", gaussian=False, bridge=False, summary="X-Pool baseline: cosine of pooled video and text"),
-    VariantSpec("prob", gaussian=True, bridge=False, summary="probabilistic encoder, no bridge: C = D(Q_v || P_t)"),
+    VariantSpec(
+        "prob",
+        gaussian=True,
+        bridge=False,
+        summary="probabilistic encoder, no bridge: C = D(Q_v || P_t)",
+        covariances=("diag", "lowrank"),
+    ),
     VariantSpec("bridge", gaussian=False, bridge=True, summary="a point bridge on the unit text, cosine cost"),
     VariantSpec("dab", gaussian=True, bridge=True, summary="the full model: Gaussian bridge, C = D(Q_v || P_hat_t)"),
 )

@@ -12,6 +12,7 @@ from torch import Tensor
 from ..core.choices import CHI_NORMS, DIST_COSTS, DRIFT_INPUTS, DRIFTS, VARIANCE_MODES, VARIANTS
 from ..core.errors import ConfigError
 from ..core.variants import VARIANT_SPECS, VariantSpec
+from .covariance import parse_covariance
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,10 @@ class ModelConfig:
     drift_init: float = 0.0
     drift_inputs: str = "paper"
     chi_norm: str = "minmax"
+    # The covariance of every Gaussian (docs/model.md, issue 36): "diag" (the paper's) | "lowrank:R"
+    # (diag(sigma^2) + U U^T, U (D, R) predicted by the Gaussian heads; the prob variant) | "mixture:K"
+    # (parsed, not trained yet: refused).  Run folders written before the option load as "diag".
+    covariance: str = "diag"
 
     def __post_init__(self) -> None:
         def bad(name: str, valid: str) -> ConfigError:
@@ -99,6 +104,7 @@ class ModelConfig:
                 raise bad(name, " | ".join(valid))
         if not self.drift_init >= 0.0:
             raise bad("drift_init", "a float >= 0 (0: the zero-initialised output layer of the paper)")
+        _check_covariance(self)
 
     @property
     def spec(self) -> VariantSpec:
@@ -123,6 +129,35 @@ class ModelConfig:
     def bridge_states(self) -> int:
         """Blocks of D the bridge carries: 2 ([mu, sigma], dab), 1 ([x], the point bridge), 0 (none)."""
         return self.spec.bridge_states
+
+
+def _check_covariance(cfg: ModelConfig) -> None:
+    """``cfg.covariance`` parses and fits the rest of ``cfg``; one line naming the conflict otherwise.
+
+    ``variance="fixed"`` with a non-diagonal covariance is refused, not read as "fix the diagonal and
+    learn U": the fixvar controls are the floor that measures what *learned* uncertainty is worth, and a
+    learned U is learned uncertainty (a run that learns it would no longer be that floor).  The W2 cost has
+    no closed form for low-rank covariances (:func:`~dab_pipeline.model.covariance.w2_lowrank`).
+    """
+    cov = parse_covariance(cfg.covariance)
+    if cov.kind == "diag":
+        return
+    if cov.kind not in cfg.spec.covariances:
+        accepted = [n for n in VARIANT_SPECS if cov.kind in VARIANT_SPECS.get(n).covariances]
+        raise ConfigError(
+            f"model.covariance={cfg.covariance} is not available for variant {cfg.variant!r} "
+            f"({cfg.spec.summary}); variants that take it: {', '.join(accepted) or 'none yet'}"
+        )
+    if cfg.variance == "fixed":
+        raise ConfigError(
+            f"model.covariance={cfg.covariance} with model.variance=fixed: the fixed-variance control fixes every "
+            "covariance (a learned U is learned uncertainty); use model.covariance=diag for the fixvar controls"
+        )
+    if cfg.cost != "kl":
+        raise ConfigError(
+            f"model.covariance={cfg.covariance} with model.cost={cfg.cost}: W2 between low-rank covariances needs a "
+            "D x D matrix square root per pair; use model.cost=kl"
+        )
 
 
 def resolve_tau(cfg: ModelConfig) -> float:

@@ -14,6 +14,7 @@ from ..core.errors import ConfigError
 from .bridge import ConstantShift, DistributionBridge
 from .config import ModelConfig, resolve_tau
 from .costs import COSTS, neg_cosine
+from .covariance import kl_lowrank_gaussian, parse_covariance
 from .pooling import TextConditionedPooling, float32_math
 from .probabilistic import ProbabilisticEncoder, TokenUncertainty
 
@@ -27,13 +28,14 @@ class TextState:
     mu: Optional[Tensor] = None  # (Q, D) text Gaussian (prob/dab)
     logvar: Optional[Tensor] = None  # (Q, D)
     point: Optional[Tensor] = None  # (Q, D) L2-normalised text (point bridge)
+    factor: Optional[Tensor] = None  # (Q, D, R) text U of Sigma = diag + U U^T (covariance lowrank:R)
 
     def __len__(self) -> int:
         return self.feat.shape[0]
 
     def select(self, idx: Tensor | slice) -> "TextState":
         return TextState(
-            *(None if t is None else t[idx] for t in (self.feat, self.q, self.mu, self.logvar, self.point))
+            *(None if t is None else t[idx] for t in (self.feat, self.q, self.mu, self.logvar, self.point, self.factor))
         )
 
 
@@ -64,6 +66,8 @@ class PairTerms:
     video_logvar: Optional[Tensor] = None
     bridged_mu: Optional[Tensor] = None  # text after the bridge (before it for "prob")
     bridged_logvar: Optional[Tensor] = None
+    video_factor: Optional[Tensor] = None  # (Q, V, D, R) | (P, D, R): covariance lowrank:R
+    text_factor: Optional[Tensor] = None  # (Q, 1, D, R) | (P, D, R), the text's U (the bridge leaves it)
 
 
 @dataclass
@@ -105,7 +109,8 @@ class DABModel(nn.Module):
         self.token_unc: Optional[TokenUncertainty] = None
         self.bridge: Optional[DistributionBridge | ConstantShift] = None
         if cfg.probabilistic:
-            self.prob = ProbabilisticEncoder(d, cfg.logvar_init, cfg.logvar_min, cfg.logvar_max)
+            rank = parse_covariance(cfg.covariance).rank
+            self.prob = ProbabilisticEncoder(d, cfg.logvar_init, cfg.logvar_min, cfg.logvar_max, rank)
             self.token_unc = TokenUncertainty(d, cfg.logvar_init)
             if cfg.variance == "fixed":
                 self._fix_variances()
@@ -160,7 +165,7 @@ class DABModel(nn.Module):
         self._check_dim(text, "text")
         state = TextState(feat=text, q=self.pool.query(text))
         if self.prob is not None:
-            state.mu, state.logvar = self.prob(text)  # (Q, D) each
+            state.mu, state.logvar, state.factor = self.prob.full(text)  # (Q, D) each; U (Q, D, R) or None
         elif self.bridge is not None:
             state.point = F.normalize(text, dim=-1)  # (Q, D)
         return state
@@ -199,10 +204,12 @@ class DABModel(nn.Module):
             return self._cosine_terms(ts, v_c, t_)
         assert self.prob is not None and self.token_unc is not None
         assert ts.mu is not None and ts.logvar is not None and vs.tok_logvar is not None
-        mu_v, lv_base = self.prob(v_c)  # (Q, V, D) each
+        mu_v, lv_base, u_v = self.prob.full(v_c)  # (Q, V, D) each; U (Q, V, D, R) or None
         lv_tok = v_(vs.tok_logvar) + self.token_unc.pair_term(v_c)  # (Q, V, D)
         lv_v = (0.5 * (lv_base + lv_tok)).clamp(self.cfg.logvar_min, self.cfg.logvar_max)  # (Q, V, D)
         mu_t, lv_t = t_(ts.mu), t_(ts.logvar)  # (Q, 1, D)
+        if u_v is not None:
+            return self._lowrank_terms(mu_v, lv_v, u_v, mu_t, lv_t, t_(ts.factor))
         if self.bridge is not None:
             mu_t, lv_t = self.bridge(mu_t, lv_t, mu_v, lv_v)  # (Q, V, D) each
         else:
@@ -211,6 +218,27 @@ class DABModel(nn.Module):
         with float32_math(mu_v):  # a KL of D terms in bf16 loses several logits at tau 8 (issue 16)
             cost = self.cost_fn(mu_v.float(), lv_v.float(), mu_t.float(), lv_t.float())  # (Q, V): D(Q_v || P_hat_t)
         return PairTerms(cost=cost, video_mu=mu_v, video_logvar=lv_v, bridged_mu=mu_t, bridged_logvar=lv_t)
+
+    def _lowrank_terms(self, mu_v: Tensor, lv_v: Tensor, u_v: Tensor, mu_t: Tensor, lv_t: Tensor, u_t) -> PairTerms:
+        """``KL(Q_v || P_t)`` with ``Sigma = diag(e^logvar) + U U^T`` on both sides (covariance lowrank:R, prob).
+
+        The text side keeps its (Q, 1, ...) shape into the cost, so its Woodbury factors are computed once
+        per text, not per pair (:func:`~dab_pipeline.model.covariance.kl_lowrank_gaussian`).
+        """
+        assert u_t is not None, "a low-rank model's text state carries its factor"
+        with float32_math(mu_v):
+            cost = kl_lowrank_gaussian(
+                mu_v.float(), lv_v.float(), u_v.float(), mu_t.float(), lv_t.float(), u_t.float()
+            )  # (Q, V) | (P,)
+        return PairTerms(
+            cost=cost,
+            video_mu=mu_v,
+            video_logvar=lv_v,
+            bridged_mu=mu_t.expand_as(mu_v),
+            bridged_logvar=lv_t.expand_as(lv_v),
+            video_factor=u_v,
+            text_factor=u_t,
+        )
 
     def _cosine_terms(self, ts: TextState, v_c: Tensor, t_) -> PairTerms:
         """xpool: -cos(text, v_c); the point bridge: -cos(bridged unit text, v_c)."""

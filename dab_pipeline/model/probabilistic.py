@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -16,22 +17,43 @@ class ProbabilisticEncoder(nn.Module):
 
     The logvar bias starts at ``logvar_init`` so every Gaussian starts at
     sigma^2 ~ e^-2; logvar is clamped to [logvar_min, logvar_max].
+
+    ``rank`` R > 0 (``model.covariance="lowrank:R"``): a third head predicts the factor U (..., D, R) of
+    ``Sigma = diag(sigma^2) + U U^T`` from the same features.  It starts small and random, never zero:
+    every cost sees U only through U U^T, whose gradient w.r.t. U vanishes at U = 0.  Its weights are drawn
+    with std ``0.1 sigma_init / sqrt(D)`` (and a zero bias), so U's entries start at ~0.1 sigma_init and
+    U U^T at ~R / 100 of the diagonal.  R = 0 builds no third head (the default model is unchanged, its
+    random draws included).
     """
 
-    def __init__(self, dim: int, logvar_init: float, logvar_min: float, logvar_max: float) -> None:
+    def __init__(self, dim: int, logvar_init: float, logvar_min: float, logvar_max: float, rank: int = 0) -> None:
         super().__init__()
         self.ln = nn.LayerNorm(dim)
         self.mu_head = nn.Linear(dim, dim)
         self.logvar_head = nn.Linear(dim, dim)
         nn.init.constant_(self.logvar_head.bias, logvar_init)
         self.logvar_min, self.logvar_max = logvar_min, logvar_max
+        self.rank = rank
+        self.factor_head: Optional[nn.Linear] = None
+        if rank > 0:
+            self.factor_head = nn.Linear(dim, dim * rank)
+            nn.init.normal_(self.factor_head.weight, std=0.1 * math.exp(0.5 * logvar_init) / math.sqrt(dim))
+            nn.init.zeros_(self.factor_head.bias)
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x (..., D) -> mu (..., D), logvar (..., D)."""
+        mu, logvar, _ = self.full(x)
+        return mu, logvar
+
+    def full(self, x: Tensor) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+        """x (..., D) -> mu (..., D), logvar (..., D), U (..., D, R) (None without a factor head)."""
         h = self.ln(F.normalize(x, dim=-1))  # (..., D)
         mu = self.mu_head(h)  # (..., D)
         logvar = self.logvar_head(h).clamp(self.logvar_min, self.logvar_max)  # (..., D)
-        return mu, logvar
+        if self.factor_head is None:
+            return mu, logvar, None
+        u = self.factor_head(h).unflatten(-1, (h.shape[-1], self.rank))  # (..., D, R)
+        return mu, logvar, u
 
 
 class TokenUncertainty(nn.Module):

@@ -13,6 +13,7 @@ from ..core.errors import ConfigError
 from ..core.events import ProgressCallback, null_progress
 from ..model import DABModel
 from ..runtime.devices import resolve_device
+from .covariance import needs_reference, score_nondiag, score_shortlist_nondiag
 from .engines import Engine, build_engine
 from .first_stage import ExactVectors, first_stage, frame_mean_vectors, text_vectors
 from .passes import diagnostics, score_candidates, score_grid, topk_smallest
@@ -110,6 +111,11 @@ class Scorer:
         was_training = self.model.training
         self.model.eval().to(self.device)
         try:
+            if needs_reference(self.model):
+                result = self._score_nondiag(text_t, frames_t, mask_t, gt_t, shortlist, progress)
+                if topk is not None:
+                    result.topk_indices, result.topk_costs = topk_smallest(result.cost, topk)
+                return result
             plan = self._plan(n_q, n_v, n_f, exact=shortlist is None)
             info = plan.info()
             with torch.no_grad():
@@ -162,6 +168,24 @@ class Scorer:
 
     # ------------------------------------------------------------------ inside
 
+    def _score_nondiag(
+        self,
+        text_t: Tensor,
+        frames_t: Tensor,
+        mask_t: Tensor,
+        gt_t: Optional[Tensor],
+        shortlist: Optional[int],
+        progress: ProgressCallback,
+    ) -> ScoreResult:
+        """A non-diagonal covariance (lowrank:R): the model's own path in bounded blocks (scoring/covariance.py)."""
+        if shortlist is None:
+            return score_nondiag(self.model, text_t, frames_t, mask_t, gt_t, self.device, self.memory_budget, progress)
+        k = min(shortlist, frames_t.shape[0])
+        plan = self._plan(text_t.shape[0], frames_t.shape[0], frames_t.shape[1], exact=False)
+        cand = self._first_stage(text_t, frames_t, mask_t, k, plan)  # (Q, K)
+        cost = score_shortlist_nondiag(self.model, text_t, frames_t, mask_t, cand)
+        return ScoreResult(cost=cost, shortlist=k, info={"engine": f"reference ({self.model.cfg.covariance})"})
+
     def _plan(self, n_q: int, n_v: int, n_f: int, exact: bool) -> Plan:
         """The tiles of a grid, kept per shape; an exact grid's sub-block size is measured where that pays."""
         key = (n_q, n_v, n_f, exact)
@@ -169,6 +193,7 @@ class Scorer:
             if len(self._plans) >= 64:  # a server sees few shapes; a script that sees many keeps none for long
                 self._plans.clear()
             cfg, dev = self.model.cfg, self.device
+            exact = exact and not needs_reference(self.model)  # no engine to measure for a non-diagonal model
             best = tune_blocks(self.model, n_q, n_v, n_f, dev, self.dtype, self.memory_budget) if exact else None
             self._plans[key] = plan_grid(
                 cfg,

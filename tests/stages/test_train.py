@@ -559,3 +559,18 @@ def test_a_control_run_made_the_old_way_loads_and_resumes_under_its_name(random_
     assert res.exit_code != 0 and "model.variance (saved 'learned', given 'fixed')" in text, text
     res = invoke(["train", "--features", random_store, "--variant", "dab-cosnt", "--out", tmp_path / "bad"])
     assert res.exit_code != 0 and "dab-const" in res.output and "prob-fixvar" in res.output, res.output
+
+
+def test_a_lowrank_prob_run_trains_writes_test_costs_and_evaluates(random_store: Path, tmp_path: Path) -> None:
+    out = tmp_path / "lowrank"
+    sets = [x for s in [*SMALL_TRAIN, "epochs=2", "model.covariance=lowrank:2"] for x in ("--set", s)]
+    args = ["train", "--features", str(random_store), "--out", str(out), "--variant", "prob", *sets]
+    res = invoke(args, catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "config.json").read_text())["model"]["covariance"] == "lowrank:2"
+    cm = read_costs(out / "costs_test.h5")
+    assert cm.cost.shape == (10, 5) and np.isfinite(cm.cost).all()
+    assert "factor_head.weight" in "".join(load_checkpoint(out / "checkpoints" / "best.pt")["model"])
+    res = invoke(["evaluate", "--run", str(out), "--no-plots"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert "R@1" in (out / "report.md").read_text()

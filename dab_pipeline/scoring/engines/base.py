@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ...core.errors import ConfigError
 from ...core.registry import Registry
 from ...model import DABModel, masked_softmax
 from ..blocks import Texts, Videos, center, pack_kept
@@ -151,5 +152,10 @@ def engine_name(cfg) -> str:
 
 
 def build_engine(model: DABModel, device: torch.device, mm_dtype: torch.dtype, batch_hint: int = 1024) -> Engine:
-    """The registered engine of ``model``'s variant (and drift)."""
+    """The registered engine of ``model``'s variant (and drift); diagonal Gaussians only."""
+    if model.cfg.probabilistic and model.cfg.covariance != "diag":
+        raise ConfigError(
+            f"the fast engines score diagonal Gaussians only, not model.covariance={model.cfg.covariance}; "
+            "Scorer scores such a model through the reference (scoring/covariance.py)"
+        )
     return ENGINES.get(engine_name(model.cfg))(model, device, mm_dtype, batch_hint)

@@ -1,0 +1,78 @@
+"""All-pairs scoring of models whose Gaussians are not diagonal (``model.covariance`` lowrank:R).
+
+The fast engines (``engines/``) fold the diagonal model's algebra into per-text and per-video bases and know
+nothing of a factor U, so a non-diagonal model is scored through the model's own path: the reference
+(:func:`~dab_pipeline.scoring.reference.score_all_reference`) in blocks sized from the memory budget, and
+a shortlist through :func:`~dab_pipeline.scoring.reference.score_query`, one query at a time.  Exact (the
+same function as the training costs) and bounded in memory; not fast (no per-video bases, float32 only).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..core.events import ProgressCallback
+from ..model import DABModel
+from ..model.covariance import parse_covariance
+from .budget import default_memory_budget
+from .reference import score_all_reference, score_query
+from .result import ScoreResult
+
+__all__ = ["needs_reference", "covariance_chunks", "score_nondiag", "score_shortlist_nondiag"]
+
+
+def needs_reference(model: DABModel) -> bool:
+    """Whether ``model`` is scored here rather than by a fast engine (a non-diagonal covariance)."""
+    return model.cfg.probabilistic and parse_covariance(model.cfg.covariance).kind != "diag"
+
+
+def covariance_chunks(
+    model: DABModel, n_q: int, n_v: int, device: torch.device, memory_budget: Optional[int]
+) -> tuple[int, int]:
+    """(text_chunk, video_chunk) whose block of pairs fits ``memory_budget`` bytes (the device's default).
+
+    A pair holds a few (D,) tensors (pooled video, mu, logvar, the cost's temporaries, ~12 D floats) and the
+    video's factor with its products (~3 D R): the estimate below, in float32.
+    """
+    cfg = model.cfg
+    rank = parse_covariance(cfg.covariance).rank
+    per_pair = 4 * cfg.embed_dim * (3 * rank + 12)
+    budget = memory_budget if memory_budget is not None else default_memory_budget(device)
+    pairs = max(1, budget // per_pair)
+    text_chunk = max(1, min(n_q, math.isqrt(pairs)))
+    return text_chunk, max(1, min(n_v, pairs // text_chunk))
+
+
+def score_nondiag(
+    model: DABModel,
+    text: Tensor,
+    frames: Tensor,
+    mask: Tensor,
+    gt: Optional[Tensor],
+    device: torch.device,
+    memory_budget: Optional[int],
+    progress: ProgressCallback,
+) -> ScoreResult:
+    """Every pair through the reference, in budget-sized blocks -> ScoreResult (cost (Q, V), diagnostics)."""
+    tc, vc = covariance_chunks(model, text.shape[0], frames.shape[0], device, memory_budget)
+    result = score_all_reference(
+        model, text, frames, mask, text_chunk=tc, video_chunk=vc, device=device, progress=progress, gt=gt
+    )
+    result.info = {"engine": f"reference ({model.cfg.covariance})", "text_chunk": tc, "video_chunk": vc}
+    return result
+
+
+def score_shortlist_nondiag(
+    model: DABModel, text: Tensor, frames: Tensor, mask: Tensor, cand: np.ndarray
+) -> np.ndarray:
+    """Each query's candidates ``cand`` (Q, K) through the model's own path; +inf elsewhere -> (Q, V)."""
+    cost = np.full((text.shape[0], frames.shape[0]), np.inf, dtype=np.float32)
+    for q, row in enumerate(cand):
+        idx = torch.as_tensor(row, dtype=torch.long)
+        cost[q, row] = score_query(model, text[q], frames[idx], mask[idx])
+    return cost

@@ -1,0 +1,130 @@
+"""`model.covariance` in the model (issue 36, part 1): the option, its refusals, the low-rank heads of `prob`,
+and the default (diag) model unchanged bit for bit."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributions import LowRankMultivariateNormal, kl_divergence
+
+from dab_pipeline.core.errors import ConfigError
+from dab_pipeline.core.overrides import apply_overrides
+from dab_pipeline.model import DABModel, ModelConfig, pac_loss
+from dab_pipeline.stages.train import TrainConfig
+
+TINY = dict(embed_dim=16, steps=2, total_steps=10, time_embed_dim=8, drift_hidden=12)
+
+# Recorded from the code before model.covariance existed (seed 0 model, seed 1 inputs): a sha256 of the
+# state_dict's keys and float32 bytes, and the (3, 4) cost matrix (prob and dab agree: dab's drift starts at 0).
+BEFORE_STATE = {
+    "prob": "1541e5ddfbe58ad14023ca3618ba6882c930266dc4feec75437277b1668bc134",
+    "dab": "1bebb3e7afaa1f62cd888552c89234e49253a7d2ebf5c6b364ab32813917e6c5",
+}
+BEFORE_COSTS = [
+    [26.503128051757812, 23.259246826171875, 23.908302307128906, 10.199834823608398],
+    [15.591861724853516, 46.161983489990234, 36.36031723022461, 21.784481048583984],
+    [106.80792236328125, 22.40001678466797, 31.360191345214844, 46.9302978515625],
+]
+
+
+def _model(variant: str, seed: int = 0, **kw) -> DABModel:
+    torch.manual_seed(seed)
+    return DABModel(ModelConfig(variant=variant, **{**TINY, **kw})).eval()
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(1)
+    text, frames = torch.randn(3, 16, generator=g), torch.randn(4, 5, 16, generator=g)
+    mask = torch.ones(4, 5, dtype=torch.bool)
+    mask[1, 3:] = False
+    return text, frames, mask
+
+
+def _state_digest(model: DABModel) -> str:
+    h = hashlib.sha256()
+    for k, v in model.state_dict().items():
+        h.update(k.encode())
+        h.update(v.detach().float().numpy().tobytes())
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("variant", ["prob", "dab"])
+@pytest.mark.parametrize("kw", [{}, {"covariance": "diag"}])
+def test_the_default_model_is_unchanged_bit_for_bit(variant: str, kw: dict) -> None:
+    model = _model(variant, **kw)
+    assert model.cfg.covariance == "diag" and model.prob is not None and model.prob.factor_head is None
+    assert _state_digest(model) == BEFORE_STATE[variant]
+    text, frames, mask = _inputs()
+    with torch.no_grad():
+        cost = model.pair_costs(model.encode_text(text), model.encode_video(frames, mask))
+    torch.testing.assert_close(cost, torch.tensor(BEFORE_COSTS), rtol=1e-6, atol=1e-6)
+    assert model.encode_text(text).factor is None
+
+
+def test_covariance_is_set_with_set_and_recorded() -> None:
+    cfg = apply_overrides(
+        TrainConfig(features=Path("s.h5"), out=Path("o")), ["model.variant=prob", "model.covariance=lowrank:4"]
+    )
+    assert cfg.model.covariance == "lowrank:4"
+    assert ModelConfig().covariance == "diag"
+    with pytest.raises(ConfigError, match="valid: diag, lowrank:R"):
+        apply_overrides(
+            TrainConfig(features=Path("s.h5"), out=Path("o")), ["model.variant=prob", "model.covariance=lowrank:0"]
+        )
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"variant": "xpool"}, "not available for variant 'xpool'"),
+        ({"variant": "bridge"}, "not available for variant 'bridge'"),
+        ({"variant": "prob", "variance": "fixed"}, "variance=fixed"),
+        ({"variant": "prob", "cost": "w2"}, "cost=w2"),
+        ({"variant": "prob", "covariance": "mixture:2"}, "none yet"),
+        ({"variant": "prob", "covariance": "cholesky"}, "valid: diag, lowrank:R"),
+    ],
+)
+def test_what_cannot_take_a_covariance_is_refused_in_one_line(kw: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match) as info:
+        ModelConfig(**{"covariance": "lowrank:4", **kw})
+    assert "\n" not in str(info.value)
+
+
+def test_the_fixvar_controls_keep_diag() -> None:
+    assert ModelConfig(variant="prob", variance="fixed").covariance == "diag"
+    with pytest.raises(ConfigError, match="fixed-variance control fixes every covariance"):
+        ModelConfig(variant="prob", variance="fixed", covariance="lowrank:2")
+
+
+def test_lowrank_heads_predict_u_small_random_and_u_learns_from_the_first_step() -> None:
+    model = _model("prob", covariance="lowrank:3").train()
+    text, frames, mask = _inputs()
+    ts = model.encode_text(text)
+    assert ts.factor is not None and ts.factor.shape == (3, 16, 3)
+    ratio = (ts.factor.square().sum(-1).mean() / ts.logvar.exp().mean()).detach()
+    assert 0.0 < float(ratio) < 0.2  # small, not zero
+    frames3 = frames[:3]
+    out = model(text, frames3, mask[:3])
+    pac_loss(out.cost, model.tau()).backward()
+    grad = model.prob.factor_head.weight.grad
+    assert grad is not None and float(grad.abs().sum()) > 0.0
+
+
+def test_lowrank_cost_is_kl_video_to_text_and_grid_equals_aligned() -> None:
+    model = _model("prob", covariance="lowrank:2")
+    text, frames, mask = _inputs()
+    with torch.no_grad():
+        ts, vs = model.encode_text(text), model.encode_video(frames, mask)
+        grid = model.pair_terms(ts, vs, grid=True)
+        aligned = model.pair_terms(ts.select(slice(0, 3)), vs.select(slice(0, 3)), grid=False)
+    torch.testing.assert_close(aligned.cost, torch.diagonal(grid.cost), rtol=1e-5, atol=1e-5)
+    f64 = lambda x: x.double()  # noqa: E731
+    for i, j in [(0, 0), (1, 3), (2, 1)]:
+        q = LowRankMultivariateNormal(
+            f64(grid.video_mu[i, j]), f64(grid.video_factor[i, j]), f64(grid.video_logvar[i, j]).exp()
+        )
+        p = LowRankMultivariateNormal(f64(ts.mu[i]), f64(ts.factor[i]), f64(ts.logvar[i]).exp())
+        assert float(grid.cost[i, j]) == pytest.approx(float(kl_divergence(q, p)), rel=1e-4)
