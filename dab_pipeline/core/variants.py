@@ -32,7 +32,8 @@ class VariantSpec:
     bridge: bool  # the text embedding is refined toward the video's by the bridge's T' steps
     summary: str
     # model.covariance kinds it takes (issue 36): every variant "diag"; "lowrank" where its cost is a KL between
-    # Gaussians and the model carries U (prob); the cosine variants have no covariance to widen.
+    # Gaussians and the model carries U (prob; dab, whose bridge moves (mu, logvar) and carries the text's U
+    # unchanged); the cosine variants have no covariance to widen.
     covariances: tuple[str, ...] = ("diag",)
 
     @property
@@ -56,7 +57,13 @@ _SPECS = (  # Table 5a's order
         covariances=("diag", "lowrank"),
     ),
     VariantSpec("bridge", gaussian=False, bridge=True, summary="a point bridge on the unit text, cosine cost"),
-    VariantSpec("dab", gaussian=True, bridge=True, summary="the full model: Gaussian bridge, C = D(Q_v || P_hat_t)"),
+    VariantSpec(
+        "dab",
+        gaussian=True,
+        bridge=True,
+        summary="the full model: Gaussian bridge, C = D(Q_v || P_hat_t)",
+        covariances=("diag", "lowrank"),
+    ),
 )
 VARIANT_SPECS: Registry[VariantSpec] = Registry("model variant")
 for _spec in _SPECS:

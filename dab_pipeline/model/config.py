@@ -54,7 +54,7 @@ class ModelConfig:
     drift_inputs: str = "paper"
     chi_norm: str = "minmax"
     # The covariance of every Gaussian (docs/model.md, issue 36): "diag" (the paper's) | "lowrank:R"
-    # (diag(sigma^2) + U U^T, U (D, R) predicted by the Gaussian heads; the prob variant) | "mixture:K"
+    # (diag(sigma^2) + U U^T, U (D, R) predicted by the Gaussian heads; prob and dab) | "mixture:K"
     # (parsed, not trained yet: refused).  Run folders written before the option load as "diag".
     covariance: str = "diag"
 

@@ -208,11 +208,12 @@ class DABModel(nn.Module):
         lv_tok = v_(vs.tok_logvar) + self.token_unc.pair_term(v_c)  # (Q, V, D)
         lv_v = (0.5 * (lv_base + lv_tok)).clamp(self.cfg.logvar_min, self.cfg.logvar_max)  # (Q, V, D)
         mu_t, lv_t = t_(ts.mu), t_(ts.logvar)  # (Q, 1, D)
+        if self.bridge is not None:
+            # the bridge moves (mu, logvar) alone, as for diag; a low-rank text's U is carried unchanged
+            mu_t, lv_t = self.bridge(mu_t, lv_t, mu_v, lv_v)  # (Q, V, D) each
         if u_v is not None:
             return self._lowrank_terms(mu_v, lv_v, u_v, mu_t, lv_t, t_(ts.factor))
-        if self.bridge is not None:
-            mu_t, lv_t = self.bridge(mu_t, lv_t, mu_v, lv_v)  # (Q, V, D) each
-        else:
+        if self.bridge is None:
             # per-pair views (no copy) so callers can index pairs uniformly
             mu_t, lv_t = mu_t.expand_as(mu_v), lv_t.expand_as(lv_v)  # (Q, V, D)
         with float32_math(mu_v):  # a KL of D terms in bf16 loses several logits at tau 8 (issue 16)
@@ -220,10 +221,12 @@ class DABModel(nn.Module):
         return PairTerms(cost=cost, video_mu=mu_v, video_logvar=lv_v, bridged_mu=mu_t, bridged_logvar=lv_t)
 
     def _lowrank_terms(self, mu_v: Tensor, lv_v: Tensor, u_v: Tensor, mu_t: Tensor, lv_t: Tensor, u_t) -> PairTerms:
-        """``KL(Q_v || P_t)`` with ``Sigma = diag(e^logvar) + U U^T`` on both sides (covariance lowrank:R, prob).
+        """``KL(Q_v || P_t)`` with ``Sigma = diag(e^logvar) + U U^T`` on both sides (covariance lowrank:R).
 
-        The text side keeps its (Q, 1, ...) shape into the cost, so its Woodbury factors are computed once
-        per text, not per pair (:func:`~dab_pipeline.model.covariance.kl_lowrank_gaussian`).
+        ``prob``: the text side keeps its (Q, 1, ...) shape into the cost, so its Woodbury factors are computed
+        once per text, not per pair (:func:`~dab_pipeline.model.covariance.kl_lowrank_gaussian`).  ``dab``:
+        ``(mu_t, lv_t)`` are the bridged text's, one per pair, and ``u_t`` the text's own U (the bridge does
+        not move it), so the factors are per pair.
         """
         assert u_t is not None, "a low-rank model's text state carries its factor"
         with float32_math(mu_v):

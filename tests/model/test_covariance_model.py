@@ -128,3 +128,43 @@ def test_lowrank_cost_is_kl_video_to_text_and_grid_equals_aligned() -> None:
         )
         p = LowRankMultivariateNormal(f64(ts.mu[i]), f64(ts.factor[i]), f64(ts.logvar[i]).exp())
         assert float(grid.cost[i, j]) == pytest.approx(float(kl_divergence(q, p)), rel=1e-4)
+
+
+def _dab_lowrank(**kw) -> DABModel:
+    # a drift that moves the text from the start (drift_init > 0), so the bridged Gaussian differs from the text's
+    return _model("dab", covariance="lowrank:2", drift_init=0.05, **kw)
+
+
+def test_dab_lowrank_costs_are_the_bridged_text_with_its_u_carried_unchanged() -> None:
+    model = _dab_lowrank()  # float32: the bridge carries its state in float32; the reference below is float64
+    text, frames, mask = _inputs()
+    with torch.no_grad():
+        ts, vs = model.encode_text(text), model.encode_video(frames, mask)
+        grid = model.pair_terms(ts, vs, grid=True)
+        aligned = model.pair_terms(ts.select(slice(0, 3)), vs.select(slice(0, 3)), grid=False)
+        # the naive computation: the bridge on (mu, logvar) exactly as for diag, then the low-rank KL
+        mu_b, lv_b = model.bridge(ts.mu[:, None], ts.logvar[:, None], grid.video_mu, grid.video_logvar)
+    assert grid.cost.shape == (3, 4) and grid.text_factor is not None
+    assert not torch.allclose(mu_b, ts.mu[:, None].expand_as(mu_b))  # the bridge did move the text
+    torch.testing.assert_close(grid.bridged_mu, mu_b)
+    torch.testing.assert_close(grid.bridged_logvar, lv_b)
+    torch.testing.assert_close(aligned.cost, torch.diagonal(grid.cost), rtol=1e-5, atol=1e-5)
+    f64 = lambda x: x.double()  # noqa: E731
+    for i in range(3):
+        for j in range(4):
+            q = LowRankMultivariateNormal(
+                f64(grid.video_mu[i, j]), f64(grid.video_factor[i, j]), f64(grid.video_logvar[i, j]).exp()
+            )
+            p = LowRankMultivariateNormal(f64(mu_b[i, j]), f64(ts.factor[i]), f64(lv_b[i, j]).exp())
+            assert float(grid.cost[i, j]) == pytest.approx(float(kl_divergence(q, p)), rel=1e-4)
+
+
+@pytest.mark.parametrize("kw", [{}, {"drift": "constant"}])
+def test_dab_lowrank_u_learns_from_the_first_step(kw: dict) -> None:
+    model = _model("dab", covariance="lowrank:3", **kw).train()  # drift_init 0: the bridge starts as the identity
+    text, frames, mask = _inputs()
+    out = model(text, frames[:3], mask[:3])
+    pac_loss(out.cost, model.tau()).backward()
+    grad = model.prob.factor_head.weight.grad
+    assert grad is not None and float(grad.abs().sum()) > 0.0
+    assert model.bridge is not None and any(p.grad is not None for p in model.bridge.parameters())

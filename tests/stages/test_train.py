@@ -574,3 +574,21 @@ def test_a_lowrank_prob_run_trains_writes_test_costs_and_evaluates(random_store:
     res = invoke(["evaluate", "--run", str(out), "--no-plots"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert "R@1" in (out / "report.md").read_text()
+
+
+def test_a_lowrank_dab_run_trains_writes_test_costs_and_evaluates(random_store: Path, tmp_path: Path) -> None:
+    """dab's bridge moves (mu, logvar) and carries the text's U unchanged (docs/model.md)."""
+    out = tmp_path / "lowrank-dab"
+    sets = [x for s in [*SMALL_TRAIN, "epochs=2", "model.covariance=lowrank:2"] for x in ("--set", s)]
+    args = ["train", "--features", str(random_store), "--out", str(out), "--variant", "dab", *sets]
+    res = invoke(args, catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    saved = json.loads((out / "config.json").read_text())["model"]
+    assert (saved["variant"], saved["covariance"]) == ("dab", "lowrank:2")
+    cm = read_costs(out / "costs_test.h5")
+    assert cm.cost.shape == (10, 5) and np.isfinite(cm.cost).all()
+    keys = "".join(load_checkpoint(out / "checkpoints" / "best.pt")["model"])
+    assert "factor_head.weight" in keys and "bridge.drift" in keys
+    res = invoke(["evaluate", "--run", str(out), "--no-plots"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert "R@1" in (out / "report.md").read_text()
