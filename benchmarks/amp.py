@@ -27,8 +27,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import quality as Q  # noqa: E402  (the world, its stores and the runs, shared with the quality benchmark)
 
+from dab_pipeline.runs.load import load_run  # noqa: E402
 from dab_pipeline.runtime.capabilities import capabilities  # noqa: E402
-from dab_pipeline.stages.search import load_run  # noqa: E402
 from dab_pipeline.store import open_store  # noqa: E402
 
 

@@ -26,7 +26,7 @@ import torch
 
 from dab_pipeline.metrics import shift_decomposition
 from dab_pipeline.model.losses import contrastive_loss, loss_of
-from dab_pipeline.stages.search import load_run
+from dab_pipeline.runs.load import load_run
 from dab_pipeline.store import open_store
 
 READOUT = "pair part a linear readout of the drift's features predicts (held out)"

@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 import quality as Q  # noqa: E402  (the world, its stores and the training runs)
 
 from dab_pipeline.runs.costfile import read_costs  # noqa: E402
+from dab_pipeline.runs.load import load_run  # noqa: E402
 from dab_pipeline.stages.distill import DistillConfig, run_distill  # noqa: E402
 from dab_pipeline.stages.evaluate import EvaluateConfig, run_evaluate  # noqa: E402
-from dab_pipeline.stages.search import load_run  # noqa: E402
 from dab_pipeline.store import open_store  # noqa: E402
 
 

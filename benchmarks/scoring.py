@@ -475,7 +475,7 @@ def bench_teacher(
 ) -> None:
     """A distilled run against its teacher on the same pairs: speed, metrics, top-1 agreement (float32)."""
     from dab_pipeline.metrics import t2v_metrics
-    from dab_pipeline.stages.search import load_run
+    from dab_pipeline.runs.load import load_run
     from dab_pipeline.store import open_store
 
     with open_store(store) as s:
@@ -506,7 +506,7 @@ def bench_teacher(
 
 def bench_run(run_dir: str, store: str, split: str, device: torch.device, shortlist: int | None) -> None:
     from dab_pipeline.metrics import t2v_metrics
-    from dab_pipeline.stages.search import load_run
+    from dab_pipeline.runs.load import load_run
     from dab_pipeline.store import open_store
 
     run = load_run(run_dir, device)

@@ -24,8 +24,8 @@ import numpy as np
 
 from dab_pipeline.index import DEFAULT_VECTOR, VECTOR_KINDS, build_index, load_index, query_vectors
 from dab_pipeline.runs.costfile import read_costs
+from dab_pipeline.runs.load import load_run
 from dab_pipeline.scoring import first_stage
-from dab_pipeline.stages.search import load_run
 from dab_pipeline.store import open_store
 
 DEFAULT_RUNS = [f"bench_data/runs-benchmark/dab-T8-seed{s}" for s in (1, 2, 3)]

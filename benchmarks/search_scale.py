@@ -48,10 +48,11 @@ import torch
 from dab_pipeline.clip_models import encode_queries_short
 from dab_pipeline.index import build_index, load_index, query_vectors
 from dab_pipeline.model import DABModel, ModelConfig
+from dab_pipeline.runs.load import load_run
 from dab_pipeline.runs.run_folder import RunFolder
 from dab_pipeline.runtime.capabilities import resolve_score_dtype
 from dab_pipeline.scoring import Scorer
-from dab_pipeline.stages.search import Searcher, load_run
+from dab_pipeline.search import Searcher
 from dab_pipeline.stages.train import TrainConfig
 from dab_pipeline.store import create_store, open_store
 

@@ -2,6 +2,7 @@
 store's CLIP and (optionally) a ``dab index`` folder once and ranks queries; ``dab search`` and ``dab serve``
 (``dab_pipeline.stages``) are its two users."""
 
+from .descriptions import load_descriptions  # noqa: F401
 from .searcher import (  # noqa: F401
     DEFAULT_SHORTLIST,
     Searcher,
@@ -11,4 +12,12 @@ from .searcher import (  # noqa: F401
     encode_queries,
 )
 
-__all__ = ["SearchHit", "SearchResult", "Searcher", "encode_queries", "check_queries", "DEFAULT_SHORTLIST"]
+__all__ = [
+    "load_descriptions",
+    "SearchHit",
+    "SearchResult",
+    "Searcher",
+    "encode_queries",
+    "check_queries",
+    "DEFAULT_SHORTLIST",
+]

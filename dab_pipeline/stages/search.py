@@ -2,8 +2,7 @@
 
 The search itself is library code (:class:`dab_pipeline.search.Searcher`, shared with ``dab serve``); this
 stage is its one-shot entry, shaped like the others: :class:`SearchConfig`, :func:`run_search`, and
-:func:`search`, the same from keyword values (what the CLI calls). :func:`load_descriptions` reads the
-per-video texts that ``dab search`` and ``dab serve`` show beside hits.
+:func:`search`, the same from keyword values (what the CLI calls).
 """
 
 from __future__ import annotations
@@ -12,12 +11,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from ..core.errors import ConfigError
-
 # Re-exported, not defined here: scripts imported loading a run and the Searcher from this module before they
 # moved into the library (runs.load, beside the run format; search, which dab serve shares), and may still.
 from ..runs.load import LoadedRun, load_run  # noqa: F401
-from ..search import DEFAULT_SHORTLIST, Searcher, SearchHit, SearchResult, check_queries, encode_queries  # noqa: F401
+from ..search import (  # noqa: F401
+    DEFAULT_SHORTLIST,
+    Searcher,
+    SearchHit,
+    SearchResult,
+    check_queries,
+    encode_queries,
+    load_descriptions,
+)
 
 __all__ = [
     "SearchConfig",
@@ -102,25 +107,3 @@ def search(
         memory_budget=memory_budget,
     )
     return run_search(cfg, warn)
-
-
-def load_descriptions(path: str | Path) -> dict[str, str]:
-    """Per-video descriptions to show beside search hits: JSON ``{video_id: text}`` or a CSV with
-    columns ``video_id`` and ``description``."""
-    import csv
-    import json
-
-    p = Path(path)
-    try:
-        if p.suffix.lower() == ".json":
-            data = json.loads(p.read_text(encoding="utf-8"))
-            if not isinstance(data, dict):
-                raise ConfigError(f"{p}: expected a JSON object {{video_id: description}}")
-            return {str(k): str(v) for k, v in data.items()}
-        with open(p, newline="", encoding="utf-8") as fh:
-            rows = list(csv.DictReader(fh))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read descriptions {p}: {exc}") from None
-    if rows and not {"video_id", "description"} <= set(rows[0]):
-        raise ConfigError(f"{p}: a descriptions CSV needs the columns video_id and description")
-    return {r["video_id"]: r["description"] for r in rows}

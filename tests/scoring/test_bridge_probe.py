@@ -125,7 +125,7 @@ def _save(run: Path, model: DABModel) -> None:
 def bridge_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Run folders (config, best.pt, costs_test.h5) of a constant bridge, a pulling bridge and a drift=constant
     model, on a random store (dim 32)."""
-    from dab_pipeline.stages.search import load_run
+    from dab_pipeline.runs.load import load_run
 
     root = tmp_path_factory.mktemp("bridge")
     store = random_store(root / "store.h5", dim=32)

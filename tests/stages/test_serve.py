@@ -16,7 +16,8 @@ import pytest
 from dab_pipeline.core.errors import ConfigError, StoreMismatchError
 from dab_pipeline.index import build_index
 from dab_pipeline.runs.costfile import CostMatrix, write_costs
-from dab_pipeline.stages.search import Searcher, search
+from dab_pipeline.search import Searcher
+from dab_pipeline.stages.search import search
 from dab_pipeline.store import open_store
 
 from ..helpers.models import hand_made_run

@@ -439,8 +439,8 @@ def test_non_finite_features_are_blamed_on_the_store_at_load(tmp_path: Path, spl
 def test_a_run_on_cuda_trains_and_scores(random_store: Path, tmp_path: Path, amp: str) -> None:
     """The CUDA path of `dab train`: bf16 autocast where the device has it, the engine's scoring on the GPU, the
     test costs equal to scoring the best checkpoint again."""
+    from dab_pipeline.runs.load import load_run
     from dab_pipeline.scoring import score_all
-    from dab_pipeline.stages.search import load_run
 
     out = tmp_path / f"cuda-{amp}"
     res = run_train(train_config(random_store, out, "model.variant=dab", "epochs=2", "device=cuda", f"amp={amp}"))

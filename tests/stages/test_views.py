@@ -162,8 +162,8 @@ def test_training_uses_the_views_and_scores_on_the_eval_view(tmp_path: Path, mon
     b = load_checkpoint(tmp_path / "eval" / "checkpoints" / "last.pt")["model"]
     assert any(not torch.equal(a[k], b[k]) for k in a)  # the views changed what was learned
     # the test costs come from the eval view: scoring best.pt on the stored frames gives them again
+    from dab_pipeline.runs.load import load_run
     from dab_pipeline.scoring import score_all
-    from dab_pipeline.stages.search import load_run
 
     run = load_run(tmp_path / "views")
     with open_store(store) as st:

@@ -10,6 +10,7 @@ import click
 from ...core.choices import SCORE_DTYPES
 from .. import cli
 from .options import former_spelling, one_spelling
+from .output import console
 
 _EXISTING = click.Path(path_type=Path, exists=True)
 
@@ -98,7 +99,7 @@ def search(
     available here (the open_clip cache or the local file the store recorded).
     """
     k = one_spelling(ctx, "k", "-k/--k", "--topk", former_topk)
-    from ...stages.search import load_descriptions  # deferred: `dab --help` must not import torch
+    from ...search import load_descriptions  # deferred: `dab --help` must not import torch
     from ...stages.search import search as run_search  # deferred: `dab --help` must not import torch
 
     about = load_descriptions(descriptions) if descriptions else {}
@@ -146,10 +147,9 @@ def _search_payload(results, about: dict) -> list[dict]:
 
 def _print_results(results, about: dict) -> None:
     """One table per query: its hits' ranks, videos and costs (and descriptions if given), the margin below."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    con = console()  # the full width outside a terminal: no cell cut to "…"
     for r in results:
         margin = "n/a (fewer than 2 videos)" if r.margin is None else f"{r.margin:.4g}"
         table = Table(
@@ -170,7 +170,7 @@ def _print_results(results, about: dict) -> None:
                 f"{h.cost:.4f}",
                 *([about.get(h.video_id, "(no description)")] if about else []),
             )
-        console.print(table)
+        con.print(table)
 
 
 def _write_page(path: Path, results, features: Path, run_dir: Path, about: dict, topk: int) -> Path:

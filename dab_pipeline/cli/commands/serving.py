@@ -126,7 +126,7 @@ def _load(run_dir, features, index_dir, split, k, shortlist, abstain_below, desc
     """The searcher and the page settings (minutes for a large index), and the app's two builders."""
     import torch  # deferred: `dab --help` must not import torch
 
-    from ...stages.search import Searcher, load_descriptions  # deferred: `dab --help` must not import torch
+    from ...search import Searcher, load_descriptions  # deferred: `dab --help` must not import torch
     from ...stages.serve import ServeSettings, abstain_report, create_app  # deferred: FastAPI is an extra
 
     torch.set_num_threads(max(1, threads))

@@ -5,12 +5,14 @@
   run starts (unknown keys and invalid values fail first; rows a variant cannot tell apart collapse);
 * ``one``: one run as any worker runs it (reuse, resume, train, evaluate; a failure reported, not raised);
 * ``local``: ``--jobs N`` worker processes with the cores or GPUs split; ``ray_backend``: Ray tasks;
+* ``config``: ``SweepConfig``, ``SweepResult``, the ``sweep_plan.json`` record ``--resume`` reads;
 * ``run``: ``run_sweep``, the driver: the sweep folder, the runs, then the table
   (:mod:`dab_pipeline.results.sweep`).
 """
 
 from __future__ import annotations
 
+from .config import SWEEP_BACKENDS, SweepConfig, SweepResult, load_sweep_config  # noqa: F401
 from .local import local_executor, threads_per_job  # noqa: F401
 from .one import execute_run, run_state  # noqa: F401
 from .plan import (  # noqa: F401
@@ -27,4 +29,4 @@ from .plan import (  # noqa: F401
     row_name,
     with_choices,
 )
-from .run import SWEEP_BACKENDS, SweepConfig, SweepResult, load_sweep_config, run_sweep  # noqa: F401
+from .run import run_sweep  # noqa: F401

@@ -7,7 +7,7 @@ from pathlib import Path
 import av
 import pytest
 
-from .videos import index_frame, read_frame_index, write_corrupt_video, write_index_video
+from ..helpers.videos import index_frame, read_frame_index, write_corrupt_video, write_index_video
 
 
 def test_index_frame_round_trip_in_memory() -> None:

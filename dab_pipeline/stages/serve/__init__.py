@@ -1,0 +1,38 @@
+"""``dab serve``: a search page and a JSON API over a run, a store and (optionally) an index.
+
+FastAPI (an optional extra, ``pip install 'dab-pipeline[serve]'``); the CLI runs the app
+with uvicorn. Everything heavy is loaded once in a :class:`~dab_pipeline.search.Searcher`;
+requests are served one at a time (its lock: the model runs thread-limited in inference
+mode, and a second query would only slice the same cores).
+
+* ``GET /search?q=...&k=10`` -> JSON: the hits (rank, video id, cost, description), the
+  confidence (the KL margin: 2nd minus 1st cost among the re-ranked videos) and
+  ``abstain`` (confidence below the threshold the user set; with the run's test costs, the
+  coverage and precision that threshold gave on the test split).
+* ``GET /`` -> the search page (``?q=`` shows results): thumbnails from the store, the
+  confidence, and the re-ranked costs as a plot. Every user string is escaped (jinja2).
+* ``GET /healthz`` -> what is loaded; 503 with ``ok: false`` and the reason once the store or index
+  changed or a read of them failed.
+
+Bad requests get a 4xx with a one-line message (empty, too long, non-printable or non-UTF-8
+queries, k out of range), never a 500 with a traceback. The store and index files are checked
+before and after every search (one ``stat`` each): a store truncated, deleted or copied over
+under the server, or a read that fails, makes every later answer a 503 naming the file, logged
+once, until the server is restarted.
+"""
+
+from .app import create_app  # noqa: F401
+from .health import Health, Unavailable  # noqa: F401
+from .page import cost_svg  # noqa: F401
+from .settings import ServeSettings, abstain_report, check_query, check_query_string  # noqa: F401
+
+__all__ = [
+    "ServeSettings",
+    "Health",
+    "Unavailable",
+    "abstain_report",
+    "create_app",
+    "cost_svg",
+    "check_query",
+    "check_query_string",
+]

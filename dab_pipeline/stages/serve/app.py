@@ -1,0 +1,163 @@
+"""The FastAPI app over a loaded :class:`~dab_pipeline.search.Searcher`: /search, /healthz and the page."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Callable, Optional
+
+from ...core.errors import ConfigError, DabError, StoreError
+from ...search import Searcher, SearchResult
+from .health import Health, Unavailable, log, search_or_fail
+from .page import first_captions, page_result, payload
+from .settings import ServeSettings, check_query, check_query_string, printable
+
+if TYPE_CHECKING:
+    from fastapi import Request
+    from fastapi.responses import HTMLResponse
+
+__all__ = ["create_app", "status_of"]
+
+
+def create_app(searcher: Searcher, settings: ServeSettings = ServeSettings(), abstain: Optional[dict] = None):
+    """The FastAPI app over a loaded :class:`Searcher`."""
+    try:
+        import jinja2
+        from fastapi import FastAPI, Query, Request
+        from fastapi.responses import HTMLResponse, JSONResponse
+    except ImportError:
+        raise ConfigError("dab serve needs FastAPI: `pip install 'dab-pipeline[serve]'`") from None
+
+    app = FastAPI(title=settings.title, docs_url=None, redoc_url=None)
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("dab_pipeline.results", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    page = env.get_template("search.html.j2")
+    _add_error_handlers(app, JSONResponse)
+    captions = first_captions(searcher)
+    health = Health(searcher)
+    run_query = _query_runner(searcher, settings, health)
+    routes = (
+        ("/search", _search_route(run_query, settings, abstain, Query)),
+        ("/healthz", _healthz_route(searcher, health, JSONResponse)),
+        ("/", _home_route(searcher, settings, abstain, run_query, page, captions, Query, HTMLResponse)),
+    )
+    for path, fn in routes:
+        if "request" in fn.__annotations__:
+            # this module's annotations are strings (`from __future__ import annotations`) and Request is
+            # imported in create_app, not at the top (FastAPI is an extra): FastAPI could not resolve the name
+            fn.__annotations__["request"] = Request
+        app.api_route(path, methods=["GET", "HEAD"])(fn)  # HEAD: monitors and link checkers ask it
+    app.state.health = health
+    return app
+
+
+def _add_error_handlers(app, JSONResponse) -> None:
+    """Library errors answer their status with one line; anything else a 500 with one line (the log keeps more)."""
+
+    @app.exception_handler(DabError)
+    async def _dab_error(request: Request, exc: DabError):
+        return JSONResponse({"error": str(exc)}, status_code=status_of(exc))
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception):
+        log.exception("search failed")  # the server's log keeps the traceback; the client gets one line
+        return JSONResponse({"error": f"internal error ({type(exc).__name__})"}, status_code=500)
+
+
+def _query_runner(
+    searcher: Searcher, settings: ServeSettings, health: Health
+) -> Callable[[Request, Optional[str], int], tuple[SearchResult, float]]:
+    """request, q, k -> (the checked query's result, seconds searching), the files checked before and after."""
+
+    def run_query(request: Request, q: Optional[str], k: int) -> tuple[SearchResult, float]:
+        check_query_string(request.scope.get("query_string", b""))
+        text = check_query(q, settings.max_query_chars)
+        t0 = time.perf_counter()
+        with searcher.lock:
+            health.check()
+            res = search_or_fail(searcher, health, text, k, settings.shortlist)
+            health.check()  # changed while it was read: the answer may mix old and new bytes
+        return res, time.perf_counter() - t0
+
+    return run_query
+
+
+def _search_route(run_query: Callable, settings: ServeSettings, abstain: Optional[dict], Query) -> Callable:
+    """``GET /search``: the JSON answer to one query."""
+
+    def search(
+        request: Request,
+        q: Optional[str] = Query(None, description="the query text"),
+        k: int = Query(settings.k, ge=1, le=settings.max_k, description="videos returned"),
+    ) -> dict:
+        res, secs = run_query(request, q, k)
+        return {**payload(res, settings, secs), "k": k, "abstain_threshold": abstain}
+
+    return search
+
+
+def _healthz_route(searcher: Searcher, health: Health, JSONResponse) -> Callable:
+    """``GET /healthz``: what is loaded, or 503 with the reason the server stopped answering."""
+
+    def healthz():
+        meta = searcher.index.meta if searcher.index is not None else None
+        try:
+            health.check()
+        except Unavailable as exc:
+            return JSONResponse({"ok": False, "error": str(exc)}, status_code=503)
+        return {
+            "ok": True,
+            "videos": searcher.num_videos,
+            "split": searcher.split,
+            "run": str(searcher.run.run_dir),
+            "store": str(searcher.store_path),
+            "index": None if meta is None else {"factory": meta.factory, "vector": meta.vector},
+        }
+
+    return healthz
+
+
+def _home_route(
+    searcher: Searcher,
+    settings: ServeSettings,
+    abstain: Optional[dict],
+    run_query: Callable,
+    page,
+    captions: Optional[Callable[[int], Optional[str]]],
+    Query,
+    HTMLResponse,
+) -> Callable:
+    """``GET /``: the search page, with the results of ``?q=`` when given."""
+
+    def home(
+        request: Request, q: Optional[str] = Query(None), k: int = Query(settings.k, ge=1, le=settings.max_k)
+    ) -> HTMLResponse:
+        result, error, status = None, None, 200
+        if q is not None:
+            try:
+                res, secs = run_query(request, q, k)
+                result = page_result(searcher, res, settings, secs, captions)
+            except DabError as exc:  # the page says it, with the status the API gives the same request
+                error, status = str(exc), status_of(exc)
+        html = page.render(
+            title=settings.title,
+            q=printable(q or ""),
+            k=k,
+            result=result,
+            error=error,
+            abstain=abstain,
+            videos=searcher.num_videos,
+            index=searcher.index is not None,
+        )
+        return HTMLResponse(html, status_code=status)
+
+    return home
+
+
+def status_of(exc: DabError) -> int:
+    """The HTTP status of a library error: the request's fault (400), the data's (503), or a bug (500)."""
+    if isinstance(exc, ConfigError):
+        return 400
+    return 503 if isinstance(exc, StoreError) else 500

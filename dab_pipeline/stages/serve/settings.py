@@ -1,0 +1,94 @@
+"""What a server answers with (:class:`ServeSettings`), the checks a query passes, and what the abstain threshold
+did on the run's test split."""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from ...core.errors import ConfigError
+from ...metrics import kl_margin, threshold_outcome
+from ...runs.costfile import read_costs
+from ...runs.run_folder import RunFolder
+
+__all__ = ["ServeSettings", "abstain_report", "check_query", "check_query_string", "printable"]
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """What a server answers with: page defaults, limits, the abstain threshold."""
+
+    k: int = 10
+    max_k: int = 100
+    shortlist: Optional[int] = None  # videos re-ranked a query (None: the Searcher's default)
+    max_query_chars: int = 500
+    abstain_below: Optional[float] = None  # confidence (margin) under which a query is flagged
+    descriptions: dict = field(default_factory=dict)
+    title: str = "dab search"
+
+    def __post_init__(self) -> None:
+        if self.abstain_below is not None and not math.isfinite(self.abstain_below):
+            raise ConfigError(f"abstain_below must be a finite confidence (a KL margin), got {self.abstain_below}")
+        for name in ("k", "max_k", "max_query_chars"):
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
+
+
+def abstain_report(run_dir: Path, threshold: Optional[float]) -> Optional[dict]:
+    """What ``threshold`` on the margin did on the run's test split: coverage and precision (R@1) there.
+
+    None without a threshold or without the run's test costs (``costs_test.*``)."""
+    if threshold is None:
+        return None
+    folder = RunFolder(run_dir)
+    path = next((p for p in sorted(folder.path.glob("costs_test.*"))), None)
+    if path is None:
+        return {"threshold": threshold, "test": None, "note": f"no test costs in {run_dir}"}
+    cm = read_costs(path)
+    cost = cm.to_cost()  # (Q, V)
+    ok = cm.gt >= 0
+    if not ok.any() or cost.shape[1] < 2:
+        return {"threshold": threshold, "test": None, "note": f"{path} has no queries with a known ground truth"}
+    margin = kl_margin(cost[ok])
+    correct = np.argmin(cost[ok], axis=1) == cm.gt[ok]
+    coverage, precision = threshold_outcome(margin, correct, threshold)
+    return {
+        "threshold": threshold,
+        "test": {
+            "queries": int(ok.sum()),
+            "coverage": coverage,
+            "precision_at_1": None if math.isnan(precision) else precision,
+            "precision_at_1_all": float(correct.mean()),
+        },
+    }
+
+
+def check_query(q: Optional[str], max_chars: int) -> str:
+    """The query text, or a :class:`ConfigError` saying what is wrong with it (the app answers 400)."""
+    if q is None or not q.strip():
+        raise ConfigError("the query q is empty: pass ?q=some+words")
+    if len(q) > max_chars:
+        raise ConfigError(f"the query is {len(q)} characters long; at most {max_chars} are accepted")
+    if any(unicodedata.category(ch) in ("Cc", "Cs", "Co", "Cn") for ch in q):
+        raise ConfigError("the query holds control or unassigned characters; send plain text")
+    return q.strip()
+
+
+def check_query_string(raw: bytes) -> None:
+    """A :class:`ConfigError` (400) for a query string that is not UTF-8 once percent-decoded (``q=%ff``), which
+    the web framework would otherwise turn into U+FFFD characters and search for."""
+    try:
+        urllib.parse.parse_qsl(raw.decode("latin-1"), keep_blank_values=True, encoding="utf-8", errors="strict")
+    except UnicodeDecodeError:
+        raise ConfigError("the query string is not valid UTF-8 (percent-encode the query's UTF-8 bytes)") from None
+
+
+def printable(text: str) -> str:
+    """``text`` without control and unassigned characters, to echo a refused query back into the page."""
+    return "".join(ch for ch in text if unicodedata.category(ch) not in ("Cc", "Cs", "Co", "Cn"))
