@@ -18,7 +18,12 @@ functions stay testable on hand-written matrices."""
 from __future__ import annotations
 
 from ..core.choices import V2T_CONVENTIONS  # noqa: F401  (re-exported)
-from .diagnostics import semantic_neighbourhood, shift_decomposition, variance_asymmetry  # noqa: F401
+from .diagnostics import (  # noqa: F401
+    lowrank_variance_share,
+    semantic_neighbourhood,
+    shift_decomposition,
+    variance_asymmetry,
+)
 from .relevance import ranked_relevance, relevance_metrics  # noqa: F401
 from .retrieval import (  # noqa: F401
     POSTPROCESS_NAMES,

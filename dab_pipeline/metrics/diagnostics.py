@@ -176,3 +176,17 @@ def shift_decomposition(shift: Any) -> dict[str, float]:
     out = {k: (v / total if total > 0 else float("nan")) for k, v in parts.items()}
     out["pair_dependent"] = 1.0 - out["constant"] if total > 0 else float("nan")
     return out
+
+
+def lowrank_variance_share(logvar: Any, factor: Any) -> float:
+    """The share of the text's total variance in the low-rank part of Sigma = diag(sigma^2) + U U^T, mean over texts.
+
+    logvar (Q, D) log sigma^2, factor (Q, D, R) U -> mean over texts of trace(U U^T) / (trace(diag) + trace(U U^T)),
+    with trace(U U^T) = ||U||_F^2 (no D x D matrix is formed).
+    """
+    lv = np.asarray(logvar, np.float64)
+    u = np.asarray(factor, np.float64)
+    if lv.ndim != 2 or u.ndim != 3 or u.shape[:2] != lv.shape or lv.shape[0] == 0:
+        raise ConfigError(f"expected logvar (Q, D) and factor (Q, D, R) with Q > 0, got {lv.shape} and {u.shape}")
+    low = (u * u).sum(axis=(1, 2))  # (Q,)
+    return float(np.mean(low / (np.exp(lv).sum(axis=1) + low)))

@@ -585,3 +585,15 @@ def test_spearman_hand_cases() -> None:
     rng = np.random.default_rng(0)
     x, y = rng.random(50), rng.random(50)
     assert M.spearman(np.exp(5 * x), y) == pytest.approx(M.spearman(x, y))
+
+
+def test_lowrank_variance_share_against_the_full_covariance() -> None:
+    from dab_pipeline.metrics import lowrank_variance_share
+
+    rng = np.random.default_rng(0)
+    lv, u = rng.normal(size=(5, 6)), rng.normal(size=(5, 6, 2))
+    naive = [np.trace(u[q] @ u[q].T) / np.trace(np.diag(np.exp(lv[q])) + u[q] @ u[q].T) for q in range(5)]
+    assert lowrank_variance_share(lv, u) == pytest.approx(np.mean(naive), rel=1e-12)
+    assert lowrank_variance_share(lv, np.zeros((5, 6, 1))) == 0.0
+    with pytest.raises(ConfigError):
+        lowrank_variance_share(lv, u[:, :5])

@@ -528,3 +528,50 @@ def test_real_server_answers_a_bounded_concurrent_load(world: dict, tmp_path: Pa
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+# ----------------------------------------------------------------------------- a low-rank covariance run (issue 36)
+
+
+@pytest.mark.parametrize("variant", ["prob", "dab"])
+def test_a_lowrank_run_indexes_pooled_searches_and_serves_like_exact_scoring(
+    world: dict, tmp_path: Path, variant: str
+) -> None:
+    """lowrank:2: `dab index --vector pooled`, `dab search` with and without --index and /search agree with the
+    exact scoring of every pair (the reference path of scoring/covariance.py)."""
+    from fastapi.testclient import TestClient
+
+    from dab_pipeline.scoring import score_all
+    from dab_pipeline.stages.serve import ServeSettings, create_app
+
+    run, model = hand_made_run(tmp_path / "run", world["store"], variant, model_kw={"covariance": "lowrank:2"})
+    out = invoke(["index", "--features", world["store"], "--out", tmp_path / "idx", "--vector", "pooled", "--run", run])
+    assert out.exit_code == 0, out.output
+    with open_store(world["store"]) as st:
+        feats = st.load_split("test")
+    ref = score_all(model, feats.text[[1]], feats.frames, feats.frame_mask).cost[0]
+    order = np.argsort(ref, kind="stable")[:3]
+    expected = [str(feats.video_ids[j]) for j in order]
+    exact = search(run, world["store"], [CAPTIONS[1]], topk=3, device="cpu")[0]
+    short = search(run, world["store"], [CAPTIONS[1]], topk=3, device="cpu", index=tmp_path / "idx", shortlist=6)[0]
+    for res in (exact, short):
+        assert [h.video_id for h in res.hits] == expected
+        np.testing.assert_allclose([h.cost for h in res.hits], ref[order], rtol=1e-4, atol=1e-5)
+    out = invoke(
+        ["search", "--run", run, "--features", world["store"], "--index", tmp_path / "idx", "--device", "cpu"]
+        + ["-k", "3", "--shortlist", "6", "--json", CAPTIONS[1]]
+    )
+    assert out.exit_code == 0, out.output
+    assert [h["video_id"] for h in json.loads(out.output)[0]["hits"]] == expected
+    out = invoke(
+        ["search", "--run", run, "--features", world["store"], "--device", "cpu", "-k", "3", "--json", CAPTIONS[1]]
+    )
+    assert out.exit_code == 0, out.output
+    assert [h["video_id"] for h in json.loads(out.output)[0]["hits"]] == expected
+    searcher = Searcher(run, world["store"], index=tmp_path / "idx", device="cpu")
+    app = create_app(searcher, ServeSettings(max_k=5, shortlist=6), None)
+    with TestClient(app, raise_server_exceptions=False) as c:
+        r = c.get("/search", params={"q": CAPTIONS[1], "k": 3})
+    searcher.close()
+    assert r.status_code == 200, r.text
+    assert [h["video_id"] for h in r.json()["hits"]] == expected
