@@ -13,12 +13,11 @@ The results dict is the one the evaluation stage assembles from
 Plots use matplotlib's object API on an Agg canvas, so no display and no
 global pyplot state.  Every file is written to a temporary name in the run
 folder and renamed into place, so a crash never leaves a half-written report.
-No click or rich here: :func:`compare_table` hands the CLI plain strings.
+The plots are drawn by :mod:`.plots`; the table of several runs is :mod:`.compare`.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import math
 from pathlib import Path
@@ -26,24 +25,17 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..core.errors import ConfigError, StoreError
+from ..core.errors import ConfigError
 from ..core.fsutil import atomic_write_bytes
 from ..runs.run_folder import RunFolder
+from .plots import plot_rank_hist, plot_risk_coverage
 
-__all__ = [
-    "TABLE_COLUMNS",
-    "write_report",
-    "compare_table",
-    "compare_markdown",
-    "load_metrics",
-    "format_metric",
-    "to_jsonable",
-]
+__all__ = ["TABLE_COLUMNS", "write_report", "format_metric", "to_jsonable", "md_table", "postprocess_label", "MISSING"]
 
 # The paper's column order (Tables 1-4); R@50 is extra and goes last.
 TABLE_COLUMNS: tuple[str, ...] = ("R@1", "R@5", "R@10", "MdR", "MnR", "RSum")
 _REPORT_COLUMNS: tuple[str, ...] = TABLE_COLUMNS + ("R@50",)
-_MISSING = "–"
+MISSING = "–"
 
 
 # --------------------------------------------------------------------------
@@ -89,13 +81,13 @@ def _strip_curves(results: dict[str, Any]) -> dict[str, Any]:
 def format_metric(name: str, value: Any) -> str:
     """Format one metric the way the paper prints it (recalls 1 decimal, MdR as is)."""
     if value is None:
-        return _MISSING
+        return MISSING
     try:
         f = float(value)
     except (TypeError, ValueError):
         return str(value)
     if not math.isfinite(f):
-        return _MISSING
+        return MISSING
     if name == "MdR":
         return f"{f:g}"
     if name == "MnR":
@@ -103,13 +95,13 @@ def format_metric(name: str, value: Any) -> str:
     return f"{f:.1f}"
 
 
-def _md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join("---" for _ in headers) + " |"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
 
 
-def _postprocess_label(results: dict[str, Any]) -> str:
+def postprocess_label(results: dict[str, Any]) -> str:
     label = results.get("postprocess")
     if isinstance(label, str) and label.strip():
         return label.strip()  # a caller's free-text label is shown as given
@@ -121,7 +113,7 @@ def _postprocess_label(results: dict[str, Any]) -> str:
 
 
 def _render_markdown(title: str, results: dict[str, Any], plots: dict[str, Path]) -> str:
-    out: list[str] = [f"# {title}", "", f"Post-processing: **{_postprocess_label(results)}**", ""]
+    out: list[str] = [f"# {title}", "", f"Post-processing: **{postprocess_label(results)}**", ""]
     for section in (_md_retrieval, _md_selective, _md_variance, _md_bridge, _md_neighbourhood):
         out += section(results)
     if plots:
@@ -144,7 +136,7 @@ def _md_retrieval(results: dict[str, Any]) -> list[str]:
                 else "; every caption of every other video ranked"
             )
         row = [format_metric(c, metrics.get(c)) for c in _REPORT_COLUMNS]
-        out += [f"## {heading}{suffix}", "", _md_table(list(_REPORT_COLUMNS), [row]), ""]
+        out += [f"## {heading}{suffix}", "", md_table(list(_REPORT_COLUMNS), [row]), ""]
     return out
 
 
@@ -175,7 +167,7 @@ def _md_selective(results: dict[str, Any]) -> list[str]:
         f"Confidence: `{selective.get('confidence', '?')}` (larger = more confident); "
         "AURC is the mean risk over coverages 1/Q..1, random = 1 - accuracy."
     )
-    return ["## Selective prediction", "", note, "", _md_table(headers, rows), ""]
+    return ["## Selective prediction", "", note, "", md_table(headers, rows), ""]
 
 
 def _md_variance(results: dict[str, Any]) -> list[str]:
@@ -188,7 +180,7 @@ def _md_variance(results: dict[str, Any]) -> list[str]:
         ["Avg. sigma^2"] + [f"{variance['mean'][n]:.3f}" for n in names],
         ["Ratio"] + [f"{variance['ratio'][n]:.2f}" for n in names],
     ]
-    return ["## Variance asymmetry", "", _md_table(headers, rows), ""]
+    return ["## Variance asymmetry", "", md_table(headers, rows), ""]
 
 
 def bridge_summary(bridge: dict[str, Any]) -> str:
@@ -234,7 +226,7 @@ def _md_bridge(results: dict[str, Any]) -> list[str]:
         + [f"{v[p] * 100:.1f} %" for p in ("constant", "text", "video", "interaction")]
         for k, v in bridge["decomposition"].items()
     ]
-    lines += [_md_table(headers, rows), ""]
+    lines += [md_table(headers, rows), ""]
     t2v, ctrl = results.get("t2v", {}), bridge["constant_control"]
     headers = ["text-to-video", "R@1", "R@5", "R@10", "MdR", "MnR"]
     rows = [
@@ -244,7 +236,7 @@ def _md_bridge(results: dict[str, Any]) -> list[str]:
     lines += [
         "The constant-bridge control: the same trained model with the bridge replaced by its mean shift.",
         "",
-        _md_table(headers, rows),
+        md_table(headers, rows),
         "",
     ]
     if bridge.get("acts_as_constant"):
@@ -273,7 +265,7 @@ def _md_neighbourhood(results: dict[str, Any]) -> list[str]:
         ]
         for r in neighbourhood["rows"]
     ]
-    return ["## Local semantic neighbourhood", "", note, "", _md_table(headers, rows), ""]
+    return ["## Local semantic neighbourhood", "", note, "", md_table(headers, rows), ""]
 
 
 def _fmt_fraction(value: Any) -> str:
@@ -282,77 +274,9 @@ def _fmt_fraction(value: Any) -> str:
 
 def _fmt_opt(value: Any, spec: str) -> str:
     if value is None:
-        return _MISSING
+        return MISSING
     f = float(value)
-    return format(f, spec) if math.isfinite(f) else _MISSING
-
-
-# --------------------------------------------------------------------------
-# plots
-# --------------------------------------------------------------------------
-
-
-def _new_figure(width: float = 6.0, height: float = 4.0) -> Any:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=100)
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _save_png(fig: Any, path: Path) -> None:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", bbox_inches="tight")
-    atomic_write_bytes(path, buf.getvalue())
-
-
-def _plot_risk_coverage(curves: dict[str, Any], path: Path) -> None:
-    coverage = np.asarray(curves["coverage"], dtype=np.float64)  # (Q,)
-    fig = _new_figure()
-    ax = fig.add_subplot(1, 1, 1)
-    colours = ["tab:blue", "tab:orange", "tab:green", "tab:red"]
-    for i, (key, risk) in enumerate(curves.get("risk", {}).items()):
-        risk = np.asarray(risk, dtype=np.float64)
-        colour = colours[i % len(colours)]
-        area = float(np.mean(risk))
-        ax.plot(coverage, risk, color=colour, label=f"{key}, by confidence (AURC {area:.3f})")
-        rand = curves.get("random", {}).get(key)
-        if rand is not None:
-            ax.axhline(
-                float(rand),
-                color=colour,
-                linestyle="--",
-                label=f"{key}, random order (AURC {rand:.3f})",
-            )
-    ax.set_xlabel("coverage")
-    ax.set_ylabel("risk (1 - accuracy)")
-    ax.set_xlim(0.0, 1.0)
-    ax.set_ylim(bottom=0.0)
-    ax.set_title("Risk-coverage")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small")
-    _save_png(fig, path)
-
-
-def _plot_rank_hist(ranks: np.ndarray, path: Path) -> None:
-    r = np.asarray(ranks, dtype=np.int64).reshape(-1)  # (Q,)
-    fig = _new_figure()
-    ax = fig.add_subplot(1, 1, 1)
-    top = int(r.max()) if r.size else 1
-    # Ranks are heavy-tailed (most at 1, a long tail up to V): log-spaced bins
-    # on a log axis once the range spans more than a decade.
-    if top > 20:
-        edges = np.unique(np.round(np.logspace(0, math.log10(top + 1), 40)))
-        edges = np.r_[edges, edges[-1] + 1] if edges[-1] <= top else edges
-        ax.hist(r, bins=edges - 0.5, color="tab:blue")
-        ax.set_xscale("log")
-    else:
-        ax.hist(r, bins=np.arange(0.5, top + 1.5), color="tab:blue")
-    ax.set_xlabel("text-to-video rank of the ground truth")
-    ax.set_ylabel("queries per bin" + (" (log-spaced bins)" if top > 20 else ""))
-    ax.set_title(f"Rank histogram ({r.size} queries)")
-    _save_png(fig, path)
+    return format(f, spec) if math.isfinite(f) else MISSING
 
 
 # --------------------------------------------------------------------------
@@ -389,11 +313,11 @@ def write_report(
     plots: dict[str, Path] = {}
     if curves is not None and curves.get("coverage") is not None and curves.get("risk"):
         path = run_dir / "risk_coverage.png"
-        _plot_risk_coverage(curves, path)
+        plot_risk_coverage(curves, path)
         plots["risk_coverage"] = path
     if ranks is not None and np.asarray(ranks).size > 0:
         path = run_dir / "rank_hist.png"
-        _plot_rank_hist(np.asarray(ranks), path)
+        plot_rank_hist(np.asarray(ranks), path)
         plots["rank_hist"] = path
 
     payload = {"title": title, **_strip_curves(results)}
@@ -409,73 +333,3 @@ def write_report(
     written["report"] = report_path
     written.update(plots)
     return written
-
-
-def compare_table(
-    runs: list[tuple[str, dict[str, Any]]], *, direction: str = "t2v"
-) -> tuple[list[str], list[list[str]]]:
-    """Headers and formatted rows comparing several runs (the ablation tables).
-
-    Each run is ``(name, metrics_json_dict)``; the ``direction`` section is
-    read (``"t2v"`` or ``"v2t"``), or the dict itself when it is already a
-    flat metrics dict.  A post-processed run gets its label after its name so
-    it cannot be mistaken for a plain one.  Missing values print as "–".
-    """
-    if direction not in ("t2v", "v2t"):
-        raise ConfigError(f"direction must be 't2v' or 'v2t', got {direction!r}")
-    headers = ["Method", *TABLE_COLUMNS]
-    # bridge runs (metrics.json "bridge"): the pair-dependent share and the constant control's R@1
-    bridged = direction == "t2v" and any(isinstance(d, dict) and isinstance(d.get("bridge"), dict) for _, d in runs)
-    if bridged:
-        headers += ["pair-dep. mu", "pair-dep. logvar", "const. R@1"]
-    rows: list[list[str]] = []
-    for name, data in runs:
-        if not isinstance(data, dict):
-            raise ConfigError(f"run {name!r}: metrics must be a dict, got {type(data).__name__}")
-        section = data.get(direction, data if "R@1" in data else None)
-        label = _postprocess_label(data)
-        shown = name if label == "none" else f"{name} [{label}]"
-        if not isinstance(section, dict):
-            rows.append([shown] + [_MISSING] * (len(headers) - 1))
-            continue
-        row = [shown] + [format_metric(c, section.get(c)) for c in TABLE_COLUMNS]
-        if bridged:
-            row += _bridge_cells(data.get("bridge"))
-        rows.append(row)
-    return headers, rows
-
-
-def _bridge_cells(bridge: Any) -> list[str]:
-    if not isinstance(bridge, dict):
-        return [_MISSING] * 3
-    share = bridge.get("pair_dependent_share", {})
-    pct = lambda v: _MISSING if v is None else f"{v * 100:.1f} %"
-    ctrl = bridge.get("constant_control") or {}
-    return [pct(share.get("mu")), pct(share.get("logvar")), format_metric("R@1", ctrl.get("R@1"))]
-
-
-def load_metrics(target: str | Path) -> tuple[str, dict[str, Any]]:
-    """``(run name, metrics.json)`` of an evaluated run folder, or of a metrics.json given by path.
-
-    StoreError when it is missing or damaged (truncated, not JSON, not an object: e.g. a copy cut short),
-    naming the file and the command that writes it again.
-    """
-    target = Path(target)
-    run = target if target.is_dir() else target.parent
-    path = run / RunFolder.METRICS if target.is_dir() else target
-    remake = f"`dab evaluate --run {run}`"
-    if not path.exists():
-        raise StoreError(f"{target}: no metrics.json; run {remake} first")
-    try:
-        data = json.loads(path.read_text())
-    except ValueError as exc:  # bad JSON, or bytes that are not UTF-8
-        raise StoreError(f"{path} is damaged ({str(exc).splitlines()[0]}); remake it with {remake}") from None
-    if not isinstance(data, dict):
-        raise StoreError(f"{path} is damaged (a JSON {type(data).__name__}, not an object); remake it with {remake}")
-    return run.name, data
-
-
-def compare_markdown(runs: list[tuple[str, dict[str, Any]]], *, direction: str = "t2v") -> str:
-    """:func:`compare_table` rendered as a markdown table."""
-    headers, rows = compare_table(runs, direction=direction)
-    return _md_table(headers, rows) + "\n"

@@ -9,7 +9,8 @@ import pytest
 
 from dab_pipeline import metrics as M
 from dab_pipeline.core.errors import ConfigError
-from dab_pipeline.results.report import compare_markdown, compare_table, format_metric, write_report
+from dab_pipeline.results.compare import compare_markdown, compare_table
+from dab_pipeline.results.report import format_metric, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

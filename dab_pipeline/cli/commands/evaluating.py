@@ -136,7 +136,7 @@ def compare(runs, out) -> None:
     """One table of several evaluated runs (the paper's ablation tables)."""
     from rich.table import Table
 
-    from ...results.report import (  # deferred: `dab --help` must not import torch
+    from ...results.compare import (  # deferred: `dab --help` must not import torch
         compare_markdown,
         compare_table,
         load_metrics,
