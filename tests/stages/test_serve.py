@@ -93,46 +93,13 @@ def test_cli_index_then_search(world: dict, tmp_path: Path) -> None:
     assert json.loads((tmp_path / "idx" / "config.json").read_text())["vector"] == "segments"
     out = invoke(["index", "--features", world["store"], "--out", tmp_path / "idx"])
     assert out.exit_code != 0 and "already exists" in out.output and "Traceback" not in out.output
-    out = invoke(
-        [
-            "search",
-            "--run",
-            world["run"],
-            "--features",
-            world["store"],
-            "--index",
-            tmp_path / "idx",
-            "--device",
-            "cpu",
-            "-k",
-            "2",
-            "--json",
-            CAPTIONS[2],
-        ]
-    )
+    searching = ["search", "--run", world["run"], "--features", world["store"], "--index", tmp_path / "idx"]
+    out = invoke([*searching, "--device", "cpu", "-k", "2", "--json", CAPTIONS[2]])
     assert out.exit_code == 0, out.output
     assert len(json.loads(out.output)[0]["hits"]) == 2
     page = tmp_path / "page.html"  # two queries, two shortlists: the page shows the union of their videos
     out = invoke(
-        [
-            "search",
-            "--run",
-            world["run"],
-            "--features",
-            world["store"],
-            "--index",
-            tmp_path / "idx",
-            "--device",
-            "cpu",
-            "-k",
-            "2",
-            "--shortlist",
-            "3",
-            "--html",
-            page,
-            CAPTIONS[0],
-            "<i>two</i>",
-        ]
+        [*searching, "--device", "cpu", "-k", "2", "--shortlist", "3", "--html", page, CAPTIONS[0], "<i>two</i>"]
     )
     assert out.exit_code == 0, out.output
     html = page.read_text()

@@ -60,6 +60,17 @@ def former_spelling(old: str, **attrs: Any):
     return click.option(old, "former_" + old.lstrip("-").replace("-", "_"), default=None, hidden=True, **attrs)
 
 
+def k_option(help: str):
+    """``-k/--k``, the videos a query returns (the HTTP API's ``k``), as ``dab search`` and ``dab serve`` both spell
+    it, with ``--topk``, its former spelling, kept (:func:`former_spelling`)."""
+
+    def add(command):
+        command = former_spelling("--topk", type=int)(command)
+        return click.option("-k", "--k", "k", type=int, default=10, show_default=True, help=help)(command)
+
+    return add
+
+
 def one_spelling(ctx: click.Context, name: str, spelling: str, old: str, former: Any) -> Any:
     """The value of the parameter ``name`` (spelt ``spelling``), taken from its former spelling ``old`` when that
     was given, with one deprecation line on stderr; both given is a usage error."""

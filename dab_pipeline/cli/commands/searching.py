@@ -9,7 +9,7 @@ import click
 
 from ...core.choices import SCORE_DTYPES
 from .. import cli
-from .options import former_spelling, one_spelling
+from .options import k_option, one_spelling
 from .output import console
 
 _EXISTING = click.Path(path_type=Path, exists=True)
@@ -22,17 +22,10 @@ _EXISTING = click.Path(path_type=Path, exists=True)
 )
 @click.option("--features", type=_EXISTING, required=True, help="Feature store whose videos are searched.")
 @click.option("--split", default="test", show_default=True, help="Split of the store to search.")
-@click.option(
-    "-k",
-    "--k",
-    "k",
-    type=int,
-    default=10,
-    show_default=True,
-    help="Videos listed per query (as `dab serve -k` and the HTTP API's k; --topk, its former spelling, "
-    "still works with a deprecation line).",
+@k_option(
+    "Videos listed per query (as `dab serve -k` and the HTTP API's k; --topk, its former spelling, "
+    "still works with a deprecation line)."
 )
-@former_spelling("--topk", type=int)
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
 @click.option(
     "--dtype",

@@ -10,7 +10,7 @@ import click
 
 from ...core.choices import SCORE_DTYPES
 from .. import cli
-from .options import EXISTING, FINITE_FLOAT, former_spelling, one_spelling
+from .options import EXISTING, FINITE_FLOAT, k_option, one_spelling
 
 
 @cli.command()
@@ -32,17 +32,10 @@ from .options import EXISTING, FINITE_FLOAT, former_spelling, one_spelling
     show_default=True,
     help="Port to listen on (0: any free port, printed when serving).",
 )
-@click.option(
-    "-k",
-    "--k",
-    "k",
-    type=int,
-    default=10,
-    show_default=True,
-    help="Videos a query returns by default (the HTTP API's k; as `dab search -k`; --topk also works, "
-    "with a deprecation line).",
+@k_option(
+    "Videos a query returns by default (the HTTP API's k; as `dab search -k`; --topk also works, "
+    "with a deprecation line)."
 )
-@former_spelling("--topk", type=int)
 @click.option(
     "--shortlist",
     type=int,
