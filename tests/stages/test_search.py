@@ -210,3 +210,15 @@ def test_k_is_spelt_as_in_dab_serve_and_topk_still_works_with_a_notice(
     )
     assert both.exit_code == 2 and "--topk is the former spelling of -k/--k: give -k/--k only" in both.output
     assert "--topk" not in CliRunner().invoke(cli, ["search", "--help"]).stdout.split("-k, --k")[0]
+
+
+def test_cli_table_is_whole_outside_a_terminal(store: Path, tmp_path: Path) -> None:
+    """The per-query tables print at their natural width in a log or a pipe: a long description is not cut to "…"."""
+    run, _ = build_run(tmp_path / "run", store)
+    long_text = "a-description-without-a-place-to-break-" * 4  # 156 characters, one word
+    about = tmp_path / "about.json"
+    about.write_text(json.dumps({f"vid{i}": long_text for i in range(len(CAPTIONS))}))
+    args = ["search", "--run", run, "--features", store, "-k", "3", "--device", "cpu", "--descriptions", about]
+    out = invoke([*args, CAPTIONS[2]])
+    assert out.exit_code == 0, out.output
+    assert "…" not in out.output and long_text in out.output, out.output
