@@ -33,7 +33,7 @@ class VariantSpec:
     summary: str
     # model.covariance kinds it takes (issue 36): every variant "diag"; "lowrank" where its cost is a KL between
     # Gaussians and the model carries U (prob; dab, whose bridge moves (mu, logvar) and carries the text's U
-    # unchanged); the cosine variants have no covariance to widen.
+    # unchanged); "mixture" there too (dab bridges each text component); the cosine variants have no covariance.
     covariances: tuple[str, ...] = ("diag",)
 
     @property
@@ -54,7 +54,7 @@ _SPECS = (  # Table 5a's order
         gaussian=True,
         bridge=False,
         summary="probabilistic encoder, no bridge: C = D(Q_v || P_t)",
-        covariances=("diag", "lowrank"),
+        covariances=("diag", "lowrank", "mixture"),
     ),
     VariantSpec("bridge", gaussian=False, bridge=True, summary="a point bridge on the unit text, cosine cost"),
     VariantSpec(
@@ -62,7 +62,7 @@ _SPECS = (  # Table 5a's order
         gaussian=True,
         bridge=True,
         summary="the full model: Gaussian bridge, C = D(Q_v || P_hat_t)",
-        covariances=("diag", "lowrank"),
+        covariances=("diag", "lowrank", "mixture"),
     ),
 )
 VARIANT_SPECS: Registry[VariantSpec] = Registry("model variant")

@@ -55,7 +55,8 @@ class ModelConfig:
     chi_norm: str = "minmax"
     # The covariance of every Gaussian (docs/model.md, issue 36): "diag" (the paper's) | "lowrank:R"
     # (diag(sigma^2) + U U^T, U (D, R) predicted by the Gaussian heads; prob and dab) | "mixture:K"
-    # (parsed, not trained yet: refused).  Run folders written before the option load as "diag".
+    # (the text as K diagonal components with learned weights; prob and dab).  Run folders written
+    # before the option load as "diag".
     covariance: str = "diag"
 
     def __post_init__(self) -> None:
@@ -154,10 +155,12 @@ def _check_covariance(cfg: ModelConfig) -> None:
             "covariance (a learned U is learned uncertainty); use model.covariance=diag for the fixvar controls"
         )
     if cfg.cost != "kl":
-        raise ConfigError(
-            f"model.covariance={cfg.covariance} with model.cost={cfg.cost}: W2 between low-rank covariances needs a "
-            "D x D matrix square root per pair; use model.cost=kl"
+        why = (
+            "W2 between low-rank covariances needs a D x D matrix square root per pair"
+            if cov.kind == "lowrank"
+            else "the mixture's cost is the variational KL of Hershey and Olsen, built on the KL of its components"
         )
+        raise ConfigError(f"model.covariance={cfg.covariance} with model.cost={cfg.cost}: {why}; use model.cost=kl")
 
 
 def resolve_tau(cfg: ModelConfig) -> float:

@@ -45,6 +45,8 @@ __all__ = [
     "kl_diag_grid",
     "kl_diag_to_mixture",
     "kl_mixture_grid",
+    "soft_min_kl",
+    "mixture_moments",
 ]
 
 CovarianceKind = Literal["diag", "lowrank", "mixture"]
@@ -243,8 +245,8 @@ def kl_diag_grid(mu_v: Tensor, logvar_v: Tensor, mu_t: Tensor, logvar_t: Tensor,
     return out
 
 
-def _variational(kl_components: Tensor, weight_logits: Tensor, dim: int) -> Tensor:
-    """``-log sum_k pi_k exp(-KL_k)`` along ``dim``, with ``log pi = log_softmax(logits)``."""
+def soft_min_kl(kl_components: Tensor, weight_logits: Tensor, dim: int = -1) -> Tensor:
+    """``-log sum_k pi_k exp(-KL_k)`` along ``dim``, with ``log pi = log_softmax(logits)`` (see :func:`kl_diag_to_mixture`)."""
     # logsumexp, not a sum of exps: component KLs of hundreds of nats would underflow exp(-KL)
     return -torch.logsumexp(torch.log_softmax(weight_logits, dim=dim) - kl_components, dim=dim)
 
@@ -273,7 +275,7 @@ def kl_diag_to_mixture(
     several nats for Q straddling separated ones).  Weights are ``softmax(weight_logits_p)`` (raw logits welcome).
     """
     kl_k = kl_diag_gaussian(mu_q[..., None, :], logvar_q[..., None, :], mu_p, logvar_p)  # (..., K)
-    return _variational(kl_k, weight_logits_p, dim=-1)
+    return soft_min_kl(kl_k, weight_logits_p, dim=-1)
 
 
 def kl_mixture_grid(
@@ -293,5 +295,17 @@ def kl_mixture_grid(
         log_w = weight_logits_t[qs, :, None]  # (q, K, 1)
         for vs in _blocks(mu_v.shape[0], chunk):
             kl_k = kl_diag_gaussian(mu_v[None, vs], logvar_v[None, vs], comps_mu, comps_lv)  # (q K, v)
-            out[qs, vs] = _variational(kl_k.view(-1, k, kl_k.shape[-1]), log_w, dim=1)
+            out[qs, vs] = soft_min_kl(kl_k.view(-1, k, kl_k.shape[-1]), log_w, dim=1)
     return out
+
+
+def mixture_moments(mu: Tensor, logvar: Tensor, weight_logits: Tensor) -> tuple[Tensor, Tensor]:
+    """The diagonal Gaussian with a mixture's mean and per-dimension variance: (..., K, D), (..., K) -> (..., D) x 2.
+
+    ``m = sum_k pi_k mu_k`` and ``v = sum_k pi_k (s_k + mu_k^2) - m^2``, i.e. the components' mean variance plus
+    the spread of their means: what a diagnostic of "the text's variance" reads for a mixture run.
+    """
+    pi = torch.softmax(weight_logits, dim=-1)[..., None]  # (..., K, 1)
+    mean = (pi * mu).sum(dim=-2)  # (..., D)
+    var = (pi * (torch.exp(logvar) + (mu - mean[..., None, :]).square())).sum(dim=-2)  # (..., D)
+    return mean, torch.log(var)

@@ -13,10 +13,10 @@ from torch import Tensor, nn
 from ..core.errors import ConfigError
 from .bridge import ConstantShift, DistributionBridge
 from .config import ModelConfig, resolve_tau
-from .costs import COSTS, neg_cosine
-from .covariance import kl_lowrank_gaussian, parse_covariance
+from .costs import COSTS, kl_diag_gaussian, neg_cosine
+from .covariance import kl_lowrank_gaussian, mixture_moments, parse_covariance, soft_min_kl
 from .pooling import TextConditionedPooling, float32_math
-from .probabilistic import ProbabilisticEncoder, TokenUncertainty
+from .probabilistic import MixtureHead, ProbabilisticEncoder, TokenUncertainty
 
 
 @dataclass
@@ -29,13 +29,18 @@ class TextState:
     logvar: Optional[Tensor] = None  # (Q, D)
     point: Optional[Tensor] = None  # (Q, D) L2-normalised text (point bridge)
     factor: Optional[Tensor] = None  # (Q, D, R) text U of Sigma = diag + U U^T (covariance lowrank:R)
+    # covariance mixture:K: the components (mu and logvar above are then the mixture's moments)
+    mix_mu: Optional[Tensor] = None  # (Q, K, D)
+    mix_logvar: Optional[Tensor] = None  # (Q, K, D)
+    mix_logits: Optional[Tensor] = None  # (Q, K) component weights before the softmax
 
     def __len__(self) -> int:
         return self.feat.shape[0]
 
     def select(self, idx: Tensor | slice) -> "TextState":
+        fields = (self.feat, self.q, self.mu, self.logvar, self.point, self.factor)
         return TextState(
-            *(None if t is None else t[idx] for t in (self.feat, self.q, self.mu, self.logvar, self.point, self.factor))
+            *(None if t is None else t[idx] for t in (*fields, self.mix_mu, self.mix_logvar, self.mix_logits))
         )
 
 
@@ -68,6 +73,7 @@ class PairTerms:
     bridged_logvar: Optional[Tensor] = None
     video_factor: Optional[Tensor] = None  # (Q, V, D, R) | (P, D, R): covariance lowrank:R
     text_factor: Optional[Tensor] = None  # (Q, 1, D, R) | (P, D, R), the text's U (the bridge leaves it)
+    component: Optional[Tensor] = None  # (Q, V) | (P,) long: the text component that matches best (mixture:K)
 
 
 @dataclass
@@ -106,11 +112,14 @@ class DABModel(nn.Module):
         d = cfg.embed_dim
         self.pool = TextConditionedPooling(d, cfg.num_heads, cfg.dropout)
         self.prob: Optional[ProbabilisticEncoder] = None
+        self.mixture: Optional[MixtureHead] = None
         self.token_unc: Optional[TokenUncertainty] = None
         self.bridge: Optional[DistributionBridge | ConstantShift] = None
         if cfg.probabilistic:
-            rank = parse_covariance(cfg.covariance).rank
-            self.prob = ProbabilisticEncoder(d, cfg.logvar_init, cfg.logvar_min, cfg.logvar_max, rank)
+            cov = parse_covariance(cfg.covariance)
+            self.prob = ProbabilisticEncoder(d, cfg.logvar_init, cfg.logvar_min, cfg.logvar_max, cov.rank)
+            if cov.kind == "mixture":  # built only for mixture runs, so every other model's random draws are unchanged
+                self.mixture = MixtureHead(d, cov.components, cfg.logvar_init, cfg.logvar_min, cfg.logvar_max)
             self.token_unc = TokenUncertainty(d, cfg.logvar_init)
             if cfg.variance == "fixed":
                 self._fix_variances()
@@ -166,6 +175,10 @@ class DABModel(nn.Module):
         state = TextState(feat=text, q=self.pool.query(text))
         if self.prob is not None:
             state.mu, state.logvar, state.factor = self.prob.full(text)  # (Q, D) each; U (Q, D, R) or None
+            if self.mixture is not None:
+                comps = self.mixture(self.prob.hidden(text), state.mu, state.logvar)  # (Q, K, D) x 2, (Q, K)
+                state.mix_mu, state.mix_logvar, state.mix_logits = comps
+                state.mu, state.logvar = mixture_moments(*comps)  # (Q, D) each: what the diagnostics read
         elif self.bridge is not None:
             state.point = F.normalize(text, dim=-1)  # (Q, D)
         return state
@@ -207,6 +220,8 @@ class DABModel(nn.Module):
         mu_v, lv_base, u_v = self.prob.full(v_c)  # (Q, V, D) each; U (Q, V, D, R) or None
         lv_tok = v_(vs.tok_logvar) + self.token_unc.pair_term(v_c)  # (Q, V, D)
         lv_v = (0.5 * (lv_base + lv_tok)).clamp(self.cfg.logvar_min, self.cfg.logvar_max)  # (Q, V, D)
+        if ts.mix_mu is not None:
+            return self._mixture_terms(mu_v, lv_v, ts, t_)
         mu_t, lv_t = t_(ts.mu), t_(ts.logvar)  # (Q, 1, D)
         if self.bridge is not None:
             # the bridge moves (mu, logvar) alone, as for diag; a low-rank text's U is carried unchanged
@@ -241,6 +256,32 @@ class DABModel(nn.Module):
             bridged_logvar=lv_t.expand_as(lv_v),
             video_factor=u_v,
             text_factor=u_t,
+        )
+
+    def _mixture_terms(self, mu_v: Tensor, lv_v: Tensor, ts: TextState, t_) -> PairTerms:
+        """Variational ``KL(Q_v || sum_k pi_k P_tk)`` (Hershey and Olsen; covariance mixture:K): a soft minimum
+        of the components' diagonal KLs (:func:`~dab_pipeline.model.covariance.kl_diag_to_mixture`).
+
+        ``dab`` transports each component toward the video, K bridges per pair: the bridge is a map of one
+        Gaussian, and bridging the mixture's moments instead would merge the modes the mixture is there to keep.
+        The bridged (mu, logvar) reported are the bridged mixture's moments; ``component`` the best match.
+        """
+        assert ts.mix_mu is not None and ts.mix_logvar is not None and ts.mix_logits is not None
+        mu_k, lv_k, logits = t_(ts.mix_mu), t_(ts.mix_logvar), t_(ts.mix_logits)  # (Q, 1, K, D) | (P, K, D)
+        if self.bridge is not None:
+            mu_k, lv_k = self.bridge(mu_k, lv_k, mu_v[..., None, :], lv_v[..., None, :])  # (Q, V, K, D) | (P, K, D)
+        with float32_math(mu_v):
+            q_mu, q_lv = mu_v.float()[..., None, :], lv_v.float()[..., None, :]  # (Q, V, 1, D) | (P, 1, D)
+            kl_k = kl_diag_gaussian(q_mu, q_lv, mu_k.float(), lv_k.float())  # (Q, V, K) | (P, K)
+            cost = soft_min_kl(kl_k, logits.float())  # (Q, V) | (P,)
+        b_mu, b_lv = mixture_moments(mu_k, lv_k, logits)  # (Q, V | 1, D) | (P, D)
+        return PairTerms(
+            cost=cost,
+            video_mu=mu_v,
+            video_logvar=lv_v,
+            bridged_mu=b_mu.expand_as(mu_v),
+            bridged_logvar=b_lv.expand_as(lv_v),
+            component=(torch.log_softmax(logits.float(), dim=-1) - kl_k).argmax(dim=-1),
         )
 
     def _cosine_terms(self, ts: TextState, v_c: Tensor, t_) -> PairTerms:

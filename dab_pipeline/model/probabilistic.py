@@ -45,15 +45,56 @@ class ProbabilisticEncoder(nn.Module):
         mu, logvar, _ = self.full(x)
         return mu, logvar
 
+    def hidden(self, x: Tensor) -> Tensor:
+        """x (..., D) -> the features every head reads, LayerNorm(x / |x|) (..., D)."""
+        return self.ln(F.normalize(x, dim=-1))
+
     def full(self, x: Tensor) -> tuple[Tensor, Tensor, Optional[Tensor]]:
         """x (..., D) -> mu (..., D), logvar (..., D), U (..., D, R) (None without a factor head)."""
-        h = self.ln(F.normalize(x, dim=-1))  # (..., D)
+        h = self.hidden(x)  # (..., D)
         mu = self.mu_head(h)  # (..., D)
         logvar = self.logvar_head(h).clamp(self.logvar_min, self.logvar_max)  # (..., D)
         if self.factor_head is None:
             return mu, logvar, None
         u = self.factor_head(h).unflatten(-1, (h.shape[-1], self.rank))  # (..., D, R)
         return mu, logvar, u
+
+
+class MixtureHead(nn.Module):
+    """The text's K mixture components (``model.covariance="mixture:K"``) around the shared head's Gaussian.
+
+    Component k is ``N(mu + delta_k, diag(exp(logvar + eta_k)))`` with weight ``softmax(w)_k``, where
+    ``(delta, eta, w)`` are linear in the shared head's features ``h`` (:meth:`ProbabilisticEncoder.hidden`).
+    Only the text is a mixture: a caption is the side that is true of several different videos (the modes), a
+    video is one instance; and with one video Gaussian the variational KL has its closed soft-minimum form.
+
+    Symmetry: components that start identical get identical gradients and never separate, so each offset
+    ``delta_k`` starts at its own random bias with per-coordinate std ``sigma_init / sqrt(D)``: the components
+    start about one nat apart (``KL = |delta_k - delta_l|^2 / (2 sigma^2)`` ~ 1 whatever D), distinct enough
+    that their responsibilities differ from the first step, close enough that the mixture starts near the
+    diagonal model's Gaussian.  ``eta`` and ``w`` start at zero (equal variances, uniform weights); their
+    gradients are non-zero at the first step once the offsets differ (tested).
+    """
+
+    def __init__(self, dim: int, components: int, logvar_init: float, logvar_min: float, logvar_max: float) -> None:
+        super().__init__()
+        self.k = components
+        self.logvar_min, self.logvar_max = logvar_min, logvar_max
+        self.offset = nn.Linear(dim, dim * components)
+        self.logvar_offset = nn.Linear(dim, dim * components)
+        self.weight = nn.Linear(dim, components)
+        std = math.exp(0.5 * logvar_init) / math.sqrt(dim)
+        nn.init.normal_(self.offset.weight, std=0.1 * std)
+        nn.init.normal_(self.offset.bias, std=std)
+        for lin in (self.logvar_offset, self.weight):
+            nn.init.zeros_(lin.weight)
+            nn.init.zeros_(lin.bias)
+
+    def forward(self, h: Tensor, mu: Tensor, logvar: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """h, mu, logvar (..., D) -> component means and log-variances (..., K, D), weight logits (..., K)."""
+        mu_k = mu[..., None, :] + self.offset(h).unflatten(-1, (self.k, h.shape[-1]))  # (..., K, D)
+        lv_k = logvar[..., None, :] + self.logvar_offset(h).unflatten(-1, (self.k, h.shape[-1]))  # (..., K, D)
+        return mu_k, lv_k.clamp(self.logvar_min, self.logvar_max), self.weight(h)  # ..., (..., K)
 
 
 class TokenUncertainty(nn.Module):

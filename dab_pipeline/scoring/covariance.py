@@ -1,4 +1,4 @@
-"""All-pairs scoring of models whose Gaussians are not diagonal (``model.covariance`` lowrank:R).
+"""All-pairs scoring of models whose Gaussians are not diagonal (``model.covariance`` lowrank:R, mixture:K).
 
 The fast engines (``engines/``) fold the diagonal model's algebra into per-text and per-video bases and know
 nothing of a factor U, so a non-diagonal model is scored through the model's own path: the reference
@@ -36,12 +36,13 @@ def covariance_chunks(
 ) -> tuple[int, int]:
     """(text_chunk, video_chunk) whose block of pairs fits ``memory_budget`` bytes (the device's default).
 
-    A pair holds a few (D,) tensors (pooled video, mu, logvar, the cost's temporaries, ~12 D floats) and the
-    video's factor with its products (~3 D R): the estimate below, in float32.
+    A pair holds a few (D,) tensors (pooled video, mu, logvar, the cost's temporaries, ~12 D floats), the
+    video's factor with its products (~3 D R, lowrank:R) or its K bridged components and their KL terms (~6 D K,
+    mixture:K): the estimate below, in float32.
     """
     cfg = model.cfg
-    rank = parse_covariance(cfg.covariance).rank
-    per_pair = 4 * cfg.embed_dim * (3 * rank + 12)
+    cov = parse_covariance(cfg.covariance)
+    per_pair = 4 * cfg.embed_dim * (3 * cov.rank + 12 + (6 * cov.components if cov.kind == "mixture" else 0))
     budget = memory_budget if memory_budget is not None else default_memory_budget(device)
     pairs = max(1, budget // per_pair)
     text_chunk = max(1, min(n_q, math.isqrt(pairs)))

@@ -83,7 +83,10 @@ def test_covariance_is_set_with_set_and_recorded() -> None:
         ({"variant": "bridge"}, "not available for variant 'bridge'"),
         ({"variant": "prob", "variance": "fixed"}, "variance=fixed"),
         ({"variant": "prob", "cost": "w2"}, "cost=w2"),
-        ({"variant": "prob", "covariance": "mixture:2"}, "none yet"),
+        ({"variant": "xpool", "covariance": "mixture:2"}, "not available for variant 'xpool'"),
+        ({"variant": "prob", "covariance": "mixture:2", "cost": "w2"}, "variational KL of Hershey and Olsen"),
+        ({"variant": "dab", "covariance": "mixture:2", "variance": "fixed"}, "variance=fixed"),
+        ({"variant": "prob", "covariance": "mixture:1"}, "valid: diag, lowrank:R"),
         ({"variant": "prob", "covariance": "cholesky"}, "valid: diag, lowrank:R"),
     ],
 )
@@ -168,3 +171,75 @@ def test_dab_lowrank_u_learns_from_the_first_step(kw: dict) -> None:
     grad = model.prob.factor_head.weight.grad
     assert grad is not None and float(grad.abs().sum()) > 0.0
     assert model.bridge is not None and any(p.grad is not None for p in model.bridge.parameters())
+
+
+# ---------------------------------------------------------------------------------------------
+# mixture:K (the text as K diagonal components)
+
+
+def _naive_mixture_cost(mu_v, lv_v, mu_k, lv_k, logits) -> float:
+    """-log sum_k pi_k exp(-KL(Q_v || P_k)) in float64, the KLs written out per dimension."""
+    mu_v, lv_v, mu_k, lv_k, logits = (x.double() for x in (mu_v, lv_v, mu_k, lv_k, logits))
+    kl = 0.5 * (lv_k - lv_v + (lv_v.exp() + (mu_v - mu_k) ** 2) / lv_k.exp() - 1).sum(-1)  # (K,)
+    return float(-torch.logsumexp(torch.log_softmax(logits, -1) - kl, -1))
+
+
+def test_mixture_components_start_apart_and_each_learns_its_own_way_from_the_first_step() -> None:
+    model = _model("prob", covariance="mixture:3").train()
+    text, frames, mask = _inputs()
+    ts = model.encode_text(text)
+    assert ts.mix_mu.shape == (3, 3, 16) and ts.mix_logits.shape == (3, 3)
+    # about one nat apart at the start: distinct, not far (sigma^2 = e^logvar_init)
+    gap = (ts.mix_mu[:, 0] - ts.mix_mu[:, 1]).square().sum(-1) / (2 * ts.mix_logvar[:, 0].exp().mean(-1))
+    assert bool(((gap > 0.1) & (gap < 10)).all()), gap
+    torch.testing.assert_close(ts.mix_logits, torch.zeros(3, 3))  # uniform weights
+    out = model(text, frames[:3], mask[:3])
+    pac_loss(out.cost, model.tau()).backward()
+    head = model.mixture
+    grads = head.offset.bias.grad.view(3, 16)  # (K, D): one row per component
+    assert all(float(g.abs().sum()) > 0 for g in grads)
+    assert not torch.allclose(grads[0], grads[1]) and not torch.allclose(grads[1], grads[2])  # symmetry broken
+    assert float(head.weight.weight.grad.abs().sum()) > 0 and float(head.logvar_offset.weight.grad.abs().sum()) > 0
+
+
+@pytest.mark.parametrize("variant", ["prob", "dab"])
+def test_mixture_cost_is_the_variational_kl_of_the_components_and_grid_equals_aligned(variant: str) -> None:
+    kw = {"drift_init": 0.05} if variant == "dab" else {}
+    model = _model(variant, covariance="mixture:2", **kw)
+    text, frames, mask = _inputs()
+    with torch.no_grad():
+        ts, vs = model.encode_text(text), model.encode_video(frames, mask)
+        grid = model.pair_terms(ts, vs, grid=True)
+        aligned = model.pair_terms(ts.select(slice(0, 3)), vs.select(slice(0, 3)), grid=False)
+        torch.testing.assert_close(aligned.cost, torch.diagonal(grid.cost), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(aligned.component, torch.diagonal(grid.component))
+        for i, j in [(0, 0), (1, 3), (2, 1)]:
+            mu_v, lv_v = grid.video_mu[i, j], grid.video_logvar[i, j]
+            mu_k, lv_k = ts.mix_mu[i], ts.mix_logvar[i]  # (K, D)
+            if variant == "dab":  # each component bridged on its own toward this video
+                pairs = [model.bridge(mu_k[k], lv_k[k], mu_v, lv_v) for k in range(2)]
+                mu_k, lv_k = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+            want = _naive_mixture_cost(mu_v, lv_v, mu_k, lv_k, ts.mix_logits[i])
+            assert float(grid.cost[i, j]) == pytest.approx(want, rel=1e-5, abs=1e-5)
+            kl = 0.5 * (lv_k - lv_v + (lv_v.exp() + (mu_v - mu_k) ** 2) / lv_k.exp() - 1).sum(-1)
+            assert int(grid.component[i, j]) == int((torch.log_softmax(ts.mix_logits[i], -1) - kl).argmax())
+    assert variant == "prob" or not torch.allclose(grid.bridged_mu[0, 0], ts.mu[0])  # the drift moved it
+
+
+def test_a_mixture_texts_mean_and_variance_are_its_moments() -> None:
+    model = _model("prob", covariance="mixture:3")
+    text, _, _ = _inputs()
+    with torch.no_grad():
+        ts = model.encode_text(text)
+    samples = []
+    g = torch.Generator().manual_seed(3)
+    for i in range(3):  # Monte-Carlo moments of the mixture, 200k draws
+        pi = torch.softmax(ts.mix_logits[i].double(), -1)
+        k = torch.multinomial(pi, 200_000, replacement=True, generator=g)
+        x = ts.mix_mu[i].double()[k] + ts.mix_logvar[i].double()[k].mul(0.5).exp() * torch.randn(
+            200_000, 16, generator=g, dtype=torch.float64
+        )
+        samples.append((x.mean(0), x.var(0)))
+    for i, (m, v) in enumerate(samples):
+        torch.testing.assert_close(ts.mu[i].double(), m, atol=0.01, rtol=0)
+        torch.testing.assert_close(ts.logvar[i].double().exp(), v, atol=0, rtol=0.02)

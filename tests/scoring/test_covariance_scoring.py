@@ -1,4 +1,4 @@
-"""All-pairs scoring of a low-rank model (issue 36): the Scorer routes it through the model's own path in
+"""All-pairs scoring of a low-rank or mixture model (issue 36): the Scorer routes it through the model's own path in
 bounded blocks, equal to a naive per-pair loop; the fast engines refuse it."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from dab_pipeline.scoring.covariance import covariance_chunks
 from ..helpers.models import random_inputs, small_model
 
 
-@pytest.fixture(scope="module")
-def lowrank():
-    return small_model("prob", covariance="lowrank:2").eval()
+@pytest.fixture(scope="module", params=["lowrank:2", "mixture:2"])
+def lowrank(request):
+    return small_model("prob", covariance=request.param).eval()
 
 
 def _naive(model, text, frames, mask) -> np.ndarray:
@@ -31,11 +31,12 @@ def _naive(model, text, frames, mask) -> np.ndarray:
 
 def test_scorer_on_a_lowrank_model_equals_a_per_pair_loop_in_small_blocks(lowrank) -> None:
     text, frames, mask, gt = random_inputs()
-    budget = 4 * 16 * (3 * 2 + 12) * 6  # six pairs a block: many blocks
+    per_pair = 4 * 16 * (3 * 2 + 12) if lowrank.cfg.covariance == "lowrank:2" else 4 * 16 * (12 + 6 * 2)
+    budget = per_pair * 6  # six pairs a block: many blocks
     assert covariance_chunks(lowrank, 11, 7, torch.device("cpu"), budget) == (2, 3)
     res = Scorer(lowrank, memory_budget=budget).score(text, frames, mask, gt=gt, topk=3)
     np.testing.assert_allclose(res.cost, _naive(lowrank, text, frames, mask), rtol=1e-5, atol=1e-5)
-    assert res.info["engine"] == "reference (lowrank:2)"
+    assert res.info["engine"] == f"reference ({lowrank.cfg.covariance})"
     np.testing.assert_array_equal(res.topk_indices[:, 0], res.cost.argmin(1))
     assert res.video_var is not None and res.video_var.shape == (11,)
     np.testing.assert_allclose(score_all(lowrank, text, frames, mask).cost, res.cost, rtol=1e-6, atol=1e-6)

@@ -293,12 +293,13 @@ def test_a_student_inside_another_runs_folder_is_refused(teacher: Path) -> None:
     assert r.exit_code == 2 and "inside the run folder" in r.output and "Traceback" not in r.output
 
 
-def test_a_lowrank_dab_run_distills_and_its_student_scores(tmp_path: Path) -> None:
-    """The student copies the factor heads (frozen, like every non-bridge weight) and carries U as its teacher."""
+@pytest.mark.parametrize("cov", ["lowrank:2", "mixture:2"])
+def test_a_lowrank_dab_run_distills_and_its_student_scores(tmp_path: Path, cov: str) -> None:
+    """The student copies the factor or mixture heads (frozen, like every non-bridge weight) and carries U as its teacher."""
     store = random_store(tmp_path / "store.h5")
     cfg = apply_overrides(
         TrainConfig(features=store, out=tmp_path / "teacher"),
-        [*SMALL, "epochs=1", "model.variant=dab", "model.steps=2", "model.covariance=lowrank:2"],
+        [*SMALL, "epochs=1", "model.variant=dab", "model.steps=2", f"model.covariance={cov}"],
     )
     with open_store(store) as st:
         run_train(resolve_train_config(cfg, st.manifest))
@@ -306,11 +307,12 @@ def test_a_lowrank_dab_run_distills_and_its_student_scores(tmp_path: Path) -> No
     res = invoke(["distill", "--run", str(tmp_path / "teacher"), "--out", str(out), "--epochs", "1"])
     assert res.exit_code == 0, res.output
     student = load_run(out, checkpoint="last.pt").model
-    assert student.cfg.covariance == "lowrank:2" and student.cfg.steps == 1
+    assert student.cfg.covariance == cov and student.cfg.steps == 1
     ts, ss = (
         load_checkpoint(tmp_path / "teacher" / "checkpoints" / "best.pt")["model"],
         load_checkpoint(out / "checkpoints" / "last.pt")["model"],
     )
-    assert any("factor_head" in k for k in ss) and all(torch.equal(ts[k], ss[k]) for k in ts if "factor_head" in k)
+    head = "factor_head" if cov.startswith("lowrank") else "mixture."
+    assert any(head in k for k in ss) and all(torch.equal(ts[k], ss[k]) for k in ts if head in k)
     costs = sorted(out.glob("costs_*.h5"))
     assert costs and all(np.isfinite(read_costs(p).cost).all() for p in costs), sorted(p.name for p in out.iterdir())

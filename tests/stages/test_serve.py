@@ -500,18 +500,18 @@ def test_real_server_answers_a_bounded_concurrent_load(world: dict, tmp_path: Pa
 # ----------------------------------------------------------------------------- a low-rank covariance run (issue 36)
 
 
-@pytest.mark.parametrize("variant", ["prob", "dab"])
+@pytest.mark.parametrize("variant, cov", [("prob", "lowrank:2"), ("dab", "lowrank:2"), ("dab", "mixture:2")])
 def test_a_lowrank_run_indexes_pooled_searches_and_serves_like_exact_scoring(
-    world: dict, tmp_path: Path, variant: str
+    world: dict, tmp_path: Path, variant: str, cov: str
 ) -> None:
-    """lowrank:2: `dab index --vector pooled`, `dab search` with and without --index and /search agree with the
+    """lowrank:2 and mixture:2: `dab index --vector pooled`, `dab search` with and without --index and /search agree with the
     exact scoring of every pair (the reference path of scoring/covariance.py)."""
     from fastapi.testclient import TestClient
 
     from dab_pipeline.scoring import score_all
     from dab_pipeline.stages.serve import ServeSettings, create_app
 
-    run, model = hand_made_run(tmp_path / "run", world["store"], variant, model_kw={"covariance": "lowrank:2"})
+    run, model = hand_made_run(tmp_path / "run", world["store"], variant, model_kw={"covariance": cov})
     out = invoke(["index", "--features", world["store"], "--out", tmp_path / "idx", "--vector", "pooled", "--run", run])
     assert out.exit_code == 0, out.output
     with open_store(world["store"]) as st:

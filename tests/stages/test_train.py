@@ -561,34 +561,40 @@ def test_a_control_run_made_the_old_way_loads_and_resumes_under_its_name(random_
     assert res.exit_code != 0 and "dab-const" in res.output and "prob-fixvar" in res.output, res.output
 
 
-def test_a_lowrank_prob_run_trains_writes_test_costs_and_evaluates(random_store: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("cov", ["lowrank:2", "mixture:2"])
+def test_a_lowrank_prob_run_trains_writes_test_costs_and_evaluates(
+    random_store: Path, tmp_path: Path, cov: str
+) -> None:
     out = tmp_path / "lowrank"
-    sets = [x for s in [*SMALL_TRAIN, "epochs=2", "model.covariance=lowrank:2"] for x in ("--set", s)]
+    sets = [x for s in [*SMALL_TRAIN, "epochs=2", f"model.covariance={cov}"] for x in ("--set", s)]
     args = ["train", "--features", str(random_store), "--out", str(out), "--variant", "prob", *sets]
     res = invoke(args, catch_exceptions=False)
     assert res.exit_code == 0, res.output
-    assert json.loads((out / "config.json").read_text())["model"]["covariance"] == "lowrank:2"
+    assert json.loads((out / "config.json").read_text())["model"]["covariance"] == cov
     cm = read_costs(out / "costs_test.h5")
     assert cm.cost.shape == (10, 5) and np.isfinite(cm.cost).all()
-    assert "factor_head.weight" in "".join(load_checkpoint(out / "checkpoints" / "best.pt")["model"])
+    head = "factor_head.weight" if cov.startswith("lowrank") else "mixture.offset.weight"
+    assert head in "".join(load_checkpoint(out / "checkpoints" / "best.pt")["model"])
     res = invoke(["evaluate", "--run", str(out), "--no-plots"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert "R@1" in (out / "report.md").read_text()
 
 
-def test_a_lowrank_dab_run_trains_writes_test_costs_and_evaluates(random_store: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("cov", ["lowrank:2", "mixture:2"])
+def test_a_lowrank_dab_run_trains_writes_test_costs_and_evaluates(random_store: Path, tmp_path: Path, cov: str) -> None:
     """dab's bridge moves (mu, logvar) and carries the text's U unchanged (docs/model.md)."""
     out = tmp_path / "lowrank-dab"
-    sets = [x for s in [*SMALL_TRAIN, "epochs=2", "model.covariance=lowrank:2"] for x in ("--set", s)]
+    sets = [x for s in [*SMALL_TRAIN, "epochs=2", f"model.covariance={cov}"] for x in ("--set", s)]
     args = ["train", "--features", str(random_store), "--out", str(out), "--variant", "dab", *sets]
     res = invoke(args, catch_exceptions=False)
     assert res.exit_code == 0, res.output
     saved = json.loads((out / "config.json").read_text())["model"]
-    assert (saved["variant"], saved["covariance"]) == ("dab", "lowrank:2")
+    assert (saved["variant"], saved["covariance"]) == ("dab", cov)
     cm = read_costs(out / "costs_test.h5")
     assert cm.cost.shape == (10, 5) and np.isfinite(cm.cost).all()
     keys = "".join(load_checkpoint(out / "checkpoints" / "best.pt")["model"])
-    assert "factor_head.weight" in keys and "bridge.drift" in keys
+    head = "factor_head.weight" if cov.startswith("lowrank") else "mixture.offset.weight"
+    assert head in keys and "bridge.drift" in keys
     res = invoke(["evaluate", "--run", str(out), "--no-plots"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert "R@1" in (out / "report.md").read_text()
