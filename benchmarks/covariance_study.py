@@ -138,6 +138,8 @@ def world_table(label: str, rows: dict[str, list[dict]], boots: dict[str, dict],
 def generic_bootstrap(per_query: dict[str, list[dict]], truth: "C.Truth") -> dict[str, dict]:
     """The same paired bootstrap on the generic captions alone (where a richer covariance should show)."""
     sel = truth.levels == "generic"
+    if not sel.any():  # the ambiguity-0 control draws none
+        return {}
     only = {k: [{"AP": r["AP"][sel]} for r in runs] for k, runs in per_query.items()}
     return {ref: C.bootstrap_rows(only, ref, metrics=("AP",)) for ref in REFERENCES if ref in only}
 
