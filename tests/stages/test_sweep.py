@@ -416,3 +416,30 @@ def test_the_controls_are_variants_of_a_grid_with_todays_configs(store: Path, tm
         resolve_plan(grid_plan(["variant=dab-const", "model.drift=mlp"], seeds=(1,)), store, out, SMALL)
     with pytest.raises(ConfigError, match=r"sweep row variant=dab-cosnt: unknown model variant .*dab-const"):
         resolve_plan(grid_plan(["variant=dab-cosnt"], seeds=(1,)), store, out, SMALL)
+
+
+def test_a_grid_over_the_covariance_runs_each_form_and_refuses_a_variant_without_one(
+    store: Path, tmp_path: Path
+) -> None:
+    """model.covariance in a grid (issue 36): lowrank:2 and mixture:2 of prob each train and evaluate; a row pairing
+    it with xpool fails before any run, naming the row."""
+    out = tmp_path / "cov"
+    plan = grid_plan(["model.covariance=lowrank:2,mixture:2"], seeds=(1,))
+    sets = (*SMALL, "epochs=1", "model.variant=prob")
+    res = run_sweep(SweepConfig(features=store, out=out, plan=plan, overrides=sets))
+    assert res.ok and len(res.done) == 2
+    assert list(res.table["rows"]) == ["covariance=lowrank:2", "covariance=mixture:2"]
+    for row in res.table["rows"]:
+        run = out / row / "seed1"
+        assert json.loads((run / "config.json").read_text())["model"]["covariance"] == row.split("=")[1]
+        assert np.isfinite(json.loads((run / "metrics.json").read_text())["t2v"]["R@1"])
+    with pytest.raises(ConfigError, match=r"sweep row variant=xpool,covariance=lowrank:2: .*not available"):
+        run_sweep(
+            SweepConfig(
+                features=store,
+                out=tmp_path / "bad",
+                plan=grid_plan(["model.variant=xpool", "model.covariance=lowrank:2"], seeds=(1,)),
+                overrides=SMALL,
+            )
+        )
+    assert not (tmp_path / "bad").exists()
