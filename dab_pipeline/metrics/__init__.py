@@ -20,8 +20,13 @@ from __future__ import annotations
 from ..core.choices import V2T_CONVENTIONS  # noqa: F401  (re-exported)
 from .diagnostics import (  # noqa: F401
     lowrank_variance_share,
+    mixture_topk_components,
+    mixture_weights,
     semantic_neighbourhood,
     shift_decomposition,
+    subspace_share,
+    text_logdet,
+    topk_videos,
     variance_asymmetry,
 )
 from .relevance import ranked_relevance, relevance_metrics  # noqa: F401
@@ -76,6 +81,12 @@ __all__ = [
     "variance_asymmetry",
     "semantic_neighbourhood",
     "shift_decomposition",
+    "lowrank_variance_share",
+    "text_logdet",
+    "mixture_weights",
+    "mixture_topk_components",
+    "topk_videos",
+    "subspace_share",
     "ranked_relevance",
     "relevance_metrics",
     "paired_bootstrap",

@@ -190,3 +190,105 @@ def lowrank_variance_share(logvar: Any, factor: Any) -> float:
         raise ConfigError(f"expected logvar (Q, D) and factor (Q, D, R) with Q > 0, got {lv.shape} and {u.shape}")
     low = (u * u).sum(axis=(1, 2))  # (Q,)
     return float(np.mean(low / (np.exp(lv).sum(axis=1) + low)))
+
+
+def text_logdet(logvar: Any, factor: Any | None = None) -> np.ndarray:
+    """log det Sigma_t per text: logvar (Q, D), factor (Q, D, R) or None -> (Q,).
+
+    Diagonal (``factor`` None): ``sum_d logvar``.  Low rank, ``Sigma = S + U U^T`` with ``S = diag(e^logvar)``:
+    the determinant lemma, ``sum_d logvar + log det(I + U^T S^-1 U)`` (an R x R determinant; no D x D matrix).
+    """
+    lv = np.asarray(logvar, np.float64)
+    if lv.ndim != 2 or lv.shape[0] == 0 or not np.all(np.isfinite(lv)):
+        raise ConfigError(f"expected finite logvar (Q, D) with Q > 0, got shape {lv.shape}")
+    out = lv.sum(axis=1)  # (Q,)
+    if factor is None:
+        return out
+    u = np.asarray(factor, np.float64)
+    if u.ndim != 3 or u.shape[:2] != lv.shape or not np.all(np.isfinite(u)):
+        raise ConfigError(f"expected a finite factor (Q, D, R) for logvar {lv.shape}, got shape {u.shape}")
+    su = u * np.exp(-lv)[..., None]  # (Q, D, R)  S^-1 U
+    core = np.eye(u.shape[2]) + np.einsum("qdr,qds->qrs", u, su)  # (Q, R, R)  I + U^T S^-1 U, eigenvalues >= 1
+    sign, core_logdet = np.linalg.slogdet(core)  # (Q,) each
+    assert np.all(sign > 0), "I + U^T S^-1 U is positive definite"
+    return out + core_logdet
+
+
+def mixture_weights(weight_logits: Any) -> dict[str, Any]:
+    """How a mixture text's weight is shared among its K components: logits (Q, K) -> summary.
+
+    ``weights``: each component's mean weight ``softmax(logits)_k`` over the texts, sorted descending (a component
+    no text uses has ~0); ``ranked_weights``: the mean over texts of each text's weights sorted descending (the first
+    entry: the mean weight of a text's heaviest component, 1/K when every text spreads evenly, 1 when each text
+    uses one); ``entropy``: the mean over texts of the weights' entropy divided by log K, in [0, 1] (1: uniform).
+    """
+    z = np.asarray(weight_logits, np.float64)
+    if z.ndim != 2 or z.shape[0] == 0 or z.shape[1] < 2 or not np.all(np.isfinite(z)):
+        raise ConfigError(f"expected finite weight logits (Q, K) with Q > 0 and K >= 2, got shape {z.shape}")
+    log_w = z - z.max(axis=1, keepdims=True)
+    log_w -= np.log(np.exp(log_w).sum(axis=1, keepdims=True))  # (Q, K) log softmax
+    w = np.exp(log_w)  # (Q, K)
+    entropy = -(w * log_w).sum(axis=1) / np.log(z.shape[1])  # (Q,)
+    return {
+        "components": int(z.shape[1]),
+        "weights": np.sort(w.mean(axis=0))[::-1].tolist(),
+        "ranked_weights": np.sort(w, axis=1)[:, ::-1].mean(axis=0).tolist(),
+        "entropy": float(entropy.mean()),
+    }
+
+
+def topk_videos(cost: Any, k: int) -> np.ndarray:
+    """(Q, k) indices of each row's k lowest costs, in order, ties broken by the lower video index."""
+    c = as_cost(cost)
+    if not 1 <= k <= c.shape[1]:
+        raise ConfigError(f"k must be in [1, {c.shape[1]}], got {k}")
+    out = np.empty((c.shape[0], k), np.int64)
+    for rows in row_blocks(*c.shape):
+        out[rows] = np.argsort(c[rows], axis=1, kind="stable")[:, :k]  # (b, k)
+    return out
+
+
+def mixture_topk_components(component: Any, cost: Any, k: int = 10) -> dict[str, Any]:
+    """How often a query's top-k videos are matched best by different text components (a mixture run).
+
+    component (Q, V) int: the text component that matches each pair best (``PairTerms.component``); only each
+    row's top-k entries are read, so a caller may fill the rest with -1.  cost (Q, V): the top-k are the k lowest
+    costs, ties broken by the lower index (:func:`topk_videos`).  Returns ``{"topk": k, "mixed_share": the share of
+    queries whose top k hold more than one best component, "distinct_mean": the mean number of distinct best
+    components in a query's top k}`` (1 and 0 when one component matches every retrieved video).
+    """
+    comp = np.asarray(component)
+    c = as_cost(cost)
+    if comp.shape != c.shape or not np.issubdtype(comp.dtype, np.integer):
+        raise ConfigError(f"component must be an integer array of the cost's shape {c.shape}, got {comp.shape}")
+    top = topk_videos(c, k)  # (Q, k)
+    chosen = np.sort(np.take_along_axis(comp, top, axis=1), axis=1)  # (Q, k)
+    if (chosen < 0).any():
+        raise ConfigError("component has no entry (< 0) at some query's top-k videos")
+    distinct = 1 + np.count_nonzero(np.diff(chosen, axis=1), axis=1)  # (Q,)
+    return {"topk": int(k), "mixed_share": float(np.mean(distinct > 1)), "distinct_mean": float(distinct.mean())}
+
+
+def subspace_share(spread: Any, factor: Any, center: bool = True) -> dict[str, Any]:
+    """The share of the squared spread of vectors that lies in span(U): ``||P_U X||_F^2 / ||X||_F^2``.
+
+    spread (n, D) the vectors X (their mean is subtracted first with ``center``), factor (D, R) U.  ``P_U`` is the
+    orthogonal projector on span(U), from an orthonormal basis of it (the left singular vectors of U above a relative
+    tolerance, so a rank-deficient U counts its true rank r).  ``chance`` = r / D: the share of an isotropic spread
+    (no preferred direction) in any r-dimensional subspace.  A spread of zero (one vector, centred) gives NaN.
+    Returns ``{"share", "chance", "rank"}``.
+    """
+    x = np.asarray(spread, np.float64)
+    u = np.asarray(factor, np.float64)
+    if x.ndim != 2 or u.ndim != 2 or x.shape[1] != u.shape[0] or x.shape[0] == 0 or u.shape[1] == 0:
+        raise ConfigError(f"expected spread (n, D) and factor (D, R) with n, R > 0, got {x.shape} and {u.shape}")
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(u))):
+        raise ConfigError("spread and factor must be finite")
+    if center:
+        x = x - x.mean(axis=0, keepdims=True)
+    left, sv, _ = np.linalg.svd(u, full_matrices=False)  # (D, R), (R,)
+    rank = int(np.count_nonzero(sv > sv.max(initial=0.0) * max(u.shape) * np.finfo(np.float64).eps))
+    total = float((x * x).sum())
+    inside = float(((x @ left[:, :rank]) ** 2).sum())  # ||P_U X^T||_F^2 = ||X B||_F^2, B the (D, r) basis
+    share = inside / total if total > 0 else float("nan")
+    return {"share": share, "chance": rank / u.shape[0], "rank": rank}

@@ -8,6 +8,7 @@ The results dict is the one the evaluation stage assembles from
      "selective": selective_report(...),      # its "curves" arrays are plotted, not stored
      "variance": variance_asymmetry(...),
      "neighbourhood": semantic_neighbourhood(...),
+     "covariance": {...},                     # low-rank and mixture runs (stages/evaluate/covariance.py)
      ...}                                     # any other JSON-able keys are kept as is
 
 Plots use matplotlib's object API on an Agg canvas, so no display and no
@@ -114,7 +115,7 @@ def postprocess_label(results: dict[str, Any]) -> str:
 
 def _render_markdown(title: str, results: dict[str, Any], plots: dict[str, Path]) -> str:
     out: list[str] = [f"# {title}", "", f"Post-processing: **{postprocess_label(results)}**", ""]
-    for section in (_md_retrieval, _md_selective, _md_variance, _md_bridge, _md_neighbourhood):
+    for section in (_md_retrieval, _md_selective, _md_variance, _md_covariance, _md_bridge, _md_neighbourhood):
         out += section(results)
     if plots:
         out += ["## Plots", ""] + [f"![{name}]({path.name})" for name, path in plots.items()] + [""]
@@ -181,6 +182,41 @@ def _md_variance(results: dict[str, Any]) -> list[str]:
         ["Ratio"] + [f"{variance['ratio'][n]:.2f}" for n in names],
     ]
     return ["## Variance asymmetry", "", md_table(headers, rows), ""]
+
+
+def _md_covariance(results: dict[str, Any]) -> list[str]:
+    cov = results.get("covariance")
+    if not isinstance(cov, dict) or cov.get("kind") not in ("lowrank", "mixture"):
+        return []
+    where = f"{cov.get('texts')} texts of the {cov.get('split')} split, D = {cov.get('dim')}"
+    if cov["kind"] == "lowrank":
+        logdet = cov.get("logdet", {})
+        lines = [f"## Text covariance (lowrank:{cov.get('rank')})", "", f"On the {where}:", ""]
+        rows = [
+            ["share of the text variance in U U^T", _fmt_percent(cov.get("variance_share"))],
+            [
+                "mean log det Sigma_t (std)",
+                f"{_fmt_opt(logdet.get('mean'), '.2f')} ({_fmt_opt(logdet.get('std'), '.2f')})",
+            ],
+            ["mean log det(I + U^T S^-1 U)", _fmt_opt(logdet.get("lowrank_part"), ".3f")],
+        ]
+        return lines + [md_table(["", "value"], rows), ""]
+    k = cov.get("topk", "?")
+    weights = " / ".join(_fmt_opt(w, ".3f") for w in cov.get("weights", []))
+    ranked = " / ".join(_fmt_opt(w, ".3f") for w in cov.get("ranked_weights", []))
+    rows = [
+        ["mean weight per component (sorted)", weights],
+        ["mean weight by rank within a text", ranked],
+        ["weight entropy / log K (1 = uniform)", _fmt_opt(cov.get("entropy"), ".3f")],
+        [f"queries whose top {k} mix best components", _fmt_percent(cov.get("mixed_share"))],
+        [f"distinct best components in a top {k}", _fmt_opt(cov.get("distinct_mean"), ".2f")],
+    ]
+    lines = [f"## Text covariance (mixture:{cov.get('components')})", "", f"On the {where}:", ""]
+    return lines + [md_table(["", "value"], rows), ""]
+
+
+def _fmt_percent(value: Any) -> str:
+    return MISSING if value is None or not math.isfinite(float(value)) else f"{float(value) * 100:.1f} %"
 
 
 def bridge_summary(bridge: dict[str, Any]) -> str:

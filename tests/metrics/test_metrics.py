@@ -597,3 +597,103 @@ def test_lowrank_variance_share_against_the_full_covariance() -> None:
     assert lowrank_variance_share(lv, np.zeros((5, 6, 1))) == 0.0
     with pytest.raises(ConfigError):
         lowrank_variance_share(lv, u[:, :5])
+
+
+def test_text_logdet_against_the_full_covariance() -> None:
+    rng = np.random.default_rng(1)
+    lv, u = rng.normal(size=(5, 6)), rng.normal(size=(5, 6, 2))
+    full = [np.linalg.slogdet(np.diag(np.exp(lv[q])) + u[q] @ u[q].T) for q in range(5)]
+    assert all(sign == 1 for sign, _ in full)
+    np.testing.assert_allclose(M.text_logdet(lv, u), [v for _, v in full], rtol=1e-10)
+    diag = [np.linalg.slogdet(np.diag(np.exp(lv[q])))[1] for q in range(5)]
+    np.testing.assert_allclose(M.text_logdet(lv), diag, rtol=1e-10)
+    np.testing.assert_allclose(M.text_logdet(lv, np.zeros((5, 6, 3))), diag, rtol=1e-12)  # U = 0 is diagonal
+    # a larger U never lowers the determinant (Sigma grows in the Loewner order)
+    assert np.all(M.text_logdet(lv, 2 * u) >= M.text_logdet(lv, u))
+    with pytest.raises(ConfigError):
+        M.text_logdet(lv, u[:, :5])
+    with pytest.raises(ConfigError):
+        M.text_logdet(lv[0])
+
+
+def naive_mixture_weights(logits: np.ndarray) -> tuple[list[float], list[float], float]:
+    weights, entropies, rows = [], [], []
+    for z in logits:
+        w = [math.exp(v) for v in z]
+        w = [v / sum(w) for v in w]
+        weights.append(w)
+        rows.append(sorted(w, reverse=True))
+        entropies.append(-sum(v * math.log(v) for v in w) / math.log(len(w)))
+    per_comp = sorted((sum(w[k] for w in weights) / len(weights) for k in range(len(weights[0]))), reverse=True)
+    ranked = [sum(r[k] for r in rows) / len(rows) for k in range(len(rows[0]))]
+    return per_comp, ranked, sum(entropies) / len(entropies)
+
+
+def test_mixture_weights_against_a_naive_softmax() -> None:
+    rng = np.random.default_rng(2)
+    logits = rng.normal(size=(7, 3)) * 2
+    got = M.mixture_weights(logits)
+    per_comp, ranked, entropy = naive_mixture_weights(logits)
+    assert got["components"] == 3
+    np.testing.assert_allclose(got["weights"], per_comp, rtol=1e-12)
+    np.testing.assert_allclose(got["ranked_weights"], ranked, rtol=1e-12)
+    assert got["entropy"] == pytest.approx(entropy, rel=1e-12)
+    uniform = M.mixture_weights(np.zeros((4, 4)))
+    assert uniform["entropy"] == pytest.approx(1.0) and uniform["ranked_weights"] == pytest.approx([0.25] * 4)
+    one_hot = M.mixture_weights(np.array([[300.0, 0.0], [0.0, 300.0]]))  # each text uses one component
+    assert one_hot["weights"] == pytest.approx([0.5, 0.5]) and one_hot["ranked_weights"] == pytest.approx([1.0, 0.0])
+    assert one_hot["entropy"] == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ConfigError):
+        M.mixture_weights(np.zeros((3, 1)))
+
+
+def naive_topk_components(component: np.ndarray, cost: np.ndarray, k: int) -> tuple[float, float]:
+    counts = []
+    for q in range(cost.shape[0]):
+        order = sorted(range(cost.shape[1]), key=lambda v: (cost[q, v], v))[:k]
+        counts.append(len({int(component[q, v]) for v in order}))
+    return sum(c > 1 for c in counts) / len(counts), sum(counts) / len(counts)
+
+
+def test_mixture_topk_components_against_a_naive_loop() -> None:
+    rng = np.random.default_rng(3)
+    cost = rng.integers(0, 6, size=(9, 12)).astype(np.float64)  # many ties: broken by the lower index
+    component = rng.integers(0, 3, size=(9, 12))
+    for k in (1, 3, 10, 12):
+        got = M.mixture_topk_components(component, cost, k=k)
+        mixed, distinct = naive_topk_components(component, cost, k)
+        assert got["topk"] == k and got["mixed_share"] == pytest.approx(mixed) and got["distinct_mean"] == distinct
+    assert M.mixture_topk_components(component, cost, k=1) == {"topk": 1, "mixed_share": 0.0, "distinct_mean": 1.0}
+    # only the top-k entries are read: -1 elsewhere gives the same answer
+    top = M.topk_videos(cost, 4)
+    sparse = np.full_like(component, -1)
+    np.put_along_axis(sparse, top, np.take_along_axis(component, top, axis=1), axis=1)
+    assert M.mixture_topk_components(sparse, cost, 4) == M.mixture_topk_components(component, cost, 4)
+    with pytest.raises(ConfigError):
+        M.mixture_topk_components(sparse, cost, 5)
+    with pytest.raises(ConfigError):
+        M.mixture_topk_components(component[:, :5], cost)
+
+
+def test_subspace_share_against_the_projector() -> None:
+    rng = np.random.default_rng(4)
+    x, u = rng.normal(size=(20, 8)), rng.normal(size=(8, 3))
+    xc = x - x.mean(axis=0)
+    proj = u @ np.linalg.pinv(u)  # (D, D) orthogonal projector on span(U)
+    got = M.subspace_share(x, u)
+    assert got["share"] == pytest.approx(np.linalg.norm(xc @ proj) ** 2 / np.linalg.norm(xc) ** 2, rel=1e-10)
+    assert got["chance"] == 3 / 8 and got["rank"] == 3
+    uncentred = M.subspace_share(x, u, center=False)["share"]
+    assert uncentred == pytest.approx(np.linalg.norm(x @ proj) ** 2 / np.linalg.norm(x) ** 2, rel=1e-10)
+    # a spread inside span(U) is all in it; one orthogonal to it none; a rank-deficient U counts its true rank
+    assert M.subspace_share(rng.normal(size=(5, 3)) @ u.T, u)["share"] == pytest.approx(1.0)
+    ortho = (np.eye(8) - proj) @ rng.normal(size=(8, 6))
+    assert M.subspace_share(ortho.T, u)["share"] == pytest.approx(0.0, abs=1e-12)
+    deficient = np.concatenate([u[:, :2], u[:, :1] + u[:, 1:2]], axis=1)
+    assert M.subspace_share(x, deficient)["rank"] == 2 and M.subspace_share(x, deficient)["chance"] == 2 / 8
+    # chance: an isotropic spread puts R / D of its square in span(U)
+    iso = M.subspace_share(rng.normal(size=(20000, 8)), u)["share"]
+    assert iso == pytest.approx(3 / 8, abs=0.01)
+    assert math.isnan(M.subspace_share(x[:1], u)["share"])  # one vector, centred: no spread
+    with pytest.raises(ConfigError):
+        M.subspace_share(x, u[:5])

@@ -46,8 +46,13 @@ def test_evaluate_run_writes_reports(two_runs) -> None:
     assert "variance" in m and m["variance"]["mean"]["video"] > 0
     assert "neighbourhood" in m and len(m["neighbourhood"]["rows"]) == 4  # read the store for video features
     assert {"R@1", "R@5"} <= set(m["selective"])
+    # a diagonal run has no covariance block (issue 36's diagnostics are for lowrank and mixture runs)
+    assert "covariance" not in m and set(m) == {
+        *("title", "source", "queries", "videos", "t2v", "v2t", "v2t_convention", "postprocess", "selective"),
+        *("variance", "neighbourhood", "bridge", "run"),
+    }
     report = (run / "report.md").read_text()
-    assert "R@1" in report and "MnR" in report
+    assert "R@1" in report and "MnR" in report and "Text covariance" not in report
     for png in ("risk_coverage.png", "rank_hist.png"):
         data = (run / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000

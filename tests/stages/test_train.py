@@ -578,6 +578,44 @@ def test_a_lowrank_prob_run_trains_writes_test_costs_and_evaluates(
     res = invoke(["evaluate", "--run", str(out), "--no-plots"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert "R@1" in (out / "report.md").read_text()
+    check_covariance_report(out, cov, cm, random_store)
+
+
+def check_covariance_report(out: Path, cov: str, cm, store: Path) -> None:
+    """dab evaluate's covariance block (issue 36's diagnostics): present, in range, equal to the metrics recomputed
+    from the run's model on the test split, and in report.md."""
+    from dab_pipeline import metrics as M
+    from dab_pipeline.runs.load import load_run
+
+    block = json.loads((out / "metrics.json").read_text())["covariance"]
+    kind, n = cov.split(":")
+    assert (block["kind"], block["split"], block["texts"], block["dim"]) == (kind, "test", 10, 16)
+    report = (out / "report.md").read_text()
+    assert f"## Text covariance ({cov})" in report
+    model = load_run(out).model
+    with open_store(store) as st:
+        sp = st.load_split("test")
+        text, frames = torch.as_tensor(sp.text), torch.as_tensor(sp.frames)
+    with torch.no_grad():
+        ts = model.encode_text(text)
+    if kind == "lowrank":
+        assert block["rank"] == int(n) and 0 < block["variance_share"] < 1
+        assert block["variance_share"] == pytest.approx(M.lowrank_variance_share(ts.logvar, ts.factor), rel=1e-5)
+        logdet = M.text_logdet(ts.logvar.double(), ts.factor.double())
+        assert block["logdet"]["mean"] == pytest.approx(logdet.mean(), rel=1e-6)
+        assert block["logdet"]["lowrank_part"] > 0 and block["logdet"]["std"] >= 0
+        assert "share of the text variance in U U^T" in report
+        return
+    assert block["components"] == int(n) and block["topk"] == 5  # the test split has 5 videos
+    assert sum(block["weights"]) == pytest.approx(1.0) and block["weights"] == sorted(block["weights"], reverse=True)
+    assert block["ranked_weights"][0] >= 1 / int(n) and 0 <= block["entropy"] <= 1
+    assert 0 <= block["mixed_share"] <= 1 and 1 <= block["distinct_mean"] <= int(n)
+    # the components of every pair, on the full grid, give the same numbers as evaluate's top-k pairs
+    with torch.no_grad():
+        grid = model.pair_terms(ts, model.encode_video(frames, torch.as_tensor(sp.frame_mask)), grid=True)
+    want = M.mixture_topk_components(grid.component.numpy(), cm.cost, k=5)
+    assert (block["mixed_share"], block["distinct_mean"]) == pytest.approx((want["mixed_share"], want["distinct_mean"]))
+    assert "queries whose top 5 mix best components" in report
 
 
 @pytest.mark.parametrize("cov", ["lowrank:2", "mixture:2"])
@@ -598,3 +636,4 @@ def test_a_lowrank_dab_run_trains_writes_test_costs_and_evaluates(random_store: 
     res = invoke(["evaluate", "--run", str(out), "--no-plots"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert "R@1" in (out / "report.md").read_text()
+    check_covariance_report(out, cov, cm, random_store)

@@ -8,15 +8,13 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ...core.errors import DabError
 from ...core.events import Event, ProgressCallback, null_progress
 from ...metrics import selective_report, t2v_metrics
 from ...runs.config import TrainConfig
 from ...runs.inputs import SplitArrays, score_inputs
-from ...runs.load import LoadedRun, load_run
 from ...runs.run_folder import RunFolder
 from ...scoring import PROBE_SIDE, BridgeProbe, Scorer, constant_bridge, probe_bridge
-from ...store import open_store
+from .inputs import split_inputs
 
 # Below this pair-dependent share (of mu and of logvar alike) the bridge is reported to act as a constant shift.
 CONSTANT_SHARE = 0.05
@@ -44,7 +42,7 @@ def bridge_report(
     if run_cfg.model.drift == "constant":
         return {"drift": "constant", "pair_dependent_share": {"mu": 0.0, "logvar": 0.0}}  # by construction
     device = torch.device("cpu")
-    found = _bridge_inputs(run, cm, store_path, run_cfg.test_split, device, progress)
+    found = split_inputs(run, cm, store_path, run_cfg.test_split, device, progress, "the bridge diagnostics")
     if found is None:
         return None
     loaded, feats, split = found
@@ -68,36 +66,6 @@ def bridge_report(
     if out["acts_as_constant"]:
         progress(Event("warning", message=bridge_warning(out)))
     return out
-
-
-def _bridge_inputs(
-    run: Path, cm, store_path: Optional[Path], test_split: str, device, progress: ProgressCallback
-) -> Optional[tuple[LoadedRun, SplitArrays, str]]:
-    """The loaded run, the cost file's split read from the store, and that split's name; None (with a warning)
-    when the store is missing, the run does not load, or the split does not hold the cost file's queries in order."""
-    if store_path is None or not Path(store_path).exists():
-        progress(Event("warning", message=f"store {store_path} not found: skipping the bridge diagnostics"))
-        return None
-    try:
-        loaded = load_run(run, heads=True)
-    except DabError as exc:
-        progress(Event("warning", message=f"skipping the bridge diagnostics: {exc}"))
-        return None
-    split = str((cm.attrs or {}).get("split") or test_split)
-    with open_store(store_path) as st:
-        st.require_complete("dab evaluate (the bridge diagnostics read the split)")
-        tuned = loaded.heads is not None
-        feats = SplitArrays(st.load_split(split, with_states=tuned), device, with_states=tuned)
-    if [str(c) for c in feats.caption_ids] != [str(q) for q in cm.query_ids]:
-        progress(
-            Event(
-                "warning",
-                message=f"the {split!r} split of {store_path} does not hold the cost file's "
-                "queries in its order: skipping the bridge diagnostics",
-            )
-        )
-        return None
-    return loaded, feats, split
 
 
 def _probe_summary(probe: BridgeProbe, split: str, feats: SplitArrays, seed: int) -> dict[str, Any]:

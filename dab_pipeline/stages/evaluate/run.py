@@ -18,6 +18,7 @@ from ...runs.run_folder import RunFolder, locate_store
 from ...store import open_store
 from .bridge import bridge_report
 from .config import EvaluateConfig
+from .covariance import covariance_report
 from .examples import write_examples
 
 
@@ -138,7 +139,8 @@ def _store_diagnostics(
     store_path: Optional[Path],
     progress: ProgressCallback,
 ) -> None:
-    """The neighbourhood diagnostic and a run's bridge report, into ``results``; a missing store is warned of."""
+    """The neighbourhood diagnostic and a run's bridge and covariance reports, into ``results``; a missing store is
+    warned of."""
     if store_path is not None and store_path.exists():
         feats = _frame_mean_features(store_path, cm.video_ids)
         topk = min(cfg.topk, cost.shape[1])
@@ -153,3 +155,6 @@ def _store_diagnostics(
         bridge = bridge_report(Path(cfg.run), cm, store_path, cfg.seed, progress)
         if bridge is not None:
             results["bridge"] = bridge
+        covariance = covariance_report(Path(cfg.run), cm, store_path, cfg.topk, progress)
+        if covariance is not None:
+            results["covariance"] = covariance
