@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.deprecation import warn_renamed
+from .activitynet import ANET_TEST, ANET_TRAIN, load_activitynet  # noqa: F401
 from .catalogue import (  # noqa: F401
     DATASETS,
     SPLITS,
@@ -30,9 +31,13 @@ from .catalogue import (  # noqa: F401
     hash_split,
     load_dataset,
 )
+from .charades import CHARADES_FILES, load_charades  # noqa: F401
+from .didemo import load_didemo  # noqa: F401
 from .folder import load_folder  # noqa: F401
+from .lsmdc import LSMDC_FILES, load_lsmdc  # noqa: F401
 from .msrvtt import MSRVTT_DATA, MSRVTT_TEST, MSRVTT_TRAIN, load_msrvtt  # noqa: F401
 from .msvd import load_msvd  # noqa: F401
+from .survey import DatasetSurvey, SplitSurvey, survey_catalogue  # noqa: F401
 from .vatex import VATEX_OFFICIAL, VATEX_VARIANT, load_vatex  # noqa: F401
 
 

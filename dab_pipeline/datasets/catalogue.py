@@ -34,6 +34,7 @@ class CaptionItem:
     video_id: str
     text: str
     split: str
+    parts: int = 1  # annotation captions joined into this query (a paragraph's sentences); 1: the caption itself
 
 
 @dataclass
@@ -60,6 +61,9 @@ class Catalogue:
 
 
 Loader = Callable[..., Catalogue]
+
+
+Locate = Callable[[str], "tuple[Path, bool]"]  # video id -> (path of its file, whether it exists)
 
 
 DATASETS: Registry[Loader] = Registry("dataset")
@@ -100,8 +104,34 @@ def resolve_dirs(name: str, videos: Path | None, annotations: Path | None) -> tu
 
 def require_file(path: Path, what: str) -> Path:
     if not path.is_file():
-        raise DatasetError(f"missing annotation file {path} (expected {what})")
+        raise DatasetError(f"missing annotation file {path} (expected {what}){found_in(path.parent)}")
     return path
+
+
+def found_in(folder: Path, shown: int = 8) -> str:
+    """``"; found in DIR: a.csv, b.json (+N more)"``: what a folder holds, for an error about a wrong layout."""
+    try:
+        names = sorted(e.name for e in os.scandir(folder) if not e.name.startswith("."))
+    except OSError:
+        return ""
+    if not names:
+        return f"; {folder} is empty"
+    more = f" (+{len(names) - shown} more)" if len(names) > shown else ""
+    return f"; found in {folder}: {', '.join(names[:shown])}{more}"
+
+
+def clean_text(text: str) -> str:
+    """A caption with its runs of white space made single spaces and its ends stripped."""
+    return " ".join(text.split())
+
+
+def split_named(path: Path) -> str | None:
+    """The split a file's name names (``val_1.json`` -> val, ``didemo_test_label.csv`` -> test), or None."""
+    words = path.stem.lower().replace("-", "_").replace(".", "_").split("_")
+    for split, names in (("train", ("train", "training")), ("val", ("val", "validation")), ("test", ("test",))):
+        if any(w in names for w in words):
+            return split
+    return None
 
 
 def read_json(path: Path) -> Any:
@@ -145,7 +175,7 @@ def read_csv(path: Path, required: Sequence[str]) -> list[dict[str, str]]:
     return rows
 
 
-def _scan_videos(video_dir: Path) -> dict[str, list[str]]:
+def scan_videos(video_dir: Path) -> dict[str, list[str]]:
     """stem -> file names in ``video_dir`` with a video suffix (one directory listing)."""
     found: dict[str, list[str]] = {}
     with os.scandir(video_dir) as it:
@@ -156,7 +186,7 @@ def _scan_videos(video_dir: Path) -> dict[str, list[str]]:
     return found
 
 
-def _video_path(video_dir: Path, video_id: str, found: dict[str, list[str]], preferred: str) -> tuple[Path, bool]:
+def find_video(video_dir: Path, video_id: str, found: dict[str, list[str]], preferred: str) -> tuple[Path, bool]:
     """(path, exists): the file for ``video_id``, preferring the dataset's usual suffix."""
     names = found.get(video_id)
     if not names:
@@ -188,20 +218,29 @@ def build_catalogue(
     preferred_ext: str,
     annotation_files: list[Path],
     options: dict,
+    parts: dict[str, list[int]] | None = None,
+    locate: Locate | None = None,
 ) -> Catalogue:
-    """Assemble the catalogue from ordered ids per split and captions per id."""
-    found = _scan_videos(video_dir)
+    """Assemble the catalogue from ordered ids per split and captions per id.
+
+    ``parts``: per id, how many annotation captions each of its captions joins (a paragraph's sentences;
+    default 1 each); ``locate``: the dataset's own way to find a video's file (default: ``<id><suffix>`` in
+    ``video_dir``, ``preferred_ext`` first, then the other video suffixes)."""
+    if locate is None:
+        found = scan_videos(video_dir)
+        locate = lambda vid: find_video(video_dir, vid, found, preferred_ext)  # noqa: E731
     videos: list[VideoItem] = []
     caps: list[CaptionItem] = []
     missing: list[str] = []
     for split in SPLITS:
         for vid in split_ids.get(split, []):
-            path, exists = _video_path(video_dir, vid, found, preferred_ext)
+            path, exists = locate(vid)
             videos.append(VideoItem(vid, path, split))
             if not exists:
                 missing.append(vid)
-            for k, text in enumerate(captions[vid]):
-                caps.append(CaptionItem(f"{vid}#{k}", vid, text, split))
+            counts = (parts or {}).get(vid) or [1] * len(captions[vid])
+            for k, (text, n) in enumerate(zip(captions[vid], counts)):
+                caps.append(CaptionItem(f"{vid}#{k}", vid, text, split, n))
     return Catalogue(name, videos, caps, annotation_files, missing, options)
 
 
@@ -269,3 +308,41 @@ def hash_split(video_id: str, seed: int = 0) -> str:
 def reject_unknown(name: str, unused: dict) -> None:
     if unused:
         raise ConfigError(f"dataset {name!r} has no option(s) {', '.join(sorted(unused))}")
+
+
+def available_splits(wanted: tuple[str, ...] | None, paths: dict[str, Path], warnings: list[str]) -> list[str]:
+    """The splits to load, in train/val/test order: those asked for in ``splits``, or else every split whose file
+    is there. A split not asked for whose file is absent is left out with a warning (the test split never is:
+    its absence is an error when the file is read)."""
+    if wanted is not None:
+        return [s for s in SPLITS if s in wanted]
+    out = []
+    for split in SPLITS:
+        if split == "test" or paths[split].is_file():
+            out.append(split)
+        else:
+            warnings.append(f"{paths[split].name} not found in {paths[split].parent}: no {split} split loaded")
+    return out
+
+
+def train_and_val(
+    train_ids: list[str],
+    want: Sequence[str],
+    val_size: int,
+    seed: int,
+    source: Path,
+    captions: dict[str, list[str]],
+    test_ids: Sequence[str],
+    warnings: list[str],
+) -> dict[str, list[str]]:
+    """The train (and held-out val) ids of a dataset whose only official splits are train and test.
+
+    Ids without a caption are dropped (counted in ``warnings``); ``val_size`` of the rest become ``val``
+    (:func:`holdout`) when ``want`` holds val; a training id that is also a test id is an error."""
+    shared = set(train_ids) & set(test_ids)
+    if shared:
+        raise DatasetError(f"{source}: {len(shared)} training videos are also test videos (first: {sorted(shared)[0]})")
+    only = {"train": list(train_ids)}
+    drop_uncaptioned(only, captions, source, warnings)
+    train, val = holdout(only["train"], int(val_size) if "val" in want else 0, int(seed), source)
+    return {**({"train": train} if "train" in want else {}), **({"val": val} if val else {})}

@@ -14,6 +14,7 @@ from .catalogue import (
     caption_lists,
     check_disjoint,
     drop_uncaptioned,
+    found_in,
     in_dir,
     read_json,
     read_list,
@@ -64,6 +65,7 @@ def load_vatex(
         if not cap_files:
             raise DatasetError(
                 f"missing VATEX captions in {ann_dir} (expected {VATEX_VARIANT} or {VATEX_OFFICIAL[0]} / {VATEX_OFFICIAL[1]})"
+                f"{found_in(ann_dir)}"
             )
     captions: dict[str, list[str]] = {}
     for path in cap_files:

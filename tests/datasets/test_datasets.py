@@ -45,10 +45,11 @@ def _touch(folder: Path, *names: str) -> None:
 
 
 def test_registry_names_and_unknown_dataset(tmp_path: Path) -> None:
-    assert DATASETS.names() == ["folder", "msrvtt", "msvd", "vatex"]
+    names = ["activitynet", "charades", "didemo", "folder", "lsmdc", "msrvtt", "msvd", "vatex"]
+    assert DATASETS.names() == names
     with pytest.raises(UnknownNameError) as err:
         load_dataset("kinetics", tmp_path, tmp_path)
-    for name in ("folder", "msrvtt", "msvd", "vatex"):
+    for name in names:
         assert name in str(err.value)
     assert "kinetics" in str(err.value)
 

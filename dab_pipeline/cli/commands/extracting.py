@@ -8,14 +8,19 @@ from pathlib import Path
 import click
 
 from ...core.choices import CLIP_DTYPES, DECODE_BACKENDS, STORE_DTYPES
+from ...core.errors import DatasetError
 from .. import cli
 from ..progress import RichProgress
 from .options import EXISTING, EXTRACT_TIMEOUT, PATH, typed
-from .output import console, human_bytes, quiet_shared_errors
+from .output import console, echo_survey, human_bytes, quiet_shared_errors
 
 
 @cli.command()
-@click.option("--dataset", required=True, help="Dataset format: msrvtt, msvd, vatex or folder.")
+@click.option(
+    "--dataset",
+    required=True,
+    help="Dataset format: msrvtt, msvd, vatex, didemo, activitynet, charades, lsmdc or folder (docs/datasets.md).",
+)
 @click.option("--videos", type=PATH, default=None, help="Folder holding the video files.")
 @click.option("--annotations", type=PATH, default=None, help="Annotation folder or file (captions and splits).")
 @click.option(
@@ -94,6 +99,13 @@ from .output import console, human_bytes, quiet_shared_errors
     help="One rank of a torchrun job: each process encodes its share of the videos "
     "(default: on when launched by torchrun). See docs/distributed.md.",
 )
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Read the annotations and list the videos folder, decode nothing: per split the videos, queries and "
+    "captions, the videos missing on disk, duplicate and empty queries. Exit 0 when every listed video is on "
+    "disk and no query is empty, 1 otherwise.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def extract(
     dataset,
@@ -116,6 +128,7 @@ def extract(
     overwrite,
     overrides,
     distributed,
+    dry_run,
     quiet,
 ) -> None:
     """Decode videos, encode frames and captions with CLIP, and cache the features in a store.
@@ -123,7 +136,7 @@ def extract(
     Running the same command again resumes: finished videos are skipped.
     Several processes: `torchrun --nproc-per-node N -m dab_pipeline.cli extract ...`.
     """
-    from ...stages.extract import build_extract_config  # deferred: `dab --help` must not import torch
+    from ...stages.extract import build_extract_config, dry_run_extract  # deferred: `dab --help` must not import torch
 
     options = dict(
         videos=videos,
@@ -145,6 +158,12 @@ def extract(
     )
     options.update(_resumed_options(click.get_current_context(), out, overwrite))
     cfg = build_extract_config(dataset, out, options=options, overrides=overrides)
+    if dry_run:
+        survey = dry_run_extract(cfg)
+        echo_survey(survey)
+        if survey.problems():
+            raise DatasetError(f"dry run: {'; '.join(survey.problems())} (listed above)")
+        return
     res = _run_extract(cfg, distributed, quiet)
     if res is not None:
         _extract_summary(res)

@@ -84,3 +84,49 @@ def metric_table(title: str, rows: list[tuple[str, dict]]):
     for name, m in rows:
         t.add_row(name, *[("-" if m.get(c) is None else f"{m[c]:.1f}") for c in cols])
     return t
+
+
+def echo_survey(survey) -> None:
+    """`dab extract --dry-run`'s report: the files read, a table of the splits, then the missing videos, duplicate
+    and empty queries (the first few of each) and the loader's warnings."""
+    from rich.table import Table
+
+    folders: dict[str, list[str]] = {}
+    for path in survey.annotation_files:
+        folders.setdefault(str(path.parent), []).append(path.name)
+    limit = f" (its first {survey.limit} videos)" if survey.limit else ""
+    for folder, names in folders.items():
+        click.echo(f"{survey.name}{limit}: annotations in {folder}: {', '.join(names)}")
+    shown = {k: v for k, v in sorted(survey.options.items()) if k != "warnings"}
+    click.echo("options: " + ", ".join(f"{k}={v}" for k, v in shown.items()))
+    t = Table(title=f"{survey.name}: what `dab extract` would read")
+    cols = ("split", "videos", "queries", "captions", "missing", "duplicate queries", "empty queries")
+    for col in cols:
+        t.add_column(col, justify="left" if col == "split" else "right")
+    for s in survey.splits:
+        t.add_row(s.split, *map(str, (s.videos, s.queries, s.captions, s.missing, s.duplicates, s.empty)))
+    console().print(t)
+    for s in survey.splits:
+        if s.missing:
+            vid, path = s.first_missing[0]
+            names = ", ".join(v for v, _ in s.first_missing)
+            click.echo(
+                f"{s.split}: {_n(s.missing, 'video', 'videos')} missing on disk (first: {names}; looked for {path})"
+            )
+        if s.duplicates:
+            texts = "; ".join(repr(_cut(t)) for t in s.first_duplicates)
+            click.echo(
+                f"{s.split}: {_n(s.duplicates, 'query repeats', 'queries repeat')} an earlier one (first: {texts})"
+            )
+        if s.empty:
+            click.echo(f"{s.split}: {_n(s.empty, 'empty query', 'empty queries')} (first: {', '.join(s.first_empty)})")
+    for w in survey.warnings:
+        click.echo(f"warning: {w}")
+
+
+def _n(count: int, one: str, many: str) -> str:
+    return f"{count} {one if count == 1 else many}"
+
+
+def _cut(text: str, n: int = 60) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"

@@ -8,7 +8,8 @@ written to the store batch by batch, so a killed run resumes where it stopped.
 * ``build``: ``build_extract_config``, the config of one call from typed values (the CLI's and a script's);
 * ``workers``: the decoding dataset and the encode-and-write loop;
 * ``writers``: one store, Zarr shares or HDF5 part files (what differs between one process and many);
-* ``run``: ``run_extract``, one code path for one process and every rank of a torchrun job.
+* ``run``: ``run_extract``, one code path for one process and every rank of a torchrun job;
+* ``dryrun``: ``dry_run_extract``, what a run would read (counts, missing videos), nothing decoded.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .config import (  # noqa: F401
     parse_options,
     resolve_compute_dtype,
 )
+from .dryrun import dry_run_extract  # noqa: F401
 from .run import run_extract  # noqa: F401
 from .workers import DecodeDataset, collate_items, decode_worker_init, encode_captions, encode_videos  # noqa: F401
 from .writers import (  # noqa: F401

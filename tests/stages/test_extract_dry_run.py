@@ -1,0 +1,91 @@
+"""`dab extract --dry-run`: the annotations read and the videos folder listed, nothing decoded, no store written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ..helpers.catalogues import touch, write_csv
+from ..helpers.runner import invoke
+
+
+def _rows(output: str) -> dict[str, list[int]]:
+    """split -> [videos, queries, captions, missing, duplicate queries, empty queries] from the printed table."""
+    out = {}
+    for line in output.splitlines():
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if cells and cells[0] in ("train", "val", "test"):
+            out[cells[0]] = [int(c) for c in cells[1:]]
+    return out
+
+
+def _dry_run(dataset: str, annotations: Path, videos: Path, out: Path, *extra: str):
+    args = ["extract", "--dataset", dataset, "--annotations", annotations, "--videos", videos, "--out", out]
+    return invoke([*args, "--dry-run", *extra])
+
+
+@pytest.mark.parametrize(
+    "dataset,expected",
+    [
+        ("didemo", {"train": [8362, 8362, 8362], "val": [1065, 1065, 4109], "test": [1004, 1004, 3932]}),
+        ("activitynet", {"train": [9509, 9509, 35597], "val": [500, 500, 1824], "test": [4917, 4917, 17505]}),
+        ("charades", {"train": [7469, 7469, 10844], "val": [500, 500, 708], "test": [1863, 1863, 4535]}),
+    ],
+)
+def test_dry_run_prints_the_counts_of_the_real_files(shared_data: Path, tmp_path: Path, dataset: str, expected) -> None:
+    videos = touch(tmp_path / "videos")  # empty: every video is missing
+    res = _dry_run(dataset, shared_data / dataset, videos, tmp_path / "s.h5")
+    assert res.exit_code == 1, res.output
+    rows = _rows(res.output)
+    assert {s: r[:3] for s, r in rows.items()} == expected
+    assert all(r[3] == r[0] and r[5] == 0 for r in rows.values())  # all missing, none empty
+    assert f"test: {expected['test'][0]} videos missing on disk (first: " in res.output
+    last = res.output.strip().splitlines()[-1]
+    assert last.startswith("Error: dry run: ") and "listed videos are missing on disk" in last
+    assert not (tmp_path / "s.h5").exists()
+
+
+def test_dry_run_exits_0_when_everything_is_there(tmp_path: Path) -> None:
+    ann = tmp_path / "ann"
+    ann.mkdir()
+    header = ["id", "descriptions"]
+    write_csv(ann / "Charades_v1_train.csv", header, [[f"TR{i}", f"a person does {i}.;{{}}"] for i in range(4)])
+    write_csv(ann / "Charades_v1_test.csv", header, [["TE0", "a person cooks."], ["TE1", "a person reads."]])
+    videos = touch(tmp_path / "videos", *[f"TR{i}.mp4" for i in range(4)], "TE0.mp4", "TE1.webm")
+    res = _dry_run("charades", ann, videos, tmp_path / "s.h5", "--option", "val_size=1")
+    assert res.exit_code == 0, res.output
+    assert _rows(res.output) == {"train": [3, 3, 3, 0, 0, 0], "val": [1, 1, 1, 0, 0, 0], "test": [2, 2, 2, 0, 0, 0]}
+    assert "Error" not in res.output and not (tmp_path / "s.h5").exists()
+    limited = _dry_run("charades", ann, videos, tmp_path / "s.h5", "--option", "val_size=0", "--limit", "2")
+    assert _rows(limited.output) == {"train": [2, 2, 2, 0, 0, 0]} and "its first 2 videos" in limited.output
+
+
+def test_dry_run_reports_duplicate_and_empty_queries_of_an_old_dataset(tmp_path: Path) -> None:
+    ann = tmp_path / "ann"
+    ann.mkdir()
+    caps = {"a": ["a dog runs", "A  dog runs", "a cat"], "b": ["a cat", ""], "c": ["fine"]}
+    (ann / "captions_msvd.json").write_text(json.dumps(caps))
+    (ann / "train_list.txt").write_text("a\nb\n")
+    (ann / "val_list.txt").write_text("c\n")
+    (ann / "test_list.txt").write_text("c_missing\n")
+    videos = touch(tmp_path / "videos", "a.avi", "b.avi", "c.avi")
+    res = _dry_run("msvd", ann, videos, tmp_path / "s.h5")
+    assert res.exit_code == 1, res.output
+    assert _rows(res.output) == {"train": [2, 5, 5, 0, 2, 1], "val": [1, 1, 1, 0, 0, 0]}
+    assert "train: 2 queries repeat an earlier one (first: 'A  dog runs'; 'a cat')" in res.output
+    assert "train: 1 empty query (first: b#1)" in res.output
+    assert "c_missing" in res.output  # listed without a caption: the loader's warning
+    assert res.output.strip().splitlines()[-1] == "Error: dry run: 1 query is empty (listed above)"
+
+
+def test_dry_run_of_a_wrong_layout_is_one_line(tmp_path: Path) -> None:
+    ann = touch(tmp_path / "ann", "Charades_v1_test.csv")
+    res = _dry_run("didemo", ann, tmp_path, tmp_path / "s.h5")
+    assert res.exit_code == 1
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "Error: dataset 'didemo': no test annotations (expected test_data.json"
+    )
+    assert "found in" in lines[0] and "Charades_v1_test.csv" in lines[0]
