@@ -103,7 +103,7 @@ def run_row(out: Path, eval_store: Path, truth: "C.Truth") -> tuple[dict[str, Op
 
 
 def cell(values: list[Optional[float]], col: str) -> str:
-    vals = [v for v in values if v is not None]
+    vals = [float(v) for v in values if v is not None]  # numpy scalars of mixed widths break statistics.stdev
     if not vals:
         return "-"
     if col == "params":
