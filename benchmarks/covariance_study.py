@@ -103,7 +103,8 @@ def run_row(out: Path, eval_store: Path, truth: "C.Truth") -> tuple[dict[str, Op
 
 
 def cell(values: list[Optional[float]], col: str) -> str:
-    vals = [float(v) for v in values if v is not None]  # numpy scalars of mixed widths break statistics.stdev
+    # nan (a constant variance's rank correlation, prob-fixvar) is no value; statistics.stdev fails on it
+    vals = [float(v) for v in values if v is not None and np.isfinite(v)]
     if not vals:
         return "-"
     if col == "params":
