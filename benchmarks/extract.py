@@ -60,7 +60,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
@@ -83,8 +83,9 @@ def log(msg: str) -> None:
 # --------------------------------------------------------------------------- synthetic data
 
 
-def moving_frames(seed: int, n: int, w: int, h: int) -> np.ndarray:
-    """(n, h, w, 3) uint8: a panning two-axis sinusoid, diagonal colour stripes and a bouncing box."""
+def iter_moving_frames(seed: int, n: int, w: int, h: int) -> Iterator[np.ndarray]:
+    """(h, w, 3) uint8 frames one at a time: a panning two-axis sinusoid, diagonal colour stripes and a bouncing box
+    (a long video need not fit in memory)."""
     rng = np.random.default_rng(seed)
     xs = np.arange(w, dtype=np.float32)
     ys = np.arange(h, dtype=np.float32)
@@ -96,7 +97,6 @@ def moving_frames(seed: int, n: int, w: int, h: int) -> np.ndarray:
     bw, bh = max(2, w // 5), max(2, h // 5)
     bx, by = int(rng.integers(0, w - bw)), int(rng.integers(0, h - bh))
     bvx, bvy = rng.choice([-4, -3, 3, 4], 2)
-    out = np.empty((n, h, w, 3), np.uint8)
     for i in range(n):
         base = 0.5 + 0.25 * np.sin((xs + vx * i) * fx)[None, :] + 0.25 * np.cos((ys + vy * i) * fy)[:, None]  # (h, w)
         ph = 0.2 * i
@@ -104,7 +104,14 @@ def moving_frames(seed: int, n: int, w: int, h: int) -> np.ndarray:
         x0 = int(abs((bx + bvx * i) % (2 * (w - bw)) - (w - bw)))
         y0 = int(abs((by + bvy * i) % (2 * (h - bh)) - (h - bh)))
         img[y0 : y0 + bh, x0 : x0 + bw] = 255.0 - col
-        out[i] = np.clip(img, 0, 255)
+        yield np.clip(img, 0, 255).astype(np.uint8)
+
+
+def moving_frames(seed: int, n: int, w: int, h: int) -> np.ndarray:
+    """(n, h, w, 3) uint8: :func:`iter_moving_frames` as one array."""
+    out = np.empty((n, h, w, 3), np.uint8)
+    for i, img in enumerate(iter_moving_frames(seed, n, w, h)):
+        out[i] = img
     return out
 
 

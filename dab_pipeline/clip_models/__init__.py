@@ -20,7 +20,14 @@ What this module adds to open_clip:
 from __future__ import annotations
 
 from .bundle import MODEL_CONFIG_DIR, TINY_MODEL, ClipBundle, TextEncoding, list_clip_models, quiet_open_clip  # noqa: F401
-from .encode import encode_images, encode_queries_short, encode_texts, pad_text_states, tokenize_lengths  # noqa: F401
+from .encode import (  # noqa: F401
+    encode_images,
+    encode_queries_short,
+    encode_texts,
+    pad_text_states,
+    token_counts,
+    tokenize_lengths,
+)
 from .heads import TextHead, VisionHead  # noqa: F401
 from .load import check_store_weights, full_depth, load_clip  # noqa: F401
 from .weights import (  # noqa: F401
@@ -48,6 +55,7 @@ __all__ = [
     "list_clip_models",
     "load_clip",
     "pad_text_states",
+    "token_counts",
     "tokenize_lengths",
     "write_tiny_weights",
 ]

@@ -7,6 +7,7 @@ from typing import Any, Optional, Union
 import numpy as np
 import torch
 from open_clip.model import CLIP
+from open_clip.tokenizer import SimpleTokenizer
 from open_clip.transformer import VisionTransformer
 from torch import Tensor, nn
 
@@ -139,6 +140,19 @@ def tokenize_lengths(bundle: ClipBundle, texts: list[str]) -> np.ndarray:
     """Tokens per caption up to and including EOT (M,), so stores can be preallocated."""
     tokens = bundle.tokenizer(list(texts))  # (M, ctx)
     return (_eot_index(bundle.model, tokens) + 1).cpu().numpy().astype(np.int64)
+
+
+def token_counts(bundle: ClipBundle, texts: list[str]) -> Optional[np.ndarray]:
+    """Tokens per caption before the context cuts it, start and end token included (M,), or None when the
+    tokenizer cannot say (not open_clip's BPE tokenizer, or one with a reduction strategy).
+
+    open_clip's tokenizer keeps the start token, the first ``context_length - 2`` tokens and the end token of a
+    longer caption and drops the rest silently: a count above ``bundle.context_length`` is a cut caption.
+    """
+    tok = bundle.tokenizer
+    if not isinstance(tok, SimpleTokenizer) or getattr(tok, "reduction_fn", None) is not None:
+        return None
+    return np.array([len(tok.encode(t)) + 2 for t in texts], dtype=np.int64)
 
 
 @torch.no_grad()

@@ -5,6 +5,11 @@ as ``dab train --set``), optionally refined per dataset (``by_dataset``: keys ``
 ``"msrvtt:train_split=7k"``, matched against the store's manifest). ``dab train --recipe
 NAME`` applies it first; explicit options and ``--set`` then override any of its values, and
 config.json records the recipe's name beside the resolved values.
+
+A recipe taken from a peer's code also says what it cannot set, keyed by dataset like ``by_dataset``: ``store``
+(the extraction the peer's values go with, e.g. ``{"frames": 64}``: `dab extract --frames 64`) and ``peer`` (values
+dab does not apply, e.g. the peer's ``max_words``; dab truncates at the text tower's context). ``_sources`` names
+the file and line (or paper section) of every value: ``"lr"`` for ``set``, ``"lsmdc: lr"`` for the other maps.
 """
 
 from __future__ import annotations
@@ -28,12 +33,23 @@ class Recipe:
     source: str
     values: dict[str, Any]
     by_dataset: dict[str, dict[str, Any]] = field(default_factory=dict)
+    store: dict[str, dict[str, Any]] = field(default_factory=dict)  # by dataset: the extraction it goes with
+    peer: dict[str, dict[str, Any]] = field(default_factory=dict)  # by dataset: the peer's values dab cannot set
+    sources: dict[str, str] = field(default_factory=dict)  # "key" / "dataset: key" -> where the value comes from
 
     def resolved(self, manifest: Optional[dict] = None) -> dict[str, Any]:
         """The recipe's values for a store with this manifest (its ``by_dataset`` entries that match applied)."""
         out = dict(self.values)
         for key, extra in self.by_dataset.items():
             if manifest is not None and _matches(key, manifest):
+                out.update(extra)
+        return out
+
+    def store_values(self, manifest: dict) -> dict[str, Any]:
+        """What the recipe expects of a store with this manifest (``{"frames": 64}``; {} when it says nothing)."""
+        out: dict[str, Any] = {}
+        for key, extra in self.store.items():
+            if _matches(key, manifest):
                 out.update(extra)
         return out
 
@@ -69,6 +85,9 @@ def load_recipe(name: str) -> Recipe:
             source=data.get("_source", ""),
             values=dict(data["set"]),
             by_dataset=dict(data.get("by_dataset", {})),
+            store=dict(data.get("store", {})),
+            peer=dict(data.get("peer", {})),
+            sources=dict(data.get("_sources", {})),
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"recipe file {path} is malformed: {exc}") from None

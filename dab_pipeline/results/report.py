@@ -115,7 +115,16 @@ def postprocess_label(results: dict[str, Any]) -> str:
 
 def _render_markdown(title: str, results: dict[str, Any], plots: dict[str, Path]) -> str:
     out: list[str] = [f"# {title}", "", f"Post-processing: **{postprocess_label(results)}**", ""]
-    for section in (_md_retrieval, _md_selective, _md_variance, _md_covariance, _md_bridge, _md_neighbourhood):
+    sections = (
+        _md_retrieval,
+        _md_published,
+        _md_selective,
+        _md_variance,
+        _md_covariance,
+        _md_bridge,
+        _md_neighbourhood,
+    )
+    for section in sections:
         out += section(results)
     if plots:
         out += ["## Plots", ""] + [f"![{name}]({path.name})" for name, path in plots.items()] + [""]
@@ -138,6 +147,23 @@ def _md_retrieval(results: dict[str, Any]) -> list[str]:
             )
         row = [format_metric(c, metrics.get(c)) for c in _REPORT_COLUMNS]
         out += [f"## {heading}{suffix}", "", md_table(list(_REPORT_COLUMNS), [row]), ""]
+    return out
+
+
+def _md_published(results: dict[str, Any]) -> list[str]:
+    """A zero-shot run beside the published figure for its dataset and CLIP (results/published.py)."""
+    pub = results.get("published")
+    if not isinstance(pub, dict):
+        return []
+    cols = [c for c in ("R@1", "R@5", "R@10", "MdR") if c in pub.get("t2v", {})]
+    rows = [
+        [f"published ({pub.get('short')})"] + [format_metric(c, pub["t2v"].get(c)) for c in cols],
+        ["this run"] + [format_metric(c, pub.get("this_run", {}).get(c)) for c in cols],
+    ]
+    out = [f"## Published zero-shot figure: CLIP {pub.get('model')} on {pub.get('dataset')}", ""]
+    out += [md_table(["text-to-video"] + cols, rows), ""]
+    out += [f"Source: {pub.get('citation')}; checked: {pub.get('checked')}.", "", f"Protocol: {pub.get('protocol')}."]
+    out += [""] + [f"- {note}" for note in pub.get("notes", [])] + [""]
     return out
 
 

@@ -45,8 +45,32 @@ def test_xpool_learning_rate_follows_the_dataset() -> None:
     assert (v["weight_decay"], v["epochs"], v["logit_scale_group"], v["model.variant"]) == (0.2, 5, "clip", "xpool")
 
 
+def test_peer_recipes_name_a_source_for_every_value() -> None:
+    """Issue 37: the recipes taken from the peers' code for the field's other benchmarks (CLIP4Clip's, HVP-Net's for
+    Charades, T-MASS's, X-Pool's for LSMDC) give each value's file and line, and the store each goes with."""
+    for name in ("clip4clip", "hvpnet", "tmass"):
+        r = load_recipe(name)
+        keys = set(r.values) | {f"{ds}: {k}" for m in (r.by_dataset, r.store, r.peer) for ds, v in m.items() for k in v}
+        assert keys == set(r.sources), (name, keys ^ set(r.sources))
+        assert all(r.sources[k].strip() for k in keys), name
+    xpool = load_recipe("xpool")
+    assert {f"lsmdc: {k}" for k in [*xpool.by_dataset["lsmdc"], *xpool.store["lsmdc"]]} <= set(xpool.sources)
+    c4c = load_recipe("clip4clip")
+    for ds, frames, words in (("activitynet", 64, 64), ("didemo", 64, 64), ("lsmdc", 12, 32)):
+        assert c4c.store_values({"dataset": ds}) == {"frames": frames} and c4c.peer[ds]["max_words"] == words
+        got = c4c.resolved({"dataset": ds})
+        assert (got["lr"], got["clip_lr"], got["batch_size"], got["epochs"]) == (1e-4, 1e-7, 128, 5)
+    assert load_recipe("hvpnet").store_values({"dataset": "charades"}) == {"frames": 12}
+    tmass = load_recipe("tmass")
+    assert (
+        tmass.resolved({"dataset": "didemo"})["model.dropout"] == 0.4
+        and tmass.resolved({"dataset": "didemo"})["lr"] == 1e-5
+    )
+    assert xpool.resolved({"dataset": "lsmdc"})["lr"] == 1e-5 and c4c.store_values({"dataset": "vatex"}) == {}
+
+
 def test_unknown_recipe_lists_the_valid_ones(tmp_path: Path) -> None:
-    with pytest.raises(UnknownNameError, match="valid: frozen, paper"):
+    with pytest.raises(UnknownNameError, match="valid: clip4clip, frozen, hvpnet, paper"):
         load_recipe("papr")
     res = invoke(["train", "--features", str(tmp_path), "--recipe", "papr"])
     assert res.exit_code != 0 and "unknown recipe 'papr'" in res.output and "Traceback" not in res.output

@@ -9,6 +9,7 @@ import click
 
 from ...core.choices import POSTPROCESS, V2T_CONVENTIONS
 from ...core.fsutil import atomic_write_text
+from ...results.published import published_line
 from .. import cli
 from ..progress import RichProgress
 from .options import EXISTING, PATH
@@ -57,10 +58,19 @@ from .output import console, metric_table, v2t_label
     help="Queries shown in examples.html (thumbnails of what was retrieved, across the confidence "
     "range, failures included); 0: no page.",
 )
+@click.option(
+    "--zero-shot",
+    is_flag=True,
+    help="Score --features' test split with CLIP alone (cosine with the mean of the L2-normalised frame features, "
+    "no training) and evaluate that (default --out runs/<store>-zero-shot); where a paper reports this figure for "
+    "the store's dataset and CLIP, it is printed beside (docs/reproducing.md).",
+)
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
 @click.option("--json", "as_json", is_flag=True, help="Print metrics.json to stdout instead of tables.")
-def evaluate(run, costs, features, out, postprocess, postprocess_temperature, v2t, examples, no_plots, as_json) -> None:
-    """Retrieval metrics, uncertainty diagnostics and reports for a run (or any cost file)."""
+def evaluate(
+    run, costs, features, out, postprocess, postprocess_temperature, v2t, examples, zero_shot, no_plots, as_json
+) -> None:
+    """Retrieval metrics, uncertainty diagnostics and reports for a run (or any cost file, or CLIP zero-shot)."""
     from ...stages.evaluate import EvaluateConfig, run_evaluate  # deferred: `dab --help` must not import torch
 
     try:
@@ -74,6 +84,7 @@ def evaluate(run, costs, features, out, postprocess, postprocess_temperature, v2
             v2t=v2t,
             examples=examples,
             plots=not no_plots,
+            zero_shot=zero_shot,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -96,6 +107,8 @@ def _print_metrics(res: dict) -> None:
             f"{res['source']}  (postprocess: {pp_name})", [("text-to-video", res["t2v"]), (v2t_label(res), res["v2t"])]
         )
     )
+    if res.get("published"):
+        con.print(published_line(res["published"]))
     sel = res.get("selective", {})
     for k in ("R@1", "R@5"):
         r = sel.get(k)

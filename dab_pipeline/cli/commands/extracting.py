@@ -230,6 +230,8 @@ def _extract_summary(res) -> None:
         + (f" ({earlier} in earlier runs)" if earlier > 0 else "")
         + f", {res.store_missing} missing; {len(res.warnings)} of this run's videos have decoder warnings"
     )
+    if res.truncation_note:
+        click.echo(res.truncation_note)
     if res.failures:
         click.echo(f"failures (first {min(5, len(res.failures))}):", err=True)
         for vid, err in res.failures[:5]:

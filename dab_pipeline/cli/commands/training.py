@@ -19,8 +19,9 @@ from .output import echo_run, quiet_shared_errors
     default=None,
     metavar="NAME",
     help="Start from a shipped recipe: frozen (the default values: CLIP frozen), paper (Tables 1-3: all "
-    "12 CLIP blocks fine-tuned), paper-ablation (Tables 4-5), xpool (X-Pool's own recipe), world "
-    "(the procedural world). Options and --set override its values. See docs/reproducing.md.",
+    "12 CLIP blocks fine-tuned), paper-ablation (Tables 4-5), xpool (X-Pool's own recipe), clip4clip, tmass, "
+    "hvpnet (the peers' recipes for DiDeMo, ActivityNet, LSMDC, Charades...), world (the procedural world). "
+    "Options and --set override its values. See docs/reproducing.md.",
 )
 @click.option(
     "--variant",

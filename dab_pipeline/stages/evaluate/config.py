@@ -33,10 +33,16 @@ class EvaluateConfig:
     seed: int = 0
     plots: bool = True
     examples: int = 24  # queries shown in examples.html (thumbnails of what was retrieved); 0: no page
+    # score ``features``' test split with CLIP alone (mean-pooled frames, stages/evaluate/zeroshot.py) instead of a
+    # run; a published zero-shot figure for the store's dataset and CLIP is put beside its own (results/published.py)
+    zero_shot: bool = False
 
     def __post_init__(self) -> None:
-        if self.run is None and self.costs is None:
-            raise ConfigError("give a run folder (--run) or a cost file (--costs)")
+        if self.zero_shot:
+            if self.run is not None or self.costs is not None or self.features is None:
+                raise ConfigError("--zero-shot scores a store: give --features STORE, and neither --run nor --costs")
+        elif self.run is None and self.costs is None:
+            raise ConfigError("give a run folder (--run), a cost file (--costs) or --zero-shot --features STORE")
         if self.postprocess not in POSTPROCESS:
             raise ConfigError(f"postprocess must be one of {', '.join(POSTPROCESS)}, got {self.postprocess!r}")
         if self.v2t not in V2T_CONVENTIONS:

@@ -11,6 +11,7 @@ import numpy as np
 from ... import metrics as M
 from ...core.errors import ConfigError, StoreError
 from ...core.events import Event, ProgressCallback, null_progress
+from ...results.published import published_zero_shot
 from ...results.report import write_report
 from ...runs.config import TrainConfig
 from ...runs.costfile import CostMatrix, read_costs
@@ -20,6 +21,7 @@ from .bridge import bridge_report
 from .config import EvaluateConfig
 from .covariance import covariance_report
 from .examples import write_examples
+from .zeroshot import write_zero_shot_costs
 
 
 def find_costs(run: Path) -> Path:
@@ -45,15 +47,15 @@ def run_evaluate(cfg: EvaluateConfig, progress: ProgressCallback = null_progress
     """Compute every metric and diagnostic; write metrics.json, report.md and plots.
 
     The output folder is made only once everything is computed, by the first file written in it: an
-    evaluation that fails (NaN costs, a store that does not fit) leaves no new folder behind.
+    evaluation that fails (NaN costs, a store that does not fit) leaves no new folder behind (a zero-shot run's
+    cost file is written there first).
     """
-    costs_path = Path(cfg.costs) if cfg.costs is not None else find_costs(Path(cfg.run))
+    costs_path, out_dir = _inputs(cfg)
     cm = read_costs(costs_path)
     cost = cm.to_cost() if hasattr(cm, "to_cost") else cm.cost  # (Q, V), lower is better
     gt = np.asarray(cm.gt, dtype=np.int64)  # (Q,)
     if (gt < 0).any():
         raise StoreError(f"{costs_path}: {int((gt < 0).sum())} queries have no ground-truth video (gt = -1)")
-    out_dir = Path(cfg.out) if cfg.out else (Path(cfg.run) if cfg.run else costs_path.parent)
 
     results: dict[str, Any] = {
         "source": str(costs_path),
@@ -83,6 +85,9 @@ def run_evaluate(cfg: EvaluateConfig, progress: ProgressCallback = null_progress
 
     if cm.attrs:
         results["run"] = {k: v for k, v in cm.attrs.items() if k != "config"}
+    published = _published(cm, store_path, results["t2v"])
+    if published is not None:
+        results["published"] = published
     title = f"dab evaluation: {Path(cfg.run).name if cfg.run else costs_path.name}"
     ranks = M.t2v_ranks(cost, gt)
     with _removed_if_left_empty(out_dir):
@@ -94,6 +99,26 @@ def run_evaluate(cfg: EvaluateConfig, progress: ProgressCallback = null_progress
     results["files"] = {k: str(v) for k, v in files.items()}
     progress(Event("info", message=f"wrote {', '.join(str(p) for p in files.values())}"))
     return results
+
+
+def _inputs(cfg: EvaluateConfig) -> tuple[Path, Path]:
+    """The cost file to read (a zero-shot run's is written first) and the folder the reports go to."""
+    if cfg.zero_shot:
+        store = Path(cfg.features)
+        out_dir = Path(cfg.out) if cfg.out else Path("runs") / f"{store.name.split('.')[0]}-zero-shot"
+        return write_zero_shot_costs(store, out_dir / "costs_test.h5"), out_dir
+    costs_path = Path(cfg.costs) if cfg.costs is not None else find_costs(Path(cfg.run))
+    return costs_path, Path(cfg.out) if cfg.out else (Path(cfg.run) if cfg.run else costs_path.parent)
+
+
+def _published(cm: CostMatrix, store_path: Optional[Path], t2v: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """A zero-shot run's published counterpart for its store's dataset and CLIP (None for any other run, a store
+    that cannot be read, or a pair nothing is published for)."""
+    if (cm.attrs or {}).get("variant") != "zero-shot" or store_path is None or not Path(store_path).exists():
+        return None
+    with open_store(Path(store_path)) as st:
+        manifest = dict(st.manifest)
+    return published_zero_shot(manifest, t2v)
 
 
 @contextmanager

@@ -9,7 +9,8 @@ written to the store batch by batch, so a killed run resumes where it stopped.
 * ``workers``: the decoding dataset and the encode-and-write loop;
 * ``writers``: one store, Zarr shares or HDF5 part files (what differs between one process and many);
 * ``run``: ``run_extract``, one code path for one process and every rank of a torchrun job;
-* ``dryrun``: ``dry_run_extract``, what a run would read (counts, missing videos), nothing decoded.
+* ``dryrun``: ``dry_run_extract``, what a run would read (counts, missing videos), nothing decoded;
+* ``texts``: how captions are cut at the text tower's context (the manifest's ``text_truncation``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .config import (  # noqa: F401
 )
 from .dryrun import dry_run_extract  # noqa: F401
 from .run import run_extract  # noqa: F401
+from .texts import TRUNCATION_POLICY, text_truncation, truncation_line  # noqa: F401
 from .workers import DecodeDataset, collate_items, decode_worker_init, encode_captions, encode_videos  # noqa: F401
 from .writers import (  # noqa: F401
     ExistingStore,

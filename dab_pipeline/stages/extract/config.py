@@ -22,6 +22,7 @@ from ...runtime.devices import resolve_device
 from ...store import open_store
 from ...video import BACKENDS, DECODE_RULES
 from ...video.augment import VIEW_TRANSFORM
+from .texts import truncation_line
 
 if TYPE_CHECKING:
     pass
@@ -123,6 +124,13 @@ class ExtractResult:
     store_missing: int = 0
     video_seconds: float = 0.0  # wall time of the video phase (decoding + encoding)
     seconds: float = 0.0  # the whole stage
+    # how captions are cut at the text tower's context, per split (stages/extract/texts.py; the manifest's record)
+    text_truncation: Optional[dict] = None
+
+    @property
+    def truncation_note(self) -> Optional[str]:
+        """The line `dab extract` prints when captions were cut at the text context (None when none was)."""
+        return truncation_line(self.text_truncation)
 
 
 def parse_options(items: tuple[str, ...] | list[str]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from ...runtime.devices import resolve_device
 from ...runtime.distributed import LocalContext, mark_shared
 from ...store import STATUS_FAILED, STATUS_MISSING, STATUS_OK, open_store
 from .config import ExtractConfig, ExtractResult, build_manifest, parse_options, resolve_compute_dtype
+from .texts import text_truncation
 from .workers import encode_captions, encode_videos
 from .writers import ExistingStore, ExtractJob, StoreWriter, choose_writer, existing_store
 
@@ -61,7 +62,11 @@ def run_extract(
     bundle = ctx.main_first(lambda: load_clip(cfg.model, cfg.pretrained, device=ctx.device, dtype=cfg.compute_dtype))
     for w in getattr(bundle, "warnings", []) or []:
         progress(Event("warning", message=str(w)))
-    manifest = build_manifest(cfg, bundle, catalogue, world_size=ctx.world_size, device=ctx.device)
+    truncation = text_truncation(bundle, captions)  # how captions are cut at the text context, per split
+    manifest = {
+        **build_manifest(cfg, bundle, catalogue, world_size=ctx.world_size, device=ctx.device),
+        "text_truncation": truncation,
+    }
     if ctx.world_size > 1:
         progress(Event("info", message=f"distributed extraction: {ctx.world_size} processes"))
 
@@ -86,6 +91,7 @@ def run_extract(
         local = ctx.agree(lambda: _encode(job, writer, state, missing, progress))
         writer.finish(progress)
     result = _combine_results(ctx, local, videos, len(captions), out)
+    result.text_truncation = truncation
     result.seconds = time.perf_counter() - t0
     return result
 
