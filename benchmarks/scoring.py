@@ -43,9 +43,21 @@ kernels it used.  ``--run RUN --features STORE`` scores a
 trained run's split in float32 and bfloat16 and prints the retrieval metrics and
 their differences (the bf16 target: R@1 / R@5 / MnR within 0.3).
 
+``--covariance`` (issue 36) adds, per T', a section timed in this process (rows interleaved, ``max(--repeats, 3)``
+repeats, mean +- std): ``prob`` and ``dab`` at the same D and T', whole-model all-pairs scoring (pooling, heads,
+bridge, cost) with ``diag`` through the reference path a non-diagonal model takes
+(:func:`~dab_pipeline.scoring.covariance.score_nondiag`: ``score_all_reference`` in ``covariance_chunks`` blocks)
+and through the engine (float32, and bf16 where native), then ``lowrank:4``, ``lowrank:8``, ``mixture:2``,
+``mixture:4`` through ``Scorer.score``; pairs/s and each row's time per pair over the diag reference's and the
+float32 engine's (per repeat); then a per-pair breakdown of ``model.pair_terms``' stages (pooling, heads, factor
+head, token term, bridge, cost, a mixture's moments) on one block of the Scorer's size, checked against
+``model.pair_costs``.  128 x 128 pairs on CPU (``--covariance-pairs``), about 10 minutes at T' = 8 on one
+thread (``--threads 1``, steadier on a shared machine); ``--covariance only`` skips the usual table.
+
     python benchmarks/scoring.py [--full] [--large] [--steps 8 32] [--pairs Q V] [--device auto] [--repeats 3]
         [--dtypes float32 bfloat16] [--force-bf16] [--no-reference] [--shortlist K]
         [--run RUN --features STORE [--split test]]
+        [--covariance [only]] [--covariance-pairs Q V] [--threads N]
 
 The CPU of a shared machine is noisy: ``--repeats N`` runs every row N times,
 interleaved, and keeps the fastest.
@@ -54,17 +66,22 @@ interleaved, and keeps the fastest.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
+import statistics
 import subprocess
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from dab_pipeline.model import DABModel, ModelConfig
+from dab_pipeline.model.costs import kl_diag_gaussian
+from dab_pipeline.model.covariance import kl_lowrank_gaussian, mixture_moments, soft_min_kl
 from dab_pipeline.scoring import Scorer, engine_macs, reference_macs, score_all, score_all_reference
+from dab_pipeline.scoring.covariance import covariance_chunks
 
 NUM_FRAMES = 12
 
@@ -110,9 +127,9 @@ def rss_bytes() -> int:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def random_model(steps: int, seed: int = 0) -> DABModel:
+def random_model(steps: int, seed: int = 0, variant: str = "dab", covariance: str = "diag") -> DABModel:
     torch.manual_seed(seed)
-    model = DABModel(ModelConfig(steps=steps))
+    model = DABModel(ModelConfig(steps=steps, variant=variant, covariance=covariance))
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for p in model.parameters():
@@ -470,6 +487,179 @@ def recall_kept(exact_cost: np.ndarray, approx_cost: np.ndarray) -> str:
     return f"exact top-1 kept {100 * top1:.1f}%, exact top-10 kept {100 * top10:.1f}%"
 
 
+# ------------------------------------------------------------------------------------------------------------------
+# --covariance: the non-diagonal forms of issue 36 beside diag, full model, in this process
+
+
+COVARIANCES = ("lowrank:4", "lowrank:8", "mixture:2", "mixture:4")
+STAGES = ("pool", "heads", "factor", "token", "bridge", "cost", "rest")
+
+CovRow = tuple[str, str, str, Callable[..., Any]]  # (variant, row, block, call(text, frames, mask))
+
+
+def covariance_rows(
+    steps: int, text: torch.Tensor, frames: torch.Tensor, mask: torch.Tensor, device: torch.device, dtypes: list[str]
+) -> list[CovRow]:
+    """prob and dab at one T': diag through the reference path and the engine, then each covariance form.
+
+    "diag reference" is :func:`score_all_reference` on the blocks :func:`covariance_chunks` gives a diag model (the
+    path a non-diagonal model takes, :func:`~dab_pipeline.scoring.covariance.score_nondiag`); "diag engine" the
+    Scorer's engine in each dtype; the forms the Scorer itself, which routes them through that path.
+    """
+    n_q, n_v = text.shape[0], frames.shape[0]
+    rows: list[CovRow] = []
+    for variant in ("prob", "dab"):
+        diag = random_model(steps, variant=variant)
+        tc, vc = covariance_chunks(diag, n_q, n_v, device, None)
+        ref = functools.partial(score_all_reference, diag, text_chunk=tc, video_chunk=vc, device=device)
+        rows.append((variant, "diag reference", f"{tc} x {vc}", ref))
+        for dt in dtypes:
+            scorer = Scorer(diag, device=device, dtype=score_dtype(dt))
+            scorer.score(text[:8], frames[:8], mask[:8])  # engine built, kernels loaded: not inside the timing
+            scorer.prepare(n_q, n_v, NUM_FRAMES)  # the sub-block size measured once per shape, as in a server
+            rows.append((variant, f"diag engine {dt}", "engine", scorer.score))
+        for cov in COVARIANCES:
+            model = random_model(steps, variant=variant, covariance=cov)
+            tc, vc = covariance_chunks(model, n_q, n_v, device, None)
+            rows.append((variant, cov, f"{tc} x {vc}", Scorer(model, device=device).score))
+    return rows
+
+
+def pair_stages(model: DABModel, ts: Any, vs: Any, device: torch.device) -> dict[str, float]:
+    """Seconds of each stage of ``model.pair_terms`` on one grid block, run one by one as it runs them.
+
+    pool; heads (LayerNorm, mu, logvar); factor (U, lowrank); token (the video's token term and the fusion);
+    bridge (K bridges per pair for a mixture); cost (the KL; a mixture's soft minimum); rest (a mixture's moments
+    and best component, which ``pair_terms`` reports); total (``model.pair_costs``, which must agree).
+    """
+    cfg, prob, tok = model.cfg, model.prob, model.token_unc
+    assert prob is not None and tok is not None and vs.tok_logvar is not None
+    out = dict.fromkeys(STAGES, 0.0)
+
+    def timed(name: str, fn: Callable[[], Any]) -> Any:
+        sync(device)
+        t = time.perf_counter()
+        res = fn()
+        sync(device)
+        out[name] = out.get(name, 0.0) + time.perf_counter() - t
+        return res
+
+    lo, hi = cfg.logvar_min, cfg.logvar_max
+    v_c = timed("pool", lambda: model.pool.pool(ts.q, vs.k, vs.v, vs.mask, True))  # (Q, V, D)
+    h = timed("heads", lambda: prob.hidden(v_c))
+    mu_v = timed("heads", lambda: prob.mu_head(h))
+    lv_base = timed("heads", lambda: prob.logvar_head(h).clamp(lo, hi))
+    u_v = timed("factor", lambda: prob.factor(h)) if prob.factor_head is not None else None  # (Q, V, D, R)
+    lv_v = timed("token", lambda: (0.5 * (lv_base + vs.tok_logvar[None] + tok.pair_term(v_c))).clamp(lo, hi))
+    if ts.mix_mu is not None:
+        mu_t, lv_t, logits = ts.mix_mu[:, None], ts.mix_logvar[:, None], ts.mix_logits[:, None]  # (Q, 1, K, D)
+        if model.bridge is not None:
+            mu_t, lv_t = timed("bridge", lambda: model.bridge(mu_t, lv_t, mu_v[..., None, :], lv_v[..., None, :]))
+        kl_k = timed("cost", lambda: kl_diag_gaussian(mu_v[..., None, :], lv_v[..., None, :], mu_t, lv_t))
+        cost = timed("cost", lambda: soft_min_kl(kl_k, logits))  # (Q, V)
+        timed("rest", lambda: (mixture_moments(mu_t, lv_t, logits), (torch.log_softmax(logits, -1) - kl_k).argmax(-1)))
+    else:
+        mu_t, lv_t = ts.mu[:, None], ts.logvar[:, None]  # (Q, 1, D)
+        if model.bridge is not None:
+            mu_t, lv_t = timed("bridge", lambda: model.bridge(mu_t, lv_t, mu_v, lv_v))
+        if u_v is None:
+            cost = timed("cost", lambda: model.cost_fn(mu_v, lv_v, mu_t, lv_t))
+        else:
+            cost = timed("cost", lambda: kl_lowrank_gaussian(mu_v, lv_v, u_v, mu_t, lv_t, ts.factor[:, None]))
+    total = timed("total", lambda: model.pair_costs(ts, vs))
+    torch.testing.assert_close(cost, total, rtol=1e-5, atol=1e-4)  # the stages are the model's path
+    return out
+
+
+def stage_table(steps: int, text: torch.Tensor, frames: torch.Tensor, mask: torch.Tensor, device, repeats: int):
+    """Per-pair microseconds of each stage on one block of the size the Scorer uses, mean over interleaved repeats."""
+    cases = []
+    for variant in ("prob", "dab"):
+        for cov in ("diag", *COVARIANCES):
+            model = random_model(steps, variant=variant, covariance=cov).to(device)
+            tc, vc = covariance_chunks(model, len(text), len(frames), device, None)
+            ts, vs = (
+                model.encode_text(text[:tc].to(device)),
+                model.encode_video(frames[:vc].to(device), mask[:vc].to(device)),
+            )
+            cases.append((variant, cov, model, ts, vs, tc * vc))
+    times: dict[tuple[str, str], list[dict[str, float]]] = {(v, c): [] for v, c, *_ in cases}
+    for rep in range(repeats + 1):  # the first round warms up
+        for variant, cov, model, ts, vs, _ in cases:
+            st = pair_stages(model, ts, vs, device)
+            if rep:
+                times[(variant, cov)].append(st)
+    print(
+        f"\n  where a pair's time goes: us/pair of each stage of model.pair_terms on one block of the Scorer's size, "
+        f"mean of {repeats}; sum: the stages' (mean +- std); pair_costs: the same block in one call"
+    )
+    print(
+        f"  {'variant':<8}{'covariance':<11}{'pairs':>6}"
+        + "".join(f"{s:>8}" for s in STAGES)
+        + f"{'sum':>17}{'pair_costs':>17}"
+    )
+    for variant, cov, _, _, _, pairs in cases:
+        per = {k: [1e6 * st[k] / pairs for st in times[(variant, cov)]] for k in (*STAGES, "total")}
+        total = [sum(x) for x in zip(*(per[s] for s in STAGES))]
+        cols = "".join(f"{statistics.mean(per[s]):8.1f}" if any(per[s]) else f"{'-':>8}" for s in STAGES)
+        print(
+            f"  {variant:<8}{cov:<11}{pairs:>6}"
+            + cols
+            + f"{_mean_std(total, '7.1f'):>17}{_mean_std(per['total'], '7.1f'):>17}"
+        )
+
+
+def _mean_std(xs: list[float], fmt: str) -> str:
+    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+    return f"{statistics.mean(xs):{fmt}} +- {sd:{fmt}}"
+
+
+def bench_covariance(
+    n_q: int, n_v: int, steps: int, device: torch.device, dtypes: list[str], repeats: int, stages: bool = True
+) -> None:
+    """pairs/s of every covariance form beside diag (reference path and engine), in this process, interleaved."""
+    text, frames, mask = random_features(n_q, n_v)
+    cfg = random_model(steps).cfg
+    print(
+        f"\ncovariance forms (issue 36): {n_q} x {n_v} pairs, T'={steps}, D={cfg.embed_dim}, drift {cfg.drift_hidden}, "
+        f"F={NUM_FRAMES}; float32 unless named; {torch.get_num_threads()} threads; mean +- std of {repeats} "
+        "interleaved repeats (best: the fastest repeat of each row)",
+        flush=True,
+    )
+    with torch.no_grad():
+        rows = covariance_rows(steps, text, frames, mask, device, dtypes)
+        for *_, call in rows:  # warm-up: allocator, oneDNN kernels of each shape
+            call(text[:8], frames[:8], mask[:8])
+        times: dict[tuple[str, str], list[float]] = {(v, r): [] for v, r, *_ in rows}
+        for _ in range(repeats):  # interleaved, so a slow spell of a shared machine hits every row
+            for variant, name, _, call in rows:
+                sync(device)
+                t = time.perf_counter()
+                call(text, frames, mask)
+                sync(device)
+                times[(variant, name)].append(time.perf_counter() - t)
+    print(
+        f"  {'variant':<8}{'row':<22}{'block':>9}{'pairs/s':>20}{'x diag ref':>15}{'x diag eng':>15}"
+        f"{'best p/s':>10}{'best x ref':>11}{'best x eng':>11}"
+    )
+    for variant, name, block, _ in rows:
+        ts_, ref, eng = (
+            times[(variant, name)],
+            times[(variant, "diag reference")],
+            times[(variant, "diag engine float32")],
+        )
+        rate = [n_q * n_v / t for t in ts_]
+        x_ref = [t / r for t, r in zip(ts_, ref)]  # a pair's time over a diag pair's, the same repeat
+        x_eng = [t / e for t, e in zip(ts_, eng)]
+        print(
+            f"  {variant:<8}{name:<22}{block:>9}{_mean_std(rate, '8.0f'):>20}{_mean_std(x_ref, '5.2f'):>15}"
+            f"{_mean_std(x_eng, '5.2f'):>15}{max(rate):10.0f}{min(ts_) / min(ref):11.2f}{min(ts_) / min(eng):11.2f}"
+        )
+    print("  x diag ref / x diag eng: a pair's time over a diag pair's through the reference path / the float32 engine")
+    if stages:
+        stage_table(steps, text, frames, mask, device, repeats)
+
+
 def bench_teacher(
     run_dir: str, teacher_dir: str, store: str, split: str, device: torch.device, repeats: int = 3
 ) -> None:
@@ -584,7 +774,21 @@ def main() -> None:
         help="with --run: the teacher of a distilled run (dab distill); speed and agreement on the same pairs",
     )
     ap.add_argument("--split", default="test")
+    ap.add_argument(
+        "--covariance",
+        nargs="?",
+        const="also",
+        choices=["also", "only"],
+        default=None,
+        help="also (or only) time prob and dab with covariance lowrank:4/8 and mixture:2/4 beside diag (issue 36)",
+    )
+    ap.add_argument(
+        "--covariance-pairs", type=int, nargs=2, metavar=("Q", "V"), default=None, help="(CPU default 128 x 128)"
+    )
+    ap.add_argument("--threads", type=int, default=0, help="torch threads of this process (--covariance); 0: default")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)  # 1 is steadier where other processes share the cores
 
     device = torch.device(
         "cuda"
@@ -625,9 +829,15 @@ def main() -> None:
     n_q, n_v = args.pairs or ((1000, 1000) if (args.large or cuda) else (256, 256))
     steps = args.steps or ([32] if cuda else ([8, 32] if args.full else [8]))
     shortlist = None if args.shortlist == 0 else (args.shortlist or max(1, n_v // 10))
-    with tempfile.TemporaryDirectory() as tmp:
-        for t in steps:
-            bench_size(n_q, n_v, t, device, dtypes, not args.no_reference, shortlist, args.repeats, tmp)
+    if args.covariance != "only":
+        with tempfile.TemporaryDirectory() as tmp:
+            for t in steps:
+                bench_size(n_q, n_v, t, device, dtypes, not args.no_reference, shortlist, args.repeats, tmp)
+    if args.covariance:
+        c_q, c_v = args.covariance_pairs or ((n_q, n_v) if cuda else (128, 128))
+        engines = [dt for dt in dict.fromkeys(["float32", *dtypes]) if dt != "tfloat32"]
+        for t in steps:  # mean +- std needs a few repeats
+            bench_covariance(c_q, c_v, t, device, engines, max(args.repeats, 3))
 
 
 if __name__ == "__main__":

@@ -114,7 +114,9 @@ def _core_cholesky(logvar: Tensor, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     inv_var = torch.exp(-logvar)  # (..., D)
     su = u * inv_var[..., None]  # (..., D, R)   S^-1 U
     eye = torch.eye(u.shape[-1], dtype=u.dtype, device=u.device)  # (R, R)
-    chol = torch.linalg.cholesky(eye + u.mT @ su)  # (..., R, R)
+    # einsum, not u.mT @ su: a U shared along a batch axis (a text's, against the pairs' bridged variances)
+    # is contracted in place instead of being copied out to every pair by matmul's broadcasting
+    chol = torch.linalg.cholesky(eye + torch.einsum("...dr,...ds->...rs", u, su))  # (..., R, R)
     return inv_var, su, chol
 
 
@@ -160,10 +162,12 @@ def kl_lowrank_gaussian(
     """
     p = _woodbury(logvar_p, u_p)
     diff = mu_p - mu_q  # (..., D)
-    trace_u = (u_q.square().sum(dim=-1) * p.inv_var).sum(dim=-1)  # (...)
+    # einsum rather than matmul wherever P's factors are shared along a batch axis (a text's, against V
+    # videos): matmul would copy A_p out to every pair first (three passes over (..., R, D) per pair)
+    trace_u = torch.einsum("...dr,...d->...", u_q.square(), p.inv_var)  # (...)
     trace_s = (torch.exp(logvar_q) * p.white_sq).sum(dim=-1)  # (...)
-    cross = (p.white @ u_q).square().sum(dim=(-2, -1))  # (...)   ||A_p U_q||_F^2, (..., R_p, R_q) first
-    maha = (p.white @ diff[..., None]).square().sum(dim=(-2, -1))  # (...)
+    cross = torch.einsum("...rd,...ds->...rs", p.white, u_q).square().sum(dim=(-2, -1))  # (...)  ||A_p U_q||_F^2
+    maha = torch.einsum("...rd,...d->...r", p.white, diff).square().sum(dim=-1)  # (...)
     corr = trace_u - trace_s - cross - maha + p.logdet_core - _logdet_core(logvar_q, u_q)  # (...)
     return kl_diag_gaussian(mu_q, logvar_q, mu_p, logvar_p) + 0.5 * corr
 

@@ -35,6 +35,7 @@ class ProbabilisticEncoder(nn.Module):
         self.logvar_min, self.logvar_max = logvar_min, logvar_max
         self.rank = rank
         self.factor_head: Optional[nn.Linear] = None
+        self._rank_major_cache: Optional[tuple[tuple, tuple[Tensor, Tensor]]] = None  # see _rank_major
         if rank > 0:
             self.factor_head = nn.Linear(dim, dim * rank)
             nn.init.normal_(self.factor_head.weight, std=0.1 * math.exp(0.5 * logvar_init) / math.sqrt(dim))
@@ -56,8 +57,42 @@ class ProbabilisticEncoder(nn.Module):
         logvar = self.logvar_head(h).clamp(self.logvar_min, self.logvar_max)  # (..., D)
         if self.factor_head is None:
             return mu, logvar, None
-        u = self.factor_head(h).unflatten(-1, (h.shape[-1], self.rank))  # (..., D, R)
-        return mu, logvar, u
+        return mu, logvar, self.factor(h)  # U (..., D, R)
+
+    def factor(self, h: Tensor) -> Tensor:
+        """The heads' features h (..., D) -> U (..., D, R), a view of a rank-major (..., R, D) tensor.
+
+        The same numbers as ``factor_head(h).unflatten(-1, (D, R))`` (the head's rows are indexed (d, r), as
+        trained), but the rows are taken rank-major, so each of U's R columns is contiguous over D: the costs'
+        passes over U (``U * s[..., None]``, ``U^T S^-1 U``, ``A U``) then run along unit-stride rows instead of
+        along an innermost axis of R (measured at R = 4, D = 512: the KL of a prob block ~1.6x faster, a whole
+        prob pair 13 % cheaper with the KL's einsums, docs/model.md).
+        """
+        d, r = h.shape[-1], self.rank
+        w, b = self._rank_major()  # (R D, D), (R D,): row r D + d
+        return F.linear(h, w, b).unflatten(-1, (r, d)).mT  # (..., D, R), unit stride along D
+
+    def _rank_major(self) -> tuple[Tensor, Tensor]:
+        """The factor head's weight and bias with their rows in (r, d) order: a copy, kept while the weights last.
+
+        With gradients on (training) the copy is made per call, inside the graph.  Without, it is kept and
+        made again only when a weight moves or changes in place (an optimiser step, ``load_state_dict``): a
+        block of a few hundred pairs would otherwise spend as long allocating and faulting in the copy
+        (4 MiB at R = 4, D = 512) as on the product.
+        """
+        lin = self.factor_head
+        assert lin is not None
+        d, r = lin.in_features, self.rank
+        # weights made under inference_mode have no version counter: those are gathered each call
+        keep = not torch.is_grad_enabled() and not lin.weight.is_inference()
+        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in (lin.weight, lin.bias)) if keep else None
+        if keep and self._rank_major_cache is not None and self._rank_major_cache[0] == key:
+            return self._rank_major_cache[1]
+        w = lin.weight.view(d, r, d).transpose(0, 1).reshape(r * d, d)  # (R D, D)
+        b = lin.bias.view(d, r).T.reshape(r * d)  # (R D,)
+        if keep:
+            self._rank_major_cache = (key, (w, b))
+        return w, b
 
 
 class MixtureHead(nn.Module):

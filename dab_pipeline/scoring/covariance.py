@@ -38,11 +38,18 @@ def covariance_chunks(
 
     A pair holds a few (D,) tensors (pooled video, mu, logvar, the cost's temporaries, ~12 D floats), the
     video's factor with its products (~3 D R, lowrank:R) or its K bridged components and their KL terms (~6 D K,
-    mixture:K): the estimate below, in float32.
+    mixture:K), and where the drift runs (dab) each bridge's state and the drift's hidden layers (~5 H + 8 D
+    floats, K bridges a pair for a mixture) and the bridged text's own Woodbury factors (~3 D R, lowrank:R): the
+    estimate below, in float32.  Measured at D = 512, H = 1024 as the peak resident growth of one block at the
+    64 MiB CPU default: 50-63 MiB for prob's forms; dab's were 83-193 MiB before its bridges were counted.
     """
     cfg = model.cfg
     cov = parse_covariance(cfg.covariance)
-    per_pair = 4 * cfg.embed_dim * (3 * cov.rank + 12 + (6 * cov.components if cov.kind == "mixture" else 0))
+    d = cfg.embed_dim
+    per_pair = d * (3 * cov.rank + 12 + (6 * cov.components if cov.kind == "mixture" else 0))
+    if cfg.runs_drift:
+        per_pair += cov.components * (5 * cfg.drift_hidden + 8 * d) + 3 * d * cov.rank
+    per_pair *= 4  # float32
     budget = memory_budget if memory_budget is not None else default_memory_budget(device)
     pairs = max(1, budget // per_pair)
     text_chunk = max(1, min(n_q, math.isqrt(pairs)))

@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from dab_pipeline.core.errors import ConfigError
+from dab_pipeline.model import network
+from dab_pipeline.model.costs import kl_diag_gaussian
 from dab_pipeline.scoring import Scorer, build_engine, score_all
 from dab_pipeline.scoring.covariance import covariance_chunks
 
@@ -42,6 +44,18 @@ def test_scorer_on_a_lowrank_model_equals_a_per_pair_loop_in_small_blocks(lowran
     np.testing.assert_allclose(score_all(lowrank, text, frames, mask).cost, res.cost, rtol=1e-6, atol=1e-6)
 
 
+def test_a_dab_block_counts_its_bridges_in_the_memory_budget() -> None:
+    """dab's blocks hold each bridge's state and the drift's hidden layers (K bridges a pair for a mixture): ~5 H + 8 D
+    floats a bridge (H = 24, D = 16 here) on top of prob's estimate, so the same budget holds fewer dab pairs."""
+    cpu, budget = torch.device("cpu"), 1 << 20
+    for cov, k, rank in (("mixture:2", 2, 0), ("lowrank:2", 1, 2)):
+        pq, pv = covariance_chunks(small_model("prob", covariance=cov), 1000, 1000, cpu, budget)
+        dq, dv = covariance_chunks(small_model("dab", covariance=cov), 1000, 1000, cpu, budget)
+        prob_pair = 4 * 16 * (3 * rank + 12 + 6 * k * (cov.startswith("mixture")))
+        dab_pair = prob_pair + 4 * (k * (5 * 24 + 8 * 16) + 3 * 16 * rank)
+        assert pq * pv <= budget // prob_pair and dq * dv <= budget // dab_pair < pq * pv
+
+
 def test_a_lowrank_shortlist_scores_its_candidates_and_inf_elsewhere(lowrank) -> None:
     text, frames, mask, _ = random_inputs()
     full = score_all(lowrank, text, frames, mask).cost
@@ -54,3 +68,63 @@ def test_a_lowrank_shortlist_scores_its_candidates_and_inf_elsewhere(lowrank) ->
 def test_the_fast_engines_refuse_a_lowrank_model(lowrank) -> None:
     with pytest.raises(ConfigError, match="diagonal Gaussians only"):
         build_engine(lowrank, torch.device("cpu"), torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# the faster low-rank path (U rank-major, einsum contractions) against the plain one it replaced
+
+
+def _plain_kl_lowrank(mu_q, lv_q, u_q, mu_p, lv_p, u_p):
+    """``KL(Q || P)`` of low-rank-plus-diagonal Gaussians as issue 36 first wrote it: U (..., D, R) contiguous, every
+    product a broadcasting matmul (P's whitened factor copied out to each pair), the same closed form."""
+    eye = lambda u: torch.eye(u.shape[-1], dtype=u.dtype)  # noqa: E731
+    logdet = lambda c: 2.0 * torch.log(torch.diagonal(c, dim1=-2, dim2=-1)).sum(-1)  # noqa: E731
+    inv_p = torch.exp(-lv_p)
+    su = u_p * inv_p[..., None]
+    chol_p = torch.linalg.cholesky(eye(u_p) + u_p.mT @ su)
+    white = torch.linalg.solve_triangular(chol_p, su.mT, upper=False)  # (..., R, D)
+    chol_q = torch.linalg.cholesky(eye(u_q) + u_q.mT @ (u_q * torch.exp(-lv_q)[..., None]))
+    diff = mu_p - mu_q
+    trace_u = (u_q.square().sum(dim=-1) * inv_p).sum(dim=-1)
+    trace_s = (torch.exp(lv_q) * white.square().sum(dim=-2)).sum(dim=-1)
+    cross = (white @ u_q).square().sum(dim=(-2, -1))
+    maha = (white @ diff[..., None]).square().sum(dim=(-2, -1))
+    corr = trace_u - trace_s - cross - maha + logdet(chol_p) - logdet(chol_q)
+    return kl_diag_gaussian(mu_q, lv_q, mu_p, lv_p) + 0.5 * corr
+
+
+@pytest.mark.parametrize("variant", ["prob", "dab"])
+@pytest.mark.parametrize("rank", [1, 3])
+def test_the_faster_lowrank_path_scores_as_the_plain_one(variant: str, rank: int, monkeypatch) -> None:
+    model = small_model(variant, covariance=f"lowrank:{rank}", drift_init=0.05).eval()
+    text, frames, mask, _ = random_inputs()
+    fast = Scorer(model, memory_budget=4 * 16 * (3 * rank + 12) * 6).score(text, frames, mask).cost  # many blocks
+    assert model.prob is not None and model.prob.factor_head is not None
+    head = model.prob.factor_head
+    with torch.no_grad():
+        h = model.prob.hidden(text)
+        u = model.prob.factor(h)  # (Q, D, R) a view of (Q, R, D)
+        assert u.stride()[-2:] == (1, 16)
+        # the same numbers as the head's own (d, r) layout
+        torch.testing.assert_close(u, head(h).unflatten(-1, (16, rank)), rtol=1e-6, atol=1e-7)
+        monkeypatch.setattr(model.prob, "factor", lambda h: head(h).unflatten(-1, (h.shape[-1], rank)))
+        calls = []
+        monkeypatch.setattr(network, "kl_lowrank_gaussian", lambda *a: calls.append(1) or _plain_kl_lowrank(*a))
+        plain = model.pair_costs(model.encode_text(text), model.encode_video(frames, mask)).numpy()  # (Q, V)
+    assert calls  # the model's path ran the plain cost
+    np.testing.assert_allclose(fast, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_the_rank_major_factor_follows_the_weights_and_trains() -> None:
+    model = small_model("prob", covariance="lowrank:2")
+    prob = model.prob
+    assert prob is not None and prob.factor_head is not None
+    h = torch.randn(5, 16)
+    with torch.no_grad():
+        first = prob.factor(h)
+        prob.factor_head.weight.add_(0.5)  # in place, as an optimiser step: the kept copy is made again
+        moved = prob.factor(h)
+        torch.testing.assert_close(moved, prob.factor_head(h).unflatten(-1, (16, 2)), rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(first, moved)
+    prob.factor(h).square().sum().backward()  # with gradients: made inside the graph
+    assert prob.factor_head.weight.grad is not None and float(prob.factor_head.weight.grad.abs().sum()) > 0.0

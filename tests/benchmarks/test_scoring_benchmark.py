@@ -1,0 +1,33 @@
+"""benchmarks/scoring.py --covariance: every form's row beside diag, and a stage breakdown that is the model's path."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _scoring_benchmark():
+    spec = importlib.util.spec_from_file_location("scoring_benchmark", REPO / "benchmarks" / "scoring.py")
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_covariance_section_times_every_form_beside_diag(capsys: pytest.CaptureFixture[str]) -> None:
+    sb = _scoring_benchmark()
+    sb.bench_covariance(4, 3, 1, torch.device("cpu"), ["float32"], repeats=2)  # pair_stages checks itself
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    for variant in ("prob", "dab"):
+        for row in ("diag reference", "diag engine float32", *sb.COVARIANCES):
+            assert any(line.split()[:1] == [variant] and f" {row} " in line for line in lines), (variant, row)
+        for cov in sb.COVARIANCES:  # a row in the timings and one in the breakdown
+            assert sum(line.split()[:2] == [variant, cov] for line in lines) == 2, (variant, cov)
+        assert sum(line.split()[:2] == [variant, "diag"] for line in lines) == 3  # reference, engine, breakdown
+    assert "where a pair's time goes" in out
