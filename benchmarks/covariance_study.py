@@ -56,6 +56,7 @@ COLUMNS = [
     "var calibration",
     "logdet calibration",
     "AURC",
+    "U span",
     "params",
     "seconds",
 ]
@@ -97,6 +98,9 @@ def run_row(out: Path, eval_store: Path, truth: "C.Truth") -> tuple[dict[str, Op
     for level in ("video", "shot", "object", "generic"):
         sel = truth.levels == level
         row[f"mAP {level}"] = 100 * queries["AP"][sel].mean() if sel.any() else None
+    if "u_span" in queries:  # lowrank runs: the generic captions' spread in span(U), with its chance level R/D
+        row["U span"] = float(np.mean(queries["u_span"]))
+        row["U span chance"] = float(np.mean(queries["u_span_chance"]))
     for col, key in (("var calibration", "text_var"), ("logdet calibration", "text_logdet")):
         row[col] = C.M.spearman(queries[key], np.log(truth.n_relevant)) if key in queries else None
     return row, queries
@@ -109,6 +113,8 @@ def cell(values: list[Optional[float]], col: str) -> str:
         return "-"
     if col == "params":
         return f"{vals[0] / 1e3:.0f}k"
+    if col == "U span":  # the chance level follows in the row's own "U span chance"
+        return f"{statistics.mean(vals):.3f}"
     digits = 3 if col in ("AURC", "var calibration", "logdet calibration") else (0 if col == "seconds" else 1)
     m = statistics.mean(vals)
     return f"{m:.{digits}f}" if len(vals) == 1 else f"{m:.{digits}f} ± {statistics.stdev(vals):.{digits}f}"
@@ -130,9 +136,10 @@ def world_table(label: str, rows: dict[str, list[dict]], boots: dict[str, dict],
     ]
     for name, rs in rows.items():
         diffs = [interval(boot.get(name, {}).get("AP")) for boot in boots.values()]
-        lines.append(
-            f"| {name} | " + " | ".join(cell([r[c] for r in rs], c) for c in COLUMNS) + " | " + " | ".join(diffs) + " |"
-        )
+        cells = [cell([r.get(c) for r in rs], c) for c in COLUMNS]
+        if rs[0].get("U span chance") is not None:
+            cells[COLUMNS.index("U span")] += f" (chance {rs[0]['U span chance']:.3f})"
+        lines.append(f"| {name} | " + " | ".join(cells) + " | " + " | ".join(diffs) + " |")
     return "\n".join(lines)
 
 
@@ -164,6 +171,8 @@ def study_world(spec: str, args: argparse.Namespace) -> dict[str, Any]:
     boots = {ref: C.bootstrap_rows(per_query, ref, metrics=("AP",)) for ref in REFERENCES if ref in per_query}
     text = world_table(label, rows, boots, args.seeds, len(truth.levels))
     generic = generic_bootstrap(per_query, truth)
+    if not generic:
+        return {"label": label, "rows": rows, "bootstrap": boots, "generic_bootstrap": {}, "markdown": text}
     text += "\n\nGeneric captions only, mAP difference to each reference (paired bootstrap 95 %):\n\n"
     text += "| setting | " + " | ".join(f"- {r}" for r in generic) + " |\n| --- |" + " ---: |" * len(generic) + "\n"
     text += "\n".join(
