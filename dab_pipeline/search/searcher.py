@@ -38,6 +38,7 @@ from ..runtime.capabilities import resolve_score_dtype
 from ..runtime.devices import resolve_device
 from ..scoring import DEFAULT_SHORTLIST, Scorer, first_stage, topk_smallest
 from ..store import open_store
+from .pairs import score_shortlists
 
 __all__ = ["SearchHit", "SearchResult", "Searcher", "encode_queries", "check_queries", "DEFAULT_SHORTLIST"]
 
@@ -103,7 +104,8 @@ class Searcher:
     With an ``index`` (``dab index``) a query reads only its shortlist's K videos from the store
     (``FeatureStore.read_videos``, sorted and coalesced) and re-ranks them with the run's full cost; without
     one, the split is loaded into memory once and every video is scored (or a cosine shortlist of it).
-    ``search`` is not re-entrant: a server serialises calls (``lock``).
+    ``search_batch`` answers queries that arrived together (a server's batch) in one call, each as alone.
+    Not re-entrant: a server serialises calls (``lock``).
     """
 
     def __init__(
@@ -210,40 +212,103 @@ class Searcher:
         queries = check_queries(queries, topk, shortlist)
         return self.rank(queries, self.encode(queries), topk, shortlist, nprobe, memory_budget)
 
+    def search_batch(
+        self,
+        queries: Sequence[str],
+        topk: int | Sequence[int] = 10,
+        shortlist: Optional[int] = None,
+        nprobe: Optional[int] = None,
+        timings: Optional[dict] = None,
+    ) -> list[SearchResult | ConfigError]:
+        """Queries that arrived together (a server's batch), each answered as :meth:`search` answers it alone.
+
+        ``topk``: one for all or one per query. A bad query (empty, ``topk`` below 1) gets its ConfigError in
+        its place and the others their results; the good ones are encoded in one batch and ranked together
+        (:meth:`rank`). ``shortlist`` and ``nprobe`` are the batch's: a bad ``shortlist`` raises. A failed
+        read of the store or the index raises too (the batch's, not a query's).
+        """
+        ks = [topk] * len(queries) if isinstance(topk, int) else [int(k) for k in topk]
+        if len(ks) != len(queries):
+            raise ConfigError(f"{len(ks)} topk values for {len(queries)} queries")
+        if shortlist is not None and shortlist < 1:
+            raise ConfigError(f"shortlist must be a positive integer, got {shortlist}")
+        out: list[SearchResult | ConfigError | None] = [None] * len(queries)
+        for i, (q, k) in enumerate(zip(queries, ks)):
+            try:
+                check_queries([q], k, None)
+            except ConfigError as exc:
+                out[i] = exc
+        good = [i for i, o in enumerate(out) if o is None]
+        if good:
+            texts = [str(queries[i]) for i in good]
+            t0 = time.perf_counter()
+            text = self.encode(texts)  # (M, D): one batch
+            _tick(timings if timings is not None else {}, "encode", t0)
+            for i, res in zip(good, self.rank(texts, text, [ks[i] for i in good], shortlist, nprobe, None, timings)):
+                out[i] = res
+        assert all(o is not None for o in out)
+        return out  # type: ignore[return-value]  # every place filled
+
     def rank(
         self,
         queries: Sequence[str],
         text: torch.Tensor | np.ndarray,
-        topk: int = 10,
+        topk: int | Sequence[int] = 10,
         shortlist: Optional[int] = None,
         nprobe: Optional[int] = None,
         memory_budget: Optional[int] = None,
         timings: Optional[dict] = None,
     ) -> list[SearchResult]:
-        """:meth:`search` for queries already encoded (``text`` (M, D)); ``timings`` (a dict) gets the seconds
-        spent in each step added to it: index, read, score."""
+        """:meth:`search` for queries already encoded (``text`` (M, D)); ``topk``: one for all or one per query;
+        ``timings`` (a dict) gets the seconds spent in each step added to it: index, read, score.
+
+        Several queries are ranked together: without an index in one Scorer call over the split; with one, each
+        query's shortlist from one first-stage call, their union read once and the (query, video) pairs of the
+        shortlists scored in one pass (:func:`~dab_pipeline.search.pairs.score_shortlists`).
+        """
         text = torch.as_tensor(np.asarray(text, np.float32))  # (M, D)
+        ks = [int(topk)] * len(queries) if isinstance(topk, int) else [int(k) for k in topk]
         timings = timings if timings is not None else {}
         if self.index is None:
-            return self._search_split(queries, text, topk, shortlist, memory_budget)
-        k_sl = int(shortlist or DEFAULT_SHORTLIST)
+            return self._search_split(list(queries), text, ks, shortlist, memory_budget)
+        return self._rank_shortlists(list(queries), text, ks, int(shortlist or DEFAULT_SHORTLIST), nprobe, timings)
+
+    def _rank_shortlists(
+        self, queries: list[str], text: torch.Tensor, ks: list[int], k_sl: int, nprobe: Optional[int], timings: dict
+    ) -> list[SearchResult]:
+        """With the index: each query's K-video shortlist, the union read once, each query scored on its own."""
+        assert self.index is not None
         t0 = time.perf_counter()
         qv = query_vectors(self.index.meta.vector, text.to(self.device), self.run.model)  # (M, D)
         cand = first_stage(qv, self.index, k_sl, nprobe=nprobe)  # (M, K) store rows, -1: none
-        _tick(timings, "index", t0)
+        t0 = _tick(timings, "index", t0)
+        rows = [np.unique(c[c >= 0]) for c in cand]  # each query's shortlist, sorted: the store reads coalesce
+        union = rows[0] if len(rows) == 1 else np.unique(np.concatenate(rows))  # (U,)
+        frames, mask = self.store.read_videos(union)  # (U, F, D), (U, F): the shortlists' videos, each once
+        t0 = _tick(timings, "read", t0)
+        costs = self._score_shortlists(text, frames, mask, [np.searchsorted(union, r) for r in rows])
+        _tick(timings, "score", t0)
         out = []
-        for i, q in enumerate(queries):
-            t0 = time.perf_counter()
-            rows = np.unique(cand[i][cand[i] >= 0])  # sorted: the store reads coalesce
-            frames, mask = self.store.read_videos(rows)  # (K, F, D), (K, F): only the shortlist
-            t0 = _tick(timings, "read", t0)
-            # one query: the model's own path beats the engine, whose per-video bases need many texts to pay
-            cost = self._scorer.score_query(text[i], frames, mask)  # (K,)
-            res = _Ranked(cost[None], *topk_smallest(cost[None], min(max(topk, 2), len(rows))))
-            _tick(timings, "score", t0)
-            ids = self.store.video_ids[rows]
-            out.append(_result(q, res, 0, ids, np.searchsorted(self.rows, rows), topk, k_sl))
+        for q, r, cost, k in zip(queries, rows, costs, ks):
+            res = _Ranked(cost[None], *topk_smallest(cost[None], min(max(k, 2), len(r))))  # (1, K)
+            out.append(_result(q, res, 0, self.store.video_ids[r], np.searchsorted(self.rows, r), k, k_sl))
         return out
+
+    def _score_shortlists(
+        self, text: torch.Tensor, frames: np.ndarray, mask: np.ndarray, local: list[np.ndarray]
+    ) -> list[np.ndarray]:
+        """Each query's costs over its shortlist (``local``: its places in ``frames``) -> [(K_i,) float32]."""
+        if len(local) == 1:  # one query (the frames are its shortlist, in order): the Scorer's one-query path
+            return [self._scorer.score_query(text[0], frames, mask)]  # (K,)
+        model = self.run.model
+        was_training = model.training
+        model.eval().to(self.device)
+        try:
+            return score_shortlists(
+                model, text, torch.as_tensor(frames), torch.as_tensor(mask), local, dtype=self.dtype
+            )
+        finally:
+            model.train(was_training)
 
     def _scorer_for(self, memory_budget: Optional[int]) -> Scorer:
         """The kept Scorer, or a new one where a search asks for another memory budget (then kept instead)."""
@@ -253,16 +318,25 @@ class Searcher:
         return self._scorer
 
     def _search_split(
-        self, queries: list[str], text: torch.Tensor, topk: int, shortlist: Optional[int], memory_budget: Optional[int]
+        self,
+        queries: list[str],
+        text: torch.Tensor,
+        ks: list[int],
+        shortlist: Optional[int],
+        memory_budget: Optional[int],
     ) -> list[SearchResult]:
+        """Without an index: every query of the batch against the split (or its shortlist) in one Scorer call."""
         if self._feats is None:
             self._feats = self.store.load_split(self.split)
         feats = self._feats
         n_v = len(feats.video_ids)
         res = self._scorer_for(memory_budget).score(
-            text, feats.frames, feats.frame_mask, topk=min(max(topk, 2), n_v), shortlist=shortlist
-        )
-        return [_result(q, res, i, feats.video_ids, np.arange(n_v), topk, shortlist) for i, q in enumerate(queries)]
+            text, feats.frames, feats.frame_mask, topk=min(max([*ks, 2]), n_v), shortlist=shortlist
+        )  # each query's best max(k) videos, best first: the first k are its top k
+        return [
+            _result(q, res, i, feats.video_ids, np.arange(n_v), k, shortlist)
+            for i, (q, k) in enumerate(zip(queries, ks))
+        ]
 
 
 @dataclass

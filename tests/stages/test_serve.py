@@ -3,6 +3,7 @@ and a real server under a bounded concurrent load on a loopback port."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -161,7 +162,7 @@ def test_a_failure_inside_is_a_500_with_one_line(client, monkeypatch: pytest.Mon
     def boom(*a, **k):
         raise RuntimeError("secret internals")
 
-    monkeypatch.setattr(client.searcher, "search", boom)
+    monkeypatch.setattr(client.searcher, "search_batch", boom)
     r = client.get("/search", params={"q": "fine"})
     assert r.status_code == 500 and r.json() == {"error": "internal error (RuntimeError)"}
 
@@ -542,3 +543,162 @@ def test_a_lowrank_run_indexes_pooled_searches_and_serves_like_exact_scoring(
     searcher.close()
     assert r.status_code == 200, r.text
     assert [h["video_id"] for h in r.json()["hits"]] == expected
+
+
+# ----------------------------------------------------------------------------- queries batched (issue 38)
+
+BATCH_LOAD = [(CAPTIONS[i % len(CAPTIONS)] + ("" if i < 8 else f" number {i}"), 1 + i % 5) for i in range(12)]
+
+
+def _batched(world: dict, max_batch: int, **kw):
+    """A Searcher over the world's index and a test client whose server batches up to ``max_batch`` queries."""
+    from fastapi.testclient import TestClient
+
+    from dab_pipeline.stages.serve import ServeSettings, create_app
+
+    searcher = Searcher(world["run"], world["store"], index=world["index"], device="cpu")
+    app = create_app(searcher, ServeSettings(max_k=5, shortlist=3, max_batch=max_batch, **kw))
+    return searcher, TestClient(app, raise_server_exceptions=False)
+
+
+def _send_together(client, load: list[tuple[str, int]], hold: bool = False) -> list:
+    """Each (q, k) of ``load`` from its own thread, released together by a barrier; ``hold``: the server's
+    batcher held until every one is queued, so they are gathered in batches of exactly max_batch."""
+    batcher = client.app.state.batcher
+    barrier = threading.Barrier(len(load))
+    out: list = [None] * len(load)
+
+    def send(i: int) -> None:
+        barrier.wait()
+        out[i] = client.get("/search", params={"q": load[i][0], "k": load[i][1]})
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(load))]
+    with batcher.hold() if hold else contextlib.nullcontext():
+        for t in threads:
+            t.start()
+        if hold:
+            assert batcher.wait_queued(len(load), timeout=120)
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "a request was never answered"
+    return out
+
+
+def _alone(world: dict, load: list[tuple[str, int]]) -> list[dict]:
+    """What each query gets from a server that answers one query at a time (--max-batch 1), one after another."""
+    searcher, client = _batched(world, max_batch=1)
+    with searcher, client:
+        return [client.get("/search", params={"q": q, "k": k}).json() for q, k in load]
+
+
+def _assert_same_answer(got: dict, alone: dict) -> None:
+    assert [h["video_id"] for h in got["hits"]] == [h["video_id"] for h in alone["hits"]]
+    np.testing.assert_allclose([h["cost"] for h in got["hits"]], [h["cost"] for h in alone["hits"]], rtol=1e-4)
+    assert got["confidence"] == pytest.approx(alone["confidence"], rel=1e-3, abs=1e-4)
+    assert (got["k"], got["shortlist"], got["abstain"]) == (alone["k"], alone["shortlist"], alone["abstain"])
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["barrier", "held"])
+def test_queries_sent_together_get_what_each_gets_alone(world: dict, hold: bool) -> None:
+    """12 requests released together by a barrier against --max-batch 4; held: gathered 4 + 4 + 4 for certain."""
+    alone = _alone(world, BATCH_LOAD)
+    searcher, client = _batched(world, max_batch=4)
+    with searcher, client:
+        out = _send_together(client, BATCH_LOAD, hold=hold)
+        stats = client.get("/healthz").json()["batching"]
+    for r, ref in zip(out, alone):
+        assert r.status_code == 200, r.text
+        _assert_same_answer(r.json(), ref)
+    assert stats["queries"] == len(BATCH_LOAD) and stats["largest"] <= 4
+    if hold:
+        assert stats["sizes"] == {"4": 3}
+
+
+def test_a_batch_gathers_what_waits_and_max_batch_1_answers_one_at_a_time(world: dict) -> None:
+    for max_batch, sizes in ((4, {"4": 1, "2": 1}), (1, {"1": 6})):
+        searcher, client = _batched(world, max_batch=max_batch)
+        with searcher, client:
+            out = _send_together(client, BATCH_LOAD[:6], hold=True)
+            assert [r.status_code for r in out] == [200] * 6
+            health = client.get("/healthz").json()["batching"]
+        assert health["sizes"] == sizes and health["max_batch"] == max_batch
+
+
+def test_a_query_that_breaks_its_batch_fails_alone(world: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch that raises (a bug, not the store) is answered again one query at a time: only its culprit fails."""
+    load = [(CAPTIONS[0], 2), ("boom", 2), (CAPTIONS[3], 3)]
+    alone = _alone(world, [load[0], load[2]])
+    searcher, client = _batched(world, max_batch=4)
+    real = searcher.search_batch
+
+    def fragile(queries, topk=10, **kw):
+        if "boom" in queries:
+            raise RuntimeError("secret internals")
+        return real(queries, topk, **kw)
+
+    monkeypatch.setattr(searcher, "search_batch", fragile)
+    with searcher, client:
+        out = _send_together(client, load, hold=True)
+        assert client.get("/healthz").json()["batching"]["sizes"] == {"3": 1}
+    assert out[1].status_code == 500 and out[1].json() == {"error": "internal error (RuntimeError)"}
+    for r, ref in zip((out[0], out[2]), alone):
+        assert r.status_code == 200
+        _assert_same_answer(r.json(), ref)
+
+
+def test_a_batch_read_from_a_changed_store_is_a_503_for_each_of_its_queries(world: dict, tmp_path: Path) -> None:
+    store, searcher, client = _served(world, tmp_path, "h5")  # the default batching: up to 16 queries
+    with searcher, client:
+        assert client.get("/search", params={"q": CAPTIONS[1]}).status_code == 200
+        batcher = client.app.state.batcher
+        out: list = [None] * 3
+
+        def send(i: int) -> None:
+            out[i] = client.get("/search", params={"q": CAPTIONS[i], "k": 2})
+
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(3)]
+        with batcher.hold():
+            for t in threads:
+                t.start()
+            assert batcher.wait_queued(3, timeout=120)
+            _truncate(store, tmp_path)  # under the queued batch
+        for t in threads:
+            t.join(120)
+        assert [r.status_code for r in out] == [503] * 3
+        assert all("restart `dab serve`" in r.json()["error"] for r in out)
+        assert client.get("/healthz").status_code == 503
+        assert client.get("/healthz").json()["ok"] is False
+
+
+def test_batch_options_reach_the_server_and_bad_ones_are_refused(world: dict, monkeypatch) -> None:
+    pytest.importorskip("uvicorn")
+    import click
+
+    import dab_pipeline.cli.commands.serving as serving
+    from dab_pipeline.stages.serve import ServeSettings
+
+    for bad in (["--max-batch", "0"], ["--batch-wait-ms", "-1"], ["--batch-wait-ms", "nan"]):
+        out = invoke(["serve", "--run", world["run"], "--features", world["store"], *bad])
+        assert out.exit_code == 2 and "Traceback" not in out.output, out.output
+    for kw in ({"max_batch": 0}, {"batch_wait_ms": float("nan")}, {"batch_wait_ms": -1.0}):
+        with pytest.raises(ConfigError):
+            ServeSettings(**kw)
+    seen: list = []
+
+    class Loaded:
+        num_videos = 0
+
+        def close(self) -> None:
+            pass
+
+    def create_app(searcher, settings, abstain):
+        seen.append(settings)
+        raise click.ClickException("stopped before serving")
+
+    monkeypatch.setattr(serving, "_load", lambda *a: (Loaded(), ServeSettings(), create_app, lambda *a: None))
+    argv = ["serve", "--run", world["run"], "--features", world["store"], "--port", "0"]
+    out = invoke([*argv, "--max-batch", "8", "--batch-wait-ms", "2.5"])
+    assert out.exit_code == 1 and "stopped before serving" in out.output
+    assert (seen[-1].max_batch, seen[-1].batch_wait_ms) == (8, 2.5)
+    invoke(argv)
+    assert (seen[-1].max_batch, seen[-1].batch_wait_ms) == (16, 5.0)  # the defaults

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import socket
 from pathlib import Path
@@ -55,6 +56,20 @@ from .options import EXISTING, FINITE_FLOAT, k_option, one_spelling
     default=None,
     help="JSON {video_id: text} or CSV (video_id, description) shown beside each hit.",
 )
+@click.option(
+    "--max-batch",
+    type=click.IntRange(1, 256),
+    default=16,
+    show_default=True,
+    help="Queries that arrive together are answered in one call, at most this many (1: one at a time).",
+)
+@click.option(
+    "--batch-wait-ms",
+    type=click.FloatRange(0, 1000),
+    default=5.0,
+    show_default=True,
+    help="How long a batch waits for more queries after its first arrived (never once --max-batch are waiting).",
+)
 @click.option("--threads", type=int, default=2, show_default=True, help="CPU threads for the model and FAISS.")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:N or auto.")
 @click.option(
@@ -78,13 +93,16 @@ def serve(
     shortlist,
     abstain_below,
     descriptions,
+    max_batch,
+    batch_wait_ms,
     threads,
     device,
     dtype,
 ) -> None:
     """Serve a search page (/) and a JSON API (/search?q=...&k=10) over a run and a store.
 
-    One worker; the run, the store's CLIP and the index are loaded once.
+    One worker; the run, the store's CLIP and the index are loaded once; queries that arrive together are
+    answered in one batch (--max-batch, --batch-wait-ms).
     """
     k = one_spelling(ctx, "k", "-k/--k", "--topk", former_topk)
     try:
@@ -97,6 +115,7 @@ def serve(
         searcher, settings, create_app, abstain_report = _load(
             run_dir, features, index_dir, split, k, shortlist, abstain_below, descriptions, threads, device, dtype
         )
+        settings = dataclasses.replace(settings, max_batch=max_batch, batch_wait_ms=batch_wait_ms)
     except BaseException:
         sock.close()
         raise

@@ -2,8 +2,10 @@
 
 FastAPI (an optional extra, ``pip install 'dab-pipeline[serve]'``); the CLI runs the app
 with uvicorn. Everything heavy is loaded once in a :class:`~dab_pipeline.search.Searcher`;
-requests are served one at a time (its lock: the model runs thread-limited in inference
-mode, and a second query would only slice the same cores).
+queries that arrive together are answered in one call (:class:`Batcher`: one worker gathers up to
+``max_batch`` of them, waiting at most ``batch_wait_ms`` after the first, and runs
+``Searcher.search_batch``: their texts encoded in one batch, their shortlists' pairs scored in one call),
+each with its own result or error; ``max_batch=1`` answers one query at a time.
 
 * ``GET /search?q=...&k=10`` -> JSON: the hits (rank, video id, cost, description), the
   confidence (the KL margin: 2nd minus 1st cost among the re-ranked videos) and
@@ -11,22 +13,25 @@ mode, and a second query would only slice the same cores).
   coverage and precision that threshold gave on the test split).
 * ``GET /`` -> the search page (``?q=`` shows results): thumbnails from the store, the
   confidence, and the re-ranked costs as a plot. Every user string is escaped (jinja2).
-* ``GET /healthz`` -> what is loaded; 503 with ``ok: false`` and the reason once the store or index
-  changed or a read of them failed.
+* ``GET /healthz`` -> what is loaded and what the batcher did (batches by size, time busy, time queries
+  waited for their batch); 503 with ``ok: false`` and the reason once the store or index changed or a read
+  of them failed.
 
 Bad requests get a 4xx with a one-line message (empty, too long, non-printable or non-UTF-8
 queries, k out of range), never a 500 with a traceback. The store and index files are checked
-before and after every search (one ``stat`` each): a store truncated, deleted or copied over
+before and after every batch (one ``stat`` each): a store truncated, deleted or copied over
 under the server, or a read that fails, makes every later answer a 503 naming the file, logged
 once, until the server is restarted.
 """
 
 from .app import create_app  # noqa: F401
+from .batcher import Batcher  # noqa: F401
 from .health import Health, Unavailable  # noqa: F401
 from .page import cost_svg  # noqa: F401
 from .settings import ServeSettings, abstain_report, check_query, check_query_string  # noqa: F401
 
 __all__ = [
+    "Batcher",
     "ServeSettings",
     "Health",
     "Unavailable",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import TYPE_CHECKING, Callable, Optional
 
 from ...core.errors import ConfigError, DabError, StoreError
 from ...search import Searcher, SearchResult
-from .health import Health, Unavailable, log, search_or_fail
+from .batcher import Batcher
+from .health import Health, Unavailable, log, run_batch
 from .page import first_captions, page_result, payload
 from .settings import ServeSettings, check_query, check_query_string, printable
 
@@ -27,7 +29,19 @@ def create_app(searcher: Searcher, settings: ServeSettings = ServeSettings(), ab
     except ImportError:
         raise ConfigError("dab serve needs FastAPI: `pip install 'dab-pipeline[serve]'`") from None
 
-    app = FastAPI(title=settings.title, docs_url=None, redoc_url=None)
+    health = Health(searcher)
+    batcher = Batcher(
+        lambda items: run_batch(searcher, health, items, settings.shortlist),
+        max_batch=settings.max_batch,
+        wait_s=settings.batch_wait_ms / 1000,
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        batcher.close()  # the batch in flight finishes before the CLI closes the Searcher
+
+    app = FastAPI(title=settings.title, docs_url=None, redoc_url=None, lifespan=lifespan)
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("dab_pipeline.results", "templates"),
         autoescape=True,
@@ -36,11 +50,10 @@ def create_app(searcher: Searcher, settings: ServeSettings = ServeSettings(), ab
     page = env.get_template("search.html.j2")
     _add_error_handlers(app, JSONResponse)
     captions = first_captions(searcher)
-    health = Health(searcher)
-    run_query = _query_runner(searcher, settings, health)
+    run_query = _query_runner(batcher, settings)
     routes = (
-        ("/search", _search_route(run_query, settings, abstain, Query)),
-        ("/healthz", _healthz_route(searcher, health, JSONResponse)),
+        ("/search", _search_route(batcher, settings, abstain, Query, JSONResponse)),
+        ("/healthz", _healthz_route(searcher, health, batcher, JSONResponse)),
         ("/", _home_route(searcher, settings, abstain, run_query, page, captions, Query, HTMLResponse)),
     )
     for path, fn in routes:
@@ -49,7 +62,7 @@ def create_app(searcher: Searcher, settings: ServeSettings = ServeSettings(), ab
             # imported in create_app, not at the top (FastAPI is an extra): FastAPI could not resolve the name
             fn.__annotations__["request"] = Request
         app.api_route(path, methods=["GET", "HEAD"])(fn)  # HEAD: monitors and link checkers ask it
-    app.state.health = health
+    app.state.health, app.state.batcher = health, batcher
     return app
 
 
@@ -67,39 +80,46 @@ def _add_error_handlers(app, JSONResponse) -> None:
 
 
 def _query_runner(
-    searcher: Searcher, settings: ServeSettings, health: Health
+    batcher: Batcher, settings: ServeSettings
 ) -> Callable[[Request, Optional[str], int], tuple[SearchResult, float]]:
-    """request, q, k -> (the checked query's result, seconds searching), the files checked before and after."""
+    """request, q, k -> (the checked query's result, seconds from its arrival to its answer), answered in a batch
+    of the queries that arrived with it (the files checked before and after each batch: health.run_batch)."""
 
     def run_query(request: Request, q: Optional[str], k: int) -> tuple[SearchResult, float]:
-        check_query_string(request.scope.get("query_string", b""))
-        text = check_query(q, settings.max_query_chars)
+        text = _checked(request, q, settings)
         t0 = time.perf_counter()
-        with searcher.lock:
-            health.check()
-            res = search_or_fail(searcher, health, text, k, settings.shortlist)
-            health.check()  # changed while it was read: the answer may mix old and new bytes
+        res = batcher.submit(text, k)
         return res, time.perf_counter() - t0
 
     return run_query
 
 
-def _search_route(run_query: Callable, settings: ServeSettings, abstain: Optional[dict], Query) -> Callable:
-    """``GET /search``: the JSON answer to one query."""
+def _checked(request: Request, q: Optional[str], settings: ServeSettings) -> str:
+    check_query_string(request.scope.get("query_string", b""))
+    return check_query(q, settings.max_query_chars)
 
-    def search(
+
+def _search_route(batcher: Batcher, settings: ServeSettings, abstain: Optional[dict], Query, JSONResponse) -> Callable:
+    """``GET /search``: the JSON answer to one query. Async: a query waits for its batch on the event loop, not in
+    a thread of the pool, and the answer is sent as it is (no response model to validate it against)."""
+
+    async def search(
         request: Request,
         q: Optional[str] = Query(None, description="the query text"),
         k: int = Query(settings.k, ge=1, le=settings.max_k, description="videos returned"),
-    ) -> dict:
-        res, secs = run_query(request, q, k)
-        return {**payload(res, settings, secs), "k": k, "abstain_threshold": abstain}
+    ):
+        text = _checked(request, q, settings)
+        t0 = time.perf_counter()
+        res = await batcher.answer(text, k)
+        secs = time.perf_counter() - t0
+        return JSONResponse({**payload(res, settings, secs), "k": k, "abstain_threshold": abstain})
 
     return search
 
 
-def _healthz_route(searcher: Searcher, health: Health, JSONResponse) -> Callable:
-    """``GET /healthz``: what is loaded, or 503 with the reason the server stopped answering."""
+def _healthz_route(searcher: Searcher, health: Health, batcher: Batcher, JSONResponse) -> Callable:
+    """``GET /healthz``: what is loaded and how queries were batched, or 503 with the reason the server stopped
+    answering."""
 
     def healthz():
         meta = searcher.index.meta if searcher.index is not None else None
@@ -114,6 +134,7 @@ def _healthz_route(searcher: Searcher, health: Health, JSONResponse) -> Callable
             "run": str(searcher.run.run_dir),
             "store": str(searcher.store_path),
             "index": None if meta is None else {"factory": meta.factory, "vector": meta.vector},
+            "batching": batcher.stats(),
         }
 
     return healthz

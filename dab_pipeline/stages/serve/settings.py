@@ -17,7 +17,10 @@ from ...metrics import kl_margin, threshold_outcome
 from ...runs.costfile import read_costs
 from ...runs.run_folder import RunFolder
 
-__all__ = ["ServeSettings", "abstain_report", "check_query", "check_query_string", "printable"]
+__all__ = ["ServeSettings", "MAX_BATCH_WAIT_MS", "abstain_report", "check_query", "check_query_string", "printable"]
+
+
+MAX_BATCH_WAIT_MS = 1000.0  # a longer wait would hold every lone query for that long
 
 
 @dataclass(frozen=True)
@@ -31,11 +34,15 @@ class ServeSettings:
     abstain_below: Optional[float] = None  # confidence (margin) under which a query is flagged
     descriptions: dict = field(default_factory=dict)
     title: str = "dab search"
+    max_batch: int = 16  # queries answered in one call at most (1: one at a time)
+    batch_wait_ms: float = 5.0  # how long a batch waits for more queries after its first arrived
 
     def __post_init__(self) -> None:
         if self.abstain_below is not None and not math.isfinite(self.abstain_below):
             raise ConfigError(f"abstain_below must be a finite confidence (a KL margin), got {self.abstain_below}")
-        for name in ("k", "max_k", "max_query_chars"):
+        if not (math.isfinite(self.batch_wait_ms) and 0 <= self.batch_wait_ms <= MAX_BATCH_WAIT_MS):
+            raise ConfigError(f"batch_wait_ms must be within 0..{MAX_BATCH_WAIT_MS:g} ms, got {self.batch_wait_ms}")
+        for name in ("k", "max_k", "max_query_chars", "max_batch"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
 

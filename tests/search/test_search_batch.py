@@ -1,0 +1,135 @@
+"""Searcher.search_batch (issue 38): queries that arrive together, encoded in one batch and scored in one call,
+each answered as it is answered alone; and score_shortlists, the batch's pass over its (query, video) pairs, against
+score_query one query at a time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dab_pipeline.core.errors import ConfigError
+from dab_pipeline.index import build_index
+from dab_pipeline.scoring import score_query
+from dab_pipeline.search import Searcher, SearchResult
+from dab_pipeline.search import searcher as searcher_module
+from dab_pipeline.search.pairs import score_shortlists
+from dab_pipeline.store import open_store
+
+from ..helpers.models import hand_made_run, random_inputs, small_model
+from ..helpers.stores import SEARCH_CAPTIONS, text_store
+
+pytest.importorskip("faiss")
+
+CAPTIONS = [*SEARCH_CAPTIONS, "a bird on a wire", "snow falls on a city", "a boat on a lake", "kids play football"]
+TEST_VIDEOS = 10
+QUERIES = [CAPTIONS[0], CAPTIONS[4], "something else entirely", CAPTIONS[9], "a dog and a cat"]
+KS = [1, 3, 2, 10, 5]  # one per query; 10 is more than a shortlist of 4 holds
+RUNS = [("dab", "diag"), ("prob", "diag"), ("dab", "lowrank:2"), ("dab", "mixture:2")]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("batch")
+    store = text_store(root / "store.h5", CAPTIONS, test_videos=TEST_VIDEOS, frames=4)
+    with open_store(store) as st:
+        build_index(st, root / "index", split="test")
+    return {"store": store, "index": root / "index", "root": root}
+
+
+@pytest.fixture(scope="module", params=RUNS, ids=[f"{v}-{c}" for v, c in RUNS])
+def run(world: dict, request: pytest.FixtureRequest) -> Path:
+    variant, cov = request.param
+    path, _ = hand_made_run(world["root"] / f"run-{variant}-{cov}", world["store"], variant, {"covariance": cov})
+    return path
+
+
+def assert_same(got: SearchResult, alone: SearchResult) -> None:
+    """The same hits in the same order, costs and margin within float32 tolerance, the same scored videos."""
+    assert [(h.video_id, h.video_index, h.rank) for h in got.hits] == [
+        (h.video_id, h.video_index, h.rank) for h in alone.hits
+    ]
+    np.testing.assert_allclose([h.cost for h in got.hits], [h.cost for h in alone.hits], rtol=1e-4, atol=1e-5)
+    assert (got.margin is None) == (alone.margin is None)
+    if alone.margin is not None:
+        assert got.margin == pytest.approx(alone.margin, rel=1e-3, abs=1e-4)
+    assert got.query == alone.query and got.shortlist == alone.shortlist
+    assert list(got.video_ids) == list(alone.video_ids)
+    np.testing.assert_allclose(got.costs, alone.costs, rtol=1e-4, atol=1e-5)  # +inf where not scored, on both
+
+
+@pytest.mark.parametrize("shortlist", [None, 4])
+@pytest.mark.parametrize("with_index", [True, False], ids=["index", "split"])
+def test_a_batch_answers_each_query_as_it_is_answered_alone(
+    world: dict, run: Path, with_index: bool, shortlist
+) -> None:
+    index = world["index"] if with_index else None
+    with Searcher(run, world["store"], index=index, device="cpu") as s:
+        batch = s.search_batch(QUERIES, KS, shortlist=shortlist)
+        assert len(batch) == len(QUERIES)
+        for q, k, got in zip(QUERIES, KS, batch):
+            assert isinstance(got, SearchResult), got
+            (alone,) = s.search([q], topk=k, shortlist=shortlist)
+            assert len(got.hits) == min(k, shortlist or TEST_VIDEOS)
+            assert_same(got, alone)
+
+
+def test_a_bad_query_gets_its_error_and_the_others_their_answers(world: dict, run: Path) -> None:
+    queries, ks = [CAPTIONS[0], "   ", CAPTIONS[1], CAPTIONS[2]], [2, 2, 0, 3]
+    with Searcher(run, world["store"], index=world["index"], device="cpu") as s:
+        out = s.search_batch(queries, ks, shortlist=4)
+        assert isinstance(out[1], ConfigError) and "non-empty" in str(out[1])
+        assert isinstance(out[2], ConfigError) and "topk" in str(out[2])
+        for i in (0, 3):
+            assert_same(out[i], s.search([queries[i]], topk=ks[i], shortlist=4)[0])
+        s.encode = lambda texts: pytest.fail("nothing to encode")  # type: ignore[method-assign]
+        assert all(isinstance(o, ConfigError) for o in s.search_batch(["", " "], 3))
+        with pytest.raises(ConfigError, match="shortlist"):  # the batch's setting, not a query's
+            s.search_batch([CAPTIONS[0]], 3, shortlist=0)
+
+
+def test_the_batch_reads_its_shortlists_once_and_scores_only_their_pairs_in_one_call(
+    world: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run, _ = hand_made_run(tmp_path / "run", world["store"], "dab")
+    calls: list[tuple[int, list[np.ndarray]]] = []
+    real = searcher_module.score_shortlists
+
+    def spy(model, text, frames, mask, shortlists, **kw):
+        calls.append((len(frames), [np.asarray(x) for x in shortlists]))
+        return real(model, text, frames, mask, shortlists, **kw)
+
+    monkeypatch.setattr(searcher_module, "score_shortlists", spy)
+    with Searcher(run, world["store"], index=world["index"], device="cpu") as s:
+        reads: list[np.ndarray] = []
+        read = s.store.read_videos
+        monkeypatch.setattr(s.store, "read_videos", lambda rows: (reads.append(np.asarray(rows)), read(rows))[1])
+        s.search_batch(QUERIES, KS, shortlist=4)
+    assert len(reads) == 1 and len(calls) == 1  # one read of the union, one scoring call
+    union = reads[0]
+    assert list(union) == sorted(set(union.tolist())) and calls[0][0] == len(union)
+    shortlists = calls[0][1]
+    assert [len(x) for x in shortlists] == [4] * len(QUERIES)  # each query's own 4 videos: 20 pairs ...
+    assert len(union) > 4  # ... of a union larger than one shortlist, so not every query against the union
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(
+    "variant, cov", [("dab", "diag"), ("prob", "diag"), ("dab", "lowrank:2"), ("dab", "mixture:2"), ("xpool", "diag")]
+)
+def test_score_shortlists_equals_score_query_one_query_at_a_time(variant: str, cov: str, dtype: str) -> None:
+    """The batch's pass (chunks of 4 videos and 3 pairs, so every loop turns) against the plain path it replaces."""
+    model = small_model(variant, covariance=cov).eval()
+    text, frames, mask, _ = random_inputs(q=5, v=9, frames=5)
+    shortlists = [np.array([0, 3, 5]), np.array([], np.int64), np.array([8, 1, 2]), np.arange(9), np.array([4])]
+    got = score_shortlists(model, text, frames, mask, shortlists, dtype=dtype, video_chunk=4, pair_chunk=3)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == "float32" else {"rtol": 1e-3, "atol": 1e-3}  # both bf16: close
+    assert [len(g) for g in got] == [len(s) for s in shortlists]
+    for i, sl in enumerate(shortlists):
+        if len(sl):
+            idx = torch.as_tensor(sl)
+            ref = score_query(model, text[i], frames[idx], mask[idx], dtype=dtype)
+            np.testing.assert_allclose(got[i], ref, **tol)
+    assert score_shortlists(model, text[:0], frames, mask, []) == []
