@@ -9,19 +9,17 @@ from ..core.errors import DatasetError
 from .catalogue import (
     DATASETS,
     Catalogue,
-    available_splits,
     build_catalogue,
     clean_text,
-    drop_uncaptioned,
     find_video,
     in_dir,
     read_json,
+    read_train_test,
     reject_unknown,
     require_file,
     resolve_dirs,
     scan_videos,
     split_named,
-    train_and_val,
     wanted_splits,
 )
 
@@ -62,27 +60,9 @@ def load_activitynet(
     if ann_file is not None:
         paths["train" if split_named(ann_file) == "train" else "test"] = ann_file
     warnings: list[str] = []
-    want = available_splits(wanted, {**paths, "val": paths["train"]}, warnings)
-    split_ids: dict[str, list[str]] = {}
-    paragraphs: dict[str, list[str]] = {}
-    parts: dict[str, list[int]] = {}
-    read = [s for s in ("test", "train") if s in want or (s == "train" and "val" in want)]
-    if "test" in want:
-        split_ids["test"] = _paragraphs(paths["test"], paragraphs, parts)
-        drop_uncaptioned(split_ids, paragraphs, paths["test"], warnings)
-    if "train" in read:
-        train_ids = _paragraphs(paths["train"], paragraphs, parts)
-        test_ids = split_ids.get("test", [])
-        split_ids.update(train_and_val(train_ids, want, val_size, seed, paths["train"], paragraphs, test_ids, warnings))
-    options = {
-        "val_size": int(val_size),
-        "seed": int(seed),
-        "splits": want,
-        "files": {s: paths[s].name for s in read},
-        "warnings": warnings,
-    }
+    split_ids, paragraphs, parts, options = read_train_test(paths, wanted, _paragraphs, val_size, seed, warnings)
     found = scan_videos(video_dir)
-    files = [paths[s] for s in read]
+    files = [paths[s] for s in ("test", "train") if s in options["files"]]
     locate = lambda vid: _anet_video(video_dir, vid, found)  # noqa: E731
     return build_catalogue("activitynet", video_dir, split_ids, paragraphs, ".mp4", files, options, parts, locate)
 

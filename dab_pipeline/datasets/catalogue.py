@@ -346,3 +346,38 @@ def train_and_val(
     drop_uncaptioned(only, captions, source, warnings)
     train, val = holdout(only["train"], int(val_size) if "val" in want else 0, int(seed), source)
     return {**({"train": train} if "train" in want else {}), **({"val": val} if val else {})}
+
+
+def read_train_test(
+    paths: dict[str, Path],
+    wanted: tuple[str, ...] | None,
+    reader: Callable[[Path, dict[str, list[str]], dict[str, list[int]]], list[str]],
+    val_size: int,
+    seed: int,
+    warnings: list[str],
+) -> tuple[dict[str, list[str]], dict[str, list[str]], dict[str, list[int]], dict[str, Any]]:
+    """A train file and a test file, ``val_size`` train videos held out as val (ActivityNet, Charades).
+
+    ``reader(path, texts, parts)`` returns one file's video ids in file order and fills their queries and the
+    number of captions joined into each.  Returns (split ids, queries, parts, the catalogue's options).
+    """
+    want = available_splits(wanted, {**paths, "val": paths["train"]}, warnings)
+    split_ids: dict[str, list[str]] = {}
+    texts: dict[str, list[str]] = {}
+    parts: dict[str, list[int]] = {}
+    read = [s for s in ("test", "train") if s in want or (s == "train" and "val" in want)]
+    if "test" in want:
+        split_ids["test"] = reader(paths["test"], texts, parts)
+        drop_uncaptioned(split_ids, texts, paths["test"], warnings)
+    if "train" in read:
+        train_ids = reader(paths["train"], texts, parts)
+        test_ids = split_ids.get("test", [])
+        split_ids.update(train_and_val(train_ids, want, val_size, seed, paths["train"], texts, test_ids, warnings))
+    options = {
+        "val_size": int(val_size),
+        "seed": int(seed),
+        "splits": want,
+        "files": {s: paths[s].name for s in read},
+        "warnings": warnings,
+    }
+    return split_ids, texts, parts, options

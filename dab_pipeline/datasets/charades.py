@@ -9,17 +9,15 @@ from ..core.errors import DatasetError
 from .catalogue import (
     DATASETS,
     Catalogue,
-    available_splits,
     build_catalogue,
     clean_text,
-    drop_uncaptioned,
     in_dir,
     read_csv,
+    read_train_test,
     reject_unknown,
     require_file,
     resolve_dirs,
     split_named,
-    train_and_val,
     wanted_splits,
 )
 
@@ -59,26 +57,8 @@ def load_charades(
     if ann_file is not None:
         paths["test" if split_named(ann_file) == "test" else "train"] = ann_file
     warnings: list[str] = []
-    want = available_splits(wanted, {**paths, "val": paths["train"]}, warnings)
-    split_ids: dict[str, list[str]] = {}
-    queries: dict[str, list[str]] = {}
-    parts: dict[str, list[int]] = {}
-    read = [s for s in ("test", "train") if s in want or (s == "train" and "val" in want)]
-    if "test" in want:
-        split_ids["test"] = _charades_queries(paths["test"], queries, parts)
-        drop_uncaptioned(split_ids, queries, paths["test"], warnings)
-    if "train" in read:
-        train_ids = _charades_queries(paths["train"], queries, parts)
-        test_ids = split_ids.get("test", [])
-        split_ids.update(train_and_val(train_ids, want, val_size, seed, paths["train"], queries, test_ids, warnings))
-    options = {
-        "val_size": int(val_size),
-        "seed": int(seed),
-        "splits": want,
-        "files": {s: paths[s].name for s in read},
-        "warnings": warnings,
-    }
-    files = [paths[s] for s in read]
+    split_ids, queries, parts, options = read_train_test(paths, wanted, _charades_queries, val_size, seed, warnings)
+    files = [paths[s] for s in ("test", "train") if s in options["files"]]
     return build_catalogue("charades", video_dir, split_ids, queries, ".mp4", files, options, parts)
 
 
