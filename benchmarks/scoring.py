@@ -54,10 +54,17 @@ head, token term, bridge, cost, a mixture's moments) on one block of the Scorer'
 ``model.pair_costs``.  128 x 128 pairs on CPU (``--covariance-pairs``), about 10 minutes at T' = 8 on one
 thread (``--threads 1``, steadier on a shared machine); ``--covariance only`` skips the usual table.
 
+``--one-query K [K ...]`` (issue 38) adds, per T', a section timed in this process (interleaved, ``max(--repeats, 3)``
+repeats, mean +- std): per dtype, the grid (Q x V, as above) through a kept ``Scorer.score``, then one query's re-rank
+of K videos through ``Scorer.score_query`` (what ``dab search`` / ``dab serve`` run on a shortlist; ~2,000 pairs of
+different queries a repeat) and, beside it, the model's own path that ``score_query`` ran before (``scoring.score_query``,
+under autocast in bf16); each prints ``one query x K: N pairs/s, P % of the grid rate``, the share taken repeat by
+repeat. On a shared machine ``--threads 1`` keeps another job's thread from stalling every parallel region.
+
     python benchmarks/scoring.py [--full] [--large] [--steps 8 32] [--pairs Q V] [--device auto] [--repeats 3]
         [--dtypes float32 bfloat16] [--force-bf16] [--no-reference] [--shortlist K]
         [--run RUN --features STORE [--split test]]
-        [--covariance [only]] [--covariance-pairs Q V] [--threads N]
+        [--covariance [only]] [--covariance-pairs Q V] [--one-query K [K ...]] [--threads N]
 
 The CPU of a shared machine is noisy: ``--repeats N`` runs every row N times,
 interleaved, and keeps the fastest.
@@ -80,7 +87,7 @@ import torch
 from dab_pipeline.model import DABModel, ModelConfig
 from dab_pipeline.model.costs import kl_diag_gaussian
 from dab_pipeline.model.covariance import kl_lowrank_gaussian, mixture_moments, soft_min_kl
-from dab_pipeline.scoring import Scorer, engine_macs, reference_macs, score_all, score_all_reference
+from dab_pipeline.scoring import Scorer, engine_macs, reference_macs, score_all, score_all_reference, score_query
 from dab_pipeline.scoring.covariance import covariance_chunks
 
 NUM_FRAMES = 12
@@ -660,6 +667,92 @@ def bench_covariance(
         stage_table(steps, text, frames, mask, device, repeats)
 
 
+# ------------------------------------------------------------------------------------------------------------------
+# --one-query K: one query's shortlist of K videos (what dab search and dab serve re-rank) against the grid's rate
+
+
+def one_query_rows(
+    steps: int, n_q: int, n_v: int, k_max: int, device: torch.device, dtypes: list[str]
+) -> tuple[dict[str, Scorer], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """A kept Scorer per dtype, warmed up as a server's would be: engines built, the grid's sub-block size measured,
+    oneDNN's kernels made for every shape timed below."""
+    model = random_model(steps).to(device)
+    text, frames, mask = random_features(max(n_q, 64), max(n_v, k_max))
+    scorers = {}
+    for dt in dtypes:
+        scorer = scorers[dt] = Scorer(model, device=device, dtype=score_dtype(dt))
+        scorer.prepare(n_q, n_v, NUM_FRAMES)
+        scorer.score(text[:n_q], frames[:n_v], mask[:n_v])
+    return scorers, (text, frames, mask)
+
+
+def bench_one_query(
+    ks: list[int],
+    n_q: int,
+    n_v: int,
+    steps: int,
+    device: torch.device,
+    dtypes: list[str],
+    repeats: int,
+    min_pairs: int = 2000,
+) -> None:
+    """pairs/s of ``Scorer.score_query`` (the re-rank of dab search / dab serve) on K videos, over the grid's, interleaved.
+
+    Each repeat times, per dtype: the n_q x n_v grid through ``Scorer.score``; then per K, ``Scorer.score_query`` and
+    the model's own path it replaced (``scoring.score_query``, under autocast in bf16) on enough queries for
+    ``min_pairs`` pairs (at least 2), a different query each call. The share of the grid rate is taken per repeat
+    (the same moments).
+    """
+    engines = [dt for dt in dtypes if dt != "tfloat32"]
+    scorers, (text, frames, mask) = one_query_rows(steps, n_q, n_v, max(ks), device, engines)
+    model = next(iter(scorers.values())).model
+    calls = {k: max(2, -(-min_pairs // k)) for k in ks}
+    for dt, scorer in scorers.items():  # warm-up: the one-text path's products, the model's path under autocast
+        for k in ks:
+            scorer.score_query(text[0], frames[:k], mask[:k])
+            score_query(model, text[0], frames[:k], mask[:k], dtype=score_dtype(dt))
+    times: dict[tuple, list[float]] = {}
+
+    def timed(key: tuple, pairs: int, fn: Callable[[], Any]) -> None:
+        sync(device)
+        t = time.perf_counter()
+        fn()
+        sync(device)
+        times.setdefault(key, []).append(pairs / (time.perf_counter() - t))
+
+    with torch.no_grad():
+        for _ in range(repeats):  # interleaved, so a slow spell of a shared machine hits every row
+            for dt, scorer in scorers.items():
+                timed((dt, "grid"), n_q * n_v, lambda: scorer.score(text[:n_q], frames[:n_v], mask[:n_v]))
+                for k in ks:
+                    q = [text[i % len(text)] for i in range(calls[k])]
+                    timed((dt, k), k * calls[k], lambda: [scorer.score_query(t, frames[:k], mask[:k]) for t in q])
+                    timed(
+                        (dt, k, "model"),
+                        k * calls[k],
+                        lambda: [score_query(model, t, frames[:k], mask[:k], dtype=score_dtype(dt)) for t in q],
+                    )
+    print_one_query(ks, n_q, n_v, steps, times, repeats)
+
+
+def print_one_query(ks: list[int], n_q: int, n_v: int, steps: int, times: dict, repeats: int) -> None:
+    print(
+        f"\none query (Scorer.score_query, the re-rank of dab search / dab serve), T'={steps}, D=512, F={NUM_FRAMES}; "
+        f"{torch.get_num_threads()} threads; mean +- std of {repeats} interleaved repeats; the grid: {n_q} x {n_v} "
+        "pairs through Scorer.score in this process (warm); the model's path: what score_query ran before"
+    )
+    for dt in dict.fromkeys(key[0] for key in times):
+        grid = times[(dt, "grid")]
+        print(f"  {dt:<9} grid {n_q} x {n_v}: {_mean_std(grid, '9.0f')} pairs/s")
+        for k in ks:
+            for label, key in (("one query", (dt, k)), ("  model's path", (dt, k, "model"))):
+                share = [100 * r / g for r, g in zip(times[key], grid)]
+                print(
+                    f"  {dt:<9} {label} x {k}: {_mean_std(times[key], '9.0f')} pairs/s, "
+                    f"{_mean_std(share, '5.1f')} % of the grid rate"
+                )
+
+
 def bench_teacher(
     run_dir: str, teacher_dir: str, store: str, split: str, device: torch.device, repeats: int = 3
 ) -> None:
@@ -785,7 +878,17 @@ def main() -> None:
     ap.add_argument(
         "--covariance-pairs", type=int, nargs=2, metavar=("Q", "V"), default=None, help="(CPU default 128 x 128)"
     )
-    ap.add_argument("--threads", type=int, default=0, help="torch threads of this process (--covariance); 0: default")
+    ap.add_argument(
+        "--threads", type=int, default=0, help="torch threads of this process (--covariance, --one-query); 0: default"
+    )
+    ap.add_argument(
+        "--one-query",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="K",
+        help="also time one query's re-rank of K videos (Scorer.score_query) against the grid's rate, in this process",
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)  # 1 is steadier where other processes share the cores
@@ -833,6 +936,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             for t in steps:
                 bench_size(n_q, n_v, t, device, dtypes, not args.no_reference, shortlist, args.repeats, tmp)
+    if args.one_query:
+        for t in steps:  # mean +- std needs a few repeats
+            bench_one_query(args.one_query, n_q, n_v, t, device, dtypes, max(args.repeats, 3))
     if args.covariance:
         c_q, c_v = args.covariance_pairs or ((n_q, n_v) if cuda else (128, 128))
         engines = [dt for dt in dict.fromkeys(["float32", *dtypes]) if dt != "tfloat32"]

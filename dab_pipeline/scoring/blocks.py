@@ -128,3 +128,29 @@ def center(x: Tensor) -> Tensor:
 
 def linear_layers(seq: torch.nn.Sequential) -> list[torch.nn.Linear]:
     return [m for m in seq if isinstance(m, torch.nn.Linear)]
+
+
+class Linears:
+    """A few ``x @ w + b`` products in the engine's matmul dtype: bf16 on CPU through :class:`OneDNN` (weights packed
+    once), else ATen's products on weights cast once. Each returns its result in the matmul dtype."""
+
+    def __init__(
+        self, mats: list[tuple[Tensor, Optional[Tensor]]], mm_dtype: torch.dtype, device: torch.device, batch_hint: int
+    ) -> None:
+        """mats: (w (in, out) float32, bias (out,) float32 | None) each."""
+        self.mm_dtype = mm_dtype
+        self.onednn = None
+        if mm_dtype == torch.bfloat16 and device.type == "cpu":
+            self.onednn = OneDNN.pack([(w.T, b) for w, b in mats], batch_hint)
+        kept = [] if self.onednn is not None else mats  # ATen's weights only where oneDNN does not pack them
+        self.w = [w.to(mm_dtype).contiguous() for w, _ in kept]
+        self.b = [None if b is None else b.to(mm_dtype) for _, b in kept]
+
+    def __call__(self, x: Tensor, i: int) -> Tensor:
+        """x (P, in), any float dtype -> x @ w_i + b_i (P, out) in the matmul dtype (bf16: the inputs rounded to
+        bf16, float32 sums, the result rounded to bf16)."""
+        x = x.to(self.mm_dtype)
+        if self.onednn is not None:
+            return self.onednn.linear(x.contiguous(), i)
+        b = self.b[i]
+        return torch.mm(x, self.w[i]) if b is None else torch.addmm(b, x, self.w[i])

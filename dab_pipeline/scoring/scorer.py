@@ -17,7 +17,7 @@ from .covariance import needs_reference, score_nondiag, score_shortlist_nondiag
 from .engines import Engine, build_engine
 from .first_stage import ExactVectors, first_stage, frame_mean_vectors, text_vectors
 from .passes import diagnostics, score_candidates, score_grid, topk_smallest
-from .planning import Plan, plan_grid, tune_blocks
+from .planning import Plan, even_cuts, plan_grid, tune_blocks
 from .reference import score_query
 from .result import SCORE_DTYPES, ScoreResult, prepare_inputs
 
@@ -26,6 +26,8 @@ __all__ = ["Scorer", "MAX_ENGINES"]
 # Engines kept at once (one per batch hint, the grid size the bf16 products are packed for): a server asks
 # one or two shapes; a script scoring many shapes should not keep a merged copy of the weights for each.
 MAX_ENGINES = 4
+# Videos a block of Scorer.score_query scores at once (~100 KB of work each at D = 512, F = 12)
+ONE_QUERY_CHUNK = 1024
 
 
 class Scorer:
@@ -67,6 +69,7 @@ class Scorer:
         self._engines: OrderedDict[int, Engine] = OrderedDict()  # batch hint -> engine, least recent first
         self._plans: dict[tuple[int, int, int, bool], Plan] = {}
         self._weights: Optional[object] = None  # the weights the engines were built from (_weights_key)
+        self._placed: Optional[object] = None  # the weights as _place last found them on this scorer's device
 
     def close(self) -> None:
         """Drop the engines (a later call builds them again)."""
@@ -108,8 +111,7 @@ class Scorer:
             self.model, text, frames, mask, gt, self.text_chunk, self.video_chunk
         )
         n_q, n_v, n_f = text_t.shape[0], frames_t.shape[0], frames_t.shape[1]
-        was_training = self.model.training
-        self.model.eval().to(self.device)
+        was_training = self._place()
         try:
             if needs_reference(self.model):
                 result = self._score_nondiag(text_t, frames_t, mask_t, gt_t, shortlist, progress)
@@ -130,23 +132,40 @@ class Scorer:
                 result.topk_indices, result.topk_costs = topk_smallest(cost, topk)
             return result
         finally:
-            self.model.train(was_training)
+            self._restore(was_training)
 
     def score_query(
         self, text: np.ndarray | Tensor, frames: np.ndarray | Tensor, mask: np.ndarray | Tensor
     ) -> np.ndarray:
         """One query's costs over a few videos (its shortlist) -> (K,) float32.
 
-        text (D,) or (1, D), frames (K, F, D), mask (K, F). Through the model's own path, not an engine: one
-        query cannot amortise an engine's per-video bases (measured at D = 512, T' = 8, 100 videos: 60 ms
-        with the engine, 33 ms this way, bf16).
+        text (D,) or (1, D), frames (K, F, D), mask (K, F). The engine's one-text path (``Engine.one_query``: no
+        per-video bases, which one query cannot amortise; the keys' and values' projections moved onto the query
+        and the pooled frames), in up to ``ONE_QUERY_CHUNK`` videos a block; the model's own path
+        (:func:`~dab_pipeline.scoring.reference.score_query`) for a variant without one (xpool, the point
+        bridge) or a non-diagonal covariance. In bf16 every product before the bridge runs in bf16 too (the
+        model's path under autocast did the same).
         """
-        was_training = self.model.training
-        self.model.eval().to(self.device)
+        was_training = self._place()
         try:
-            return score_query(self.model, text, frames, mask, dtype=self.dtype)
+            if needs_reference(self.model):
+                return score_query(self.model, text, frames, mask, dtype=self.dtype)
+            t, fr, mk = _one_query_inputs(self.model, text, frames, mask)  # (1, D), (K, F, D), (K, F)
+            cuts = even_cuts(len(fr), ONE_QUERY_CHUNK)
+            if not cuts:
+                return np.empty(0, np.float32)
+            with torch.no_grad():  # engines kept per power of two of the block's videos (oneDNN packs for a size)
+                eng = self._engine(1 << (max(b - a for a, b in cuts) - 1).bit_length())
+                ts = eng.texts(t.to(self.device))
+                out = np.empty(len(fr), np.float32)
+                for a, b in cuts:
+                    cost = eng.one_query(ts, fr[a:b].to(self.device), mk[a:b].to(self.device))  # (b - a,)
+                    if cost is None:  # no one-text path for this variant: the model's own
+                        return score_query(self.model, text, frames, mask, dtype=self.dtype)
+                    out[a:b] = cost.float().cpu().numpy()
+            return out
         finally:
-            self.model.train(was_training)
+            self._restore(was_training)
 
     def candidates(
         self, text: np.ndarray | Tensor, frames: np.ndarray | Tensor, mask: np.ndarray | Tensor, k: Optional[int] = None
@@ -159,14 +178,37 @@ class Scorer:
     def prepare(self, n_q: int, n_v: int, num_frames: int, exact: bool = True) -> dict:
         """Plan (and on CPU measure the sub-block size of) an n_q x n_v grid now, so that a timed
         :meth:`score` of that shape does not; -> the plan's info."""
-        was_training = self.model.training
-        self.model.eval().to(self.device)
+        was_training = self._place()
         try:
             return self._plan(n_q, n_v, num_frames, exact).info()
         finally:
-            self.model.train(was_training)
+            self._restore(was_training)
 
     # ------------------------------------------------------------------ inside
+
+    def _place(self) -> bool:
+        """The model in eval mode on this scorer's device for a call -> its training flag before (:meth:`_restore`).
+
+        Only what is not so already is changed: ``eval()`` and ``to()`` walk every module and weight (~0.6 ms
+        together at D = 512, a twentieth of a 100-video re-rank), and a server's model is there from its first call.
+        """
+        was_training = self.model.training
+        if was_training or any(m.training for m in self.model.modules()):
+            self.model.eval()
+        key = _weights_key(self.model)
+        if key != self._placed:  # weights moved or written since this scorer last placed them: where are they?
+            dev = self.device
+            for t in (*self.model.parameters(), *self.model.buffers()):
+                if t.device.type != dev.type or (dev.index is not None and t.device.index != dev.index):
+                    self.model.to(dev)
+                    key = _weights_key(self.model)
+                    break
+            self._placed = key  # the weights as they are on this device now (_engine reads it)
+        return was_training
+
+    def _restore(self, was_training: bool) -> None:
+        if was_training:
+            self.model.train(True)
 
     def _score_nondiag(
         self,
@@ -211,7 +253,7 @@ class Scorer:
 
     def _engine(self, hint: int) -> Engine:
         """The engine for sub-blocks of about ``hint`` pairs: kept, or built (and the oldest dropped)."""
-        weights = _weights_key(self.model)
+        weights = self._placed  # taken by _place at the start of this call
         if weights != self._weights:  # stale merged copies: rebuild every engine from the current weights
             self._engines.clear()
             self._weights = weights
@@ -257,6 +299,27 @@ class Scorer:
         rows = max(1, plan.p_max // max(1, n_v) * 8)  # queries a (rows, V) similarity block holds
         videos = ExactVectors(frame_mean_vectors(frames_t, mask_t), self.device, rows_per_block=rows)
         return first_stage(text_vectors(text_t), videos, k)
+
+
+def _one_query_inputs(model: DABModel, text, frames, mask) -> tuple[Tensor, Tensor, Tensor]:
+    """:meth:`Scorer.score_query`'s inputs as tensors, text (1, D) and frames (K, F, D) float32, mask (K, F) bool,
+    checked against the model as its own path checks them (ValueError)."""
+    t, fr = _as_float(text).reshape(1, -1), _as_float(frames)
+    mk = torch.as_tensor(np.asarray(mask) if not isinstance(mask, Tensor) else mask).to(torch.bool)
+    d = model.cfg.embed_dim
+    if t.shape[1] != d or fr.dim() != 3 or fr.shape[2] != d:
+        raise ValueError(f"text {tuple(t.shape)} and frames {tuple(fr.shape)} must end in embed_dim={d}")
+    if mk.shape != fr.shape[:2]:
+        raise ValueError(f"mask shape {tuple(mk.shape)} does not match frames {tuple(fr.shape[:2])}")
+    return t, fr, mk
+
+
+def _as_float(x: np.ndarray | Tensor) -> Tensor:
+    """x as a float32 tensor (a read-only array, such as a memory map, copied first)."""
+    if isinstance(x, Tensor):
+        return x.float()
+    a = np.asarray(x)
+    return torch.from_numpy(a if a.flags.writeable else a.copy()).float()
 
 
 def _weights_key(model: DABModel) -> object:

@@ -50,9 +50,9 @@ def case(p: int, k: int, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Ten
 def test_block_rows_pads_and_tiles(ops) -> None:
     x = torch.arange(45 * 64, dtype=torch.float32).view(45, 64).to(torch.bfloat16)
     xb = ops.amx_block_rows(x)
-    assert tuple(xb.shape) == (4, 2, 16, 32)  # 45 rows -> 64, in 16 x 32 tiles
+    assert tuple(xb.shape) == (3, 2, 16, 32)  # 45 rows -> 48, in 16 x 32 tiles
     assert torch.equal(xb[1, 1], x[16:32, 32:64])
-    assert torch.equal(unblock(xb, 45), x) and (unblock(xb, 64)[45:] == 0).all()
+    assert torch.equal(unblock(xb, 45), x) and (unblock(xb, 48)[45:] == 0).all()
 
 
 @pytest.mark.parametrize("p,k,n", [(45, 96, 64), (32, 512, 288), (1, 32, 32)])  # padding, several k-chunks, one row
@@ -77,9 +77,9 @@ def test_add_silu_blocked_matches_the_row_major_kernel(ops, mb: int) -> None:
     want = torch.empty(45, 64, dtype=torch.bfloat16)
     get_kernels().add_silu_bf16_(want, a, b)
     got = ops.amx_add_silu_blocked(a, b)
-    assert tuple(got.shape) == (4, 2, 16, 32)
+    assert tuple(got.shape) == (3, 2, 16, 32)
     torch.testing.assert_close(unblock(got, 45), want, rtol=0, atol=0)  # the same vector code: bit for bit
-    assert (unblock(got, 64)[45:] == 0).all()
+    assert (unblock(got, 48)[45:] == 0).all()
 
 
 def rows_of(buf_rows: int, p: int, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,25 +92,29 @@ def rows_of(buf_rows: int, p: int, n: int, seed: int) -> tuple[torch.Tensor, tor
 @pytest.mark.parametrize("mb", [1, 9, 45])  # one text, a grid's texts, a row per pair
 def test_linear_add_first_adds_in_place_and_gives_the_first_step(ops, mb: int) -> None:
     x, w, _ = case(45, 64, 96, seed=13)
-    buf, target = rows_of(64, 45, 96, seed=14)
+    buf, target = rows_of(48, 45, 96, seed=14)
     first = torch.randn(mb, 96, generator=torch.Generator().manual_seed(15))
     v = target.float() + x.float() @ w.float().T  # (45, 96): the new target before its rounding
     h = ops.amx_linear_add_first_(ops.amx_block_rows(x), ops.amx_pack_weight(w), target, first)
-    assert tuple(h.shape) == (4, 3, 16, 32)
+    assert tuple(h.shape) == (3, 3, 16, 32)
     err = (target.float() - bf16(v)).abs() / v.abs().clamp_min(1e-2)
     assert err.max() <= 2 * BF16_REL  # one rounding of the sum, in place
     want = F.silu(v + first[torch.arange(45) % mb])
     err = (unblock(h, 45).float() - want).abs() / want.abs().clamp_min(1e-2)
     assert err.max() <= BF16_REL + SILU_APPROX
-    assert (unblock(h, 64)[45:] == 0).all() and (buf[45:] == 7.0).all()  # padding: zeros, and no target rows
+    assert (unblock(h, 48)[45:] == 0).all() and (buf[45:] == 7.0).all()  # padding: zeros, and no target rows
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_many_blocks_any_split(ops, threads: int) -> None:
+@pytest.mark.parametrize("p", [600, 100])
+def test_many_blocks_any_split(ops, threads: int, p: int) -> None:
     # 600 rows = 38 tiles of 16: on one thread 19 blocks of 32 (3 groups of 8), on two 19 tiles each (9
     # blocks and a 16-row half block), on three 13 / 13 / 12; accumulators of several blocks, the epilogue
-    # handed from block to block and across groups, and K = 320: a chunk of 8 tiles, then one of 2
-    p, k, n, d = 600, 320, 96, 32
+    # handed from block to block and across groups, and K = 320: a chunk of 8 tiles, then one of 2.
+    # 100 rows (under 256 a thread): on two or three threads each takes every row and a range of the three
+    # 32-column panels (1 / 2, or one each) instead
+    k, n, d = 320, 96, 32
+    pp = -(-p // 16) * 16
     x, w, bias = case(p, k, n, seed=8)
     xb, wp = ops.amx_block_rows(x), ops.amx_pack_weight(w)
     prod = x.float() @ w.float().T
@@ -118,10 +122,10 @@ def test_many_blocks_any_split(ops, threads: int) -> None:
     torch.set_num_threads(threads)
     try:
         h = unblock(ops.amx_linear_silu(xb, wp, bias), p).float()
-        buf, target = rows_of(608, p, n, seed=9)
+        buf, target = rows_of(pp, p, n, seed=9)
         ht = unblock(ops.amx_linear_silu(xb, wp, bias, target), p).float()
-        st0 = torch.randn(608, n, generator=torch.Generator().manual_seed(10))
-        st, s = st0.clone(), torch.zeros(608 // 16, n // 32, 16, 32, dtype=torch.bfloat16)
+        st0 = torch.randn(pp, n, generator=torch.Generator().manual_seed(10))
+        st, s = st0.clone(), torch.zeros(pp // 16, n // 32, 16, 32, dtype=torch.bfloat16)
         ops.amx_linear_update_(xb, wp, bias, st, s, 0.2, -1.0, 1.0, d, True)
         # per-text rows (row % M) across thread ranges, half blocks and blocks that straddle M
         per_text = {}
@@ -129,7 +133,7 @@ def test_many_blocks_any_split(ops, threads: int) -> None:
             rows = torch.randn(mb, n, generator=torch.Generator().manual_seed(mb))
             added_first = target.clone()
             h0 = ops.amx_linear_add_first_(xb, wp, added_first, rows)
-            st_i = torch.full((608, n), float("nan"))
+            st_i = torch.full((pp, n), float("nan"))
             ops.amx_linear_update_(xb, wp, bias, st_i, torch.zeros_like(s), 0.2, -1.0, 1.0, d, True, rows)
             per_text[mb] = (rows, added_first, h0, st_i)
     finally:
@@ -145,15 +149,15 @@ def test_many_blocks_any_split(ops, threads: int) -> None:
     torch.testing.assert_close(st[:p], st_ref, rtol=0, atol=0.2 * (prod + bias).abs().max().item() * F32_SUMS)
     torch.testing.assert_close(unblock(s, p).float(), s_ref.float(), rtol=4 * BF16_REL, atol=1e-2)
     for mb, (rows, added_first, h0, st_i) in per_text.items():
-        r_of = torch.arange(608) % mb
+        r_of = torch.arange(pp) % mb
         close(added_first.float(), bf16(target.float() + prod), 2 * BF16_REL)  # one rounding of the sum
         close(unblock(h0, p).float(), F.silu(target.float() + prod + rows[r_of[:p]]), BF16_REL + SILU_APPROX)
-        assert (unblock(h0, 608)[p:] == 0).all()
+        assert (unblock(h0, pp)[p:] == 0).all()
         st_ref = rows[r_of].clone()
         bridge_update_eager(
             st_ref,
-            F.pad(prod + bias, (0, 0, 0, 8)),
-            torch.zeros(608, n, dtype=torch.bfloat16),
+            F.pad(prod + bias, (0, 0, 0, pp - p)),
+            torch.zeros(pp, n, dtype=torch.bfloat16),
             0.2,
             -1.0,
             1.0,
@@ -167,7 +171,7 @@ def test_many_blocks_any_split(ops, threads: int) -> None:
 def test_linear_update_matches_the_update_spec(ops, write_s: bool) -> None:
     p, d, hidden = 45, 64, 96
     x, w, bias = case(p, hidden, 2 * d, seed=1)
-    pp = 64
+    pp = 48
     gen = torch.Generator().manual_seed(2)
     st0 = torch.randn(pp, 2 * d, generator=gen)
     st0[p:] = 0.0
@@ -187,10 +191,10 @@ def test_update_from_per_text_rows_equals_a_filled_state(ops, init_rows: int) ->
     x, w, bias = case(45, 64, 64, seed=11)
     xb, wp = ops.amx_block_rows(x), ops.amx_pack_weight(w)
     init = torch.randn(init_rows, 64, generator=torch.Generator().manual_seed(12))
-    filled = init[torch.arange(64) % init_rows].clone()  # (Pp, N): row r holds init[r % Mb]
-    s_a, s_b = (torch.zeros(4, 2, 16, 32, dtype=torch.bfloat16) for _ in range(2))
+    filled = init[torch.arange(48) % init_rows].clone()  # (Pp, N): row r holds init[r % Mb]
+    s_a, s_b = (torch.zeros(3, 2, 16, 32, dtype=torch.bfloat16) for _ in range(2))
     ops.amx_linear_update_(xb, wp, bias, filled, s_a, 0.4, -1.0, 1.0, 32, True)
-    st = torch.full((64, 64), float("nan"))  # never read: every row is written from init
+    st = torch.full((48, 64), float("nan"))  # never read: every row is written from init
     ops.amx_linear_update_(xb, wp, bias, st, s_b, 0.4, -1.0, 1.0, 32, True, init)
     assert torch.equal(st, filled) and torch.equal(s_a, s_b)
 
@@ -200,7 +204,7 @@ def test_nan_reaches_the_outputs(ops) -> None:
     x[3, 5] = float("nan")
     h = unblock(ops.amx_linear_silu(ops.amx_block_rows(x), ops.amx_pack_weight(w), bias, None), 40).float()
     assert torch.isnan(h[3]).all() and not torch.isnan(h[torch.arange(40) != 3]).any()
-    st, s = torch.zeros(64, 64), torch.zeros(4, 2, 16, 32, dtype=torch.bfloat16)
+    st, s = torch.zeros(48, 64), torch.zeros(3, 2, 16, 32, dtype=torch.bfloat16)
     ops.amx_linear_update_(ops.amx_block_rows(x), ops.amx_pack_weight(w), bias, st, s, 0.5, -1.0, 1.0, 32, True)
     assert torch.isnan(st[3]).all() and torch.isnan(unblock(s, 40)[3].float()).all()
     assert not torch.isnan(st[:40][torch.arange(40) != 3]).any()

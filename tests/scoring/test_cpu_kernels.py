@@ -20,6 +20,9 @@ from dab_pipeline.scoring.kernels.cpu import (
     eager_kernels,
     get_kernels,
     kl_rows_eager,
+    one_frames_eager,
+    one_heads_eager,
+    one_token_eager,
     pair_heads_eager,
 )
 
@@ -292,3 +295,98 @@ def test_kernels_reject_mismatched_shapes(fused: cpu_kernels.Kernels) -> None:
             2,
             True,
         )
+
+
+def frames_case(k: int, f: int, d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """k videos of f frames: CLIP-like features, two short videos and one without a real frame."""
+    gen = torch.Generator().manual_seed(seed)
+    frames = torch.randn(k, f, d, generator=gen) * 2 + 0.5
+    mask = torch.ones(k, f, dtype=torch.bool)
+    mask[2, 3:] = False
+    mask[5] = False
+    mask[7, 1:] = False
+    return frames, mask
+
+
+@pytest.mark.parametrize("d,heads", [(64, 1), (32, 2), (40, 1)])  # the vector paths; a portable tail (D % 16 != 0)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_frames_matches_its_eager_spec(fused: cpu_kernels.Kernels, d: int, heads: int, dtype: torch.dtype) -> None:
+    k, f = 11, 7
+    frames, mask = frames_case(k, f, d, seed=3)
+    qk = torch.randn(heads, d, generator=torch.Generator().manual_seed(4)) * 0.3
+    out = {}
+    for name, fn in (("eager", one_frames_eager), ("fused", fused.one_frames_)):
+        nbar, n = torch.full((k, heads, d), float("nan")), torch.full((k, f, d), float("nan"), dtype=dtype)
+        fn(frames, mask, qk, 1e-5, nbar, n)
+        out[name] = (nbar, n.float())
+    torch.testing.assert_close(out["fused"][0], out["eager"][0], rtol=1e-5, atol=1e-5)
+    # float32 sums in another order: a bf16 frame may round the other way
+    torch.testing.assert_close(
+        out["fused"][1], out["eager"][1], rtol=BF16_REL if dtype == torch.bfloat16 else 1e-5, atol=1e-5
+    )
+    moved = frames.clone()
+    moved[2, 3:] = 100.0  # padded frames carry no weight
+    nbar = torch.empty(k, heads, d)
+    fused.one_frames_(moved, mask, qk, 1e-5, nbar, torch.empty(k, f, d, dtype=dtype))
+    torch.testing.assert_close(nbar[2], out["fused"][0][2], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("d", [64, 40])  # AVX512-BF16's pair products on bf16 rows; the float32 copies (D % 32 != 0)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_token_matches_its_eager_spec(fused: cpu_kernels.Kernels, d: int, dtype: torch.dtype) -> None:
+    k, f = 11, 7
+    frames, mask = frames_case(k, f, d, seed=5)
+    n = F.layer_norm(frames, (d,)).to(dtype)
+    p = (torch.randn(k, f, d, generator=torch.Generator().manual_seed(6)) * 0.3).to(dtype)
+    out = {}
+    for name, fn in (("eager", one_token_eager), ("fused", fused.one_token_)):
+        xo, s = torch.full((k, d), float("nan")), torch.full((k,), float("nan"))
+        fn(p, n, mask, xo, s)
+        out[name] = (xo, s)
+    torch.testing.assert_close(out["fused"][0], out["eager"][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out["fused"][1], out["eager"][1], rtol=1e-6, atol=1e-6)
+    assert out["fused"][1][5] == 0 and torch.allclose(out["fused"][1][mask.any(dim=1)], torch.ones(k - 1))
+
+
+def test_one_norm_and_pooled_match_their_eager_specs(fused: cpu_kernels.Kernels) -> None:
+    k, d = 21, 64
+    gen = torch.Generator().manual_seed(8)
+    y = (torch.randn(k, d, generator=gen) * 3 + 1).to(torch.bfloat16)
+    y[4] = 0  # a constant row: its variance is 0, only eps keeps it finite
+    g, b, gp, bp = (torch.randn(d, generator=gen) for _ in range(4))
+    xo = torch.randn(k, d, generator=gen)
+    outs = {}
+    for name, kern in (("eager", eager_kernels("test")), ("fused", fused)):
+        a = torch.empty(k, d, dtype=torch.bfloat16)
+        kern.one_norm_(y, g, b, 1e-5, a)
+        vx, h = torch.empty(k, 2 * d, dtype=torch.bfloat16), torch.empty(k, d, dtype=torch.bfloat16)
+        kern.one_pooled_(y, g, b, 1e-5, gp, bp, 1e-5, xo, vx, h)
+        outs[name] = (a.float(), vx.float(), h.float())
+    for got, want in zip(outs["fused"], outs["eager"]):  # float32 inside, rounded to bf16 once
+        torch.testing.assert_close(got, want, rtol=BF16_REL, atol=1e-3)
+    assert torch.equal(outs["fused"][1][:, d:], xo.to(torch.bfloat16).float())
+
+
+@pytest.mark.parametrize("blocked,hidden", [(True, 64), (False, 64), (False, 0)])  # AMX, oneDNN, prob (no target)
+def test_one_heads_matches_its_eager_spec(fused: cpu_kernels.Kernels, blocked: bool, hidden: int) -> None:
+    k, d, lo, hi = 21, 64, -4.0, 3.0
+    gen = torch.Generator().manual_seed(9)
+    heads = (torch.randn(k, 2 * d + hidden, generator=gen) * 3).to(torch.bfloat16)
+    tokp = (torch.randn(k, d, generator=gen) * 2).to(torch.bfloat16)
+    s, tok_e, b1 = torch.ones(k), torch.randn(d, generator=gen), torch.randn(d, generator=gen)
+    s[3] = 0.0  # a video without a real frame
+    outs = {}
+    for name, fn in (("eager", one_heads_eager), ("fused", fused.one_heads_)):
+        mu, lv = torch.empty(k, d), torch.empty(k, d)
+        sigma = torch.full((2, d // 32, 16, 32) if blocked else (k, d), 7.0).to(torch.bfloat16)
+        target = torch.empty(k, hidden, dtype=torch.bfloat16) if hidden else None
+        fn(heads, tokp, s, tok_e, b1, lo, hi, mu, lv, sigma if hidden else None, target)
+        outs[name] = (mu, lv, sigma, target)
+    (mu, lv, sig, tgt), (mu_e, lv_e, sig_e, tgt_e) = outs["fused"], outs["eager"]
+    assert torch.equal(mu, mu_e) and (tgt is None or torch.equal(tgt, tgt_e))
+    torch.testing.assert_close(lv, lv_e, rtol=1e-6, atol=1e-6)
+    assert lv.min() == lo and lv.max() == hi  # both clamps bite
+    if hidden:
+        torch.testing.assert_close(sig.float(), sig_e.float(), rtol=2 * BF16_REL, atol=0)
+        if blocked:
+            assert (sig.permute(0, 2, 1, 3).reshape(32, d)[k:] == 0).all()  # padding rows: 0

@@ -16,7 +16,7 @@ from torch import Tensor
 from ...core.errors import ConfigError
 from ...core.registry import Registry
 from ...model import DABModel, masked_softmax
-from ..blocks import Texts, Videos, center, pack_kept
+from ..blocks import Linears, Texts, Videos, center, pack_kept
 
 # variant name -> engine class; a variant without an engine has no fast path (a Scorer says so)
 ENGINES: Registry[type["Engine"]] = Registry("scoring engine")
@@ -54,6 +54,9 @@ class Engine:
         self.b2c = center(self.b2)  # (D,)
         self.b2c_sq = float(self.b2c.square().sum())
         self.lo, self.hi = cfg.logvar_min, cfg.logvar_max
+        self.batch_hint = batch_hint
+        self._one: Optional[Linears] = None  # the one-text path's products and merged weights, built on first use
+        self._wk: Optional[Tensor] = None
 
     steps = None  # the bridge engines' BridgeSteps
 
@@ -69,6 +72,9 @@ class Engine:
 
     def f32(self, t: Tensor) -> Tensor:
         return t.detach().to(device=self.device, dtype=torch.float32)
+
+    def f64(self, t: Tensor) -> Tensor:
+        return t.detach().to(device=self.device, dtype=torch.float64)
 
     # ------------------------------------------------------------------ per text / per video
 
@@ -103,6 +109,44 @@ class Engine:
     def basis(rows: Tensor, w: Tensor, const: Tensor) -> Tensor:
         """rows (V, R, D) @ w (D, C) with the constant rows ``const`` (K, C) appended: (V, R + K, C)."""
         return torch.cat([rows @ w, const.expand(rows.shape[0], *const.shape)], dim=1)
+
+    # ------------------------------------------------------------------ one text, each video once
+
+    def one_linears(self) -> Linears:
+        """The products of the one-text path (:meth:`one_mats`), packed once, on first use."""
+        if self._one is None:
+            self._one = Linears(self.one_mats(), self.mm_dtype, self.device, self.batch_hint)
+        return self._one
+
+    def one_mats(self) -> list[tuple[Tensor, Optional[Tensor]]]:
+        """(w (in, out), bias) of the one-text path's pooling products (``GaussianEngine.pool_one``), merged in
+        float64: 0, LN_in's scale and shift, v_proj and out_proj on each head's weighted mean of the normalised
+        frames (Hh D, D; the weights of a head sum to one); 1, ``a + linear_proj(a)`` (D, D)."""
+        pool, d, hh, dh, f64 = self.model.pool, self.d, self.heads, self.head_dim, self.f64
+        wv, wo = f64(pool.v_proj.weight).view(hh, dh, d), f64(pool.out_proj.weight).view(d, hh, dh)
+        w_vo = torch.einsum("ehc,hcd->hde", wo, wv).reshape(hh * d, d)  # (Hh D, D): row h D + d_in
+        b_vo = f64(pool.out_proj.weight) @ f64(pool.v_proj.bias) + f64(pool.out_proj.bias)  # (D,)
+        g1, b1 = f64(pool.ln_in.weight).repeat(hh), f64(pool.ln_in.bias).repeat(hh)  # (Hh D,)
+        w_l = torch.eye(d, dtype=torch.float64, device=self.device) + f64(pool.linear_proj.weight).T  # (D, D)
+        mats = [(g1[:, None] * w_vo, b_vo + b1 @ w_vo), (w_l, f64(pool.linear_proj.bias))]
+        return [(w.float(), None if b is None else b.float()) for w, b in mats]
+
+    def pool_query(self, ts: Texts) -> Tensor:
+        """The pooling's query on the normalised frames (Hh, D), of the one text of ``ts``: the keys' projection
+        moved onto it, ``q . (W_k x + b_k) = (W_k^T q) . x + q . b_k``, with x = LN_in's scale and shift of the
+        normalised frame (each adds a term the same for every frame of a head, which the softmax drops)."""
+        if self._wk is None:  # W_k head by head, LN_in's scale on its columns: (Hh, Dh, D)
+            pool = self.model.pool
+            w_k = self.f32(pool.k_proj.weight).view(self.heads, self.head_dim, self.d)
+            self._wk = (w_k * self.f32(pool.ln_in.weight)).contiguous()
+        return torch.bmm(ts.q[0][:, None], self._wk)[:, 0]  # (Hh, D); 1 / sqrt(Dh) is in q
+
+    def one_query(self, ts: Texts, frames: Tensor, mask: Tensor) -> Optional[Tensor]:
+        """Costs (K,) float32 of the one text of ``ts`` with each of K videos (frames (K, F, D) float32, mask (K, F)
+        bool), the model's function re-associated for a text that meets each video once, without :meth:`videos`'
+        per-video bases (``F`` times a pair's products, which one text cannot amortise); None where this engine
+        has no such path (the caller takes the model's own)."""
+        return None
 
     # ------------------------------------------------------------------ per pair
 

@@ -32,7 +32,8 @@ class DABEngine(GaussianEngine):
         self.wsig_t = w_tsig.T.contiguous().to(mm_dtype)  # (D, H)
         self.gt_w = (w_tmu @ self.w_mu).T.contiguous()  # (D, H): mu_v's block, applied to h directly
         self.gt_rows = self.h_rows @ self.gt_w
-        self.gt_rows[2] += w_tmu @ self.b_mu
+        self.gt_bias = w_tmu @ self.b_mu  # (H,)
+        self.gt_rows[2] += self.gt_bias
 
     def texts(self, text: Tensor) -> Texts:
         out = super().texts(text)
@@ -52,6 +53,40 @@ class DABEngine(GaussianEngine):
         else:
             mu_v, lv_v, rest = self.video_gaussian(vs, coef_g, g)
             mu_v, lv_v, target = pack(mu_v), pack(lv_v), pack(rest.to(self.mm_dtype))  # (B, M, .) | (P, 1, .)
+        return self._bridged(ts, pack, mu_v, lv_v, sigma_v, target, keep, want_var)
+
+    def one_query(self, ts: Texts, frames: Tensor, mask: Tensor) -> Optional[Tensor]:
+        """:meth:`GaussianEngine.one_query` through the bridge: the K pairs as a (K, 1) block of :meth:`pairs`."""
+        if not self.one_applies():
+            return None
+        n_v, d, hidden = frames.shape[0], self.d, self.gt_w.shape[1]
+        sigma: Optional[Tensor] = None  # float32: the bridge's own (_bridged)
+        if self.steps.amx is not None:  # tile-blocked, the AMX products' input (add_to_target)
+            sigma = frames.new_empty(-(-n_v // 16), d // 32, 16, 32, dtype=torch.bfloat16)  # (Kp/16, D/32, 16, 32)
+        elif self.mm_dtype != torch.float32:
+            sigma = frames.new_empty(n_v, d, dtype=self.mm_dtype)
+        target = frames.new_empty(n_v, hidden, dtype=self.mm_dtype)  # (K, H)
+        mu_v, lv_v = self.gaussian_one(ts, frames, mask, sigma, target)  # (K, D) each
+        one = ts.take((None, slice(0, 1)))  # (1, 1, ...): the text, the same for every video
+        pack = self.packer(None, n_v, 1)
+        cost, _, _ = self._bridged(one, pack, mu_v[:, None], lv_v[:, None], sigma, target[:, None])
+        return cost.reshape(-1)  # (K,)
+
+    def _bridged(
+        self,
+        ts: Texts,
+        pack,
+        mu_v: Tensor,
+        lv_v: Tensor,
+        sigma_v: Optional[Tensor],
+        target: Tensor,
+        keep: Optional[Tensor] = None,
+        want_var: bool = False,
+    ) -> PairCosts:
+        """The pairs' costs from their video Gaussians (B, M, D) | (P, 1, D) and the target block (same, H) in the
+        matmul dtype, to which sigma_v's block is added here (sigma_v: None, or as ``_fused_heads`` gives it)."""
+        assert ts.mu is not None and ts.logvar is not None and ts.first is not None
+        n_b, n_m = target.shape[:2]
         if sigma_v is None:
             sigma_v = torch.exp(0.5 * lv_v).reshape(-1, self.d).to(self.mm_dtype)  # (P, D)
         onednn, h0, first = self.steps.onednn, None, pack(ts.first)
@@ -86,7 +121,7 @@ class DABEngine(GaussianEngine):
         p, hidden = coef_rows.shape[0], vs.g_all.shape[2] - 3 * d
         mu_v, lv_v = torch.empty(p, d), torch.empty(p, d)  # (P, D) float32
         # sigma_v (P, D), or on AMX in the products' tile-blocked layout (Pp/16, D/32, 16, 32)
-        pp = -(-p // 32) * 32
+        pp = -(-p // 16) * 16
         sigma_v = torch.empty(
             *((pp // 16, d // 32, 16, 32) if self.steps.amx is not None else (p, d)), dtype=torch.bfloat16
         )

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from ..blocks import Texts, Videos, center
+from ..kernels.cpu import Kernels, eager_kernels, get_kernels
 from .base import ENGINES, Engine, PairCosts
 
 
@@ -40,6 +41,16 @@ class GaussianEngine(Engine):
         self.gh_rows[2] += torch.cat([self.b_mu, b_lv])
         self.gt_w: Optional[Tensor] = None  # (D, H): a bridge's mu_v block (DAB sets it)
         self.gt_rows: Optional[Tensor] = None
+        self.gt_bias: Optional[Tensor] = None  # (H,): that block on b_mu
+        tok, f64 = (
+            model.token_unc,
+            self.f64,
+        )  # the token branch's video term's constants (token_frames): s W1 (W_o (W_v b2 + b_v) + b_o) (D,), b1
+        w1_o = f64(tok.w1.weight) @ f64(tok.out_proj.weight)  # (D, D)
+        self.tok_e = w1_o @ (f64(tok.v_proj.weight) @ f64(tok.ln.bias) + f64(tok.v_proj.bias))
+        self.tok_e = (self.tok_e + f64(tok.w1.weight) @ f64(tok.out_proj.bias)).float()
+        self.tok_b1 = f32(tok.w1.bias)
+        self._one_kernels: Optional[Kernels] = None
 
     def texts(self, text: Tensor) -> Texts:
         out = super().texts(text)
@@ -87,6 +98,105 @@ class GaussianEngine(Engine):
             const += [self.gh_rows] + ([self.gt_rows] if self.gt_rows is not None else [])
             self._merged = (torch.cat([self.c_w, *folded], dim=1).contiguous(), torch.cat(const, dim=1))
         return self._merged
+
+    # ------------------------------------------------------------------ one text, each video once
+
+    def one_mats(self) -> list[tuple[Tensor, Optional[Tensor]]]:
+        """:meth:`Engine.one_mats`, then 2: the heads on h = LN_p(v_c / |v_c|), [mu | logvar [| mu_v's block of the
+        bridge's first layer]] (D, 2D [+ H]); 3: the token terms on [v_c | xo], W2 over W1 W_o W_v diag(g2) (2D, D)
+        (:meth:`token_frames`); 4: :meth:`token_frames`' A'' (D, D) with c''."""
+        m, f64 = self.model, self.f64
+        assert m.prob is not None and m.token_unc is not None
+        tok, root = m.token_unc, float(self.d) ** 0.5
+        heads = [f64(m.prob.mu_head.weight).T, f64(m.prob.logvar_head.weight).T]  # (D, D) each
+        biases = [f64(m.prob.mu_head.bias), f64(m.prob.logvar_head.bias)]
+        if self.gt_w is not None and self.gt_bias is not None:  # DAB: mu_v W_tmu^T = h (W_tmu W_mu)^T + W_tmu b_mu
+            heads.append(f64(self.gt_w))
+            biases.append(f64(self.gt_bias))
+        g2, b2 = f64(tok.ln.weight), f64(tok.ln.bias)  # x = g2 n + b2 (n: the normalised frame)
+        w1_o_v = f64(tok.w1.weight) @ f64(tok.out_proj.weight) @ f64(tok.v_proj.weight)  # (D, D)
+        mats = [(torch.cat(heads, dim=1), torch.cat(biases))]
+        mats.append((torch.cat([f64(tok.w2.weight).T, (w1_o_v * g2).T]), f64(tok.w2.bias)))  # (2D, D)
+        a = f64(tok.q_proj.weight).T @ f64(tok.k_proj.weight) / root  # (D, D): logits x_i A x_j^T + ...
+        c = f64(tok.k_proj.weight).T @ f64(tok.q_proj.bias) / root  # (D,)
+        mats.append((g2[:, None] * a * g2, (b2 @ a + c) * g2))
+        return super().one_mats() + [(w.float(), None if b is None else b.float()) for w, b in mats]
+
+    def token_frames(self, n: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """The token branch's attention over the normalised frames n (K, F, D) in the matmul dtype, mask (K, F) ->
+        (xo = sum_j om_j n_j (K, D), s = sum_j om_j (K,)) float32, om_j the mean over the real query frames i of the
+        weight on key j.
+
+        :meth:`TokenUncertainty.video_term` re-associated: with x = g2 n + b2 (its LayerNorm), the logits
+        ``(W_q x_i + b_q) . (W_k x_j + b_k)`` are ``(n_i A'' + c'') . n_j`` plus terms the same for every key j,
+        which the softmax drops (``A'' = diag(g2) W_q^T W_k diag(g2) / sqrt(D)``, ``c'' = g2 (b2 W_q^T W_k +
+        W_k^T b_q) / sqrt(D)``); the mean over i commutes with the linear maps after the attention, so the video
+        term is ``W1 h_bar + b1 = W1 W_o W_v diag(g2) xo + s W1 (W_o (W_v b2 + b_v) + b_o) + b1`` (s: 1, or 0 for
+        a video without a real frame), which :meth:`gaussian_one` adds with the pair's token term W2 v_c + b2."""
+        n_v, d = n.shape[0], self.d
+        p = self.one_linears()(n.view(-1, d), 4).view_as(n)  # (K, F, D): n_i A'' + c''
+        xo, s = n.new_empty(n_v, d, dtype=torch.float32), n.new_empty(n_v, dtype=torch.float32)
+        self.one_kernels().one_token_(p, n, mask, xo, s)
+        return xo, s
+
+    def pool_one(self, nbar: Tensor, xo: Tensor) -> tuple[Tensor, Tensor]:
+        """The pooled videos from each head's attention-weighted mean of the normalised frames nbar (K, Hh, D)
+        (``one_frames_``), with the token branch's xo (K, D): -> ([v_c | xo] (K, 2D), h = LN_p(v_c / |v_c|) (K, D)),
+        the inputs of the heads' and the token terms' products, in the matmul dtype."""
+        m, lin, kern, f32 = self.model, self.one_linears(), self.one_kernels(), self.f32
+        assert m.prob is not None
+        n_v, d, ln1, ln2, lnp = nbar.shape[0], self.d, m.pool.ln_attn, m.pool.ln_out, m.prob.ln
+        a = nbar.new_empty(n_v, d, dtype=self.mm_dtype)  # LN_attn(out_proj(v_proj ...))
+        kern.one_norm_(lin(nbar.reshape(n_v, -1), 0), f32(ln1.weight), f32(ln1.bias), ln1.eps, a)
+        vx, h = nbar.new_empty(n_v, 2 * d, dtype=self.mm_dtype), nbar.new_empty(n_v, d, dtype=self.mm_dtype)
+        y = lin(a, 1)  # (K, D): a + linear_proj(a), before LN_out
+        kern.one_pooled_(y, f32(ln2.weight), f32(ln2.bias), ln2.eps, f32(lnp.weight), f32(lnp.bias), lnp.eps, xo, vx, h)
+        return vx, h
+
+    def gaussian_one(
+        self, ts: Texts, frames: Tensor, mask: Tensor, sigma: Optional[Tensor] = None, target: Optional[Tensor] = None
+    ) -> tuple[Tensor, Tensor]:
+        """The video Gaussian of one text with each of K videos -> mu_v, logvar_v (K, D) float32; where given, sigma
+        <- exp(logvar_v / 2) ((K, D) or tile-blocked, ``one_heads_``) and target (K, H) <- mu_v's block of the
+        bridge's first layer, in the matmul dtype.
+
+        The frames are normalised once for both LayerNorms that read them (LN_in and the token branch's: the same
+        statistics; their scales and shifts are folded into the products), by ``one_frames_``, which also pools
+        them; on CPU in bf16 the compiled kernels do the per-frame passes video by video, in L1, and the row passes
+        between the products in one pass each (``one_norm_``, ``one_pooled_``, ``one_heads_``)."""
+        m, lin, kern, d = self.model, self.one_linears(), self.one_kernels(), self.d
+        n_v, n_f = frames.shape[:2]
+        nbar = frames.new_empty(n_v, self.heads, d)  # (K, Hh, D)
+        n = frames.new_empty(n_v, n_f, d, dtype=self.mm_dtype)  # (K, F, D): the normalised frames
+        qk = self.pool_query(ts).contiguous()  # (Hh, D)
+        kern.one_frames_(frames.contiguous(), mask.contiguous(), qk, m.pool.ln_in.eps, nbar, n)
+        xo, s = self.token_frames(n, mask.contiguous())  # (K, D), (K,)
+        vx, h = self.pool_one(nbar, xo)  # (K, 2D), (K, D)
+        heads = lin(h, 2)  # (K, 2D [+ H]): [mu | logvar [| target]]
+        tokp = lin(vx, 3)  # (K, D): W2 v_c + b2 + W1 W_o W_v diag(g2) xo
+        mu, lv = frames.new_empty(n_v, d), frames.new_empty(n_v, d)
+        kern.one_heads_(heads, tokp, s, self.tok_e, self.tok_b1, self.lo, self.hi, mu, lv, sigma, target)
+        return mu, lv
+
+    def one_query(self, ts: Texts, frames: Tensor, mask: Tensor) -> Optional[Tensor]:
+        assert ts.mu is not None and ts.logvar is not None
+        if not self.one_applies():
+            return None
+        mu_v, lv_v = self.gaussian_one(ts, frames, mask)
+        return self.model.cost_fn(mu_v, lv_v, ts.mu, ts.logvar)  # (K,)
+
+    def one_kernels(self) -> Kernels:
+        """The per-frame passes of :meth:`gaussian_one`: the compiled kernels on CPU in bf16 (where they build), else
+        their eager versions."""
+        if self._one_kernels is None:
+            cpu_bf16 = self.mm_dtype == torch.bfloat16 and self.device.type == "cpu"
+            self._one_kernels = get_kernels() if cpu_bf16 else eager_kernels("the one-text path outside bf16 on CPU")
+        return self._one_kernels
+
+    def one_applies(self) -> bool:
+        """Whether :meth:`gaussian_one` computes this model: its two LayerNorms on the frames share their statistics."""
+        a, b = self.model.pool.ln_in, self.model.token_unc.ln
+        return a.eps == b.eps and a.normalized_shape == b.normalized_shape == (self.d,)
 
     def coefficients(self, vs: Videos, w: Tensor) -> tuple[Tensor, Tensor]:
         """Each pair's coefficients on the merged basis (B, M, R + 3) and g = 1 / (|v_c| sd(v_c / |v_c|)) (B, M, 1)."""

@@ -310,14 +310,14 @@ class AmxBridge:
         raw: bool,
         h0: Optional[Tensor] = None,
     ) -> list[Tensor] | Tensor:
-        """:meth:`BridgeSteps.run_onednn` on AMX; rows are padded to a multiple of 32 (never read back).
+        """:meth:`BridgeSteps.run_onednn` on AMX; rows are padded to a multiple of 16 (never read back).
 
         ``h0``: the first step's activation where :meth:`add_to_target` computed it."""
         ops = self.ops
         n_b, n_m, hidden = target.shape
         d, p = steps.d, n_b * n_m
         width = 2 * d if steps.gaussian else d
-        pp = -(-p // 32) * 32
+        pp = -(-p // 16) * 16
         target = target.reshape(p, hidden).contiguous()  # (P, H) bf16
         # the state per text, [mu, logvar / 2] | [x]: the first update reads row r % rows, and writes st
         init = torch.cat([state[0], 0.5 * state[1]], dim=-1) if steps.gaussian else state[0]  # (1 | B, M, n*D)

@@ -17,7 +17,7 @@ flag is part of the cache key like everything else that changes the binary.
 
 ``DAB_CPU_KERNELS=0`` (or ``off``/``false``) turns the build off.  Whenever the kernels are
 unavailable -- turned off, no compiler, a failed build -- :func:`get_kernels` returns the
-eager ATen versions below, which compute the same thing (they are the reference the
+eager ATen versions (``eager.py``), which compute the same thing (they are the reference the
 tests hold the compiled kernels to), and :attr:`Kernels.reason` says why.
 ``python -m dab_pipeline.scoring.kernels.cpu`` builds them now and prints the outcome.
 """
@@ -36,10 +36,20 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from ...model.costs import kl_diag_gaussian
+from .eager import (
+    add_silu_bf16_eager,
+    bridge_update_eager,
+    kl_rows_eager,
+    one_frames_eager,
+    one_heads_eager,
+    one_norm_eager,
+    one_pooled_eager,
+    one_token_eager,
+    pair_heads_eager,
+    silu_bf16_eager,
+)
 
 __all__ = [
     "Kernels",
@@ -52,96 +62,16 @@ __all__ = [
     "bridge_update_eager",
     "pair_heads_eager",
     "kl_rows_eager",
+    "one_frames_eager",
+    "one_token_eager",
+    "one_norm_eager",
+    "one_pooled_eager",
+    "one_heads_eager",
 ]
 
 SOURCE = Path(__file__).parent / "csrc" / "dab_cpu.cpp"
 AMX_SOURCE = Path(__file__).parent / "csrc" / "dab_amx.cpp"  # the bridge's products on AMX (same build)
 _ENV_SWITCH = "DAB_CPU_KERNELS"
-
-
-# --------------------------------------------------------------------------- eager versions (the spec)
-
-
-def silu_bf16_eager(x: Tensor) -> None:
-    """``x <- silu(x)`` in place; x (P, H) bfloat16."""
-    F.silu(x, inplace=True)
-
-
-def add_silu_bf16_eager(out: Tensor, a: Tensor, b: Tensor) -> None:
-    """``out[r] <- silu(bf16(a[r] + b[r % Mb]))``; out, a (P, H) bfloat16, b (Mb, H) float32."""
-    rows, mb = a.shape[0], b.shape[0]
-    reps = -(-rows // mb)
-    b_rows = b.expand(reps, *b.shape).reshape(reps * mb, -1)[:rows]  # (P, H): row r is b[r % Mb]
-    torch.add(a, b_rows, out=out)  # float32 sum, rounded once into out
-    F.silu(out, inplace=True)
-
-
-def bridge_update_eager(
-    st: Tensor, delta: Tensor, s: Tensor, chi: float, lo: float, hi: float, d: int, write_s: bool
-) -> None:
-    """One bridge step's state update, in place.
-
-    st (P, W) float32 holds ``[mu, logvar / 2]`` (W = 2D) or ``[x]`` (W = D); delta (P, W)
-    bfloat16 is the drift.  ``st -= chi * delta``; the logvar half is clamped to
-    ``[lo, hi]``; with ``write_s`` the next product's input s (P, W) bfloat16 gets
-    ``[mu, exp(logvar / 2)]`` (or ``[x]``).
-    """
-    st.add_(delta, alpha=-chi)  # (P, W) float32 += bf16, promoted
-    if st.shape[1] > d:
-        st[:, d:].clamp_(lo, hi)
-    if write_s:
-        s[:, :d].copy_(st[:, :d])
-        if st.shape[1] > d:
-            torch.exp(st[:, d:], out=s[:, d:])
-
-
-def pair_heads_eager(
-    coef: Tensor,
-    g: Tensor,
-    basis: Tensor,
-    vidx: Tensor,
-    vtok: Tensor,
-    lo: float,
-    hi: float,
-    mu: Tensor,
-    lv: Tensor,
-    sigma: Tensor,
-    target: Tensor,
-) -> None:
-    """The video side of a block of pairs, from each video's merged basis; writes the four outputs.
-
-    coef (P, K) float32 holds each pair's coefficients and vidx (P,) int64 its video (any
-    order; the engine's rows come grouped by video, one product per run); basis (V, K, 3D + H) gives
-    ``out = coef[r] @ basis[vidx[r]]``, read as ``[tok_g | mu | lv_raw | target]``.  Then
-    mu (P, D) float32 <- ``out[D:2D]``; lv (P, D) float32 <-
-    ``clamp((clamp(lv_raw, lo, hi) + tok_g / g + vtok[vidx]) / 2, lo, hi)`` with g (P,) the
-    token term's scale and vtok (V, D) the per-video token term; sigma (P, D) bfloat16 <-
-    ``exp(lv / 2)``; target (P, H) bfloat16 <- ``out[3D:]``.  sigma may instead be tile-blocked,
-    (Pp/16, D/32, 16, 32) with Pp = P rounded up to 32 (the AMX products' input), its padding rows 0.
-    """
-    d = mu.shape[1]
-    out = torch.empty(coef.shape[0], basis.shape[2], dtype=torch.float32)  # (P, 3D + H)
-    videos, counts = torch.unique_consecutive(vidx, return_counts=True)
-    r0 = 0
-    for v, n in zip(videos.tolist(), counts.tolist()):
-        torch.mm(coef[r0 : r0 + n], basis[v], out=out[r0 : r0 + n])
-        r0 += n
-    mu.copy_(out[:, d : 2 * d])
-    lv.copy_(out[:, 2 * d : 3 * d]).clamp_(lo, hi).add_(out[:, :d] / g[:, None]).add_(vtok[vidx])
-    lv.mul_(0.5).clamp_(lo, hi)
-    if sigma.dim() == 4:
-        rows = torch.zeros(sigma.shape[0] * 16, d, dtype=sigma.dtype)  # (Pp, D)
-        torch.exp(lv * 0.5, out=rows[: lv.shape[0]])
-        sigma.permute(0, 2, 1, 3).copy_(rows.view(sigma.shape[0], 16, d // 32, 32))
-    else:
-        torch.exp(lv * 0.5, out=sigma)
-    target.copy_(out[:, 3 * d :])
-
-
-def kl_rows_eager(mu_v: Tensor, lv_v: Tensor, st: Tensor) -> Tensor:
-    """``KL(N(mu_v, e^lv_v) || N(mu_t, e^(2 hv_t)))`` per row -> (P,) float32; st (P, 2D) = [mu_t, hv_t]."""
-    d = mu_v.shape[1]
-    return kl_diag_gaussian(mu_v, lv_v, st[:, :d], st[:, d:] * 2.0)
 
 
 @dataclass(frozen=True)
@@ -153,6 +83,11 @@ class Kernels:
     bridge_update_: Callable[[Tensor, Tensor, Tensor, float, float, float, int, bool], None]
     pair_heads_: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, float, float, Tensor, Tensor, Tensor, Tensor], None]
     kl_rows: Callable[[Tensor, Tensor, Tensor], Tensor]
+    one_frames_: Callable[[Tensor, Tensor, Tensor, float, Tensor, Tensor], None]
+    one_token_: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], None]
+    one_norm_: Callable[..., None]
+    one_pooled_: Callable[..., None]
+    one_heads_: Callable[..., None]
     fused: bool
     reason: str
     target: str = "native"  # the -march the compiled kernels were built for
@@ -165,11 +100,33 @@ class Kernels:
 
 
 # the kernels' names, in the order of Kernels' fields: torch.ops.dab_cpu.<name> and <name>_eager
-_NAMES = ("silu_bf16_", "add_silu_bf16_", "bridge_update_", "pair_heads_", "kl_rows")
+_NAMES = (
+    "silu_bf16_",
+    "add_silu_bf16_",
+    "bridge_update_",
+    "pair_heads_",
+    "kl_rows",
+    "one_frames_",
+    "one_token_",
+    "one_norm_",
+    "one_pooled_",
+    "one_heads_",
+)
 
 
 def eager_kernels(reason: str = "eager requested") -> Kernels:
-    eager = (silu_bf16_eager, add_silu_bf16_eager, bridge_update_eager, pair_heads_eager, kl_rows_eager)
+    eager = (
+        silu_bf16_eager,
+        add_silu_bf16_eager,
+        bridge_update_eager,
+        pair_heads_eager,
+        kl_rows_eager,
+        one_frames_eager,
+        one_token_eager,
+        one_norm_eager,
+        one_pooled_eager,
+        one_heads_eager,
+    )
     return Kernels(*eager, False, reason)
 
 

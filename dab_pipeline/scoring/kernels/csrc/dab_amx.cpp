@@ -10,7 +10,7 @@
 // 32-row blocks (and a 16-row one where the range is odd), in groups of 8 blocks; for each
 // 32-column panel of the weights it runs K in chunks of 8 tiles (the panel's chunk, 16 KB, stays
 // in L1 while the group's rows stream from L2), accumulators parked in a per-thread buffer
-// between chunks.  Rows are padded to a multiple of 32 (the padding is computed, never read
+// between chunks.  Rows are padded to a multiple of 16 (the padding is computed, never read
 // back); K and N must be multiples of 32.  Built only where the compiler targets AMX
 // (-march=native on such a CPU); elsewhere amx_available() is false and the oneDNN path runs.
 
@@ -225,8 +225,18 @@ void gemm(const GemmArgs& g) {
   constexpr int64_t kGroup = 8;  // blocks a group: 256 rows, 512 KB of A at K = 1,024
   // Threads take ranges of 16-row tiles, so that an odd number of 32-row blocks still splits evenly
   // (1,369 rows: 86 tiles, 43 a thread, instead of 22 and 21 blocks); a range is cut into 32-row blocks
-  // from its start, the last one a 16-row half block when the range has an odd number of tiles.
-  at::parallel_for(0, g.pp / 16, 1, [&](int64_t t0, int64_t t1) {
+  // from its start, the last one a 16-row half block when the range has an odd number of tiles.  Below
+  // kSplitRows rows a thread, where streaming the weights through each core costs more than the products
+  // (one query's shortlist of 100 videos), the threads take ranges of the weights' 32-column panels instead,
+  // every row each, so that each core reads only its part of the weights.
+  constexpr int64_t kSplitRows = 256;
+  const int64_t tiles = g.pp / 16, panels = g.n / 32;
+  const int threads = at::get_num_threads();
+  const int64_t col_parts = threads > 1 && g.pp < kSplitRows * threads ? std::min<int64_t>(threads, panels) : 1;
+  at::parallel_for(0, col_parts > 1 ? col_parts : tiles, 1, [&](int64_t a0, int64_t a1) {
+    const int64_t t0 = col_parts > 1 ? 0 : a0, t1 = col_parts > 1 ? tiles : a1;
+    const int64_t nb0 = col_parts > 1 ? a0 * panels / col_parts : 0;
+    const int64_t nb1 = col_parts > 1 ? a1 * panels / col_parts : panels;
     load_tile_config();
     alignas(64) float buf[32 * 32];  // the finished block; its epilogue is done before the next one is stored
     Pending pend;
@@ -240,7 +250,7 @@ void gemm(const GemmArgs& g) {
     const int64_t blocks = (t1 - t0 + 1) / 2;
     for (int64_t g0 = 0; g0 < blocks; g0 += kGroup) {  // a group's rows stay in L2 while all the weights pass
     const int64_t g1 = std::min(blocks, g0 + kGroup);
-    for (int64_t nb = 0; nb < g.n / 32; ++nb) {
+    for (int64_t nb = nb0; nb < nb1; ++nb) {
       const uint16_t* w0 = g.w + (2 * nb) * kt_n * 512;
       const uint16_t* w1 = w0 + kt_n * 512;
       for (int64_t k0 = 0; k0 < kt_n; k0 += kChunk) {
@@ -316,9 +326,9 @@ at::Tensor amx_pack_weight(const at::Tensor& w) {
       .view({n / 16, k / 32, 16, 32});
 }
 
-// x (P, K) bf16 row-major -> blocked (Pp/16, K/32, 16, 32), Pp = P rounded up to 32, padding rows 0.
+// x (P, K) bf16 row-major -> blocked (Pp/16, K/32, 16, 32), Pp = P rounded up to 16, padding rows 0.
 at::Tensor amx_block_rows(const at::Tensor& x) {
-  const int64_t p = x.size(0), k = x.size(1), pp = (p + 31) / 32 * 32;
+  const int64_t p = x.size(0), k = x.size(1), pp = (p + 15) / 16 * 16;
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && k % 32 == 0, "x must be bf16 (P, K), K % 32 == 0");
   at::Tensor padded = x;
   if (pp != p) {
@@ -334,7 +344,6 @@ GemmArgs product_args(const at::Tensor& a, const at::Tensor& w, const at::Tensor
   TORCH_CHECK(amx_available(), "AMX is not available in this build or process");
   const int64_t tiles_m = a.size(0), kt = a.size(1), n = w.size(0) * 16;
   check_blocked(a, "a", tiles_m, kt);
-  TORCH_CHECK(tiles_m % 2 == 0, "a must have an even number of 16-row tiles (rows padded to 32)");
   TORCH_CHECK(w.scalar_type() == at::kBFloat16 && w.is_contiguous() && w.dim() == 4 && w.size(1) == kt &&
                   w.size(2) == 16 && w.size(3) == 32 && n % 32 == 0,
               "w must be a packed weight (N/16, K/32, 16, 32) bf16 with K matching a and N a multiple of 32");
@@ -388,13 +397,13 @@ at::Tensor amx_linear_silu(const at::Tensor& a, const at::Tensor& w, const at::T
 
 // The bridge's first step straight into the tile-blocked layout: row r < P of the result is
 // silu(bf16(a[r] + b[r % Mb])) (a (P, H) bf16, b (Mb, H) float32, as add_silu_bf16_), rows P..Pp-1
-// are 0; (Pp/16, H/32, 16, 32) with Pp = P rounded up to 32.
+// are 0; (Pp/16, H/32, 16, 32) with Pp = P rounded up to 16.
 at::Tensor amx_add_silu_blocked(const at::Tensor& a, const at::Tensor& b) {
   TORCH_CHECK(amx_available(), "AMX is not available in this build or process");
   TORCH_CHECK(a.dim() == 2 && a.scalar_type() == at::kBFloat16 && a.stride(1) == 1, "a must be bf16 (P, H)");
   TORCH_CHECK(b.dim() == 2 && b.scalar_type() == at::kFloat && b.stride(1) == 1 && b.size(1) == a.size(1) &&
                   b.size(0) > 0, "b must be float32 (Mb, H)");
-  const int64_t p = a.size(0), h = a.size(1), pp = (p + 31) / 32 * 32, mb = b.size(0);
+  const int64_t p = a.size(0), h = a.size(1), pp = (p + 15) / 16 * 16, mb = b.size(0);
   TORCH_CHECK(h % 32 == 0, "H must be a multiple of 32");
   at::Tensor out = at::empty({pp / 16, h / 32, 16, 32}, a.options());
 #if DAB_AMX

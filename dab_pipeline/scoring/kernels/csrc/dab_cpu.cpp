@@ -402,12 +402,12 @@ void pair_heads_(const at::Tensor& coef, const at::Tensor& g, const at::Tensor& 
   const int64_t n_v = vtok.size(0), d = vtok.size(1);
   check_rows(mu, "mu", at::kFloat, rows, d);
   check_rows(lv, "lv", at::kFloat, rows, d);
-  const int64_t pp = (rows + 31) / 32 * 32;
+  const int64_t pp = (rows + 15) / 16 * 16;
   const bool blocked = sigma.dim() == 4;
   if (blocked) {
     TORCH_CHECK(sigma.scalar_type() == at::kBFloat16 && sigma.is_contiguous() && d % 32 == 0 &&
                     sigma.size(0) == pp / 16 && sigma.size(1) == d / 32 && sigma.size(2) == 16 && sigma.size(3) == 32,
-                "a blocked sigma must be contiguous bf16 (Pp/16, D/32, 16, 32), Pp = P rounded up to 32");
+                "a blocked sigma must be contiguous bf16 (Pp/16, D/32, 16, 32), Pp = P rounded up to 16");
   } else {
     check_rows(sigma, "sigma", at::kBFloat16, rows, d);
   }
@@ -487,6 +487,410 @@ at::Tensor kl_rows(const at::Tensor& mu_v, const at::Tensor& lv_v, const at::Ten
   return out;
 }
 
+// --------------------------------------------------------------------------- the one-text path
+// (scoring/engines/prob.py, GaussianEngine.gaussian_one): one text with each of K videos, without per-video
+// bases.  Each video's F frames are normalised and read while they sit in L1, where ATen's ops would make a pass
+// over all K videos' frames (24 MB at K = 1000, F = 12, D = 512) for each step.
+
+// A row of d values stored as float32 or bf16 (rounded to nearest even), and loaded back as float32.
+inline void store_row(float* out, const float* x, int64_t d) { std::memcpy(out, x, sizeof(float) * d); }
+inline void store_row(uint16_t* out, const float* x, int64_t d) {
+  int64_t j = 0;
+#if DAB_BF16_SIMD
+  for (; j + 16 <= d; j += 16) store_bf16_ps(out + j, _mm512_loadu_ps(x + j));
+#endif
+  for (; j < d; ++j) out[j] = float_to_bf16(x[j]);
+}
+inline void load_row(float* out, const float* x, int64_t d) { std::memcpy(out, x, sizeof(float) * d); }
+inline void load_row(float* out, const uint16_t* x, int64_t d) {
+  int64_t j = 0;
+#if DAB_BF16_SIMD
+  for (; j + 16 <= d; j += 16) _mm512_storeu_ps(out + j, load_bf16_ps(x + j));
+#endif
+  for (; j < d; ++j) out[j] = bf16_to_float(x[j]);
+}
+
+// row[0, f) <- the softmax of the entries whose real[j] is set, 0 elsewhere; with none set, uniform: what
+// masked_softmax gives (it fills the masked entries with the dtype's minimum, which then tie).
+void masked_softmax_row(float* row, const bool* real, int64_t f) {
+  float mx = -3.402823466e38f;
+  bool any = false;
+  for (int64_t j = 0; j < f; ++j)
+    if (real[j]) {
+      mx = row[j] > mx ? row[j] : mx;
+      any = true;
+    }
+  if (!any) {
+    for (int64_t j = 0; j < f; ++j) row[j] = 1.0f / float(f);
+    return;
+  }
+  float sum = 0.0f;
+  for (int64_t j = 0; j < f; ++j) {
+    row[j] = real[j] ? exp_poly(row[j] - mx) : 0.0f;
+    sum += row[j];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t j = 0; j < f; ++j) row[j] *= inv;
+}
+
+// Row helpers of the one-text kernels, sixteen lanes at a time where the CPU has AVX-512 (GCC does not
+// vectorise these reductions reliably from a pragma); the loops after the vector ones do the rest.
+inline float dot(const float* a, const float* b, int64_t d) {
+  int64_t j = 0;
+  float acc = 0.0f;
+#if defined(__AVX512F__)
+  __m512 v0 = _mm512_setzero_ps(), v1 = _mm512_setzero_ps();
+  for (; j + 32 <= d; j += 32) {
+    v0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + j), _mm512_loadu_ps(b + j), v0);
+    v1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + j + 16), _mm512_loadu_ps(b + j + 16), v1);
+  }
+  for (; j + 16 <= d; j += 16) v0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + j), _mm512_loadu_ps(b + j), v0);
+  acc = _mm512_reduce_add_ps(_mm512_add_ps(v0, v1));
+#endif
+  for (; j < d; ++j) acc += a[j] * b[j];
+  return acc;
+}
+
+// Whether rows of T are dotted as they are, by dot_raw (bf16 rows with AVX512-BF16's pair products, d a multiple
+// of 32), instead of as float32 copies by dot
+inline bool raw_dots(const float*, int64_t) { return false; }
+inline bool raw_dots(const uint16_t*, int64_t d) { return DAB_BF16_SIMD && d % 32 == 0; }
+inline float dot_raw(const float* a, const float* b, int64_t d) { return dot(a, b, d); }
+inline float dot_raw(const uint16_t* a, const uint16_t* b, int64_t d) {
+#if DAB_BF16_SIMD
+  __m512 v0 = _mm512_setzero_ps(), v1 = _mm512_setzero_ps();
+  int64_t j = 0;
+  for (; j + 64 <= d; j += 64) {
+    v0 = _mm512_dpbf16_ps(v0, (__m512bh)_mm512_loadu_si512(a + j), (__m512bh)_mm512_loadu_si512(b + j));
+    v1 = _mm512_dpbf16_ps(v1, (__m512bh)_mm512_loadu_si512(a + j + 32), (__m512bh)_mm512_loadu_si512(b + j + 32));
+  }
+  if (j < d) v0 = _mm512_dpbf16_ps(v0, (__m512bh)_mm512_loadu_si512(a + j), (__m512bh)_mm512_loadu_si512(b + j));
+  return _mm512_reduce_add_ps(_mm512_add_ps(v0, v1));
+#else
+  float acc = 0.0f;
+  for (int64_t j = 0; j < d; ++j) acc += bf16_to_float(a[j]) * bf16_to_float(b[j]);
+  return acc;
+#endif
+}
+
+// out[c] = a . b[c * ldb ..] for c < 4: four rows against one, each a's load shared and four independent sums
+inline void dot4_raw(const float* a, const float* b, int64_t ldb, int64_t d, float* out) {
+  for (int c = 0; c < 4; ++c) out[c] = dot(a, b + c * ldb, d);
+}
+inline void dot4_raw(const uint16_t* a, const uint16_t* b, int64_t ldb, int64_t d, float* out) {
+#if DAB_BF16_SIMD
+  __m512 v[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int64_t j = 0; j + 32 <= d; j += 32) {
+    const __m512bh x = (__m512bh)_mm512_loadu_si512(a + j);
+    for (int c = 0; c < 4; ++c) v[c] = _mm512_dpbf16_ps(v[c], x, (__m512bh)_mm512_loadu_si512(b + c * ldb + j));
+  }
+  for (int c = 0; c < 4; ++c) out[c] = _mm512_reduce_add_ps(v[c]);
+#else
+  for (int c = 0; c < 4; ++c) out[c] = dot_raw(a, b + c * ldb, d);
+#endif
+}
+
+// sum of x, and of (x - c)^2
+inline float row_sum(const float* x, int64_t d, float c, bool square) {
+  int64_t j = 0;
+  float acc = 0.0f;
+#if defined(__AVX512F__)
+  const __m512 cv = _mm512_set1_ps(c);
+  __m512 v = _mm512_setzero_ps();
+  for (; j + 16 <= d; j += 16) {
+    const __m512 x0 = _mm512_sub_ps(_mm512_loadu_ps(x + j), cv);
+    v = square ? _mm512_fmadd_ps(x0, x0, v) : _mm512_add_ps(v, x0);
+  }
+  acc = _mm512_reduce_add_ps(v);
+#endif
+  for (; j < d; ++j) acc += square ? (x[j] - c) * (x[j] - c) : x[j] - c;
+  return acc;
+}
+
+// out <- (x - c) * a, or out += a * x (accumulate)
+inline void row_axpy(float* out, const float* x, int64_t d, float a, float c, bool accumulate) {
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  const __m512 av = _mm512_set1_ps(a), cv = _mm512_set1_ps(c);
+  for (; j + 16 <= d; j += 16) {
+    const __m512 x0 = _mm512_loadu_ps(x + j);
+    _mm512_storeu_ps(out + j, accumulate ? _mm512_fmadd_ps(av, x0, _mm512_loadu_ps(out + j))
+                                         : _mm512_mul_ps(_mm512_sub_ps(x0, cv), av));
+  }
+#endif
+  for (; j < d; ++j) out[j] = accumulate ? out[j] + a * x[j] : (x[j] - c) * a;
+}
+
+// frames (K, F, D) -> n (K, F, D), each frame (x - mean) / sqrt(var + eps) (a LayerNorm without its scale and
+// shift), and nbar (K, Hh, D): each head's softmax-weighted mean of the video's n, the weights of its real
+// frames softmax(qk_h . n_f) (cpu_kernels.one_frames_eager is the spec).
+template <typename T>
+void one_frames_impl(const float* fr, const bool* mk, const float* qk, float* nbar, T* nout, int64_t n_v, int64_t f,
+                     int64_t d, int64_t hh, float eps) {
+  at::parallel_for(0, n_v, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(f * d), lg(f);
+    for (int64_t v = begin; v < end; ++v) {
+      for (int64_t i = 0; i < f; ++i) {
+        const float* x = fr + (v * f + i) * d;
+        float* ni = buf.data() + i * d;
+        T* no = nout + (v * f + i) * d;
+        const float mean = row_sum(x, d, 0.0f, false) / float(d);
+        const float rs = 1.0f / std::sqrt(row_sum(x, d, mean, true) / float(d) + eps);
+        row_axpy(ni, x, d, rs, mean, false);
+        store_row(no, ni, d);
+      }
+      for (int64_t h = 0; h < hh; ++h) {
+        for (int64_t i = 0; i < f; ++i) lg[i] = dot(qk + h * d, buf.data() + i * d, d);
+        masked_softmax_row(lg.data(), mk + v * f, f);
+        float* out = nbar + (v * hh + h) * d;
+        std::memset(out, 0, sizeof(float) * d);
+        for (int64_t i = 0; i < f; ++i) row_axpy(out, buf.data() + i * d, d, lg[i], 0.0f, true);
+      }
+    }
+  });
+}
+
+void check_frames(const at::Tensor& t, const char* name, int64_t n_v, int64_t f, int64_t d) {
+  TORCH_CHECK(t.dim() == 3 && t.is_contiguous() && t.device().is_cpu() && t.size(0) == n_v && t.size(1) == f &&
+                  t.size(2) == d,
+              name, " must be a contiguous CPU tensor (", n_v, ", ", f, ", ", d, ")");
+}
+
+void one_frames_(const at::Tensor& frames, const at::Tensor& mask, const at::Tensor& qk, double eps, at::Tensor nbar,
+                 at::Tensor n) {
+  TORCH_CHECK(frames.dim() == 3 && frames.scalar_type() == at::kFloat, "frames must be float32 (K, F, D)");
+  const int64_t n_v = frames.size(0), f = frames.size(1), d = frames.size(2);
+  check_frames(frames, "frames", n_v, f, d);
+  check_frames(n, "n", n_v, f, d);
+  TORCH_CHECK(mask.scalar_type() == at::kBool && mask.is_contiguous() && mask.dim() == 2 && mask.size(0) == n_v &&
+                  mask.size(1) == f, "mask must be contiguous bool (K, F)");
+  TORCH_CHECK(qk.scalar_type() == at::kFloat && qk.is_contiguous() && qk.dim() == 2 && qk.size(1) == d,
+              "qk must be contiguous float32 (Hh, D)");
+  const int64_t hh = qk.size(0);
+  TORCH_CHECK(nbar.scalar_type() == at::kFloat, "nbar must be float32");
+  check_frames(nbar, "nbar", n_v, hh, d);
+  const float* fr = frames.data_ptr<float>();
+  const bool* mk = mask.data_ptr<bool>();
+  if (n.scalar_type() == at::kBFloat16) {
+    one_frames_impl(fr, mk, qk.data_ptr<float>(), nbar.data_ptr<float>(), reinterpret_cast<uint16_t*>(n.data_ptr()),
+                    n_v, f, d, hh, float(eps));
+  } else {
+    TORCH_CHECK(n.scalar_type() == at::kFloat, "n must be bfloat16 or float32");
+    one_frames_impl(fr, mk, qk.data_ptr<float>(), nbar.data_ptr<float>(), n.data_ptr<float>(), n_v, f, d, hh,
+                    float(eps));
+  }
+}
+
+// p, n (K, F, D) (both bf16 or both float32), mask (K, F) -> xo (K, D) = sum_j om_j n_j and s (K,) = sum_j om_j,
+// om_j the mean over real frames i of softmax_j(p_i . n_j) over real frames j (cpu_kernels.one_token_eager).
+template <typename T>
+void one_token_impl(const T* p, const T* n, const bool* mk, float* xo, float* s, int64_t n_v, int64_t f, int64_t d) {
+  at::parallel_for(0, n_v, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> pb(f * d), nb(f * d), w(f * f), om(f);
+    for (int64_t v = begin; v < end; ++v) {
+      const bool* real = mk + v * f;
+      const T* pv = p + v * f * d;
+      const T* nv = n + v * f * d;
+      const bool raw = raw_dots(pv, d);
+      if (!raw) load_row(pb.data(), pv, f * d);
+      load_row(nb.data(), nv, f * d);
+      float count = 0.0f;
+      for (int64_t i = 0; i < f; ++i) {
+        if (!real[i]) continue;  // a padded query frame is not in the mean
+        int64_t j = 0;
+        if (raw)
+          for (; j + 4 <= f; j += 4) dot4_raw(pv + i * d, nv + j * d, d, d, w.data() + i * f + j);
+        for (; j < f; ++j)
+          w[i * f + j] = raw ? dot_raw(pv + i * d, nv + j * d, d) : dot(pb.data() + i * d, nb.data() + j * d, d);
+        masked_softmax_row(w.data() + i * f, real, f);
+        count += 1.0f;
+      }
+      const float inv = 1.0f / (count > 1.0f ? count : 1.0f);
+      float total = 0.0f;
+      for (int64_t j = 0; j < f; ++j) {
+        float acc = 0.0f;
+        for (int64_t i = 0; i < f; ++i) acc += real[i] ? w[i * f + j] : 0.0f;
+        om[j] = acc * inv;
+        total += om[j];
+      }
+      float* out = xo + v * d;
+      std::memset(out, 0, sizeof(float) * d);
+      for (int64_t j = 0; j < f; ++j) row_axpy(out, nb.data() + j * d, d, om[j], 0.0f, true);
+      s[v] = total;
+    }
+  });
+}
+
+void one_token_(const at::Tensor& p, const at::Tensor& n, const at::Tensor& mask, at::Tensor xo, at::Tensor s) {
+  TORCH_CHECK(n.dim() == 3, "n must be (K, F, D)");
+  const int64_t n_v = n.size(0), f = n.size(1), d = n.size(2);
+  check_frames(p, "p", n_v, f, d);
+  check_frames(n, "n", n_v, f, d);
+  TORCH_CHECK(p.scalar_type() == n.scalar_type(), "p and n must have one dtype");
+  TORCH_CHECK(mask.scalar_type() == at::kBool && mask.is_contiguous() && mask.dim() == 2 && mask.size(0) == n_v &&
+                  mask.size(1) == f, "mask must be contiguous bool (K, F)");
+  check_rows(xo, "xo", at::kFloat, n_v, d);
+  TORCH_CHECK(xo.is_contiguous() && s.is_contiguous() && s.scalar_type() == at::kFloat && s.numel() == n_v,
+              "xo (K, D) and s (K,) must be contiguous float32");
+  const bool* mk = mask.data_ptr<bool>();
+  if (n.scalar_type() == at::kBFloat16) {
+    one_token_impl(reinterpret_cast<const uint16_t*>(p.data_ptr()), reinterpret_cast<const uint16_t*>(n.data_ptr()),
+                   mk, xo.data_ptr<float>(), s.data_ptr<float>(), n_v, f, d);
+  } else {
+    TORCH_CHECK(n.scalar_type() == at::kFloat, "p and n must be bfloat16 or float32");
+    one_token_impl(p.data_ptr<float>(), n.data_ptr<float>(), mk, xo.data_ptr<float>(), s.data_ptr<float>(), n_v, f,
+                   d);
+  }
+}
+
+// The row passes between the one-text path's products, bf16 rows in and out (the products' inputs and results),
+// float32 inside: LN_attn; LN_out with the probabilistic head's LayerNorm of v_c / |v_c|; the video Gaussian
+// from the heads' product (cpu_kernels.one_norm_eager, one_pooled_eager, one_heads_eager are the specs).
+
+// out <- (x - mean) / sqrt(var + eps) * g + b, x and out float32 (may alias)
+inline void ln_row(const float* x, float* out, int64_t d, const float* g, const float* b, float eps) {
+  const float mean = row_sum(x, d, 0.0f, false) / float(d);
+  const float rs = 1.0f / std::sqrt(row_sum(x, d, mean, true) / float(d) + eps);
+  row_axpy(out, x, d, rs, mean, false);
+#pragma omp simd
+  for (int64_t j = 0; j < d; ++j) out[j] = out[j] * g[j] + b[j];
+}
+
+void check_vec(const at::Tensor& t, const char* name, int64_t n) {
+  TORCH_CHECK(t.dim() == 1 && t.scalar_type() == at::kFloat && t.is_contiguous() && t.numel() == n, name,
+              " must be contiguous float32 (", n, ",)");
+}
+
+inline const uint16_t* bf16_ptr(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr()); }
+inline uint16_t* bf16_ptr(at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); }
+
+// out (K, D) bf16 <- LayerNorm(y) with scale g and shift b, y (K, D) bf16
+void one_norm_(const at::Tensor& y, const at::Tensor& g, const at::Tensor& b, double eps, at::Tensor out) {
+  check_rows(y, "y", at::kBFloat16);
+  const int64_t rows = y.size(0), d = y.size(1);
+  check_rows(out, "out", at::kBFloat16, rows, d);
+  check_vec(g, "g", d);
+  check_vec(b, "b", d);
+  const uint16_t* yp = bf16_ptr(y);
+  uint16_t* op = bf16_ptr(out);
+  const int64_t ldy = y.stride(0), ldo = out.stride(0);
+  at::parallel_for(0, rows, kGrain, [&](int64_t begin, int64_t end) {
+    std::vector<float> x(d);
+    for (int64_t r = begin; r < end; ++r) {
+      load_row(x.data(), yp + r * ldy, d);
+      ln_row(x.data(), x.data(), d, g.data_ptr<float>(), b.data_ptr<float>(), float(eps));
+      store_row(op + r * ldo, x.data(), d);
+    }
+  });
+}
+
+// v_c = LayerNorm(y; g, b, eps), y (K, D) bf16 -> vx (K, 2D) bf16 <- [v_c | xo] (xo (K, D) float32) and
+// h (K, D) bf16 <- LayerNorm(v_c / max(|v_c|, 1e-12); gp, bp, eps_p)
+void one_pooled_(const at::Tensor& y, const at::Tensor& g, const at::Tensor& b, double eps, const at::Tensor& gp,
+                 const at::Tensor& bp, double eps_p, const at::Tensor& xo, at::Tensor vx, at::Tensor h) {
+  check_rows(y, "y", at::kBFloat16);
+  const int64_t rows = y.size(0), d = y.size(1);
+  check_rows(xo, "xo", at::kFloat, rows, d);
+  check_rows(vx, "vx", at::kBFloat16, rows, 2 * d);
+  check_rows(h, "h", at::kBFloat16, rows, d);
+  for (const at::Tensor* t : {&g, &b, &gp, &bp}) check_vec(*t, "a LayerNorm's scale or shift", d);
+  const uint16_t* yp = bf16_ptr(y);
+  uint16_t* vp = bf16_ptr(vx);
+  uint16_t* hp = bf16_ptr(h);
+  const float* xp = xo.data_ptr<float>();
+  const int64_t ldy = y.stride(0), ldx = xo.stride(0), ldv = vx.stride(0), ldh = h.stride(0);
+  at::parallel_for(0, rows, kGrain, [&](int64_t begin, int64_t end) {
+    std::vector<float> v(d);
+    for (int64_t r = begin; r < end; ++r) {
+      load_row(v.data(), yp + r * ldy, d);
+      ln_row(v.data(), v.data(), d, g.data_ptr<float>(), b.data_ptr<float>(), float(eps));
+      store_row(vp + r * ldv, v.data(), d);
+      store_row(vp + r * ldv + d, xp + r * ldx, d);
+      const float norm = std::sqrt(row_sum(v.data(), d, 0.0f, true));
+      const float inv = 1.0f / (norm > 1e-12f ? norm : 1e-12f);
+#pragma omp simd
+      for (int64_t j = 0; j < d; ++j) v[j] *= inv;
+      ln_row(v.data(), v.data(), d, gp.data_ptr<float>(), bp.data_ptr<float>(), float(eps_p));
+      store_row(hp + r * ldh, v.data(), d);
+    }
+  });
+}
+
+// The video Gaussian from the heads' product heads (K, 2D + H) bf16 = [mu | lv_raw | target] and the token term
+// tokp (K, D) bf16 (W2 v_c + b2 + W1 W_o W_v x_bar): mu (K, D) f32 <- mu; lv (K, D) f32 <- clamp((clamp(lv_raw, lo,
+// hi) + tokp + s tok_e + b1) / 2, lo, hi); sigma bf16 <- exp(lv / 2), rows (K, D) or tile-blocked (Kp/16, D/32,
+// 16, 32) (the AMX products' input, padding rows 0); target (K, H) bf16 <- target.  sigma, target: optional.
+void one_heads_(const at::Tensor& heads, const at::Tensor& tokp, const at::Tensor& s, const at::Tensor& tok_e,
+                const at::Tensor& b1, double lo, double hi, at::Tensor mu, at::Tensor lv,
+                const c10::optional<at::Tensor>& sigma, const c10::optional<at::Tensor>& target) {
+  check_rows(tokp, "tokp", at::kBFloat16);
+  const int64_t rows = tokp.size(0), d = tokp.size(1);
+  check_rows(heads, "heads", at::kBFloat16, rows);
+  const int64_t h = heads.size(1) - 2 * d;
+  TORCH_CHECK(h >= 0, "heads must be (K, 2D + H)");
+  check_rows(mu, "mu", at::kFloat, rows, d);
+  check_rows(lv, "lv", at::kFloat, rows, d);
+  check_vec(tok_e, "tok_e", d);
+  check_vec(b1, "b1", d);
+  check_vec(s, "s", rows);
+  const int64_t pp = (rows + 15) / 16 * 16;
+  const bool blocked = sigma.has_value() && sigma->dim() == 4;
+  if (blocked) {
+    TORCH_CHECK(sigma->scalar_type() == at::kBFloat16 && sigma->is_contiguous() && d % 32 == 0 &&
+                    sigma->size(0) == pp / 16 && sigma->size(1) == d / 32 && sigma->size(2) == 16 &&
+                    sigma->size(3) == 32,
+                "a blocked sigma must be contiguous bf16 (Kp/16, D/32, 16, 32), Kp = K rounded up to 16");
+  } else if (sigma.has_value()) {
+    check_rows(*sigma, "sigma", at::kBFloat16, rows, d);
+  }
+  if (target.has_value()) check_rows(*target, "target", at::kBFloat16, rows, h);
+  uint16_t* sp = sigma.has_value() ? bf16_ptr(const_cast<at::Tensor&>(*sigma)) : nullptr;
+  uint16_t* tp = target.has_value() ? bf16_ptr(const_cast<at::Tensor&>(*target)) : nullptr;
+  const int64_t lds = sigma.has_value() && !blocked ? sigma->stride(0) : 0, ldt = tp ? target->stride(0) : 0;
+  if (blocked)
+    for (int64_t r = rows; r < pp; ++r)
+      for (int64_t j = 0; j < d; j += 32) std::memset(sp + ((r / 16) * (d / 32) + j / 32) * 512 + (r % 16) * 32, 0, 64);
+  const uint16_t* hp = bf16_ptr(heads);
+  const uint16_t* kp = bf16_ptr(tokp);
+  const int64_t ldh = heads.stride(0), ldk = tokp.stride(0), ldm = mu.stride(0), ldl = lv.stride(0);
+  const float flo = float(lo), fhi = float(hi);
+  at::parallel_for(0, rows, kGrain, [&](int64_t begin, int64_t end) {
+    std::vector<float> raw(d), tok(d), sig(d);
+    for (int64_t r = begin; r < end; ++r) {
+      load_row(mu.data_ptr<float>() + r * ldm, hp + r * ldh, d);
+      load_row(raw.data(), hp + r * ldh + d, d);
+      load_row(tok.data(), kp + r * ldk, d);
+      float* l = lv.data_ptr<float>() + r * ldl;
+      const float sr = s.data_ptr<float>()[r];
+      const float* e = tok_e.data_ptr<float>();
+      const float* c = b1.data_ptr<float>();
+      int64_t j = 0;
+#if DAB_BF16_SIMD
+      const __m512 vlo = _mm512_set1_ps(flo), vhi = _mm512_set1_ps(fhi), half = _mm512_set1_ps(0.5f);
+      for (; j + 16 <= d; j += 16) {
+        __m512 t = _mm512_add_ps(clamp_ps(_mm512_loadu_ps(raw.data() + j), vlo, vhi), _mm512_loadu_ps(tok.data() + j));
+        t = _mm512_add_ps(_mm512_fmadd_ps(_mm512_set1_ps(sr), _mm512_loadu_ps(e + j), t), _mm512_loadu_ps(c + j));
+        const __m512 x = clamp_ps(_mm512_mul_ps(half, t), vlo, vhi);
+        _mm512_storeu_ps(l + j, x);
+        _mm512_storeu_ps(sig.data() + j, exp_ps(_mm512_mul_ps(half, x)));  // a bf16 result
+      }
+#endif
+      for (; j < d; ++j) {
+        const float rc = is_nan(raw[j]) ? raw[j] : clamp(raw[j], flo, fhi);
+        const float t = rc + tok[j] + sr * e[j] + c[j];
+        l[j] = is_nan(t) ? t : clamp(0.5f * t, flo, fhi);
+        sig[j] = exp_poly(0.5f * l[j]);
+      }
+      if (blocked) {
+        for (int64_t j = 0; j < d; j += 32) store_row(sp + ((r / 16) * (d / 32) + j / 32) * 512 + (r % 16) * 32, sig.data() + j, 32);
+      } else if (sp != nullptr) {
+        store_row(sp + r * lds, sig.data(), d);
+      }
+      if (tp != nullptr) std::memcpy(tp + r * ldt, hp + r * ldh + 2 * d, sizeof(uint16_t) * h);
+    }
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY(dab_cpu, m) {
@@ -497,6 +901,13 @@ TORCH_LIBRARY(dab_cpu, m) {
   m.def("pair_heads_(Tensor coef, Tensor g, Tensor basis, Tensor vidx, Tensor vtok, float lo, float hi, "
         "Tensor(a!) mu, Tensor(b!) lv, Tensor(c!) sigma, Tensor(d!) target) -> ()");
   m.def("kl_rows(Tensor mu_v, Tensor lv_v, Tensor st) -> Tensor");
+  m.def("one_frames_(Tensor frames, Tensor mask, Tensor qk, float eps, Tensor(a!) nbar, Tensor(b!) n) -> ()");
+  m.def("one_token_(Tensor p, Tensor n, Tensor mask, Tensor(a!) xo, Tensor(b!) s) -> ()");
+  m.def("one_norm_(Tensor y, Tensor g, Tensor b, float eps, Tensor(a!) out) -> ()");
+  m.def("one_pooled_(Tensor y, Tensor g, Tensor b, float eps, Tensor gp, Tensor bp, float eps_p, Tensor xo, "
+        "Tensor(a!) vx, Tensor(b!) h) -> ()");
+  m.def("one_heads_(Tensor heads, Tensor tokp, Tensor s, Tensor tok_e, Tensor b1, float lo, float hi, "
+        "Tensor(a!) mu, Tensor(b!) lv, Tensor(c!)? sigma, Tensor(d!)? target) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(dab_cpu, CPU, m) {
@@ -505,4 +916,9 @@ TORCH_LIBRARY_IMPL(dab_cpu, CPU, m) {
   m.impl("bridge_update_", &bridge_update_);
   m.impl("pair_heads_", &pair_heads_);
   m.impl("kl_rows", &kl_rows);
+  m.impl("one_frames_", &one_frames_);
+  m.impl("one_token_", &one_token_);
+  m.impl("one_norm_", &one_norm_);
+  m.impl("one_pooled_", &one_pooled_);
+  m.impl("one_heads_", &one_heads_);
 }
