@@ -89,6 +89,7 @@ from dab_pipeline.model.costs import kl_diag_gaussian
 from dab_pipeline.model.covariance import kl_lowrank_gaussian, mixture_moments, soft_min_kl
 from dab_pipeline.scoring import Scorer, engine_macs, reference_macs, score_all, score_all_reference, score_query
 from dab_pipeline.scoring.covariance import covariance_chunks
+from dab_pipeline.scoring.engines.base import engine_covers
 
 NUM_FRAMES = 12
 
@@ -510,8 +511,9 @@ def covariance_rows(
     """prob and dab at one T': diag through the reference path and the engine, then each covariance form.
 
     "diag reference" is :func:`score_all_reference` on the blocks :func:`covariance_chunks` gives a diag model (the
-    path a non-diagonal model takes, :func:`~dab_pipeline.scoring.covariance.score_nondiag`); "diag engine" the
-    Scorer's engine in each dtype; the forms the Scorer itself, which routes them through that path.
+    path a non-diagonal ``dab`` model takes, :func:`~dab_pipeline.scoring.covariance.score_nondiag`); "diag engine"
+    the Scorer's engine in each dtype; the forms the Scorer itself: ``prob``'s through its engine in each dtype
+    ("<form> engine <dtype>"), ``dab``'s through the reference path.
     """
     n_q, n_v = text.shape[0], frames.shape[0]
     rows: list[CovRow] = []
@@ -527,6 +529,13 @@ def covariance_rows(
             rows.append((variant, f"diag engine {dt}", "engine", scorer.score))
         for cov in COVARIANCES:
             model = random_model(steps, variant=variant, covariance=cov)
+            if engine_covers(model.cfg):  # prob: the engine (U's heads in its basis, then the form's cost)
+                for dt in dtypes:
+                    scorer = Scorer(model, device=device, dtype=score_dtype(dt))
+                    scorer.score(text[:8], frames[:8], mask[:8])
+                    scorer.prepare(n_q, n_v, NUM_FRAMES)
+                    rows.append((variant, f"{cov} engine {dt}", "engine", scorer.score))
+                continue
             tc, vc = covariance_chunks(model, n_q, n_v, device, None)
             rows.append((variant, cov, f"{tc} x {vc}", Scorer(model, device=device).score))
     return rows
@@ -646,23 +655,27 @@ def bench_covariance(
                 sync(device)
                 times[(variant, name)].append(time.perf_counter() - t)
     print(
-        f"  {'variant':<8}{'row':<22}{'block':>9}{'pairs/s':>20}{'x diag ref':>15}{'x diag eng':>15}"
+        f"  {'variant':<8}{'row':<26}{'block':>9}{'pairs/s':>20}{'x diag ref':>15}{'x diag eng':>15}"
         f"{'best p/s':>10}{'best x ref':>11}{'best x eng':>11}"
     )
     for variant, name, block, _ in rows:
+        dt = name.rsplit(" ", 1)[-1] if " engine " in name else "float32"  # an engine row: over diag's in its dtype
         ts_, ref, eng = (
             times[(variant, name)],
             times[(variant, "diag reference")],
-            times[(variant, "diag engine float32")],
+            times[(variant, f"diag engine {dt}")],
         )
         rate = [n_q * n_v / t for t in ts_]
         x_ref = [t / r for t, r in zip(ts_, ref)]  # a pair's time over a diag pair's, the same repeat
         x_eng = [t / e for t, e in zip(ts_, eng)]
         print(
-            f"  {variant:<8}{name:<22}{block:>9}{_mean_std(rate, '8.0f'):>20}{_mean_std(x_ref, '5.2f'):>15}"
+            f"  {variant:<8}{name:<26}{block:>9}{_mean_std(rate, '8.0f'):>20}{_mean_std(x_ref, '5.2f'):>15}"
             f"{_mean_std(x_eng, '5.2f'):>15}{max(rate):10.0f}{min(ts_) / min(ref):11.2f}{min(ts_) / min(eng):11.2f}"
         )
-    print("  x diag ref / x diag eng: a pair's time over a diag pair's through the reference path / the float32 engine")
+    print(
+        "  x diag ref / x diag eng: a pair's time over a diag pair's through the reference path / the engine (in the"
+        " row's dtype for an engine row, float32 else)"
+    )
     if stages:
         stage_table(steps, text, frames, mask, device, repeats)
 

@@ -220,6 +220,44 @@ def kl_lowrank_grid(
     return out
 
 
+def kl_lowrank_shared_text(
+    mu_v: Tensor, logvar_v: Tensor, u_v: Tensor, mu_t: Tensor, logvar_t: Tensor, u_t: Tensor
+) -> Tensor:
+    """:func:`kl_lowrank_gaussian` of a grid block whose texts are shared by its rows: ``C_bm = KL(Q_bm || P_m)``.
+
+    Videos: means and log-variances ``(B, M, D)`` (row b, text m: the pooled video is per pair), factors ``(B, M,
+    R, D)`` rank-major; texts ``(M, D)`` and ``(M, D, R_t)`` -> (B, M).  The scoring engine's form of the same closed
+    form: the traces folded into the diagonal sums (``tr(S_p^-1 S_q) - tr(A_p^T A_p S_q) = sum_d s_q,d (1 / s_p,d -
+    (A_p^T A_p)_dd)``), and ``||A_p U_q^T||_F^2 + ||A_p (mu_p - mu_q)||^2`` as one GEMM per text over the block's
+    rows (``[U_q; mu_p - mu_q]`` copied once text-major), never A_p copied out to each pair.
+    """
+    t = _woodbury(logvar_t, u_t)  # per text: S^-1, A (M, R_t, D), diag(A^T A), log det C
+    n_b, n_m, rank, d = u_v.shape
+    x = u_v.new_empty(n_m, n_b, rank + 1, d)  # (M, B, R + 1, D): [U_q; mu_p - mu_q], text-major
+    x[:, :, :rank] = u_v.transpose(0, 1)
+    diff = torch.sub(mu_t[:, None], mu_v.transpose(0, 1), out=x[:, :, rank])  # (M, B, D)
+    white = torch.bmm(x.view(n_m, -1, d), t.white.mT).view(n_m, n_b, rank + 1, -1)  # (M, B, R + 1, R_t)
+    quad = torch.addcmul(x[:, :, :rank].square().sum(dim=-2), diff, diff)  # (M, B, D): |U_q|^2 over r + diff^2
+    var_v = torch.exp(logvar_v)  # (B, M, D)
+    sums = (var_v * (t.inv_var - t.white_sq)).sum(dim=-1) - logvar_v.sum(dim=-1)  # (B, M)
+    sums += (quad * t.inv_var[:, None]).sum(dim=-1).T + (logvar_t.sum(dim=-1) + t.logdet_core - d)
+    sums -= white.square().sum(dim=(-2, -1)).T  # ||A_p U_q^T||_F^2 + ||A_p (mu_p - mu_q)||^2
+    gram = torch.matmul(u_v * (1.0 / var_v)[..., None, :], u_v.mT)  # (B, M, R, R): U_q^T S_q^-1 U_q
+    gram.diagonal(dim1=-2, dim2=-1).add_(1.0)
+    return 0.5 * (sums - _logdet_from_chol(torch.linalg.cholesky(gram)))
+
+
+def lowrank_text_pack(mu_t: Tensor, logvar_t: Tensor, u_t: Tensor) -> tuple[Tensor, Tensor]:
+    """What a text contributes to every KL against it, packed for the engine's fused rows (``kl_lowrank_rows``):
+    means (M, D), log-variances (M, D), factors (M, D, R_t) -> texts (M, (3 + R_t) D) = [mu_t | 1 / s_t | 1 / s_t -
+    diag(A^T A) | A's R_t rows] (A = L^-1 U_t^T S_t^-1, :func:`kl_lowrank_gaussian`'s Woodbury factor), and the
+    constant (M,) = sum(log s_t) + log det C_t - D."""
+    t = _woodbury(logvar_t, u_t)
+    rows = [mu_t[:, None], t.inv_var[:, None], (t.inv_var - t.white_sq)[:, None], t.white]  # (M, ., D) each
+    const = logvar_t.sum(dim=-1) + t.logdet_core - mu_t.shape[-1]  # (M,)
+    return torch.cat(rows, dim=1).flatten(1).contiguous(), const.contiguous()
+
+
 def w2_lowrank(*_args: Tensor, **_kwargs: Tensor) -> NoReturn:
     """Refused: no closed form of W2 for low-rank-plus-diagonal Gaussians avoids D x D matrices.
 
@@ -301,6 +339,15 @@ def kl_mixture_grid(
             kl_k = kl_diag_gaussian(mu_v[None, vs], logvar_v[None, vs], comps_mu, comps_lv)  # (q K, v)
             out[qs, vs] = soft_min_kl(kl_k.view(-1, k, kl_k.shape[-1]), log_w, dim=1)
     return out
+
+
+def mixture_text_pack(mu_t: Tensor, logvar_t: Tensor, weight_logits_t: Tensor) -> tuple[Tensor, Tensor]:
+    """A mixture text's share of every :func:`kl_diag_to_mixture` against it, packed for the engine's fused rows
+    (``kl_mixture_rows``): components (M, K, D) x 2, logits (M, K) -> texts (M, 2 K D) = [mu_k | e^-logvar_k] per
+    component, and constants (M, 2 K) = [sum(logvar_k) - D | log pi_k]."""
+    texts = torch.stack([mu_t, torch.exp(-logvar_t)], dim=2).flatten(1)  # (M, K, 2, D) -> (M, 2 K D)
+    const = torch.cat([logvar_t.sum(dim=-1) - mu_t.shape[-1], torch.log_softmax(weight_logits_t, dim=-1)], dim=1)
+    return texts.contiguous(), const.contiguous()
 
 
 def mixture_moments(mu: Tensor, logvar: Tensor, weight_logits: Tensor) -> tuple[Tensor, Tensor]:

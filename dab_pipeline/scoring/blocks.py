@@ -18,11 +18,20 @@ class Texts:
     mu: Optional[Tensor] = None  # (Q, D) text Gaussian (prob/dab)
     logvar: Optional[Tensor] = None  # (Q, D)
     first: Optional[Tensor] = None  # (Q, H) first bridge step: state block + time feature + bias
+    factor: Optional[Tensor] = None  # (Q, D, R) the text's U (covariance lowrank:R)
+    mix_mu: Optional[Tensor] = None  # (Q, K, D) the text's components (covariance mixture:K; mu, logvar: moments)
+    mix_logvar: Optional[Tensor] = None  # (Q, K, D)
+    mix_logits: Optional[Tensor] = None  # (Q, K) their weights before the softmax
+    text_var: Optional[Tensor] = None  # (Q,) mean sigma^2 of the text before any bridge (Table 6's "text")
+    kl_pack: Optional[Tensor] = None  # (Q, (3 + R) D) a low-rank text's share of each KL (lowrank_text_pack)
+    kl_const: Optional[Tensor] = None  # (Q,) and its constant
 
     def take(self, idx: slice | Tensor | tuple) -> "Texts":
         """Rows ``idx``: a slice or index tensor (Q' rows), or ``(None, slice)`` / ``(slice, None)`` to add a
         broadcast axis, or an index grid (B, M) -> fields (B, M, ...)."""
-        return Texts(*(None if t is None else t[idx] for t in (self.q, self.unit, self.mu, self.logvar, self.first)))
+        fields = (self.q, self.unit, self.mu, self.logvar, self.first, self.factor, self.mix_mu, self.mix_logvar)
+        fields += (self.mix_logits, self.text_var, self.kl_pack, self.kl_const)
+        return Texts(*(None if t is None else t[idx] for t in fields))
 
 
 @dataclass

@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 
 from ..model import ModelConfig, bridge_macs_per_pair_step
+from ..model.covariance import parse_covariance
 from .result import GiB, MiB
 
 
@@ -20,6 +21,21 @@ def _step_macs(cfg: ModelConfig) -> tuple[int, int]:
     """(state block of the first drift layer, rest of the drift) multiply-adds per pair and step."""
     d, h, _, n, layers = _dims(cfg, 1)
     return n * d * h, (layers - 2) * h * h + h * n * d
+
+
+def _cov(cfg: ModelConfig) -> tuple[int, int]:
+    """(R, K) of a probabilistic model's covariance: U's columns (lowrank:R, else 0) and the text's components (1)."""
+    if not cfg.probabilistic:
+        return 0, 1
+    cov = parse_covariance(cfg.covariance)
+    return cov.rank, cov.components
+
+
+def _g_cols(cfg: ModelConfig) -> int:
+    """Columns of the merged basis's heads: [mu | logvar [| U, rank-major]] [+ mu_v's block of the bridge]."""
+    if not cfg.probabilistic:
+        return 0
+    return 2 * cfg.embed_dim + _cov(cfg)[0] * cfg.embed_dim + (cfg.drift_hidden if cfg.runs_drift else 0)
 
 
 def reference_macs(cfg: ModelConfig, num_frames: int) -> dict[str, int]:
@@ -55,8 +71,10 @@ def engine_macs(cfg: ModelConfig, num_frames: int) -> dict[str, int]:
     per_video = 3 * f * d * d + r * d * d  # k, v (+ out_proj folded into U), linear_proj on U's rows
     per_text = d * d  # q_proj
     c_cols = d if cfg.probabilistic else (h if cfg.runs_drift else 0)  # token term | point bridge's target
-    g_cols = (2 * d + (h if cfg.runs_drift else 0)) if cfg.probabilistic else 0  # heads [+ mu_v's block]
+    g_cols = _g_cols(cfg)  # heads [+ U] [+ mu_v's block]
     per_video += r * d * c_cols + r * d * g_cols
+    rank = _cov(cfg)[0]
+    per_pair += d * rank * (2 * rank + 1)  # lowrank:R: the KL's U^T S^-1 U, A_t U_v and A_t mu_v
     if cfg.probabilistic:
         # LayerNorm statistics as quadratic forms in w, then one product with the merged basis
         per_pair += r * r + (r + 1) * (r + 1) + (r + 1) * (r + 3) + (r + 3) * (c_cols + g_cols)
@@ -86,6 +104,8 @@ def pair_bytes(cfg: ModelConfig, num_frames: int, dtype: str = "float32", aligne
     d, h, r, _, _ = _dims(cfg, num_frames)
     mm = 2 if dtype == "bfloat16" else 4
     n = 4 * (3 * r + 10 * d + 2 * h) + mm * (4 * d + 3 * h)
+    rank, k = _cov(cfg)
+    n += 4 * (6 * rank * d + (4 * k * d if k > 1 else 0))  # U's columns and the KL's passes; K components' KLs
     if aligned:  # per-video bases gathered per pair
         n += video_bytes(cfg, num_frames, transient=False)
     return n
@@ -94,7 +114,7 @@ def pair_bytes(cfg: ModelConfig, num_frames: int, dtype: str = "float32", aligne
 def video_bytes(cfg: ModelConfig, num_frames: int, transient: bool = True) -> int:
     d, h, r, _, _ = _dims(cfg, num_frames)
     c_cols = d if cfg.probabilistic else (h if cfg.runs_drift else 0)  # token term | point bridge's target
-    g_cols = (2 * d + (h if cfg.runs_drift else 0)) if cfg.probabilistic else 0  # heads [+ mu_v's block]
+    g_cols = _g_cols(cfg)  # heads [+ U] [+ mu_v's block]
     n = num_frames * d + 2 * r * d + (r + 2) * c_cols + (r + 3) * g_cols + d + num_frames
     if cfg.probabilistic:  # the quadratic forms and the merged copy of the bases
         n += 3 * (r + 3) ** 2 + (r + 3) * (c_cols + g_cols)

@@ -20,6 +20,7 @@ from ..core.events import ProgressCallback
 from ..model import DABModel
 from ..model.covariance import parse_covariance
 from .budget import default_memory_budget
+from .engines.base import engine_covers
 from .reference import score_all_reference, score_query
 from .result import ScoreResult
 
@@ -27,8 +28,9 @@ __all__ = ["needs_reference", "covariance_chunks", "score_nondiag", "score_short
 
 
 def needs_reference(model: DABModel) -> bool:
-    """Whether ``model`` is scored here rather than by a fast engine (a non-diagonal covariance)."""
-    return model.cfg.probabilistic and parse_covariance(model.cfg.covariance).kind != "diag"
+    """Whether ``model`` is scored here rather than by a fast engine: a non-diagonal covariance with a per-pair
+    bridge (``dab``; ``prob`` and ``dab-const`` have engines for every covariance, ``engines.base.engine_covers``)."""
+    return not engine_covers(model.cfg)
 
 
 def covariance_chunks(

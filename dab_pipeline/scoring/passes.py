@@ -199,9 +199,9 @@ def diagnostics(
     eng: Engine, ts: Texts, frames: Tensor, mask: Tensor, gt: Tensor, dev: torch.device, plan: Plan, result: ScoreResult
 ) -> None:
     """Mean sigma^2 of text, bridged text and video for the Q ground-truth pairs only (aligned, never the grid)."""
-    assert ts.logvar is not None
+    assert ts.text_var is not None
     n_q, n_f = len(gt), frames.shape[1]
-    result.text_var = ts.logvar.exp().mean(dim=-1).float().cpu().numpy()
+    result.text_var = ts.text_var.float().cpu().numpy()  # the text's own, before dab-const's shift
     step = max(1, plan.budget // (pair_bytes(eng.cfg, n_f, plan.dtype) + video_bytes(eng.cfg, n_f)))
     bridged, video = [], []
     for q0 in range(0, n_q, step):

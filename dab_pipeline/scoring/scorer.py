@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -143,29 +143,61 @@ class Scorer:
         per-video bases, which one query cannot amortise; the keys' and values' projections moved onto the query
         and the pooled frames), in up to ``ONE_QUERY_CHUNK`` videos a block; the model's own path
         (:func:`~dab_pipeline.scoring.reference.score_query`) for a variant without one (xpool, the point
-        bridge) or a non-diagonal covariance. In bf16 every product before the bridge runs in bf16 too (the
-        model's path under autocast did the same).
+        bridge) or a model the engines do not cover (``dab`` low-rank or mixture). In bf16 every product before
+        the bridge runs in bf16 too (the model's path under autocast did the same).
         """
+        t, fr, mk = _one_query_inputs(self.model, text, frames, mask)  # (1, D), (K, F, D), (K, F)
+        out = self.score_queries(t, fr, mk, [np.arange(len(fr))])
+        if out is None:  # no one-text path for this model: its own
+            was_training = self._place()
+            try:
+                return score_query(self.model, text, frames, mask, dtype=self.dtype)
+            finally:
+                self._restore(was_training)
+        return out[0]
+
+    def score_queries(
+        self,
+        text: np.ndarray | Tensor,
+        frames: np.ndarray | Tensor,
+        mask: np.ndarray | Tensor,
+        shortlists: Sequence[np.ndarray],
+    ) -> Optional[list[np.ndarray]]:
+        """Query i's costs over its own videos ``shortlists[i]`` (indices into ``frames``) -> [(K_i,) float32], each
+        query through the engine's one-text path as :meth:`score_query` runs it alone (the same numbers); None where
+        the model has no such path (the caller scores the pairs its own way).
+
+        text (M, D), frames (U, F, D), mask (U, F): a batch of queries and the union of their shortlists (``dab
+        serve``'s gathered queries on an index); the texts' state is computed once for the batch.
+        """
+        t = _as_float(text).reshape(len(shortlists), -1)  # (M, D)
+        fr, mk = _one_query_inputs(self.model, t[:1], frames, mask, cast=False)[1:]  # (U, F, D) as given, (U, F)
+        if needs_reference(self.model):
+            return None
         was_training = self._place()
         try:
-            if needs_reference(self.model):
-                return score_query(self.model, text, frames, mask, dtype=self.dtype)
-            t, fr, mk = _one_query_inputs(self.model, text, frames, mask)  # (1, D), (K, F, D), (K, F)
-            cuts = even_cuts(len(fr), ONE_QUERY_CHUNK)
-            if not cuts:
-                return np.empty(0, np.float32)
+            longest = max((min(len(s), ONE_QUERY_CHUNK) for s in shortlists), default=1)
             with torch.no_grad():  # engines kept per power of two of the block's videos (oneDNN packs for a size)
-                eng = self._engine(1 << (max(b - a for a, b in cuts) - 1).bit_length())
-                ts = eng.texts(t.to(self.device))
-                out = np.empty(len(fr), np.float32)
-                for a, b in cuts:
-                    cost = eng.one_query(ts, fr[a:b].to(self.device), mk[a:b].to(self.device))  # (b - a,)
-                    if cost is None:  # no one-text path for this variant: the model's own
-                        return score_query(self.model, text, frames, mask, dtype=self.dtype)
-                    out[a:b] = cost.float().cpu().numpy()
-            return out
+                eng = self._engine(1 << (max(longest, 1) - 1).bit_length())
+                if not eng.has_one_query():
+                    return None
+                ts_all = eng.texts(t.to(self.device))
+                return [self._one(eng, ts_all.take(slice(i, i + 1)), fr, mk, rows) for i, rows in enumerate(shortlists)]
         finally:
             self._restore(was_training)
+
+    def _one(self, eng: Engine, ts, fr: Tensor, mk: Tensor, rows: np.ndarray) -> np.ndarray:
+        """One query's costs over ``fr[rows]`` (K,) float32, in up to ``ONE_QUERY_CHUNK`` videos a block."""
+        rows = np.asarray(rows, np.int64)
+        whole = len(rows) == len(fr) and bool((rows == np.arange(len(fr))).all())  # one query's own frames: no gather
+        out = np.empty(len(rows), np.float32)
+        for a, b in even_cuts(len(rows), ONE_QUERY_CHUNK):
+            idx = slice(a, b) if whole else torch.from_numpy(rows[a:b])
+            f_blk, m_blk = fr[idx].to(self.device).float(), mk[idx].to(self.device)  # (b - a, F, D) float32
+            cost = eng.one_query(ts, f_blk, m_blk)  # (b - a,)
+            assert cost is not None, "has_one_query said this engine has the path"
+            out[a:b] = cost.float().cpu().numpy()
+        return out
 
     def candidates(
         self, text: np.ndarray | Tensor, frames: np.ndarray | Tensor, mask: np.ndarray | Tensor, k: Optional[int] = None
@@ -301,10 +333,11 @@ class Scorer:
         return first_stage(text_vectors(text_t), videos, k)
 
 
-def _one_query_inputs(model: DABModel, text, frames, mask) -> tuple[Tensor, Tensor, Tensor]:
-    """:meth:`Scorer.score_query`'s inputs as tensors, text (1, D) and frames (K, F, D) float32, mask (K, F) bool,
-    checked against the model as its own path checks them (ValueError)."""
-    t, fr = _as_float(text).reshape(1, -1), _as_float(frames)
+def _one_query_inputs(model: DABModel, text, frames, mask, cast: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+    """:meth:`Scorer.score_query`'s inputs as tensors, text (1, D) and frames (K, F, D) float32 (``cast=False``: in
+    their own dtype, a store's float16 converted block by block later), mask (K, F) bool, checked against the model
+    as its own path checks them (ValueError)."""
+    t, fr = _as_float(text).reshape(1, -1), _as_float(frames) if cast else _as_tensor(frames)
     mk = torch.as_tensor(np.asarray(mask) if not isinstance(mask, Tensor) else mask).to(torch.bool)
     d = model.cfg.embed_dim
     if t.shape[1] != d or fr.dim() != 3 or fr.shape[2] != d:
@@ -316,10 +349,15 @@ def _one_query_inputs(model: DABModel, text, frames, mask) -> tuple[Tensor, Tens
 
 def _as_float(x: np.ndarray | Tensor) -> Tensor:
     """x as a float32 tensor (a read-only array, such as a memory map, copied first)."""
+    return _as_tensor(x).float()
+
+
+def _as_tensor(x: np.ndarray | Tensor) -> Tensor:
+    """x as a tensor of its own dtype (a read-only array, such as a memory map, copied first)."""
     if isinstance(x, Tensor):
-        return x.float()
+        return x
     a = np.asarray(x)
-    return torch.from_numpy(a if a.flags.writeable else a.copy()).float()
+    return torch.from_numpy(a if a.flags.writeable else a.copy())
 
 
 def _weights_key(model: DABModel) -> object:

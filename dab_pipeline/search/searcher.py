@@ -263,8 +263,9 @@ class Searcher:
         ``timings`` (a dict) gets the seconds spent in each step added to it: index, read, score.
 
         Several queries are ranked together: without an index in one Scorer call over the split; with one, each
-        query's shortlist from one first-stage call, their union read once and the (query, video) pairs of the
-        shortlists scored in one pass (:func:`~dab_pipeline.search.pairs.score_shortlists`).
+        query's shortlist from one first-stage call, their union read once, and each query's own pairs scored
+        through the engine's one-text path (``Scorer.score_queries``: what it would get alone), or where the
+        model has none in one pass of aligned pairs (:func:`~dab_pipeline.search.pairs.score_shortlists`).
         """
         text = torch.as_tensor(np.asarray(text, np.float32))  # (M, D)
         ks = [int(topk)] * len(queries) if isinstance(topk, int) else [int(k) for k in topk]
@@ -300,6 +301,10 @@ class Searcher:
         """Each query's costs over its shortlist (``local``: its places in ``frames``) -> [(K_i,) float32]."""
         if len(local) == 1:  # one query (the frames are its shortlist, in order): the Scorer's one-query path
             return [self._scorer.score_query(text[0], frames, mask)]  # (K,)
+        # each query through the engine's one-text path, as alone (3-5x cheaper a pair than the model's aligned path)
+        costs = self._scorer.score_queries(text, frames, mask, local)
+        if costs is not None:
+            return costs
         model = self.run.model
         was_training = model.training
         model.eval().to(self.device)

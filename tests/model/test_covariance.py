@@ -28,6 +28,7 @@ from dab_pipeline.model.covariance import (
     kl_diag_to_mixture,
     kl_lowrank_gaussian,
     kl_lowrank_grid,
+    kl_lowrank_shared_text,
     kl_mixture_grid,
     parse_covariance,
     w2_lowrank,
@@ -112,6 +113,21 @@ def test_lowrank_kl_grid_matches_torch_distributions_pair_by_pair() -> None:
         for j in range(5):
             ref = kl_divergence(_lowrank(mu_v[j], lv_v[j], u_v[j]), _lowrank(mu_t[i], lv_t[i], u_t[i]))
             torch.testing.assert_close(grid[i, j], ref, rtol=1e-8, atol=0.0)
+
+
+@pytest.mark.parametrize("ranks", [(3, 2), (1, 4)])
+def test_the_engines_shared_text_lowrank_kl_matches_torch_distributions_pair_by_pair(ranks) -> None:
+    """The engine's block form (videos per pair (B, M, ...), U rank-major; texts (M, ...) shared by the rows)."""
+    gen = torch.Generator().manual_seed(15)
+    mu_v, lv_v, u_v = _gauss(gen, 3, 4, 16, rank=ranks[0])  # (B, M, D), U (B, M, D, R): one video Gaussian a pair
+    mu_t, lv_t, u_t = _gauss(gen, 4, 16, rank=ranks[1])  # (M, D), (M, D, R_t)
+    block = kl_lowrank_shared_text(mu_v, lv_v, u_v.mT.contiguous(), mu_t, lv_t, u_t)  # (B, M)
+    assert block.shape == (3, 4)
+    for b in range(3):
+        for m in range(4):
+            ref = kl_divergence(_lowrank(mu_v[b, m], lv_v[b, m], u_v[b, m]), _lowrank(mu_t[m], lv_t[m], u_t[m]))
+            torch.testing.assert_close(block[b, m], ref, rtol=1e-8, atol=0.0)
+    torch.testing.assert_close(block, kl_lowrank_gaussian(mu_v, lv_v, u_v, mu_t, lv_t, u_t), rtol=1e-10, atol=1e-10)
 
 
 def test_lowrank_kl_with_zero_factors_is_todays_diagonal_kl() -> None:

@@ -1,5 +1,6 @@
-"""All-pairs scoring of a low-rank or mixture model (issue 36): the Scorer routes it through the model's own path in
-bounded blocks, equal to a naive per-pair loop; the fast engines refuse it."""
+"""All-pairs scoring of a low-rank or mixture model (issue 36): ``prob`` and ``dab-const`` through the fast engine (the
+diagonal model's video Gaussian, U's heads folded into its basis, then the covariance's cost), ``dab`` (a bridge a
+pair and component) through the model's own path in bounded blocks; each equal to a naive per-pair loop."""
 
 from __future__ import annotations
 
@@ -10,15 +11,16 @@ import torch
 from dab_pipeline.core.errors import ConfigError
 from dab_pipeline.model import network
 from dab_pipeline.model.costs import kl_diag_gaussian
-from dab_pipeline.scoring import Scorer, build_engine, score_all
-from dab_pipeline.scoring.covariance import covariance_chunks
+from dab_pipeline.scoring import Scorer, build_engine, pair_bytes, score_all, score_all_reference
+from dab_pipeline.scoring.covariance import covariance_chunks, needs_reference
 
 from ..helpers.models import random_inputs, small_model
 
 
 @pytest.fixture(scope="module", params=["lowrank:2", "mixture:2"])
 def lowrank(request):
-    return small_model("prob", covariance=request.param).eval()
+    """A ``dab`` model of each non-diagonal form: scored through the reference."""
+    return small_model("dab", covariance=request.param, drift_init=0.05).eval()
 
 
 def _naive(model, text, frames, mask) -> np.ndarray:
@@ -33,8 +35,10 @@ def _naive(model, text, frames, mask) -> np.ndarray:
 
 def test_scorer_on_a_lowrank_model_equals_a_per_pair_loop_in_small_blocks(lowrank) -> None:
     text, frames, mask, gt = random_inputs()
-    per_pair = 4 * 16 * (3 * 2 + 12) if lowrank.cfg.covariance == "lowrank:2" else 4 * 16 * (12 + 6 * 2)
+    k, rank = (1, 2) if lowrank.cfg.covariance == "lowrank:2" else (2, 0)
+    per_pair = 4 * 16 * (3 * rank + 12 + 6 * k * (k > 1)) + 4 * (k * (5 * 24 + 8 * 16) + 3 * 16 * rank)
     budget = per_pair * 6  # six pairs a block: many blocks
+    assert needs_reference(lowrank)
     assert covariance_chunks(lowrank, 11, 7, torch.device("cpu"), budget) == (2, 3)
     res = Scorer(lowrank, memory_budget=budget).score(text, frames, mask, gt=gt, topk=3)
     np.testing.assert_allclose(res.cost, _naive(lowrank, text, frames, mask), rtol=1e-5, atol=1e-5)
@@ -65,9 +69,61 @@ def test_a_lowrank_shortlist_scores_its_candidates_and_inf_elsewhere(lowrank) ->
     np.testing.assert_allclose(res.cost[kept], full[kept], rtol=1e-5, atol=1e-5)
 
 
-def test_the_fast_engines_refuse_a_lowrank_model(lowrank) -> None:
-    with pytest.raises(ConfigError, match="diagonal Gaussians only"):
+def test_the_fast_engines_refuse_a_dab_lowrank_or_mixture_model(lowrank) -> None:
+    with pytest.raises(ConfigError, match="only for the variants without a per-pair bridge"):
         build_engine(lowrank, torch.device("cpu"), torch.float32)
+
+
+COVARIANCE_ENGINE_MODELS = [
+    (variant, cov, kw)
+    for variant, kw in (("prob", {}), ("dab", {"drift": "constant"}))
+    for cov in ("diag", "lowrank:1", "lowrank:3", "mixture:2", "mixture:3")
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(("variant", "cov", "kw"), COVARIANCE_ENGINE_MODELS)
+def test_the_engine_scores_prob_and_dab_const_covariance_models_as_a_per_pair_loop(variant, cov, kw, dtype) -> None:
+    """``prob`` and ``dab-const`` with U or K components through the fast engine, in blocks of a few pairs: the costs of
+    a naive per-pair loop, the variance diagnostics of the reference, and a shortlist's (packed slots) costs."""
+    model = small_model(variant, covariance=cov, **kw).eval()
+    text, frames, mask, gt = random_inputs()
+    assert not needs_reference(model)
+    budget = 40 * pair_bytes(model.cfg, frames.shape[1], dtype)  # a few dozen pairs a block
+    res = Scorer(model, dtype=dtype, memory_budget=budget).score(text, frames, mask, gt=gt, topk=3)
+    assert not res.info["engine"].startswith("reference")
+    naive = _naive(model, text, frames, mask)
+    np.testing.assert_allclose(res.cost, naive, rtol=1e-5, atol=1e-4)
+    ref = score_all_reference(model, text, frames, mask, gt=gt)
+    for field in ("text_var", "bridged_var", "video_var"):
+        np.testing.assert_allclose(getattr(res, field), getattr(ref, field), rtol=1e-5, atol=1e-7, err_msg=field)
+    short = Scorer(model, dtype=dtype, memory_budget=budget).score(text, frames, mask, shortlist=3)
+    kept = np.isfinite(short.cost)
+    assert (kept.sum(1) == 3).all()
+    np.testing.assert_allclose(short.cost[kept], naive[kept], rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("cov", ["lowrank:2", "mixture:3"])
+def test_one_query_of_a_covariance_model_scores_as_the_grid(cov) -> None:
+    """``Scorer.score_query``: a mixture through the engine's one-text path (its components' cost on the pooled
+    videos), a low-rank model through the model's own (no one-text path for U's heads); both as the grid scores."""
+    model = small_model("prob", covariance=cov).eval()
+    text, frames, mask, _ = random_inputs()
+    grid = _naive(model, text, frames, mask)
+    eng = build_engine(model, torch.device("cpu"), torch.float32)
+    with torch.no_grad():
+        one = eng.one_query(eng.texts(text[2:3]), frames, mask)
+    assert (one is None) == cov.startswith("lowrank")
+    if one is not None:
+        np.testing.assert_allclose(one.numpy(), grid[2], rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(Scorer(model).score_query(text[2], frames, mask), grid[2], rtol=1e-5, atol=1e-4)
+
+
+def test_a_pair_of_a_covariance_model_is_budgeted_for_its_extra_columns() -> None:
+    """U's R D columns (and the KL's passes over them) and K components' KLs make a pair bigger: fewer a block."""
+    diag = pair_bytes(small_model("prob").cfg, 5)
+    assert pair_bytes(small_model("prob", covariance="lowrank:2").cfg, 5) == diag + 4 * 6 * 2 * 16
+    assert pair_bytes(small_model("prob", covariance="mixture:3").cfg, 5) == diag + 4 * 4 * 3 * 16
 
 
 # ---------------------------------------------------------------------------------------------

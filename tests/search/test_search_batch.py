@@ -12,7 +12,7 @@ import torch
 
 from dab_pipeline.core.errors import ConfigError
 from dab_pipeline.index import build_index
-from dab_pipeline.scoring import score_query
+from dab_pipeline.scoring import Scorer, score_query
 from dab_pipeline.search import Searcher, SearchResult
 from dab_pipeline.search import searcher as searcher_module
 from dab_pipeline.search.pairs import score_shortlists
@@ -90,29 +90,69 @@ def test_a_bad_query_gets_its_error_and_the_others_their_answers(world: dict, ru
             s.search_batch([CAPTIONS[0]], 3, shortlist=0)
 
 
+@pytest.mark.parametrize("variant", ["dab", "xpool"])
 def test_the_batch_reads_its_shortlists_once_and_scores_only_their_pairs_in_one_call(
-    world: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    world: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variant: str
 ) -> None:
-    run, _ = hand_made_run(tmp_path / "run", world["store"], "dab")
-    calls: list[tuple[int, list[np.ndarray]]] = []
-    real = searcher_module.score_shortlists
+    """dab: one ``Scorer.score_queries`` call (each query through the engine's one-text path); xpool (no such path):
+    one ``score_shortlists`` pass of aligned pairs. Either way the union is read once and only each query's own
+    videos are scored."""
+    run, _ = hand_made_run(tmp_path / "run", world["store"], variant)
+    calls: list[tuple[str, int, list[np.ndarray]]] = []
+    real, real_queries = searcher_module.score_shortlists, Scorer.score_queries
 
     def spy(model, text, frames, mask, shortlists, **kw):
-        calls.append((len(frames), [np.asarray(x) for x in shortlists]))
+        calls.append(("pairs", len(frames), [np.asarray(x) for x in shortlists]))
         return real(model, text, frames, mask, shortlists, **kw)
 
+    def spy_queries(self, text, frames, mask, shortlists):
+        out = real_queries(self, text, frames, mask, shortlists)
+        if out is not None:
+            calls.append(("engine", len(frames), [np.asarray(x) for x in shortlists]))
+        return out
+
     monkeypatch.setattr(searcher_module, "score_shortlists", spy)
+    monkeypatch.setattr(Scorer, "score_queries", spy_queries)
     with Searcher(run, world["store"], index=world["index"], device="cpu") as s:
         reads: list[np.ndarray] = []
         read = s.store.read_videos
         monkeypatch.setattr(s.store, "read_videos", lambda rows: (reads.append(np.asarray(rows)), read(rows))[1])
         s.search_batch(QUERIES, KS, shortlist=4)
     assert len(reads) == 1 and len(calls) == 1  # one read of the union, one scoring call
+    assert calls[0][0] == ("engine" if variant == "dab" else "pairs")
     union = reads[0]
-    assert list(union) == sorted(set(union.tolist())) and calls[0][0] == len(union)
-    shortlists = calls[0][1]
+    assert list(union) == sorted(set(union.tolist())) and calls[0][1] == len(union)
+    shortlists = calls[0][2]
     assert [len(x) for x in shortlists] == [4] * len(QUERIES)  # each query's own 4 videos: 20 pairs ...
     assert len(union) > 4  # ... of a union larger than one shortlist, so not every query against the union
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(
+    "variant, cov, kw",
+    [("dab", "diag", {}), ("prob", "diag", {}), ("prob", "mixture:2", {}), ("dab", "mixture:2", {"drift": "constant"})],
+)
+def test_score_queries_equals_score_query_one_query_at_a_time(variant: str, cov: str, kw: dict, dtype: str) -> None:
+    """``Scorer.score_queries`` (a batch, each query through the one-text path on its own rows of a float16 union)
+    gives each query what ``Scorer.score_query`` gives it alone (to float32's rounding: a batch's text heads are one
+    (M, D) product), empty shortlists included."""
+    model = small_model(variant, covariance=cov, **kw).eval()
+    text, frames, mask, _ = random_inputs(q=5, v=9, frames=5)
+    frames16 = frames.half().numpy()  # as a store's rows are read
+    shortlists = [np.array([0, 3, 5]), np.array([], np.int64), np.array([8, 1, 2]), np.arange(9), np.array([4])]
+    scorer = Scorer(model, dtype=dtype)
+    got = scorer.score_queries(text.numpy(), frames16, mask.numpy(), shortlists)
+    assert got is not None and [len(g) for g in got] == [len(s) for s in shortlists]
+    for i, sl in enumerate(shortlists):
+        alone = scorer.score_query(text[i], frames16[sl], mask.numpy()[sl])
+        np.testing.assert_allclose(got[i], alone, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant, cov", [("xpool", "diag"), ("prob", "lowrank:2"), ("dab", "mixture:2")])
+def test_score_queries_says_none_where_the_model_has_no_one_text_path(variant: str, cov: str) -> None:
+    model = small_model(variant, covariance=cov).eval()
+    text, frames, mask, _ = random_inputs(q=2, v=4, frames=5)
+    assert Scorer(model).score_queries(text, frames, mask, [np.array([0, 1]), np.array([2])]) is None
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -141,6 +141,10 @@ class Engine:
             self._wk = (w_k * self.f32(pool.ln_in.weight)).contiguous()
         return torch.bmm(ts.q[0][:, None], self._wk)[:, 0]  # (Hh, D); 1 / sqrt(Dh) is in q
 
+    def has_one_query(self) -> bool:
+        """Whether :meth:`one_query` computes this model (else it returns None and the caller takes the model's path)."""
+        return False
+
     def one_query(self, ts: Texts, frames: Tensor, mask: Tensor) -> Optional[Tensor]:
         """Costs (K,) float32 of the one text of ``ts`` with each of K videos (frames (K, F, D) float32, mask (K, F)
         bool), the model's function re-associated for a text that meets each video once, without :meth:`videos`'
@@ -195,11 +199,24 @@ def engine_name(cfg) -> str:
     return f"{cfg.variant}/constant" if cfg.uses_bridge and cfg.drift == "constant" else cfg.variant
 
 
+# the engines that score a low-rank or mixture model: those without a per-pair bridge (its video Gaussian is the
+# diagonal model's; only the cost step differs); dab's bridges run per component and per pair's U
+COVARIANCE_ENGINES = ("prob", "dab/constant")
+
+
+def engine_covers(cfg) -> bool:
+    """Whether a fast engine scores a model of config ``cfg``: every diagonal one, and ``prob`` / ``dab-const`` with
+    any ``model.covariance``."""
+    return not cfg.probabilistic or cfg.covariance == "diag" or engine_name(cfg) in COVARIANCE_ENGINES
+
+
 def build_engine(model: DABModel, device: torch.device, mm_dtype: torch.dtype, batch_hint: int = 1024) -> Engine:
-    """The registered engine of ``model``'s variant (and drift); diagonal Gaussians only."""
-    if model.cfg.probabilistic and model.cfg.covariance != "diag":
+    """The registered engine of ``model``'s variant (and drift); non-diagonal Gaussians only where
+    :func:`engine_covers` says so."""
+    if not engine_covers(model.cfg):
         raise ConfigError(
-            f"the fast engines score diagonal Gaussians only, not model.covariance={model.cfg.covariance}; "
-            "Scorer scores such a model through the reference (scoring/covariance.py)"
+            f"the fast engines score model.covariance={model.cfg.covariance} only for the variants without a per-pair "
+            f"bridge ({', '.join(COVARIANCE_ENGINES)}); Scorer scores such a model through the reference "
+            "(scoring/covariance.py)"
         )
     return ENGINES.get(engine_name(model.cfg))(model, device, mm_dtype, batch_hint)

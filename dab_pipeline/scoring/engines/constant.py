@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
+from ...model.covariance import mixture_moments
 from ..blocks import Texts
 from .base import ENGINES
 from .prob import GaussianEngine
@@ -24,9 +25,15 @@ class ConstantShiftEngine(GaussianEngine):
         out = super().texts(text)
         assert out.mu is not None and out.logvar is not None and self.model.bridge is not None
         shift = self.f32(self.model.bridge.total_shift())  # (2D,): [Delta mu, Delta logvar]
-        out.mu = out.mu + shift[: self.d]  # (Q, D)
+        if out.mix_mu is not None:  # mixture:K: each component shifted (the model bridges each), then the moments
+            assert out.mix_logvar is not None and out.mix_logits is not None
+            out.mix_mu = out.mix_mu + shift[: self.d]  # (Q, K, D)
+            out.mix_logvar = (out.mix_logvar + shift[self.d :]).clamp(self.lo, self.hi)  # (Q, K, D)
+            out.mu, out.logvar = mixture_moments(out.mix_mu, out.mix_logvar, out.mix_logits)
+            return self.cov_pack(out)  # the shifted components' share of the KL
+        out.mu = out.mu + shift[: self.d]  # (Q, D); a low-rank text's U is carried unchanged, as the model does
         out.logvar = (out.logvar + shift[self.d :]).clamp(self.lo, self.hi)  # (Q, D)
-        return out
+        return self.cov_pack(out)  # the shifted text's share of the KL
 
 
 @ENGINES.register("bridge/constant")

@@ -57,7 +57,7 @@ class DABEngine(GaussianEngine):
 
     def one_query(self, ts: Texts, frames: Tensor, mask: Tensor) -> Optional[Tensor]:
         """:meth:`GaussianEngine.one_query` through the bridge: the K pairs as a (K, 1) block of :meth:`pairs`."""
-        if not self.one_applies():
+        if not self.has_one_query():
             return None
         n_v, d, hidden = frames.shape[0], self.d, self.gt_w.shape[1]
         sigma: Optional[Tensor] = None  # float32: the bridge's own (_bridged)

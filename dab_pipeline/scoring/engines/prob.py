@@ -7,6 +7,15 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ...model.costs import kl_diag_gaussian
+from ...model.covariance import (
+    kl_lowrank_gaussian,
+    kl_lowrank_shared_text,
+    lowrank_text_pack,
+    mixture_moments,
+    mixture_text_pack,
+    soft_min_kl,
+)
 from ..blocks import Texts, Videos, center
 from ..kernels.cpu import Kernels, eager_kernels, get_kernels
 from .base import ENGINES, Engine, PairCosts
@@ -33,12 +42,15 @@ class GaussianEngine(Engine):
         self.c_w = w2.T.contiguous()  # (D, D)
         self.c_rows = torch.stack([self.v_a @ self.c_w, self.v_b @ self.c_w + b2])  # (2, D)
         self.w_mu, self.b_mu = f32(pr.mu_head.weight), f32(pr.mu_head.bias)
-        w_lv, b_lv = f32(pr.logvar_head.weight), f32(pr.logvar_head.bias)
+        heads = [(self.w_mu, self.b_mu), (f32(pr.logvar_head.weight), f32(pr.logvar_head.bias))]
+        self.rank = pr.rank  # lowrank:R: U's heads follow, rank-major (R D columns), as ProbabilisticEncoder.factor
+        if self.rank:
+            heads.append(tuple(f32(t) for t in pr._rank_major()))  # type: ignore[arg-type]
         # g basis: linear maps of h = LN_p(v_c / |v_c|) (coefficients w rs1 rs2 g, rs2 g, g, 1)
         self.h_rows = torch.stack([self.gp * center(self.v_a), self.gp * center(self.v_b), self.bp])  # (3, D)
-        self.gh_w = torch.cat([self.w_mu, w_lv]).T.contiguous()  # (D, 2D)
+        self.gh_w = torch.cat([w for w, _ in heads]).T.contiguous()  # (D, 2D [+ R D])
         self.gh_rows = self.h_rows @ self.gh_w
-        self.gh_rows[2] += torch.cat([self.b_mu, b_lv])
+        self.gh_rows[2] += torch.cat([b for _, b in heads])
         self.gt_w: Optional[Tensor] = None  # (D, H): a bridge's mu_v block (DAB sets it)
         self.gt_rows: Optional[Tensor] = None
         self.gt_bias: Optional[Tensor] = None  # (H,): that block on b_mu
@@ -54,9 +66,25 @@ class GaussianEngine(Engine):
 
     def texts(self, text: Tensor) -> Texts:
         out = super().texts(text)
-        assert self.model.prob is not None
-        out.mu, out.logvar = self.model.prob(text)  # (Q, D) each
-        return out
+        m = self.model
+        assert m.prob is not None
+        out.mu, out.logvar, out.factor = m.prob.full(text)  # (Q, D) each; U (Q, D, R) or None
+        if m.mixture is not None:  # the components; mu and logvar their moments (what the diagnostics read)
+            out.mix_mu, out.mix_logvar, out.mix_logits = m.mixture(m.prob.hidden(text), out.mu, out.logvar)
+            out.mu, out.logvar = mixture_moments(out.mix_mu, out.mix_logvar, out.mix_logits)
+        out.text_var = out.logvar.exp().mean(dim=-1)  # (Q,): before dab-const's shift (constant.py)
+        return self.cov_pack(out)
+
+    def cov_pack(self, ts: Texts) -> Texts:
+        """A low-rank or mixture text's share of every KL against it (``lowrank_text_pack``, ``mixture_text_pack``),
+        once per text, before the blocks (made again by dab-const after its shift)."""
+        if ts.factor is not None:
+            assert ts.mu is not None and ts.logvar is not None
+            ts.kl_pack, ts.kl_const = lowrank_text_pack(ts.mu, ts.logvar, ts.factor)
+        elif ts.mix_mu is not None:
+            assert ts.mix_logvar is not None and ts.mix_logits is not None
+            ts.kl_pack, ts.kl_const = mixture_text_pack(ts.mix_mu, ts.mix_logvar, ts.mix_logits)
+        return ts
 
     def videos(self, frames: Tensor, mask: Tensor) -> Videos:
         out, u, rm = self.pool_videos(frames, mask)
@@ -180,10 +208,43 @@ class GaussianEngine(Engine):
 
     def one_query(self, ts: Texts, frames: Tensor, mask: Tensor) -> Optional[Tensor]:
         assert ts.mu is not None and ts.logvar is not None
-        if not self.one_applies():
+        if not self.has_one_query():
             return None
-        mu_v, lv_v = self.gaussian_one(ts, frames, mask)
+        mu_v, lv_v = self.gaussian_one(ts, frames, mask)  # (K, D) each
+        if ts.mix_mu is not None:  # the text's components against each video: (K, 1) slots of covariance_cost
+            return self.covariance_cost(mu_v[:, None], lv_v[:, None], ts.mu, ts.logvar, ts, lambda x: x, None)[:, 0]
         return self.model.cost_fn(mu_v, lv_v, ts.mu, ts.logvar)  # (K,)
+
+    def lowrank_block(self, mu_v: Tensor, lv_v: Tensor, u_v: Tensor, ts: Texts) -> Tensor:
+        """The low-rank KL of a grid block: videos (B, M, D), U (B, M, R, D) rank-major; the block's M texts (1, M,
+        ...) -> (B, M). On CPU the compiled ``kl_lowrank_rows`` (one pass over a pair's D values and factor rows,
+        ~8x the eager form's rate at R = 4), else :func:`kl_lowrank_shared_text` (the same sums in ATen)."""
+        kern = self.cov_kernels()
+        if kern.fused and ts.kl_pack is not None and ts.kl_const is not None:
+            n_b, n_m, d = mu_v.shape
+            rows = kern.kl_lowrank_rows(
+                mu_v.reshape(-1, d),
+                lv_v.reshape(-1, d),
+                u_v.reshape(n_b * n_m, -1),
+                ts.kl_pack[0],
+                ts.kl_const[0],
+                self.rank,
+            )  # (B M,): pair (b, m) is row b M + m, its text m
+            return rows.view(n_b, n_m)
+        assert ts.mu is not None and ts.logvar is not None and ts.factor is not None
+        return kl_lowrank_shared_text(mu_v, lv_v, u_v, ts.mu[0], ts.logvar[0], ts.factor[0])
+
+    def cov_kernels(self) -> Kernels:
+        """The kernels of the low-rank KL: compiled on CPU in any dtype (float32 sums), else the eager ones."""
+        if getattr(self, "_cov_kernels", None) is None:
+            cpu = self.device.type == "cpu"
+            self._cov_kernels = get_kernels() if cpu else eager_kernels("the low-rank KL off the CPU")
+        return self._cov_kernels
+
+    def has_one_query(self) -> bool:
+        """The one-text path computes this model where its LayerNorms on the frames agree (:meth:`one_applies`) and
+        there is no U (lowrank:R: its heads are not on this path; the caller takes the model's own)."""
+        return self.one_applies() and not self.rank
 
     def one_kernels(self) -> Kernels:
         """The per-frame passes of :meth:`gaussian_one`: the compiled kernels on CPU in bf16 (where they build), else
@@ -222,10 +283,11 @@ class GaussianEngine(Engine):
         return torch.cat([wr * g, rs2 * g, g, one], dim=-1), g
 
     def video_gaussian(self, vs: Videos, coef_g: Tensor, g: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """mu_v, logvar_v (B, M, D) each and the rest of the merged product (B, M, 0 | H)."""
+        """mu_v, logvar_v (B, M, D) each and the rest of the merged product (B, M, 0 | H | R D): the bridge's mu_v
+        block (dab) or the video's U, rank-major (lowrank:R; ``(B, M, R, D)`` after an unflatten)."""
         d = self.d
         assert vs.g_all is not None and vs.tok is not None
-        out = torch.bmm(coef_g, vs.g_all)  # (B, M, D + 2D [+ H]): [g (W2 v_c + b2) | mu | logvar | target]
+        out = torch.bmm(coef_g, vs.g_all)  # (B, M, D + 2D [+ H | + R D]): [g (W2 v_c + b2) | mu | logvar | rest]
         lv_raw, tok_g = out[..., 2 * d : 3 * d], out[..., :d]
         lv_v = lv_raw.clamp_(self.lo, self.hi).add_(tok_g / g).add_(vs.tok[:, None])  # (B, M, D)
         return out[..., d : 2 * d], lv_v.mul_(0.5).clamp_(self.lo, self.hi), out[..., 3 * d :]
@@ -234,14 +296,31 @@ class GaussianEngine(Engine):
         assert ts.mu is not None and ts.logvar is not None
         w = self.attention(ts, vs)  # (B, M, R)
         pack = self.packer(keep, *w.shape[:2])
-        mu_v, lv_v, _ = self.video_gaussian(vs, *self.coefficients(vs, w))
-        return self.costs(pack(mu_v), pack(lv_v), pack(ts.mu), pack(ts.logvar), keep, want_var)
+        mu_v, lv_v, rest = self.video_gaussian(vs, *self.coefficients(vs, w))
+        factor = pack(rest.unflatten(-1, (self.rank, self.d)).mT) if self.rank else None  # (B, M, D, R) | (P, 1, ...)
+        return self.costs(pack(mu_v), pack(lv_v), pack(ts.mu), pack(ts.logvar), keep, want_var, ts, pack, factor)
 
     def costs(
-        self, mu_v: Tensor, lv_v: Tensor, mu_t: Tensor, lv_t: Tensor, keep: Optional[Tensor], want_var: bool
+        self,
+        mu_v: Tensor,
+        lv_v: Tensor,
+        mu_t: Tensor,
+        lv_t: Tensor,
+        keep: Optional[Tensor],
+        want_var: bool,
+        ts: Optional[Texts] = None,
+        pack=None,
+        u_v: Optional[Tensor] = None,
     ) -> PairCosts:
-        """The distributional cost D(Q_v || P_t) of the (packed) pairs, with the mean variances if asked."""
-        cost = self.model.cost_fn(mu_v, lv_v, mu_t, lv_t)  # (B, M) | (P, 1)
+        """The distributional cost D(Q_v || P_t) of the (packed) pairs, with the mean variances if asked.
+
+        A low-rank or mixture text (``ts``, its fields packed by ``pack`` as the pairs are) is scored as the model
+        scores it: the low-rank KL with the video's U ``u_v`` (the text's Woodbury factors once per text of a grid
+        block), or the soft minimum of the components' diagonal KLs."""
+        if ts is not None and (ts.factor is not None or ts.mix_mu is not None):
+            cost = self.covariance_cost(mu_v, lv_v, mu_t, lv_t, ts, pack, u_v)
+        else:
+            cost = self.model.cost_fn(mu_v, lv_v, mu_t, lv_t)  # (B, M) | (P, 1)
         bridged_var = video_var = None
         if want_var:
             bridged_var = lv_t.exp().mean(dim=-1).expand(cost.shape)
@@ -249,3 +328,22 @@ class GaussianEngine(Engine):
             if keep is not None:
                 bridged_var, video_var = bridged_var[:, 0], video_var[:, 0]
         return (cost[:, 0] if keep is not None else cost), bridged_var, video_var
+
+    def covariance_cost(
+        self, mu_v: Tensor, lv_v: Tensor, mu_t: Tensor, lv_t: Tensor, ts: Texts, pack, u_v: Optional[Tensor]
+    ) -> Tensor:
+        """:meth:`costs` of a low-rank or mixture text: (B, M) | (P, 1), as ``DABModel.pair_terms`` computes it."""
+        if ts.factor is not None:
+            assert u_v is not None, "a low-rank text is scored with the video's factor"
+            if ts.factor.shape[0] == 1 and mu_v.shape[0] > 1 and u_v.shape[1] == ts.factor.shape[1]:
+                return self.lowrank_block(mu_v, lv_v, u_v.mT, ts)  # a grid block: its M texts shared by its rows
+            return kl_lowrank_gaussian(mu_v, lv_v, u_v, mu_t, lv_t, pack(ts.factor))
+        assert ts.mix_logvar is not None and ts.mix_logits is not None
+        kern = self.cov_kernels()
+        if kern.fused and ts.mix_logits.shape[0] == 1 and mu_v.shape[0] > 1 and mu_v.shape[1] == ts.mix_logits.shape[1]:
+            assert ts.kl_pack is not None and ts.kl_const is not None  # a grid block: its M texts shared by its rows
+            n_b, n_m, d = mu_v.shape
+            rows = kern.kl_mixture_rows(mu_v.reshape(-1, d), lv_v.reshape(-1, d), ts.kl_pack[0], ts.kl_const[0])
+            return rows.view(n_b, n_m)  # pair (b, m) is row b M + m, its text m
+        kl_k = kl_diag_gaussian(mu_v[..., None, :], lv_v[..., None, :], pack(ts.mix_mu), pack(ts.mix_logvar))
+        return soft_min_kl(kl_k, pack(ts.mix_logits))  # (B, M, K) -> (B, M) | (P, 1)

@@ -41,6 +41,8 @@ from torch import Tensor
 from .eager import (
     add_silu_bf16_eager,
     bridge_update_eager,
+    kl_lowrank_rows_eager,
+    kl_mixture_rows_eager,
     kl_rows_eager,
     one_frames_eager,
     one_heads_eager,
@@ -62,6 +64,8 @@ __all__ = [
     "bridge_update_eager",
     "pair_heads_eager",
     "kl_rows_eager",
+    "kl_lowrank_rows_eager",
+    "kl_mixture_rows_eager",
     "one_frames_eager",
     "one_token_eager",
     "one_norm_eager",
@@ -83,6 +87,8 @@ class Kernels:
     bridge_update_: Callable[[Tensor, Tensor, Tensor, float, float, float, int, bool], None]
     pair_heads_: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, float, float, Tensor, Tensor, Tensor, Tensor], None]
     kl_rows: Callable[[Tensor, Tensor, Tensor], Tensor]
+    kl_lowrank_rows: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, int], Tensor]
+    kl_mixture_rows: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
     one_frames_: Callable[[Tensor, Tensor, Tensor, float, Tensor, Tensor], None]
     one_token_: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], None]
     one_norm_: Callable[..., None]
@@ -106,6 +112,8 @@ _NAMES = (
     "bridge_update_",
     "pair_heads_",
     "kl_rows",
+    "kl_lowrank_rows",
+    "kl_mixture_rows",
     "one_frames_",
     "one_token_",
     "one_norm_",
@@ -121,6 +129,8 @@ def eager_kernels(reason: str = "eager requested") -> Kernels:
         bridge_update_eager,
         pair_heads_eager,
         kl_rows_eager,
+        kl_lowrank_rows_eager,
+        kl_mixture_rows_eager,
         one_frames_eager,
         one_token_eager,
         one_norm_eager,

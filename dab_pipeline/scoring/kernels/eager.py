@@ -18,6 +18,8 @@ __all__ = [
     "bridge_update_eager",
     "pair_heads_eager",
     "kl_rows_eager",
+    "kl_lowrank_rows_eager",
+    "kl_mixture_rows_eager",
     "one_frames_eager",
     "one_token_eager",
     "one_norm_eager",
@@ -106,6 +108,44 @@ def kl_rows_eager(mu_v: Tensor, lv_v: Tensor, st: Tensor) -> Tensor:
     """``KL(N(mu_v, e^lv_v) || N(mu_t, e^(2 hv_t)))`` per row -> (P,) float32; st (P, 2D) = [mu_t, hv_t]."""
     d = mu_v.shape[1]
     return kl_diag_gaussian(mu_v, lv_v, st[:, :d], st[:, d:] * 2.0)
+
+
+def kl_lowrank_rows_eager(mu_v: Tensor, lv_v: Tensor, u: Tensor, texts: Tensor, tconst: Tensor, rank: int) -> Tensor:
+    """``KL(N(mu_v, diag(e^lv_v) + U U^T) || P_t)`` per row p, its text p % M -> (P,) float32 (covariance lowrank:R).
+
+    mu_v, lv_v (P, D); u (P, R D), row p's U rank-major; texts (M, (3 + R_t) D) = [mu_t | 1 / s_t | 1 / s_t -
+    diag(A^T A) | A's R_t rows], A the text's Woodbury factor; tconst (M,) = sum(log s_t) + log det C_t - D
+    (:func:`~dab_pipeline.model.covariance.lowrank_text_pack` makes both): :func:`~dab_pipeline.model.covariance.kl_lowrank_shared_text`'s sums.
+    """
+    p, d = mu_v.shape
+    t = texts[torch.arange(p, device=texts.device) % texts.shape[0]].view(p, -1, d)  # (P, 3 + R_t, D)
+    mu_t, inv_t, e_t, a = t[:, 0], t[:, 1], t[:, 2], t[:, 3:]
+    uu = u.reshape(p, rank, d)  # (P, R, D)
+    diff = mu_t - mu_v  # (P, D)
+    s = (torch.exp(lv_v) * e_t + (diff.square() + uu.square().sum(dim=1)) * inv_t - lv_v).sum(dim=-1)  # (P,)
+    s = s - torch.bmm(a, torch.cat([uu, diff[:, None]], dim=1).mT).square().sum(dim=(-2, -1))
+    gram = torch.bmm(uu * torch.exp(-lv_v)[:, None], uu.mT)  # (P, R, R)
+    gram.diagonal(dim1=-2, dim2=-1).add_(1.0)
+    chol = torch.linalg.cholesky(gram)
+    logdet = 2.0 * torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)).sum(dim=-1)  # (P,)
+    return 0.5 * (s + tconst[torch.arange(p, device=texts.device) % texts.shape[0]] - logdet)
+
+
+def kl_mixture_rows_eager(mu_v: Tensor, lv_v: Tensor, texts: Tensor, tconst: Tensor) -> Tensor:
+    """``-log sum_k pi_k exp(-KL(N(mu_v, e^lv_v) || P_tk))`` per row p, its text p % M -> (P,) float32 (mixture:K).
+
+    mu_v, lv_v (P, D); texts (M, 2 K D) = [mu_k | e^-lv_k] per component; tconst (M, 2 K) = [sum(lv_k) - D | log
+    pi_k] (:func:`~dab_pipeline.model.covariance.mixture_text_pack` makes both): ``soft_min_kl`` of the components'
+    diagonal KLs.
+    """
+    p, d = mu_v.shape
+    idx = torch.arange(p, device=texts.device) % texts.shape[0]
+    k = tconst.shape[1] // 2
+    t = texts[idx].view(p, k, 2, d)  # (P, K, 2, D)
+    c = tconst[idx]  # (P, 2 K)
+    acc = (((t[:, :, 0] - mu_v[:, None]).square() + torch.exp(lv_v)[:, None]) * t[:, :, 1]).sum(dim=-1)  # (P, K)
+    kl = 0.5 * (acc - lv_v.sum(dim=-1, keepdim=True) + c[:, :k])  # (P, K)
+    return -torch.logsumexp(c[:, k:] - kl, dim=-1)
 
 
 def one_frames_eager(frames: Tensor, mask: Tensor, qk: Tensor, eps: float, nbar: Tensor, n: Tensor) -> None:

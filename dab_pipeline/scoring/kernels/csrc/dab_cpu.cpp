@@ -487,6 +487,158 @@ at::Tensor kl_rows(const at::Tensor& mu_v, const at::Tensor& lv_v, const at::Ten
   return out;
 }
 
+// KL(N(mu_v, diag(e^lv_v) + U^T U) || N(mu_t, diag(s_t) + U_t U_t^T)) per row p, its text p % M, in one pass over
+// the row's D values and L1-resident reads of its R factor rows (covariance lowrank:R; prob's engine).  mu_v, lv_v
+// (P, D), u (P, R D) rank-major, texts (M, (3 + R_t) D) = [mu_t | 1 / s_t | 1 / s_t - diag(A^T A) | A's R_t rows]
+// (A = L^-1 U_t^T S_t^-1, the text's Woodbury factor), tconst (M,) = sum(log s_t) + log det C_t - D -> (P,) float32
+// (eager.kl_lowrank_rows_eager is the spec): 2 KL = sum_d [s_v (1/s_t - (A^T A)_dd) + ((mu_t - mu_v)^2 +
+// sum_r U_rd^2) / s_t - log s_v] - ||A U^T||_F^2 - ||A (mu_t - mu_v)||^2 - log det(I + U S_v^-1 U^T) + tconst.
+at::Tensor kl_lowrank_rows(const at::Tensor& mu_v, const at::Tensor& lv_v, const at::Tensor& u, const at::Tensor& texts,
+                           const at::Tensor& tconst, int64_t rank) {
+  check_rows(mu_v, "mu_v", at::kFloat);
+  const int64_t rows = mu_v.size(0), d = mu_v.size(1);
+  check_rows(lv_v, "lv_v", at::kFloat, rows, d);
+  check_rows(u, "u", at::kFloat, rows, rank * d);
+  check_rows(texts, "texts", at::kFloat);
+  const int64_t m = texts.size(0);
+  TORCH_CHECK(m >= 1 && texts.size(1) % d == 0 && texts.size(1) / d >= 4, "texts must be (M, (3 + R_t) D)");
+  const int64_t rt = texts.size(1) / d - 3;
+  TORCH_CHECK(rank >= 1 && rank <= 16 && rt <= 16, "ranks must be in [1, 16], got ", rank, " and ", rt);
+  TORCH_CHECK(tconst.dim() == 1 && tconst.size(0) == m && tconst.scalar_type() == at::kFloat &&
+                  tconst.is_contiguous(), "tconst must be (M,) float32, contiguous");
+  at::Tensor out = at::empty({rows}, mu_v.options());
+  const float* mp = mu_v.data_ptr<float>();
+  const float* lp = lv_v.data_ptr<float>();
+  const float* up = u.data_ptr<float>();
+  const float* tp = texts.data_ptr<float>();
+  const float* cp = tconst.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t ldm = mu_v.stride(0), ldl = lv_v.stride(0), ldu = u.stride(0), ldt = texts.stride(0);
+  at::parallel_for(0, rows, kGrain, [=](int64_t begin, int64_t end) {
+    std::vector<float> buf(2 * d);
+    float* diff = buf.data();
+    float* iv = diff + d;  // 1 / s_v
+    float g[16 * 16];
+    for (int64_t p = begin; p < end; ++p) {
+      const float* mv = mp + p * ldm;
+      const float* lv = lp + p * ldl;
+      const float* uv = up + p * ldu;
+      const float* mt = tp + (p % m) * ldt;
+      const float* inv = mt + d;
+      const float* e = mt + 2 * d;
+      const float* a = mt + 3 * d;
+      float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+      for (int64_t j = 0; j < d; ++j) {
+        const float df = mt[j] - mv[j];
+        diff[j] = df;
+        iv[j] = exp_poly(-lv[j]);
+        acc += exp_poly(lv[j]) * e[j] + df * df * inv[j] - lv[j];
+      }
+      for (int64_t r = 0; r < rank; ++r) {
+        const float* ur = uv + r * d;
+        float s2 = 0.0f;
+#pragma omp simd reduction(+ : s2)
+        for (int64_t j = 0; j < d; ++j) s2 += ur[j] * ur[j] * inv[j];
+        acc += s2;
+        for (int64_t q = 0; q <= r; ++q) {  // U S_v^-1 U^T's lower triangle
+          const float* uq = uv + q * d;
+          float gq = 0.0f;
+#pragma omp simd reduction(+ : gq)
+          for (int64_t j = 0; j < d; ++j) gq += ur[j] * uq[j] * iv[j];
+          g[r * rank + q] = gq + (q == r ? 1.0f : 0.0f);
+        }
+      }
+      for (int64_t k = 0; k < rt; ++k) {  // ||A (mu_t - mu_v)||^2 and ||A U^T||_F^2
+        const float* ak = a + k * d;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t j = 0; j < d; ++j) s += ak[j] * diff[j];
+        acc -= s * s;
+        for (int64_t r = 0; r < rank; ++r) {
+          const float* ur = uv + r * d;
+          float c = 0.0f;
+#pragma omp simd reduction(+ : c)
+          for (int64_t j = 0; j < d; ++j) c += ak[j] * ur[j];
+          acc -= c * c;
+        }
+      }
+      float logdet = 0.0f;  // log det(I + U S_v^-1 U^T) = 2 sum log L_rr, L its Cholesky factor (in place)
+      for (int64_t r = 0; r < rank; ++r) {
+        for (int64_t q = 0; q <= r; ++q) {
+          float v = g[r * rank + q];
+          for (int64_t k = 0; k < q; ++k) v -= g[r * rank + k] * g[q * rank + k];
+          if (q == r) {
+            v = std::sqrt(v);
+            logdet += 2.0f * std::log(v);
+          } else {
+            v /= g[q * rank + q];
+          }
+          g[r * rank + q] = v;
+        }
+      }
+      op[p] = 0.5f * (acc + cp[p % m] - logdet);
+    }
+  });
+  return out;
+}
+
+// The variational KL(N(mu_v, e^lv_v) || sum_k pi_k N(mu_k, e^lv_k)) = -log sum_k pi_k exp(-KL_k) per row p, its text
+// p % M (covariance mixture:K; prob's engine), the K diagonal KLs in one pass over the row: mu_v, lv_v (P, D), texts
+// (M, 2 K D) = [mu_k | e^-lv_k] per component, tconst (M, 2 K) = [sum(lv_k) - D | log pi_k] -> (P,) float32
+// (eager.kl_mixture_rows_eager is the spec).
+at::Tensor kl_mixture_rows(const at::Tensor& mu_v, const at::Tensor& lv_v, const at::Tensor& texts,
+                           const at::Tensor& tconst) {
+  check_rows(mu_v, "mu_v", at::kFloat);
+  const int64_t rows = mu_v.size(0), d = mu_v.size(1);
+  check_rows(lv_v, "lv_v", at::kFloat, rows, d);
+  check_rows(texts, "texts", at::kFloat);
+  const int64_t m = texts.size(0), k = texts.size(1) / (2 * d);
+  TORCH_CHECK(m >= 1 && k >= 1 && k <= 64 && texts.size(1) == 2 * k * d, "texts must be (M, 2 K D), K in [1, 64]");
+  check_rows(tconst, "tconst", at::kFloat, m, 2 * k);
+  TORCH_CHECK(tconst.is_contiguous(), "tconst must be contiguous");
+  at::Tensor out = at::empty({rows}, mu_v.options());
+  const float* mp = mu_v.data_ptr<float>();
+  const float* lp = lv_v.data_ptr<float>();
+  const float* tp = texts.data_ptr<float>();
+  const float* cp = tconst.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t ldm = mu_v.stride(0), ldl = lv_v.stride(0), ldt = texts.stride(0);
+  at::parallel_for(0, rows, kGrain, [=](int64_t begin, int64_t end) {
+    std::vector<float> var(d);
+    float z[64];
+    for (int64_t p = begin; p < end; ++p) {
+      const float* mv = mp + p * ldm;
+      const float* lv = lp + p * ldl;
+      const float* tt = tp + (p % m) * ldt;
+      const float* c = cp + (p % m) * 2 * k;
+      float lsum = 0.0f;
+#pragma omp simd reduction(+ : lsum)
+      for (int64_t j = 0; j < d; ++j) {
+        var[j] = exp_poly(lv[j]);
+        lsum += lv[j];
+      }
+      float zmax = -3.402823466e38f;
+      for (int64_t q = 0; q < k; ++q) {
+        const float* mu = tt + 2 * q * d;
+        const float* inv = mu + d;
+        float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t j = 0; j < d; ++j) {
+          const float df = mu[j] - mv[j];
+          acc += (df * df + var[j]) * inv[j];
+        }
+        z[q] = c[k + q] - 0.5f * (acc - lsum + c[q]);  // log pi_k - KL_k
+        zmax = z[q] > zmax ? z[q] : zmax;
+      }
+      float se = 0.0f;
+      for (int64_t q = 0; q < k; ++q) se += std::exp(z[q] - zmax);
+      op[p] = -(zmax + std::log(se));
+    }
+  });
+  return out;
+}
+
 // --------------------------------------------------------------------------- the one-text path
 // (scoring/engines/prob.py, GaussianEngine.gaussian_one): one text with each of K videos, without per-video
 // bases.  Each video's F frames are normalised and read while they sit in L1, where ATen's ops would make a pass
@@ -901,6 +1053,8 @@ TORCH_LIBRARY(dab_cpu, m) {
   m.def("pair_heads_(Tensor coef, Tensor g, Tensor basis, Tensor vidx, Tensor vtok, float lo, float hi, "
         "Tensor(a!) mu, Tensor(b!) lv, Tensor(c!) sigma, Tensor(d!) target) -> ()");
   m.def("kl_rows(Tensor mu_v, Tensor lv_v, Tensor st) -> Tensor");
+  m.def("kl_lowrank_rows(Tensor mu_v, Tensor lv_v, Tensor u, Tensor texts, Tensor tconst, int rank) -> Tensor");
+  m.def("kl_mixture_rows(Tensor mu_v, Tensor lv_v, Tensor texts, Tensor tconst) -> Tensor");
   m.def("one_frames_(Tensor frames, Tensor mask, Tensor qk, float eps, Tensor(a!) nbar, Tensor(b!) n) -> ()");
   m.def("one_token_(Tensor p, Tensor n, Tensor mask, Tensor(a!) xo, Tensor(b!) s) -> ()");
   m.def("one_norm_(Tensor y, Tensor g, Tensor b, float eps, Tensor(a!) out) -> ()");
@@ -916,6 +1070,8 @@ TORCH_LIBRARY_IMPL(dab_cpu, CPU, m) {
   m.impl("bridge_update_", &bridge_update_);
   m.impl("pair_heads_", &pair_heads_);
   m.impl("kl_rows", &kl_rows);
+  m.impl("kl_lowrank_rows", &kl_lowrank_rows);
+  m.impl("kl_mixture_rows", &kl_mixture_rows);
   m.impl("one_frames_", &one_frames_);
   m.impl("one_token_", &one_token_);
   m.impl("one_norm_", &one_norm_);
