@@ -17,25 +17,16 @@ from dab_pipeline.model.covariance import (
 from dab_pipeline.scoring import Scorer
 from dab_pipeline.scoring.engines import prob as prob_engine
 from dab_pipeline.scoring.kernels import cpu as cpu_kernels
-from dab_pipeline.scoring.kernels.cpu import eager_kernels, get_kernels
+from dab_pipeline.scoring.kernels.cpu import eager_kernels
 from dab_pipeline.scoring.kernels.eager import kl_lowrank_rows_eager, kl_mixture_rows_eager
 
+from ..helpers.kernels import fused_kernels, rows_view
 from ..helpers.models import random_inputs, small_model
 
 
 @pytest.fixture(scope="module")
 def fused() -> cpu_kernels.Kernels:
-    k = get_kernels()
-    if not k.fused:
-        pytest.skip(f"compiled kernels unavailable here: {k.reason}")
-    return k
-
-
-def rows_view(t: torch.Tensor, pad: int) -> torch.Tensor:
-    """The same values as rows of a wider buffer (row stride > row length), as the engine's merged product gives."""
-    buf = torch.full((t.shape[0], t.shape[1] + pad), float("nan"), dtype=t.dtype)
-    buf[:, : t.shape[1]] = t
-    return buf[:, : t.shape[1]]
+    return fused_kernels()
 
 
 def _lowrank_case(seed: int, n_b: int, n_m: int, d: int, rank: int, rank_t: int):

@@ -26,23 +26,14 @@ from dab_pipeline.scoring.kernels.cpu import (
     pair_heads_eager,
 )
 
+from ..helpers.kernels import fused_kernels, rows_view
+
 BF16_REL = 2**-8  # one bf16 rounding step, relative
 
 
 @pytest.fixture(scope="module")
 def fused() -> cpu_kernels.Kernels:
-    k = get_kernels()
-    if not k.fused:
-        # say why, so a CI log shows a missing compiler instead of a silent skip
-        pytest.skip(f"compiled kernels unavailable here: {k.reason}")
-    return k
-
-
-def rows_view(t: torch.Tensor, pad: int) -> torch.Tensor:
-    """The same values as rows of a wider buffer: row stride > row length, as in the engine."""
-    buf = torch.full((t.shape[0], t.shape[1] + pad), float("nan"), dtype=t.dtype)
-    buf[:, : t.shape[1]] = t
-    return buf[:, : t.shape[1]]
+    return fused_kernels()
 
 
 def test_silu_matches_aten_to_bf16_rounding(fused: cpu_kernels.Kernels) -> None:
