@@ -63,6 +63,7 @@ class GaussianEngine(Engine):
         self.tok_e = (self.tok_e + f64(tok.w1.weight) @ f64(tok.out_proj.bias)).float()
         self.tok_b1 = f32(tok.w1.bias)
         self._one_kernels: Optional[Kernels] = None
+        self._cov_kernels: Optional[Kernels] = None  # the low-rank / mixture KL rows (cov_kernels)
 
     def texts(self, text: Tensor) -> Texts:
         out = super().texts(text)
@@ -236,7 +237,7 @@ class GaussianEngine(Engine):
 
     def cov_kernels(self) -> Kernels:
         """The kernels of the low-rank KL: compiled on CPU in any dtype (float32 sums), else the eager ones."""
-        if getattr(self, "_cov_kernels", None) is None:
+        if self._cov_kernels is None:
             cpu = self.device.type == "cpu"
             self._cov_kernels = get_kernels() if cpu else eager_kernels("the low-rank KL off the CPU")
         return self._cov_kernels

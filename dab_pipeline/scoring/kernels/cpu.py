@@ -38,40 +38,10 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from .eager import (
-    add_silu_bf16_eager,
-    bridge_update_eager,
-    kl_lowrank_rows_eager,
-    kl_mixture_rows_eager,
-    kl_rows_eager,
-    one_frames_eager,
-    one_heads_eager,
-    one_norm_eager,
-    one_pooled_eager,
-    one_token_eager,
-    pair_heads_eager,
-    silu_bf16_eager,
-)
+from . import eager
+from .eager import *  # noqa: F401,F403  (the specs re-exported: tests and benchmarks import them from here)
 
-__all__ = [
-    "Kernels",
-    "get_kernels",
-    "amx_ops",
-    "eager_kernels",
-    "kernel_cache_dir",
-    "silu_bf16_eager",
-    "add_silu_bf16_eager",
-    "bridge_update_eager",
-    "pair_heads_eager",
-    "kl_rows_eager",
-    "kl_lowrank_rows_eager",
-    "kl_mixture_rows_eager",
-    "one_frames_eager",
-    "one_token_eager",
-    "one_norm_eager",
-    "one_pooled_eager",
-    "one_heads_eager",
-]
+__all__ = ["Kernels", "get_kernels", "amx_ops", "eager_kernels", "kernel_cache_dir", *eager.__all__]
 
 SOURCE = Path(__file__).parent / "csrc" / "dab_cpu.cpp"
 AMX_SOURCE = Path(__file__).parent / "csrc" / "dab_amx.cpp"  # the bridge's products on AMX (same build)
@@ -123,21 +93,8 @@ _NAMES = (
 
 
 def eager_kernels(reason: str = "eager requested") -> Kernels:
-    eager = (
-        silu_bf16_eager,
-        add_silu_bf16_eager,
-        bridge_update_eager,
-        pair_heads_eager,
-        kl_rows_eager,
-        kl_lowrank_rows_eager,
-        kl_mixture_rows_eager,
-        one_frames_eager,
-        one_token_eager,
-        one_norm_eager,
-        one_pooled_eager,
-        one_heads_eager,
-    )
-    return Kernels(*eager, False, reason)
+    """The eager specs in :data:`_NAMES`' order (``<name>_eager``, a trailing underscore dropped)."""
+    return Kernels(*(getattr(eager, name.rstrip("_") + "_eager") for name in _NAMES), False, reason)
 
 
 # --------------------------------------------------------------------------- build and load
