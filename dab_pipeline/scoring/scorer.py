@@ -8,6 +8,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 from torch import Tensor
+from torch.nn.modules import module as _module
 
 from ..core.errors import ConfigError
 from ..core.events import ProgressCallback, null_progress
@@ -28,6 +29,22 @@ __all__ = ["Scorer", "MAX_ENGINES"]
 MAX_ENGINES = 4
 # Videos a block of Scorer.score_query scores at once (~100 KB of work each at D = 512, F = 12)
 ONE_QUERY_CHUNK = 1024
+
+# Bumped whenever a module, parameter or buffer is (re)assigned in any module of this process (torch's global
+# registration hooks): a Scorer walks its model's modules and weights again only then, not on every call.
+_STRUCTURE = [0]
+
+
+def _structure_changed(*_args) -> None:
+    _STRUCTURE[0] += 1
+
+
+for _register in (
+    _module.register_module_module_registration_hook,
+    _module.register_module_parameter_registration_hook,
+    _module.register_module_buffer_registration_hook,
+):
+    _register(_structure_changed)
 
 
 class Scorer:
@@ -70,6 +87,7 @@ class Scorer:
         self._plans: dict[tuple[int, int, int, bool], Plan] = {}
         self._weights: Optional[object] = None  # the weights the engines were built from (_weights_key)
         self._placed: Optional[object] = None  # the weights as _place last found them on this scorer's device
+        self._walked: tuple[int, tuple, tuple] = (-1, (), ())  # (_STRUCTURE, the modules, the weights) when walked
 
     def close(self) -> None:
         """Drop the engines (a later call builds them again)."""
@@ -135,11 +153,16 @@ class Scorer:
             self._restore(was_training)
 
     def score_query(
-        self, text: np.ndarray | Tensor, frames: np.ndarray | Tensor, mask: np.ndarray | Tensor
+        self,
+        text: np.ndarray | Tensor,
+        frames: np.ndarray | Tensor,
+        mask: np.ndarray | Tensor,
+        terms: np.ndarray | Tensor | None = None,
     ) -> np.ndarray:
         """One query's costs over a few videos (its shortlist) -> (K,) float32.
 
-        text (D,) or (1, D), frames (K, F, D), mask (K, F). The engine's one-text path (``Engine.one_query``: no
+        text (D,) or (1, D), frames (K, F, D), mask (K, F); ``terms`` (K, D): the videos' token-branch terms from
+        :meth:`video_terms` (an index keeps them: ``dab index --video-terms``), or None to compute them. The engine's one-text path (``Engine.one_query``: no
         per-video bases, which one query cannot amortise; the keys' and values' projections moved onto the query
         and the pooled frames), in up to ``ONE_QUERY_CHUNK`` videos a block; the model's own path
         (:func:`~dab_pipeline.scoring.reference.score_query`) for a variant without one (xpool, the point
@@ -147,7 +170,7 @@ class Scorer:
         the bridge runs in bf16 too (the model's path under autocast did the same).
         """
         t, fr, mk = _one_query_inputs(self.model, text, frames, mask)  # (1, D), (K, F, D), (K, F)
-        out = self.score_queries(t, fr, mk, [np.arange(len(fr))])
+        out = self.score_queries(t, fr, mk, [np.arange(len(fr))], terms)
         if out is None:  # no one-text path for this model: its own
             was_training = self._place()
             try:
@@ -162,16 +185,23 @@ class Scorer:
         frames: np.ndarray | Tensor,
         mask: np.ndarray | Tensor,
         shortlists: Sequence[np.ndarray],
+        terms: np.ndarray | Tensor | None = None,
     ) -> Optional[list[np.ndarray]]:
         """Query i's costs over its own videos ``shortlists[i]`` (indices into ``frames``) -> [(K_i,) float32], each
         query through the engine's one-text path as :meth:`score_query` runs it alone (the same numbers); None where
         the model has no such path (the caller scores the pairs its own way).
 
         text (M, D), frames (U, F, D), mask (U, F): a batch of queries and the union of their shortlists (``dab
-        serve``'s gathered queries on an index); the texts' state is computed once for the batch.
+        serve``'s gathered queries on an index); the texts' state is computed once for the batch. ``terms`` (U, D):
+        the videos' token-branch terms (:meth:`video_terms`), or None.
         """
         t = _as_float(text).reshape(len(shortlists), -1)  # (M, D)
         fr, mk = _one_query_inputs(self.model, t[:1], frames, mask, cast=False)[1:]  # (U, F, D) as given, (U, F)
+        vt = None if terms is None else _as_tensor(terms)
+        if vt is not None and tuple(vt.shape) != (fr.shape[0], fr.shape[2]):
+            raise ValueError(
+                f"terms {tuple(vt.shape)} must be one row of D values a video: {(fr.shape[0], fr.shape[2])}"
+            )
         if needs_reference(self.model):
             return None
         was_training = self._place()
@@ -182,19 +212,23 @@ class Scorer:
                 if not eng.has_one_query():
                     return None
                 ts_all = eng.texts(t.to(self.device))
-                return [self._one(eng, ts_all.take(slice(i, i + 1)), fr, mk, rows) for i, rows in enumerate(shortlists)]
+                return [
+                    self._one(eng, ts_all.take(slice(i, i + 1)), fr, mk, rows, vt) for i, rows in enumerate(shortlists)
+                ]
         finally:
             self._restore(was_training)
 
-    def _one(self, eng: Engine, ts, fr: Tensor, mk: Tensor, rows: np.ndarray) -> np.ndarray:
-        """One query's costs over ``fr[rows]`` (K,) float32, in up to ``ONE_QUERY_CHUNK`` videos a block."""
+    def _one(self, eng: Engine, ts, fr: Tensor, mk: Tensor, rows: np.ndarray, vt: Optional[Tensor]) -> np.ndarray:
+        """One query's costs over ``fr[rows]`` (K,) float32, in up to ``ONE_QUERY_CHUNK`` videos a block; ``vt``: the
+        videos' token-branch terms (rows of ``fr``) or None."""
         rows = np.asarray(rows, np.int64)
         whole = len(rows) == len(fr) and bool((rows == np.arange(len(fr))).all())  # one query's own frames: no gather
         out = np.empty(len(rows), np.float32)
         for a, b in even_cuts(len(rows), ONE_QUERY_CHUNK):
             idx = slice(a, b) if whole else torch.from_numpy(rows[a:b])
             f_blk, m_blk = fr[idx].to(self.device).float(), mk[idx].to(self.device)  # (b - a, F, D) float32
-            cost = eng.one_query(ts, f_blk, m_blk)  # (b - a,)
+            t_blk = None if vt is None else vt[idx].to(self.device).float()  # (b - a, D)
+            cost = eng.one_query(ts, f_blk, m_blk, t_blk)  # (b - a,)
             assert cost is not None, "has_one_query said this engine has the path"
             out[a:b] = cost.float().cpu().numpy()
         return out
@@ -218,25 +252,63 @@ class Scorer:
 
     # ------------------------------------------------------------------ inside
 
+    def video_terms(
+        self, frames: np.ndarray | Tensor, mask: np.ndarray | Tensor, chunk: int = 1024
+    ) -> Optional[np.ndarray]:
+        """The videos' token-branch terms W1 h_bar + b1 (V, D) float32, ``chunk`` videos at a time: the part of a
+        pair's cost that depends on the video alone, which :meth:`score_query` takes as ``terms`` instead of
+        computing it (an index keeps them: ``dab index --video-terms``). None where the one-text path does not
+        take them (a model without a token branch, or one the engines do not cover)."""
+        fr = _as_tensor(frames)
+        mk = torch.as_tensor(np.asarray(mask) if not isinstance(mask, Tensor) else mask).to(torch.bool)
+        if fr.dim() != 3 or fr.shape[2] != self.model.cfg.embed_dim or tuple(mk.shape) != tuple(fr.shape[:2]):
+            raise ValueError(f"frames {tuple(fr.shape)} and mask {tuple(mk.shape)} must be (V, F, D) and (V, F)")
+        if needs_reference(self.model):
+            return None
+        was_training = self._place()
+        try:
+            with torch.no_grad():
+                eng = self._engine(1 << (max(min(len(fr), ONE_QUERY_CHUNK), 1) - 1).bit_length())
+                if not eng.has_one_query() or not hasattr(eng, "video_terms"):
+                    return None
+                out = np.empty((len(fr), fr.shape[2]), np.float32)
+                for a, b in even_cuts(len(fr), chunk):
+                    f_blk, m_blk = fr[a:b].to(self.device).float(), mk[a:b].to(self.device)
+                    out[a:b] = eng.video_terms(f_blk, m_blk).cpu().numpy()
+                return out
+        finally:
+            self._restore(was_training)
+
     def _place(self) -> bool:
         """The model in eval mode on this scorer's device for a call -> its training flag before (:meth:`_restore`).
 
         Only what is not so already is changed: ``eval()`` and ``to()`` walk every module and weight (~0.6 ms
         together at D = 512, a twentieth of a 100-video re-rank), and a server's model is there from its first call.
+        The lists of modules and weights are walked again only when a module, parameter or buffer was assigned
+        somewhere since (``_STRUCTURE``); reading each weight's place and version costs ~15 us instead of ~100.
         """
         was_training = self.model.training
-        if was_training or any(m.training for m in self.model.modules()):
+        modules, tensors = self._walk()
+        if was_training or any(m.training for m in modules):
             self.model.eval()
-        key = _weights_key(self.model)
+        key = _weights_key(tensors)
         if key != self._placed:  # weights moved or written since this scorer last placed them: where are they?
             dev = self.device
-            for t in (*self.model.parameters(), *self.model.buffers()):
+            for t in tensors:
                 if t.device.type != dev.type or (dev.index is not None and t.device.index != dev.index):
                     self.model.to(dev)
-                    key = _weights_key(self.model)
+                    key = _weights_key(self._walk(again=True)[1])
                     break
             self._placed = key  # the weights as they are on this device now (_engine reads it)
         return was_training
+
+    def _walk(self, again: bool = False) -> tuple[tuple, tuple]:
+        """The model's modules and its weights (parameters, then buffers), walked once per change of structure."""
+        if again or self._walked[0] != _STRUCTURE[0]:
+            stamp = _STRUCTURE[0]
+            m = self.model
+            self._walked = (stamp, tuple(m.modules()), (*m.parameters(), *m.buffers()))
+        return self._walked[1], self._walked[2]
 
     def _restore(self, was_training: bool) -> None:
         if was_training:
@@ -360,14 +432,14 @@ def _as_tensor(x: np.ndarray | Tensor) -> Tensor:
     return torch.from_numpy(a if a.flags.writeable else a.copy())
 
 
-def _weights_key(model: DABModel) -> object:
+def _weights_key(tensors: Sequence[Tensor]) -> object:
     """Where each weight lives and how often it was written in place: equal keys, unchanged weights.
 
     Writes through a parameter (an optimiser step, ``load_state_dict``) count; writes through ``.data`` do not
     (it has its own version counter): a caller who edits weights that way calls :meth:`Scorer.close`.
     """
     try:
-        return tuple((t.data_ptr(), t._version) for t in (*model.parameters(), *model.buffers()))
+        return tuple((t.data_ptr(), t._version) for t in tensors)
     except RuntimeError:  # inference tensors keep no version counter: never trust a kept engine
         return object()
 

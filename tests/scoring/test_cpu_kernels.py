@@ -322,6 +322,18 @@ def test_one_frames_matches_its_eager_spec(fused: cpu_kernels.Kernels, d: int, h
     torch.testing.assert_close(nbar[2], out["fused"][0][2], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("d", [64, 40])
+def test_one_frames_without_the_normalised_frames_gives_the_same_pooling(fused: cpu_kernels.Kernels, d: int) -> None:
+    k, f = 11, 7
+    frames, mask = frames_case(k, f, d, seed=13)
+    qk = torch.randn(2, d, generator=torch.Generator().manual_seed(14)) * 0.3
+    for fn in (one_frames_eager, fused.one_frames_):  # n = None: the video terms come from a cache
+        nbar, nbar_n = torch.empty(k, 2, d), torch.empty(k, 2, d)
+        fn(frames, mask, qk, 1e-5, nbar, None)
+        fn(frames, mask, qk, 1e-5, nbar_n, torch.empty(k, f, d, dtype=torch.bfloat16))
+        assert torch.equal(nbar, nbar_n)
+
+
 @pytest.mark.parametrize("d", [64, 40])  # AVX512-BF16's pair products on bf16 rows; the float32 copies (D % 32 != 0)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_one_token_matches_its_eager_spec(fused: cpu_kernels.Kernels, d: int, dtype: torch.dtype) -> None:
@@ -381,3 +393,39 @@ def test_one_heads_matches_its_eager_spec(fused: cpu_kernels.Kernels, blocked: b
         torch.testing.assert_close(sig.float(), sig_e.float(), rtol=2 * BF16_REL, atol=0)
         if blocked:
             assert (sig.permute(0, 2, 1, 3).reshape(32, d)[k:] == 0).all()  # padding rows: 0
+
+
+@pytest.mark.parametrize("d", [64, 40])
+def test_one_heads_takes_a_row_of_video_terms_per_video(fused: cpu_kernels.Kernels, d: int) -> None:
+    """b1 (K, D): each video's cached term in place of s tok_e + b1; the same as b1 (D,) where the rows are equal."""
+    k, lo, hi = 21, -4.0, 3.0
+    gen = torch.Generator().manual_seed(19)
+    heads = (torch.randn(k, 2 * d, generator=gen) * 3).to(torch.bfloat16)
+    tokp = (torch.randn(k, d, generator=gen) * 2).to(torch.bfloat16)
+    s, tok_e, b1 = torch.ones(k), torch.randn(d, generator=gen), torch.randn(d, generator=gen)
+    rows = torch.randn(k, d, generator=gen)
+    outs = {}
+    for name, fn in (("eager", one_heads_eager), ("fused", fused.one_heads_)):
+        per_row, shared, as_rows = (torch.empty(k, d) for _ in range(3))
+        fn(heads, tokp, torch.zeros(k), tok_e, rows, lo, hi, torch.empty(k, d), per_row, None, None)
+        fn(heads, tokp, s, tok_e, b1, lo, hi, torch.empty(k, d), shared, None, None)
+        fn(
+            heads,
+            tokp,
+            torch.zeros(k),
+            tok_e,
+            (tok_e + b1).expand(k, d).contiguous(),
+            lo,
+            hi,
+            torch.empty(k, d),
+            as_rows,
+            None,
+            None,
+        )
+        torch.testing.assert_close(as_rows, shared, rtol=1e-6, atol=1e-6)
+        outs[name] = per_row
+    want = (heads[:, d:].float().clamp(lo, hi) + tokp.float() + rows).mul(0.5).clamp(lo, hi)
+    torch.testing.assert_close(outs["eager"], want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(outs["fused"], want, rtol=1e-6, atol=1e-6)
+    with pytest.raises(RuntimeError, match="b1"):
+        fused.one_heads_(heads, tokp, s, tok_e, rows[:-1], lo, hi, torch.empty(k, d), torch.empty(k, d), None, None)

@@ -141,3 +141,45 @@ def test_compiled_and_eager_kernels_give_the_same_bf16_costs(monkeypatch: pytest
     eager = Scorer(model, dtype="bfloat16").score_query(text[0], frames, mask)
     # the same arithmetic but for float32 sums in another order, which can move a bf16 rounding of a frame
     np.testing.assert_allclose(compiled, eager, rtol=5e-3)
+
+
+@pytest.mark.parametrize(
+    "variant,cfg", [("prob", {}), ("dab", {}), ("dab", {"num_heads": 2}), ("dab", {"drift": "constant"})]
+)
+def test_cached_video_terms_give_the_costs_computed_without_them(variant: str, cfg: dict, no_model_path: None) -> None:
+    """Scorer.video_terms are the model's token-branch terms; score_query / score_queries with them (float32, or
+    float16 as an index keeps them) give what they give without."""
+    model = small_model(variant, **cfg)
+    text, frames, mask = inputs(v=11)
+    scorer = Scorer(model)
+    terms = scorer.video_terms(frames, mask)
+    with torch.no_grad():
+        want_terms = model.token_unc.video_term(frames, mask)
+    np.testing.assert_allclose(terms, want_terms.numpy(), rtol=1e-6, atol=1e-6)
+    plain = scorer.score_query(text[1], frames, mask)
+    np.testing.assert_allclose(scorer.score_query(text[1], frames, mask, terms), plain, rtol=1e-5, atol=1e-6)
+    half = scorer.score_query(text[1], frames, mask, terms.astype(np.float16))
+    np.testing.assert_allclose(half, plain, rtol=2e-3, atol=1e-4)  # the terms rounded to float16
+    lists = [np.array([3, 0, 7]), np.arange(11)]
+    both = scorer.score_queries(text[:2], frames, mask, lists, terms)
+    for i, rows in enumerate(lists):
+        np.testing.assert_allclose(both[i], scorer.score_query(text[i], frames[rows], mask[rows]), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="terms"):
+        scorer.score_query(text[1], frames, mask, terms[:-1])
+
+
+def test_cached_video_terms_in_bf16_and_models_without_a_token_branch() -> None:
+    model = amx_sized_model(steps=2)
+    text, frames, mask = inputs(v=40, dim=32)
+    scorer = Scorer(model, dtype="bfloat16")
+    terms = scorer.video_terms(frames, mask)
+    plain = scorer.score_query(text[0], frames, mask)
+    cached = scorer.score_query(text[0], frames, mask, terms)
+    # the cached terms skip the bf16 token products: closer to float32, within the bf16 path's own tolerance
+    ref = score_query(model, text[0], frames, mask)
+    assert (np.abs(cached - ref) / np.abs(ref)).max() < 2e-2
+    np.testing.assert_allclose(cached, plain, rtol=5e-3)
+    xpool, (text, frames, mask) = small_model("xpool"), inputs()
+    assert Scorer(xpool).video_terms(frames, mask) is None  # no token branch: nothing to cache
+    got = Scorer(xpool).score_query(text[0], frames, mask, np.zeros((9, 16), np.float32))  # the model's path
+    np.testing.assert_allclose(got, score_query(xpool.eval(), text[0], frames, mask), rtol=1e-5)

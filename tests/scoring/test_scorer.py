@@ -83,6 +83,27 @@ def test_weights_changed_in_place_rebuild_the_engines(builds: list[int]) -> None
     assert len(builds) == 3  # unchanged since: kept
 
 
+def test_weights_or_modules_assigned_anew_rebuild_the_engines(builds: list[int]) -> None:
+    """A parameter, a submodule or a buffer assigned (not written in place) after a call: the next call walks the
+    model again and scores the new weights; a call to a model that is unchanged walks nothing."""
+    model = small_model("dab")
+    text, frames, mask, _ = random_inputs(q=6, v=5, frames=F_)
+    scorer = Scorer(model)
+    scorer.score(text, frames, mask)
+    other = small_model("dab", seed=7)
+    model.prob.mu_head.weight = torch.nn.Parameter(other.prob.mu_head.weight.detach().clone())  # a new Parameter
+    got = scorer.score(text, frames, mask).cost
+    assert len(builds) == 2
+    assert_close(got, score_all_reference(model, text, frames, mask).cost, "dab")
+    model.prob.logvar_head = other.prob.logvar_head  # a new submodule, with its weights
+    got = scorer.score(text, frames, mask).cost
+    assert len(builds) == 3
+    assert_close(got, score_all_reference(model, text, frames, mask).cost, "dab")
+    model.train()  # the training flag is seen without a walk: eval during the call, restored after
+    scorer.score(text, frames, mask)
+    assert model.training and len(builds) == 3
+
+
 def test_engines_are_bounded_and_freed_on_close(builds: list[int]) -> None:
     model = small_model("dab")
     text, frames, mask, _ = random_inputs(q=6, v=5, frames=F_)

@@ -145,11 +145,12 @@ class Engine:
         """Whether :meth:`one_query` computes this model (else it returns None and the caller takes the model's path)."""
         return False
 
-    def one_query(self, ts: Texts, frames: Tensor, mask: Tensor) -> Optional[Tensor]:
+    def one_query(self, ts: Texts, frames: Tensor, mask: Tensor, terms: Optional[Tensor] = None) -> Optional[Tensor]:
         """Costs (K,) float32 of the one text of ``ts`` with each of K videos (frames (K, F, D) float32, mask (K, F)
         bool), the model's function re-associated for a text that meets each video once, without :meth:`videos`'
         per-video bases (``F`` times a pair's products, which one text cannot amortise); None where this engine
-        has no such path (the caller takes the model's own)."""
+        has no such path (the caller takes the model's own). ``terms`` (K, D): the videos' cached token-branch terms
+        (``GaussianEngine.video_terms``), or None to compute them."""
         return None
 
     # ------------------------------------------------------------------ per pair

@@ -55,7 +55,7 @@ class DABEngine(GaussianEngine):
             mu_v, lv_v, target = pack(mu_v), pack(lv_v), pack(rest.to(self.mm_dtype))  # (B, M, .) | (P, 1, .)
         return self._bridged(ts, pack, mu_v, lv_v, sigma_v, target, keep, want_var)
 
-    def one_query(self, ts: Texts, frames: Tensor, mask: Tensor) -> Optional[Tensor]:
+    def one_query(self, ts: Texts, frames: Tensor, mask: Tensor, terms: Optional[Tensor] = None) -> Optional[Tensor]:
         """:meth:`GaussianEngine.one_query` through the bridge: the K pairs as a (K, 1) block of :meth:`pairs`."""
         if not self.has_one_query():
             return None
@@ -66,7 +66,7 @@ class DABEngine(GaussianEngine):
         elif self.mm_dtype != torch.float32:
             sigma = frames.new_empty(n_v, d, dtype=self.mm_dtype)
         target = frames.new_empty(n_v, hidden, dtype=self.mm_dtype)  # (K, H)
-        mu_v, lv_v = self.gaussian_one(ts, frames, mask, sigma, target)  # (K, D) each
+        mu_v, lv_v = self.gaussian_one(ts, frames, mask, sigma, target, terms)  # (K, D) each
         one = ts.take((None, slice(0, 1)))  # (1, 1, ...): the text, the same for every video
         pack = self.packer(None, n_v, 1)
         cost, _, _ = self._bridged(one, pack, mu_v[:, None], lv_v[:, None], sigma, target[:, None])

@@ -183,7 +183,13 @@ class GaussianEngine(Engine):
         return vx, h
 
     def gaussian_one(
-        self, ts: Texts, frames: Tensor, mask: Tensor, sigma: Optional[Tensor] = None, target: Optional[Tensor] = None
+        self,
+        ts: Texts,
+        frames: Tensor,
+        mask: Tensor,
+        sigma: Optional[Tensor] = None,
+        target: Optional[Tensor] = None,
+        terms: Optional[Tensor] = None,
     ) -> tuple[Tensor, Tensor]:
         """The video Gaussian of one text with each of K videos -> mu_v, logvar_v (K, D) float32; where given, sigma
         <- exp(logvar_v / 2) ((K, D) or tile-blocked, ``one_heads_``) and target (K, H) <- mu_v's block of the
@@ -192,26 +198,42 @@ class GaussianEngine(Engine):
         The frames are normalised once for both LayerNorms that read them (LN_in and the token branch's: the same
         statistics; their scales and shifts are folded into the products), by ``one_frames_``, which also pools
         them; on CPU in bf16 the compiled kernels do the per-frame passes video by video, in L1, and the row passes
-        between the products in one pass each (``one_norm_``, ``one_pooled_``, ``one_heads_``)."""
+        between the products in one pass each (``one_norm_``, ``one_pooled_``, ``one_heads_``).
+
+        ``terms`` (K, D) float32: the videos' token-branch terms W1 h_bar + b1 (:func:`video_terms`, cached with an
+        index): they do not depend on the text, so the token branch's attention over the frames is skipped."""
         m, lin, kern, d = self.model, self.one_linears(), self.one_kernels(), self.d
         n_v, n_f = frames.shape[:2]
         nbar = frames.new_empty(n_v, self.heads, d)  # (K, Hh, D)
-        n = frames.new_empty(n_v, n_f, d, dtype=self.mm_dtype)  # (K, F, D): the normalised frames
         qk = self.pool_query(ts).contiguous()  # (Hh, D)
-        kern.one_frames_(frames.contiguous(), mask.contiguous(), qk, m.pool.ln_in.eps, nbar, n)
-        xo, s = self.token_frames(n, mask.contiguous())  # (K, D), (K,)
+        if terms is None:
+            n = frames.new_empty(n_v, n_f, d, dtype=self.mm_dtype)  # (K, F, D): the normalised frames
+            kern.one_frames_(frames.contiguous(), mask.contiguous(), qk, m.pool.ln_in.eps, nbar, n)
+            xo, s = self.token_frames(n, mask.contiguous())  # (K, D), (K,)
+            tok_e, b1 = self.tok_e, self.tok_b1  # (D,) each: the video term is W1 W_o W_v diag(g2) xo + s tok_e + b1
+        else:  # xo = 0 and s = 0 leave W2 v_c + b2 in tokp; the term, per video, takes b1's place
+            kern.one_frames_(frames.contiguous(), mask.contiguous(), qk, m.pool.ln_in.eps, nbar, None)
+            xo, s = frames.new_zeros(n_v, d), frames.new_zeros(n_v)
+            tok_e, b1 = self.tok_e, terms.float().contiguous()  # (D,), (K, D)
         vx, h = self.pool_one(nbar, xo)  # (K, 2D), (K, D)
         heads = lin(h, 2)  # (K, 2D [+ H]): [mu | logvar [| target]]
         tokp = lin(vx, 3)  # (K, D): W2 v_c + b2 + W1 W_o W_v diag(g2) xo
         mu, lv = frames.new_empty(n_v, d), frames.new_empty(n_v, d)
-        kern.one_heads_(heads, tokp, s, self.tok_e, self.tok_b1, self.lo, self.hi, mu, lv, sigma, target)
+        kern.one_heads_(heads, tokp, s, tok_e, b1, self.lo, self.hi, mu, lv, sigma, target)
         return mu, lv
 
-    def one_query(self, ts: Texts, frames: Tensor, mask: Tensor) -> Optional[Tensor]:
+    def video_terms(self, frames: Tensor, mask: Tensor) -> Tensor:
+        """The token branch's video terms W1 h_bar + b1 (K, D) float32 of frames (K, F, D), mask (K, F): what
+        ``gaussian_one`` takes as ``terms`` (the model's own float32 function)."""
+        tok = self.model.token_unc
+        assert tok is not None
+        return tok.video_term(frames.float(), mask).float()
+
+    def one_query(self, ts: Texts, frames: Tensor, mask: Tensor, terms: Optional[Tensor] = None) -> Optional[Tensor]:
         assert ts.mu is not None and ts.logvar is not None
         if not self.has_one_query():
             return None
-        mu_v, lv_v = self.gaussian_one(ts, frames, mask)  # (K, D) each
+        mu_v, lv_v = self.gaussian_one(ts, frames, mask, terms=terms)  # (K, D) each
         if ts.mix_mu is not None:  # the text's components against each video: (K, 1) slots of covariance_cost
             return self.covariance_cost(mu_v[:, None], lv_v[:, None], ts.mu, ts.logvar, ts, lambda x: x, None)[:, 0]
         return self.model.cost_fn(mu_v, lv_v, ts.mu, ts.logvar)  # (K,)

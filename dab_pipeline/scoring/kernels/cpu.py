@@ -59,7 +59,7 @@ class Kernels:
     kl_rows: Callable[[Tensor, Tensor, Tensor], Tensor]
     kl_lowrank_rows: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, int], Tensor]
     kl_mixture_rows: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
-    one_frames_: Callable[[Tensor, Tensor, Tensor, float, Tensor, Tensor], None]
+    one_frames_: Callable[[Tensor, Tensor, Tensor, float, Tensor, Optional[Tensor]], None]
     one_token_: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], None]
     one_norm_: Callable[..., None]
     one_pooled_: Callable[..., None]

@@ -148,18 +148,20 @@ def kl_mixture_rows_eager(mu_v: Tensor, lv_v: Tensor, texts: Tensor, tconst: Ten
     return -torch.logsumexp(c[:, k:] - kl, dim=-1)
 
 
-def one_frames_eager(frames: Tensor, mask: Tensor, qk: Tensor, eps: float, nbar: Tensor, n: Tensor) -> None:
+def one_frames_eager(frames: Tensor, mask: Tensor, qk: Tensor, eps: float, nbar: Tensor, n: Optional[Tensor]) -> None:
     """The one-text path's pass over each video's frames (``GaussianEngine.gaussian_one``); writes both outputs.
 
-    frames (K, F, D) float32, mask (K, F) bool, qk (Hh, D) float32 -> n (K, F, D) bf16 or float32: each frame
-    ``(x - mean) / sqrt(var + eps)``, a LayerNorm without its scale and shift; nbar (K, Hh, D) float32: each
+    frames (K, F, D) float32, mask (K, F) bool, qk (Hh, D) float32 -> n (K, F, D) bf16 or float32 (None: not
+    written, the token branch's video terms are cached): each frame ``(x - mean) / sqrt(var + eps)``, a LayerNorm
+    without its scale and shift; nbar (K, Hh, D) float32: each
     head's mean of the video's normalised frames weighted by ``masked_softmax(qk_h . n_f)`` over its real frames
     (from the float32 values, before n's rounding).
     """
     x = F.layer_norm(frames, (frames.shape[-1],), eps=eps)  # (K, F, D)
     w = masked_softmax(torch.matmul(qk, x.transpose(1, 2)), mask[:, None, :], dim=-1)  # (K, Hh, F)
     torch.bmm(w, x, out=nbar)
-    n.copy_(x)
+    if n is not None:
+        n.copy_(x)
 
 
 def one_token_eager(p: Tensor, n: Tensor, mask: Tensor, xo: Tensor, s: Tensor) -> None:
@@ -212,7 +214,7 @@ def one_heads_eager(
     """The video Gaussian of the one-text path from its products; writes mu, lv and, where given, sigma and target.
 
     heads (K, 2D + H) = [mu | lv_raw | target] and tokp (K, D), the token terms' product (bf16 in the compiled kernel);
-    s (K,), tok_e (D,), b1 (D,) float32 -> mu (K, D) float32; lv (K, D) float32 ``clamp((clamp(lv_raw, lo, hi) +
+    s (K,), tok_e (D,), b1 (D,) or one row a video (K, D: cached video terms) float32 -> mu (K, D) float32; lv (K, D) float32 ``clamp((clamp(lv_raw, lo, hi) +
     tokp + s tok_e + b1) / 2, lo, hi)``; sigma ``exp(lv / 2)`` in its dtype, (K, D) or tile-blocked (Kp/16, D/32, 16,
     32) with Kp = K rounded up to 16 (the AMX products' input, padding rows 0); target (K, H) ``heads[:, 2D:]``.
     """

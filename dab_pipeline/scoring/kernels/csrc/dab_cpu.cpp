@@ -774,8 +774,9 @@ inline void row_axpy(float* out, const float* x, int64_t d, float a, float c, bo
 }
 
 // frames (K, F, D) -> n (K, F, D), each frame (x - mean) / sqrt(var + eps) (a LayerNorm without its scale and
-// shift), and nbar (K, Hh, D): each head's softmax-weighted mean of the video's n, the weights of its real
-// frames softmax(qk_h . n_f) (cpu_kernels.one_frames_eager is the spec).
+// shift; not written where nout is null: the token branch's video terms come from a cache), and nbar (K, Hh, D):
+// each head's softmax-weighted mean of the video's n, the weights of its real frames softmax(qk_h . n_f)
+// (cpu_kernels.one_frames_eager is the spec).
 template <typename T>
 void one_frames_impl(const float* fr, const bool* mk, const float* qk, float* nbar, T* nout, int64_t n_v, int64_t f,
                      int64_t d, int64_t hh, float eps) {
@@ -785,11 +786,10 @@ void one_frames_impl(const float* fr, const bool* mk, const float* qk, float* nb
       for (int64_t i = 0; i < f; ++i) {
         const float* x = fr + (v * f + i) * d;
         float* ni = buf.data() + i * d;
-        T* no = nout + (v * f + i) * d;
         const float mean = row_sum(x, d, 0.0f, false) / float(d);
         const float rs = 1.0f / std::sqrt(row_sum(x, d, mean, true) / float(d) + eps);
         row_axpy(ni, x, d, rs, mean, false);
-        store_row(no, ni, d);
+        if (nout != nullptr) store_row(nout + (v * f + i) * d, ni, d);
       }
       for (int64_t h = 0; h < hh; ++h) {
         for (int64_t i = 0; i < f; ++i) lg[i] = dot(qk + h * d, buf.data() + i * d, d);
@@ -809,11 +809,11 @@ void check_frames(const at::Tensor& t, const char* name, int64_t n_v, int64_t f,
 }
 
 void one_frames_(const at::Tensor& frames, const at::Tensor& mask, const at::Tensor& qk, double eps, at::Tensor nbar,
-                 at::Tensor n) {
+                 const c10::optional<at::Tensor>& n) {
   TORCH_CHECK(frames.dim() == 3 && frames.scalar_type() == at::kFloat, "frames must be float32 (K, F, D)");
   const int64_t n_v = frames.size(0), f = frames.size(1), d = frames.size(2);
   check_frames(frames, "frames", n_v, f, d);
-  check_frames(n, "n", n_v, f, d);
+  if (n.has_value()) check_frames(*n, "n", n_v, f, d);
   TORCH_CHECK(mask.scalar_type() == at::kBool && mask.is_contiguous() && mask.dim() == 2 && mask.size(0) == n_v &&
                   mask.size(1) == f, "mask must be contiguous bool (K, F)");
   TORCH_CHECK(qk.scalar_type() == at::kFloat && qk.is_contiguous() && qk.dim() == 2 && qk.size(1) == d,
@@ -823,13 +823,13 @@ void one_frames_(const at::Tensor& frames, const at::Tensor& mask, const at::Ten
   check_frames(nbar, "nbar", n_v, hh, d);
   const float* fr = frames.data_ptr<float>();
   const bool* mk = mask.data_ptr<bool>();
-  if (n.scalar_type() == at::kBFloat16) {
-    one_frames_impl(fr, mk, qk.data_ptr<float>(), nbar.data_ptr<float>(), reinterpret_cast<uint16_t*>(n.data_ptr()),
+  if (n.has_value() && n->scalar_type() == at::kBFloat16) {
+    one_frames_impl(fr, mk, qk.data_ptr<float>(), nbar.data_ptr<float>(), reinterpret_cast<uint16_t*>(n->data_ptr()),
                     n_v, f, d, hh, float(eps));
   } else {
-    TORCH_CHECK(n.scalar_type() == at::kFloat, "n must be bfloat16 or float32");
-    one_frames_impl(fr, mk, qk.data_ptr<float>(), nbar.data_ptr<float>(), n.data_ptr<float>(), n_v, f, d, hh,
-                    float(eps));
+    TORCH_CHECK(!n.has_value() || n->scalar_type() == at::kFloat, "n must be bfloat16 or float32");
+    one_frames_impl(fr, mk, qk.data_ptr<float>(), nbar.data_ptr<float>(), n.has_value() ? n->data_ptr<float>() : nullptr,
+                    n_v, f, d, hh, float(eps));
   }
 }
 
@@ -970,7 +970,7 @@ void one_pooled_(const at::Tensor& y, const at::Tensor& g, const at::Tensor& b, 
 
 // The video Gaussian from the heads' product heads (K, 2D + H) bf16 = [mu | lv_raw | target] and the token term
 // tokp (K, D) bf16 (W2 v_c + b2 + W1 W_o W_v x_bar): mu (K, D) f32 <- mu; lv (K, D) f32 <- clamp((clamp(lv_raw, lo,
-// hi) + tokp + s tok_e + b1) / 2, lo, hi); sigma bf16 <- exp(lv / 2), rows (K, D) or tile-blocked (Kp/16, D/32,
+// hi) + tokp + s tok_e + b1) / 2, lo, hi), b1 (D,) or one row a video (K, D: the cached video terms); sigma bf16 <- exp(lv / 2), rows (K, D) or tile-blocked (Kp/16, D/32,
 // 16, 32) (the AMX products' input, padding rows 0); target (K, H) bf16 <- target.  sigma, target: optional.
 void one_heads_(const at::Tensor& heads, const at::Tensor& tokp, const at::Tensor& s, const at::Tensor& tok_e,
                 const at::Tensor& b1, double lo, double hi, at::Tensor mu, at::Tensor lv,
@@ -983,7 +983,12 @@ void one_heads_(const at::Tensor& heads, const at::Tensor& tokp, const at::Tenso
   check_rows(mu, "mu", at::kFloat, rows, d);
   check_rows(lv, "lv", at::kFloat, rows, d);
   check_vec(tok_e, "tok_e", d);
-  check_vec(b1, "b1", d);
+  if (b1.dim() == 2) {
+    check_rows(b1, "b1", at::kFloat, rows, d);
+  } else {
+    check_vec(b1, "b1", d);
+  }
+  const int64_t ldb = b1.dim() == 2 ? b1.stride(0) : 0;
   check_vec(s, "s", rows);
   const int64_t pp = (rows + 15) / 16 * 16;
   const bool blocked = sigma.has_value() && sigma->dim() == 4;
@@ -1015,7 +1020,7 @@ void one_heads_(const at::Tensor& heads, const at::Tensor& tokp, const at::Tenso
       float* l = lv.data_ptr<float>() + r * ldl;
       const float sr = s.data_ptr<float>()[r];
       const float* e = tok_e.data_ptr<float>();
-      const float* c = b1.data_ptr<float>();
+      const float* c = b1.data_ptr<float>() + r * ldb;
       int64_t j = 0;
 #if DAB_BF16_SIMD
       const __m512 vlo = _mm512_set1_ps(flo), vhi = _mm512_set1_ps(fhi), half = _mm512_set1_ps(0.5f);
@@ -1055,7 +1060,7 @@ TORCH_LIBRARY(dab_cpu, m) {
   m.def("kl_rows(Tensor mu_v, Tensor lv_v, Tensor st) -> Tensor");
   m.def("kl_lowrank_rows(Tensor mu_v, Tensor lv_v, Tensor u, Tensor texts, Tensor tconst, int rank) -> Tensor");
   m.def("kl_mixture_rows(Tensor mu_v, Tensor lv_v, Tensor texts, Tensor tconst) -> Tensor");
-  m.def("one_frames_(Tensor frames, Tensor mask, Tensor qk, float eps, Tensor(a!) nbar, Tensor(b!) n) -> ()");
+  m.def("one_frames_(Tensor frames, Tensor mask, Tensor qk, float eps, Tensor(a!) nbar, Tensor(b!)? n) -> ()");
   m.def("one_token_(Tensor p, Tensor n, Tensor mask, Tensor(a!) xo, Tensor(b!) s) -> ()");
   m.def("one_norm_(Tensor y, Tensor g, Tensor b, float eps, Tensor(a!) out) -> ()");
   m.def("one_pooled_(Tensor y, Tensor g, Tensor b, float eps, Tensor gp, Tensor bp, float eps_p, Tensor xo, "
