@@ -2,7 +2,7 @@
 
 from .build import average_query, build_index, split_rows, staging_path, store_fingerprint
 from .faiss_index import FLAT_MAX, IndexMeta, VideoIndex, auto_factory, load_index, require_faiss
-from .vectors import DEFAULT_VECTOR, VECTOR_KINDS, query_vectors, video_vectors
+from .vectors import DEFAULT_VECTOR, VECTOR_KINDS, query_vectors, video_terms, video_vectors
 
 __all__ = [
     "average_query",
@@ -20,4 +20,5 @@ __all__ = [
     "VECTOR_KINDS",
     "query_vectors",
     "video_vectors",
+    "video_terms",
 ]

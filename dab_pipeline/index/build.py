@@ -23,8 +23,8 @@ from ..core.fsutil import atomic_write_text, publish, remove_path
 from ..core.write_errors import check_free_space, named_write_errors, reserve_file
 from ..model import DABModel
 from ..store import STATUS_OK, FeatureStore
-from .faiss_index import REFINE_FILE, IndexMeta, auto_factory, new_faiss_index, require_faiss
-from .vectors import DEFAULT_VECTOR, VECTOR_KINDS, video_vectors
+from .faiss_index import REFINE_FILE, TERMS_FILE, IndexMeta, auto_factory, new_faiss_index, require_faiss
+from .vectors import DEFAULT_VECTOR, VECTOR_KINDS, video_terms, video_vectors
 
 __all__ = ["store_fingerprint", "split_rows", "average_query", "build_index", "staging_path"]
 
@@ -70,8 +70,11 @@ def staging_path(out: Path) -> Path:
     return out.parent / f".{out.name}.building"
 
 
-def _staging(out: Path, state: dict, n: int, dim: int) -> tuple[Path, np.ndarray, int]:
-    """The staging folder's vector memmap and the first row still to compute (0 unless a matching build stopped)."""
+def _staging(
+    out: Path, state: dict, n: int, dim: int, videos: int
+) -> tuple[Path, np.ndarray, Optional[np.ndarray], int]:
+    """The staging folder's vector memmap, its video terms' memmap (``state["terms"]``: (videos, dim) float16, else
+    None) and the first row still to compute (0 unless a matching build stopped)."""
     stage = staging_path(out)
     state_file = stage / "state.json"
     done = 0
@@ -80,22 +83,28 @@ def _staging(out: Path, state: dict, n: int, dim: int) -> tuple[Path, np.ndarray
             old = json.loads(state_file.read_text())
         except ValueError:
             old = {}
-        if {k: old.get(k) for k in state} == state and (stage / "vectors.npy").is_file():
+        files = [stage / "vectors.npy"] + ([stage / "terms.npy"] if state.get("terms") else [])
+        if {k: old.get(k) for k in state} == state and all(f.is_file() for f in files):
             done = int(old.get("done", 0))
     if done == 0:
         remove_path(stage)
+        shapes = {"vectors.npy": ((n, dim), np.float32)}
+        if state.get("terms"):
+            shapes["terms.npy"] = ((videos, dim), np.float16)
         with named_write_errors(stage, RESUME_HINT):
             stage.mkdir(parents=True)
-            vecs = np.lib.format.open_memmap(stage / "vectors.npy", mode="w+", dtype=np.float32, shape=(n, dim))
-        # the map's pages get their disk blocks now: on a full disk a store into a sparse page is a SIGBUS
+            for name, (shape, dtype) in shapes.items():
+                np.lib.format.open_memmap(stage / name, mode="w+", dtype=dtype, shape=shape).flush()
+        # the maps' pages get their disk blocks now: on a full disk a store into a sparse page is a SIGBUS
         try:
-            reserve_file(stage / "vectors.npy", (stage / "vectors.npy").stat().st_size, RESUME_HINT)
+            for name in shapes:
+                reserve_file(stage / name, (stage / name).stat().st_size, RESUME_HINT)
         except WriteError:
             remove_path(stage)  # what the reservation got is given back
             raise
-    else:
-        vecs = np.load(stage / "vectors.npy", mmap_mode="r+")
-    return stage, vecs, done
+    vecs = np.load(stage / "vectors.npy", mmap_mode="r+")
+    terms = np.load(stage / "terms.npy", mmap_mode="r+") if state.get("terms") else None
+    return stage, vecs, terms, done
 
 
 def build_index(
@@ -111,6 +120,7 @@ def build_index(
     nprobe: int = 32,
     ef_search: int = 64,
     refine: int = 4,
+    terms: bool = False,
     overwrite: bool = False,
     progress: ProgressCallback = null_progress,
 ) -> IndexMeta:
@@ -119,11 +129,13 @@ def build_index(
     ``model`` / ``run`` ({"path", "checkpoint_sha256"}): the run the index serves (needed by run-dependent
     vectors, recorded always). ``factory``: a FAISS factory string or "auto" (:func:`auto_factory`).
     ``refine``: for an approximate factory, keep the exact vectors (float16, ``refine.f16``) and re-score
-    ``refine`` x k x S candidates a search (0: the quantised scores alone).
+    ``refine`` x k x S candidates a search (0: the quantised scores alone). ``terms``: also keep the run's
+    token-branch term of each video (``terms.f16``, float16, D values a video; ``model`` needed), which a search
+    with this run passes to the re-rank instead of computing it (``Scorer.score_query(..., terms)``).
     """
     out = Path(out)
     kind = VECTOR_KINDS.get(vector)
-    _check_build_args(out, vector, kind, model, chunk, overwrite)
+    _check_build_args(out, vector, kind, model, chunk, overwrite, terms)
     faiss = require_faiss()
     t0 = time.perf_counter()
     rows = _rows_to_index(store, split)
@@ -133,9 +145,10 @@ def build_index(
     avg = average_query(store) if kind.needs_run else None
     fp = store_fingerprint(store, rows)
     run = run or {"path": None, "checkpoint_sha256": None}
-    state = _resume_state(fp, vector, run.get("checkpoint_sha256") if kind.needs_run else None, n, dim)
-    stage, vecs, done = _staging(out, state, n * per, dim)
-    _compute_vectors(store, rows, vector, model, avg, vecs, stage, state, done, chunk, per, progress)
+    run_sha = run.get("checkpoint_sha256") if kind.needs_run or terms else None
+    state = _resume_state(fp, vector, run_sha, n, dim, terms)
+    stage, vecs, term_rows, done = _staging(out, state, n * per, dim, n)
+    _compute_vectors(store, rows, vector, model, avg, vecs, term_rows, stage, state, done, chunk, per, progress)
     t_vec = time.perf_counter() - t0
     _fill(faiss, index, vecs, progress)
     refine = _refine_if_quantised(factory, refine, stage, vecs, progress)
@@ -152,9 +165,10 @@ def build_index(
         ef_search=ef_search,
         refine=refine,
         avg_query=None if avg is None else [float(x) for x in avg],
+        terms=terms,
         build=_build_record(faiss, t0, t_vec, chunk),
     )
-    del vecs  # the staging vectors are dropped by _publish_index, once the index is written
+    del vecs, term_rows  # the staging vectors are dropped by _publish_index, once the index is written
     _publish_index(faiss, index, rows, per, meta, stage, out, overwrite)
     return meta
 
@@ -167,9 +181,9 @@ def _rows_to_index(store: FeatureStore, split: str) -> np.ndarray:
     return rows
 
 
-def _resume_state(fingerprint: str, vector: str, run_sha: Optional[str], n: int, dim: int) -> dict:
+def _resume_state(fingerprint: str, vector: str, run_sha: Optional[str], n: int, dim: int, terms: bool) -> dict:
     """What a stopped build must share with this one for this one to resume it (state.json, less ``done``)."""
-    return {"fingerprint": fingerprint, "vector": vector, "run": run_sha, "n": n, "dim": dim}
+    return {"fingerprint": fingerprint, "vector": vector, "run": run_sha, "n": n, "dim": dim, "terms": terms}
 
 
 def _refine_if_quantised(factory: str, refine: int, stage: Path, vecs: np.ndarray, progress: ProgressCallback) -> int:
@@ -194,10 +208,19 @@ def _build_record(faiss, t0: float, t_vec: float, chunk: int) -> dict:
     }
 
 
-def _check_build_args(out: Path, vector: str, kind, model: Optional[DABModel], chunk: int, overwrite: bool) -> None:
+def _check_build_args(
+    out: Path, vector: str, kind, model: Optional[DABModel], chunk: int, overwrite: bool, terms: bool
+) -> None:
     """Refuse a build whose arguments cannot work before anything is read or written."""
     if kind.needs_run and model is None:
         raise ConfigError(f"the {vector!r} index vector is the run's own pooling: pass --run")
+    if terms and model is None:
+        raise ConfigError("--video-terms keeps the run's token-branch term of each video: pass --run")
+    if terms and getattr(model, "token_unc", None) is None:
+        raise ConfigError(
+            f"--video-terms: the run's model (variant {model.cfg.variant!r}) has no token branch; "
+            "only prob and dab runs have video terms"
+        )
     if chunk < 1:
         raise ConfigError(f"chunk must be a positive number of videos, got {chunk}")
     if out.exists() and not overwrite:
@@ -213,6 +236,7 @@ def _compute_vectors(
     model: Optional[DABModel],
     avg: Optional[np.ndarray],
     vecs: np.ndarray,
+    terms: Optional[np.ndarray],
     stage: Path,
     state: dict,
     done: int,
@@ -220,7 +244,8 @@ def _compute_vectors(
     per: int,
     progress: ProgressCallback,
 ) -> None:
-    """Fill ``vecs`` from row ``done`` on, ``chunk`` videos at a time, recording each finished chunk in state.json."""
+    """Fill ``vecs`` (and ``terms``, where kept) from row ``done`` on, ``chunk`` videos at a time, recording each
+    finished chunk in state.json."""
     n, dim = len(rows), vecs.shape[1]
     progress(Event("start", task="vectors", total=n))
     progress(Event("advance", task="vectors", n=done))
@@ -228,8 +253,13 @@ def _compute_vectors(
         c1 = min(c0 + chunk, n)
         frames, mask = store.read_videos(rows[c0:c1])  # (B, F, D), (B, F)
         vecs[c0 * per : c1 * per] = video_vectors(vector, frames, mask, model, avg).reshape(-1, dim)
+        if terms is not None:
+            assert model is not None
+            terms[c0:c1] = video_terms(model, frames, mask)
         with named_write_errors(stage / "vectors.npy", RESUME_HINT):
             vecs.flush()
+            if terms is not None:
+                terms.flush()
             atomic_write_text(stage / "state.json", json.dumps({**state, "done": c1}))
         progress(Event("advance", task="vectors", n=c1 - c0))
     progress(Event("end", task="vectors"))
@@ -243,18 +273,27 @@ def _publish_index(
     with named_write_errors(stage / "index.faiss", RESUME_HINT):
         faiss.write_index(index, str(stage / "index.faiss"))
         np.save(stage / "rows.npy", np.repeat(rows, per))  # the store row of each vector
+        if meta.terms:  # the .npy's rows without its header: read a row at a time with pread
+            _write_f16(stage / TERMS_FILE, np.load(stage / "terms.npy", mmap_mode="r"))
+    if meta.terms:
+        (stage / "terms.npy").unlink()
     (stage / "vectors.npy").unlink()
     (stage / "state.json").unlink()
     atomic_write_text(stage / "index.json", json.dumps(meta.to_json(), indent=2))
     publish(stage, out, overwrite=overwrite)
 
 
-def _write_refine(path: Path, vecs: np.ndarray, progress: ProgressCallback, chunk: int = 65_536) -> None:
+def _write_refine(path: Path, vecs: np.ndarray, progress: ProgressCallback) -> None:
     """The exact vectors as float16 rows, for re-scoring an approximate index's candidates."""
-    with open(path, "wb") as fh:
-        for a in range(0, len(vecs), chunk):
-            fh.write(np.ascontiguousarray(vecs[a : a + chunk], dtype=np.float16).tobytes())
+    _write_f16(path, vecs)
     progress(Event("info", message=f"wrote {path.name} ({path.stat().st_size / 1e9:.2f} GB)"))
+
+
+def _write_f16(path: Path, rows: np.ndarray, chunk: int = 65_536) -> None:
+    """rows (n, D) as a headerless float16 row-major file, ``chunk`` rows at a time."""
+    with open(path, "wb") as fh:
+        for a in range(0, len(rows), chunk):
+            fh.write(np.ascontiguousarray(rows[a : a + chunk], dtype=np.float16).tobytes())
 
 
 def _fill(faiss, index, vecs: np.ndarray, progress: ProgressCallback, add_chunk: int = 65_536) -> None:

@@ -44,9 +44,12 @@ __all__ = [
     "INDEX_FORMAT",
 ]
 
-INDEX_FORMAT = 1
+INDEX_FORMAT = 2  # 2: the terms field (terms.f16); format 1 folders read as terms=False
 REFINE_MAX = 4096  # candidates re-scored a query, unless k x S alone is more
 REFINE_FILE = "refine.f16"  # (vectors, D) float16, row-major: the exact vectors of an approximate index
+TERMS_FILE = (
+    "terms.f16"  # (videos, D) float16, row-major, in the order of the indexed store rows: the run's video terms
+)
 FLAT_MAX = 262_144
 DEFAULT_NPROBE = 32
 
@@ -99,6 +102,7 @@ class IndexMeta:
     ef_search: int = 64
     refine: int = 0  # approximate factories: re-score refine x k x S candidates on exact float16 vectors
     avg_query: Optional[list] = None  # the pooled kind's average query (D floats)
+    terms: bool = False  # terms.f16: the run's token-branch term of each video (dab index --video-terms)
     build: dict = field(default_factory=dict)  # seconds, faiss version, chunk
     format: int = INDEX_FORMAT
 
@@ -122,25 +126,34 @@ class VideoIndex:
     def __init__(self, path: Path, meta: IndexMeta, index: Any, rows: np.ndarray) -> None:
         self.path, self.meta, self.index, self.rows = path, meta, index, rows
         self._exact = None  # the float16 vectors of refine.f16, opened on first use
+        self._terms = None  # terms.f16, opened on first use
+        self.video_rows = rows[:: meta.per_video]  # (count,) the indexed videos' store rows, ascending
 
     def _exact_vectors(self, ids: np.ndarray) -> np.ndarray:
         """Rows ``ids`` of refine.f16 -> (n, D) float32, read with pread: the file stays in the page cache,
         out of the server's resident memory (a memory map would count every page it touched)."""
         if self._exact is None:
             self._exact = open(self.path / REFINE_FILE, "rb", buffering=0)
-        d = self.meta.dim
-        row_bytes = 2 * d
-        fd = self._exact.fileno()
-        buf = bytearray(len(ids) * row_bytes)
-        view = memoryview(buf)
-        for j, i in enumerate(ids.tolist()):
-            os.preadv(fd, [view[j * row_bytes : (j + 1) * row_bytes]], int(i) * row_bytes)
-        return np.frombuffer(buf, np.float16).reshape(len(ids), d).astype(np.float32)
+        return _read_rows(self._exact.fileno(), ids, self.meta.dim).astype(np.float32)
+
+    def video_terms(self, store_rows: np.ndarray) -> Optional[np.ndarray]:
+        """The run's token-branch terms of the videos at ``store_rows`` (indexed ones) -> (n, D) float16, or None
+        where the index keeps none (``dab index --video-terms``); read with pread, as refine.f16."""
+        if not self.meta.terms:
+            return None
+        where = np.searchsorted(self.video_rows, store_rows)
+        if len(where) and (where.max() >= len(self.video_rows) or (self.video_rows[where] != store_rows).any()):
+            raise ConfigError(f"{self.path}: video terms asked for store rows this index does not hold")
+        if self._terms is None:
+            self._terms = open(self.path / TERMS_FILE, "rb", buffering=0)
+        return _read_rows(self._terms.fileno(), where, self.meta.dim)
 
     def close(self) -> None:
-        if self._exact is not None:
-            self._exact.close()
-            self._exact = None
+        for name in ("_exact", "_terms"):
+            fh = getattr(self, name)
+            if fh is not None:
+                fh.close()
+                setattr(self, name, None)
 
     def search(
         self, queries: np.ndarray, k: int, nprobe: Optional[int] = None, ef_search: Optional[int] = None
@@ -206,6 +219,16 @@ class VideoIndex:
             )
 
 
+def _read_rows(fd: int, ids: np.ndarray, d: int) -> np.ndarray:
+    """Rows ``ids`` of a (n, d) float16 row-major file -> (len(ids), d) float16, one pread each."""
+    row_bytes = 2 * d
+    buf = bytearray(len(ids) * row_bytes)
+    view = memoryview(buf)
+    for j, i in enumerate(np.asarray(ids).tolist()):
+        os.preadv(fd, [view[j * row_bytes : (j + 1) * row_bytes]], int(i) * row_bytes)
+    return np.frombuffer(buf, np.float16).reshape(len(ids), d)
+
+
 def load_index(path: str | Path) -> VideoIndex:
     """Read an index folder written by :func:`dab_pipeline.index.build.build_index`."""
     faiss = require_faiss()
@@ -231,5 +254,11 @@ def load_index(path: str | Path) -> VideoIndex:
             f"{p}: damaged index ({REFINE_FILE} is {'missing' if have is None else f'{have:,} bytes'}, "
             f"expected {want:,}); rebuild it with `dab index ... --overwrite`, or set refine to 0 "
             "in index.json to search the codes alone"
+        )
+    have = (p / TERMS_FILE).stat().st_size if (p / TERMS_FILE).is_file() else None
+    if meta.terms and have != meta.count * meta.dim * 2:
+        raise ConfigError(
+            f"{p}: damaged index ({TERMS_FILE} is {'missing' if have is None else f'{have:,} bytes'}, expected "
+            f"{meta.count * meta.dim * 2:,}); rebuild it with `dab index ... --video-terms --overwrite`"
         )
     return VideoIndex(p, meta, index, rows)

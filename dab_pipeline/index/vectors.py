@@ -37,7 +37,7 @@ from torch import Tensor
 from ..core.registry import Registry
 from ..model import DABModel
 
-__all__ = ["VectorKind", "VECTOR_KINDS", "DEFAULT_VECTOR", "video_vectors", "query_vectors"]
+__all__ = ["VectorKind", "VECTOR_KINDS", "DEFAULT_VECTOR", "video_vectors", "query_vectors", "video_terms"]
 
 DEFAULT_VECTOR = "segments"
 SEGMENTS = 4
@@ -141,6 +141,22 @@ def video_vectors(
     mk = torch.as_tensor(np.asarray(mask, bool), device=dev)
     avg = None if avg_query is None else torch.as_tensor(np.asarray(avg_query, np.float32), device=dev)
     return vk.videos(fr, mk, model, avg).float().cpu().numpy()
+
+
+@torch.no_grad()
+def video_terms(model: DABModel, frames: np.ndarray | Tensor, mask: np.ndarray | Tensor) -> np.ndarray:
+    """frames (B, F, D), mask (B, F) -> the run's token-branch terms W1 h_bar + b1 (B, D) float16: the part of a
+    pair's log-variance that depends on the video alone (``Scorer.video_terms``; float32 sums, kept in float16)."""
+    assert model.token_unc is not None, "video terms need a model with a token branch (prob, dab)"
+    was_training = model.training
+    model.eval()
+    try:
+        dev = next(model.parameters()).device
+        fr = torch.as_tensor(np.asarray(frames, np.float32), device=dev)
+        mk = torch.as_tensor(np.asarray(mask, bool), device=dev)
+        return model.token_unc.video_term(fr, mk).float().cpu().numpy().astype(np.float16)
+    finally:
+        model.train(was_training)
 
 
 @torch.no_grad()

@@ -139,9 +139,11 @@ class Searcher:
                     f"{store_path} holds D={self.store.dim} features but the run's model has embed_dim={d}"
                 )
             self.index = None
+            self.terms = False  # the index's video terms are this run's: the re-rank reads them
             if index is not None:
                 self.index = load_index(index)
                 self._check_index(store_fingerprint(self.store, self.rows))
+                self.terms = self._terms_usable(warn)
             # encoder=False: ranks given text features only (benchmarks of stores without a CLIP)
             self.bundle = _query_clip(self.store.manifest, self.device) if encoder else None
         except BaseException:
@@ -164,6 +166,20 @@ class Searcher:
                 f"{self.index.path} holds the {meta.vector!r} vectors of another run "
                 f"({meta.run.get('path')}); rebuild it with `dab index --run {self.run.run_dir} ...`"
             )
+
+    def _terms_usable(self, warn: Callable[[str], None]) -> bool:
+        """Whether the index's video terms (``dab index --video-terms``) were made by this run; a warning where
+        they were made by another (the re-rank then computes them)."""
+        assert self.index is not None
+        if not self.index.meta.terms:
+            return False
+        if self.index.meta.run.get("checkpoint_sha256") == sha256_file(self.run.checkpoint):
+            return True
+        warn(
+            f"{self.index.path} holds the video terms of another run ({self.index.meta.run.get('path')}); "
+            f"searching without them (rebuild it with `dab index --run {self.run.run_dir} --video-terms ...`)"
+        )
+        return False
 
     def close(self) -> None:
         self._scorer.close()
@@ -286,8 +302,9 @@ class Searcher:
         rows = [np.unique(c[c >= 0]) for c in cand]  # each query's shortlist, sorted: the store reads coalesce
         union = rows[0] if len(rows) == 1 else np.unique(np.concatenate(rows))  # (U,)
         frames, mask = self.store.read_videos(union)  # (U, F, D), (U, F): the shortlists' videos, each once
+        terms = self.index.video_terms(union) if self.terms else None  # (U, D) float16: the run's video terms
         t0 = _tick(timings, "read", t0)
-        costs = self._score_shortlists(text, frames, mask, [np.searchsorted(union, r) for r in rows])
+        costs = self._score_shortlists(text, frames, mask, [np.searchsorted(union, r) for r in rows], terms)
         _tick(timings, "score", t0)
         out = []
         for q, r, cost, k in zip(queries, rows, costs, ks):
@@ -296,13 +313,19 @@ class Searcher:
         return out
 
     def _score_shortlists(
-        self, text: torch.Tensor, frames: np.ndarray, mask: np.ndarray, local: list[np.ndarray]
+        self,
+        text: torch.Tensor,
+        frames: np.ndarray,
+        mask: np.ndarray,
+        local: list[np.ndarray],
+        terms: Optional[np.ndarray] = None,
     ) -> list[np.ndarray]:
-        """Each query's costs over its shortlist (``local``: its places in ``frames``) -> [(K_i,) float32]."""
+        """Each query's costs over its shortlist (``local``: its places in ``frames``) -> [(K_i,) float32];
+        ``terms``: the videos' cached token-branch terms (rows of ``frames``) or None."""
         if len(local) == 1:  # one query (the frames are its shortlist, in order): the Scorer's one-query path
-            return [self._scorer.score_query(text[0], frames, mask)]  # (K,)
+            return [self._scorer.score_query(text[0], frames, mask, terms)]  # (K,)
         # each query through the engine's one-text path, as alone (3-5x cheaper a pair than the model's aligned path)
-        costs = self._scorer.score_queries(text, frames, mask, local)
+        costs = self._scorer.score_queries(text, frames, mask, local, terms)
         if costs is not None:
             return costs
         model = self.run.model

@@ -25,7 +25,8 @@ __all__ = ["IndexConfig", "run_index"]
 class IndexConfig:
     """What ``dab index`` builds: ``vector`` (a name of :data:`VECTOR_KINDS`), ``factory`` ("auto" or a FAISS
     factory string), search defaults ``nprobe`` (IVF) and ``ef_search`` (HNSW), ``refine`` (quantised
-    factories: candidates re-scored on exact float16 vectors, x K x S; 0 off)."""
+    factories: candidates re-scored on exact float16 vectors, x K x S; 0 off), ``video_terms`` (keep the run's
+    token-branch term of each video for the re-rank; needs ``run``)."""
 
     features: Path
     out: Path
@@ -37,6 +38,7 @@ class IndexConfig:
     nprobe: int = 32
     ef_search: int = 64
     refine: int = 4
+    video_terms: bool = False
     overwrite: bool = False
 
     def __post_init__(self) -> None:
@@ -73,6 +75,7 @@ def run_index(cfg: IndexConfig, progress: ProgressCallback = null_progress) -> I
             nprobe=cfg.nprobe,
             ef_search=cfg.ef_search,
             refine=cfg.refine,
+            terms=cfg.video_terms,
             overwrite=cfg.overwrite,
             progress=progress,
         )

@@ -230,3 +230,54 @@ def test_a_quantised_index_without_its_exact_vectors_is_refused(store: Path, tmp
     (tmp_path / "pq" / "refine.f16").unlink()
     with pytest.raises(ConfigError, match="refine.f16 is missing"):
         load_index(tmp_path / "pq")
+
+
+def test_video_terms_are_the_runs_token_terms_and_survive_a_resume(store: Path, tmp_path: Path) -> None:
+    """--video-terms: terms.f16 holds the run's W1 h_bar + b1 of each indexed video (float16), read back by store
+    row; a stopped build resumes them with the vectors."""
+    model = small_model("dab").eval()
+    out = tmp_path / "idx"
+    seen: list[int] = []
+
+    def stop(ev: Event) -> None:
+        if ev.kind == "advance" and ev.task == "vectors":
+            seen.append(ev.n)
+            if len(seen) == 3:
+                raise KeyboardInterrupt
+
+    run = {"path": "r", "checkpoint_sha256": "abc"}
+    with open_store(store) as st, pytest.raises(KeyboardInterrupt):
+        build_index(st, out, split="test", model=model, run=run, terms=True, chunk=8, progress=stop)
+    with open_store(store) as st:
+        meta = build_index(st, out, split="test", model=model, run=run, terms=True, chunk=8)
+        frames, mask = st.read_videos(np.arange(40))
+    assert meta.terms and meta.run == run and not staging_path(out).exists()
+    idx = load_index(out)
+    rows = np.array([3, 17, 39, 0])
+    with torch.no_grad():
+        want = model.token_unc.video_term(torch.as_tensor(frames[rows]), torch.as_tensor(mask[rows]))
+    np.testing.assert_allclose(idx.video_terms(rows).astype(np.float32), want.numpy(), rtol=2e-3, atol=1e-4)
+    assert idx.video_terms(np.array([], np.int64)).shape == (0, 16)
+    with pytest.raises(ConfigError, match="does not hold"):
+        idx.video_terms(np.array([40]))
+    plain = tmp_path / "plain"
+    with open_store(store) as st:
+        build_index(st, plain, split="test")
+    assert load_index(plain).video_terms(rows) is None  # built without: none kept
+    (out / "terms.f16").write_bytes(b"\0" * 10)
+    with pytest.raises(ConfigError, match="terms.f16 is 10 bytes"):
+        load_index(out)
+
+
+def test_video_terms_need_a_run_with_a_token_branch(store: Path, tmp_path: Path) -> None:
+    with open_store(store) as st:
+        with pytest.raises(ConfigError, match="pass --run"):
+            build_index(st, tmp_path / "a", split="test", terms=True)
+        with pytest.raises(ConfigError, match="no token branch"):
+            build_index(st, tmp_path / "b", split="test", model=small_model("xpool"), terms=True)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_an_index_of_format_1_reads_without_video_terms() -> None:
+    idx = load_index(Path(__file__).parents[1] / "data" / "compat" / "v1" / "index")
+    assert idx.meta.format == 1 and idx.meta.terms is False and idx.video_terms(idx.video_rows[:2]) is None

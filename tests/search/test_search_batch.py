@@ -90,6 +90,43 @@ def test_a_bad_query_gets_its_error_and_the_others_their_answers(world: dict, ru
             s.search_batch([CAPTIONS[0]], 3, shortlist=0)
 
 
+def test_an_index_with_the_runs_video_terms_answers_as_one_without(
+    world: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dab index --video-terms: a search with that run passes each shortlist's terms to the re-rank (one query and a
+    batch) and answers as the plain index does; another run's terms are not used, with a warning."""
+    from dab_pipeline.runs.load import load_run
+    from dab_pipeline.stages.index import IndexConfig, run_index
+
+    run, _ = hand_made_run(tmp_path / "run", world["store"], "dab")
+    run_index(IndexConfig(features=world["store"], out=tmp_path / "terms", run=run, video_terms=True))
+    passed: list[bool] = []
+    real = Scorer.score_queries
+
+    def spy(self, text, frames, mask, shortlists, terms=None):
+        passed.append(terms is not None and len(terms) == len(frames))
+        return real(self, text, frames, mask, shortlists, terms)
+
+    monkeypatch.setattr(Scorer, "score_queries", spy)
+    with Searcher(run, world["store"], index=world["index"], device="cpu") as plain:
+        want = [plain.search([q], topk=k, shortlist=4)[0] for q, k in zip(QUERIES, KS)]
+    assert passed and not any(passed)
+    passed.clear()
+    with Searcher(run, world["store"], index=tmp_path / "terms", device="cpu") as s:
+        assert s.terms
+        for q, k, alone in zip(QUERIES, KS, want):
+            assert_same(s.search([q], topk=k, shortlist=4)[0], alone)
+        for got, alone in zip(s.search_batch(QUERIES, KS, shortlist=4), want):
+            assert_same(got, alone)
+    assert passed and all(passed)
+    other, _ = hand_made_run(tmp_path / "other", world["store"], "dab", {"drift_hidden": 16})
+    assert load_run(other, "cpu").checkpoint != load_run(run, "cpu").checkpoint
+    warnings: list[str] = []
+    with Searcher(other, world["store"], index=tmp_path / "terms", device="cpu", warn=warnings.append) as s:
+        assert not s.terms and s.search([QUERIES[0]], topk=2, shortlist=4)
+    assert len(warnings) == 1 and "video terms of another run" in warnings[0]
+
+
 @pytest.mark.parametrize("variant", ["dab", "xpool"])
 def test_the_batch_reads_its_shortlists_once_and_scores_only_their_pairs_in_one_call(
     world: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variant: str
@@ -105,8 +142,8 @@ def test_the_batch_reads_its_shortlists_once_and_scores_only_their_pairs_in_one_
         calls.append(("pairs", len(frames), [np.asarray(x) for x in shortlists]))
         return real(model, text, frames, mask, shortlists, **kw)
 
-    def spy_queries(self, text, frames, mask, shortlists):
-        out = real_queries(self, text, frames, mask, shortlists)
+    def spy_queries(self, text, frames, mask, shortlists, terms=None):
+        out = real_queries(self, text, frames, mask, shortlists, terms)
         if out is not None:
             calls.append(("engine", len(frames), [np.asarray(x) for x in shortlists]))
         return out

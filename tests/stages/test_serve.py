@@ -107,6 +107,15 @@ def test_cli_index_then_search(world: dict, tmp_path: Path) -> None:
     assert html.count('class="query"') == 2 and "&lt;i&gt;two&lt;/i&gt;" in html and "<i>two</i>" not in html
     out = invoke(["index", "--features", world["store"], "--out", tmp_path / "x", "--vector", "nope"])
     assert out.exit_code != 0 and "valid:" in out.output
+    out = invoke(["index", "--features", world["store"], "--out", tmp_path / "t", "--video-terms"])
+    assert out.exit_code != 0 and "pass --run" in out.output and "Traceback" not in out.output
+    out = invoke(
+        ["index", "--features", world["store"], "--out", tmp_path / "t", "--video-terms", "--run", world["run"]]
+    )
+    assert out.exit_code == 0, out.output
+    assert json.loads((tmp_path / "t" / "index.json").read_text())["terms"] is True
+    out = invoke([*searching[:-1], tmp_path / "t", "--device", "cpu", "-k", "2", "--json", CAPTIONS[2]])
+    assert out.exit_code == 0, out.output
 
 
 # ----------------------------------------------------------------------------- the app

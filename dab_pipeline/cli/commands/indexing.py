@@ -47,12 +47,18 @@ from .options import EXISTING
     help="Quantised factories (PQ, SQ): keep the exact vectors (float16, on disk) and re-score this many "
     "x K x S candidates a query (at most 4,096 unless K x S is more); 0: the codes alone.",
 )
+@click.option(
+    "--video-terms",
+    is_flag=True,
+    help="Also keep the run's token-branch term of each video (float16, D values a video, needs --run): a "
+    "search with that run re-ranks without computing them (docs/search.md).",
+)
 @click.option("--chunk", type=int, default=4096, show_default=True, help="Videos read from the store at a time.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing index folder.")
 @click.option("--json", "as_json", is_flag=True, help="Print index.json to stdout.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def index(
-    features, out, run, split, vector, factory, nprobe, ef_search, refine, chunk, overwrite, as_json, quiet
+    features, out, run, split, vector, factory, nprobe, ef_search, refine, video_terms, chunk, overwrite, as_json, quiet
 ) -> None:
     """Build a FAISS index over one vector per video of a store's split.
 
@@ -71,6 +77,7 @@ def index(
         nprobe=nprobe,
         ef_search=ef_search,
         refine=refine,
+        video_terms=video_terms,
         overwrite=overwrite,
     )
     with RichProgress(quiet=quiet or as_json) as prog:
