@@ -711,18 +711,23 @@ def bench_one_query(
 ) -> None:
     """pairs/s of ``Scorer.score_query`` (the re-rank of dab search / dab serve) on K videos, over the grid's, interleaved.
 
-    Each repeat times, per dtype: the n_q x n_v grid through ``Scorer.score``; then per K, ``Scorer.score_query`` and
-    the model's own path it replaced (``scoring.score_query``, under autocast in bf16) on enough queries for
-    ``min_pairs`` pairs (at least 2), a different query each call. The share of the grid rate is taken per repeat
-    (the same moments).
+    Each repeat times, per dtype: the n_q x n_v grid through ``Scorer.score``; then per K, ``Scorer.score_query``,
+    the same with the videos' token-branch terms given as an index keeps them (``dab index --video-terms``: float16,
+    computed before the timing) and the model's own path it replaced (``scoring.score_query``, under autocast in
+    bf16), on enough queries for ``min_pairs`` pairs (at least 2), a different query each call. The share of the
+    grid rate is taken per repeat (the same moments).
     """
     engines = [dt for dt in dtypes if dt != "tfloat32"]
     scorers, (text, frames, mask) = one_query_rows(steps, n_q, n_v, max(ks), device, engines)
     model = next(iter(scorers.values())).model
     calls = {k: max(2, -(-min_pairs // k)) for k in ks}
+    terms = next(iter(scorers.values())).video_terms(frames, mask)  # (V, D) float32, or None: no token branch
+    terms = None if terms is None else terms.astype(np.float16)  # as the index keeps them
     for dt, scorer in scorers.items():  # warm-up: the one-text path's products, the model's path under autocast
         for k in ks:
             scorer.score_query(text[0], frames[:k], mask[:k])
+            if terms is not None:
+                scorer.score_query(text[0], frames[:k], mask[:k], terms[:k])
             score_query(model, text[0], frames[:k], mask[:k], dtype=score_dtype(dt))
     times: dict[tuple, list[float]] = {}
 
@@ -740,6 +745,13 @@ def bench_one_query(
                 for k in ks:
                     q = [text[i % len(text)] for i in range(calls[k])]
                     timed((dt, k), k * calls[k], lambda: [scorer.score_query(t, frames[:k], mask[:k]) for t in q])
+                    if terms is not None:
+                        tk = terms[:k]
+                        timed(
+                            (dt, k, "terms"),
+                            k * calls[k],
+                            lambda: [scorer.score_query(t, frames[:k], mask[:k], tk) for t in q],
+                        )
                     timed(
                         (dt, k, "model"),
                         k * calls[k],
@@ -758,7 +770,12 @@ def print_one_query(ks: list[int], n_q: int, n_v: int, steps: int, times: dict, 
         grid = times[(dt, "grid")]
         print(f"  {dt:<9} grid {n_q} x {n_v}: {_mean_std(grid, '9.0f')} pairs/s")
         for k in ks:
-            for label, key in (("one query", (dt, k)), ("  model's path", (dt, k, "model"))):
+            rows = [
+                ("one query", (dt, k)),
+                ("  video terms cached", (dt, k, "terms")),
+                ("  model's path", (dt, k, "model")),
+            ]
+            for label, key in (r for r in rows if r[1] in times):
                 share = [100 * r / g for r, g in zip(times[key], grid)]
                 print(
                     f"  {dt:<9} {label} x {k}: {_mean_std(times[key], '9.0f')} pairs/s, "

@@ -41,4 +41,5 @@ def test_the_one_query_section_prints_a_line_per_dtype_and_k(capsys: pytest.Capt
     for k in (2, 5):  # the line, and the model's path beside it
         assert sum(f"float32   one query x {k}: " in line and "% of the grid rate" in line for line in lines) == 1
         assert sum(f"model's path x {k}: " in line for line in lines) == 1
+        assert sum(f"video terms cached x {k}: " in line and "% of the grid rate" in line for line in lines) == 1
     assert any("float32   grid 4 x 3:" in line for line in lines)
