@@ -63,6 +63,7 @@ class GaussianEngine(Engine):
         self.tok_e = (self.tok_e + f64(tok.w1.weight) @ f64(tok.out_proj.bias)).float()
         self.tok_b1 = f32(tok.w1.bias)
         self._one_kernels: Optional[Kernels] = None
+        self._one_ln: Optional[list[Tensor]] = None  # pool_one's LayerNorm scales and shifts, float32
         self._cov_kernels: Optional[Kernels] = None  # the low-rank / mixture KL rows (cov_kernels)
 
     def texts(self, text: Tensor) -> Texts:
@@ -133,7 +134,8 @@ class GaussianEngine(Engine):
     def one_mats(self) -> list[tuple[Tensor, Optional[Tensor]]]:
         """:meth:`Engine.one_mats`, then 2: the heads on h = LN_p(v_c / |v_c|), [mu | logvar [| mu_v's block of the
         bridge's first layer]] (D, 2D [+ H]); 3: the token terms on [v_c | xo], W2 over W1 W_o W_v diag(g2) (2D, D)
-        (:meth:`token_frames`); 4: :meth:`token_frames`' A'' (D, D) with c''."""
+        (:meth:`token_frames`); 4: :meth:`token_frames`' A'' (D, D) with c''; 5: W2 alone (D, D) with b2, the token
+        term's product on v_c where the videos' terms are given (``gaussian_one``'s ``terms``)."""
         m, f64 = self.model, self.f64
         assert m.prob is not None and m.token_unc is not None
         tok, root = m.token_unc, float(self.d) ** 0.5
@@ -149,6 +151,7 @@ class GaussianEngine(Engine):
         a = f64(tok.q_proj.weight).T @ f64(tok.k_proj.weight) / root  # (D, D): logits x_i A x_j^T + ...
         c = f64(tok.k_proj.weight).T @ f64(tok.q_proj.bias) / root  # (D,)
         mats.append((g2[:, None] * a * g2, (b2 @ a + c) * g2))
+        mats.append((f64(tok.w2.weight).T, f64(tok.w2.bias)))
         return super().one_mats() + [(w.float(), None if b is None else b.float()) for w, b in mats]
 
     def token_frames(self, n: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -172,14 +175,18 @@ class GaussianEngine(Engine):
         """The pooled videos from each head's attention-weighted mean of the normalised frames nbar (K, Hh, D)
         (``one_frames_``), with the token branch's xo (K, D): -> ([v_c | xo] (K, 2D), h = LN_p(v_c / |v_c|) (K, D)),
         the inputs of the heads' and the token terms' products, in the matmul dtype."""
-        m, lin, kern, f32 = self.model, self.one_linears(), self.one_kernels(), self.f32
+        m, lin, kern = self.model, self.one_linears(), self.one_kernels()
         assert m.prob is not None
-        n_v, d, ln1, ln2, lnp = nbar.shape[0], self.d, m.pool.ln_attn, m.pool.ln_out, m.prob.ln
+        if self._one_ln is None:  # the three LayerNorms' float32 scales and shifts, once
+            self._one_ln = [
+                self.f32(t) for ln in (m.pool.ln_attn, m.pool.ln_out, m.prob.ln) for t in (ln.weight, ln.bias)
+            ]
+        n_v, d, (g1, b1, g2, b2, gp, bp) = nbar.shape[0], self.d, self._one_ln
         a = nbar.new_empty(n_v, d, dtype=self.mm_dtype)  # LN_attn(out_proj(v_proj ...))
-        kern.one_norm_(lin(nbar.reshape(n_v, -1), 0), f32(ln1.weight), f32(ln1.bias), ln1.eps, a)
+        kern.one_norm_(lin(nbar.reshape(n_v, -1), 0), g1, b1, m.pool.ln_attn.eps, a)
         vx, h = nbar.new_empty(n_v, 2 * d, dtype=self.mm_dtype), nbar.new_empty(n_v, d, dtype=self.mm_dtype)
         y = lin(a, 1)  # (K, D): a + linear_proj(a), before LN_out
-        kern.one_pooled_(y, f32(ln2.weight), f32(ln2.bias), ln2.eps, f32(lnp.weight), f32(lnp.bias), lnp.eps, xo, vx, h)
+        kern.one_pooled_(y, g2, b2, m.pool.ln_out.eps, gp, bp, m.prob.ln.eps, xo, vx, h)
         return vx, h
 
     def gaussian_one(
@@ -217,7 +224,8 @@ class GaussianEngine(Engine):
             tok_e, b1 = self.tok_e, terms.float().contiguous()  # (D,), (K, D)
         vx, h = self.pool_one(nbar, xo)  # (K, 2D), (K, D)
         heads = lin(h, 2)  # (K, 2D [+ H]): [mu | logvar [| target]]
-        tokp = lin(vx, 3)  # (K, D): W2 v_c + b2 + W1 W_o W_v diag(g2) xo
+        # (K, D): W2 v_c + b2 + W1 W_o W_v diag(g2) xo; with the terms, W2 v_c + b2 on v_c alone
+        tokp = lin(vx, 3) if terms is None else lin(vx[:, :d].contiguous(), 5)
         mu, lv = frames.new_empty(n_v, d), frames.new_empty(n_v, d)
         kern.one_heads_(heads, tokp, s, tok_e, b1, self.lo, self.hi, mu, lv, sigma, target)
         return mu, lv

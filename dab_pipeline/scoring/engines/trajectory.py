@@ -35,6 +35,7 @@ class BridgeSteps:
         self.ws_t = w_state.T.contiguous()  # (n*D, H) state block
         self.w_target = f32(w_target)  # (H, n*D): the video side's block
         self.time_feat = f32(bridge.time_features())  # (T', H), includes the first layer's bias
+        self.time_rows = list(self.time_feat.unbind(0))  # T' x (H,): no view made a step
         self.chi = [float(c) for c in bridge.chi.detach().cpu()]
 
         # Hidden and output layers carry their bias as an extra input row: the hidden
@@ -331,7 +332,7 @@ class AmxBridge:
         n_steps = len(steps.chi)
         for k in range(n_steps):
             if k > 0:
-                hb = ops.amx_linear_silu(s, self.w_state, steps.time_feat[k], target)  # silu(s W_s^T + time_k + target)
+                hb = ops.amx_linear_silu(s, self.w_state, steps.time_rows[k], target)  # silu(s W_s^T + time_k + target)
             for w, b in zip(self.mids, self.mid_biases):
                 hb = ops.amx_linear_silu(hb, w, b)
             ops.amx_linear_update_(
