@@ -188,12 +188,14 @@ class Scorer:
         terms: np.ndarray | Tensor | None = None,
     ) -> Optional[list[np.ndarray]]:
         """Query i's costs over its own videos ``shortlists[i]`` (indices into ``frames``) -> [(K_i,) float32], each
-        query through the engine's one-text path as :meth:`score_query` runs it alone (the same numbers); None where
-        the model has no such path (the caller scores the pairs its own way).
+        query through the engine's one-text path as :meth:`score_query` runs it alone (the same numbers, within the
+        engine's tolerance); None where the model has no such path (the caller scores the pairs its own way).
 
         text (M, D), frames (U, F, D), mask (U, F): a batch of queries and the union of their shortlists (``dab
-        serve``'s gathered queries on an index); the texts' state is computed once for the batch. ``terms`` (U, D):
-        the videos' token-branch terms (:meth:`video_terms`), or None.
+        serve``'s gathered queries on an index); the texts' state is computed once for the batch, and the batch's
+        (query, video) pairs, each query's own shortlist only, go through the engine together, up to
+        ``ONE_QUERY_CHUNK`` pairs a call (the bridge's weights then serve every query's rows at once); a mixture's
+        queries one at a time. ``terms`` (U, D): the videos' token-branch terms (:meth:`video_terms`), or None.
         """
         t = _as_float(text).reshape(len(shortlists), -1)  # (M, D)
         fr, mk = _one_query_inputs(self.model, t[:1], frames, mask, cast=False)[1:]  # (U, F, D) as given, (U, F)
@@ -206,17 +208,35 @@ class Scorer:
             return None
         was_training = self._place()
         try:
-            longest = max((min(len(s), ONE_QUERY_CHUNK) for s in shortlists), default=1)
+            lists = [np.asarray(r, np.int64).reshape(-1) for r in shortlists]
+            pairs = sum(len(r) for r in lists)
             with torch.no_grad():  # engines kept per power of two of the block's videos (oneDNN packs for a size)
-                eng = self._engine(1 << (max(longest, 1) - 1).bit_length())
+                eng = self._engine(1 << (max(min(pairs, ONE_QUERY_CHUNK), 1) - 1).bit_length())
                 if not eng.has_one_query():
                     return None
                 ts_all = eng.texts(t.to(self.device))
-                return [
-                    self._one(eng, ts_all.take(slice(i, i + 1)), fr, mk, rows, vt) for i, rows in enumerate(shortlists)
-                ]
+                if len(lists) > 1 and eng.one_pairs(ts_all):
+                    return self._pairs(eng, ts_all, fr, mk, lists, vt)
+                return [self._one(eng, ts_all.take(slice(i, i + 1)), fr, mk, rows, vt) for i, rows in enumerate(lists)]
         finally:
             self._restore(was_training)
+
+    def _pairs(
+        self, eng: Engine, ts_all, fr: Tensor, mk: Tensor, lists: list[np.ndarray], vt: Optional[Tensor]
+    ) -> list[np.ndarray]:
+        """The queries' costs over their shortlists ``lists`` (rows of ``fr``), their (query, video) pairs in blocks
+        of up to ``ONE_QUERY_CHUNK`` through the engine's one-text path with a text a video."""
+        vid = torch.from_numpy(np.concatenate(lists))  # (P,) each pair's video, query by query
+        text_of = torch.repeat_interleave(torch.arange(len(lists)), torch.tensor([len(r) for r in lists]))  # (P,)
+        out = np.empty(len(vid), np.float32)
+        for a, b in even_cuts(len(vid), ONE_QUERY_CHUNK):
+            rows = vid[a:b]
+            f_blk, m_blk = fr[rows].to(self.device).float(), mk[rows].to(self.device)  # (b - a, F, D) float32
+            t_blk = None if vt is None else vt[rows].to(self.device).float()  # (b - a, D)
+            cost = eng.one_query(ts_all.take(text_of[a:b].to(self.device)), f_blk, m_blk, t_blk)  # (b - a,)
+            assert cost is not None, "has_one_query said this engine has the path"
+            out[a:b] = cost.float().cpu().numpy()
+        return list(np.split(out, np.cumsum([len(r) for r in lists])[:-1]))
 
     def _one(self, eng: Engine, ts, fr: Tensor, mk: Tensor, rows: np.ndarray, vt: Optional[Tensor]) -> np.ndarray:
         """One query's costs over ``fr[rows]`` (K,) float32, in up to ``ONE_QUERY_CHUNK`` videos a block; ``vt``: the

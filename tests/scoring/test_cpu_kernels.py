@@ -334,6 +334,24 @@ def test_one_frames_without_the_normalised_frames_gives_the_same_pooling(fused: 
         assert torch.equal(nbar, nbar_n)
 
 
+@pytest.mark.parametrize("d", [64, 40])
+def test_one_frames_takes_a_query_a_video(fused: cpu_kernels.Kernels, d: int) -> None:
+    """qk (K, Hh, D): video v pooled by its own query qk[v], as one_frames_ gives it with qk[v] for every video."""
+    k, f = 11, 7
+    frames, mask = frames_case(k, f, d, seed=23)
+    qk = torch.randn(k, 2, d, generator=torch.Generator().manual_seed(24)) * 0.3
+    for fn in (one_frames_eager, fused.one_frames_):
+        nbar, n = torch.empty(k, 2, d), torch.empty(k, f, d, dtype=torch.bfloat16)
+        fn(frames, mask, qk, 1e-5, nbar, n)
+        for v in (0, 2, 5, 10):
+            one, n1 = torch.empty(k, 2, d), torch.empty(k, f, d, dtype=torch.bfloat16)
+            fn(frames, mask, qk[v].contiguous(), 1e-5, one, n1)
+            torch.testing.assert_close(nbar[v], one[v], rtol=1e-6, atol=1e-6)
+            assert torch.equal(n, n1)
+    with pytest.raises(RuntimeError, match="qk"):
+        fused.one_frames_(frames, mask, qk[:-1].contiguous(), 1e-5, torch.empty(k, 2, d), None)
+
+
 @pytest.mark.parametrize("d", [64, 40])  # AVX512-BF16's pair products on bf16 rows; the float32 copies (D % 32 != 0)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_one_token_matches_its_eager_spec(fused: cpu_kernels.Kernels, d: int, dtype: torch.dtype) -> None:

@@ -185,6 +185,36 @@ def test_score_queries_equals_score_query_one_query_at_a_time(variant: str, cov:
         np.testing.assert_allclose(got[i], alone, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("variant, kw", [("dab", {}), ("prob", {}), ("dab", {"drift": "constant"})])
+def test_a_batchs_pairs_go_through_the_engine_in_one_call(
+    variant: str, kw: dict, dtype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch's (query, video) pairs, each query's own shortlist, in one one_query call of a text a video (D = 32,
+    drift 64: the AMX bridge and oneDNN products where the CPU has them); each query's costs as alone, within the
+    engine's tolerance (the products' blocking may differ with the rows)."""
+    model = small_model(variant, embed_dim=32, drift_hidden=64, num_heads=2, **kw).eval()
+    text, frames, mask, _ = random_inputs(q=4, v=40, frames=5, dim=32)
+    rng = np.random.default_rng(0)
+    shortlists = [rng.choice(40, 30, replace=False), np.array([], np.int64), np.arange(40), rng.choice(40, 7)]
+    scorer = Scorer(model, dtype=dtype)
+    alone = [scorer.score_query(text[i], frames[sl], mask[sl]) for i, sl in enumerate(shortlists)]
+    calls: list[int] = []
+    eng_class = type(scorer._engine(128))
+    real = eng_class.one_query
+
+    def spy(self, ts, frames, mask, terms=None):
+        calls.append(len(frames))
+        return real(self, ts, frames, mask, terms)
+
+    monkeypatch.setattr(eng_class, "one_query", spy)
+    got = scorer.score_queries(text, frames, mask, shortlists)
+    assert calls == [77]  # 30 + 0 + 40 + 7 pairs, one call
+    tol = 1e-5 if dtype == "float32" else 2e-3
+    for g, a in zip(got, alone):
+        np.testing.assert_allclose(g, a, rtol=tol, atol=tol)
+
+
 @pytest.mark.parametrize("variant, cov", [("xpool", "diag"), ("prob", "lowrank:2"), ("dab", "mixture:2")])
 def test_score_queries_says_none_where_the_model_has_no_one_text_path(variant: str, cov: str) -> None:
     model = small_model(variant, covariance=cov).eval()

@@ -132,24 +132,33 @@ class Engine:
         return [(w.float(), None if b is None else b.float()) for w, b in mats]
 
     def pool_query(self, ts: Texts) -> Tensor:
-        """The pooling's query on the normalised frames (Hh, D), of the one text of ``ts``: the keys' projection
-        moved onto it, ``q . (W_k x + b_k) = (W_k^T q) . x + q . b_k``, with x = LN_in's scale and shift of the
-        normalised frame (each adds a term the same for every frame of a head, which the softmax drops)."""
+        """The pooling's query on the normalised frames (Hh, D) of the one text of ``ts``, or (P, Hh, D) of each of
+        its P texts (``one_query`` with a text a video): the keys' projection moved onto it, ``q . (W_k x + b_k) =
+        (W_k^T q) . x + q . b_k``, with x = LN_in's scale and shift of the normalised frame (each adds a term the
+        same for every frame of a head, which the softmax drops)."""
         if self._wk is None:  # W_k head by head, LN_in's scale on its columns: (Hh, Dh, D)
             pool = self.model.pool
             w_k = self.f32(pool.k_proj.weight).view(self.heads, self.head_dim, self.d)
             self._wk = (w_k * self.f32(pool.ln_in.weight)).contiguous()
+        if ts.q.shape[0] > 1:
+            return torch.einsum("phk,hkd->phd", ts.q, self._wk)  # (P, Hh, D)
         return torch.bmm(ts.q[0][:, None], self._wk)[:, 0]  # (Hh, D); 1 / sqrt(Dh) is in q
 
     def has_one_query(self) -> bool:
         """Whether :meth:`one_query` computes this model (else it returns None and the caller takes the model's path)."""
         return False
 
+    def one_pairs(self, ts: Texts) -> bool:
+        """Whether :meth:`one_query` takes ``ts`` as a text a video (a batch's pairs in one call); else the caller
+        scores each text's videos in a call of their own."""
+        return self.has_one_query()
+
     def one_query(self, ts: Texts, frames: Tensor, mask: Tensor, terms: Optional[Tensor] = None) -> Optional[Tensor]:
         """Costs (K,) float32 of the one text of ``ts`` with each of K videos (frames (K, F, D) float32, mask (K, F)
-        bool), the model's function re-associated for a text that meets each video once, without :meth:`videos`'
-        per-video bases (``F`` times a pair's products, which one text cannot amortise); None where this engine
-        has no such path (the caller takes the model's own). ``terms`` (K, D): the videos' cached token-branch terms
+        bool), or of K pairs, ``ts`` a text a video (K texts: the gathered queries of a batch, :meth:`one_pairs`),
+        the model's function re-associated for a text that meets each video once, without :meth:`videos`' per-video
+        bases (``F`` times a pair's products, which one text cannot amortise); None where this engine has no such
+        path (the caller takes the model's own). ``terms`` (K, D): the videos' cached token-branch terms
         (``GaussianEngine.video_terms``), or None to compute them."""
         return None
 

@@ -67,7 +67,8 @@ class DABEngine(GaussianEngine):
             sigma = frames.new_empty(n_v, d, dtype=self.mm_dtype)
         target = frames.new_empty(n_v, hidden, dtype=self.mm_dtype)  # (K, H)
         mu_v, lv_v = self.gaussian_one(ts, frames, mask, sigma, target, terms)  # (K, D) each
-        one = ts.take((None, slice(0, 1)))  # (1, 1, ...): the text, the same for every video
+        # (1, 1, ...): the text, the same for every video; or (K, 1, ...): a text a video (a batch's pairs)
+        one = ts.take((None, slice(0, 1))) if ts.q.shape[0] == 1 else ts.take((slice(None), None))
         pack = self.packer(None, n_v, 1)
         cost, _, _ = self._bridged(one, pack, mu_v[:, None], lv_v[:, None], sigma, target[:, None])
         return cost.reshape(-1)  # (K,)

@@ -242,7 +242,8 @@ class GaussianEngine(Engine):
         if not self.has_one_query():
             return None
         mu_v, lv_v = self.gaussian_one(ts, frames, mask, terms=terms)  # (K, D) each
-        if ts.mix_mu is not None:  # the text's components against each video: (K, 1) slots of covariance_cost
+        if ts.mix_mu is not None:
+            assert ts.mix_mu.shape[0] == 1, "a mixture's texts are scored one text a call (one_pairs)"  # the text's components against each video: (K, 1) slots of covariance_cost
             return self.covariance_cost(mu_v[:, None], lv_v[:, None], ts.mu, ts.logvar, ts, lambda x: x, None)[:, 0]
         return self.model.cost_fn(mu_v, lv_v, ts.mu, ts.logvar)  # (K,)
 
@@ -276,6 +277,10 @@ class GaussianEngine(Engine):
         """The one-text path computes this model where its LayerNorms on the frames agree (:meth:`one_applies`) and
         there is no U (lowrank:R: its heads are not on this path; the caller takes the model's own)."""
         return self.one_applies() and not self.rank
+
+    def one_pairs(self, ts: Texts) -> bool:
+        """A text a video in one call, except a mixture's texts (its components' costs take one text a call)."""
+        return self.has_one_query() and ts.mix_mu is None
 
     def one_kernels(self) -> Kernels:
         """The per-frame passes of :meth:`gaussian_one`: the compiled kernels on CPU in bf16 (where they build), else

@@ -151,11 +151,11 @@ def kl_mixture_rows_eager(mu_v: Tensor, lv_v: Tensor, texts: Tensor, tconst: Ten
 def one_frames_eager(frames: Tensor, mask: Tensor, qk: Tensor, eps: float, nbar: Tensor, n: Optional[Tensor]) -> None:
     """The one-text path's pass over each video's frames (``GaussianEngine.gaussian_one``); writes both outputs.
 
-    frames (K, F, D) float32, mask (K, F) bool, qk (Hh, D) float32 -> n (K, F, D) bf16 or float32 (None: not
-    written, the token branch's video terms are cached): each frame ``(x - mean) / sqrt(var + eps)``, a LayerNorm
-    without its scale and shift; nbar (K, Hh, D) float32: each
-    head's mean of the video's normalised frames weighted by ``masked_softmax(qk_h . n_f)`` over its real frames
-    (from the float32 values, before n's rounding).
+    frames (K, F, D) float32, mask (K, F) bool, qk (Hh, D) float32, or (K, Hh, D) one a video -> n (K, F, D) bf16
+    or float32 (None: not written, the token branch's video terms are cached): each frame ``(x - mean) / sqrt(var +
+    eps)``, a LayerNorm without its scale and shift; nbar (K, Hh, D) float32: each head's mean of the video's
+    normalised frames weighted by ``masked_softmax(qk_h . n_f)`` over its real frames (from the float32 values,
+    before n's rounding).
     """
     x = F.layer_norm(frames, (frames.shape[-1],), eps=eps)  # (K, F, D)
     w = masked_softmax(torch.matmul(qk, x.transpose(1, 2)), mask[:, None, :], dim=-1)  # (K, Hh, F)

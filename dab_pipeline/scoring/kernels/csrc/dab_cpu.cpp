@@ -775,11 +775,11 @@ inline void row_axpy(float* out, const float* x, int64_t d, float a, float c, bo
 
 // frames (K, F, D) -> n (K, F, D), each frame (x - mean) / sqrt(var + eps) (a LayerNorm without its scale and
 // shift; not written where nout is null: the token branch's video terms come from a cache), and nbar (K, Hh, D):
-// each head's softmax-weighted mean of the video's n, the weights of its real frames softmax(qk_h . n_f)
-// (cpu_kernels.one_frames_eager is the spec).
+// each head's softmax-weighted mean of the video's n, the weights of its real frames softmax(qk_h . n_f), qk (Hh, D)
+// for every video or one (Hh, D) a video: qk_stride = 0 or Hh D (cpu_kernels.one_frames_eager is the spec).
 template <typename T>
-void one_frames_impl(const float* fr, const bool* mk, const float* qk, float* nbar, T* nout, int64_t n_v, int64_t f,
-                     int64_t d, int64_t hh, float eps) {
+void one_frames_impl(const float* fr, const bool* mk, const float* qk, int64_t qk_stride, float* nbar, T* nout,
+                     int64_t n_v, int64_t f, int64_t d, int64_t hh, float eps) {
   at::parallel_for(0, n_v, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> buf(f * d), lg(f);
     for (int64_t v = begin; v < end; ++v) {
@@ -792,7 +792,7 @@ void one_frames_impl(const float* fr, const bool* mk, const float* qk, float* nb
         if (nout != nullptr) store_row(nout + (v * f + i) * d, ni, d);
       }
       for (int64_t h = 0; h < hh; ++h) {
-        for (int64_t i = 0; i < f; ++i) lg[i] = dot(qk + h * d, buf.data() + i * d, d);
+        for (int64_t i = 0; i < f; ++i) lg[i] = dot(qk + v * qk_stride + h * d, buf.data() + i * d, d);
         masked_softmax_row(lg.data(), mk + v * f, f);
         float* out = nbar + (v * hh + h) * d;
         std::memset(out, 0, sizeof(float) * d);
@@ -816,20 +816,21 @@ void one_frames_(const at::Tensor& frames, const at::Tensor& mask, const at::Ten
   if (n.has_value()) check_frames(*n, "n", n_v, f, d);
   TORCH_CHECK(mask.scalar_type() == at::kBool && mask.is_contiguous() && mask.dim() == 2 && mask.size(0) == n_v &&
                   mask.size(1) == f, "mask must be contiguous bool (K, F)");
-  TORCH_CHECK(qk.scalar_type() == at::kFloat && qk.is_contiguous() && qk.dim() == 2 && qk.size(1) == d,
-              "qk must be contiguous float32 (Hh, D)");
-  const int64_t hh = qk.size(0);
+  TORCH_CHECK(qk.scalar_type() == at::kFloat && qk.is_contiguous() && qk.size(-1) == d &&
+                  (qk.dim() == 2 || (qk.dim() == 3 && qk.size(0) == n_v)),
+              "qk must be contiguous float32 (Hh, D), or (K, Hh, D): one a video");
+  const int64_t hh = qk.size(-2), qk_stride = qk.dim() == 3 ? hh * d : 0;
   TORCH_CHECK(nbar.scalar_type() == at::kFloat, "nbar must be float32");
   check_frames(nbar, "nbar", n_v, hh, d);
   const float* fr = frames.data_ptr<float>();
   const bool* mk = mask.data_ptr<bool>();
   if (n.has_value() && n->scalar_type() == at::kBFloat16) {
-    one_frames_impl(fr, mk, qk.data_ptr<float>(), nbar.data_ptr<float>(), reinterpret_cast<uint16_t*>(n->data_ptr()),
-                    n_v, f, d, hh, float(eps));
+    one_frames_impl(fr, mk, qk.data_ptr<float>(), qk_stride, nbar.data_ptr<float>(),
+                    reinterpret_cast<uint16_t*>(n->data_ptr()), n_v, f, d, hh, float(eps));
   } else {
     TORCH_CHECK(!n.has_value() || n->scalar_type() == at::kFloat, "n must be bfloat16 or float32");
-    one_frames_impl(fr, mk, qk.data_ptr<float>(), nbar.data_ptr<float>(), n.has_value() ? n->data_ptr<float>() : nullptr,
-                    n_v, f, d, hh, float(eps));
+    one_frames_impl(fr, mk, qk.data_ptr<float>(), qk_stride, nbar.data_ptr<float>(),
+                    n.has_value() ? n->data_ptr<float>() : nullptr, n_v, f, d, hh, float(eps));
   }
 }
 
