@@ -208,13 +208,19 @@ def pad_text_states(items: list[Tensor]) -> tuple[Tensor, Tensor]:
     return out, lengths
 
 
+PACK_TOKENS = 1024  # tokens a packed sequence of queries holds at most (its attention mask is N x N)
+
+
 @torch.no_grad()
 def encode_queries_short(bundle: ClipBundle, texts: list[str]) -> Tensor:
-    """:func:`encode_texts`' features (M, D) float32, computed on the tokens up to the longest EOT only.
+    """:func:`encode_texts`' features (M, D) float32, computed on the tokens up to each query's EOT only.
 
     The text mask is causal and the feature is the EOT token's, so the padding after it changes nothing:
     a search query of 8 tokens needs 9 of the 77 positions (ViT-B/32's text tower on 2 cores: 45 ms for
-    the full context).  Falls back to the full context for towers without a causal mask or an EOT pool.
+    the full context).  Several queries are packed into one sequence, each attending only to its own tokens
+    (a block-diagonal causal mask, positions restarting at each query), so that a batch costs the sum of its
+    queries' lengths, not the count times the longest (a server's batch of captions of 7 to 60 tokens).
+    Falls back to the full context for towers without a causal mask or an EOT pool.
     """
     clip = bundle.model
     tokens = bundle.tokenizer(list(texts)).to(bundle.device)  # (M, ctx)
@@ -223,13 +229,33 @@ def encode_queries_short(bundle: ClipBundle, texts: list[str]) -> Tensor:
     if not isinstance(clip, CLIP) or mask is None or pool not in ("argmax", "eos"):
         return encode_texts(bundle, texts).features
     eot = _eot_index(clip, tokens)  # (M,)
-    n = int(eot.max()) + 1
+    out, group, size = [], [], 0
+    for i, n in enumerate((eot + 1).tolist()):  # packs of up to PACK_TOKENS tokens: the mask is N x N
+        if group and size + n > PACK_TOKENS:
+            out.append(_encode_packed(bundle, tokens[group], eot[group], mask))
+            group, size = [], 0
+        group.append(i)
+        size += n
+    out.append(_encode_packed(bundle, tokens[group], eot[group], mask))
+    return torch.cat(out)  # (M, D)
+
+
+def _encode_packed(bundle: ClipBundle, tokens: Tensor, eot: Tensor, mask: Tensor) -> Tensor:
+    """Captions tokens (M, ctx) with their EOT indices (M,) as one packed sequence -> features (M, D) float32."""
+    clip = bundle.model
+    lengths = eot + 1  # (M,) tokens up to and including EOT
+    seg = torch.repeat_interleave(torch.arange(len(tokens), device=tokens.device), lengths)  # (N,) each token's query
+    starts = torch.cumsum(lengths, 0) - lengths  # (M,) where each query starts in the packed sequence
+    pos = torch.arange(len(seg), device=tokens.device) - starts[seg]  # (N,) positions restart at each query
     with bundle.autocast():
         cast_dtype = clip.transformer.get_cast_dtype()
-        x = clip.token_embedding(tokens[:, :n]).to(cast_dtype)  # (M, n, W)
-        x = x + clip.positional_embedding[:n].to(cast_dtype)
+        x = clip.token_embedding(tokens[seg, pos][None]).to(cast_dtype)  # (1, N, W)
+        x = x + clip.positional_embedding[pos].to(cast_dtype)
+        # each token sees the earlier tokens of its own query: block-diagonal and causal, as mask[:n, :n] per query
+        own = (seg[:, None] == seg[None, :]) & (pos[None, :] <= pos[:, None])  # (N, N)
+        packed_mask = torch.zeros(own.shape, dtype=mask.dtype, device=mask.device).masked_fill_(~own, float("-inf"))
         x = run_blocks(
-            list(clip.transformer.resblocks), x, getattr(clip.transformer, "batch_first", False), mask[:n, :n]
+            list(clip.transformer.resblocks), x, getattr(clip.transformer, "batch_first", False), packed_mask
         )
-        last = x[torch.arange(x.shape[0], device=x.device), eot]  # (M, W) the EOT tokens
+        last = x[0, starts + eot]  # (M, W) the EOT tokens
         return project(clip.ln_final(last), clip.text_projection).float()  # (M, D)

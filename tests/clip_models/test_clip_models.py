@@ -528,3 +528,25 @@ def test_short_query_encoding_equals_the_full_context(model: str) -> None:
     torch.testing.assert_close(short, full, rtol=1e-5, atol=1e-5)
     n_used = int(bundle.tokenizer(texts).argmax(dim=-1).max()) + 1
     assert n_used < bundle.context_length  # the point: fewer positions than the context
+    # a batch is packed into one sequence (each query sees only its own tokens): each as when encoded alone
+    batch = [*texts, "a dog", "", "two red balls and a blue one on a table"]
+    packed = encode_queries_short(bundle, batch)
+    alone = torch.cat([encode_queries_short(bundle, [t]) for t in batch])
+    torch.testing.assert_close(packed, alone, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(packed[0], packed[3], rtol=1e-5, atol=1e-5)
+
+
+def test_many_queries_are_packed_in_bounded_sequences(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dab_pipeline.clip_models import encode, encode_queries_short, load_clip
+
+    bundle = load_clip("dab-tiny", None)
+    texts = [f"caption number {i} " + "word " * (i % 9) for i in range(23)]
+    whole = encode_queries_short(bundle, texts)
+    sizes: list[int] = []
+    real = encode._encode_packed
+    monkeypatch.setattr(
+        encode, "_encode_packed", lambda b, t, e, m: sizes.append(int((e + 1).sum())) or real(b, t, e, m)
+    )
+    monkeypatch.setattr(encode, "PACK_TOKENS", 40)
+    torch.testing.assert_close(encode_queries_short(bundle, texts), whole, rtol=1e-5, atol=1e-5)
+    assert len(sizes) > 3 and max(sizes) <= 40
