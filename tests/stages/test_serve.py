@@ -711,3 +711,35 @@ def test_batch_options_reach_the_server_and_bad_ones_are_refused(world: dict, mo
     assert (seen[-1].max_batch, seen[-1].batch_wait_ms) == (8, 2.5)
     invoke(argv)
     assert (seen[-1].max_batch, seen[-1].batch_wait_ms) == (16, 5.0)  # the defaults
+
+
+@pytest.mark.parametrize("has_httptools", [True, False])
+def test_serving_without_httptools_says_so_once(world: dict, monkeypatch, has_httptools: bool) -> None:
+    """uvicorn's pure-Python h11 parser serves a few hundred requests a second on 2 cores: one warning line names
+    the serve extra's httptools; none where it is installed."""
+    pytest.importorskip("uvicorn")
+    import click
+
+    import dab_pipeline.cli.commands.serving as serving
+    from dab_pipeline.stages.serve import ServeSettings
+
+    class Loaded:
+        num_videos = 0
+
+        def close(self) -> None:
+            pass
+
+    class Stop(click.ClickException):
+        pass
+
+    def no_run(self, sockets=None):
+        raise Stop("stopped before serving")
+
+    monkeypatch.setattr(serving, "_load", lambda *a: (Loaded(), ServeSettings(), lambda *a: object(), lambda *a: None))
+    monkeypatch.setattr(serving, "_has_module", lambda name: has_httptools)
+    import uvicorn
+
+    monkeypatch.setattr(uvicorn.Server, "run", no_run)
+    out = invoke(["serve", "--run", world["run"], "--features", world["store"], "--port", "0"])
+    assert out.exit_code == 1 and "stopped before serving" in out.output
+    assert out.output.count("httptools") == (0 if has_httptools else 1)
