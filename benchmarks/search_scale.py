@@ -14,6 +14,8 @@ one caption per 50 videos) into ``--work``, then, in one run:
   - the FAISS shortlist + DAB re-rank (:class:`Searcher`: reads only the K videos),
   each at K in {100, 1000} for a T' = 8 and a T' = 32 run and an S = 1 (distilled-size)
   run, float32 (``--dtype``); the FAISS path is split into index / store read / scoring;
+* with ``--video-terms``, the FAISS path again on an index per run that keeps the run's video terms (``dab index
+  --video-terms``): the re-rank reads each shortlisted video's token-branch term instead of computing it;
 * the FAISS shortlist's recall of the exact first stage's (the same vectors, Flat) at 100k;
   the recall of the full-scoring top-10 on the world is benchmarks/search_recall.py's;
 * peak RSS of the serving process (a fresh process that opens the run, the store and the
@@ -46,6 +48,7 @@ import numpy as np
 import torch
 
 from dab_pipeline.clip_models import encode_queries_short
+from dab_pipeline.core.fsutil import sha256_file
 from dab_pipeline.index import build_index, load_index, query_vectors
 from dab_pipeline.model import DABModel, ModelConfig
 from dab_pipeline.runs.load import load_run
@@ -129,6 +132,22 @@ def make_runs(root: Path, store: Path) -> dict[str, Path]:
         run.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         run.save_config(cfg)
         run.save_checkpoint(RunFolder.BEST, {"model": model.state_dict(), "heads": None, "epoch": 1})
+    return out
+
+
+def terms_index(store: Path, index: Path, root: Path, name: str, run_dir: Path) -> Path:
+    """The index of ``index``'s vector and factory with ``run_dir``'s video terms (built once, kept beside it)."""
+    out = root / f"index-terms-{name}"
+    if not (out / "index.json").is_file():
+        meta = load_index(index).meta
+        loaded = load_run(run_dir, "cpu")
+        run = {"path": str(run_dir), "checkpoint_sha256": sha256_file(loaded.checkpoint)}
+        t0 = time.perf_counter()
+        with open_store(store) as st:
+            build_index(
+                st, out, split="test", vector=meta.vector, factory=meta.factory, model=loaded.model, run=run, terms=True
+            )
+        print(f"{name}: an index with its video terms built in {time.perf_counter() - t0:.1f} s", flush=True)
     return out
 
 
@@ -283,6 +302,11 @@ def main() -> None:
         help="refuse to write a store that would leave less than this much free disk",
     )
     ap.add_argument(
+        "--video-terms",
+        action="store_true",
+        help="also time the FAISS path on an index per run with its video terms (dab index --video-terms)",
+    )
+    ap.add_argument(
         "--remove-stores", action="store_true", help="delete each N's folder (store, index, runs) once it is measured"
     )
     args = ap.parse_args()
@@ -333,12 +357,17 @@ def main() -> None:
             m = args.ram_queries if n <= args.full_max else 2
             lines += in_ram_paths(runs, store, text[:m], args.ks, n, args.dtype, args.full_max)
             print("\n".join(lines[-9:]), flush=True)
+        served = [(name, rd, index, "FAISS shortlist + DAB") for name, rd in runs.items()]
+        if args.video_terms:
+            served += [
+                (name, rd, terms_index(store, index, root, name, rd), "  with video terms") for name, rd in runs.items()
+            ]
         with mp.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:  # a fresh process a run
-            for name, rd in runs.items():
-                res = pool.apply(serve_child, ((rd, store, index, text, args.ks, args.dtype),))
+            for name, rd, idx, label in served:
+                res = pool.apply(serve_child, ((rd, store, idx, text, args.ks, args.dtype),))
                 for k, r in res["rows"].items():
                     parts = ", ".join(f"{p} {v:.1f}" for p, v in r["parts"].items())
-                    lines.append(f"{n:>9,} {name:4} {'FAISS shortlist + DAB':28} {k:>5} {pct(r['ms'])}   ({parts})")
+                    lines.append(f"{n:>9,} {name:4} {label:28} {k:>5} {pct(r['ms'])}   ({parts})")
                 info[f"rss_{name}_mb"] = res["rss_peak_mb"]
                 info[f"rss_{name}_loaded_mb"] = res["rss_loaded_mb"]
                 print(
