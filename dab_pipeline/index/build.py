@@ -273,9 +273,12 @@ def _publish_index(
     with named_write_errors(stage / "index.faiss", RESUME_HINT):
         faiss.write_index(index, str(stage / "index.faiss"))
         np.save(stage / "rows.npy", np.repeat(rows, per))  # the store row of each vector
-        if meta.terms:  # the .npy's rows without its header: read a row at a time with pread
-            _write_f16(stage / TERMS_FILE, np.load(stage / "terms.npy", mmap_mode="r"))
-    if meta.terms:
+    if meta.terms:  # the .npy's rows without its header: read a row at a time with pread
+        with named_write_errors(stage / TERMS_FILE, RESUME_HINT):
+            terms = np.load(stage / "terms.npy", mmap_mode="r")
+            check_free_space(stage, terms.nbytes)
+            _write_f16(stage / TERMS_FILE, terms)
+            del terms
         (stage / "terms.npy").unlink()
     (stage / "vectors.npy").unlink()
     (stage / "state.json").unlink()
