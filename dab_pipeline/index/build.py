@@ -153,20 +153,10 @@ def build_index(
     _fill(faiss, index, vecs, progress)
     refine = _refine_if_quantised(factory, refine, stage, vecs, progress)
     meta = IndexMeta(
-        vector=vector,
-        factory=factory,
-        dim=dim,
-        count=n,
-        per_video=per,
-        split=split,
+        **dict(vector=vector, factory=factory, dim=dim, count=n, per_video=per, split=split, run=run, terms=terms),
+        **dict(nprobe=nprobe, ef_search=ef_search, refine=refine, build=_build_record(faiss, t0, t_vec, chunk)),
         store={"path": str(store.path), "fingerprint": fp},
-        run=run,
-        nprobe=nprobe,
-        ef_search=ef_search,
-        refine=refine,
         avg_query=None if avg is None else [float(x) for x in avg],
-        terms=terms,
-        build=_build_record(faiss, t0, t_vec, chunk),
     )
     del vecs, term_rows  # the staging vectors are dropped by _publish_index, once the index is written
     _publish_index(faiss, index, rows, per, meta, stage, out, overwrite)
