@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from itertools import chain
 from typing import Optional, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
-from torch.nn.modules import module as _module
 
 from ..core.errors import ConfigError
 from ..core.events import ProgressCallback, null_progress
@@ -29,22 +29,6 @@ __all__ = ["Scorer", "MAX_ENGINES"]
 MAX_ENGINES = 4
 # Videos a block of Scorer.score_query scores at once (~100 KB of work each at D = 512, F = 12)
 ONE_QUERY_CHUNK = 1024
-
-# Bumped whenever a module, parameter or buffer is (re)assigned in any module of this process (torch's global
-# registration hooks): a Scorer walks its model's modules and weights again only then, not on every call.
-_STRUCTURE = [0]
-
-
-def _structure_changed(*_args) -> None:
-    _STRUCTURE[0] += 1
-
-
-for _register in (
-    _module.register_module_module_registration_hook,
-    _module.register_module_parameter_registration_hook,
-    _module.register_module_buffer_registration_hook,
-):
-    _register(_structure_changed)
 
 
 class Scorer:
@@ -87,7 +71,7 @@ class Scorer:
         self._plans: dict[tuple[int, int, int, bool], Plan] = {}
         self._weights: Optional[object] = None  # the weights the engines were built from (_weights_key)
         self._placed: Optional[object] = None  # the weights as _place last found them on this scorer's device
-        self._walked: tuple[int, tuple, tuple] = (-1, (), ())  # (_STRUCTURE, the modules, the weights) when walked
+        self._walked: Optional[tuple] = None  # each module with its children, parameters and buffers, as last walked
 
     def close(self) -> None:
         """Drop the engines (a later call builds them again)."""
@@ -304,8 +288,9 @@ class Scorer:
 
         Only what is not so already is changed: ``eval()`` and ``to()`` walk every module and weight (~0.6 ms
         together at D = 512, a twentieth of a 100-video re-rank), and a server's model is there from its first call.
-        The lists of modules and weights are walked again only when a module, parameter or buffer was assigned
-        somewhere since (``_STRUCTURE``); reading each weight's place and version costs ~15 us instead of ~100.
+        The modules and weights of the last walk are kept and walked again only when one of them holds another
+        child, parameter or buffer object than then (an identity check of their dicts, ~20 us; ``modules()`` and
+        ``parameters()`` cost ~100 us a call).
         """
         was_training = self.model.training
         modules, tensors = self._walk()
@@ -323,12 +308,16 @@ class Scorer:
         return was_training
 
     def _walk(self, again: bool = False) -> tuple[tuple, tuple]:
-        """The model's modules and its weights (parameters, then buffers), walked once per change of structure."""
-        if again or self._walked[0] != _STRUCTURE[0]:
-            stamp = _STRUCTURE[0]
+        """The model's modules and its weights (parameters, then buffers), walked again only where a module now
+        holds another child, parameter or buffer object than at the last walk (an assignment, a ``del``, a write
+        into ``_modules``/``_parameters``/``_buffers``, ``to()`` / ``double()`` replacing a buffer)."""
+        walked = self._walked
+        if again or walked is None or _held(walked[0]) != walked[1]:
             m = self.model
-            self._walked = (stamp, tuple(m.modules()), (*m.parameters(), *m.buffers()))
-        return self._walked[1], self._walked[2]
+            modules = tuple(m.modules())
+            # the walk keeps every object it saw (modules, weights), so no id it took can be reused by another
+            walked = self._walked = (modules, _held(modules), (*m.parameters(), *m.buffers()))
+        return walked[0], walked[2]
 
     def _restore(self, was_training: bool) -> None:
         if was_training:
@@ -450,6 +439,13 @@ def _as_tensor(x: np.ndarray | Tensor) -> Tensor:
         return x
     a = np.asarray(x)
     return torch.from_numpy(a if a.flags.writeable else a.copy())
+
+
+def _held(modules: tuple) -> tuple:
+    """The ids of the modules' ``_modules`` / ``_parameters`` / ``_buffers`` dicts and of what they hold, in order
+    (a dict's own id first: a value moved from one dict to the next is a change too)."""
+    dicts = (d for mod in modules for d in (mod._modules, mod._parameters, mod._buffers))
+    return tuple(chain.from_iterable((id(d), *map(id, d.values())) for d in dicts))
 
 
 def _weights_key(tensors: Sequence[Tensor]) -> object:

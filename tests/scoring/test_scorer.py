@@ -102,6 +102,20 @@ def test_weights_or_modules_assigned_anew_rebuild_the_engines(builds: list[int])
     model.train()  # the training flag is seen without a walk: eval during the call, restored after
     scorer.score(text, frames, mask)
     assert model.training and len(builds) == 3
+    # changes that fire no torch hook: a conversion that replaces buffers, then a write into one; a dict written
+    model.double()
+    model.float()
+    scorer.score(text, frames, mask)
+    with torch.no_grad():
+        model.bridge.chi.mul_(1.5)
+    got = scorer.score(text, frames, mask).cost
+    assert_close(got, score_all_reference(model, text, frames, mask).cost, "dab")
+    model.prob._modules["mu_head"] = small_model("dab", seed=9).prob.mu_head
+    got = scorer.score(text, frames, mask).cost
+    assert_close(got, score_all_reference(model, text, frames, mask).cost, "dab")
+    n = len(builds)
+    scorer.score(text, frames, mask)
+    assert len(builds) == n  # unchanged since: kept
 
 
 def test_engines_are_bounded_and_freed_on_close(builds: list[int]) -> None:
