@@ -135,7 +135,7 @@ def build_index(
     """
     out = Path(out)
     kind = VECTOR_KINDS.get(vector)
-    _check_build_args(out, vector, kind, model, chunk, overwrite, terms)
+    _check_build_args(out, vector, kind, model, run, chunk, overwrite, terms)
     faiss = require_faiss()
     t0 = time.perf_counter()
     rows = _rows_to_index(store, split)
@@ -199,12 +199,19 @@ def _build_record(faiss, t0: float, t_vec: float, chunk: int) -> dict:
 
 
 def _check_build_args(
-    out: Path, vector: str, kind, model: Optional[DABModel], chunk: int, overwrite: bool, terms: bool
+    out: Path,
+    vector: str,
+    kind,
+    model: Optional[DABModel],
+    run: Optional[dict],
+    chunk: int,
+    overwrite: bool,
+    terms: bool,
 ) -> None:
     """Refuse a build whose arguments cannot work before anything is read or written."""
     if kind.needs_run and model is None:
         raise ConfigError(f"the {vector!r} index vector is the run's own pooling: pass --run")
-    if terms and model is None:
+    if terms and (model is None or not (run or {}).get("checkpoint_sha256")):
         raise ConfigError("--video-terms keeps the run's token-branch term of each video: pass --run")
     if terms and getattr(model, "token_unc", None) is None:
         raise ConfigError(

@@ -107,7 +107,14 @@ class IndexMeta:
     format: int = INDEX_FORMAT
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        """index.json's fields; an index without video terms is written as format 1 (no ``terms`` field), which an
+        older dab reads too."""
+        out = dict(self.__dict__)
+        if not out.pop("terms"):
+            out["format"] = min(int(out["format"]), 1)
+        else:
+            out["terms"] = True
+        return out
 
     @classmethod
     def from_json(cls, data: dict, where: Path) -> "IndexMeta":

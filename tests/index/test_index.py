@@ -252,6 +252,7 @@ def test_video_terms_are_the_runs_token_terms_and_survive_a_resume(store: Path, 
         meta = build_index(st, out, split="test", model=model, run=run, terms=True, chunk=8)
         frames, mask = st.read_videos(np.arange(40))
     assert meta.terms and meta.run == run and not staging_path(out).exists()
+    assert json.loads((out / "index.json").read_text())["format"] == 2
     idx = load_index(out)
     rows = np.array([3, 17, 39, 0])
     with torch.no_grad():
@@ -264,6 +265,8 @@ def test_video_terms_are_the_runs_token_terms_and_survive_a_resume(store: Path, 
     with open_store(store) as st:
         build_index(st, plain, split="test")
     assert load_index(plain).video_terms(rows) is None  # built without: none kept
+    written = json.loads((plain / "index.json").read_text())  # what an older dab reads: format 1, no terms field
+    assert written["format"] == 1 and "terms" not in written
     (out / "terms.f16").write_bytes(b"\0" * 10)
     with pytest.raises(ConfigError, match="terms.f16 is 10 bytes"):
         load_index(out)
@@ -273,8 +276,11 @@ def test_video_terms_need_a_run_with_a_token_branch(store: Path, tmp_path: Path)
     with open_store(store) as st:
         with pytest.raises(ConfigError, match="pass --run"):
             build_index(st, tmp_path / "a", split="test", terms=True)
+        with pytest.raises(ConfigError, match="pass --run"):  # a model without its run's record: no checkpoint sha
+            build_index(st, tmp_path / "a", split="test", model=small_model("dab"), terms=True)
+        run = {"path": "r", "checkpoint_sha256": "abc"}
         with pytest.raises(ConfigError, match="no token branch"):
-            build_index(st, tmp_path / "b", split="test", model=small_model("xpool"), terms=True)
+            build_index(st, tmp_path / "b", split="test", model=small_model("xpool"), run=run, terms=True)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
