@@ -273,7 +273,7 @@ def _publish_index(
     if meta.terms:  # the .npy's rows without its header: read a row at a time with pread
         with named_write_errors(stage / TERMS_FILE, RESUME_HINT):
             terms = np.load(stage / "terms.npy", mmap_mode="r")
-            check_free_space(stage, terms.nbytes)
+            check_free_space(stage / TERMS_FILE, terms.nbytes, RESUME_HINT)
             _write_f16(stage / TERMS_FILE, terms)
             del terms
         (stage / "terms.npy").unlink()

@@ -145,6 +145,34 @@ def test_index_on_a_full_disk_is_one_line_leaves_no_index_and_resumes(
     assert res.exit_code == 0 and (out / "index.json").is_file(), res.output
 
 
+def test_video_terms_on_a_full_disk_are_one_line_leave_no_index_and_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dab index --video-terms: the disk fills as terms.f16 is about to be written at publish: one line naming it,
+    nothing at --out, and the same command finishes the build (terms included)."""
+    faiss = pytest.importorskip("faiss")
+    from ..helpers.models import hand_made_run
+
+    store = random_store(tmp_path / "s32.h5", n_videos=20, dim=32, frames=4)
+    run, _ = hand_made_run(tmp_path / "run", store, "dab")
+    out = tmp_path / "idx"
+    real = faiss.write_index
+
+    def then_full(index, path):
+        real(index, path)
+        monkeypatch.setattr(we, "free_bytes", lambda p: 100)
+
+    monkeypatch.setattr(faiss, "write_index", then_full)
+    args = ["index", "--features", store, "--out", out, "--split", "train", "--run", run, "--video-terms"]
+    line = _one_line_error(invoke(args))
+    assert f"cannot write {out.parent / '.idx.building' / 'terms.f16'}" in line and "space" in line
+    assert "the build resumes" in line and not out.exists()
+    monkeypatch.undo()
+    res = invoke(args)
+    assert res.exit_code == 0 and json.loads((out / "index.json").read_text())["terms"] is True, res.output
+    assert (out / "terms.f16").stat().st_size == 20 * 32 * 2
+
+
 def test_a_memory_map_that_cannot_get_its_disk_blocks_is_refused_before_it_is_written(
     store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
