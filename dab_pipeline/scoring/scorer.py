@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from itertools import chain
 from typing import Optional, Sequence
 
 import numpy as np
@@ -17,10 +16,12 @@ from ..runtime.devices import resolve_device
 from .covariance import needs_reference, score_nondiag, score_shortlist_nondiag
 from .engines import Engine, build_engine
 from .first_stage import ExactVectors, first_stage, frame_mean_vectors, text_vectors
+from .one_query import as_float, one_query_inputs, score_pairs, score_rows
 from .passes import diagnostics, score_candidates, score_grid, topk_smallest
+from .placement import ModelPlacement
 from .planning import Plan, even_cuts, plan_grid, tune_blocks
 from .reference import score_query
-from .result import SCORE_DTYPES, ScoreResult, prepare_inputs
+from .result import SCORE_DTYPES, ScoreResult, _as_tensor, prepare_inputs
 
 __all__ = ["Scorer", "MAX_ENGINES"]
 
@@ -70,8 +71,7 @@ class Scorer:
         self._engines: OrderedDict[int, Engine] = OrderedDict()  # batch hint -> engine, least recent first
         self._plans: dict[tuple[int, int, int, bool], Plan] = {}
         self._weights: Optional[object] = None  # the weights the engines were built from (_weights_key)
-        self._placed: Optional[object] = None  # the weights as _place last found them on this scorer's device
-        self._walked: Optional[tuple] = None  # each module with its children, parameters and buffers, as last walked
+        self._placement = ModelPlacement(model, self.device)  # eval mode on the device; the weights' key
 
     def close(self) -> None:
         """Drop the engines (a later call builds them again)."""
@@ -153,7 +153,7 @@ class Scorer:
         bridge) or a model the engines do not cover (``dab`` low-rank or mixture). In bf16 every product before
         the bridge runs in bf16 too (the model's path under autocast did the same).
         """
-        t, fr, mk = _one_query_inputs(self.model, text, frames, mask)  # (1, D), (K, F, D), (K, F)
+        t, fr, mk = one_query_inputs(self.model, text, frames, mask)  # (1, D), (K, F, D), (K, F)
         out = self.score_queries(t, fr, mk, [np.arange(len(fr))], terms)
         if out is None:  # no one-text path for this model: its own
             was_training = self._place()
@@ -181,8 +181,8 @@ class Scorer:
         ``ONE_QUERY_CHUNK`` pairs a call (the bridge's weights then serve every query's rows at once); a mixture's
         queries one at a time. ``terms`` (U, D): the videos' token-branch terms (:meth:`video_terms`), or None.
         """
-        t = _as_float(text).reshape(len(shortlists), -1)  # (M, D)
-        fr, mk = _one_query_inputs(self.model, t[:1], frames, mask, cast=False)[1:]  # (U, F, D) as given, (U, F)
+        t = as_float(text).reshape(len(shortlists), -1)  # (M, D)
+        fr, mk = one_query_inputs(self.model, t[:1], frames, mask, cast=False)[1:]  # (U, F, D) as given, (U, F)
         vt = None if terms is None else _as_tensor(terms)
         if vt is not None and tuple(vt.shape) != (fr.shape[0], fr.shape[2]):
             raise ValueError(
@@ -199,43 +199,16 @@ class Scorer:
                 if not eng.has_one_query():
                     return None
                 ts_all = eng.texts(t.to(self.device))
+                dev, chunk = self.device, ONE_QUERY_CHUNK
                 if len(lists) > 1 and eng.one_pairs(ts_all):
-                    return self._pairs(eng, ts_all, fr, mk, lists, vt)
-                return [self._one(eng, ts_all.take(slice(i, i + 1)), fr, mk, rows, vt) for i, rows in enumerate(lists)]
+                    return score_pairs(eng, ts_all, fr, mk, lists, vt, dev, chunk)
+                out = []
+                for i, rows in enumerate(lists):  # a query a call, its one text for every video
+                    ts = ts_all.take(slice(i, i + 1))
+                    out.append(score_rows(eng, lambda a, b, ts=ts: ts, fr, mk, rows, vt, dev, chunk))
+                return out
         finally:
             self._restore(was_training)
-
-    def _pairs(
-        self, eng: Engine, ts_all, fr: Tensor, mk: Tensor, lists: list[np.ndarray], vt: Optional[Tensor]
-    ) -> list[np.ndarray]:
-        """The queries' costs over their shortlists ``lists`` (rows of ``fr``), their (query, video) pairs in blocks
-        of up to ``ONE_QUERY_CHUNK`` through the engine's one-text path with a text a video."""
-        vid = torch.from_numpy(np.concatenate(lists))  # (P,) each pair's video, query by query
-        text_of = torch.repeat_interleave(torch.arange(len(lists)), torch.tensor([len(r) for r in lists]))  # (P,)
-        out = np.empty(len(vid), np.float32)
-        for a, b in even_cuts(len(vid), ONE_QUERY_CHUNK):
-            rows = vid[a:b]
-            f_blk, m_blk = fr[rows].to(self.device).float(), mk[rows].to(self.device)  # (b - a, F, D) float32
-            t_blk = None if vt is None else vt[rows].to(self.device).float()  # (b - a, D)
-            cost = eng.one_query(ts_all.take(text_of[a:b].to(self.device)), f_blk, m_blk, t_blk)  # (b - a,)
-            assert cost is not None, "has_one_query said this engine has the path"
-            out[a:b] = cost.float().cpu().numpy()
-        return list(np.split(out, np.cumsum([len(r) for r in lists])[:-1]))
-
-    def _one(self, eng: Engine, ts, fr: Tensor, mk: Tensor, rows: np.ndarray, vt: Optional[Tensor]) -> np.ndarray:
-        """One query's costs over ``fr[rows]`` (K,) float32, in up to ``ONE_QUERY_CHUNK`` videos a block; ``vt``: the
-        videos' token-branch terms (rows of ``fr``) or None."""
-        rows = np.asarray(rows, np.int64)
-        whole = len(rows) == len(fr) and bool((rows == np.arange(len(fr))).all())  # one query's own frames: no gather
-        out = np.empty(len(rows), np.float32)
-        for a, b in even_cuts(len(rows), ONE_QUERY_CHUNK):
-            idx = slice(a, b) if whole else torch.from_numpy(rows[a:b])
-            f_blk, m_blk = fr[idx].to(self.device).float(), mk[idx].to(self.device)  # (b - a, F, D) float32
-            t_blk = None if vt is None else vt[idx].to(self.device).float()  # (b - a, D)
-            cost = eng.one_query(ts, f_blk, m_blk, t_blk)  # (b - a,)
-            assert cost is not None, "has_one_query said this engine has the path"
-            out[a:b] = cost.float().cpu().numpy()
-        return out
 
     def candidates(
         self, text: np.ndarray | Tensor, frames: np.ndarray | Tensor, mask: np.ndarray | Tensor, k: Optional[int] = None
@@ -284,44 +257,11 @@ class Scorer:
             self._restore(was_training)
 
     def _place(self) -> bool:
-        """The model in eval mode on this scorer's device for a call -> its training flag before (:meth:`_restore`).
-
-        Only what is not so already is changed: ``eval()`` and ``to()`` walk every module and weight (~0.6 ms
-        together at D = 512, a twentieth of a 100-video re-rank), and a server's model is there from its first call.
-        The modules and weights of the last walk are kept and walked again only when one of them holds another
-        child, parameter or buffer object than then (an identity check of their dicts, ~20 us; ``modules()`` and
-        ``parameters()`` cost ~100 us a call).
-        """
-        was_training = self.model.training
-        modules, tensors = self._walk()
-        if was_training or any(m.training for m in modules):
-            self.model.eval()
-        key = _weights_key(tensors)
-        if key != self._placed:  # weights moved or written since this scorer last placed them: where are they?
-            dev = self.device
-            for t in tensors:
-                if t.device.type != dev.type or (dev.index is not None and t.device.index != dev.index):
-                    self.model.to(dev)
-                    key = _weights_key(self._walk(again=True)[1])
-                    break
-            self._placed = key  # the weights as they are on this device now (_engine reads it)
-        return was_training
-
-    def _walk(self, again: bool = False) -> tuple[tuple, tuple]:
-        """The model's modules and its weights (parameters, then buffers), walked again only where a module now
-        holds another child, parameter or buffer object than at the last walk (an assignment, a ``del``, a write
-        into ``_modules``/``_parameters``/``_buffers``, ``to()`` / ``double()`` replacing a buffer)."""
-        walked = self._walked
-        if again or walked is None or _held(walked[0]) != walked[1]:
-            m = self.model
-            modules = tuple(m.modules())
-            # the walk keeps every object it saw (modules, weights), so no id it took can be reused by another
-            walked = self._walked = (modules, _held(modules), (*m.parameters(), *m.buffers()))
-        return walked[0], walked[2]
+        """The model in eval mode on this scorer's device for a call -> its training flag before (:meth:`_restore`)."""
+        return self._placement.place()
 
     def _restore(self, was_training: bool) -> None:
-        if was_training:
-            self.model.train(True)
+        self._placement.restore(was_training)
 
     def _score_nondiag(
         self,
@@ -366,7 +306,7 @@ class Scorer:
 
     def _engine(self, hint: int) -> Engine:
         """The engine for sub-blocks of about ``hint`` pairs: kept, or built (and the oldest dropped)."""
-        weights = self._placed  # taken by _place at the start of this call
+        weights = self._placement.key  # taken by _place at the start of this call
         if weights != self._weights:  # stale merged copies: rebuild every engine from the current weights
             self._engines.clear()
             self._weights = weights
@@ -412,52 +352,6 @@ class Scorer:
         rows = max(1, plan.p_max // max(1, n_v) * 8)  # queries a (rows, V) similarity block holds
         videos = ExactVectors(frame_mean_vectors(frames_t, mask_t), self.device, rows_per_block=rows)
         return first_stage(text_vectors(text_t), videos, k)
-
-
-def _one_query_inputs(model: DABModel, text, frames, mask, cast: bool = True) -> tuple[Tensor, Tensor, Tensor]:
-    """:meth:`Scorer.score_query`'s inputs as tensors, text (1, D) and frames (K, F, D) float32 (``cast=False``: in
-    their own dtype, a store's float16 converted block by block later), mask (K, F) bool, checked against the model
-    as its own path checks them (ValueError)."""
-    t, fr = _as_float(text).reshape(1, -1), _as_float(frames) if cast else _as_tensor(frames)
-    mk = torch.as_tensor(np.asarray(mask) if not isinstance(mask, Tensor) else mask).to(torch.bool)
-    d = model.cfg.embed_dim
-    if t.shape[1] != d or fr.dim() != 3 or fr.shape[2] != d:
-        raise ValueError(f"text {tuple(t.shape)} and frames {tuple(fr.shape)} must end in embed_dim={d}")
-    if mk.shape != fr.shape[:2]:
-        raise ValueError(f"mask shape {tuple(mk.shape)} does not match frames {tuple(fr.shape[:2])}")
-    return t, fr, mk
-
-
-def _as_float(x: np.ndarray | Tensor) -> Tensor:
-    """x as a float32 tensor (a read-only array, such as a memory map, copied first)."""
-    return _as_tensor(x).float()
-
-
-def _as_tensor(x: np.ndarray | Tensor) -> Tensor:
-    """x as a tensor of its own dtype (a read-only array, such as a memory map, copied first)."""
-    if isinstance(x, Tensor):
-        return x
-    a = np.asarray(x)
-    return torch.from_numpy(a if a.flags.writeable else a.copy())
-
-
-def _held(modules: tuple) -> tuple:
-    """The ids of the modules' ``_modules`` / ``_parameters`` / ``_buffers`` dicts and of what they hold, in order
-    (a dict's own id first: a value moved from one dict to the next is a change too)."""
-    dicts = (d for mod in modules for d in (mod._modules, mod._parameters, mod._buffers))
-    return tuple(chain.from_iterable((id(d), *map(id, d.values())) for d in dicts))
-
-
-def _weights_key(tensors: Sequence[Tensor]) -> object:
-    """Where each weight lives and how often it was written in place: equal keys, unchanged weights.
-
-    Writes through a parameter (an optimiser step, ``load_state_dict``) count; writes through ``.data`` do not
-    (it has its own version counter): a caller who edits weights that way calls :meth:`Scorer.close`.
-    """
-    try:
-        return tuple((t.data_ptr(), t._version) for t in tensors)
-    except RuntimeError:  # inference tensors keep no version counter: never trust a kept engine
-        return object()
 
 
 def _products(eng: Engine, dev: torch.device, dtype: str) -> dict:
