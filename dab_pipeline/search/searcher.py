@@ -139,6 +139,7 @@ class Searcher:
                     f"{store_path} holds D={self.store.dim} features but the run's model has embed_dim={d}"
                 )
             self.index = None
+            self._run_sha: Optional[str] = None  # the run's checkpoint sha256, where an index needs it
             self.terms = False  # the index's video terms are this run's: the re-rank reads them
             if index is not None:
                 self.index = load_index(index)
@@ -159,13 +160,18 @@ class Searcher:
         if meta.split != self.split:
             raise ConfigError(f"{self.index.path} indexes split {meta.split!r}, not {self.split!r}")
         self.index.check_store(fingerprint, self.store_path)
-        if VECTOR_KINDS.get(meta.vector).needs_run and meta.run.get("checkpoint_sha256") != sha256_file(
-            self.run.checkpoint
-        ):
+        if VECTOR_KINDS.get(meta.vector).needs_run and not self._index_of_this_run():
             raise ConfigError(
                 f"{self.index.path} holds the {meta.vector!r} vectors of another run "
                 f"({meta.run.get('path')}); rebuild it with `dab index --run {self.run.run_dir} ...`"
             )
+
+    def _index_of_this_run(self) -> bool:
+        """Whether the index records this run's checkpoint (its sha256, hashed once a Searcher)."""
+        assert self.index is not None
+        if self._run_sha is None:
+            self._run_sha = sha256_file(self.run.checkpoint)
+        return self.index.meta.run.get("checkpoint_sha256") == self._run_sha
 
     def _terms_usable(self, warn: Callable[[str], None]) -> bool:
         """Whether the index's video terms (``dab index --video-terms``) were made by this run; a warning where
@@ -173,7 +179,7 @@ class Searcher:
         assert self.index is not None
         if not self.index.meta.terms:
             return False
-        if self.index.meta.run.get("checkpoint_sha256") == sha256_file(self.run.checkpoint):
+        if self._index_of_this_run():
             return True
         warn(
             f"{self.index.path} holds the video terms of another run ({self.index.meta.run.get('path')}); "
