@@ -166,6 +166,10 @@ def test_cached_video_terms_give_the_costs_computed_without_them(variant: str, c
         np.testing.assert_allclose(both[i], scorer.score_query(text[i], frames[rows], mask[rows]), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="terms"):
         scorer.score_query(text[1], frames, mask, terms[:-1])
+    with pytest.raises(ValueError, match="must be"):  # frames without their videos' axis, a mask of another shape
+        scorer.video_terms(frames[0], mask)
+    with pytest.raises(ValueError, match="must be"):
+        scorer.video_terms(frames, mask[:-1])
 
 
 def test_cached_video_terms_in_bf16_and_models_without_a_token_branch() -> None:
