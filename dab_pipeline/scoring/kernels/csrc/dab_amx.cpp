@@ -116,7 +116,12 @@ bool request_amx() {  // Linux: the process asks once for the AMX tile state (on
   return ok;
 }
 
-void load_tile_config() {  // 0-3: 16 x 16 float32 results; 4-5: 16 x 32 bf16 rows; 6-7: VNNI pairs
+// 0-3: 16 x 16 float32 results; 4-5: 16 x 32 bf16 rows; 6-7: VNNI pairs.  GCC 12's _tile_loadconfig
+// tells the compiler it reads only the first 8 bytes of the config, so the stores of the rows and
+// columns may be dropped as dead: a build where this function was not inlined loaded garbage rows,
+// and the first TILEZERO raised SIGILL.  The barrier makes the whole config live; noinline keeps the
+// tests on that path, so that a compiler which drops the stores fails them instead of one build.
+__attribute__((noinline)) void load_tile_config() {
   TileConfig c;
   std::memset(&c, 0, sizeof c);
   c.palette = 1;
@@ -124,6 +129,7 @@ void load_tile_config() {  // 0-3: 16 x 16 float32 results; 4-5: 16 x 32 bf16 ro
     c.rows[t] = 16;
     c.colsb[t] = 64;
   }
+  asm volatile("" : : "r"(&c) : "memory");
   _tile_loadconfig(&c);
 }
 
