@@ -71,9 +71,10 @@ static void rates() {
 }
 
 static int64_t KT = 32;
-// V0: current scheme: 2x2 blocks, chunk 8, per panel (2 n-tiles)
+// The kernel's blocking (dab_amx.cpp's gemm): 2 x 2 tiles, KC k-tiles a chunk, a 32-column panel at a time.
+// Finished blocks go to a scratch tile of acc (no epilogue).
 template<int KC>
-void v0(const uint16_t* a, const uint16_t* w, float* out, int mt, int nt0, int nt1, int N, float* acc) {
+void v0(const uint16_t* a, const uint16_t* w, int mt, int nt0, int nt1, float* acc) {
   int blocks = (mt + 1) / 2;
   for (int nb = nt0; nb < nt1; nb += 2) {
     const uint16_t* w0 = w + (int64_t)nb * KT * 512; const uint16_t* w1 = w0 + KT * 512;
@@ -91,16 +92,16 @@ void v0(const uint16_t* a, const uint16_t* w, float* out, int mt, int nt0, int n
           if (!half) { _tile_loadd(5, a1 + kt*512, 64); _tile_dpbf16ps(2,5,6); _tile_dpbf16ps(3,5,7); }
         }
         if (!last) { _tile_stored(0, c, 64); _tile_stored(1, c+256, 64); if (!half) { _tile_stored(2, c+512, 64); _tile_stored(3, c+768, 64);} continue; }
-        float* o = out + (int64_t)ts*16*N + nb*16;
-        o = acc + 8*1024; _tile_stored(0, o, 64); _tile_stored(1, o+256, 64);
+        float* o = acc + 8*1024; _tile_stored(0, o, 64); _tile_stored(1, o+256, 64);
         if (!half) { _tile_stored(2, o+512, 64); _tile_stored(3, o+768, 64); }
       }
     }
   }
 }
-// V1: 1 x NR blocks (16 rows x 16*NR cols), A from L2 once per group, B chunk in L1
+// 1 x NR tiles (16 rows x 16 NR columns): each A tile read once a group of NR weight tiles (half the A traffic
+// at NR = 4), the group's weight chunk reused from L1.
 template<int NR, int KC>
-void v1(const uint16_t* a, const uint16_t* w, float* out, int mt, int nt0, int nt1, int N, float* acc) {
+void v1(const uint16_t* a, const uint16_t* w, int mt, int nt0, int nt1, float* acc) {
   for (int nb = nt0; nb < nt1; nb += NR) {
     int nr = std::min(NR, nt1 - nb);
     for (int k0 = 0; k0 < KT; k0 += KC) {
@@ -130,7 +131,6 @@ static void blocking(int M) {
   for (auto& x : a) x = 0x3f80 + (rand() & 0x7f);
   std::vector<std::vector<uint16_t>> ws(3);
   for (auto& w : ws) { w.resize((size_t)nt * KT * 512); for (auto& x : w) x = 0x3c00 + (rand() & 0x7f); }
-  std::vector<float> out((size_t)mt * 16 * N);
   const char* names[] = {"2x2 kc8", "2x2 kc4", "1x4 kc8", "1x4 kc4", "1x5 kc4", "1x6 kc4", "1x4 kc2", "1x6 kc2"};
   for (int nw : {3, 1})
     for (int v = 0; v < 8; ++v) {
@@ -146,14 +146,14 @@ static void blocking(int M) {
           for (int i = 0; i < iters; ++i) {
             const uint16_t* w = ws[i % nw].data();
             switch (v) {
-              case 0: v0<8>(a.data(), w, out.data(), mt, n0, n1, N, acc); break;
-              case 1: v0<4>(a.data(), w, out.data(), mt, n0, n1, N, acc); break;
-              case 2: v1<4, 8>(a.data(), w, out.data(), mt, n0, n1, N, acc); break;
-              case 3: v1<4, 4>(a.data(), w, out.data(), mt, n0, n1, N, acc); break;
-              case 4: v1<5, 4>(a.data(), w, out.data(), mt, n0, n1, N, acc); break;
-              case 5: v1<6, 4>(a.data(), w, out.data(), mt, n0, n1, N, acc); break;
-              case 6: v1<4, 2>(a.data(), w, out.data(), mt, n0, n1, N, acc); break;
-              case 7: v1<6, 2>(a.data(), w, out.data(), mt, n0, n1, N, acc); break;
+              case 0: v0<8>(a.data(), w, mt, n0, n1, acc); break;
+              case 1: v0<4>(a.data(), w, mt, n0, n1, acc); break;
+              case 2: v1<4, 8>(a.data(), w, mt, n0, n1, acc); break;
+              case 3: v1<4, 4>(a.data(), w, mt, n0, n1, acc); break;
+              case 4: v1<5, 4>(a.data(), w, mt, n0, n1, acc); break;
+              case 5: v1<6, 4>(a.data(), w, mt, n0, n1, acc); break;
+              case 6: v1<4, 2>(a.data(), w, mt, n0, n1, acc); break;
+              case 7: v1<6, 2>(a.data(), w, mt, n0, n1, acc); break;
             }
 #pragma omp barrier
           }
@@ -168,7 +168,11 @@ static void blocking(int M) {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "rates";
   if (mode == "rates") rates();
-  else if (mode == "blocking") blocking(argc > 2 ? atoi(argv[2]) : 112);
+  else if (mode == "blocking") {
+    const int rows = argc > 2 ? atoi(argv[2]) : 112;
+    if (rows <= 0 || rows % 16) { fprintf(stderr, "rows must be a positive multiple of 16, got %s\n", argv[2]); return 2; }
+    blocking(rows);
+  }
   else { fprintf(stderr, "usage: amx_tiles rates | blocking [rows]\n"); return 2; }
   return 0;
 }
