@@ -15,21 +15,30 @@ from .engines import Engine
 from .planning import even_cuts
 from .result import _as_tensor
 
-__all__ = ["one_query_inputs", "as_float", "score_rows", "score_pairs"]
+__all__ = ["one_query_inputs", "frames_and_mask", "as_float", "score_rows", "score_pairs"]
 
 
 def one_query_inputs(model: DABModel, text, frames, mask, cast: bool = True) -> tuple[Tensor, Tensor, Tensor]:
     """:meth:`Scorer.score_query`'s inputs as tensors, text (1, D) and frames (K, F, D) float32 (``cast=False``: in
     their own dtype, a store's float16 converted block by block later), mask (K, F) bool, checked against the model
     as its own path checks them (ValueError)."""
-    t, fr = as_float(text).reshape(1, -1), as_float(frames) if cast else _as_tensor(frames)
+    t = as_float(text).reshape(1, -1)
+    if t.shape[1] != model.cfg.embed_dim:
+        raise ValueError(f"text {tuple(t.shape)} must end in embed_dim={model.cfg.embed_dim}")
+    return (t, *frames_and_mask(model, frames, mask, cast))
+
+
+def frames_and_mask(model: DABModel, frames, mask, cast: bool = True) -> tuple[Tensor, Tensor]:
+    """frames (K, F, D) as a float32 tensor (``cast=False``: in its own dtype) and mask (K, F) as bool, checked
+    against the model (ValueError)."""
+    fr = as_float(frames) if cast else _as_tensor(frames)
     mk = torch.as_tensor(np.asarray(mask) if not isinstance(mask, Tensor) else mask).to(torch.bool)
     d = model.cfg.embed_dim
-    if t.shape[1] != d or fr.dim() != 3 or fr.shape[2] != d:
-        raise ValueError(f"text {tuple(t.shape)} and frames {tuple(fr.shape)} must end in embed_dim={d}")
+    if fr.dim() != 3 or fr.shape[2] != d:
+        raise ValueError(f"frames {tuple(fr.shape)} must be (K, F, D) with D = embed_dim={d}")
     if mk.shape != fr.shape[:2]:
-        raise ValueError(f"mask shape {tuple(mk.shape)} does not match frames {tuple(fr.shape[:2])}")
-    return t, fr, mk
+        raise ValueError(f"mask shape {tuple(mk.shape)} must be the frames' (K, F) = {tuple(fr.shape[:2])}")
+    return fr, mk
 
 
 def as_float(x: np.ndarray | Tensor) -> Tensor:

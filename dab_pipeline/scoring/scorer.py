@@ -16,7 +16,7 @@ from ..runtime.devices import resolve_device
 from .covariance import needs_reference, score_nondiag, score_shortlist_nondiag
 from .engines import Engine, build_engine
 from .first_stage import ExactVectors, first_stage, frame_mean_vectors, text_vectors
-from .one_query import as_float, one_query_inputs, score_pairs, score_rows
+from .one_query import as_float, frames_and_mask, one_query_inputs, score_pairs, score_rows
 from .passes import diagnostics, score_candidates, score_grid, topk_smallest
 from .placement import ModelPlacement
 from .planning import Plan, even_cuts, plan_grid, tune_blocks
@@ -235,18 +235,15 @@ class Scorer:
         """The videos' token-branch terms W1 h_bar + b1 (V, D) float32, ``chunk`` videos at a time: the part of a
         pair's cost that depends on the video alone, which :meth:`score_query` takes as ``terms`` instead of
         computing it (an index keeps them: ``dab index --video-terms``). None where the one-text path does not
-        take them (a model without a token branch, or one the engines do not cover)."""
-        fr = _as_tensor(frames)
-        mk = torch.as_tensor(np.asarray(mask) if not isinstance(mask, Tensor) else mask).to(torch.bool)
-        if fr.dim() != 3 or fr.shape[2] != self.model.cfg.embed_dim or tuple(mk.shape) != tuple(fr.shape[:2]):
-            raise ValueError(f"frames {tuple(fr.shape)} and mask {tuple(mk.shape)} must be (V, F, D) and (V, F)")
+        take them (:meth:`takes_video_terms`)."""
+        fr, mk = frames_and_mask(self.model, frames, mask, cast=False)  # (V, F, D) as given, (V, F)
         if needs_reference(self.model):
             return None
         was_training = self._place()
         try:
             with torch.no_grad():
-                eng = self._engine(1 << (max(min(len(fr), ONE_QUERY_CHUNK), 1) - 1).bit_length())
-                if not eng.has_one_query() or not hasattr(eng, "video_terms"):
+                eng = self._terms_engine()
+                if eng is None:
                     return None
                 out = np.empty((len(fr), fr.shape[2]), np.float32)
                 for a, b in even_cuts(len(fr), chunk):
@@ -255,6 +252,24 @@ class Scorer:
                 return out
         finally:
             self._restore(was_training)
+
+    def takes_video_terms(self) -> bool:
+        """Whether :meth:`score_query` / :meth:`score_queries` use cached video terms for this model: its one-text
+        path has a token branch. Where not (a model without one, or one the engines do not cover: ``dab`` low-rank
+        or mixture, prob low-rank), :meth:`video_terms` returns None and given terms are not read."""
+        if needs_reference(self.model):
+            return False
+        was_training = self._place()
+        try:
+            with torch.no_grad():
+                return self._terms_engine() is not None
+        finally:
+            self._restore(was_training)
+
+    def _terms_engine(self) -> Optional[Engine]:
+        """The engine whose one-text path takes video terms (the one a block of ``ONE_QUERY_CHUNK`` uses), or None."""
+        eng = self._engine(ONE_QUERY_CHUNK)
+        return eng if eng.has_one_query() and hasattr(eng, "video_terms") else None
 
     def _place(self) -> bool:
         """The model in eval mode on this scorer's device for a call -> its training flag before (:meth:`_restore`)."""

@@ -138,6 +138,8 @@ class Searcher:
                 raise ConfigError(
                     f"{store_path} holds D={self.store.dim} features but the run's model has embed_dim={d}"
                 )
+            # the run's model never changes here: one Scorer keeps its engines between searches
+            self._scorer = Scorer(self.run.model, device=self.device, dtype=self.dtype)
             self.index = None
             self._run_sha: Optional[str] = None  # the run's checkpoint sha256, where an index needs it
             self.terms = False  # the index's video terms are this run's: the re-rank reads them
@@ -151,8 +153,6 @@ class Searcher:
             self.store.close()
             raise
         self._feats = None  # the whole split, loaded on the first search without an index
-        # the run's model never changes here: one Scorer keeps its engines between searches
-        self._scorer = Scorer(self.run.model, device=self.device, dtype=self.dtype)
 
     def _check_index(self, fingerprint: str) -> None:
         assert self.index is not None
@@ -178,6 +178,12 @@ class Searcher:
         they were made by another (the re-rank then computes them)."""
         assert self.index is not None
         if not self.index.meta.terms:
+            return False
+        if not self._scorer.takes_video_terms():  # an index built before dab index refused such a run
+            warn(
+                f"{self.index.path} holds video terms, but this run's model is re-ranked by its own path, which "
+                "computes them itself; searching without reading them"
+            )
             return False
         if self._index_of_this_run():
             return True

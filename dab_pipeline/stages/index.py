@@ -16,6 +16,7 @@ from ..core.events import ProgressCallback, null_progress
 from ..core.fsutil import atomic_write_text, sha256_file
 from ..index import DEFAULT_VECTOR, VECTOR_KINDS, IndexMeta, build_index
 from ..runs.load import load_run
+from ..scoring import Scorer
 from ..store import open_store
 
 __all__ = ["IndexConfig", "run_index"]
@@ -57,6 +58,12 @@ def run_index(cfg: IndexConfig, progress: ProgressCallback = null_progress) -> I
         loaded = load_run(cfg.run, "cpu")
         model = loaded.model
         run = {"path": str(loaded.run_dir), "checkpoint_sha256": sha256_file(loaded.checkpoint)}
+        if cfg.video_terms and model.token_unc is not None and not Scorer(model).takes_video_terms():
+            raise ConfigError(
+                f"--video-terms: {loaded.run_dir}'s model (variant {model.cfg.variant!r}, covariance "
+                f"{model.cfg.covariance!r}) is re-ranked by its own path, which computes the terms itself and would "
+                "never read them; build the index without --video-terms"
+            )
     with open_store(cfg.features) as store:
         store.require_complete("dab index")
         if model is not None and store.dim != model.cfg.embed_dim:

@@ -144,7 +144,14 @@ def test_compiled_and_eager_kernels_give_the_same_bf16_costs(monkeypatch: pytest
 
 
 @pytest.mark.parametrize(
-    "variant,cfg", [("prob", {}), ("dab", {}), ("dab", {"num_heads": 2}), ("dab", {"drift": "constant"})]
+    "variant,cfg",
+    [
+        ("prob", {}),
+        ("prob", {"covariance": "mixture:2"}),  # a batch's queries a text a call (one_pairs), each with the terms
+        ("dab", {}),
+        ("dab", {"num_heads": 2}),
+        ("dab", {"drift": "constant"}),
+    ],
 )
 def test_cached_video_terms_give_the_costs_computed_without_them(variant: str, cfg: dict, no_model_path: None) -> None:
     """Scorer.video_terms are the model's token-branch terms; score_query / score_queries with them (float32, or
@@ -152,10 +159,12 @@ def test_cached_video_terms_give_the_costs_computed_without_them(variant: str, c
     model = small_model(variant, **cfg)
     text, frames, mask = inputs(v=11)
     scorer = Scorer(model)
+    assert scorer.takes_video_terms()
     terms = scorer.video_terms(frames, mask)
     with torch.no_grad():
         want_terms = model.token_unc.video_term(frames, mask)
     np.testing.assert_allclose(terms, want_terms.numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(scorer.video_terms(frames, mask, chunk=4), terms)  # 4 + 4 + 3 videos
     plain = scorer.score_query(text[1], frames, mask)
     np.testing.assert_allclose(scorer.score_query(text[1], frames, mask, terms), plain, rtol=1e-5, atol=1e-6)
     half = scorer.score_query(text[1], frames, mask, terms.astype(np.float16))
@@ -185,5 +194,11 @@ def test_cached_video_terms_in_bf16_and_models_without_a_token_branch() -> None:
     np.testing.assert_allclose(cached, plain, rtol=5e-3)
     xpool, (text, frames, mask) = small_model("xpool"), inputs()
     assert Scorer(xpool).video_terms(frames, mask) is None  # no token branch: nothing to cache
+    assert not Scorer(xpool).takes_video_terms()
+    for cov in ("lowrank:2", "mixture:2"):  # re-ranked by the model's own path, which computes the terms itself
+        other = Scorer(small_model("dab", covariance=cov))
+        assert not other.takes_video_terms() and other.video_terms(frames, mask) is None
+    assert not Scorer(small_model("prob", covariance="lowrank:2")).takes_video_terms()
+    assert Scorer(small_model("prob", covariance="mixture:2")).takes_video_terms()  # its one-text path, a text a call
     got = Scorer(xpool).score_query(text[0], frames, mask, np.zeros((9, 16), np.float32))  # the model's path
     np.testing.assert_allclose(got, score_query(xpool.eval(), text[0], frames, mask), rtol=1e-5)

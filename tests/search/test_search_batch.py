@@ -127,6 +127,30 @@ def test_an_index_with_the_runs_video_terms_answers_as_one_without(
     assert len(warnings) == 1 and "video terms of another run" in warnings[0]
 
 
+def test_video_terms_of_a_run_re_ranked_by_its_own_path_are_refused_at_build_and_not_read(
+    world: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dab low-rank run is re-ranked by the model's own path: dab index refuses its video terms in one line, and an
+    index that holds them anyway (one built before that check) is searched without reading them, with a warning."""
+    from dab_pipeline.index import VideoIndex
+    from dab_pipeline.stages.index import IndexConfig, run_index
+
+    run, _ = hand_made_run(tmp_path / "run", world["store"], "dab", {"covariance": "lowrank:2"})
+    cfg = IndexConfig(features=world["store"], out=tmp_path / "terms", run=run, video_terms=True)
+    with pytest.raises(ConfigError, match="own path"):
+        run_index(cfg)
+    assert not (tmp_path / "terms").exists()
+    with monkeypatch.context() as m:  # as an index built before the check was
+        m.setattr(Scorer, "takes_video_terms", lambda self: True)
+        run_index(cfg)
+    monkeypatch.setattr(VideoIndex, "video_terms", lambda self, rows: pytest.fail("terms read"))
+    warnings: list[str] = []
+    with Searcher(run, world["store"], index=tmp_path / "terms", device="cpu", warn=warnings.append) as s:
+        assert not s.terms and s.search([QUERIES[0]], topk=2, shortlist=4)[0].hits
+        assert len(s.search_batch(QUERIES, KS, shortlist=4)) == len(QUERIES)
+    assert len(warnings) == 1 and "re-ranked by its own path" in warnings[0]
+
+
 @pytest.mark.parametrize("variant", ["dab", "xpool"])
 def test_the_batch_reads_its_shortlists_once_and_scores_only_their_pairs_in_one_call(
     world: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variant: str
