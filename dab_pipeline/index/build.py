@@ -73,37 +73,37 @@ def staging_path(out: Path) -> Path:
 def _staging(
     out: Path, state: dict, n: int, dim: int, videos: int
 ) -> tuple[Path, np.ndarray, Optional[np.ndarray], int]:
-    """The staging folder's vector memmap, its video terms' memmap (``state["terms"]``: (videos, dim) float16, else
-    None) and the first row still to compute (0 unless a matching build stopped)."""
+    """The staging folder's vector memmap, its video terms' memmap (``state["terms"]``: (videos, dim) float16, the
+    index's terms.f16 itself, else None) and the first row still to compute (0 unless a matching build stopped)."""
     stage = staging_path(out)
     state_file = stage / "state.json"
+    terms_file = stage / TERMS_FILE if state.get("terms") else None
+    terms_bytes = videos * dim * 2
     done = 0
     if state_file.is_file():
         try:
             old = json.loads(state_file.read_text())
         except ValueError:
             old = {}
-        files = [stage / "vectors.npy"] + ([stage / "terms.npy"] if state.get("terms") else [])
-        if {k: old.get(k) for k in state} == state and all(f.is_file() for f in files):
+        terms_ok = terms_file is None or (terms_file.is_file() and terms_file.stat().st_size == terms_bytes)
+        if {k: old.get(k) for k in state} == state and (stage / "vectors.npy").is_file() and terms_ok:
             done = int(old.get("done", 0))
     if done == 0:
         remove_path(stage)
-        shapes = {"vectors.npy": ((n, dim), np.float32)}
-        if state.get("terms"):
-            shapes["terms.npy"] = ((videos, dim), np.float16)
         with named_write_errors(stage, RESUME_HINT):
             stage.mkdir(parents=True)
-            for name, (shape, dtype) in shapes.items():
-                np.lib.format.open_memmap(stage / name, mode="w+", dtype=dtype, shape=shape).flush()
+            np.lib.format.open_memmap(stage / "vectors.npy", mode="w+", dtype=np.float32, shape=(n, dim)).flush()
+            if terms_file is not None:  # headerless, as the index keeps it: read a row at a time with pread
+                np.memmap(terms_file, dtype=np.float16, mode="w+", shape=(videos, dim)).flush()
         # the maps' pages get their disk blocks now: on a full disk a store into a sparse page is a SIGBUS
         try:
-            for name in shapes:
-                reserve_file(stage / name, (stage / name).stat().st_size, RESUME_HINT)
+            for path in [stage / "vectors.npy"] + ([terms_file] if terms_file is not None else []):
+                reserve_file(path, path.stat().st_size, RESUME_HINT)
         except WriteError:
             remove_path(stage)  # what the reservation got is given back
             raise
     vecs = np.load(stage / "vectors.npy", mmap_mode="r+")
-    terms = np.load(stage / "terms.npy", mmap_mode="r+") if state.get("terms") else None
+    terms = None if terms_file is None else np.memmap(terms_file, dtype=np.float16, mode="r+", shape=(videos, dim))
     return stage, vecs, terms, done
 
 
@@ -270,30 +270,18 @@ def _publish_index(
     with named_write_errors(stage / "index.faiss", RESUME_HINT):
         faiss.write_index(index, str(stage / "index.faiss"))
         np.save(stage / "rows.npy", np.repeat(rows, per))  # the store row of each vector
-    if meta.terms:  # the .npy's rows without its header: read a row at a time with pread
-        with named_write_errors(stage / TERMS_FILE, RESUME_HINT):
-            terms = np.load(stage / "terms.npy", mmap_mode="r")
-            check_free_space(stage / TERMS_FILE, terms.nbytes, RESUME_HINT)
-            _write_f16(stage / TERMS_FILE, terms)
-            del terms
-        (stage / "terms.npy").unlink()
     (stage / "vectors.npy").unlink()
     (stage / "state.json").unlink()
     atomic_write_text(stage / "index.json", json.dumps(meta.to_json(), indent=2))
     publish(stage, out, overwrite=overwrite)
 
 
-def _write_refine(path: Path, vecs: np.ndarray, progress: ProgressCallback) -> None:
+def _write_refine(path: Path, vecs: np.ndarray, progress: ProgressCallback, chunk: int = 65_536) -> None:
     """The exact vectors as float16 rows, for re-scoring an approximate index's candidates."""
-    _write_f16(path, vecs)
-    progress(Event("info", message=f"wrote {path.name} ({path.stat().st_size / 1e9:.2f} GB)"))
-
-
-def _write_f16(path: Path, rows: np.ndarray, chunk: int = 65_536) -> None:
-    """rows (n, D) as a headerless float16 row-major file, ``chunk`` rows at a time."""
     with open(path, "wb") as fh:
-        for a in range(0, len(rows), chunk):
-            fh.write(np.ascontiguousarray(rows[a : a + chunk], dtype=np.float16).tobytes())
+        for a in range(0, len(vecs), chunk):
+            fh.write(np.ascontiguousarray(vecs[a : a + chunk], dtype=np.float16).tobytes())
+    progress(Event("info", message=f"wrote {path.name} ({path.stat().st_size / 1e9:.2f} GB)"))
 
 
 def _fill(faiss, index, vecs: np.ndarray, progress: ProgressCallback, add_chunk: int = 65_536) -> None:

@@ -148,25 +148,33 @@ def test_index_on_a_full_disk_is_one_line_leaves_no_index_and_resumes(
 def test_video_terms_on_a_full_disk_are_one_line_leave_no_index_and_resume(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """dab index --video-terms: the disk fills as terms.f16 is about to be written at publish: one line naming it,
-    nothing at --out, and the same command finishes the build (terms included)."""
-    faiss = pytest.importorskip("faiss")
+    """dab index --video-terms: the disk holds the staged vectors but not terms.f16 (written in place through a
+    memory map, its blocks reserved first): one line naming it, nothing at --out or in staging, and the same command
+    finishes the build (terms included)."""
+    pytest.importorskip("faiss")
+    import ctypes
+    import errno
+
     from ..helpers.models import hand_made_run
 
     store = random_store(tmp_path / "s32.h5", n_videos=20, dim=32, frames=4)
     run, _ = hand_made_run(tmp_path / "run", store, "dab")
     out = tmp_path / "idx"
-    real = faiss.write_index
+    real = we._linux_fallocate()
+    if real is None:
+        pytest.skip("no fallocate here")
 
-    def then_full(index, path):
-        real(index, path)
-        monkeypatch.setattr(we, "free_bytes", lambda p: 100)
+    def full_for_terms(fd: int, mode: int, offset: int, length: int) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("terms.f16"):
+            ctypes.set_errno(errno.ENOSPC)
+            return -1
+        return real(fd, mode, offset, length)
 
-    monkeypatch.setattr(faiss, "write_index", then_full)
+    monkeypatch.setattr(we, "_linux_fallocate", lambda: full_for_terms)
     args = ["index", "--features", store, "--out", out, "--split", "train", "--run", run, "--video-terms"]
     line = _one_line_error(invoke(args))
-    assert f"cannot write {out.parent / '.idx.building' / 'terms.f16'}" in line and "space" in line
-    assert "the build resumes" in line and not out.exists()
+    assert f"cannot write {out.parent / '.idx.building' / 'terms.f16'}: no space left on device" in line
+    assert not out.exists() and not (tmp_path / ".idx.building").exists()  # what the reservation took is given back
     monkeypatch.undo()
     res = invoke(args)
     assert res.exit_code == 0 and json.loads((out / "index.json").read_text())["terms"] is True, res.output
