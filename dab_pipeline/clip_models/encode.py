@@ -218,8 +218,9 @@ def encode_queries_short(bundle: ClipBundle, texts: list[str]) -> Tensor:
     The text mask is causal and the feature is the EOT token's, so the padding after it changes nothing:
     a search query of 8 tokens needs 9 of the 77 positions (ViT-B/32's text tower on 2 cores: 45 ms for
     the full context).  Several queries are packed into one sequence, each attending only to its own tokens
-    (a block-diagonal causal mask, positions restarting at each query), so that a batch costs the sum of its
-    queries' lengths, not the count times the longest (a server's batch of captions of 7 to 60 tokens).
+    (a block-diagonal causal mask, positions restarting at each query), so that a batch's products cost the sum of
+    its queries' lengths, not the count times the longest (a server's batch of captions of 7 to 60 tokens); the
+    attention's masked N x N scores grow with the square of a pack, which ``PACK_TOKENS`` bounds.
     Falls back to the full context for towers without a causal mask or an EOT pool.
     """
     clip = bundle.model

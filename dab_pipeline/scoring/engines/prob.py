@@ -242,10 +242,8 @@ class GaussianEngine(Engine):
         if not self.has_one_query():
             return None
         mu_v, lv_v = self.gaussian_one(ts, frames, mask, terms=terms)  # (K, D) each
-        if ts.mix_mu is not None:
-            assert ts.mix_mu.shape[0] == 1, (
-                "a mixture's texts are scored one text a call (one_pairs)"
-            )  # the text's components against each video: (K, 1) slots of covariance_cost
+        if ts.mix_mu is not None:  # the text's components against each video: (K, 1) slots of covariance_cost
+            assert ts.mix_mu.shape[0] == 1, "a mixture's texts are scored one text a call (one_pairs)"
             return self.covariance_cost(mu_v[:, None], lv_v[:, None], ts.mu, ts.logvar, ts, lambda x: x, None)[:, 0]
         return self.model.cost_fn(mu_v, lv_v, ts.mu, ts.logvar)  # (K,)
 
