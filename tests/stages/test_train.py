@@ -77,6 +77,8 @@ def test_resume_equals_uninterrupted(
 
     sa = load_checkpoint(tmp_path / "a" / "checkpoints" / "last.pt")["model"]
     sb = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")["model"]
+    # a resume replays the uninterrupted run's computation from its saved state: weights, costs and losses are
+    # bit-equal on any CPU (promised)
     for k in sa:
         torch.testing.assert_close(sa[k], sb[k], rtol=0, atol=0, msg=k)
     np.testing.assert_array_equal(read_costs(a.costs_path).cost, read_costs(b.costs_path).cost)
@@ -171,10 +173,29 @@ def test_run_that_stopped_before_a_checkpoint_starts_over(
     assert any("starting over" in (e.message or "") for e in events)
 
 
-def test_batch_larger_than_the_split_is_refused_before_the_folder_exists(random_store: Path, tmp_path: Path) -> None:
+def test_a_batch_larger_than_the_split_is_lowered_with_one_line(random_store: Path, tmp_path: Path) -> None:
+    """A small folder of one's own: the batch becomes the training split's size, said once and kept in config.json,
+    and --resume continues with it."""
+    with open_store(random_store) as st:
+        captions = len(st.load_split("train").caption_ids)
+    out, events = tmp_path / "r", []
+    res = run_train(train_config(random_store, out, "epochs=1", "batch_size=100000"), progress=events.append)
+    assert res.epochs_done == 1
+    lines = [e.message for e in events if e.kind == "warning" and "batch_size" in (e.message or "")]
+    assert lines == [
+        f"batch_size 100000 exceeds the {captions} training captions of {random_store}: lowered to "
+        f"{captions} (recorded in config.json; --batch-size sets it)"
+    ]
+    assert json.loads((out / "config.json").read_text())["batch_size"] == captions
+    cli = invoke(["train", "--resume", "--out", str(out)])
+    assert cli.exit_code == 0, cli.output
+
+
+def test_a_split_too_small_for_any_batch_is_one_line(tmp_path: Path) -> None:
+    store = make_random_store(tmp_path / "s.h5", n_videos=3, caps_per_video=2, splits=("train", "val", "test"))
     out = tmp_path / "r"
-    with pytest.raises(ConfigError, match="exceeds the .* training captions.*--batch-size"):
-        run_train(train_config(random_store, out, "epochs=1", "batch_size=100000"))
+    with pytest.raises(ConfigError, match="no batch of 2 or more"):
+        run_train(train_config(store, out, "epochs=1", "epoch=videos"))  # an epoch of 1 video
     assert not out.exists()
 
 

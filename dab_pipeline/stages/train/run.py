@@ -124,6 +124,8 @@ def _run_train(cfg: TrainConfig, progress: ProgressCallback, resume: bool, dist,
     cfg, precision = _resolve_precision(cfg, ctx.device, progress)
     run.cfg = cfg
     data = run.load_data()
+    if run.cfg.batch_size != cfg.batch_size:  # lowered to the training split's size: config.json says so
+        asked, cfg = dataclasses.replace(asked, batch_size=run.cfg.batch_size), run.cfg
     folder["locks"] = run.locks  # released by run_train, after a failure is recorded
     ctx.run_on_main(lambda: run.open_folder(asked, precision, data.manifest, folder))
     trainer = Trainer(run, data)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -141,13 +142,29 @@ class TrainRun:
             )
         per_epoch = epoch_length(train.caption_video.numpy(), cfg.epoch)
         if per_epoch // cfg.batch_size == 0:
-            what = "training captions" if cfg.epoch == "captions" else "training videos (epoch=videos)"
+            self._lower_batch(per_epoch)
+
+    def _lower_batch(self, per_epoch: int) -> None:
+        """A batch larger than an epoch (a small folder of one's own) is lowered to the epoch, split evenly over the
+        processes, with one warning line; config.json records the batch that ran (run.py)."""
+        cfg, world = self.cfg, self.ctx.world_size
+        what = "training captions" if cfg.epoch == "captions" else "training videos (epoch=videos)"
+        lowered = per_epoch // world * world
+        if lowered < 2:
             raise self.shared(
                 ConfigError(
-                    f"batch_size {cfg.batch_size} exceeds the {per_epoch} {what} of {cfg.features}; "
-                    f"pass a smaller --batch-size (at most {per_epoch})"
+                    f"{cfg.features}: the {per_epoch} {what} make no batch of 2 or more over {world} process(es); "
+                    "extract more videos or train with fewer processes"
                 )
             )
+        self.progress(
+            Event(
+                "warning",
+                message=f"batch_size {cfg.batch_size} exceeds the {per_epoch} {what} of {cfg.features}: "
+                f"lowered to {lowered} (recorded in config.json; --batch-size sets it)",
+            )
+        )
+        self.cfg = dataclasses.replace(cfg, batch_size=lowered)
 
     def open_folder(self, asked: TrainConfig, precision: dict, manifest: dict, folder: dict) -> None:
         """Rank 0 takes the folder's writer lock, writes its config, precision and store manifest, and marks the
