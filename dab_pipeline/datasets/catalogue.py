@@ -16,6 +16,10 @@ from ..core.errors import ConfigError, DatasetError
 from ..core.registry import Registry
 
 SPLITS = ("train", "val", "test")
+# a folder's videos without a caption and without a split of their own: searchable (``--split all`` or this
+# name), never trained or evaluated on
+UNCAPTIONED = "uncaptioned"
+LISTED_SPLITS = SPLITS + (UNCAPTIONED,)  # the splits a catalogue can hold, in the order they are listed
 
 
 VIDEO_EXTENSIONS = (".mp4", ".webm", ".mkv", ".avi", ".mov", ".m4v")

@@ -1,4 +1,4 @@
-"""A user's own folder of videos with a CSV or JSONL of captions."""
+"""A user's own folder of videos, with a CSV or JSONL of captions or none (a library to search)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,19 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import DatasetError
-from .catalogue import DATASETS, SPLITS, CaptionItem, Catalogue, VideoItem, hash_split, read_csv, reject_unknown
+from .catalogue import (
+    DATASETS,
+    LISTED_SPLITS,
+    SPLITS,
+    UNCAPTIONED,
+    VIDEO_EXTENSIONS,
+    CaptionItem,
+    Catalogue,
+    VideoItem,
+    hash_split,
+    read_csv,
+    reject_unknown,
+)
 
 
 @DATASETS.register("folder")
@@ -18,51 +30,91 @@ def load_folder(
     seed: int = 0,
     **unused: Any,
 ) -> Catalogue:
-    """A user's collection described by a CSV or JSONL file (one row per caption).
+    """A user's collection described by a CSV or JSONL file (one row per caption), or by none.
 
     Columns/keys: ``video`` (path relative to the videos folder), ``caption``
     (JSONL may give ``captions``, a list), optional ``split`` and ``video_id``
     (default: ``video`` without its suffix). Rows without a split are assigned
     train/val/test 80/10/10 by a hash of the video id (salted with ``seed``).
+    A video whose rows give no caption (an empty ``caption``, a JSONL row without
+    one), or every video file under ``videos`` when no annotations are given, is
+    kept without captions: in its own split if a row names one, else in
+    ``uncaptioned`` (:data:`UNCAPTIONED`), searchable and never trained on.
     """
     reject_unknown("folder", unused)
-    annotations = _annotation_file(annotations)
-    video_dir = Path(videos).resolve() if videos is not None else annotations.parent
-    if not video_dir.is_dir():
-        raise DatasetError(
-            f"dataset 'folder': videos folder {video_dir} does not exist (expected a folder of video files)"
-        )
-    suffix = annotations.suffix.lower()
-    if suffix == ".csv":
-        records = _folder_csv(annotations)
-    elif suffix in (".jsonl", ".ndjson"):
-        records = _folder_jsonl(annotations)
+    if annotations is None and videos is not None:
+        video_dir = _videos_folder(Path(videos).resolve())
+        records, annotations = _listed_videos(video_dir), video_dir
     else:
-        raise DatasetError(f"{annotations}: unsupported annotation format {suffix!r} (expected .csv or .jsonl)")
+        annotations = _annotation_file(annotations)
+        video_dir = _videos_folder(Path(videos).resolve() if videos is not None else annotations.parent)
+        records = _read_records(annotations)
     _refuse_outside(records, video_dir, annotations)
     order, rel_paths, splits, captions = _group_by_video(records, annotations)
-    hashed = [v for v in order if v not in splits]
+    hashed = [v for v in order if v not in splits and captions[v]]
     for vid in hashed:
         splits[vid] = hash_split(vid, seed)
+    uncaptioned = [v for v in order if v not in splits]
+    for vid in uncaptioned:
+        splits[vid] = UNCAPTIONED
 
     videos_out: list[VideoItem] = []
     caps: list[CaptionItem] = []
     missing: list[str] = []
-    for split in SPLITS:
+    for split in LISTED_SPLITS:
         for vid in (v for v in order if splits[v] == split):
             path = (video_dir / rel_paths[vid]).resolve()
             videos_out.append(VideoItem(vid, path, split))
             if not path.is_file():
                 missing.append(vid)
             caps.extend(CaptionItem(f"{vid}#{k}", vid, t, split) for k, t in enumerate(captions[vid]))
-    options = {"seed": int(seed), "hashed_splits": len(hashed), "warnings": []}
-    return Catalogue("folder", videos_out, caps, [annotations], missing, options)
+    options = {"seed": int(seed), "hashed_splits": len(hashed), "uncaptioned": len(uncaptioned), "warnings": []}
+    files = [annotations] if annotations.is_file() else []
+    return Catalogue("folder", videos_out, caps, files, missing, options)
+
+
+def _videos_folder(video_dir: Path) -> Path:
+    if not video_dir.is_dir():
+        raise DatasetError(
+            f"dataset 'folder': videos folder {video_dir} does not exist (expected a folder of video files)"
+        )
+    return video_dir
+
+
+def _read_records(annotations: Path) -> list["_Record"]:
+    suffix = annotations.suffix.lower()
+    if suffix == ".csv":
+        return _folder_csv(annotations)
+    if suffix in (".jsonl", ".ndjson"):
+        return _folder_jsonl(annotations)
+    raise DatasetError(f"{annotations}: unsupported annotation format {suffix!r} (expected .csv or .jsonl)")
+
+
+def _listed_videos(video_dir: Path) -> list["_Record"]:
+    """Every video file under ``video_dir`` (its subfolders too, symlinks not followed), without captions: a
+    library to search with a run trained elsewhere. Hidden files and folders are skipped."""
+    out: list[_Record] = []
+    for root, dirs, files in os.walk(video_dir):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(files):
+            if not name.startswith(".") and os.path.splitext(name)[1].lower() in VIDEO_EXTENSIONS:
+                rel = Path(root, name).relative_to(video_dir).as_posix()
+                out.append((rel, rel, "", "", []))
+    if not out:
+        raise DatasetError(
+            f"dataset 'folder': no video files in {video_dir} (looked for {', '.join(VIDEO_EXTENSIONS)}); "
+            "pass --annotations with a CSV or JSONL that lists them"
+        )
+    return out
 
 
 def _annotation_file(annotations: Path | None) -> Path:
     """The annotations file given, or the one of the known names inside the folder given."""
     if annotations is None:
-        raise DatasetError("dataset 'folder': an annotations file is required (a CSV or JSONL with video and caption)")
+        raise DatasetError(
+            "dataset 'folder': needs --videos (a folder of videos, every one searchable) or --annotations (a CSV or "
+            "JSONL with video and caption)"
+        )
     annotations = Path(annotations).resolve()
     if annotations.is_dir():
         candidates = [
@@ -103,11 +155,12 @@ def _group_by_video(
             splits[vid] = split
         captions[vid].extend(texts)
     if not order:
-        raise DatasetError(f"{annotations}: no captions found")
+        raise DatasetError(f"{annotations}: no videos listed")
     return order, rel_paths, splits, captions
 
 
 _Record = tuple[str, str, str, str, list[str]]  # (where, video, video_id, split, captions)
+_PLAIN_KEYS = {"video", "video_id", "split"}  # what a row of a video without captions holds
 
 
 def _refuse_outside(records: list[_Record], video_dir: Path, annotations: Path) -> None:
@@ -123,15 +176,20 @@ def _refuse_outside(records: list[_Record], video_dir: Path, annotations: Path) 
 
 
 def _folder_csv(path: Path) -> list[_Record]:
-    rows = read_csv(path, ["video", "caption"])
+    rows = read_csv(path, ["video"])
+    header = set(rows[0]) if rows else set()
+    if rows and "caption" not in header and header - _PLAIN_KEYS:  # a caption column under another name?
+        raise DatasetError(
+            f"{path}: missing column(s) caption (found {', '.join(sorted(header))}; a list of videos without "
+            f"captions has only {', '.join(sorted(_PLAIN_KEYS))})"
+        )
     out: list[_Record] = []
     for line, row in enumerate(rows, start=2):
         where = f"line {line}"
         if not row.get("video"):
             raise DatasetError(f"{path}: {where}: empty 'video'")
-        if not row.get("caption"):
-            raise DatasetError(f"{path}: {where}: empty 'caption'")
-        out.append((where, row["video"], row.get("video_id", ""), row.get("split", ""), [row["caption"]]))
+        texts = [row["caption"]] if row.get("caption") else []  # none: a video to search, not to train on
+        out.append((where, row["video"], row.get("video_id", ""), row.get("split", ""), texts))
     return out
 
 
@@ -153,12 +211,19 @@ def _folder_jsonl(path: Path) -> list[_Record]:
             raise DatasetError(f"{path}: {where}: expected an object with a 'video' path")
         if "captions" in obj:
             texts = obj["captions"]
-            if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t.strip() for t in texts):
-                raise DatasetError(f"{path}: {where}: 'captions' must be a non-empty list of strings")
-        elif isinstance(obj.get("caption"), str) and obj["caption"].strip():
+            if not isinstance(texts, list) or not all(isinstance(t, str) and t.strip() for t in texts):
+                raise DatasetError(f"{path}: {where}: 'captions' must be a list of non-empty strings")
+        elif obj.get("caption") in (None, "") and set(obj) - _PLAIN_KEYS - {"caption"}:
+            raise DatasetError(
+                f"{path}: {where}: missing 'caption' (a string) or 'captions' (a list); a video without captions "
+                f"has only {', '.join(sorted(_PLAIN_KEYS))}, not {', '.join(sorted(set(obj) - _PLAIN_KEYS))}"
+            )
+        elif obj.get("caption") in (None, ""):
+            texts = []  # a video to search, not to train on
+        elif isinstance(obj["caption"], str) and obj["caption"].strip():
             texts = [obj["caption"]]
         else:
-            raise DatasetError(f"{path}: {where}: missing 'caption' (a string) or 'captions' (a list)")
+            raise DatasetError(f"{path}: {where}: 'caption' must be a string (or 'captions' a list of strings)")
         out.append(
             (
                 where,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .catalogue import SPLITS, Catalogue, clean_text
+from .catalogue import LISTED_SPLITS, Catalogue, clean_text
 
 
 @dataclass
@@ -59,7 +59,7 @@ def survey_catalogue(catalogue: Catalogue, limit: int | None = None, first: int 
     kept = {v.video_id for v in videos}
     missing = set(catalogue.missing) & kept
     splits = []
-    for split in SPLITS:
+    for split in LISTED_SPLITS:
         vids = [v for v in videos if v.split == split]
         if not vids:
             continue

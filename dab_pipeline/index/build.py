@@ -34,10 +34,8 @@ TRAIN_PER_LIST = 64
 
 
 def split_rows(store: FeatureStore, split: str) -> np.ndarray:
-    """The store rows of ``split``'s videos that have features, ascending."""
-    if split not in store.splits():
-        raise StoreError(f"{store.path}: no split {split!r}; splits in this store: {', '.join(store.splits())}")
-    return np.flatnonzero((store.video_split == split) & (store.status() == STATUS_OK))
+    """The store rows of ``split``'s videos that have features, ascending (``"all"``: of every split)."""
+    return np.flatnonzero(store.in_split(split) & (store.status() == STATUS_OK))
 
 
 def store_fingerprint(store: FeatureStore, rows: np.ndarray) -> str:

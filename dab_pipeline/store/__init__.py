@@ -23,6 +23,7 @@ from .backend_zarr import RawChunks, ZarrBackend, backend_class  # noqa: F401
 from .create import create_store, open_store, os_reason  # noqa: F401
 from .feature_store import FeatureStore  # noqa: F401
 from .layout import (  # noqa: F401
+    ALL_SPLITS,
     ERROR_BYTES,
     FORMAT_VERSION,
     HDF5_SUFFIXES,
@@ -44,6 +45,7 @@ from .layout import (  # noqa: F401
 from .merge import merge_parts  # noqa: F401
 
 __all__ = [
+    "ALL_SPLITS",
     "FORMAT_VERSION",
     "STATUS_PENDING",
     "STATUS_OK",

@@ -11,6 +11,7 @@ from ..core.errors import StoreError
 from .backend_h5 import Backend
 from .integrity import WRITTEN_ROWS_ARRAYS, StoreIntegrity
 from .layout import (
+    ALL_SPLITS,
     FORMAT_VERSION,
     STATUS_FAILED,
     STATUS_MISSING,
@@ -173,6 +174,19 @@ class FeatureStore(StoreReads, StoreIntegrity, StoreWrites):
 
     def splits(self) -> list[str]:
         return sorted(set(self.video_split.tolist()) | set(self.caption_split.tolist()))
+
+    def in_split(self, split: str, what: str = "video") -> np.ndarray:
+        """(N,) bool: the store's videos (or captions) in ``split``; ``"all"`` (:data:`ALL_SPLITS`) is every one of
+        them, whatever its split (a library searched whole). An unknown split is a StoreError naming the ones here."""
+        labels = self.video_split if what == "video" else self.caption_split
+        if split == ALL_SPLITS:
+            return np.ones(len(labels), bool)
+        if split not in self.splits():
+            raise StoreError(
+                f"{self.path}: no split {split!r}; splits in this store: {', '.join(self.splits()) or '(none)'} "
+                f"(or {ALL_SPLITS!r}: every video)"
+            )
+        return labels == split
 
     # -- status ----------------------------------------------------------------
 

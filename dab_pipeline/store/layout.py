@@ -19,6 +19,8 @@ STATUS_PENDING = 0
 
 
 STATUS_OK = 1
+# the split name that reads every video and caption of a store, whatever its split (search a library whole)
+ALL_SPLITS = "all"
 
 
 STATUS_FAILED = 2

@@ -104,18 +104,14 @@ class StoreReads:
 
         ``with_views``: also the augmented views (only training videos have them written).
         """
-        if split not in self.splits():
-            raise StoreError(
-                f"{self.path}: no split {split!r}; splits in this store: {', '.join(self.splits()) or '(none)'}"
-            )
+        in_split = self.in_split(split)  # (N,) bool; "all": every video
         if with_states and not self.has_states:
             raise StoreError(f"{self.path} holds no states; re-extract with trainable_blocks set to load them")
         status = self.status()
-        in_split = self.video_split == split
         vidx = np.flatnonzero(in_split & (status == STATUS_OK))  # (V,) store rows
         remap = np.full(self.num_videos, -1, np.int64)
         remap[vidx] = np.arange(len(vidx))
-        cap_in = np.flatnonzero(self.caption_split == split)
+        cap_in = np.flatnonzero(self.in_split(split, "caption"))
         cvid = remap[self.caption_video_index[cap_in]]
         keep = (cvid >= 0) & self.caption_done()[cap_in]
         cidx = cap_in[keep]  # (Q,) store rows

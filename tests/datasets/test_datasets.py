@@ -361,6 +361,37 @@ def test_folder_hash_splits_and_video_id_column(tmp_path: Path) -> None:
     assert load_dataset("folder", None, ann).videos == index.videos
 
 
+def test_folder_videos_without_captions_are_listed_apart(tmp_path: Path) -> None:
+    """An empty caption, a JSONL row without one, or no annotations at all: the video is kept, without captions, in
+    its own split if a row names one and else in 'uncaptioned' (searchable, never trained on)."""
+    ann = _write_csv(
+        tmp_path / "c.csv",
+        ["video", "caption", "split"],
+        [["a.mp4", "a caption", "train"], ["b.mp4", "", ""], ["c.mp4", "", "test"], ["a.mp4", "", "train"]],
+    )
+    index = load_dataset("folder", tmp_path, ann)
+    assert [(v.video_id, v.split) for v in index.videos] == [("a", "train"), ("c", "test"), ("b", "uncaptioned")]
+    assert [(c.video_id, c.text) for c in index.captions] == [("a", "a caption")]
+    assert index.options["uncaptioned"] == 1 and index.options["hashed_splits"] == 0
+    listing = _write_csv(tmp_path / "l.csv", ["video"], [["b.mp4"], ["a.mp4"]])  # a list of videos, no captions
+    assert [(v.video_id, v.split) for v in load_dataset("folder", tmp_path, listing).videos] == [
+        ("b", "uncaptioned"),
+        ("a", "uncaptioned"),
+    ]
+    (tmp_path / "j.jsonl").write_text('{"video": "x.mp4", "split": "val"}\n{"video": "y.mp4", "captions": []}\n')
+    index = load_dataset("folder", tmp_path, tmp_path / "j.jsonl")
+    assert [(v.video_id, v.split) for v in index.videos] == [("x", "val"), ("y", "uncaptioned")] and not index.captions
+
+    lib = tmp_path / "library"
+    (lib / "trips" / ".hidden").mkdir(parents=True)
+    for name in ("b.mp4", "trips/a.MKV", "trips/.hidden/c.mp4", "notes.txt", ".d.mp4"):
+        (lib / name).write_bytes(b"")
+    index = load_dataset("folder", lib, None)  # no annotations: every video file under the folder
+    assert [(v.video_id, v.split) for v in index.videos] == [("b", "uncaptioned"), ("trips/a", "uncaptioned")]
+    assert index.videos[1].path == (lib / "trips" / "a.MKV").resolve() and not index.captions
+    assert index.annotation_files == []
+
+
 def test_folder_jsonl(tmp_path: Path) -> None:
     lines = [
         {"video": "x.mp4", "captions": ["a", "b"], "split": "train"},
@@ -381,7 +412,7 @@ def test_folder_jsonl(tmp_path: Path) -> None:
         (["video", "text"], [["a.mp4", "x"]], r"missing column\(s\) caption"),
         (["video", "caption", "split"], [["a.mp4", "x", "training"]], "split 'training'"),
         (["video", "caption", "split"], [["a.mp4", "x", "train"], ["a.mp4", "y", "test"]], "'train' and 'test'"),
-        (["video", "caption"], [["a.mp4", ""]], "empty 'caption'"),
+        (["video", "split"], [["a.mp4", "training"]], "split 'training'"),  # a video without captions too
     ],
 )
 def test_folder_csv_errors(tmp_path: Path, header, rows, pattern: str) -> None:
@@ -400,10 +431,12 @@ def test_folder_path_errors(tmp_path: Path) -> None:
     (tmp_path / "c.txt").write_text("video,caption\n")
     with pytest.raises(DatasetError, match="unsupported"):
         load_dataset("folder", tmp_path, tmp_path / "c.txt")
-    (tmp_path / "j.jsonl").write_text('{"video": "a.mp4"}\n')
-    with pytest.raises(DatasetError, match="j.jsonl: line 1: missing 'caption'"):
+    (tmp_path / "j.jsonl").write_text('{"video": "a.mp4", "text": "a caption under another key"}\n')
+    with pytest.raises(DatasetError, match="j.jsonl: line 1: missing 'caption'.* not text"):
         load_dataset("folder", tmp_path, tmp_path / "j.jsonl")
-    with pytest.raises(DatasetError, match="annotations file is required"):
+    with pytest.raises(DatasetError, match="needs --videos .* or --annotations"):
+        load_dataset("folder", None, None)
+    with pytest.raises(DatasetError, match="no video files in"):  # a folder without videos, no annotations
         load_dataset("folder", tmp_path, None)
 
 
