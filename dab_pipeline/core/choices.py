@@ -24,6 +24,9 @@ CHI_NORMS = ("minmax", "sum")
 CLIP_DTYPES = ("auto", "float32", "bfloat16", "float16", "autocast-bf16")  # CLIP's compute dtype (extract)
 STORE_DTYPES = ("float16", "float32")  # dtype of the stored features
 SCORE_DTYPES = ("auto", "float32", "bfloat16")  # the scoring engine's product dtype (train, search)
+# the one default of dab train's test costs, dab search, dab serve and the Python API: a query's confidence is one
+# number wherever it is read (bf16 moves a margin by up to ~20 %), and a threshold chosen on a run's costs applies
+DEFAULT_SCORE_DTYPE = "float32"
 AMP_MODES = ("auto", "bf16", "none")  # training autocast
 COST_FORMATS = ("auto", "h5", "zarr")  # the cost file's backend
 # what picks best.pt: a text-to-video metric on the validation split, or "last" (the last epoch: the

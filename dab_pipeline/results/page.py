@@ -45,6 +45,7 @@ class ExampleQuery:
     gt_cost: Optional[float] = None
     gt_thumb: Optional[str] = None
     plot: Optional[str] = None  # data URI
+    unknown_words: tuple[str, ...] = ()  # words of a free-text query the model has no embedding for
 
 
 def select_queries(cost: np.ndarray, gt: np.ndarray, n: int, seed: int = 0) -> np.ndarray:

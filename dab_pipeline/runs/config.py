@@ -7,7 +7,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from ..core.choices import AMP_MODES, COST_FORMATS, EPOCH_MODES, LOGIT_SCALE_GROUPS, SCORE_DTYPES, SELECT_METRICS
+from ..core.choices import (
+    AMP_MODES,
+    COST_FORMATS,
+    DEFAULT_SCORE_DTYPE,
+    EPOCH_MODES,
+    LOGIT_SCALE_GROUPS,
+    SCORE_DTYPES,
+    SELECT_METRICS,
+)
 from ..core.errors import ConfigError
 from ..model import ModelConfig
 
@@ -50,7 +58,7 @@ class TrainConfig:
     # "bfloat16" is several times faster on AMX / AVX512-BF16 CPUs and tensor-core GPUs and
     # runs as float32 (with a warning) elsewhere; "auto" picks it where it is native. float32
     # by default, so a run's metrics do not depend on the machine.
-    score_dtype: str = "float32"
+    score_dtype: str = DEFAULT_SCORE_DTYPE
     # the cosine variants' logit scale: "new" (trained with the new modules, at lr, with weight
     # decay) or "clip" (X-Pool: CLIP's own parameter, at clip_lr, no weight decay, clamped at 100)
     logit_scale_group: str = "new"

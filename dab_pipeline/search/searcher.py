@@ -29,7 +29,8 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from ..clip_models import check_store_weights, encode_queries_short, load_clip
+from ..clip_models import check_store_weights, encode_queries_short, load_clip, unknown_words
+from ..core.choices import DEFAULT_SCORE_DTYPE
 from ..core.errors import ConfigError, StoreError, UnknownNameError, WeightsError
 from ..core.fsutil import sha256_file
 from ..index import VECTOR_KINDS, load_index, query_vectors, split_rows, store_fingerprint
@@ -67,6 +68,9 @@ class SearchResult:
     costs: Optional[np.ndarray] = None
     video_ids: Optional[np.ndarray] = None
     shortlist: Optional[int] = None  # K videos re-ranked (None: every video of the split scored)
+    # words of the query the store's CLIP has no embedding for (a compact-vocabulary model such as dab-world):
+    # the query was read without them; empty for a model that knows every word
+    unknown_words: tuple[str, ...] = ()
 
 
 def _query_clip(manifest: dict, device: str | torch.device):
@@ -116,12 +120,13 @@ class Searcher:
         split: str = "test",
         index: str | Path | None = None,
         device: str = "auto",
-        dtype: str = "float32",
+        dtype: str = DEFAULT_SCORE_DTYPE,
         warn: Callable[[str], None] = lambda message: None,
         encoder: bool = True,
     ) -> None:
         self.device = resolve_device(device)
         choice = resolve_score_dtype(dtype, self.device)
+        self.warn = warn  # search() says here what a query's result also holds (its unknown words)
         if choice.warning:
             warn(choice.warning)
         self.dtype, self.split, self.store_path = choice.dtype, split, Path(store_path)
@@ -238,7 +243,8 @@ class Searcher:
         None scores them all).
         """
         queries = check_queries(queries, topk, shortlist)
-        return self.rank(queries, self.encode(queries), topk, shortlist, nprobe, memory_budget)
+        results = self.rank(queries, self.encode(queries), topk, shortlist, nprobe, memory_budget)
+        return self._note_unknown_words(results, self.warn)
 
     def search_batch(
         self,
@@ -272,10 +278,24 @@ class Searcher:
             t0 = time.perf_counter()
             text = self.encode(texts)  # (M, D): one batch
             _tick(timings if timings is not None else {}, "encode", t0)
-            for i, res in zip(good, self.rank(texts, text, [ks[i] for i in good], shortlist, nprobe, None, timings)):
+            ranked = self.rank(texts, text, [ks[i] for i in good], shortlist, nprobe, None, timings)
+            for i, res in zip(good, self._note_unknown_words(ranked)):  # a server's results say it; no log line
                 out[i] = res
         assert all(o is not None for o in out)
         return out  # type: ignore[return-value]  # every place filled
+
+    def _note_unknown_words(
+        self, results: list[SearchResult], warn: Callable[[str], None] = lambda message: None
+    ) -> list[SearchResult]:
+        """Each result with the words of its query the store's CLIP cannot read (:func:`unknown_words`), said in
+        one ``warn`` line a query."""
+        if self.bundle is None:
+            return results
+        for res, words in zip(results, unknown_words(self.bundle, [r.query for r in results])):
+            if words:
+                res.unknown_words = words
+                warn(unknown_words_line(res.query, words, self.bundle.requested_model or self.bundle.model_name))
+        return results
 
     def rank(
         self,
@@ -404,6 +424,15 @@ def check_queries(queries: Sequence[str], topk: int, shortlist: Optional[int]) -
     if shortlist is not None and shortlist < 1:
         raise ConfigError(f"shortlist must be a positive integer, got {shortlist}")
     return queries
+
+
+def unknown_words_line(query: str, words: Sequence[str], model: str) -> str:
+    """One line naming the words of ``query`` that ``model`` does not know."""
+    listed = ", ".join(repr(w) for w in words)
+    return (
+        f"query {query!r}: {model} does not know {'the word' if len(words) == 1 else 'the words'} {listed} (no "
+        "embedding): the query is read without them; rephrase with words its captions use"
+    )
 
 
 def _result(

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from ..core.choices import DEFAULT_SCORE_DTYPE
+
 # Re-exported, not defined here: scripts imported loading a run and the Searcher from this module before they
 # moved into the library (runs.load, beside the run format; search, which dab serve shares), and may still.
 from ..runs.load import LoadedRun, load_run  # noqa: F401
@@ -50,7 +52,7 @@ class SearchConfig:
     topk: int = 10
     split: str = "test"
     device: str = "auto"
-    dtype: str = "float32"
+    dtype: str = DEFAULT_SCORE_DTYPE
     shortlist: Optional[int] = None
     index: Optional[Path] = None
     nprobe: Optional[int] = None
@@ -78,7 +80,7 @@ def search(
     split: str = "test",
     device: str = "auto",
     *,
-    dtype: str = "float32",
+    dtype: str = DEFAULT_SCORE_DTYPE,
     shortlist: Optional[int] = None,
     index: str | Path | None = None,
     nprobe: Optional[int] = None,

@@ -164,7 +164,27 @@ def test_search_api_returns_hits_confidence_and_abstain(client, world: dict) -> 
 def test_bad_requests_get_a_4xx_with_a_message(client, params: dict, status: int, words: str) -> None:
     r = client.get("/search", params=params)
     assert r.status_code == status
-    assert words in r.text and "Traceback" not in r.text
+    assert list(r.json()) == ["error"] and words in r.json()["error"] and "Traceback" not in r.text  # one shape
+    if status == 422:
+        assert r.json()["error"].startswith("k: must be ") and f"(got '{params['k']}')" in r.json()["error"]
+
+
+def test_every_error_of_the_api_has_one_shape(client) -> None:
+    """{"error": "one line"}: a library error, a parameter FastAPI refuses, an unknown path, a wrong method."""
+    for r, status in (
+        (client.get("/nowhere"), 404),
+        (client.post("/search", params={"q": "x"}), 405),
+        (client.get("/search", params={"q": "ok", "k": "1.5"}), 422),
+        (client.get("/search", params={"q": ""}), 400),
+    ):
+        assert r.status_code == status and list(r.json()) == ["error"] and r.json()["error"], r.text
+
+
+@pytest.mark.parametrize("k, words", [("0", "k: must be from 1 to 5 (got 0)"), ("abc", "k: must be a whole number")])
+def test_the_page_says_why_a_k_is_refused(client, k: str, words: str) -> None:
+    r = client.get("/", params={"q": CAPTIONS[0], "k": k})
+    assert r.status_code == 422 and r.headers["content-type"].startswith("text/html")
+    assert 'data-error="1"' in r.text and words in r.text and 'class="hit"' not in r.text
 
 
 def test_a_failure_inside_is_a_500_with_one_line(client, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,7 +21,12 @@ from .options import EXISTING
     default=None,
     help="Run folder the index serves (required by --vector pooled; recorded always).",
 )
-@click.option("--split", default="test", show_default=True, help="Split of the store to index.")
+@click.option(
+    "--split",
+    default="test",
+    show_default=True,
+    help="Split of the store to index (all: every video, whatever its split).",
+)
 @click.option(
     "--vector",
     default="segments",

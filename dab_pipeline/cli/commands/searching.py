@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ...core.choices import SCORE_DTYPES
+from ...core.choices import DEFAULT_SCORE_DTYPE, SCORE_DTYPES
 from .. import cli
 from .options import k_option, one_spelling
 from .output import console
@@ -21,7 +21,12 @@ _EXISTING = click.Path(path_type=Path, exists=True)
     "--run", "run_dir", type=_EXISTING, required=True, help="Run folder written by `dab train` (its best.pt is used)."
 )
 @click.option("--features", type=_EXISTING, required=True, help="Feature store whose videos are searched.")
-@click.option("--split", default="test", show_default=True, help="Split of the store to search.")
+@click.option(
+    "--split",
+    default="test",
+    show_default=True,
+    help="Split of the store to search (all: every video, whatever its split).",
+)
 @k_option(
     "Videos listed per query (as `dab serve -k` and the HTTP API's k; --topk, its former spelling, "
     "still works with a deprecation line)."
@@ -30,7 +35,7 @@ _EXISTING = click.Path(path_type=Path, exists=True)
 @click.option(
     "--dtype",
     type=click.Choice(SCORE_DTYPES),
-    default="float32",
+    default=DEFAULT_SCORE_DTYPE,
     show_default=True,
     help="Precision of the bridge's matrix products (bfloat16: several times faster where the device "
     "multiplies bf16 natively, costs within ~1e-3; float32 with a warning elsewhere; auto: bf16 "
@@ -124,6 +129,7 @@ def _search_payload(results, about: dict) -> list[dict]:
         {
             "query": r.query,
             "margin": r.margin,
+            "unknown_words": list(r.unknown_words),
             "hits": [
                 {
                     "rank": h.rank,
@@ -190,5 +196,7 @@ def _write_page(path: Path, results, features: Path, run_dir: Path, about: dict,
         k=topk,
         plots=bool(np.isfinite(cost).all()),
     )
+    for q, r in zip(queries, results):
+        q.unknown_words = r.unknown_words
     summary = [("run", str(run_dir)), ("store", str(features)), ("videos searched", str(len(videos)))]
     return render_page(path, f"dab search: {len(results)} queries", summary, queries)

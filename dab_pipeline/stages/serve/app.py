@@ -67,7 +67,19 @@ def create_app(searcher: Searcher, settings: ServeSettings = ServeSettings(), ab
 
 
 def _add_error_handlers(app, JSONResponse) -> None:
-    """Library errors answer their status with one line; anything else a 500 with one line (the log keeps more)."""
+    """Every error is ``{"error": "one line"}``: library errors with their status, a parameter FastAPI refuses
+    (``k=0``, ``k=abc``) 422 naming it, an unknown path 404; anything else a 500 with one line (the log keeps
+    more)."""
+    from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        return JSONResponse({"error": invalid_parameters(exc.errors())}, status_code=422)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException):
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(DabError)
     async def _dab_error(request: Request, exc: DabError):
@@ -77,6 +89,16 @@ def _add_error_handlers(app, JSONResponse) -> None:
     async def _internal(request: Request, exc: Exception):
         log.exception("search failed")  # the server's log keeps the traceback; the client gets one line
         return JSONResponse({"error": f"internal error ({type(exc).__name__})"}, status_code=500)
+
+
+def invalid_parameters(errors: list[dict]) -> str:
+    """FastAPI's validation errors as one line: ``k: must be >= 1 (got '0')``."""
+    said = []
+    for e in errors:
+        where = ".".join(str(p) for p in e.get("loc", ()) if p not in ("query", "body", "path"))
+        msg = str(e.get("msg", "invalid")).replace("Input should be", "must be")
+        said.append(f"{where or 'request'}: {msg} (got {e['input']!r})" if "input" in e else f"{where}: {msg}")
+    return "; ".join(said) or "invalid request"
 
 
 def _query_runner(
@@ -152,11 +174,13 @@ def _home_route(
 ) -> Callable:
     """``GET /``: the search page, with the results of ``?q=`` when given."""
 
-    def home(
-        request: Request, q: Optional[str] = Query(None), k: int = Query(settings.k, ge=1, le=settings.max_k)
-    ) -> HTMLResponse:
-        result, error, status = None, None, 200
-        if q is not None:
+    def home(request: Request, q: Optional[str] = Query(None), k: Optional[str] = Query(None)) -> HTMLResponse:
+        # k is read here, not by FastAPI, so that a bad one is said on the page (the API answers it as JSON)
+        result, error, status = None, page_k_error(k, settings.max_k), 200
+        k = int(k) if k is not None and error is None else settings.k
+        if error is not None:
+            status = 422
+        elif q is not None:
             try:
                 res, secs = run_query(request, q, k)
                 result = page_result(searcher, res, settings, secs, captions)
@@ -175,6 +199,17 @@ def _home_route(
         return HTMLResponse(html, status_code=status)
 
     return home
+
+
+def page_k_error(k: Optional[str], max_k: int) -> Optional[str]:
+    """Why the page's ``k`` cannot be used, as the API would say it; None when it can (or is not given)."""
+    if k is None:
+        return None
+    try:
+        value = int(k)
+    except ValueError:
+        return f"k: must be a whole number from 1 to {max_k} (got {k!r})"
+    return None if 1 <= value <= max_k else f"k: must be from 1 to {max_k} (got {value})"
 
 
 def status_of(exc: DabError) -> int:

@@ -42,6 +42,7 @@ def payload(r: SearchResult, settings: ServeSettings, seconds: float) -> dict[st
         "confidence": conf,
         "abstain": bool(abstain),
         "shortlist": r.shortlist,
+        "unknown_words": list(r.unknown_words),
         "hits": [
             {
                 "rank": h.rank,
