@@ -272,6 +272,7 @@ def test_the_old_keyword_names_still_work_with_a_deprecation_warning():
     """Issue 35: the post-processing's temperature and the neighbourhood's cosine thresholds were both called
     after the model's PAC temperature (temperature=, taus=); the old keywords work for one release."""
     gt = np.arange(3)
+    # each old name calls the same function with the same values: bit-equal on any CPU
     with pytest.deprecated_call(match="postprocess_temperature="):
         old = M.dual_softmax(HUB_COST, temperature=0.1)
     np.testing.assert_array_equal(old, M.dual_softmax(HUB_COST, postprocess_temperature=0.1))

@@ -1,5 +1,5 @@
 """`model.covariance` in the model (issue 36, part 1): the option, its refusals, the low-rank heads of `prob`,
-and the default (diag) model unchanged bit for bit."""
+and the default (diag) model unchanged."""
 
 from __future__ import annotations
 
@@ -18,10 +18,18 @@ from dab_pipeline.stages.train import TrainConfig
 TINY = dict(embed_dim=16, steps=2, total_steps=10, time_embed_dim=8, drift_hidden=12)
 
 # Recorded from the code before model.covariance existed (seed 0 model, seed 1 inputs): a sha256 of the
-# state_dict's keys and float32 bytes, and the (3, 4) cost matrix (prob and dab agree: dab's drift starts at 0).
+# state_dict's keys and shapes, and two sums over its values (each key's sum and sum of squares, weighted by the
+# key's place) taken where that code's float32 state had the sha256 recorded then (prob 1541e5dd..., dab
+# 1bebb3e7...). Sums, not the bytes: torch's uniform_ rounds differently on other instruction sets (the bridge's
+# weights move by 3e-8 with ATEN_CPU_CAPABILITY=default), and the sums see that only at 1e-8 while another
+# init moves them by far more. And the (3, 4) cost matrix (prob and dab agree: dab's drift starts at 0).
 BEFORE_STATE = {
-    "prob": "1541e5ddfbe58ad14023ca3618ba6882c930266dc4feec75437277b1668bc134",
-    "dab": "1bebb3e7afaa1f62cd888552c89234e49253a7d2ebf5c6b364ab32813917e6c5",
+    "prob": (
+        "b3ec92b51a782315b5acbfb6d347d052418b751c67abd5fd14e38b87adac5f1b",
+        -222.91561979055405,
+        5656.4515986719225,
+    ),
+    "dab": ("a2c43cce1900d959d4c339464f45d89ad3c70bf63306502948e947ba1681eca9", -434.2899036250674, 6251.528231947932),
 }
 BEFORE_COSTS = [
     [26.503128051757812, 23.259246826171875, 23.908302307128906, 10.199834823608398],
@@ -43,20 +51,25 @@ def _inputs():
     return text, frames, mask
 
 
-def _state_digest(model: DABModel) -> str:
-    h = hashlib.sha256()
-    for k, v in model.state_dict().items():
-        h.update(k.encode())
-        h.update(v.detach().float().numpy().tobytes())
-    return h.hexdigest()
+def _state_fingerprint(model: DABModel) -> tuple[str, float, float]:
+    """(sha256 of the keys and shapes, sum over keys of i * sum(values), sum over keys of i * sum(values**2))."""
+    keys, s1, s2 = hashlib.sha256(), 0.0, 0.0
+    for i, (k, v) in enumerate(model.state_dict().items(), start=1):
+        keys.update(f"{k}{tuple(v.shape)}".encode())
+        x = v.detach().double()
+        s1, s2 = s1 + i * float(x.sum()), s2 + i * float((x * x).sum())
+    return keys.hexdigest(), s1, s2
 
 
 @pytest.mark.parametrize("variant", ["prob", "dab"])
 @pytest.mark.parametrize("kw", [{}, {"covariance": "diag"}])
-def test_the_default_model_is_unchanged_bit_for_bit(variant: str, kw: dict) -> None:
+def test_the_default_model_is_unchanged(variant: str, kw: dict) -> None:
     model = _model(variant, **kw)
     assert model.cfg.covariance == "diag" and model.prob is not None and model.prob.factor_head is None
-    assert _state_digest(model) == BEFORE_STATE[variant]
+    keys, s1, s2 = _state_fingerprint(model)
+    want_keys, want_s1, want_s2 = BEFORE_STATE[variant]
+    assert keys == want_keys  # the same parameters and buffers, of the same shapes
+    assert s1 == pytest.approx(want_s1, rel=1e-7) and s2 == pytest.approx(want_s2, rel=1e-7)
     text, frames, mask = _inputs()
     with torch.no_grad():
         cost = model.pair_costs(model.encode_text(text), model.encode_video(frames, mask))

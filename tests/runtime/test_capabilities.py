@@ -204,7 +204,8 @@ def test_search_warns_and_scores_float32(tmp_path: Path) -> None:
         slow = search(run, store, ["a cat sleeps"], topk=3, device="cpu", dtype="bfloat16", warn=said.append)
         exact = search(run, store, ["a cat sleeps"], topk=3, device="cpu", dtype="float32", warn=said.append)
     assert len(said) == 1 and "no native bf16" in said[0]
-    assert [h.cost for h in slow[0].hits] == [h.cost for h in exact[0].hits]  # it really ran float32
+    # it really ran float32: the same float32 computation twice, bit-equal on any CPU (bf16 would differ)
+    assert [h.cost for h in slow[0].hits] == [h.cost for h in exact[0].hits]
     with override(AVX2):
         res = invoke(
             ["search", "--run", str(run), "--features", str(store), "--dtype", "bfloat16", "--json", "a cat sleeps"],
@@ -321,7 +322,8 @@ def test_portable_build_without_avx512_matches_the_eager_spec(tmp_path: Path) ->
     )
     tail = done.stdout[-3000:]
     assert done.returncode == 0, tail
-    assert "skipped" not in tail and " passed" in tail, tail  # the fused fixture did not skip
+    # the fused fixture did not skip (tests of torch's own bf16 paths may, where this torch build lacks them)
+    assert " passed" in tail and "compiled kernels unavailable" not in tail, tail
     built = list(tmp_path.glob("dab_cpu_*/dab_cpu_*.so"))
     assert len(built) == 1, built
     code = "from dab_pipeline.scoring.kernels.cpu import get_kernels; k = get_kernels(build=False); print(k.name)"

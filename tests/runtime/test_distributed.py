@@ -94,7 +94,8 @@ def _ok(res: subprocess.CompletedProcess) -> str:
 
 
 def _assert_same_store(a: Path, b: Path) -> None:
-    """Every array bit for bit; layouts equal up to share_rows; manifests up to created / world_size / out / batch size."""
+    """Every array equal (float features within float32 rounding, the rest bit for bit); layouts equal up to
+    share_rows; manifests up to created / world_size / out / batch size."""
     from dab_pipeline.store import array_specs, open_store
 
     with open_store(a) as sa, open_store(b) as sb:
@@ -106,7 +107,13 @@ def _assert_same_store(a: Path, b: Path) -> None:
                 x, y = sa.raw_backend.read_strings(spec.name), sb.raw_backend.read_strings(spec.name)
             else:
                 x, y = sa.raw_backend.read_all(spec.name), sb.raw_backend.read_all(spec.name)
-            assert x.dtype == y.dtype and np.array_equal(x, y), spec.name
+            assert x.dtype == y.dtype, spec.name
+            if x.dtype.kind == "f":
+                # features: the ranks batch other videos together, on one thread each, and products of other
+                # shapes or thread counts may round differently on some CPUs (bit for bit on Zen 3)
+                np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5, err_msg=spec.name)
+            else:
+                assert np.array_equal(x, y), spec.name
         ma, mb = dict(sa.manifest), dict(sb.manifest)
         for m in (ma, mb):
             m.pop("created"), m.pop("world_size")
@@ -425,13 +432,14 @@ def test_distributed_train_run_and_exact_resume(tmp_path: Path) -> None:
     _ok(_dab(["train", "--resume", "--out", str(tmp_path / "b"), "--quiet"], tmp_path))
     sa = load_checkpoint(a / "checkpoints" / "last.pt")
     sb = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")
+    # a resume replays the uninterrupted run's computation from its saved state: bit-equal on any CPU (promised)
     for k in sa["model"]:
         torch.testing.assert_close(sa["model"][k], sb["model"][k], rtol=0, atol=0, msg=k)
     np.testing.assert_array_equal(
         read_costs(a / "costs_test.h5").cost, read_costs(tmp_path / "b" / "costs_test.h5").cost
     )
     lb = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
-    assert [x["train_loss"] for x in lines] == [x["train_loss"] for x in lb]
+    assert [x["train_loss"] for x in lines] == [x["train_loss"] for x in lb]  # the resume's losses: bit-equal
 
 
 # --------------------------------------------------------------------------- rank-side helpers

@@ -78,7 +78,8 @@ def test_add_silu_blocked_matches_the_row_major_kernel(ops, mb: int) -> None:
     get_kernels().add_silu_bf16_(want, a, b)
     got = ops.amx_add_silu_blocked(a, b)
     assert tuple(got.shape) == (3, 2, 16, 32)
-    torch.testing.assert_close(unblock(got, 45), want, rtol=0, atol=0)  # the same vector code: bit for bit
+    # the same intrinsics in the same order (dab_amx.cpp promises it): bit for bit on any CPU with AMX
+    torch.testing.assert_close(unblock(got, 45), want, rtol=0, atol=0)
     assert (unblock(got, 48)[45:] == 0).all()
 
 
@@ -196,6 +197,7 @@ def test_update_from_per_text_rows_equals_a_filled_state(ops, init_rows: int) ->
     ops.amx_linear_update_(xb, wp, bias, filled, s_a, 0.4, -1.0, 1.0, 32, True)
     st = torch.full((48, 64), float("nan"))  # never read: every row is written from init
     ops.amx_linear_update_(xb, wp, bias, st, s_b, 0.4, -1.0, 1.0, 32, True, init)
+    # the same kernel, products and epilogue; only where a row's old state is read from differs: bit-equal on any CPU
     assert torch.equal(st, filled) and torch.equal(s_a, s_b)
 
 

@@ -319,6 +319,7 @@ def test_one_frames_matches_its_eager_spec(fused: cpu_kernels.Kernels, d: int, h
     moved[2, 3:] = 100.0  # padded frames carry no weight
     nbar = torch.empty(k, heads, d)
     fused.one_frames_(moved, mask, qk, 1e-5, nbar, torch.empty(k, f, d, dtype=dtype))
+    # the same kernel on the same shapes; a padded frame's weight is 0, so it adds exact zeros: bit-equal on any CPU
     torch.testing.assert_close(nbar[2], out["fused"][0][2], rtol=0, atol=0)
 
 
@@ -331,7 +332,7 @@ def test_one_frames_without_the_normalised_frames_gives_the_same_pooling(fused: 
         nbar, nbar_n = torch.empty(k, 2, d), torch.empty(k, 2, d)
         fn(frames, mask, qk, 1e-5, nbar, None)
         fn(frames, mask, qk, 1e-5, nbar_n, torch.empty(k, f, d, dtype=torch.bfloat16))
-        assert torch.equal(nbar, nbar_n)
+        assert torch.equal(nbar, nbar_n)  # the same pooling computation; n is only also stored: bit-equal on any CPU
 
 
 @pytest.mark.parametrize("d", [64, 40])
@@ -347,7 +348,7 @@ def test_one_frames_takes_a_query_a_video(fused: cpu_kernels.Kernels, d: int) ->
             one, n1 = torch.empty(k, 2, d), torch.empty(k, f, d, dtype=torch.bfloat16)
             fn(frames, mask, qk[v].contiguous(), 1e-5, one, n1)
             torch.testing.assert_close(nbar[v], one[v], rtol=1e-6, atol=1e-6)
-            assert torch.equal(n, n1)
+            assert torch.equal(n, n1)  # the normalised frames do not read qk: the same computation, bit-equal
     with pytest.raises(RuntimeError, match="qk"):
         fused.one_frames_(frames, mask, qk[:-1].contiguous(), 1e-5, torch.empty(k, 2, d), None)
 
@@ -404,7 +405,7 @@ def test_one_heads_matches_its_eager_spec(fused: cpu_kernels.Kernels, blocked: b
         fn(heads, tokp, s, tok_e, b1, lo, hi, mu, lv, sigma if hidden else None, target)
         outs[name] = (mu, lv, sigma, target)
     (mu, lv, sig, tgt), (mu_e, lv_e, sig_e, tgt_e) = outs["fused"], outs["eager"]
-    assert torch.equal(mu, mu_e) and (tgt is None or torch.equal(tgt, tgt_e))
+    assert torch.equal(mu, mu_e) and (tgt is None or torch.equal(tgt, tgt_e))  # copies of heads' columns: exact
     torch.testing.assert_close(lv, lv_e, rtol=1e-6, atol=1e-6)
     assert lv.min() == lo and lv.max() == hi  # both clamps bite
     if hidden:

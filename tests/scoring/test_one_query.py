@@ -70,6 +70,7 @@ def test_variants_without_a_one_text_path_take_the_model_path(variant: str) -> N
     model = small_model(variant)
     text, frames, mask = inputs()
     got = Scorer(model).score_query(text[2], frames, mask)
+    # the Scorer calls this very function on the same inputs: the same computation, bit-equal on any CPU
     np.testing.assert_array_equal(got, score_query(model.eval(), text[2], frames, mask))
 
 
@@ -79,6 +80,7 @@ def test_layer_norms_that_differ_take_the_model_path() -> None:
     model.token_unc.ln.eps = 1e-3
     text, frames, mask = inputs()
     got = Scorer(model).score_query(text[0], frames, mask)
+    # the Scorer calls this very function on the same inputs: the same computation, bit-equal on any CPU
     np.testing.assert_array_equal(got, score_query(model.eval(), text[0], frames, mask))
 
 
@@ -92,6 +94,7 @@ def test_a_scorer_leaves_the_training_flag_and_keeps_one_engine() -> None:
     for q in range(3):
         scorer.score_query(text[q], frames, mask)
     assert not model.training and len(scorer._engines) == 1
+    # the same engine on the same inputs (the Scorer scores in eval mode either way): bit-equal on any CPU
     np.testing.assert_array_equal(scorer.score_query(text[0], frames, mask), first)
 
 
@@ -164,7 +167,8 @@ def test_cached_video_terms_give_the_costs_computed_without_them(variant: str, c
     with torch.no_grad():
         want_terms = model.token_unc.video_term(frames, mask)
     np.testing.assert_allclose(terms, want_terms.numpy(), rtol=1e-6, atol=1e-6)
-    np.testing.assert_array_equal(scorer.video_terms(frames, mask, chunk=4), terms)  # 4 + 4 + 3 videos
+    # 4 + 4 + 3 videos: products of other shapes, which may differ by a rounding (they do on Zen 3 and Zen 5)
+    np.testing.assert_allclose(scorer.video_terms(frames, mask, chunk=4), terms, rtol=1e-6, atol=1e-6)
     plain = scorer.score_query(text[1], frames, mask)
     np.testing.assert_allclose(scorer.score_query(text[1], frames, mask, terms), plain, rtol=1e-5, atol=1e-6)
     half = scorer.score_query(text[1], frames, mask, terms.astype(np.float16))

@@ -50,6 +50,7 @@ def test_a_kept_scorer_builds_each_engine_once_and_scores_like_score_all(variant
     scorer.score(text, frames, mask)
     assert builds == [9 * 8, 8]
     plain = score_all(model, text, frames, mask, gt=gt, topk=3)
+    # score_all is a Scorer of the same options and grid: the same engine and tiles, bit-equal on any CPU
     for res in (first, again):
         np.testing.assert_array_equal(res.cost, plain.cost)
         np.testing.assert_array_equal(res.topk_indices, plain.topk_indices)
@@ -59,7 +60,7 @@ def test_a_kept_scorer_builds_each_engine_once_and_scores_like_score_all(variant
             assert (got is None) == (want is None), name
             if want is not None:
                 np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-7)
-    np.testing.assert_array_equal(short.cost, score_all(model, text, frames, mask, shortlist=4).cost)
+    np.testing.assert_array_equal(short.cost, score_all(model, text, frames, mask, shortlist=4).cost)  # likewise
     assert_close(one.cost, ref.cost[:1], variant)
     assert scorer.prepare(9, 8, F_)["block_pairs"] == first.info["block_pairs"]
 
@@ -154,5 +155,6 @@ def test_score_all_engines_is_deprecated_but_still_keeps_them(builds: list[int])
     with pytest.warns(DeprecationWarning):
         score_all(model, text, frames, mask, engines=kept, dtype="bfloat16")  # other options: another Scorer
     assert len(builds) == 2
+    # the same options and grid: the same engine and tiles, bit-equal on any CPU
     np.testing.assert_array_equal(a.cost, score_all(model, text, frames, mask).cost)
     np.testing.assert_array_equal(a.cost, b.cost)

@@ -84,6 +84,7 @@ def test_zarr_store_equals_h5(tiny_folder_dataset: Path, tmp_path: Path) -> None
     with open_store(a) as sa, open_store(b) as sb:
         for split in ("train", "val", "test"):
             x, y = sa.load_split(split), sb.load_split(split)
+            # the same command in one process (same batches, same threads), only the backend differs: bit-equal
             np.testing.assert_array_equal(x.frames, y.frames)
             np.testing.assert_array_equal(x.text, y.text)
             np.testing.assert_array_equal(x.frame_mask, y.frame_mask)
@@ -130,6 +131,7 @@ def test_resume_after_interruption_equals_one_run(
     assert res.exit_code == 0, res.output
     assert "4 videos encoded, 2 already done" in res.output
     with open_store(full) as a, open_store(out) as b:
+        # a resume encodes the rest in the batches one run has (videos 2 + 2 + 2, captions 12): bit-equal on any CPU
         np.testing.assert_array_equal(a.load_split("train").frames, b.load_split("train").frames)
         np.testing.assert_array_equal(a.load_split("test").text, b.load_split("test").text)
 
@@ -218,7 +220,8 @@ def test_worker_processes_give_the_same_store(tiny_folder_dataset: Path, tmp_pat
     assert _invoke(args).exit_code == 0
     assert torch.get_num_threads() == threads  # the encoder's thread budget is restored
     with open_store(a) as sa, open_store(b) as sb:
-        np.testing.assert_array_equal(sa.load_split("train").frames, sb.load_split("train").frames)
+        # the encoder ran on another number of threads (the workers take cores): its products may round otherwise
+        np.testing.assert_allclose(sa.load_split("train").frames, sb.load_split("train").frames, rtol=1e-5, atol=1e-5)
 
 
 # --------------------------------------------------------------------------- real-world failures
@@ -501,6 +504,7 @@ def test_a_lost_zarr_chunk_is_found_and_the_same_command_extracts_it_again(
     res = invoke(["inspect", str(out), "--verify"])
     assert res.exit_code == 0 and "verify: every written array reads back" in " ".join(res.output.split())
     with open_store(out) as st:
+        # the chunk held every video: all 6 encoded again in the same batches, the same computation: bit-equal
         np.testing.assert_array_equal(st.load_split("train").frames, frames_before)
 
 

@@ -49,7 +49,7 @@ def test_augmented_views_shape_normalisation_and_determinism() -> None:
     frames = [rng.integers(0, 256, (40, 56, 3), dtype=np.uint8) for _ in range(3)]
     a = augmented_views(frames, "clip7", 2, 32, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
     b = augmented_views(frames, "clip7", 2, 32, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
-    assert a.shape == (2, 3, 3, 32, 32) and torch.equal(a, b)
+    assert a.shape == (2, 3, 3, 32, 32) and torch.equal(a, b)  # the same seeded computation twice: bit-equal
     assert not torch.equal(a[0], a[1])  # two views differ
     assert float(a.min()) >= (0 - 0.5) / 0.25 - 1e-5 and float(a.max()) <= (1 - 0.5) / 0.25 + 1e-5
 
@@ -79,7 +79,8 @@ def test_extract_stores_views_of_training_videos_only(tiny_folder_dataset: Path,
     again = tmp_path / "again.h5"
     assert _extract(tiny_folder_dataset, again, "--train-views", "2").exit_code == 0
     with open_store(again) as st:
-        np.testing.assert_array_equal(st.load_split("train", with_views=True).views, train.views)  # seeded
+        # seeded, and the same command (same batches, same threads): the same computation, bit-equal on any CPU
+        np.testing.assert_array_equal(st.load_split("train", with_views=True).views, train.views)
     res = _extract(tiny_folder_dataset, out, "--train-views", "3")
     assert res.exit_code != 0 and "train_views" in res.output  # resume refuses another view count
     res = _extract(tiny_folder_dataset, out)  # --train-views not typed: the store's 2, not a change (a resume)
@@ -188,6 +189,7 @@ def test_resume_with_views_equals_uninterrupted(tmp_path: Path, monkeypatch) -> 
     run_train(_cfg(store, tmp_path / "b"), resume=True)
     sa = load_checkpoint(tmp_path / "a" / "checkpoints" / "last.pt")["model"]
     sb = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")["model"]
+    # a resume replays the uninterrupted run's computation from its saved state: bit-equal on any CPU (promised)
     for k in sa:
         torch.testing.assert_close(sa[k], sb[k], rtol=0, atol=0, msg=k)
     la = [json.loads(x)["train_loss"] for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
