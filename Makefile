@@ -8,7 +8,7 @@ TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 DEMO_OUT ?= demo_out
 PYTEST_ARGS ?=
 
-.PHONY: install test test-slow check format demo docs-cli check-docs bench clean
+.PHONY: install test test-slow test-isa check format demo docs-cli check-docs bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,12 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m "slow or distributed" $(PYTEST_ARGS)
+
+# The scoring, kernel, model and search tests again with the instruction sets lowered (AVX2, then torch's baseline
+# with dab's compiled kernels off): an assertion that holds only on this CPU's fastest paths fails on any machine
+# (about 1.5 minutes; .ci/run runs it). The rule it checks: docs/contributing.md.
+test-isa: $(STAMP)
+	scripts/test_lowered_isa.sh $(PY) $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(PY) -m dab_pipeline.cli.demo --out $(DEMO_OUT)
