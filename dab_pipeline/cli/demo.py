@@ -12,6 +12,7 @@ video really contains.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import shutil
 import sys
@@ -56,7 +57,21 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     print(f"\ndemo finished in {time.time() - t0:.0f} s; everything is under {out}/", flush=True)
+    print(f"\n{path_hint()}", flush=True)
     return 0
+
+
+def path_hint() -> str:
+    """How to type the commands above yourself: `dab` is in the environment that runs this demo."""
+    here = Path(sys.executable).parent / "dab"
+    found = shutil.which("dab")
+    if found and Path(found).resolve() == here.resolve():
+        return "the commands above are yours to run: `dab` is on your PATH (dab --help lists them)"
+    activate = Path(sys.executable).parent / "activate"
+    if activate.is_file():
+        shown = os.path.relpath(activate) if not os.path.relpath(activate).startswith("..") else str(activate)
+        return f"to run the commands above yourself: `source {shown}` (then `dab --help`), or call {here} directly"
+    return f"to run the commands above yourself, call {here} (dab --help lists them)"
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
