@@ -1,0 +1,130 @@
+"""Split conformal retrieval sets: from a run's costs, per query the smallest list of videos that holds a match
+with probability at least 1 - alpha, calibrated on held-out queries.
+
+The guarantee (Vovk et al.; Angelopoulos & Bates, "A Gentle Introduction to Conformal Prediction") is
+*marginal*: over exchangeable calibration and test queries, P(match in the set) >= 1 - alpha, and (with
+continuous scores) at most 1 - alpha + 1/(n + 1). It says nothing of one given query, and nothing where the
+queries or the gallery searched differ from those it was calibrated on.
+
+A score says how badly a video conforms to a query (larger: worse); the set of a query is every video whose
+score is at most the calibration queries' conformal quantile of their true video's score. Four scores:
+
+* ``lac``: 1 - p (Sadinle et al., least ambiguous set-valued classifiers), p the softmax of -cost / T;
+* ``aps``: the probability mass of the videos ranked at or above it (Romano et al., adaptive prediction sets);
+* ``raps``: APS + lambda * max(0, rank - k_reg) (Angelopoulos et al., regularised APS), which keeps sets short;
+* ``normalized``: (1 - p) / d, d the query's predicted difficulty (the Gaussian text variance, say): sets grow
+  where the model says a caption is ambiguous.
+
+Plain numpy over the cost matrix, each function tested against a loop (tests/metrics/test_conformal.py).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import numpy as np
+
+from ..core.errors import ConfigError
+
+__all__ = [
+    "CONFORMAL_SCORES",
+    "check_alpha",
+    "conformal_quantile",
+    "conformal_scores",
+    "conformal_sets",
+    "cost_softmax",
+    "needed_calibration",
+]
+
+CONFORMAL_SCORES = ("lac", "aps", "raps", "normalized")
+
+
+def check_alpha(alpha: float, what: str = "alpha") -> float:
+    """``alpha`` as a float in (0, 1), else a one-line ConfigError."""
+    try:
+        value = float(alpha)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what} must be a number in (0, 1), got {alpha!r}") from None
+    if not 0.0 < value < 1.0 or math.isnan(value):
+        raise ConfigError(f"{what} must be in (0, 1), got {alpha!r}")
+    return value
+
+
+def needed_calibration(alpha: float) -> int:
+    """The fewest calibration queries for which a 1 - alpha set is not the whole gallery: n >= 1/alpha - 1."""
+    return max(1, math.ceil(1.0 / check_alpha(alpha) - 1.0 - 1e-9))
+
+
+def conformal_quantile(scores: np.ndarray, alpha: float) -> float:
+    """The ceil((n + 1)(1 - alpha))-th smallest of the n calibration scores; a ConfigError naming how many
+    queries are needed where n is too small for alpha (the quantile would be +inf: every video in every set)."""
+    s = np.sort(np.asarray(scores, np.float64).ravel())  # (n,)
+    n, a = len(s), check_alpha(alpha)
+    k = math.ceil((n + 1) * (1.0 - a) - 1e-9)
+    if k > n:
+        raise ConfigError(
+            f"{n} calibration queries are too few for alpha={a:g}: at least {needed_calibration(a)} are needed"
+        )
+    return float(s[max(k, 1) - 1])
+
+
+def cost_softmax(cost: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """(Q, V) costs (lower is better) -> each row's softmax of -cost / T, float64."""
+    if not temperature > 0:
+        raise ConfigError(f"temperature must be positive, got {temperature!r}")
+    z = -np.asarray(cost, np.float64) / float(temperature)  # (Q, V)
+    z -= z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _ranked_mass(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rank (Q, V) 1-based, each video's cumulative mass of the videos ranked at or above it (Q, V)); ties in p
+    ranked by video index, as a stable sort does."""
+    order = np.argsort(-p, axis=1, kind="stable")  # (Q, V)
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.arange(1, p.shape[1] + 1)[None].repeat(len(p), 0), axis=1)
+    cum = np.take_along_axis(np.cumsum(np.take_along_axis(p, order, axis=1), axis=1), rank - 1, axis=1)
+    return rank, cum
+
+
+def conformal_scores(
+    p: np.ndarray,
+    score: str,
+    *,
+    difficulty: Optional[np.ndarray] = None,
+    lam: float = 0.01,
+    k_reg: int = 5,
+    u: Optional[np.ndarray] = None,
+) -> np.ndarray:
+    """Every (query, video) score (Q, V) from the probabilities ``p`` (Q, V): larger conforms worse.
+
+    ``u`` (Q,) in [0, 1): APS/RAPS's randomisation (a video's own mass counts u * p instead of p; exact coverage
+    in expectation); None counts it whole (conservative, deterministic). ``difficulty`` (Q,) > 0: the
+    ``normalized`` score's divisor."""
+    p = np.asarray(p, np.float64)
+    if score == "lac":
+        return 1.0 - p
+    if score == "normalized":
+        if difficulty is None:
+            raise ConfigError("the 'normalized' score needs each query's difficulty (its predicted uncertainty)")
+        d = np.asarray(difficulty, np.float64).reshape(-1, 1)  # (Q, 1)
+        if not (np.isfinite(d).all() and (d > 0).all()):
+            raise ConfigError("a query's difficulty must be finite and positive")
+        return (1.0 - p) / d
+    if score in ("aps", "raps"):
+        rank, cum = _ranked_mass(p)  # (Q, V) each
+        s = cum if u is None else cum - (1.0 - np.asarray(u, np.float64).reshape(-1, 1)) * p
+        if score == "raps":
+            s = s + lam * np.maximum(0, rank - k_reg)
+        return s
+    raise ConfigError(f"unknown conformal score {score!r}; valid: {', '.join(CONFORMAL_SCORES)}")
+
+
+def conformal_sets(scores: np.ndarray, qhat: float | np.ndarray) -> list[np.ndarray]:
+    """Each query's set: the videos (ascending indices) whose score is at most ``qhat`` (one for all, or (Q,)
+    per query as Mondrian conformal gives)."""
+    s = np.asarray(scores, np.float64)  # (Q, V)
+    q = np.broadcast_to(np.asarray(qhat, np.float64), (len(s),))
+    return [np.flatnonzero(s[i] <= q[i]) for i in range(len(s))]
