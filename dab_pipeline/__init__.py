@@ -41,6 +41,8 @@ _API = {
     "v2t_metrics": "dab_pipeline.metrics",
     # free-text search
     "Searcher": "dab_pipeline.search",
+    "SearchResult": "dab_pipeline.search",
+    "SearchHit": "dab_pipeline.search",
     # the stages, as the CLI runs them
     "build_extract_config": "dab_pipeline.stages.extract",
     "run_extract": "dab_pipeline.stages.extract",

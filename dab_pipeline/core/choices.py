@@ -37,6 +37,9 @@ EPOCH_MODES = ("captions", "videos")  # what one training epoch visits
 # parameter at clip_lr, no weight decay, clamped at 100
 LOGIT_SCALE_GROUPS = ("new", "clip")
 POSTPROCESS = ("none", "dsl", "is")  # evaluate: cost-matrix post-processing
+# what a cost file holds: costs (lower is better) or similarities (higher is better); `dab evaluate --kind` says it
+# for a bare .npy matrix, which cannot
+COST_KINDS = ("cost", "similarity")
 # video-to-text with several captions per video: other videos ranked by their best caption (X-Pool,
 # CLIP4Clip), or every caption of every other video (stricter)
 V2T_CONVENTIONS = ("videos", "captions")

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core.choices import COST_KINDS
 from ..core.errors import StoreError
 from ..core.fsutil import publish, remove_path, temp_sibling
 from ..core.write_errors import check_free_space, named_write_errors, write_failure
@@ -23,7 +24,7 @@ from ..store import HDF5_SUFFIXES, ZARR_SUFFIXES
 __all__ = ["CostMatrix", "write_costs", "read_costs", "COST_SUFFIXES", "COST_FORMAT_VERSION"]
 
 COST_FORMAT_VERSION = 1
-KINDS = ("cost", "similarity")
+KINDS = COST_KINDS  # ("cost", "similarity")
 COST_SUFFIXES = HDF5_SUFFIXES + ZARR_SUFFIXES + (".npz", ".npy")
 # Names the file itself uses; extras and attrs may not take them.
 _ARRAYS = ("cost", "query_ids", "video_ids", "gt", "ranking")

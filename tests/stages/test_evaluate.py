@@ -123,6 +123,29 @@ def test_evaluate_any_cost_file(tmp_path: Path) -> None:
     assert m2["t2v"] == m["t2v"]
 
 
+def test_evaluate_a_bare_npy_matrix_with_kind(tmp_path: Path) -> None:
+    """`dab evaluate --costs x.npy` names the CLI option it needs (--kind), and works with it."""
+    rng = np.random.default_rng(0)
+    sim = rng.normal(size=(5, 5)).astype(np.float32)
+    sim[np.arange(5), np.arange(5)] += 5.0  # square: query i matches video i; always right as similarities
+    np.save(tmp_path / "x.npy", sim)
+    res = invoke(["evaluate", "--costs", tmp_path / "x.npy", "--no-plots", "--examples", "0"])
+    assert res.exit_code == 2 and "--kind cost" in res.output and "--kind similarity" in res.output, res.output
+    assert "kind='cost'" not in res.output and "Traceback" not in res.output  # not the library's keyword
+    args = ["evaluate", "--costs", tmp_path / "x.npy", "--json", "--no-plots", "--examples", "0"]
+    res = invoke([*args, "--kind", "similarity"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["t2v"]["R@1"] == 100.0
+    res = invoke([*args, "--kind", "cost"], catch_exceptions=False)  # the same numbers read as costs: always wrong
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["t2v"]["R@1"] == 0.0
+    # --kind belongs to --costs, and a file that records its kind must agree with it
+    assert invoke(["evaluate", "--run", tmp_path, "--kind", "cost"]).exit_code == 2
+    np.savez(tmp_path / "s.npz", similarity=sim)
+    res = invoke(["evaluate", "--costs", tmp_path / "s.npz", "--kind", "cost", "--no-plots", "--examples", "0"])
+    assert res.exit_code != 0 and "'similarity'" in res.output and "Traceback" not in res.output, res.output
+
+
 def test_evaluate_errors_are_one_line(tmp_path: Path) -> None:
     res = invoke(["evaluate"])
     assert res.exit_code != 0 and "--run" in res.output

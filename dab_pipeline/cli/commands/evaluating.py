@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ...core.choices import POSTPROCESS, V2T_CONVENTIONS
+from ...core.choices import COST_KINDS, POSTPROCESS, V2T_CONVENTIONS
 from ...core.fsutil import atomic_write_text
 from ...results.published import published_line
 from .. import cli
@@ -22,7 +22,16 @@ from .output import console, metric_table, v2t_label
     "--costs",
     type=EXISTING,
     default=None,
-    help="Any cost/similarity file of the documented layout (h5, zarr, npz) instead of a run.",
+    help="Any cost/similarity file of the documented layout (h5, zarr, npz, or a bare square .npy with --kind) "
+    "instead of a run.",
+)
+@click.option(
+    "--kind",
+    "costs_kind",
+    type=click.Choice(COST_KINDS),
+    default=None,
+    help="What --costs holds: cost (lower is better) or similarity (higher is better). Required for a bare .npy "
+    "matrix, which cannot say; h5, zarr and npz files record it, and a --kind that disagrees is an error.",
 )
 @click.option("--features", type=EXISTING, default=None, help="Store for the neighbourhood diagnostic.")
 @click.option("--out", type=PATH, default=None, help="Where to write metrics.json, report.md and plots.")
@@ -68,7 +77,18 @@ from .output import console, metric_table, v2t_label
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
 @click.option("--json", "as_json", is_flag=True, help="Print metrics.json to stdout instead of tables.")
 def evaluate(
-    run, costs, features, out, postprocess, postprocess_temperature, v2t, examples, zero_shot, no_plots, as_json
+    run,
+    costs,
+    costs_kind,
+    features,
+    out,
+    postprocess,
+    postprocess_temperature,
+    v2t,
+    examples,
+    zero_shot,
+    no_plots,
+    as_json,
 ) -> None:
     """Retrieval metrics, uncertainty diagnostics and reports for a run (or any cost file, or CLIP zero-shot)."""
     from ...stages.evaluate import EvaluateConfig, run_evaluate  # deferred: `dab --help` must not import torch
@@ -77,6 +97,7 @@ def evaluate(
         cfg = EvaluateConfig(
             run=run,
             costs=costs,
+            costs_kind=costs_kind,
             features=features,
             out=out,
             postprocess=postprocess,

@@ -68,7 +68,7 @@ def _seeds(option: tuple[str, ...], more: tuple[str, ...]) -> tuple[int, ...] | 
     type=click.Choice(["local", "ray"]),
     default="local",
     show_default=True,
-    help="ray: one Ray task per run on the cluster of RAY_ADDRESS or --ray-address (pip install 'dab[ray]').",
+    help="ray: one Ray task per run on the cluster of RAY_ADDRESS or --ray-address (pip install 'dab-pipeline[ray]').",
 )
 @click.option("--ray-address", default=None, help="The Ray cluster's address (default: RAY_ADDRESS, else a local one).")
 @click.option("--resume", is_flag=True, help="Run what is missing of the sweep in --out, with its recorded plan.")

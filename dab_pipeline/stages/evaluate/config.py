@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from ...core.choices import POSTPROCESS, V2T_CONVENTIONS
+from ...core.choices import COST_KINDS, POSTPROCESS, V2T_CONVENTIONS
 from ...core.deprecation import renamed_keywords, warn_renamed
 from ...core.errors import ConfigError
 
@@ -36,6 +36,9 @@ class EvaluateConfig:
     # score ``features``' test split with CLIP alone (mean-pooled frames, stages/evaluate/zeroshot.py) instead of a
     # run; a published zero-shot figure for the store's dataset and CLIP is put beside its own (results/published.py)
     zero_shot: bool = False
+    # what ``costs`` holds, "cost" (lower is better) or "similarity" (higher is better): required for a bare .npy
+    # matrix, which cannot say; checked against the file for the other formats (`dab evaluate --kind`)
+    costs_kind: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.zero_shot:
@@ -43,6 +46,16 @@ class EvaluateConfig:
                 raise ConfigError("--zero-shot scores a store: give --features STORE, and neither --run nor --costs")
         elif self.run is None and self.costs is None:
             raise ConfigError("give a run folder (--run), a cost file (--costs) or --zero-shot --features STORE")
+        if self.costs_kind is not None:
+            if self.costs_kind not in COST_KINDS:
+                raise ConfigError(f"kind must be one of {', '.join(COST_KINDS)}, got {self.costs_kind!r}")
+            if self.costs is None:
+                raise ConfigError("--kind says what a --costs file holds: give it with --costs only")
+        elif self.costs is not None and Path(self.costs).suffix.lower() == ".npy":
+            raise ConfigError(
+                f"{self.costs} is a bare .npy matrix that cannot say whether lower or higher is better: give "
+                "--kind cost (lower is better) or --kind similarity (higher is better) (EvaluateConfig: costs_kind=)"
+            )
         if self.postprocess not in POSTPROCESS:
             raise ConfigError(f"postprocess must be one of {', '.join(POSTPROCESS)}, got {self.postprocess!r}")
         if self.v2t not in V2T_CONVENTIONS:

@@ -51,7 +51,7 @@ def run_evaluate(cfg: EvaluateConfig, progress: ProgressCallback = null_progress
     cost file is written there first).
     """
     costs_path, out_dir = _inputs(cfg)
-    cm = read_costs(costs_path)
+    cm = read_costs(costs_path, kind=cfg.costs_kind)
     cost = cm.to_cost() if hasattr(cm, "to_cost") else cm.cost  # (Q, V), lower is better
     gt = np.asarray(cm.gt, dtype=np.int64)  # (Q,)
     if (gt < 0).any():

@@ -4,7 +4,7 @@ The run folders are the contract: a task trains and evaluates its run into its f
 the driver and the workers share), and the driver only reads the folders. A task that is lost
 (a node gone) leaves a folder that the next ``dab sweep --resume`` finishes, from its last
 checkpoint. Each task asks Ray for the GPUs of one run (1 where the cluster has GPUs, else 0) and
-``cpus_per_run`` CPUs. Ray is an optional extra: ``pip install 'dab[ray]'``.
+``cpus_per_run`` CPUs. Ray is an optional extra: ``pip install 'dab-pipeline[ray]'``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def _ray():
     try:
         import ray
     except ImportError:
-        raise ConfigError("--backend ray needs Ray: pip install 'dab[ray]' (or ray[default])") from None
+        raise ConfigError("--backend ray needs Ray: pip install 'dab-pipeline[ray]' (or ray[default])") from None
     return ray
 
 

@@ -144,7 +144,7 @@ def _supersede_failures(
 
 def _executor(cfg: SweepConfig) -> Executor:
     if cfg.backend == "ray":
-        return ray_executor(cfg.ray_address)  # imports ray (the optional extra dab[ray]) only now
+        return ray_executor(cfg.ray_address)  # imports ray (the optional extra dab-pipeline[ray]) only now
     if cfg.jobs > 1:
         return local_executor(cfg.jobs)
     return _in_process
