@@ -14,13 +14,13 @@ TESTS=(tests/scoring tests/model tests/search)
 run() {
     echo "== lowered instruction sets: $1"
     shift
-    env "$@" "$PY" -m pytest -q -p no:cacheprovider -m "not slow and not distributed" "${TESTS[@]}" "${EXTRA[@]}"
+    env "$@" "$PY" -m pytest -q -p no:cacheprovider -m "not slow and not distributed" "${TESTS[@]}" ${EXTRA[@]+"${EXTRA[@]}"}
 }
 EXTRA=("$@")
 march=()
 if [[ "$(uname -m)" == x86_64 ]]; then
     march=(DAB_KERNEL_MARCH=x86-64-v3)
 fi
-run avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 DAB_AMX=0 "${march[@]}"
+run avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 DAB_AMX=0 ${march[@]+"${march[@]}"}
 run baseline ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 MKL_ENABLE_INSTRUCTIONS=SSE4_2 DAB_AMX=0 \
     DAB_CPU_KERNELS=0

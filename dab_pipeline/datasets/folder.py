@@ -42,9 +42,10 @@ def load_folder(
     ``uncaptioned`` (:data:`UNCAPTIONED`), searchable and never trained on.
     """
     reject_unknown("folder", unused)
+    warnings: list[str] = []
     if annotations is None and videos is not None:
         video_dir = _videos_folder(Path(videos).resolve())
-        records, annotations = _listed_videos(video_dir), video_dir
+        records, annotations = _listed_videos(video_dir, warnings), video_dir
     else:
         annotations = _annotation_file(annotations)
         video_dir = _videos_folder(Path(videos).resolve() if videos is not None else annotations.parent)
@@ -68,7 +69,7 @@ def load_folder(
             if not path.is_file():
                 missing.append(vid)
             caps.extend(CaptionItem(f"{vid}#{k}", vid, t, split) for k, t in enumerate(captions[vid]))
-    options = {"seed": int(seed), "hashed_splits": len(hashed), "uncaptioned": len(uncaptioned), "warnings": []}
+    options = {"seed": int(seed), "hashed_splits": len(hashed), "uncaptioned": len(uncaptioned), "warnings": warnings}
     files = [annotations] if annotations.is_file() else []
     return Catalogue("folder", videos_out, caps, files, missing, options)
 
@@ -90,16 +91,23 @@ def _read_records(annotations: Path) -> list["_Record"]:
     raise DatasetError(f"{annotations}: unsupported annotation format {suffix!r} (expected .csv or .jsonl)")
 
 
-def _listed_videos(video_dir: Path) -> list["_Record"]:
+def _listed_videos(video_dir: Path, warnings: list[str]) -> list["_Record"]:
     """Every video file under ``video_dir`` (its subfolders too, symlinks not followed), without captions: a
-    library to search with a run trained elsewhere. Hidden files and folders are skipped."""
-    out: list[_Record] = []
+    library to search with a run trained elsewhere. Hidden files and folders are skipped, and so is a link that
+    leads out of the folder (one warning); a video's id is its path without the suffix, or with it where two
+    files differ only in their suffix (``a.mp4``, ``a.mkv``)."""
+    found: list[str] = []
     for root, dirs, files in os.walk(video_dir):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(files):
             if not name.startswith(".") and os.path.splitext(name)[1].lower() in VIDEO_EXTENSIONS:
-                rel = Path(root, name).relative_to(video_dir).as_posix()
-                out.append((rel, rel, "", "", []))
+                found.append(Path(root, name).relative_to(video_dir).as_posix())
+    outside = [rel for rel in found if not (video_dir / rel).resolve().is_relative_to(video_dir)]
+    if outside:
+        warnings.append(f"{len(outside)} link(s) lead out of {video_dir} and are skipped, the first {outside[0]!r}")
+    found = [rel for rel in found if rel not in outside]
+    stems = [str(Path(rel).with_suffix("")) for rel in found]
+    out: list[_Record] = [(rel, rel, rel if stems.count(stem) > 1 else "", "", []) for rel, stem in zip(found, stems)]
     if not out:
         raise DatasetError(
             f"dataset 'folder': no video files in {video_dir} (looked for {', '.join(VIDEO_EXTENSIONS)}); "
@@ -163,6 +171,10 @@ _Record = tuple[str, str, str, str, list[str]]  # (where, video, video_id, split
 _PLAIN_KEYS = {"video", "video_id", "split"}  # what a row of a video without captions holds
 
 
+def _blank(caption: object) -> bool:
+    return caption is None or (isinstance(caption, str) and not caption.strip())
+
+
 def _refuse_outside(records: list[_Record], video_dir: Path, annotations: Path) -> None:
     """Every video path must resolve inside the videos folder: no ``..``, no absolute path, no symlink out of it."""
     for where, rel, *_ in records:
@@ -213,13 +225,13 @@ def _folder_jsonl(path: Path) -> list[_Record]:
             texts = obj["captions"]
             if not isinstance(texts, list) or not all(isinstance(t, str) and t.strip() for t in texts):
                 raise DatasetError(f"{path}: {where}: 'captions' must be a list of non-empty strings")
-        elif obj.get("caption") in (None, "") and set(obj) - _PLAIN_KEYS - {"caption"}:
+        elif _blank(obj.get("caption")) and set(obj) - _PLAIN_KEYS - {"caption"}:
             raise DatasetError(
                 f"{path}: {where}: missing 'caption' (a string) or 'captions' (a list); a video without captions "
                 f"has only {', '.join(sorted(_PLAIN_KEYS))}, not {', '.join(sorted(set(obj) - _PLAIN_KEYS))}"
             )
-        elif obj.get("caption") in (None, ""):
-            texts = []  # a video to search, not to train on
+        elif _blank(obj.get("caption")):
+            texts = []  # a video to search, not to train on (as an empty CSV cell)
         elif isinstance(obj["caption"], str) and obj["caption"].strip():
             texts = [obj["caption"]]
         else:

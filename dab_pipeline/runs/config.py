@@ -75,6 +75,9 @@ class TrainConfig:
             raise ConfigError(f"batch_size must be >= 2 (contrastive loss), got {self.batch_size}")
         if not 0.0 <= self.warmup_ratio < 1.0:
             raise ConfigError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        for name in ("train_split", "val_split", "test_split"):
+            if getattr(self, name) == "all":  # search's every-video split: training on it would train on test
+                raise ConfigError(f"{name} must name one split of the store, not 'all' (that is for search)")
         self._check_ranges()
         if self.select_metric not in SELECT_METRICS:
             raise ConfigError(f"select_metric must be one of {', '.join(SELECT_METRICS)}, got {self.select_metric!r}")

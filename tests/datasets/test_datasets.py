@@ -378,9 +378,12 @@ def test_folder_videos_without_captions_are_listed_apart(tmp_path: Path) -> None
         ("b", "uncaptioned"),
         ("a", "uncaptioned"),
     ]
-    (tmp_path / "j.jsonl").write_text('{"video": "x.mp4", "split": "val"}\n{"video": "y.mp4", "captions": []}\n')
+    (tmp_path / "j.jsonl").write_text(
+        '{"video": "x.mp4", "split": "val"}\n{"video": "y.mp4", "captions": []}\n{"video": "z.mp4", "caption": " "}\n'
+    )
     index = load_dataset("folder", tmp_path, tmp_path / "j.jsonl")
-    assert [(v.video_id, v.split) for v in index.videos] == [("x", "val"), ("y", "uncaptioned")] and not index.captions
+    assert [(v.video_id, v.split) for v in index.videos] == [("x", "val"), ("y", "uncaptioned"), ("z", "uncaptioned")]
+    assert not index.captions
 
     lib = tmp_path / "library"
     (lib / "trips" / ".hidden").mkdir(parents=True)
@@ -390,6 +393,11 @@ def test_folder_videos_without_captions_are_listed_apart(tmp_path: Path) -> None
     assert [(v.video_id, v.split) for v in index.videos] == [("b", "uncaptioned"), ("trips/a", "uncaptioned")]
     assert index.videos[1].path == (lib / "trips" / "a.MKV").resolve() and not index.captions
     assert index.annotation_files == []
+    (lib / "b.mkv").write_bytes(b"")  # two files of one stem: each its own id, with its suffix
+    (lib / "away.mp4").symlink_to(tmp_path / "j.jsonl")  # a link out of the folder: skipped, said once
+    index = load_dataset("folder", lib, None)
+    assert [v.video_id for v in index.videos] == ["b.mkv", "b.mp4", "trips/a"]
+    assert index.options["warnings"] == [f"1 link(s) lead out of {lib.resolve()} and are skipped, the first 'away.mp4'"]
 
 
 def test_folder_jsonl(tmp_path: Path) -> None:

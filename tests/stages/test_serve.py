@@ -185,6 +185,8 @@ def test_the_page_says_why_a_k_is_refused(client, k: str, words: str) -> None:
     r = client.get("/", params={"q": CAPTIONS[0], "k": k})
     assert r.status_code == 422 and r.headers["content-type"].startswith("text/html")
     assert 'data-error="1"' in r.text and words in r.text and 'class="hit"' not in r.text
+    emptied = client.get("/", params={"q": CAPTIONS[0], "k": ""})  # an emptied number field: the default k
+    assert emptied.status_code == 200 and 'class="hit"' in emptied.text
 
 
 def test_a_failure_inside_is_a_500_with_one_line(client, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -173,22 +173,39 @@ def test_run_that_stopped_before_a_checkpoint_starts_over(
     assert any("starting over" in (e.message or "") for e in events)
 
 
-def test_a_batch_larger_than_the_split_is_lowered_with_one_line(random_store: Path, tmp_path: Path) -> None:
-    """A small folder of one's own: the batch becomes the training split's size, said once and kept in config.json,
-    and --resume continues with it."""
+def test_a_batch_larger_than_the_split_is_lowered_with_one_line(
+    random_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A small folder of one's own: the batch becomes the training split's size, said once; precision.json records
+    the batch that ran, config.json the request, so an interrupted run resumes with the same config (as a sweep's
+    resume and `dab train --resume` give it) and a rerun of a finished one is "complete", not "another config"."""
     with open_store(random_store) as st:
         captions = len(st.load_split("train").caption_ids)
     out, events = tmp_path / "r", []
-    res = run_train(train_config(random_store, out, "epochs=1", "batch_size=100000"), progress=events.append)
-    assert res.epochs_done == 1
+    sets = ["epochs=2", "batch_size=100000", "checkpoint_every=1"]
+    restore = patch_loss(monkeypatch, interrupt_at(2))  # the second epoch's one step
+    with pytest.raises(KeyboardInterrupt):
+        run_train(train_config(random_store, out, *sets), progress=events.append)
+    restore()
     lines = [e.message for e in events if e.kind == "warning" and "batch_size" in (e.message or "")]
     assert lines == [
         f"batch_size 100000 exceeds the {captions} training captions of {random_store}: lowered to "
-        f"{captions} (recorded in config.json; --batch-size sets it)"
+        f"{captions} (recorded in precision.json; --batch-size sets it)"
     ]
-    assert json.loads((out / "config.json").read_text())["batch_size"] == captions
+    assert json.loads((out / "config.json").read_text())["batch_size"] == 100000
+    assert json.loads((out / "precision.json").read_text())["batch_size"] == {"requested": 100000, "used": captions}
+    res = run_train(train_config(random_store, out, *sets), resume=True)  # the same config as the sweep holds
+    assert res.epochs_done == 2 and json.loads((out / "status.json").read_text())["state"] == "complete"
+    again = run_train(train_config(random_store, out, *sets), resume=True)
+    assert again.epochs_done == 2  # complete: nothing to resume, no "another configuration"
     cli = invoke(["train", "--resume", "--out", str(out)])
-    assert cli.exit_code == 0, cli.output
+    assert cli.exit_code == 0 and "complete" in cli.output, cli.output
+
+
+def test_split_all_is_for_search_not_for_training(random_store: Path, tmp_path: Path) -> None:
+    for name in ("train_split", "val_split", "test_split"):
+        with pytest.raises(ConfigError, match=f"{name} must name one split of the store, not 'all'"):
+            train_config(random_store, tmp_path / "r", f"{name}=all")
 
 
 def test_a_split_too_small_for_any_batch_is_one_line(tmp_path: Path) -> None:

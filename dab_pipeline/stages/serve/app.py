@@ -177,7 +177,7 @@ def _home_route(
     def home(request: Request, q: Optional[str] = Query(None), k: Optional[str] = Query(None)) -> HTMLResponse:
         # k is read here, not by FastAPI, so that a bad one is said on the page (the API answers it as JSON)
         result, error, status = None, page_k_error(k, settings.max_k), 200
-        k = int(k) if k is not None and error is None else settings.k
+        k = int(k) if k is not None and k.strip() and error is None else settings.k
         if error is not None:
             status = 422
         elif q is not None:
@@ -203,7 +203,7 @@ def _home_route(
 
 def page_k_error(k: Optional[str], max_k: int) -> Optional[str]:
     """Why the page's ``k`` cannot be used, as the API would say it; None when it can (or is not given)."""
-    if k is None:
+    if k is None or not k.strip():  # an emptied number field: the default
         return None
     try:
         value = int(k)

@@ -124,8 +124,11 @@ def _run_train(cfg: TrainConfig, progress: ProgressCallback, resume: bool, dist,
     cfg, precision = _resolve_precision(cfg, ctx.device, progress)
     run.cfg = cfg
     data = run.load_data()
-    if run.cfg.batch_size != cfg.batch_size:  # lowered to the training split's size: config.json says so
-        asked, cfg = dataclasses.replace(asked, batch_size=run.cfg.batch_size), run.cfg
+    if run.cfg.batch_size != cfg.batch_size:  # lowered to the training split: precision.json records what ran
+        # config.json keeps the request, so a rerun, a sweep's resume or run_train(resume=True) with the same
+        # config compares equal, and lowers it again the same way (the same store)
+        precision["batch_size"] = {"requested": cfg.batch_size, "used": run.cfg.batch_size}
+        cfg = run.cfg
     folder["locks"] = run.locks  # released by run_train, after a failure is recorded
     ctx.run_on_main(lambda: run.open_folder(asked, precision, data.manifest, folder))
     trainer = Trainer(run, data)

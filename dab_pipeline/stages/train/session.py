@@ -133,20 +133,20 @@ class TrainRun:
                     "epoch (--set select_metric=last says so on purpose)",
                 )
             )
-        if cfg.batch_size % world:
-            raise self.shared(
-                ConfigError(
-                    f"batch_size {cfg.batch_size} is the global batch and must split evenly over the {world} processes "
-                    f"(e.g. {max(world, cfg.batch_size // world * world)})"
-                )
-            )
         per_epoch = epoch_length(train.caption_video.numpy(), cfg.epoch)
         if per_epoch // cfg.batch_size == 0:
             self._lower_batch(per_epoch)
+        if self.cfg.batch_size % world:
+            raise self.shared(
+                ConfigError(
+                    f"batch_size {self.cfg.batch_size} is the global batch and must split evenly over the {world} processes "
+                    f"(e.g. {max(world, self.cfg.batch_size // world * world)})"
+                )
+            )
 
     def _lower_batch(self, per_epoch: int) -> None:
         """A batch larger than an epoch (a small folder of one's own) is lowered to the epoch, split evenly over the
-        processes, with one warning line; config.json records the batch that ran (run.py)."""
+        processes, with one warning line; precision.json records the batch that ran (run.py)."""
         cfg, world = self.cfg, self.ctx.world_size
         what = "training captions" if cfg.epoch == "captions" else "training videos (epoch=videos)"
         lowered = per_epoch // world * world
@@ -161,7 +161,7 @@ class TrainRun:
             Event(
                 "warning",
                 message=f"batch_size {cfg.batch_size} exceeds the {per_epoch} {what} of {cfg.features}: "
-                f"lowered to {lowered} (recorded in config.json; --batch-size sets it)",
+                f"lowered to {lowered} (recorded in precision.json; --batch-size sets it)",
             )
         )
         self.cfg = dataclasses.replace(cfg, batch_size=lowered)
