@@ -38,4 +38,8 @@ def test_the_device_check_runs_every_step_on_the_cpu(tmp_path: Path) -> None:
     train = (tmp_path / "train.txt").read_text()
     assert "frozen (CLIP frozen), amp bf16" in train and "finetune (all" in train and "MSR-VTT-9k epoch" in train
     assert "-> OK" in (tmp_path / "ddp.txt").read_text()
-    assert "engine bfloat16" in (tmp_path / "scoring.txt").read_text()
+    scoring = (tmp_path / "scoring.txt").read_text()
+    from dab_pipeline.runtime.capabilities import capabilities
+
+    # bf16 rows where the CPU multiplies bf16 natively (the GPU always does); an AVX2-only CPU times float32 alone
+    assert ("engine bfloat16" if capabilities("cpu").bf16 else "engine float32") in scoring, scoring[-2000:]
