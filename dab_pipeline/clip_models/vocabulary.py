@@ -12,7 +12,7 @@ from torch import Tensor
 
 from .bundle import ClipBundle
 
-__all__ = ["known_tokens", "unknown_words"]
+__all__ = ["known_tokens", "unknown_words", "unknown_words_line"]
 
 _PUNCTUATION = ".,;:!?\"'()[]{}"
 
@@ -46,3 +46,12 @@ def unknown_words(bundle: ClipBundle, texts: Sequence[str]) -> list[tuple[str, .
 
 def _knows(known: Tensor, token: int) -> bool:
     return 0 <= token < len(known) and bool(known[token])
+
+
+def unknown_words_line(query: str, words: Sequence[str], model: str) -> str:
+    """One line naming the words of ``query`` that ``model`` does not know."""
+    listed = ", ".join(repr(w) for w in words)
+    return (
+        f"query {query!r}: {model} does not know {'the word' if len(words) == 1 else 'the words'} {listed} (no "
+        "embedding): the query is read without them; rephrase with words its captions use"
+    )

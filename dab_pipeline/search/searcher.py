@@ -29,7 +29,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from ..clip_models import check_store_weights, encode_queries_short, load_clip, unknown_words
+from ..clip_models import check_store_weights, encode_queries_short, load_clip, unknown_words, unknown_words_line
 from ..core.choices import DEFAULT_SCORE_DTYPE
 from ..core.errors import ConfigError, StoreError, UnknownNameError, WeightsError
 from ..core.fsutil import sha256_file
@@ -424,15 +424,6 @@ def check_queries(queries: Sequence[str], topk: int, shortlist: Optional[int]) -
     if shortlist is not None and shortlist < 1:
         raise ConfigError(f"shortlist must be a positive integer, got {shortlist}")
     return queries
-
-
-def unknown_words_line(query: str, words: Sequence[str], model: str) -> str:
-    """One line naming the words of ``query`` that ``model`` does not know."""
-    listed = ", ".join(repr(w) for w in words)
-    return (
-        f"query {query!r}: {model} does not know {'the word' if len(words) == 1 else 'the words'} {listed} (no "
-        "embedding): the query is read without them; rephrase with words its captions use"
-    )
 
 
 def _result(
