@@ -18,6 +18,7 @@ from ..core.choices import (
 )
 from ..core.errors import ConfigError
 from ..model import ModelConfig
+from ..store.layout import ALL_SPLITS
 
 __all__ = ["TrainConfig"]
 
@@ -76,8 +77,8 @@ class TrainConfig:
         if not 0.0 <= self.warmup_ratio < 1.0:
             raise ConfigError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
         for name in ("train_split", "val_split", "test_split"):
-            if getattr(self, name) == "all":  # search's every-video split: training on it would train on test
-                raise ConfigError(f"{name} must name one split of the store, not 'all' (that is for search)")
+            if getattr(self, name) == ALL_SPLITS:  # search's every-video split: training on it trains on test
+                raise ConfigError(f"{name} must name one split of the store, not {ALL_SPLITS!r} (that is for search)")
         self._check_ranges()
         if self.select_metric not in SELECT_METRICS:
             raise ConfigError(f"select_metric must be one of {', '.join(SELECT_METRICS)}, got {self.select_metric!r}")

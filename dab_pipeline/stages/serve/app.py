@@ -97,7 +97,8 @@ def invalid_parameters(errors: list[dict]) -> str:
     for e in errors:
         where = ".".join(str(p) for p in e.get("loc", ()) if p not in ("query", "body", "path"))
         msg = str(e.get("msg", "invalid")).replace("Input should be", "must be")
-        said.append(f"{where or 'request'}: {msg} (got {e['input']!r})" if "input" in e else f"{where}: {msg}")
+        where = where or "request"
+        said.append(f"{where}: {msg} (got {e['input']!r})" if "input" in e else f"{where}: {msg}")
     return "; ".join(said) or "invalid request"
 
 
