@@ -43,6 +43,13 @@ _API = {
     "Searcher": "dab_pipeline.search",
     "SearchResult": "dab_pipeline.search",
     "SearchHit": "dab_pipeline.search",
+    # calibrated probabilities, conformal sets, answers with a risk guarantee (docs/uncertainty.md)
+    "CalibrateConfig": "dab_pipeline.stages.calibrate",
+    "run_calibrate": "dab_pipeline.stages.calibrate",
+    "Calibration": "dab_pipeline.calibration",
+    "read_calibration": "dab_pipeline.calibration",
+    "UncertaintyRequest": "dab_pipeline.calibration",
+    "QueryUncertainty": "dab_pipeline.calibration",
     # the stages, as the CLI runs them
     "build_extract_config": "dab_pipeline.stages.extract",
     "run_extract": "dab_pipeline.stages.extract",

@@ -57,6 +57,7 @@ def cli() -> None:
     dab train     train DAB (or an ablation variant) on a store; writes a run folder
     dab evaluate  retrieval metrics, uncertainty diagnostics and reports for a run
     dab compare   one table for several runs
+    dab calibrate probabilities of a match, conformal sets and risk control for a run
     dab search    top-k videos of a store for a free-text query
     dab index     a FAISS first stage over a store's videos, for search at scale
     dab serve     a search page and JSON API over a run, a store and an index

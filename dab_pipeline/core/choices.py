@@ -44,3 +44,9 @@ COST_KINDS = ("cost", "similarity")
 # CLIP4Clip), or every caption of every other video (stricter)
 V2T_CONVENTIONS = ("videos", "captions")
 DECODE_BACKENDS = ("pyav", "pyav-seek", "decord")  # video decoders (dab_pipeline.video)
+# uncertainty (docs/uncertainty.md): the conformal scores a retrieval set is built with, and the maps
+# `dab calibrate` fits (logistic over every feature, isotonic over the margin)
+CONFORMAL_SCORES = ("lac", "aps", "raps", "normalized")
+DEFAULT_CONFORMAL_SCORE = "lac"
+CALIBRATION_METHODS = ("logistic", "isotonic")
+DEFAULT_CALIBRATION_METHOD = "logistic"

@@ -25,6 +25,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..core.choices import CONFORMAL_SCORES
 from ..core.errors import ConfigError
 
 __all__ = [
@@ -36,8 +37,6 @@ __all__ = [
     "cost_softmax",
     "needed_calibration",
 ]
-
-CONFORMAL_SCORES = ("lac", "aps", "raps", "normalized")
 
 
 def check_alpha(alpha: float, what: str = "alpha") -> float:

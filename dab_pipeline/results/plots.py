@@ -15,7 +15,7 @@ import numpy as np
 
 from ..core.fsutil import atomic_write_bytes
 
-__all__ = ["plot_risk_coverage", "plot_rank_hist"]
+__all__ = ["plot_risk_coverage", "plot_rank_hist", "plot_reliability"]
 
 
 def _new_figure(width: float = 6.0, height: float = 4.0) -> Any:
@@ -78,4 +78,26 @@ def plot_rank_hist(ranks: np.ndarray, path: Path) -> None:
     ax.set_xlabel("text-to-video rank of the ground truth")
     ax.set_ylabel("queries per bin" + (" (log-spaced bins)" if top > 20 else ""))
     ax.set_title(f"Rank histogram ({r.size} queries)")
+    _save_png(fig, path)
+
+
+def plot_reliability(bins: dict[str, dict[str, list]], path: Path) -> None:
+    """The reliability diagram of P(the first hit is a match): per probability, each bin's accuracy against its
+    mean probability (marker area: the bin's queries); the diagonal is perfect calibration."""
+    fig = _new_figure(5.0, 5.0)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.plot([0, 1], [0, 1], color="0.6", linestyle="--", label="perfectly calibrated")
+    for i, (name, b) in enumerate(bins.items()):
+        count = np.asarray(b["count"], np.float64)
+        size = 20.0 + 200.0 * count / max(float(count.sum()), 1.0)
+        colour = ["tab:blue", "tab:orange", "tab:green", "tab:red"][i % 4]
+        ax.plot(b["confidence"], b["accuracy"], color=colour, marker=None, linewidth=1)
+        ax.scatter(b["confidence"], b["accuracy"], s=size, color=colour, label=name, alpha=0.7)
+    ax.set_xlim(0.0, 1.0)
+    ax.set_ylim(0.0, 1.0)
+    ax.set_xlabel("predicted P(the first hit is a match)")
+    ax.set_ylabel("share of queries whose first hit is a match")
+    ax.set_title("Reliability (test split, 15 equal-width bins)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
     _save_png(fig, path)

@@ -29,7 +29,8 @@ import numpy as np
 from ..core.errors import ConfigError
 from ..core.fsutil import atomic_write_bytes
 from ..runs.run_folder import RunFolder
-from .plots import plot_rank_hist, plot_risk_coverage
+from .calibration_md import md_calibration
+from .plots import plot_rank_hist, plot_reliability, plot_risk_coverage
 
 __all__ = ["TABLE_COLUMNS", "write_report", "format_metric", "to_jsonable", "md_table", "postprocess_label", "MISSING"]
 
@@ -121,6 +122,7 @@ def _render_markdown(title: str, results: dict[str, Any], plots: dict[str, Path]
         _md_selective,
         _md_variance,
         _md_covariance,
+        md_calibration,
         _md_bridge,
         _md_neighbourhood,
     )
@@ -353,13 +355,15 @@ def write_report(
     title: str,
     curves: dict[str, Any] | None = None,
     ranks: np.ndarray | None = None,
+    reliability: dict[str, Any] | None = None,
 ) -> dict[str, Path]:
     """Write metrics.json, report.md and the plots into ``run_dir``.
 
     ``curves`` is a ``selective_report()["curves"]`` dict; when None the one
     inside ``results["selective"]`` is used, and without either the
     risk-coverage plot is skipped.  ``ranks`` (Q,) are text-to-video ranks for
-    ``rank_hist.png`` (skipped when None).  metrics.json holds every number
+    ``rank_hist.png`` (skipped when None); ``reliability``: a calibration section's reliability bins for
+    ``reliability.png``.  metrics.json holds every number
     of ``results`` except the per-query curve arrays, plus the title.
     Returns ``{"metrics": ..., "report": ..., "risk_coverage": ..., "rank_hist": ...}``
     (only the files written).
@@ -381,6 +385,10 @@ def write_report(
         path = run_dir / "rank_hist.png"
         plot_rank_hist(np.asarray(ranks), path)
         plots["rank_hist"] = path
+    if reliability:
+        path = run_dir / "reliability.png"
+        plot_reliability(reliability, path)
+        plots["reliability"] = path
 
     payload = {"title": title, **_strip_curves(results)}
     payload.setdefault("postprocess", {"name": "none"})

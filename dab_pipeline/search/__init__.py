@@ -3,12 +3,10 @@ store's CLIP and (optionally) a ``dab index`` folder once and ranks queries; ``d
 (``dab_pipeline.stages``) are its two users."""
 
 from .descriptions import load_descriptions  # noqa: F401
+from .results import SearchHit, SearchResult, check_queries, uncertainty_payload  # noqa: F401
 from .searcher import (  # noqa: F401
     DEFAULT_SHORTLIST,
     Searcher,
-    SearchHit,
-    SearchResult,
-    check_queries,
     encode_queries,
 )
 
@@ -19,5 +17,6 @@ __all__ = [
     "Searcher",
     "encode_queries",
     "check_queries",
+    "uncertainty_payload",
     "DEFAULT_SHORTLIST",
 ]

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
 
+from ..calibration import UncertaintyRequest
 from ..clip_models import check_store_weights, encode_queries_short, load_clip, unknown_words, unknown_words_line
 from ..core.choices import DEFAULT_SCORE_DTYPE
 from ..core.errors import ConfigError, StoreError, UnknownNameError, WeightsError
@@ -39,38 +39,11 @@ from ..runtime.capabilities import resolve_score_dtype
 from ..runtime.devices import resolve_device
 from ..scoring import DEFAULT_SHORTLIST, Scorer, first_stage, topk_smallest
 from ..store import open_store
+from .calibrated import CalibratedSearch
 from .pairs import score_shortlists
+from .results import Ranked, SearchResult, check_queries, make_result, tick
 
-__all__ = ["SearchHit", "SearchResult", "Searcher", "encode_queries", "check_queries", "DEFAULT_SHORTLIST"]
-
-
-@dataclass(frozen=True)
-class SearchHit:
-    """One retrieved video."""
-
-    rank: int  # 1-based
-    video_index: int  # row of the video in the split
-    video_id: str
-    cost: float  # lower is better (KL / W2 for prob/dab, -cos for xpool/bridge)
-
-
-@dataclass
-class SearchResult:
-    """A query's ranked videos and its confidence."""
-
-    query: str
-    hits: list[SearchHit]
-    # best-vs-second-best cost gap over the whole split (the paper's top-1/top-2 KL
-    # margin for KL runs); larger is more confident; None with fewer than 2 videos
-    margin: Optional[float]
-    # the costs of the videos scored for this query (V,) and their ids, for result pages: the whole split
-    # (+inf outside a cosine shortlist), or with an index only the K shortlisted videos
-    costs: Optional[np.ndarray] = None
-    video_ids: Optional[np.ndarray] = None
-    shortlist: Optional[int] = None  # K videos re-ranked (None: every video of the split scored)
-    # words of the query the store's CLIP has no embedding for (a compact-vocabulary model such as dab-world):
-    # the query was read without them; empty for a model that knows every word
-    unknown_words: tuple[str, ...] = ()
+__all__ = ["Searcher", "encode_queries", "DEFAULT_SHORTLIST"]
 
 
 def _query_clip(manifest: dict, device: str | torch.device):
@@ -102,7 +75,7 @@ def encode_queries(manifest: dict, queries: Sequence[str], device: str | torch.d
     return encode_queries_short(_query_clip(manifest, device), list(queries))  # (M, D)
 
 
-class Searcher:
+class Searcher(CalibratedSearch):
     """What a search needs, loaded once: the run, the open store, the store's CLIP and, optionally, an index.
 
     With an ``index`` (``dab index``) a query reads only its shortlist's K videos from the store
@@ -152,12 +125,18 @@ class Searcher:
                 self.index = load_index(index)
                 self._check_index(store_fingerprint(self.store, self.rows))
                 self.terms = self._terms_usable(warn)
+            self._load_calibration(warn)
             # encoder=False: ranks given text features only (benchmarks of stores without a CLIP)
             self.bundle = _query_clip(self.store.manifest, self.device) if encoder else None
         except BaseException:
             self.store.close()
             raise
         self._feats = None  # the whole split, loaded on the first search without an index
+
+    def _checkpoint_sha(self) -> str:
+        if self._run_sha is None:
+            self._run_sha = sha256_file(self.run.checkpoint)
+        return self._run_sha
 
     def _check_index(self, fingerprint: str) -> None:
         assert self.index is not None
@@ -174,9 +153,7 @@ class Searcher:
     def _index_of_this_run(self) -> bool:
         """Whether the index records this run's checkpoint (its sha256, hashed once a Searcher)."""
         assert self.index is not None
-        if self._run_sha is None:
-            self._run_sha = sha256_file(self.run.checkpoint)
-        return self.index.meta.run.get("checkpoint_sha256") == self._run_sha
+        return self.index.meta.run.get("checkpoint_sha256") == self._checkpoint_sha()
 
     def _terms_usable(self, warn: Callable[[str], None]) -> bool:
         """Whether the index's video terms (``dab index --video-terms``) were made by this run; a warning where
@@ -236,14 +213,22 @@ class Searcher:
         shortlist: Optional[int] = None,
         nprobe: Optional[int] = None,
         memory_budget: Optional[int] = None,
+        uncertainty: Optional[UncertaintyRequest] = None,
     ) -> list[SearchResult]:
-        """Each query's ``topk`` videos, best first, with its top-1/top-2 margin.
+        """Each query's ``topk`` videos, best first, with its top-1/top-2 margin (and, for a calibrated run, its
+        calibrated probabilities; ``uncertainty``: a conformal set and a risk decision, docs/uncertainty.md).
 
         ``shortlist``: K videos re-ranked a query (with an index: default ``DEFAULT_SHORTLIST``, 100; without:
         None scores them all).
         """
         queries = check_queries(queries, topk, shortlist)
-        results = self.rank(queries, self.encode(queries), topk, shortlist, nprobe, memory_budget)
+        self.check_request(uncertainty)  # before the search: a request that cannot be met costs nothing
+        text = self.encode(queries)  # (M, D)
+        results = self.rank(queries, text, topk, shortlist, nprobe, memory_budget)
+        assessed = self._assess(results, text, [uncertainty] * len(results))
+        for r in assessed:
+            if isinstance(r, ConfigError):
+                raise r
         return self._note_unknown_words(results, self.warn)
 
     def search_batch(
@@ -253,14 +238,17 @@ class Searcher:
         shortlist: Optional[int] = None,
         nprobe: Optional[int] = None,
         timings: Optional[dict] = None,
+        uncertainty: Optional[UncertaintyRequest] | Sequence[Optional[UncertaintyRequest]] = None,
     ) -> list[SearchResult | ConfigError]:
         """Queries that arrived together (a server's batch), each answered as :meth:`search` answers it alone.
 
         ``topk``: one for all or one per query. A bad query (empty, ``topk`` below 1) gets its ConfigError in
         its place and the others their results; the good ones are encoded in one batch and ranked together
         (:meth:`rank`). ``shortlist`` and ``nprobe`` are the batch's: a bad ``shortlist`` raises. A failed
-        read of the store or the index raises too (the batch's, not a query's).
+        read of the store or the index raises too (the batch's, not a query's). ``uncertainty``: one request for
+        all or one per query; a request that cannot be met is its query's ConfigError.
         """
+        reqs = list(uncertainty) if isinstance(uncertainty, (list, tuple)) else [uncertainty] * len(queries)
         ks = [topk] * len(queries) if isinstance(topk, int) else [int(k) for k in topk]
         if len(ks) != len(queries):
             raise ConfigError(f"{len(ks)} topk values for {len(queries)} queries")
@@ -277,9 +265,11 @@ class Searcher:
             texts = [str(queries[i]) for i in good]
             t0 = time.perf_counter()
             text = self.encode(texts)  # (M, D): one batch
-            _tick(timings if timings is not None else {}, "encode", t0)
-            ranked = self.rank(texts, text, [ks[i] for i in good], shortlist, nprobe, None, timings)
-            for i, res in zip(good, self._note_unknown_words(ranked)):  # a server's results say it; no log line
+            tick(timings if timings is not None else {}, "encode", t0)
+            ranked = self._note_unknown_words(  # a server's results say it; no log line
+                self.rank(texts, text, [ks[i] for i in good], shortlist, nprobe, None, timings)
+            )
+            for i, res in zip(good, self._assess(ranked, text, [reqs[i] for i in good])):
                 out[i] = res
         assert all(o is not None for o in out)
         return out  # type: ignore[return-value]  # every place filled
@@ -330,18 +320,18 @@ class Searcher:
         t0 = time.perf_counter()
         qv = query_vectors(self.index.meta.vector, text.to(self.device), self.run.model)  # (M, D)
         cand = first_stage(qv, self.index, k_sl, nprobe=nprobe)  # (M, K) store rows, -1: none
-        t0 = _tick(timings, "index", t0)
+        t0 = tick(timings, "index", t0)
         rows = [np.unique(c[c >= 0]) for c in cand]  # each query's shortlist, sorted: the store reads coalesce
         union = rows[0] if len(rows) == 1 else np.unique(np.concatenate(rows))  # (U,)
         frames, mask = self.store.read_videos(union)  # (U, F, D), (U, F): the shortlists' videos, each once
         terms = self.index.video_terms(union) if self.terms else None  # (U, D) float16: the run's video terms
-        t0 = _tick(timings, "read", t0)
+        t0 = tick(timings, "read", t0)
         costs = self._score_shortlists(text, frames, mask, [np.searchsorted(union, r) for r in rows], terms)
-        _tick(timings, "score", t0)
+        tick(timings, "score", t0)
         out = []
         for q, r, cost, k in zip(queries, rows, costs, ks):
-            res = _Ranked(cost[None], *topk_smallest(cost[None], min(max(k, 2), len(r))))  # (1, K)
-            out.append(_result(q, res, 0, self.store.video_ids[r], np.searchsorted(self.rows, r), k, k_sl))
+            res = Ranked(cost[None], *topk_smallest(cost[None], min(max(k, 2), len(r))))  # (1, K)
+            out.append(make_result(q, res, 0, self.store.video_ids[r], np.searchsorted(self.rows, r), k, k_sl))
         return out
 
     def _score_shortlists(
@@ -394,52 +384,6 @@ class Searcher:
             text, feats.frames, feats.frame_mask, topk=min(max([*ks, 2]), n_v), shortlist=shortlist
         )  # each query's best max(k) videos, best first: the first k are its top k
         return [
-            _result(q, res, i, feats.video_ids, np.arange(n_v), k, shortlist)
+            make_result(q, res, i, feats.video_ids, np.arange(n_v), k, shortlist)
             for i, (q, k) in enumerate(zip(queries, ks))
         ]
-
-
-@dataclass
-class _Ranked:
-    """The parts of a ScoreResult that :func:`_result` reads."""
-
-    cost: np.ndarray  # (M, V)
-    topk_indices: np.ndarray  # (M, k)
-    topk_costs: np.ndarray  # (M, k)
-
-
-def _tick(timings: dict, name: str, t0: float) -> float:
-    now = time.perf_counter()
-    timings[name] = timings.get(name, 0.0) + now - t0
-    return now
-
-
-def check_queries(queries: Sequence[str], topk: int, shortlist: Optional[int]) -> list[str]:
-    """The queries as strings; ConfigError for none, an empty one, or a ``topk`` / ``shortlist`` below 1."""
-    queries = [str(q) for q in queries]
-    if not queries or any(not q.strip() for q in queries):
-        raise ConfigError("dab search needs at least one non-empty query")
-    if topk < 1:
-        raise ConfigError(f"topk must be a positive integer, got {topk}")
-    if shortlist is not None and shortlist < 1:
-        raise ConfigError(f"shortlist must be a positive integer, got {shortlist}")
-    return queries
-
-
-def _result(
-    query: str, res, i: int, ids: np.ndarray, split_pos: np.ndarray, topk: int, shortlist: Optional[int]
-) -> SearchResult:
-    """Row ``i`` of a ScoreResult over the videos ``ids`` (their positions in the split: ``split_pos``)."""
-    assert res.topk_indices is not None and res.topk_costs is not None
-    idx, costs = res.topk_indices[i], res.topk_costs[i]
-    margin = float(costs[1] - costs[0]) if len(ids) >= 2 and np.isfinite(costs[:2]).all() else None
-    # a video outside a cosine shortlist was not scored (+inf): never a hit
-    hits = [
-        SearchHit(rank=r + 1, video_index=int(split_pos[j]), video_id=str(ids[j]), cost=float(c))
-        for r, (j, c) in enumerate(zip(idx[:topk], costs[:topk]))
-        if np.isfinite(c)
-    ]
-    row = np.asarray(res.cost[i], np.float32) if res.cost is not None else None
-    return SearchResult(
-        query=query, hits=hits, margin=margin, costs=row, video_ids=np.asarray(ids), shortlist=shortlist
-    )

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from ..calibration import DEFAULT_CONFORMAL_SCORE, DEFAULT_DELTA, UncertaintyRequest
 from ..core.choices import DEFAULT_SCORE_DTYPE
 
 # Re-exported, not defined here: scripts imported loading a run and the Searcher from this module before they
@@ -57,9 +58,19 @@ class SearchConfig:
     index: Optional[Path] = None
     nprobe: Optional[int] = None
     memory_budget: Optional[int] = None
+    # with a calibrated run (`dab calibrate`): a conformal set of this coverage, answers under this risk
+    coverage: Optional[float] = None
+    conformal_score: str = DEFAULT_CONFORMAL_SCORE
+    max_risk: Optional[float] = None
+    delta: float = DEFAULT_DELTA
 
     def __post_init__(self) -> None:
         check_queries(self.queries, self.topk, self.shortlist)
+        _ = self.uncertainty  # a coverage or risk outside (0, 1) is refused before anything loads
+
+    @property
+    def uncertainty(self) -> UncertaintyRequest:
+        return UncertaintyRequest(self.coverage, self.conformal_score, self.max_risk, self.delta)
 
 
 def run_search(cfg: SearchConfig, warn: Callable[[str], None] = lambda message: None) -> list[SearchResult]:
@@ -68,7 +79,12 @@ def run_search(cfg: SearchConfig, warn: Callable[[str], None] = lambda message: 
         cfg.run, cfg.features, split=cfg.split, index=cfg.index, device=cfg.device, dtype=cfg.dtype, warn=warn
     ) as s:
         return s.search(
-            list(cfg.queries), cfg.topk, shortlist=cfg.shortlist, nprobe=cfg.nprobe, memory_budget=cfg.memory_budget
+            list(cfg.queries),
+            cfg.topk,
+            shortlist=cfg.shortlist,
+            nprobe=cfg.nprobe,
+            memory_budget=cfg.memory_budget,
+            uncertainty=cfg.uncertainty,
         )
 
 
@@ -85,6 +101,10 @@ def search(
     index: str | Path | None = None,
     nprobe: Optional[int] = None,
     memory_budget: Optional[int] = None,
+    coverage: Optional[float] = None,
+    conformal_score: str = DEFAULT_CONFORMAL_SCORE,
+    max_risk: Optional[float] = None,
+    delta: float = DEFAULT_DELTA,
     warn: Callable[[str], None] = lambda message: None,
 ) -> list[SearchResult]:
     """The ``topk`` videos of ``split`` for each free-text query, best first, with each query's margin.
@@ -93,7 +113,10 @@ def search(
     defaults to 100 and only those videos are read); ``shortlist`` without an index: a cosine first stage over
     the split in memory. ``dtype`` (``float32``: exact, the default; ``bfloat16``; ``auto``) is resolved for the
     device first (:func:`dab_pipeline.runtime.capabilities.resolve_score_dtype`): bf16 asked where it is not
-    native runs in float32 and ``warn`` gets the reason.
+    native runs in float32 and ``warn`` gets the reason. A calibrated run (``dab calibrate``) gives each result its
+    calibrated probabilities; ``coverage`` asks for each query's conformal set (``conformal_score``: lac, aps,
+    raps, normalized), ``max_risk`` for answers whose first hit errs at most that often (with probability
+    1 - ``delta``): docs/uncertainty.md.
     """
     cfg = SearchConfig(
         run=Path(run_dir),
@@ -107,5 +130,9 @@ def search(
         index=None if index is None else Path(index),
         nprobe=nprobe,
         memory_budget=memory_budget,
+        coverage=coverage,
+        conformal_score=conformal_score,
+        max_risk=max_risk,
+        delta=delta,
     )
     return run_search(cfg, warn)

@@ -28,10 +28,12 @@ def text_store(
     test_videos: int = 6,
     frames: int = 4,
     pretrained: Optional[str] = None,
+    splits: Optional[Sequence[str]] = None,
 ) -> Path:
     """One caption per video, encoded by dab-tiny (so a query string re-encodes to its stored feature).
 
-    Videos ``0 .. test_videos - 1`` are "test", the rest "train"; video 1 is short (2 frames).
+    Videos ``0 .. test_videos - 1`` are "test", the rest "train" (or each its own of ``splits``); video 1 is short
+    (2 frames).
     """
     bundle = load_clip("dab-tiny", None)
     d, n = bundle.embed_dim, len(captions)
@@ -45,7 +47,7 @@ def text_store(
     store = empty_store(
         path,
         n,
-        splits=["test"] * test_videos + ["train"] * (n - test_videos),
+        splits=list(splits) if splits is not None else ["test"] * test_videos + ["train"] * (n - test_videos),
         video_id="vid{i}",
         caption_text=lambda q, v: captions[q],
         manifest=manifest,

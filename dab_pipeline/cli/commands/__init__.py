@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .calibrating import calibrate  # noqa: F401
 from .evaluating import compare, evaluate  # noqa: F401
 from .extracting import extract, inspect  # noqa: F401
 from .indexing import index  # noqa: F401

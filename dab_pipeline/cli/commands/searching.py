@@ -7,10 +7,11 @@ from pathlib import Path
 
 import click
 
-from ...core.choices import DEFAULT_SCORE_DTYPE, SCORE_DTYPES
+from ...core.choices import CONFORMAL_SCORES, DEFAULT_CONFORMAL_SCORE, DEFAULT_SCORE_DTYPE, SCORE_DTYPES
 from .. import cli
 from .options import k_option, one_spelling
 from .output import console
+from .uncertainty import uncertainty_lines, uncertainty_payload
 
 _EXISTING = click.Path(path_type=Path, exists=True)
 
@@ -58,6 +59,30 @@ _EXISTING = click.Path(path_type=Path, exists=True)
 )
 @click.option("--nprobe", type=int, default=None, help="IVF lists scanned a query (default: the index's).")
 @click.option(
+    "--coverage",
+    type=float,
+    default=None,
+    help="Also list each query's conformal set: the fewest videos that hold a match with this probability "
+    "(e.g. 0.9; on average over queries like the validation ones). Needs `dab calibrate` (docs/uncertainty.md).",
+)
+@click.option(
+    "--conformal-score",
+    type=click.Choice(CONFORMAL_SCORES),
+    default=DEFAULT_CONFORMAL_SCORE,
+    show_default=True,
+    help="How the set is built: lac (1 - the softmax probability), aps, raps, normalized (by the model's "
+    "text variance).",
+)
+@click.option(
+    "--max-risk",
+    type=float,
+    default=None,
+    help="Answer a query only where its calibrated confidence passes the threshold that keeps the first "
+    "hit's error rate among answered queries at most this (e.g. 0.1), with probability 1 - --delta. Needs "
+    "`dab calibrate`.",
+)
+@click.option("--delta", type=float, default=0.05, show_default=True, help="The risk guarantee's failure probability.")
+@click.option(
     "--descriptions",
     type=_EXISTING,
     default=None,
@@ -87,6 +112,10 @@ def search(
     index_dir,
     shortlist,
     nprobe,
+    coverage,
+    conformal_score,
+    max_risk,
+    delta,
     descriptions,
     html,
     as_json,
@@ -112,6 +141,10 @@ def search(
         shortlist=shortlist,
         index=index_dir,
         nprobe=nprobe,
+        coverage=coverage,
+        conformal_score=conformal_score,
+        max_risk=max_risk,
+        delta=delta,
         warn=lambda message: click.echo(f"warning: {message}", err=True),
     )
     if html is not None:
@@ -130,6 +163,7 @@ def _search_payload(results, about: dict) -> list[dict]:
             "query": r.query,
             "margin": r.margin,
             "unknown_words": list(r.unknown_words),
+            **({"uncertainty": uncertainty_payload(r)} if r.uncertainty is not None else {}),
             "hits": [
                 {
                     "rank": h.rank,
@@ -170,6 +204,8 @@ def _print_results(results, about: dict) -> None:
                 *([about.get(h.video_id, "(no description)")] if about else []),
             )
         con.print(table)
+        for line in uncertainty_lines(r):
+            con.print(line, highlight=False, soft_wrap=True)
 
 
 def _write_page(path: Path, results, features: Path, run_dir: Path, about: dict, topk: int) -> Path:

@@ -18,6 +18,7 @@ from ...runs.costfile import CostMatrix, read_costs
 from ...runs.run_folder import RunFolder, locate_store
 from ...store import open_store
 from .bridge import bridge_report
+from .calibrated import calibration_section
 from .config import EvaluateConfig
 from .covariance import covariance_report
 from .examples import write_examples
@@ -73,13 +74,7 @@ def run_evaluate(cfg: EvaluateConfig, progress: ProgressCallback = null_progress
             v2t_convention=cfg.v2t,
         )
     )
-    sel = M.selective_report(cost, gt)
-    curves = sel.pop("curves", None) if isinstance(sel, dict) else None
-    results["selective"] = sel
-    ex = cm.extras or {}
-    if all(k in ex for k in ("text_var", "bridged_var", "video_var")):
-        results["variance"] = M.variance_asymmetry(ex["text_var"], ex["bridged_var"], ex["video_var"])
-
+    curves, calibrated = _uncertainty_sections(results, cfg, cm, cost, gt, progress)
     store_path = store_of(cfg, cm, costs_path)
     _store_diagnostics(results, cfg, cm, cost, gt, store_path, progress)
 
@@ -92,13 +87,40 @@ def run_evaluate(cfg: EvaluateConfig, progress: ProgressCallback = null_progress
     ranks = M.t2v_ranks(cost, gt)
     with _removed_if_left_empty(out_dir):
         files = write_report(
-            out_dir, results, title=title, curves=curves if cfg.plots else None, ranks=ranks if cfg.plots else None
+            out_dir,
+            results,
+            title=title,
+            curves=curves if cfg.plots else None,
+            ranks=ranks if cfg.plots else None,
+            reliability=calibrated["reliability"] if cfg.plots and calibrated else None,
         )
     if cfg.examples:
         files["examples"] = write_examples(out_dir / RunFolder.EXAMPLES, cfg, cm, cost, gt, results, store_path)
     results["files"] = {k: str(v) for k, v in files.items()}
     progress(Event("info", message=f"wrote {', '.join(str(p) for p in files.values())}"))
     return results
+
+
+def _uncertainty_sections(
+    results: dict[str, Any],
+    cfg: EvaluateConfig,
+    cm: CostMatrix,
+    cost: np.ndarray,
+    gt: np.ndarray,
+    progress: ProgressCallback,
+) -> tuple[Optional[dict], Optional[dict]]:
+    """Selective prediction, the variances and a calibrated run's calibration, into ``results``; returns the
+    risk-coverage curves and the calibration section (for the plots)."""
+    sel = M.selective_report(cost, gt)
+    curves = sel.pop("curves", None) if isinstance(sel, dict) else None
+    results["selective"] = sel
+    ex = cm.extras or {}
+    if all(k in ex for k in ("text_var", "bridged_var", "video_var")):
+        results["variance"] = M.variance_asymmetry(ex["text_var"], ex["bridged_var"], ex["video_var"])
+    calibrated = calibration_section(Path(cfg.run) if cfg.run else None, cm, cost, gt, progress)
+    if calibrated is not None:
+        results["calibration"] = calibrated
+    return curves, calibrated
 
 
 def _inputs(cfg: EvaluateConfig) -> tuple[Path, Path]:

@@ -6,6 +6,7 @@ import contextlib
 import time
 from typing import TYPE_CHECKING, Callable, Optional
 
+from ...calibration import DEFAULT_CONFORMAL_SCORE, DEFAULT_DELTA, UncertaintyRequest
 from ...core.errors import ConfigError, DabError, StoreError
 from ...search import Searcher, SearchResult
 from .batcher import Batcher
@@ -50,9 +51,9 @@ def create_app(searcher: Searcher, settings: ServeSettings = ServeSettings(), ab
     page = env.get_template("search.html.j2")
     _add_error_handlers(app, JSONResponse)
     captions = first_captions(searcher)
-    run_query = _query_runner(batcher, settings)
+    run_query = _query_runner(searcher, batcher, settings)
     routes = (
-        ("/search", _search_route(batcher, settings, abstain, Query, JSONResponse)),
+        ("/search", _search_route(searcher, batcher, settings, abstain, Query, JSONResponse)),
         ("/healthz", _healthz_route(searcher, health, batcher, JSONResponse)),
         ("/", _home_route(searcher, settings, abstain, run_query, page, captions, Query, HTMLResponse)),
     )
@@ -103,15 +104,19 @@ def invalid_parameters(errors: list[dict]) -> str:
 
 
 def _query_runner(
-    batcher: Batcher, settings: ServeSettings
-) -> Callable[[Request, Optional[str], int], tuple[SearchResult, float]]:
-    """request, q, k -> (the checked query's result, seconds from its arrival to its answer), answered in a batch
-    of the queries that arrived with it (the files checked before and after each batch: health.run_batch)."""
+    searcher: Searcher, batcher: Batcher, settings: ServeSettings
+) -> Callable[..., tuple[SearchResult, float]]:
+    """request, q, k, uncertainty -> (the checked query's result, seconds from its arrival to its answer), answered
+    in a batch of the queries that arrived with it (the files checked before and after each batch:
+    health.run_batch), then given its calibrated answer (``uncertainty``: a conformal set, a risk decision)."""
 
-    def run_query(request: Request, q: Optional[str], k: int) -> tuple[SearchResult, float]:
+    def run_query(
+        request: Request, q: Optional[str], k: int, uncertainty: Optional[UncertaintyRequest] = None
+    ) -> tuple[SearchResult, float]:
         text = _checked(request, q, settings)
+        searcher.check_request(uncertainty)  # a request the calibration cannot meet waits for no batch
         t0 = time.perf_counter()
-        res = batcher.submit(text, k)
+        res = searcher.reassess(batcher.submit(text, k), uncertainty) if uncertainty else batcher.submit(text, k)
         return res, time.perf_counter() - t0
 
     return run_query
@@ -122,7 +127,9 @@ def _checked(request: Request, q: Optional[str], settings: ServeSettings) -> str
     return check_query(q, settings.max_query_chars)
 
 
-def _search_route(batcher: Batcher, settings: ServeSettings, abstain: Optional[dict], Query, JSONResponse) -> Callable:
+def _search_route(
+    searcher: Searcher, batcher: Batcher, settings: ServeSettings, abstain: Optional[dict], Query, JSONResponse
+) -> Callable:
     """``GET /search``: the JSON answer to one query. Async: a query waits for its batch on the event loop, not in
     a thread of the pool, and the answer is sent as it is (no response model to validate it against)."""
 
@@ -130,10 +137,18 @@ def _search_route(batcher: Batcher, settings: ServeSettings, abstain: Optional[d
         request: Request,
         q: Optional[str] = Query(None, description="the query text"),
         k: int = Query(settings.k, ge=1, le=settings.max_k, description="videos returned"),
+        coverage: Optional[float] = Query(None, description="a conformal set of this coverage (dab calibrate)"),
+        score: str = Query(DEFAULT_CONFORMAL_SCORE, description="the conformal score: lac, aps, raps, normalized"),
+        max_risk: Optional[float] = Query(None, description="answer under this risk of a wrong first hit"),
+        delta: float = Query(DEFAULT_DELTA, description="the risk guarantee's failure probability"),
     ):
         text = _checked(request, q, settings)
+        wanted = UncertaintyRequest(coverage, score, max_risk, delta)  # outside (0, 1): a 400 naming it
+        searcher.check_request(wanted)
         t0 = time.perf_counter()
         res = await batcher.answer(text, k)
+        if wanted.active:
+            res = searcher.reassess(res, wanted)
         secs = time.perf_counter() - t0
         return JSONResponse({**payload(res, settings, secs), "k": k, "abstain_threshold": abstain})
 
@@ -175,7 +190,13 @@ def _home_route(
 ) -> Callable:
     """``GET /``: the search page, with the results of ``?q=`` when given."""
 
-    def home(request: Request, q: Optional[str] = Query(None), k: Optional[str] = Query(None)) -> HTMLResponse:
+    def home(
+        request: Request,
+        q: Optional[str] = Query(None),
+        k: Optional[str] = Query(None),
+        coverage: Optional[str] = Query(None),
+        max_risk: Optional[str] = Query(None),
+    ) -> HTMLResponse:
         # k is read here, not by FastAPI, so that a bad one is said on the page (the API answers it as JSON)
         result, error, status = None, page_k_error(k, settings.max_k), 200
         k = int(k) if k is not None and k.strip() and error is None else settings.k
@@ -183,7 +204,8 @@ def _home_route(
             status = 422
         elif q is not None:
             try:
-                res, secs = run_query(request, q, k)
+                wanted = page_uncertainty(coverage, max_risk)
+                res, secs = run_query(request, q, k, wanted)
                 result = page_result(searcher, res, settings, secs, captions)
             except DabError as exc:  # the page says it, with the status the API gives the same request
                 error, status = str(exc), status_of(exc)
@@ -194,6 +216,9 @@ def _home_route(
             result=result,
             error=error,
             abstain=abstain,
+            coverage=coverage or "",
+            max_risk=max_risk or "",
+            calibrated=searcher.calibration is not None,
             videos=searcher.num_videos,
             index=searcher.index is not None,
         )
@@ -211,6 +236,21 @@ def page_k_error(k: Optional[str], max_k: int) -> Optional[str]:
     except ValueError:
         return f"k: must be a whole number from 1 to {max_k} (got {k!r})"
     return None if 1 <= value <= max_k else f"k: must be from 1 to {max_k} (got {value})"
+
+
+def page_uncertainty(coverage: Optional[str], max_risk: Optional[str]) -> Optional[UncertaintyRequest]:
+    """The page's coverage and max-risk fields (empty: not asked) as a request; a ConfigError naming a bad one."""
+    values = []
+    for name, raw in (("coverage", coverage), ("max-risk", max_risk)):
+        if raw is None or not raw.strip():
+            values.append(None)
+            continue
+        try:
+            values.append(float(raw))
+        except ValueError:
+            raise ConfigError(f"{name} must be a number in (0, 1), got {raw!r}") from None
+    wanted = UncertaintyRequest(coverage=values[0], max_risk=values[1])
+    return wanted if wanted.active else None
 
 
 def status_of(exc: DabError) -> int:

@@ -7,7 +7,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ...results.page import data_uri
-from ...search import Searcher, SearchResult
+from ...search import Searcher, SearchResult, uncertainty_payload
 from .settings import ServeSettings
 
 __all__ = ["cost_svg", "payload", "page_result", "first_captions", "MAX_CAPTIONS_SHOWN"]
@@ -43,6 +43,7 @@ def payload(r: SearchResult, settings: ServeSettings, seconds: float) -> dict[st
         "abstain": bool(abstain),
         "shortlist": r.shortlist,
         "unknown_words": list(r.unknown_words),
+        **({"uncertainty": uncertainty_payload(r)} if r.uncertainty is not None else {}),
         "hits": [
             {
                 "rank": h.rank,

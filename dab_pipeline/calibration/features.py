@@ -1,0 +1,107 @@
+"""What a query's costs say about whether its first hits are right: the features a probability map reads.
+
+From a query's costs over a gallery (lower is better) and nothing else the model has not already computed:
+
+* ``margin``: the second-best cost minus the best (the paper's top-1/top-2 KL margin);
+* ``gap_2`` .. ``gap_{k-1}``: the gaps between the next of the first k costs;
+* ``p_first``: the softmax of -cost / T of the best video, T the run's temperature (PAC's tau, or one over a
+  cosine run's logit scale): the temperature softmax a user would try first;
+* ``p_first_k``: that softmax's mass on the first k videos;
+* ``log_text_var``: the log of the text Gaussian's mean variance, where the model has one (prob, dab): how
+  many videos the caption fits (docs/model.md).
+
+A video outside a shortlist (cost +inf) has softmax mass 0 and is never among the first k.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from ..core.errors import ConfigError
+from ..metrics.conformal import cost_softmax
+
+__all__ = ["DEFAULT_K", "QueryFeatures", "feature_names", "first_hit_outcomes", "query_features", "text_variance"]
+
+DEFAULT_K = 5  # the "first k" of P(a match in the first k) and of the cost gaps
+
+
+@dataclass(frozen=True)
+class QueryFeatures:
+    names: tuple[str, ...]
+    values: np.ndarray  # (Q, F) float64
+
+    def column(self, name: str) -> np.ndarray:
+        return self.values[:, self.names.index(name)]
+
+
+def feature_names(k: int, with_variance: bool) -> tuple[str, ...]:
+    """The features' names, in their column order."""
+    gaps = tuple(f"gap_{i}" for i in range(2, k))
+    return ("margin", *gaps, "p_first", "p_first_k", *(("log_text_var",) if with_variance else ()))
+
+
+def _sorted_finite(cost: np.ndarray, k: int) -> np.ndarray:
+    """Each row's k smallest costs, ascending (Q, k); a row with fewer than k finite costs repeats its last."""
+    c = np.asarray(cost, np.float64)  # (Q, V)
+    if c.ndim != 2 or c.shape[1] < 2:
+        raise ConfigError(
+            f"uncertainty features need a (queries, videos) cost matrix of 2 videos or more, got {c.shape}"
+        )
+    kk = min(k, c.shape[1])
+    part = np.sort(np.partition(c, kk - 1, axis=1)[:, :kk], axis=1)  # (Q, kk)
+    if not np.isfinite(part[:, :2]).all():
+        raise ConfigError("every query needs at least 2 scored videos (finite costs) for its uncertainty features")
+    part = np.where(np.isfinite(part), part, np.nan)
+    part = np.fmax.accumulate(part, axis=1)  # a missing cost repeats the last finite one: its gap is 0
+    if kk < k:
+        part = np.concatenate([part, np.repeat(part[:, -1:], k - kk, axis=1)], axis=1)
+    return part
+
+
+def query_features(
+    cost: np.ndarray, temperature: float, k: int = DEFAULT_K, text_var: Optional[np.ndarray] = None
+) -> QueryFeatures:
+    """The features of each query (rows of ``cost`` (Q, V)); ``text_var`` (Q,) > 0 or None."""
+    if k < 2:
+        raise ConfigError(f"k must be at least 2, got {k}")
+    first = _sorted_finite(cost, k)  # (Q, k)
+    gaps = np.diff(first, axis=1)  # (Q, k - 1): margin, gap_2, ...
+    p = cost_softmax(np.where(np.isfinite(cost), cost, np.inf), temperature)  # (Q, V)
+    p_sorted = -np.sort(-p, axis=1)  # (Q, V)
+    mass = np.minimum(p_sorted[:, :k].sum(axis=1, keepdims=True), 1.0)  # (Q, 1): a sum may round past 1
+    cols = [gaps, p_sorted[:, :1], mass]
+    if text_var is not None:
+        v = np.asarray(text_var, np.float64).reshape(-1, 1)  # (Q, 1)
+        if len(v) != len(first) or not (np.isfinite(v).all() and (v > 0).all()):
+            raise ConfigError("text_var must hold one finite positive variance a query")
+        cols.append(np.log(v))
+    return QueryFeatures(feature_names(k, text_var is not None), np.concatenate(cols, axis=1))
+
+
+def first_hit_outcomes(cost: np.ndarray, gt: np.ndarray, k: int = DEFAULT_K) -> tuple[np.ndarray, np.ndarray]:
+    """(whether each query's best video is its match, whether a match is among its first k) -> two (Q,) bool.
+
+    ``gt`` (Q,): each query's matching video (column of ``cost``). A tie with the match counts the match
+    ranked after the tied videos (no credit for a tie)."""
+    c = np.asarray(cost, np.float64)
+    g = np.asarray(gt, np.int64).ravel()
+    if len(g) != len(c):
+        raise ConfigError(f"{len(g)} ground-truth videos for {len(c)} queries")
+    own = c[np.arange(len(c)), g]  # (Q,)
+    rank = (c <= own[:, None]).sum(axis=1)  # (Q,) 1-based, ties against the match
+    return rank == 1, rank <= k
+
+
+def text_variance(model, text: torch.Tensor | np.ndarray) -> Optional[np.ndarray]:
+    """Each text's mean variance under the model's text Gaussian (Q,), or None for a cosine model."""
+    if not model.cfg.probabilistic:
+        return None
+    t = torch.as_tensor(np.asarray(text, np.float32))  # (Q, D)
+    param = next(model.parameters())
+    with torch.no_grad():
+        ts = model.encode_text(t.to(param.device, param.dtype))
+    return ts.logvar.exp().mean(dim=-1).double().cpu().numpy()  # (Q,)

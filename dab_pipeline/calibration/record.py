@@ -1,0 +1,130 @@
+"""calibration.json: what ``dab calibrate`` fitted on a run's validation queries, and for which checkpoint and
+gallery (:class:`Calibration`).
+
+Its numbers are plain JSON: the probability maps' parameters, each conformal score's values on the calibration
+queries (sorted; the quantile for any coverage is taken from them when a search asks), and the held-out
+queries' calibrated confidences and outcomes (the risk threshold for any risk and delta is chosen from them by
+Learn-then-Test when a search asks). No pickle: a calibration file never runs code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from ..core.errors import ConfigError
+from ..core.fsutil import atomic_write_text
+from .maps import ProbabilityMap
+
+
+def video_ids_digest(video_ids) -> str:
+    """sha256 of a gallery's video ids in order: whether a cost file's videos are the gallery calibrated on."""
+    return hashlib.sha256("\x00".join(map(str, video_ids)).encode("utf-8")).hexdigest()
+
+
+__all__ = [
+    "CALIBRATION_FILE",
+    "CALIBRATION_VERSION",
+    "Calibration",
+    "read_calibration",
+    "video_ids_digest",
+    "write_calibration",
+]
+
+CALIBRATION_FILE = "calibration.json"
+CALIBRATION_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Calibration:
+    method: str  # logistic | isotonic: the map behind the calibrated probabilities
+    k: int  # P(a match in the first k)
+    temperature: float  # of the softmax over costs (the run's)
+    queries: int  # validation queries in all (the conformal scores')
+    fit_queries: int  # of them, those the maps were fitted on
+    check_queries: int  # the others: the risk threshold's and the held-out figures'
+    seed: int  # of the split into the two
+    maps: dict[str, ProbabilityMap]  # first, first_k (calibrated), margin_sigmoid (the baseline)
+    conformal: dict[str, list[float]]  # score -> its values on the calibration queries, sorted
+    conformal_params: dict[str, float]  # raps's lam and k_reg
+    risk: dict[str, list]  # confidence (P(first) of each check query) and correct (its first hit a match)
+    report: dict[str, Any]  # held-out figures on the check queries (calibration_report per probability)
+    provenance: dict[str, Any] = field(default_factory=dict)  # run, checkpoint_sha256, split, gallery, libraries
+
+    @property
+    def checkpoint_sha256(self) -> Optional[str]:
+        return self.provenance.get("checkpoint_sha256")
+
+    @property
+    def gallery(self) -> dict[str, Any]:
+        return dict(self.provenance.get("gallery") or {})
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["maps"] = {name: m.to_dict() for name, m in self.maps.items()}
+        return {"version": CALIBRATION_VERSION, **d}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str = CALIBRATION_FILE) -> "Calibration":
+        if not isinstance(d, dict) or d.get("version") != CALIBRATION_VERSION:
+            found = d.get("version") if isinstance(d, dict) else type(d).__name__
+            raise ConfigError(
+                f"{source} is not a calibration of version {CALIBRATION_VERSION} (found {found!r}); "
+                "make it again with `dab calibrate`"
+            )
+        try:
+            body = {k: v for k, v in d.items() if k != "version"}
+            body["maps"] = {name: ProbabilityMap.from_dict(m) for name, m in body["maps"].items()}
+            return cls(**body)
+        except (TypeError, KeyError, AttributeError) as exc:
+            raise ConfigError(f"{source} is malformed ({exc}); make it again with `dab calibrate`") from None
+
+
+def write_calibration(path: Path, cal: Calibration) -> Path:
+    """Write ``cal`` atomically (a killed write leaves the old file or none)."""
+    atomic_write_text(Path(path), json.dumps(cal.to_dict(), indent=1) + "\n")
+    return Path(path)
+
+
+def read_calibration(path: Path) -> Calibration:
+    """The calibration in ``path``; a one-line ConfigError for a missing, unreadable or malformed file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist: make it with `dab calibrate --run {path.parent}`")
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path} is not readable JSON ({exc}); make it again with `dab calibrate`") from None
+    return Calibration.from_dict(d, str(path))
+
+
+def run_calibration(run_dir: Path, checkpoint_sha256: str) -> tuple[Optional[Calibration], Optional[str]]:
+    """The calibration.json of a run (None where it has none), and why it cannot be used where it was made for
+    another checkpoint (the run was trained on, or its best.pt replaced, after ``dab calibrate``)."""
+    path = Path(run_dir) / CALIBRATION_FILE
+    if not path.exists():
+        return None, None
+    cal = read_calibration(path)
+    if cal.checkpoint_sha256 != checkpoint_sha256:
+        return None, (
+            f"{path} was made for another checkpoint than {Path(run_dir) / 'checkpoints' / 'best.pt'} "
+            f"(sha256 {str(cal.checkpoint_sha256)[:12]}..., now {checkpoint_sha256[:12]}...): "
+            f"make it again with `dab calibrate --run {run_dir}`"
+        )
+    return cal, None
+
+
+def gallery_mismatch(cal: Calibration, split: str, videos: int, fingerprint: str) -> Optional[str]:
+    """One line where the gallery searched is not the one calibrated on (what still holds: docs/uncertainty.md);
+    None where it is."""
+    g = cal.gallery
+    if g.get("fingerprint") == fingerprint:
+        return None
+    return (
+        f"the run was calibrated on a gallery of {g.get('videos')} videos (split {g.get('split')!r} of "
+        f"{g.get('store')}), not this one of {videos} (split {split!r}): the calibrated probabilities and the "
+        "coverage and risk guarantees hold for that gallery only (docs/uncertainty.md)"
+    )

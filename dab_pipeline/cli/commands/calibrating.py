@@ -1,0 +1,85 @@
+"""`dab calibrate`: probabilities of a match, conformal sets and a risk threshold for a run (docs/uncertainty.md)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ...core.choices import CALIBRATION_METHODS, DEFAULT_CALIBRATION_METHOD
+from .. import cli
+from ..progress import RichProgress
+from .options import EXISTING
+from .output import console
+
+
+@cli.command()
+@click.option("--run", "run_dir", type=EXISTING, required=True, help="Run folder written by `dab train`.")
+@click.option("--features", type=EXISTING, default=None, help="Feature store (default: the run's own).")
+@click.option(
+    "--split",
+    default=None,
+    help="Split whose captions are the calibration queries (default: the run's validation split; never one "
+    "it trained on).",
+)
+@click.option(
+    "--gallery",
+    default=None,
+    help="Split whose videos they are searched in (default: the same split; all: every video of the store, "
+    "for `dab search --split all`). The guarantees hold for this gallery.",
+)
+@click.option(
+    "--method",
+    type=click.Choice(CALIBRATION_METHODS),
+    default=DEFAULT_CALIBRATION_METHOD,
+    show_default=True,
+    help="logistic: a logistic regression over every uncertainty feature; isotonic: an isotonic map of the "
+    "margin alone.",
+)
+@click.option("-k", "k", type=int, default=5, show_default=True, help="The k of P(a match in the first k).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Of the split into fitted and held-out queries.")
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@click.option("--json", "as_json", is_flag=True, help="Print calibration.json's figures as JSON.")
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+def calibrate(run_dir, features, split, gallery, method, k, seed, device, as_json, quiet) -> None:
+    """Calibrate a run on its validation queries: writes RUN/calibration.json.
+
+    Half the queries fit the probability maps and half are held out: the figures printed are the held-out
+    half's. `dab search --coverage` and `--max-risk` (and `dab serve`, the Python API) read the file.
+    """
+    from ...stages.calibrate import CalibrateConfig, run_calibrate  # deferred: `dab --help` must not import torch
+
+    cfg = CalibrateConfig(
+        run=run_dir, features=features, split=split, gallery=gallery, method=method, k=k, seed=seed, device=device
+    )
+    with RichProgress(quiet=quiet or as_json) as prog:
+        cal = run_calibrate(cfg, progress=prog)
+    if as_json:
+        click.echo(json.dumps({"report": cal.report, "provenance": cal.provenance}, indent=2))
+        return
+    _print_report(cal)
+    click.echo(f"wrote {run_dir / 'calibration.json'}")
+
+
+def _print_report(cal) -> None:
+    """The held-out figures, one table a target: each probability's ECE, Brier, log loss and AUROC."""
+    from rich.table import Table
+
+    g = cal.gallery
+    con = console()
+    con.print(
+        f"{cal.queries} queries of split {cal.provenance.get('split')!r} against {g.get('videos')} videos of "
+        f"{g.get('split')!r}: {cal.fit_queries} fitted ({cal.method}), {cal.check_queries} held out"
+    )
+    titles = {"first": "P(the first hit is a match)", "first_k": f"P(a match in the first {cal.k})"}
+    for target, rows in cal.report.items():
+        table = Table(title=f"{titles[target]}, on the held-out queries", title_justify="left")
+        for col in ("probability", "ECE", "ECE (mass)", "Brier", "log loss", "AUROC", "mean p", "accuracy"):
+            table.add_column(col, justify="left" if col == "probability" else "right")
+        for name, r in rows.items():
+            table.add_row(
+                name,
+                *(f"{r[key]:.3f}" for key in ("ece", "ece_mass", "brier", "log_loss", "auroc", "mean_probability")),
+                f"{r['accuracy']:.3f}",
+            )
+        con.print(table)

@@ -1,0 +1,37 @@
+"""How `dab search` prints a calibrated answer (docs/uncertainty.md)."""
+
+from __future__ import annotations
+
+MAX_LISTED = 20  # videos of a conformal set named in a table's caption (the --json output lists every one)
+
+
+def uncertainty_payload(result):
+    from ...search import uncertainty_payload as payload  # deferred: `dab --help` must not import numpy
+
+    return payload(result)
+
+
+def uncertainty_lines(result) -> list[str]:
+    """The lines under a query's table: its calibrated probabilities, its conformal set, whether it is answered."""
+    u = result.uncertainty
+    if u is None:
+        return []
+    lines = [f"calibrated: P(first hit is a match) {u.p_first:.2f}, P(a match in the first {u.k}) {u.p_first_k:.2f}"]
+    hits = result.coverage_set
+    if hits is not None:
+        ids = ", ".join(h.video_id for h in hits[:MAX_LISTED]) + (", ..." if len(hits) > MAX_LISTED else "")
+        lines.append(f"{u.coverage:.0%} conformal set ({len(hits)} videos): {ids or '(empty)'}")
+    if u.risk is not None:
+        r = u.risk
+        if r.threshold is None:
+            lines.append(
+                f"not answered: no confidence threshold keeps the risk at {r.alpha:g} with probability "
+                f"{1 - r.delta:g} on this calibration ({r.queries} held-out queries)"
+            )
+        elif u.answered:
+            lines.append(f"answered: P {u.p_first:.2f} >= {r.threshold:.3f} (max risk {r.alpha:g}, delta {r.delta:g})")
+        else:
+            lines.append(
+                f"not answered: P {u.p_first:.2f} < {r.threshold:.3f} (max risk {r.alpha:g}, delta {r.delta:g})"
+            )
+    return lines

@@ -1,0 +1,87 @@
+"""The calibrated part of a search (:class:`CalibratedSearch`, a base of :class:`~dab_pipeline.search.Searcher`):
+the run's calibration.json, read once, and each result's calibrated probabilities, conformal set and risk
+decision (:mod:`dab_pipeline.calibration`, docs/uncertainty.md)."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch
+
+from ..calibration import (
+    UncertaintyRequest,
+    assess,
+    conformal_threshold,
+    gallery_mismatch,
+    run_calibration,
+    text_variance,
+)
+from ..core.errors import ConfigError
+from ..index import store_fingerprint
+from .results import SearchResult
+
+__all__ = ["CalibratedSearch"]
+
+
+class CalibratedSearch:
+    """What a Searcher does with its run's calibration; it sets ``run``, ``store``, ``rows`` and ``split`` and
+    provides ``_checkpoint_sha``."""
+
+    calibration = None
+    calibration_problem: Optional[str] = None
+
+    def _load_calibration(self, warn: Callable[[str], None]) -> None:
+        """The run's calibration.json where it has one made for its checkpoint (else ``calibration_problem`` says
+        why not); one warning line where the gallery searched is not the one it was calibrated on."""
+        self.calibration, self.calibration_problem = None, None
+        if not (self.run.run_dir / "calibration.json").exists():
+            return
+        self.calibration, self.calibration_problem = run_calibration(self.run.run_dir, self._checkpoint_sha())
+        if self.calibration_problem:
+            warn(self.calibration_problem)
+        elif self.calibration is not None:
+            other = gallery_mismatch(
+                self.calibration, self.split, len(self.rows), store_fingerprint(self.store, self.rows)
+            )
+            if other:
+                warn(other)
+
+    def check_request(self, request: Optional[UncertaintyRequest]) -> None:
+        """A one-line ConfigError where ``request`` cannot be met: a run without a usable calibration, a score it
+        lacks, a coverage its calibration holds too few queries for."""
+        if request is None or not request.active:
+            return
+        if self.calibration is None:
+            run = self.run.run_dir
+            raise ConfigError(
+                self.calibration_problem or f"{run} has no calibration.json: make it with `dab calibrate --run {run}`"
+            )
+        if request.coverage is not None:
+            conformal_threshold(self.calibration, request.coverage, request.score)
+
+    def _assess(
+        self, results: list[SearchResult], text: torch.Tensor, requests: Sequence[Optional[UncertaintyRequest]]
+    ) -> list[SearchResult | ConfigError]:
+        """Each result with its calibrated probabilities (a calibrated run) and the set and risk decision its
+        request asks for; in its place the ConfigError of a request that cannot be met (:meth:`check_request`)."""
+        out: list[SearchResult | ConfigError] = list(results)
+        tv = text_variance(self.run.model, text) if self.calibration is not None else None  # (M,) or None
+        for i, (r, q) in enumerate(zip(results, requests)):
+            try:
+                self.check_request(q)
+                if self.calibration is not None:
+                    r.text_var = None if tv is None else float(tv[i])
+                    self.reassess(r, q)
+            except ConfigError as exc:
+                out[i] = exc
+        return out
+
+    def reassess(self, result: SearchResult, request: Optional[UncertaintyRequest]) -> SearchResult:
+        """``result`` (of this Searcher) with its calibrated answer to ``request`` (a server asks per query after
+        the batch); a one-line ConfigError where the request cannot be met."""
+        self.check_request(request)
+        if self.calibration is not None:
+            tv = None if result.text_var is None else np.array([result.text_var])
+            result.uncertainty = assess(self.calibration, [result.costs], tv, request or UncertaintyRequest())[0]
+        return result

@@ -1,0 +1,140 @@
+"""What a search returns (:class:`SearchResult`, :class:`SearchHit`) and how a scored row becomes one."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ..calibration import QueryUncertainty
+from ..core.errors import ConfigError
+
+__all__ = ["SearchHit", "SearchResult", "check_queries", "uncertainty_payload"]
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    """One retrieved video."""
+
+    rank: int  # 1-based
+    video_index: int  # row of the video in the split
+    video_id: str
+    cost: float  # lower is better (KL / W2 for prob/dab, -cos for xpool/bridge)
+
+
+@dataclass
+class SearchResult:
+    """A query's ranked videos and its confidence."""
+
+    query: str
+    hits: list[SearchHit]
+    # best-vs-second-best cost gap over the whole split (the paper's top-1/top-2 KL
+    # margin for KL runs); larger is more confident; None with fewer than 2 videos
+    margin: Optional[float]
+    # the costs of the videos scored for this query (V,) and their ids, for result pages: the whole split
+    # (+inf outside a cosine shortlist), or with an index only the K shortlisted videos
+    costs: Optional[np.ndarray] = None
+    video_ids: Optional[np.ndarray] = None
+    shortlist: Optional[int] = None  # K videos re-ranked (None: every video of the split scored)
+    # words of the query the store's CLIP has no embedding for (a compact-vocabulary model such as dab-world):
+    # the query was read without them; empty for a model that knows every word
+    unknown_words: tuple[str, ...] = ()
+    # the positions in the split of the videos of ``costs`` (V,)
+    positions: Optional[np.ndarray] = None
+    # with a calibrated run (``dab calibrate``): the calibrated probabilities, and the conformal set and the
+    # risk decision where a search asked for them (docs/uncertainty.md); None for a run without calibration.json
+    uncertainty: Optional[QueryUncertainty] = None
+    text_var: Optional[float] = None  # the query's text variance (a calibrated Gaussian run), for a re-assessment
+
+    @property
+    def coverage_set(self) -> Optional[list[SearchHit]]:
+        """The conformal set asked for (``coverage=``), best first; None where none was asked for."""
+        u = self.uncertainty
+        if u is None or u.set_indices is None:
+            return None
+        assert self.costs is not None and self.video_ids is not None and self.positions is not None
+        return [
+            SearchHit(
+                rank=r + 1,
+                video_index=int(self.positions[j]),
+                video_id=str(self.video_ids[j]),
+                cost=float(self.costs[j]),
+            )
+            for r, j in enumerate(u.set_indices)
+        ]
+
+
+@dataclass
+class Ranked:
+    """The parts of a ScoreResult that :func:`make_result` reads."""
+
+    cost: np.ndarray  # (M, V)
+    topk_indices: np.ndarray  # (M, k)
+    topk_costs: np.ndarray  # (M, k)
+
+
+def tick(timings: dict, name: str, t0: float) -> float:
+    """Add the seconds since ``t0`` to ``timings[name]``; returns now."""
+    now = time.perf_counter()
+    timings[name] = timings.get(name, 0.0) + now - t0
+    return now
+
+
+def check_queries(queries: Sequence[str], topk: int, shortlist: Optional[int]) -> list[str]:
+    """The queries as strings; ConfigError for none, an empty one, or a ``topk`` / ``shortlist`` below 1."""
+    queries = [str(q) for q in queries]
+    if not queries or any(not q.strip() for q in queries):
+        raise ConfigError("dab search needs at least one non-empty query")
+    if topk < 1:
+        raise ConfigError(f"topk must be a positive integer, got {topk}")
+    if shortlist is not None and shortlist < 1:
+        raise ConfigError(f"shortlist must be a positive integer, got {shortlist}")
+    return queries
+
+
+def make_result(
+    query: str, res, i: int, ids: np.ndarray, split_pos: np.ndarray, topk: int, shortlist: Optional[int]
+) -> SearchResult:
+    """Row ``i`` of a ScoreResult over the videos ``ids`` (their positions in the split: ``split_pos``)."""
+    assert res.topk_indices is not None and res.topk_costs is not None
+    idx, costs = res.topk_indices[i], res.topk_costs[i]
+    margin = float(costs[1] - costs[0]) if len(ids) >= 2 and np.isfinite(costs[:2]).all() else None
+    # a video outside a cosine shortlist was not scored (+inf): never a hit
+    hits = [
+        SearchHit(rank=r + 1, video_index=int(split_pos[j]), video_id=str(ids[j]), cost=float(c))
+        for r, (j, c) in enumerate(zip(idx[:topk], costs[:topk]))
+        if np.isfinite(c)
+    ]
+    row = np.asarray(res.cost[i], np.float32) if res.cost is not None else None
+    return SearchResult(
+        query=query,
+        hits=hits,
+        margin=margin,
+        costs=row,
+        video_ids=np.asarray(ids),
+        shortlist=shortlist,
+        positions=np.asarray(split_pos),
+    )
+
+
+def uncertainty_payload(result: SearchResult) -> Optional[dict]:
+    """A result's calibrated answer as JSON (``dab search --json``, ``dab serve``'s API); None without one."""
+    u = result.uncertainty
+    if u is None:
+        return None
+    out: dict = {"p_first": u.p_first, f"p_first_{u.k}": u.p_first_k, "k": u.k}
+    hits = result.coverage_set
+    if hits is not None:
+        out["coverage"] = u.coverage
+        out["set"] = [{"rank": h.rank, "video_id": h.video_id, "cost": h.cost} for h in hits]
+    if u.risk is not None:
+        out["answered"] = u.answered
+        out["risk"] = {
+            "max_risk": u.risk.alpha,
+            "delta": u.risk.delta,
+            "threshold": u.risk.threshold,
+            "answered_share_on_calibration": u.risk.answered_share,
+        }
+    return out

@@ -1,0 +1,189 @@
+"""The calibration package: features against loops, the numpy maps against scikit-learn, the file, the sets and
+the risk decision against the metrics they are built from, and coverage on held-out queries."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dab_pipeline.calibration import (
+    Calibration,
+    UncertaintyRequest,
+    assess,
+    calibrate_costs,
+    conformal_threshold,
+    first_hit_outcomes,
+    query_features,
+    read_calibration,
+    write_calibration,
+)
+from dab_pipeline.calibration.fit import fit_map
+from dab_pipeline.core.errors import ConfigError
+from dab_pipeline.metrics.conformal import conformal_quantile, conformal_scores, conformal_sets, cost_softmax
+from dab_pipeline.metrics.risk import learn_then_test
+
+from .synthetic import synthetic_costs
+
+pytest.importorskip("sklearn")
+
+
+def test_features_match_a_loop() -> None:
+    cost, _, tv = synthetic_costs(30, 12, seed=1)
+    f = query_features(cost, 2.0, 4, tv)
+    assert f.names == ("margin", "gap_2", "gap_3", "p_first", "p_first_k", "log_text_var")
+    for i, row in enumerate(cost.astype(np.float64)):
+        s = sorted(row)
+        e = np.exp(-(row - row.min()) / 2.0)
+        p = np.sort(e / e.sum())[::-1]
+        want = [s[1] - s[0], s[2] - s[1], s[3] - s[2], p[0], p[:4].sum(), np.log(tv[i])]
+        np.testing.assert_allclose(f.values[i], want, rtol=1e-9, atol=1e-12)
+
+
+def test_features_of_a_shortlist_ignore_unscored_videos() -> None:
+    row = np.array([[1.0, np.inf, 2.0, np.inf, 4.0]])
+    f = query_features(row, 1.0, 5)
+    np.testing.assert_allclose(f.column("margin"), [1.0])
+    np.testing.assert_allclose(f.values[0, 1:4], [2.0, 0.0, 0.0])  # the missing 4th and 5th costs: gaps of 0
+    assert f.column("p_first_k")[0] == pytest.approx(1.0)
+    with pytest.raises(ConfigError, match="at least 2 scored videos"):
+        query_features(np.array([[1.0, np.inf, np.inf]]), 1.0)
+
+
+def test_outcomes_give_no_credit_for_a_tie() -> None:
+    cost = np.array([[1.0, 1.0, 3.0], [0.5, 2.0, 1.0], [3.0, 2.0, 1.0]])
+    first, first_k = first_hit_outcomes(cost, np.array([0, 0, 0]), k=2)
+    assert first.tolist() == [False, True, False] and first_k.tolist() == [True, True, False]
+
+
+def test_numpy_maps_equal_scikit_learns_own_predictions() -> None:
+    from sklearn.isotonic import IsotonicRegression
+    from sklearn.linear_model import LogisticRegression
+
+    cost, gt, tv = synthetic_costs(300, 20, seed=2)
+    f = query_features(cost, 1.0, 5, tv)
+    y, _ = first_hit_outcomes(cost, gt)
+    m = fit_map(f, y, "logistic")
+    x = f.values
+    mean, scale = x.mean(0), x.std(0)
+    ref = LogisticRegression(C=1.0, max_iter=2000).fit((x - mean) / scale, y)
+    np.testing.assert_allclose(m.predict(f), ref.predict_proba((x - mean) / scale)[:, 1], rtol=1e-9, atol=1e-12)
+    iso = fit_map(f, y, "isotonic")
+    ref_iso = IsotonicRegression(y_min=0, y_max=1, out_of_bounds="clip").fit(f.column("margin"), y)
+    probe = np.linspace(-1, 6, 50)
+    g = type(f)(("margin",), probe[:, None])
+    np.testing.assert_allclose(iso.predict(g), ref_iso.predict(probe), rtol=1e-12, atol=1e-12)
+
+
+def test_one_class_outcomes_give_a_constant_map() -> None:
+    cost, _, _ = synthetic_costs(10, 5)
+    f = query_features(cost, 1.0)
+    m = fit_map(f, np.ones(10, bool), "logistic")
+    np.testing.assert_allclose(m.predict(f), 10.5 / 11)
+
+
+def _cal(n: int = 400, v: int = 30, seed: int = 0, **kw) -> tuple[Calibration, tuple]:
+    cost, gt, tv = synthetic_costs(n, v, seed)
+    return calibrate_costs(cost, gt, 1.0, tv, seed=seed, **kw), (cost, gt, tv)
+
+
+def test_calibration_splits_fits_and_survives_its_file(tmp_path: Path) -> None:
+    cal, (cost, gt, tv) = _cal(101)
+    assert (cal.fit_queries, cal.check_queries, cal.queries) == (50, 51, 101)
+    assert set(cal.conformal) == {"lac", "aps", "raps", "normalized"}
+    assert all(len(v) == 101 and v == sorted(v) for v in cal.conformal.values())
+    assert len(cal.risk["confidence"]) == 51
+    assert set(cal.report["first"]) == {"calibrated", "margin_sigmoid", "softmax"}
+    path = write_calibration(tmp_path / "calibration.json", cal)
+    back = read_calibration(path)
+    assert back == cal
+    np.testing.assert_array_equal(assess(back, [cost[0]], tv[:1])[0].p_first, assess(cal, [cost[0]], tv[:1])[0].p_first)
+    without = calibrate_costs(cost, gt, 1.0, None)
+    assert "normalized" not in without.conformal and "log_text_var" not in without.maps["first"].features
+
+
+def test_the_file_refuses_what_it_cannot_read(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist: make it with `dab calibrate"):
+        read_calibration(tmp_path / "calibration.json")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ConfigError, match="not readable JSON"):
+        read_calibration(tmp_path / "bad.json")
+    (tmp_path / "old.json").write_text(json.dumps({"version": 99}))
+    with pytest.raises(ConfigError, match="version 1"):
+        read_calibration(tmp_path / "old.json")
+    (tmp_path / "cut.json").write_text(json.dumps({"version": 1, "maps": {}}))
+    with pytest.raises(ConfigError, match="malformed"):
+        read_calibration(tmp_path / "cut.json")
+
+
+@pytest.mark.parametrize("score", ["lac", "aps", "raps", "normalized"])
+def test_sets_are_those_of_the_conformal_functions(score: str) -> None:
+    cal, (cost, gt, tv) = _cal(200)
+    new_cost, _, new_tv = synthetic_costs(20, 30, seed=9)
+    req = UncertaintyRequest(coverage=0.8, score=score)
+    got = assess(cal, list(new_cost), new_tv, req)
+    p = cost_softmax(cost, 1.0)
+    ref_cal = conformal_scores(p, score, difficulty=tv)[np.arange(len(gt)), gt]
+    qhat = conformal_quantile(ref_cal, 0.2)
+    ref = conformal_sets(conformal_scores(cost_softmax(new_cost, 1.0), score, difficulty=new_tv), qhat)
+    for u, r, row in zip(got, ref, new_cost):
+        assert sorted(u.set_indices.tolist()) == r.tolist()
+        assert list(row[u.set_indices]) == sorted(row[u.set_indices])  # best first
+
+
+def test_sets_cover_held_out_queries_and_grow_with_coverage() -> None:
+    """200 random halves of one gallery's queries: the mean coverage is within two standard errors of
+    [1 - alpha, 1 - alpha + 1/(n + 1)]."""
+    cost, gt, tv = synthetic_costs(400, 30, seed=3)
+    for alpha in (0.1, 0.2):
+        covered, sizes = [], []
+        for split in range(200):
+            perm = np.random.default_rng(split).permutation(400)
+            a, b = perm[:200], perm[200:]
+            p = cost_softmax(cost, 1.0)
+            s = conformal_scores(p, "lac")
+            qhat = conformal_quantile(s[a, gt[a]], alpha)
+            inside = s[b] <= qhat  # (200, V)
+            covered.append(inside[np.arange(200), gt[b]].mean())
+            sizes.append(inside.sum(1).mean())
+        m, se = np.mean(covered), np.std(covered) / np.sqrt(len(covered))
+        assert 1 - alpha - 2 * se <= m <= 1 - alpha + 1 / 201 + 2 * se
+    cal, _ = _cal(200)
+    small = assess(cal, list(cost[:30]), tv[:30], UncertaintyRequest(coverage=0.5))
+    large = assess(cal, list(cost[:30]), tv[:30], UncertaintyRequest(coverage=0.95))
+    for s, g in zip(small, large):
+        assert set(s.set_indices.tolist()) <= set(g.set_indices.tolist())
+
+
+def test_the_risk_decision_is_learn_then_test_on_the_held_out_half() -> None:
+    cal, (cost, _, tv) = _cal(1000, 20)
+    req = UncertaintyRequest(max_risk=0.2, delta=0.1)
+    want = learn_then_test(np.array(cal.risk["confidence"]), np.array(cal.risk["correct"], bool), 0.2, 0.1)
+    got = assess(cal, list(cost[:50]), tv[:50], req)
+    assert want.threshold is not None and 0 < want.answered < want.queries
+    for u in got:
+        assert u.risk == want and u.answered == (u.p_first >= want.threshold)
+    assert any(u.answered for u in got) and not all(u.answered for u in got)
+
+
+def test_requests_are_checked_in_one_line() -> None:
+    for bad in (0, 1, 1.5, -0.1, float("nan"), "abc"):
+        with pytest.raises(ConfigError, match="coverage"):
+            UncertaintyRequest(coverage=bad)
+        with pytest.raises(ConfigError, match="max-risk"):
+            UncertaintyRequest(max_risk=bad)
+    with pytest.raises(ConfigError, match="delta"):
+        UncertaintyRequest(max_risk=0.1, delta=1.0)
+    with pytest.raises(ConfigError, match="valid: lac, aps, raps, normalized"):
+        UncertaintyRequest(coverage=0.9, score="top")
+    cal, _ = _cal(20, 10)
+    with pytest.raises(ConfigError, match="20 calibration queries are too few for alpha=0.01: at least 99"):
+        conformal_threshold(cal, 0.99, "lac")
+    cost, gt, _ = synthetic_costs(20, 10)
+    plain = calibrate_costs(cost, gt, 1.0, None)
+    with pytest.raises(ConfigError, match="no 'normalized' score .*text variance"):
+        conformal_threshold(plain, 0.9, "normalized")
+    with pytest.raises(ConfigError, match="3 validation queries are too few"):
+        calibrate_costs(cost[:3], gt[:3], 1.0)

@@ -1,0 +1,273 @@
+"""dab calibrate end to end on a tiny store and a hand-made run, and what search and serve do with its file:
+probabilities, conformal sets, risk decisions, and every refusal in one line with nothing written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dab_pipeline.calibration import CALIBRATION_FILE, read_calibration
+from dab_pipeline.core.errors import ConfigError, StoreError
+from dab_pipeline.runs.run_folder import RunFolder
+from dab_pipeline.search import Searcher
+from dab_pipeline.stages.calibrate import CalibrateConfig, run_calibrate
+from dab_pipeline.stages.search import search
+
+from ..helpers.models import hand_made_run
+from ..helpers.runner import invoke
+from ..helpers.stores import SEARCH_CAPTIONS, text_store
+
+pytest.importorskip("sklearn")
+
+COLOURS = ("red", "blue", "green", "white", "black")
+THINGS = ("ball", "dog", "car", "cat", "train", "boat", "bird", "tree")
+VAL = [f"a {c} {t}" for c in COLOURS for t in THINGS][:40]
+SPLITS = ["test"] * 6 + ["train"] * 2 + ["val"] * len(VAL)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("calibrate")
+    store = text_store(root / "store.h5", SEARCH_CAPTIONS + VAL, frames=4, splits=SPLITS)
+    run, _ = hand_made_run(root / "run", store, "dab")
+    plain, _ = hand_made_run(root / "xpool", store, "xpool")
+    return {"store": store, "run": run, "xpool": plain, "root": root}
+
+
+def test_calibrate_writes_its_file_with_what_it_was_made_for(world: dict) -> None:
+    cal = run_calibrate(CalibrateConfig(run=world["run"], device="cpu"))
+    back = read_calibration(world["run"] / CALIBRATION_FILE)
+    assert back == cal
+    assert (cal.queries, cal.fit_queries, cal.check_queries) == (40, 20, 20)
+    assert cal.provenance["split"] == "val" and cal.gallery["split"] == "val" and cal.gallery["videos"] == 40
+    assert len(cal.provenance["checkpoint_sha256"]) == 64 and "scikit-learn" in cal.provenance["libraries"]
+    assert "normalized" in cal.conformal and "log_text_var" in cal.maps["first"].features
+
+
+def test_a_cosine_run_has_no_variance_score(world: dict) -> None:
+    cal = run_calibrate(CalibrateConfig(run=world["xpool"], device="cpu", method="isotonic"))
+    assert "normalized" not in cal.conformal and cal.maps["first"].kind == "isotonic"
+
+
+def test_the_cli_prints_held_out_figures(world: dict) -> None:
+    out = invoke(["calibrate", "--run", str(world["run"]), "--device", "cpu", "--quiet"])
+    assert out.exit_code == 0, out.output
+    assert "20 held out" in out.output and "P(the first hit is a match)" in out.output and "ECE" in out.output
+    out = invoke(["calibrate", "--run", str(world["run"]), "--device", "cpu", "--json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert set(data["report"]["first"]) == {"calibrated", "margin_sigmoid", "softmax"}
+
+
+def test_search_gives_probabilities_sets_and_decisions(world: dict) -> None:
+    run_calibrate(CalibrateConfig(run=world["run"], device="cpu", gallery="all"))
+    warned: list[str] = []
+    plain = search(world["run"], world["store"], [SEARCH_CAPTIONS[0]], topk=3, split="all", device="cpu")[0]
+    assert plain.uncertainty is not None and 0 <= plain.uncertainty.p_first <= 1 and plain.coverage_set is None
+    res = search(
+        world["run"],
+        world["store"],
+        [SEARCH_CAPTIONS[0], "a blue car"],
+        topk=3,
+        split="all",
+        device="cpu",
+        coverage=0.8,
+        max_risk=0.3,
+        warn=warned.append,
+    )
+    assert warned == []  # the gallery searched is the one calibrated on
+    for r in res:
+        ids = [h.video_id for h in r.coverage_set]
+        assert len(ids) == len(set(ids)) and [h.cost for h in r.coverage_set] == sorted(h.cost for h in r.coverage_set)
+        assert r.uncertainty.answered in (True, False) and r.uncertainty.risk.alpha == 0.3
+    wide = search(world["run"], world["store"], ["a blue car"], split="all", device="cpu", coverage=0.95)[0]
+    assert {h.video_id for h in res[1].coverage_set} <= {h.video_id for h in wide.coverage_set}
+    other = []
+    search(world["run"], world["store"], ["a blue car"], device="cpu", coverage=0.8, warn=other.append)
+    assert len(other) == 1 and "calibrated on a gallery of 48 videos" in other[0]
+
+
+def test_search_cli_prints_and_dumps_the_set(world: dict) -> None:
+    run_calibrate(CalibrateConfig(run=world["run"], device="cpu", gallery="all"))
+    args = ["search", "--run", str(world["run"]), "--features", str(world["store"]), "--split", "all"]
+    out = invoke([*args, "--device", "cpu", "--coverage", "0.9", "--max-risk", "0.2", "a red ball"])
+    assert out.exit_code == 0, out.output
+    assert "90% conformal set" in out.output and "calibrated: P(first hit is a match)" in out.output
+    out = invoke([*args, "--device", "cpu", "--coverage", "0.9", "--json", "a red ball"])
+    u = json.loads(out.stdout)[0]["uncertainty"]
+    assert u["coverage"] == 0.9 and len(u["set"]) >= 1 and "answered" not in u
+
+
+def test_refusals_are_one_line_and_write_nothing(world: dict, tmp_path: Path) -> None:
+    run, store = world["run"], world["store"]
+    for bad in ("0", "1", "1.5", "nan"):
+        out = invoke(["search", "--run", str(run), "--features", str(store), "--coverage", bad, "x"])
+        assert out.exit_code != 0 and "coverage must be" in out.output and "Traceback" not in out.output
+    fresh, _ = hand_made_run(tmp_path / "fresh", store, "dab")
+    with pytest.raises(ConfigError, match=r"has no calibration.json: make it with `dab calibrate --run"):
+        search(fresh, store, ["a red ball"], device="cpu", coverage=0.9)
+    out = invoke(["search", "--run", str(fresh), "--features", str(store), "--max-risk", "0.1", "a red ball"])
+    assert out.exit_code != 0 and "dab calibrate" in out.output
+    run_calibrate(CalibrateConfig(run=fresh, device="cpu"))
+    with pytest.raises(ConfigError, match="40 calibration queries are too few for alpha=0.01: at least 99"):
+        search(fresh, store, ["a red ball"], split="val", device="cpu", coverage=0.99)
+    # the run trained on after it was calibrated: refused for a request, a warning without one
+    folder = RunFolder(fresh)
+    state = folder.load_checkpoint(RunFolder.BEST)
+    state["epoch"] = 2
+    folder.save_checkpoint(RunFolder.BEST, state)
+    with pytest.raises(ConfigError, match="made for another checkpoint"):
+        search(fresh, store, ["a red ball"], split="val", device="cpu", coverage=0.9)
+    said: list[str] = []
+    (r,) = search(fresh, store, ["a red ball"], split="val", device="cpu", warn=said.append)
+    assert r.uncertainty is None and any("another checkpoint" in s for s in said)
+
+
+def test_calibrate_refuses_in_one_line(world: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = world["run"]
+    before = (run / CALIBRATION_FILE).read_bytes() if (run / CALIBRATION_FILE).exists() else None
+    out = invoke(["calibrate", "--run", str(run), "--split", "nothing", "--device", "cpu"])
+    assert out.exit_code != 0 and "no split 'nothing'; splits in this store" in out.output
+    assert "Traceback" not in out.output
+    out = invoke(["calibrate", "--run", str(run), "--gallery", "test", "--device", "cpu"])
+    assert out.exit_code != 0 and "gallery 'test' lacks 40 videos of split 'val'" in out.output
+    with pytest.raises(ConfigError, match="not 'all'"):
+        run_calibrate(CalibrateConfig(run=run, split="all", device="cpu"))
+    with pytest.raises(ConfigError, match="k must be"):
+        CalibrateConfig(run=run, k=1)
+    import builtins
+
+    real = builtins.__import__
+
+    def no_sklearn(name, *a, **kw):
+        if name.startswith("sklearn"):
+            raise ImportError(name)
+        return real(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_sklearn)
+    with pytest.raises(ConfigError, match=r"pip install 'dab-pipeline\[calibrate\]'"):
+        run_calibrate(CalibrateConfig(run=run, device="cpu"))
+    monkeypatch.undo()
+    after = (run / CALIBRATION_FILE).read_bytes() if (run / CALIBRATION_FILE).exists() else None
+    assert after == before
+
+
+def test_an_empty_validation_split_is_named(tmp_path: Path) -> None:
+    store = text_store(tmp_path / "store.h5", SEARCH_CAPTIONS, frames=4)  # test and train only
+    run, _ = hand_made_run(tmp_path / "run", store, "dab")
+    with pytest.raises(StoreError, match="no split 'val'; splits in this store: test, train"):
+        run_calibrate(CalibrateConfig(run=run, device="cpu"))
+    assert not (run / CALIBRATION_FILE).exists()
+
+
+def test_a_searcher_reassesses_a_result_for_another_request(world: dict) -> None:
+    run_calibrate(CalibrateConfig(run=world["run"], device="cpu", gallery="all"))
+    with Searcher(world["run"], world["store"], split="all", device="cpu") as s:
+        (r,) = s.search(["a green dog"], 3)
+        assert r.coverage_set is None and r.text_var is not None
+        from dab_pipeline.calibration import UncertaintyRequest
+
+        s.reassess(r, UncertaintyRequest(coverage=0.9, score="normalized"))
+        (direct,) = s.search(["a green dog"], 3, uncertainty=UncertaintyRequest(coverage=0.9, score="normalized"))
+        assert [h.video_id for h in r.coverage_set] == [h.video_id for h in direct.coverage_set]
+        assert np.isclose(r.uncertainty.p_first, direct.uncertainty.p_first)
+
+
+@pytest.fixture(scope="module")
+def served(world: dict, tmp_path_factory: pytest.TempPathFactory):
+    pytest.importorskip("fastapi")
+    pytest.importorskip("httpx")
+    from fastapi.testclient import TestClient
+
+    from dab_pipeline.stages.serve import ServeSettings, create_app
+
+    root = tmp_path_factory.mktemp("served")
+    run, _ = hand_made_run(root / "run", world["store"], "dab")
+    uncalibrated, _ = hand_made_run(root / "bare", world["store"], "dab")
+    run_calibrate(CalibrateConfig(run=run, device="cpu", gallery="all"))
+    searchers = [Searcher(r, world["store"], split="all", device="cpu") for r in (run, uncalibrated)]
+    with (
+        TestClient(create_app(searchers[0], ServeSettings()), raise_server_exceptions=False) as c,
+        TestClient(create_app(searchers[1], ServeSettings()), raise_server_exceptions=False) as bare,
+    ):
+        yield {"client": c, "bare": bare, "run": run}
+    for s in searchers:
+        s.close()
+
+
+def test_serve_answers_with_the_set_dab_search_gives(served: dict, world: dict) -> None:
+    c = served["client"]
+    r = c.get("/search", params={"q": "a white cat", "k": 3, "coverage": 0.9, "max_risk": 0.3})
+    assert r.status_code == 200, r.text
+    u = r.json()["uncertainty"]
+    (want,) = search(
+        served["run"], world["store"], ["a white cat"], 3, split="all", device="cpu", coverage=0.9, max_risk=0.3
+    )
+    assert [h["video_id"] for h in u["set"]] == [h.video_id for h in want.coverage_set]
+    assert u["p_first"] == pytest.approx(want.uncertainty.p_first, rel=1e-4, abs=1e-6)
+    assert u["answered"] == want.uncertainty.answered and u["risk"]["max_risk"] == 0.3
+    plain = c.get("/search", params={"q": "a white cat"}).json()["uncertainty"]
+    assert "set" not in plain and "answered" not in plain and 0 <= plain["p_first"] <= 1
+
+
+def test_serve_refuses_requests_it_cannot_meet(served: dict) -> None:
+    c = served["client"]
+    for params, said in (
+        ({"coverage": 1.5}, "coverage must be in (0, 1)"),
+        ({"coverage": 0.999}, "too few for alpha=0.001"),
+        ({"coverage": 0.9, "score": "top"}, "valid: lac, aps, raps, normalized"),
+        ({"max_risk": 0}, "max-risk must be in (0, 1)"),
+        ({"coverage": "abc"}, "coverage"),
+    ):
+        r = c.get("/search", params={"q": "a red ball", **params})
+        assert r.status_code in (400, 422) and said in r.json()["error"], (params, r.text)
+    r = served["bare"].get("/search", params={"q": "a red ball", "coverage": 0.9})
+    assert r.status_code == 400 and "dab calibrate" in r.json()["error"]
+    assert "uncertainty" not in served["bare"].get("/search", params={"q": "a red ball"}).json()
+
+
+def test_the_page_shows_the_set_and_says_a_bad_field(served: dict) -> None:
+    c = served["client"]
+    page = c.get("/", params={"q": "a red ball", "coverage": "0.9", "max_risk": "0.3"})
+    assert page.status_code == 200 and "conformal set" in page.text and "data-answered" in page.text
+    bad = c.get("/", params={"q": "a red ball", "coverage": "abc"})
+    assert bad.status_code == 400 and "coverage must be a number in (0, 1), got &#39;abc&#39;" in bad.text
+    assert 'name="coverage"' not in served["bare"].get("/").text
+
+
+def test_evaluate_reports_a_calibrated_run_on_its_test_split(world: dict, tmp_path: Path) -> None:
+    from dab_pipeline.runs.costfile import CostMatrix, write_costs
+    from dab_pipeline.scoring import score_all
+    from dab_pipeline.stages.evaluate import EvaluateConfig, run_evaluate
+    from dab_pipeline.store import open_store
+
+    run, model = hand_made_run(tmp_path / "run", world["store"], "dab")
+    with open_store(world["store"]) as st:
+        val = st.load_split("val")
+    res = score_all(model, val.text, val.frames, val.frame_mask, gt=val.caption_video)
+    write_costs(
+        run / "costs_test.h5",
+        CostMatrix(
+            cost=res.cost,
+            query_ids=val.caption_ids,
+            video_ids=val.video_ids,
+            gt=val.caption_video,
+            extras={"text_var": res.text_var},
+        ),
+    )
+    run_calibrate(CalibrateConfig(run=run, device="cpu"))
+    out = run_evaluate(EvaluateConfig(run=run, examples=0))
+    cal = out["calibration"]
+    assert set(cal["first"]) == {"calibrated", "margin_sigmoid", "softmax"} and cal["test"]["queries"] == 40
+    assert 0 <= cal["first"]["calibrated"]["ece"] <= 1 and cal["sets"]["lac"]["0.9"]["size_mean"] >= 1
+    report = (run / "report.md").read_text()
+    assert "## Calibration (test split)" in report and (run / "reliability.png").stat().st_size > 0
+    # the gallery is the one calibrated on here: no warning that the coverage is not guaranteed
+    assert "not* guaranteed here" not in report
+    state = RunFolder(run).load_checkpoint(RunFolder.BEST)
+    state["epoch"] = 7
+    RunFolder(run).save_checkpoint(RunFolder.BEST, state)
+    assert "calibration" not in run_evaluate(EvaluateConfig(run=run, examples=0, plots=False))
