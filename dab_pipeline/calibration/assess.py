@@ -19,6 +19,7 @@ from ..core.errors import ConfigError
 from ..metrics.conformal import CONFORMAL_SCORES, check_alpha, conformal_quantile, conformal_scores, cost_softmax
 from ..metrics.risk import RiskThreshold, learn_then_test
 from .features import query_features
+from .maps import nested_probabilities
 from .record import Calibration
 
 __all__ = ["DEFAULT_CONFORMAL_SCORE", "DEFAULT_DELTA", "QueryUncertainty", "UncertaintyRequest", "assess"]
@@ -95,11 +96,8 @@ def assess(
         c = np.asarray(row, np.float64)[None]  # (1, V)
         tv = None if text_var is None else np.asarray(text_var, np.float64)[i : i + 1]
         feats = query_features(c, cal.temperature, cal.k, tv if "log_text_var" in _read(cal) else None)
-        part = dict(
-            p_first=float(cal.maps["first"].predict(feats)[0]),
-            p_first_k=float(cal.maps["first_k"].predict(feats)[0]),
-            k=cal.k,
-        )
+        p1, pk = nested_probabilities(cal.maps["first"], cal.maps["first_k"], feats)
+        part = dict(p_first=float(p1[0]), p_first_k=float(pk[0]), k=cal.k)
         if qhat is not None:
             p = cost_softmax(c, cal.temperature)  # (1, V)
             lam, k_reg = cal.conformal_params["lam"], int(cal.conformal_params["k_reg"])

@@ -19,7 +19,7 @@ from ..metrics.calibration import calibration_report
 from ..metrics.conformal import CONFORMAL_SCORES, conformal_scores, cost_softmax
 from .features import DEFAULT_K, first_hit_outcomes, query_features
 from .fit import fit_map
-from .maps import MAP_KINDS
+from .maps import MAP_KINDS, nested_probabilities
 from .record import Calibration
 
 __all__ = ["DEFAULT_METHOD", "METHODS", "MIN_QUERIES", "calibrate_costs", "true_video_scores"]
@@ -81,7 +81,7 @@ def calibrate_costs(
         "margin_sigmoid": fit_map(sub(feats, fit), first[fit], "logistic", ("margin",)),
     }
     held = sub(feats, check)
-    p_first = maps["first"].predict(held)  # (C,)
+    p_first, p_first_k = nested_probabilities(maps["first"], maps["first_k"], held)  # (C,) each
     report = {
         "first": {
             "calibrated": calibration_report(p_first, first[check]),
@@ -89,7 +89,7 @@ def calibrate_costs(
             "softmax": calibration_report(held.column("p_first"), first[check]),
         },
         "first_k": {
-            "calibrated": calibration_report(maps["first_k"].predict(held), first_k[check]),
+            "calibrated": calibration_report(p_first_k, first_k[check]),
             "softmax": calibration_report(held.column("p_first_k"), first_k[check]),
         },
     }

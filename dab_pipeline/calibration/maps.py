@@ -20,7 +20,7 @@ from ..core.choices import CALIBRATION_METHODS
 from ..core.errors import ConfigError
 from .features import QueryFeatures
 
-__all__ = ["MAP_KINDS", "ProbabilityMap"]
+__all__ = ["MAP_KINDS", "ProbabilityMap", "nested_probabilities"]
 
 MAP_KINDS = CALIBRATION_METHODS
 
@@ -65,3 +65,12 @@ class ProbabilityMap:
             return cls(str(d["kind"]), tuple(str(f) for f in d["features"]), dict(d["params"]))
         except (KeyError, TypeError) as exc:
             raise ConfigError(f"a probability map in calibration.json is malformed ({exc})") from None
+
+
+def nested_probabilities(
+    first: ProbabilityMap, first_k: ProbabilityMap, feats: QueryFeatures
+) -> tuple[np.ndarray, np.ndarray]:
+    """(P(the first hit is a match), P(a match in the first k)) (Q,) each. The two maps are fitted apart, so on few
+    queries the second can come out below the first for an event that contains it: it is raised to the first."""
+    p1 = first.predict(feats)
+    return p1, np.maximum(first_k.predict(feats), p1)

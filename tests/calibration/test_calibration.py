@@ -187,3 +187,9 @@ def test_requests_are_checked_in_one_line() -> None:
         conformal_threshold(plain, 0.9, "normalized")
     with pytest.raises(ConfigError, match="3 validation queries are too few"):
         calibrate_costs(cost[:3], gt[:3], 1.0)
+
+
+def test_a_match_in_the_first_k_is_never_less_likely_than_first() -> None:
+    cal, (cost, _, tv) = _cal(12, 10)  # six fitted queries: two maps fitted apart disagree
+    got = assess(cal, list(cost), tv)
+    assert all(u.p_first_k >= u.p_first for u in got)

@@ -16,6 +16,7 @@ from ...calibration import (
     query_features,
     run_calibration,
 )
+from ...calibration.maps import nested_probabilities
 from ...calibration.record import video_ids_digest
 from ...core.events import Event, ProgressCallback
 from ...core.fsutil import sha256_file
@@ -66,13 +67,14 @@ def calibration_section(
     )
     feats = query_features(cost, cal.temperature, cal.k, None if tv is None else np.asarray(tv, np.float64))
     first, first_k = first_hit_outcomes(cost, gt, cal.k)
+    p1, pk = nested_probabilities(cal.maps["first"], cal.maps["first_k"], feats)
     probs = {
         "first": {
-            "calibrated": cal.maps["first"].predict(feats),
+            "calibrated": p1,
             "margin_sigmoid": cal.maps["margin_sigmoid"].predict(feats),
             "softmax": feats.column("p_first"),
         },
-        "first_k": {"calibrated": cal.maps["first_k"].predict(feats), "softmax": feats.column("p_first_k")},
+        "first_k": {"calibrated": pk, "softmax": feats.column("p_first_k")},
     }
     outcome = {"first": first, "first_k": first_k}
     section: dict[str, Any] = {
