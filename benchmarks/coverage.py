@@ -19,7 +19,7 @@ conformal score it prints:
 process: the ratio of the medians, mean ± std over ``--repeats``.
 
     python benchmarks/coverage.py --run demo_out/runs/dab [--run demo_out/runs/xpool] [--world demo_out/world]
-        [--splits 200] [--alphas 0.05 0.1 0.2] [--delta 0.05] [--latency] [--json OUT]
+        [--eval-store demo_out/store-eval.h5] [--splits 200] [--alphas 0.05 0.1 0.2] [--delta 0.05] [--latency] [--json OUT]
 """
 
 from __future__ import annotations
@@ -41,8 +41,21 @@ from dab_pipeline.runs.load import load_run
 from dab_pipeline.runs.run_folder import RunFolder
 
 
-def _inputs(run_dir: Path):
+def _inputs(run_dir: Path, store: Optional[Path] = None):
+    """The run, its test costs (Q, V), each query's match, its text variance (a Gaussian run) and the temperature:
+    from the run's cost file, or with ``store`` (an eval store: every caption of the val and test videos,
+    ``claims.eval_store``) its test split scored here."""
     run = load_run(run_dir)
+    if store is not None:
+        from dab_pipeline.calibration import text_variance
+        from dab_pipeline.scoring import score_all
+        from dab_pipeline.store import open_store
+
+        with open_store(store) as st:
+            sp = st.load_split(run.config.test_split)
+        cost = np.asarray(score_all(run.model, sp.text, sp.frames, sp.frame_mask).cost, np.float64)
+        tv = text_variance(run.model, sp.text)
+        return run, cost, np.asarray(sp.caption_video, np.int64), tv, float(run.model.temperature().detach())
     cm = read_costs(RunFolder(run_dir).find_costs())
     cost = np.asarray(cm.to_cost() if hasattr(cm, "to_cost") else cm.cost, np.float64)  # (Q, V)
     tv = (cm.extras or {}).get("text_var") if run.model.cfg.probabilistic else None
@@ -50,13 +63,13 @@ def _inputs(run_dir: Path):
     return run, cost, np.asarray(cm.gt, np.int64), tv, float(run.model.temperature().detach())
 
 
-def _world_truth(world: Optional[Path], run) -> Any:
+def _world_truth(world: Optional[Path], run, store: Optional[Path] = None) -> Any:
     if world is None:
         return None
     sys.path.insert(0, str(Path(__file__).parent))
     from claims import truth  # benchmarks/claims.py: the world's claims against a store's split
 
-    return truth(world, Path(run.config.features), run.config.test_split)
+    return truth(world, store or Path(run.config.features), run.config.test_split)
 
 
 def coverage_table(cost, gt, tv, temperature, alphas, splits, truth=None) -> dict[str, Any]:
@@ -161,6 +174,54 @@ def latency(run_dir: Path, repeats: int, queries: int = 16) -> dict[str, float]:
     }
 
 
+def index_coverage(run_dir: Path, index: Path, shortlists: list[int], coverage: float = 0.9) -> dict[str, Any]:
+    """What a first stage's misses do to a set: the run's test captions searched in the index's split (the
+    gallery the run must be calibrated on, ``dab calibrate --gallery SPLIT``) with every video scored and with
+    each shortlist of K; per K the share of queries whose set holds their match, the mean set size, and the
+    first stage's recall (the match in the shortlist at all)."""
+    from dab_pipeline.search import Searcher
+    from dab_pipeline.store import open_store
+
+    run = load_run(run_dir)
+    with open_store(run.config.features) as st:
+        sp = st.load_split(run.config.test_split)
+    want = [str(sp.video_ids[v]) for v in sp.caption_video]
+    texts = [str(c) for c in sp.caption_ids]
+    req = UncertaintyRequest(coverage=coverage)
+    out: dict[str, Any] = {}
+    split = json.loads((index / "index.json").read_text())["split"]
+    with Searcher(run_dir, run.config.features, split=split, device="cpu", encoder=False) as plain:
+        rows = _with_variance(plain, plain.rank(texts, sp.text, 1), sp.text)
+        sets = [plain.reassess(r, req).coverage_set for r in rows]
+        out["all"] = _set_stats(sets, want, [set(map(str, r.video_ids)) for r in rows])
+    with Searcher(run_dir, run.config.features, split=split, index=index, device="cpu", encoder=False) as s:
+        for k in shortlists:
+            rows = _with_variance(s, s.rank(texts, sp.text, 1, shortlist=k), sp.text)
+            sets = [s.reassess(r, req).coverage_set for r in rows]
+            out[str(k)] = _set_stats(sets, want, [set(map(str, r.video_ids)) for r in rows])
+    return out
+
+
+def _with_variance(searcher, rows, text):
+    """Results of ``Searcher.rank`` (which does not assess) given their text variance, as ``search`` gives it."""
+    from dab_pipeline.calibration import text_variance
+
+    tv = text_variance(searcher.run.model, text)
+    for i, r in enumerate(rows):
+        r.text_var = None if tv is None else float(tv[i])
+    return rows
+
+
+def _set_stats(sets, want, scored) -> dict[str, float]:
+    held = [w in {h.video_id for h in s} for s, w in zip(sets, want)]
+    recall = [w in sc for sc, w in zip(scored, want)]
+    return {
+        "coverage": float(np.mean(held)),
+        "size": float(np.mean([len(s) for s in sets])),
+        "recall": float(np.mean(recall)),
+    }
+
+
 def _print(name: str, cov: dict, risk: dict, n: int) -> None:
     print(f"\n## {name}: {n} test queries, halves of {n // 2}")
     print(
@@ -189,18 +250,28 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--run", type=Path, action="append", required=True, help="run folder with a test cost file")
     ap.add_argument("--world", type=Path, default=None, help="the procedural world's folder: claim-aware coverage")
+    ap.add_argument(
+        "--eval-store",
+        type=Path,
+        default=None,
+        help="score the run on this store's test split instead of reading its cost file (claims.py's eval store: "
+        "every caption of the world's val and test videos, several queries a video)",
+    )
     ap.add_argument("--splits", type=int, default=200)
     ap.add_argument("--alphas", type=float, nargs="+", default=[0.05, 0.1, 0.2])
     ap.add_argument("--delta", type=float, default=0.05)
     ap.add_argument("--latency", action="store_true", help="also time search with and without a coverage request")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--index", type=Path, default=None, help="a dab index of the gallery calibrated on: coverage per K")
+    ap.add_argument("--shortlists", type=int, nargs="+", default=[10, 25, 50, 100])
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     report: dict[str, Any] = {}
     for run_dir in args.run:
-        run, cost, gt, tv, temperature = _inputs(run_dir)
+        run, cost, gt, tv, temperature = _inputs(run_dir, args.eval_store)
         t0 = time.time()
-        cov = coverage_table(cost, gt, tv, temperature, args.alphas, args.splits, _world_truth(args.world, run))
+        truth = _world_truth(args.world, run, args.eval_store)
+        cov = coverage_table(cost, gt, tv, temperature, args.alphas, args.splits, truth)
         risk = risk_table(cost, gt, tv, temperature, args.alphas, args.delta, args.splits)
         _print(str(run_dir), cov, risk, len(cost))
         report[str(run_dir)] = {"coverage": cov, "risk": risk, "seconds": time.time() - t0}
@@ -211,6 +282,14 @@ def main(argv: Optional[list[str]] = None) -> int:
                 f"\nlatency, coverage=0.9 vs none: {lat['ratio_mean']:.3f} ± {lat['ratio_std']:.3f} "
                 f"(median {lat['ms_plain']:.1f} ms a query without)"
             )
+        if args.index is not None:
+            ic = index_coverage(run_dir, args.index, args.shortlists)
+            report[str(run_dir)]["index"] = ic
+            print(
+                "\n| shortlist K | first stage's recall | coverage of the 0.9 set | mean set size |\n|---|---|---|---|"
+            )
+            for k, r in ic.items():
+                print(f"| {k} | {r['recall']:.3f} | {r['coverage']:.3f} | {r['size']:.1f} |")
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     return 0

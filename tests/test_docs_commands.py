@@ -210,8 +210,10 @@ def _placed(cmd: DocCommand, demo: dict, scratch: Path) -> list[str]:
             w = str(SHARED / w.removeprefix("../shared/data/"))
         elif w in ("V", "/tmp/empty"):
             w = str(empty)
-        elif w == "RUN":
+        elif w in ("RUN", "demo_out/runs/dab"):
             w = str(demo["run"])
+        elif w == "demo_out/store.h5":
+            w = str(demo["store"])
         elif w in ("store.h5", "store.index", "library.h5") and w != out:
             w = str({"store.h5": demo["store"], "store.index": demo["index"]}.get(w, demo["library"].parent / w))
         elif w == "my_library":
