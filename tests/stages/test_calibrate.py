@@ -209,6 +209,9 @@ def test_serve_answers_with_the_set_dab_search_gives(served: dict, world: dict) 
     assert [h["video_id"] for h in u["set"]] == [h.video_id for h in want.coverage_set]
     assert u["p_first"] == pytest.approx(want.uncertainty.p_first, rel=1e-4, abs=1e-6)
     assert u["answered"] == want.uncertainty.answered and u["risk"]["max_risk"] == 0.3
+    health = c.get("/healthz").json()["calibration"]
+    assert health == {"queries": 40, "method": "logistic", "gallery": {"split": "all", "videos": 48}}
+    assert served["bare"].get("/healthz").json()["calibration"] is None
     plain = c.get("/search", params={"q": "a white cat"}).json()["uncertainty"]
     assert "set" not in plain and "answered" not in plain and 0 <= plain["p_first"] <= 1
 

@@ -172,6 +172,8 @@ def _healthz_route(searcher: Searcher, health: Health, batcher: Batcher, JSONRes
             "run": str(searcher.run.run_dir),
             "store": str(searcher.store_path),
             "index": None if meta is None else {"factory": meta.factory, "vector": meta.vector},
+            # what coverage= and max_risk= read (dab calibrate), or why they cannot be asked for
+            "calibration": _calibration_status(searcher),
             "batching": batcher.stats(),
         }
 
@@ -225,6 +227,18 @@ def _home_route(
         return HTMLResponse(html, status_code=status)
 
     return home
+
+
+def _calibration_status(searcher: Searcher) -> Optional[dict]:
+    cal = searcher.calibration
+    if cal is None:
+        return {"error": searcher.calibration_problem} if searcher.calibration_problem else None
+    g = cal.gallery
+    return {
+        "queries": cal.queries,
+        "method": cal.method,
+        "gallery": {"split": g.get("split"), "videos": g.get("videos")},
+    }
 
 
 def page_k_error(k: Optional[str], max_k: int) -> Optional[str]:
