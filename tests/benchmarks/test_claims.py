@@ -3,7 +3,6 @@ ambiguity of the generic captions, on a tiny low-rank run with a hand-made truth
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -16,17 +15,14 @@ from dab_pipeline.stages.train import run_train
 from dab_pipeline.store import open_store
 from dab_pipeline.testing import random_store
 
+from ..helpers.benchmarks import load_benchmark
 from ..helpers.training import train_config
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _claims():
-    spec = importlib.util.spec_from_file_location("claims_benchmark", REPO / "benchmarks" / "claims.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("claims")
 
 
 @pytest.fixture(scope="module")

@@ -3,23 +3,19 @@ that grow as alpha falls, conditional coverage per tercile, and the risk check's
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from ..calibration.synthetic import synthetic_costs
+from ..helpers.benchmarks import load_benchmark
 
 REPO = Path(__file__).resolve().parents[2]
 pytest.importorskip("sklearn")
 
 
 def _coverage():
-    spec = importlib.util.spec_from_file_location("coverage_benchmark", REPO / "benchmarks" / "coverage.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("coverage")
 
 
 def test_the_coverage_table_holds_its_bounds_on_a_synthetic_gallery() -> None:

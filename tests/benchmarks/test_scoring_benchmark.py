@@ -3,21 +3,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
 
+from ..helpers.benchmarks import load_benchmark
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _scoring_benchmark():
-    spec = importlib.util.spec_from_file_location("scoring_benchmark", REPO / "benchmarks" / "scoring.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("scoring")
 
 
 def test_the_covariance_section_times_every_form_beside_diag(capsys: pytest.CaptureFixture[str]) -> None:

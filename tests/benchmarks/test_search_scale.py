@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from collections import namedtuple
 from pathlib import Path
 
 import pytest
 
+from ..helpers.benchmarks import load_benchmark
+
 REPO = Path(__file__).resolve().parents[2]
 Usage = namedtuple("Usage", "total used free")
 
 
 def _search_scale():
-    spec = importlib.util.spec_from_file_location("search_scale_benchmark", REPO / "benchmarks" / "search_scale.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("search_scale")
 
 
 def test_a_store_that_would_leave_too_little_disk_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,11 +3,11 @@ load, the report (the answers compared, the ratios); and its answer comparison o
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
+from ..helpers.benchmarks import load_benchmark
 from ..helpers.models import hand_made_run
 from ..helpers.stores import SEARCH_CAPTIONS, text_store
 
@@ -15,11 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _serve_load():
-    spec = importlib.util.spec_from_file_location("serve_load_benchmark", REPO / "benchmarks" / "serve_load.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("serve_load")
 
 
 def test_answers_are_compared_up_to_ties() -> None:
