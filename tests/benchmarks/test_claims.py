@@ -18,8 +18,6 @@ from dab_pipeline.testing import random_store
 from ..helpers.benchmarks import load_benchmark
 from ..helpers.training import train_config
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def _claims():
     return load_benchmark("claims")

@@ -3,14 +3,11 @@ that grow as alpha falls, conditional coverage per tercile, and the risk check's
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from ..calibration.synthetic import synthetic_costs
 from ..helpers.benchmarks import load_benchmark
 
-REPO = Path(__file__).resolve().parents[2]
 pytest.importorskip("sklearn")
 
 

@@ -10,8 +10,6 @@ import pytest
 
 from ..helpers.benchmarks import load_benchmark
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def _quality():
     return load_benchmark("quality")

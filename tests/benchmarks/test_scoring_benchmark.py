@@ -3,14 +3,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from ..helpers.benchmarks import load_benchmark
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _scoring_benchmark():

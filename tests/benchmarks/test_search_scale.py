@@ -10,7 +10,6 @@ import pytest
 
 from ..helpers.benchmarks import load_benchmark
 
-REPO = Path(__file__).resolve().parents[2]
 Usage = namedtuple("Usage", "total used free")
 
 

@@ -11,8 +11,6 @@ from ..helpers.benchmarks import load_benchmark
 from ..helpers.models import hand_made_run
 from ..helpers.stores import SEARCH_CAPTIONS, text_store
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def _serve_load():
     return load_benchmark("serve_load")
