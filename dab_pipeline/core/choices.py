@@ -50,3 +50,5 @@ CONFORMAL_SCORES = ("lac", "aps", "raps", "normalized")
 DEFAULT_CONFORMAL_SCORE = "lac"
 CALIBRATION_METHODS = ("logistic", "isotonic")
 DEFAULT_CALIBRATION_METHOD = "logistic"
+# the most videos one `dab serve` query may ask for (its page and API's k; -k above it is refused at start)
+SERVE_MAX_K = 100

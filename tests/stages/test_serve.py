@@ -130,7 +130,7 @@ def client(world: dict):
     from dab_pipeline.stages.serve import ServeSettings, abstain_report, create_app
 
     searcher = Searcher(world["run"], world["store"], index=world["index"], device="cpu")
-    app = create_app(searcher, ServeSettings(abstain_below=1e9, max_k=5), abstain_report(world["run"], 1e9))
+    app = create_app(searcher, ServeSettings(abstain_below=1e9, k=5, max_k=5), abstain_report(world["run"], 1e9))
     with TestClient(app, raise_server_exceptions=False) as c:
         c.searcher = searcher
         yield c
@@ -259,6 +259,28 @@ def test_a_non_finite_abstain_threshold_is_refused(world: dict) -> None:
     for bad in ("nan", "inf", "-inf"):
         out = invoke(["serve", "--run", world["run"], "--features", world["store"], "--abstain-below", bad])
         assert out.exit_code == 2 and "not a finite number" in out.output and "Traceback" not in out.output
+
+
+def test_a_shortlist_k_or_thread_count_no_query_could_use_is_refused_at_start(world: dict, monkeypatch) -> None:
+    """Issue 50, 7: `--shortlist 0` started and answered every query 400 blaming the client; `-k 1000` (above what
+    a query may ask) and `--threads 0` were taken silently."""
+    import dab_pipeline.cli.commands.serving as serving
+    from dab_pipeline.stages.serve import ServeSettings
+
+    monkeypatch.setattr(serving, "_load", lambda *a, **k: pytest.fail("loaded before the options were checked"))
+    base = ["serve", "--run", world["run"], "--features", world["store"], "--port", "0"]
+    for extra, said in (
+        (["--shortlist", "0"], "'--shortlist': 0 is not in the range x>=1"),
+        (["--shortlist", "-3"], "'--shortlist': -3 is not in the range x>=1"),
+        (["-k", "1000"], "'-k': 1000 is above 100, the most a query may ask for"),
+        (["--threads", "0"], "'--threads': 0 is not in the range x>=1"),
+    ):
+        out = invoke([*base, *extra])
+        assert out.exit_code == 2 and said in out.output and "Traceback" not in out.output, (extra, out.output)
+    with pytest.raises(ConfigError, match="shortlist must be a positive integer, got 0"):
+        ServeSettings(shortlist=0)
+    with pytest.raises(ConfigError, match="k must be at most 100"):
+        ServeSettings(k=1000)
 
 
 def test_a_bad_port_or_one_in_use_is_one_line_before_anything_loads(world: dict, monkeypatch) -> None:
@@ -568,7 +590,7 @@ def test_a_lowrank_run_indexes_pooled_searches_and_serves_like_exact_scoring(
     assert out.exit_code == 0, out.output
     assert [h["video_id"] for h in json.loads(out.output)[0]["hits"]] == expected
     searcher = Searcher(run, world["store"], index=tmp_path / "idx", device="cpu")
-    app = create_app(searcher, ServeSettings(max_k=5, shortlist=6), None)
+    app = create_app(searcher, ServeSettings(k=5, max_k=5, shortlist=6), None)
     with TestClient(app, raise_server_exceptions=False) as c:
         r = c.get("/search", params={"q": CAPTIONS[1], "k": 3})
     searcher.close()
@@ -588,7 +610,7 @@ def _batched(world: dict, max_batch: int, **kw):
     from dab_pipeline.stages.serve import ServeSettings, create_app
 
     searcher = Searcher(world["run"], world["store"], index=world["index"], device="cpu")
-    app = create_app(searcher, ServeSettings(max_k=5, shortlist=3, max_batch=max_batch, **kw))
+    app = create_app(searcher, ServeSettings(k=5, max_k=5, shortlist=3, max_batch=max_batch, **kw))
     return searcher, TestClient(app, raise_server_exceptions=False)
 
 

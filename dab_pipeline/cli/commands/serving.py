@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from ...core.choices import DEFAULT_SCORE_DTYPE, SCORE_DTYPES
+from ...core.choices import DEFAULT_SCORE_DTYPE, SCORE_DTYPES, SERVE_MAX_K
 from .. import cli
 from .options import EXISTING, FINITE_FLOAT, k_option, one_spelling
 
@@ -44,7 +44,7 @@ from .options import EXISTING, FINITE_FLOAT, k_option, one_spelling
 )
 @click.option(
     "--shortlist",
-    type=int,
+    type=click.IntRange(min=1),
     default=None,
     help="Videos re-ranked a query (with --index: default 100; without: every video).",
 )
@@ -75,7 +75,9 @@ from .options import EXISTING, FINITE_FLOAT, k_option, one_spelling
     show_default=True,
     help="How long a batch waits for more queries after its first arrived (never once --max-batch are waiting).",
 )
-@click.option("--threads", type=int, default=2, show_default=True, help="CPU threads for the model and FAISS.")
+@click.option(
+    "--threads", type=click.IntRange(min=1), default=2, show_default=True, help="CPU threads for the model and FAISS."
+)
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:N or auto.")
 @click.option(
     "--dtype",
@@ -112,6 +114,8 @@ def serve(
     answered in one batch (--max-batch, --batch-wait-ms).
     """
     k = one_spelling(ctx, "k", "-k/--k", "--topk", former_topk)
+    if k > SERVE_MAX_K:  # before the port and the loading: a default above what a query may ask answers nothing
+        raise click.BadParameter(f"{k} is above {SERVE_MAX_K}, the most a query may ask for", param_hint="'-k'")
     try:
         import uvicorn
     except ImportError:

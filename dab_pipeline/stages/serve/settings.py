@@ -12,6 +12,7 @@ from typing import Optional
 
 import numpy as np
 
+from ...core.choices import SERVE_MAX_K
 from ...core.errors import ConfigError
 from ...metrics import kl_margin, threshold_outcome
 from ...runs.costfile import read_costs
@@ -28,7 +29,7 @@ class ServeSettings:
     """What a server answers with: page defaults, limits, the abstain threshold."""
 
     k: int = 10
-    max_k: int = 100
+    max_k: int = SERVE_MAX_K
     shortlist: Optional[int] = None  # videos re-ranked a query (None: the Searcher's default)
     max_query_chars: int = 500
     abstain_below: Optional[float] = None  # confidence (margin) under which a query is flagged
@@ -45,6 +46,10 @@ class ServeSettings:
         for name in ("k", "max_k", "max_query_chars", "max_batch"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.k > self.max_k:  # the page and the API refuse a k above max_k: a default above it answers nothing
+            raise ConfigError(f"k must be at most {self.max_k} (the most a query may ask for), got {self.k}")
+        if self.shortlist is not None and int(self.shortlist) < 1:  # every query would be refused as the client's fault
+            raise ConfigError(f"shortlist must be a positive integer, got {self.shortlist}")
 
 
 def abstain_report(run_dir: Path, threshold: Optional[float]) -> Optional[dict]:
