@@ -151,14 +151,26 @@ def _from_json(
             f"{type(data).__name__}"
         )
     described: dict[str, list[str]] = {}
+    nulls = 0
     for pos, item in enumerate(data):
         if not isinstance(item, dict) or not isinstance(item.get("video"), str) or "description" not in item:
             found = sorted(item) if isinstance(item, dict) else type(item).__name__
             raise DatasetError(f"{path}: entry {pos}: expected keys video and description; found {found}")
-        text = clean_text(str(item["description"]))
+        raw = item["description"]
+        if raw is None:  # a moment without a description: nothing to join (str() would make it the word "None")
+            nulls += 1
+            raw = ""
+        if not isinstance(raw, str):
+            raise DatasetError(
+                f"{path}: entry {pos} ({item['video']}): expected a text description; found a JSON "
+                f"{type(raw).__name__} ({str(raw)[:40]})"
+            )
+        text = clean_text(raw)
         described.setdefault(item["video"], [])
         if text:
             described[item["video"]].append(text)
+    if nulls:
+        warnings.append(f"{path.name}: {nulls} moments have a null description: left out of their paragraphs")
     ids = read_list(listed)
     keep = set(ids)
     left = [v for v in described if v not in keep]

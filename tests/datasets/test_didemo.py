@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -88,6 +89,27 @@ def test_didemo_json_layout_joins_each_videos_descriptions_into_one_paragraph(tm
     # the data files' videos outside the retrieval lists are left out, and said so
     assert sum("not in" in w and "left out" in w for w in cat.options["warnings"]) == 3
     assert not any(v.video_id.startswith("9@") for v in cat.videos)
+
+
+def test_a_null_description_is_no_text_and_a_number_is_refused(tmp_path: Path) -> None:
+    """Issue 50, 9: ``"description": null`` became the word "None" in the query; numbers and lists were
+    stringified."""
+    ann = _json_layout(tmp_path / "ann")
+    test = json.loads((ann / "test_data.json").read_text())
+    vid = IDS["test"][0]
+    first = next(e for e in test if e["video"] == vid)
+    first["description"] = None
+    (ann / "test_data.json").write_text(json.dumps(test))
+    cat = load_dataset("didemo", tmp_path / "ann", ann)
+    text = next(c.text for c in cat.captions if c.video_id == vid)
+    assert "None" not in text and text == f"{vid} second moment {vid} third"
+    assert any("1 moments have a null description" in w for w in cat.options["warnings"])
+    for bad, said in ((7, "found a JSON int (7)"), (["a", "b"], "found a JSON list")):
+        first["description"] = bad
+        (ann / "test_data.json").write_text(json.dumps(test))
+        want = rf"entry \d+ \({re.escape(vid)}\): expected a text description; {re.escape(said)}"
+        with pytest.raises(DatasetError, match=want):
+            load_dataset("didemo", tmp_path / "ann", ann)
 
 
 def test_didemo_finds_the_files_as_they_are_on_disk(tmp_path: Path) -> None:
