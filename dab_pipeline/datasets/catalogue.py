@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import inspect
 import json
 import os
 from dataclasses import dataclass
@@ -74,11 +75,24 @@ DATASETS: Registry[Loader] = Registry("dataset")
 
 
 def load_dataset(name: str, videos: Path | None, annotations: Path | None, **options: Any) -> Catalogue:
-    """The catalogue of dataset ``name`` (see :data:`DATASETS` for the names)."""
+    """The catalogue of dataset ``name`` (see :data:`DATASETS` for the names); a value of an int option that is
+    not a whole number (``val_size=abc``) is a one-line ConfigError naming it."""
     loader = DATASETS.get(name)
+    check_options(name, loader, options)
     return loader(
         Path(videos) if videos is not None else None, Path(annotations) if annotations is not None else None, **options
     )
+
+
+def check_options(name: str, loader: Callable[..., Any], options: dict[str, Any]) -> None:
+    """A ``--option key=value`` for one of the loader's int parameters (``val_size``, ``seed``) must be a whole
+    number: ``val_size=abc`` is one line, not a traceback from deep in the loader."""
+    params = inspect.signature(loader).parameters
+    for key, value in options.items():
+        default = params[key].default if key in params else None
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if isinstance(default, int) and not isinstance(default, bool) and not whole:
+            raise ConfigError(f"dataset {name!r}: option {key}={value!r}: expected a whole number (--option {key}=N)")
 
 
 def resolve_dirs(name: str, videos: Path | None, annotations: Path | None) -> tuple[Path, Path, Path | None]:
@@ -139,9 +153,12 @@ def split_named(path: Path) -> str | None:
 
 
 def read_json(path: Path) -> Any:
+    """A JSON annotation file (a UTF-8 byte-order mark allowed, as in CSV and TSV files)."""
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open(path, encoding="utf-8-sig") as fh:
             return json.load(fh)
+    except RecursionError:
+        raise DatasetError(f"{path}: JSON nested too deeply to be an annotation file") from None
     except json.JSONDecodeError as exc:
         raise DatasetError(f"{path}: not valid JSON ({exc})") from None
     except UnicodeDecodeError as exc:

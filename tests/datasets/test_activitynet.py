@@ -102,3 +102,28 @@ def test_activitynet_real_files(shared_data: Path, tmp_path: Path) -> None:
     assert counts(full)["train"][:2] == (10009, 10009) and full.split_videos("val") == []
     val_2 = load_dataset("activitynet", tmp_path, src, test_file="val_2.json", splits="test")
     assert counts(val_2) == {"test": (4885, 4885, 17031)}
+
+
+def test_option_values_nesting_and_a_byte_order_mark(tmp_path: Path) -> None:
+    """Issue 50, 8: `--option val_size=abc` / `seed=abc` gave tracebacks; deeply nested JSON a RecursionError; a
+    JSON file with a UTF-8 byte-order mark was refused (CSV and TSV files accept one)."""
+    ann = _anet(tmp_path / "ann")
+    for key, bad in (("val_size", "abc"), ("seed", "abc"), ("val_size", 2.5), ("seed", True)):
+        with pytest.raises(ConfigError, match=rf"option {key}=.*: expected a whole number \(--option {key}=N\)"):
+            load_dataset("activitynet", None, ann, **{key: bad})
+    for name in ("train.json", "val_1.json"):
+        text = (ann / name).read_text()
+        (ann / name).write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    cat = load_dataset("activitynet", None, ann, val_size=2)
+    assert counts(cat)["test"] == (4, 4, 12)
+    (ann / "val_1.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(DatasetError, match="nested too deeply"):
+        load_dataset("activitynet", None, ann, val_size=2)
+
+
+def test_cli_option_values_are_one_line(tmp_path: Path) -> None:
+    from ..helpers.runner import invoke
+
+    ann = _anet(tmp_path / "ann")
+    out = invoke(["extract", "--dataset", "activitynet", "--annotations", ann, "--dry-run", "--option", "val_size=abc"])
+    assert out.exit_code != 0 and "expected a whole number" in out.output and "Traceback" not in out.output
