@@ -89,3 +89,22 @@ def test_dry_run_of_a_wrong_layout_is_one_line(tmp_path: Path) -> None:
         "Error: dataset 'didemo': no test annotations (expected test_data.json"
     )
     assert "found in" in lines[0] and "Charades_v1_test.csv" in lines[0]
+
+
+def test_frames_has_an_upper_bound_checked_before_anything_runs(tmp_path) -> None:
+    """Issue 50, 6: `--frames 100000` ran the machine out of memory and left a store behind."""
+    import click
+
+    from dab_pipeline.cli import cli
+    from dab_pipeline.core.errors import ConfigError
+    from dab_pipeline.stages.extract.config import MAX_FRAMES, ExtractConfig
+
+    from ..helpers.runner import invoke
+
+    param = next(p for p in cli.commands["extract"].params if p.name == "frames")
+    assert isinstance(param.type, click.IntRange) and param.type.max == MAX_FRAMES
+    out = invoke(["extract", "--dataset", "folder", "--videos", tmp_path, "--out", tmp_path / "s.h5", "--frames", "100000"])
+    assert out.exit_code == 2 and "'--frames': 100000 is not in the range 1<=x<=256" in out.output
+    assert not (tmp_path / "s.h5").exists()
+    with pytest.raises(ConfigError, match=r"frames must be in \[1, 256\]"):
+        ExtractConfig(dataset="folder", videos=tmp_path, out=tmp_path / "s.h5", frames=MAX_FRAMES + 1)

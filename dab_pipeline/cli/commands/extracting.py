@@ -42,7 +42,13 @@ from .output import console, echo_survey, human_bytes, quiet_shared_errors
     help="open_clip pretrained tag or a local weights file (default: openai; dab-world and dab-tiny: "
     "their own weights).",
 )
-@click.option("--frames", type=int, default=12, show_default=True, help="Frames sampled per video.")
+@click.option(
+    "--frames",
+    type=click.IntRange(1, 256),  # = stages.extract.config.MAX_FRAMES (a test checks)
+    default=12,
+    show_default=True,
+    help="Frames sampled per video (12 as X-Pool; 64 for long videos; at most 256).",
+)
 @click.option(
     "--trainable-blocks",
     default=None,

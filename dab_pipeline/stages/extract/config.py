@@ -49,6 +49,11 @@ COMPATIBILITY_KEYS = (
 )
 
 
+# the most frames a video may be sampled at: the field uses 12 (64 for DiDeMo and ActivityNet); 100,000 ran a
+# machine out of memory decoding the first batch and preallocated a store of F x D values a video
+MAX_FRAMES = 256
+
+
 @dataclass(frozen=True)
 class ExtractConfig:
     """Everything that decides what `dab extract` writes."""
@@ -83,8 +88,10 @@ class ExtractConfig:
     overwrite: bool = False
 
     def __post_init__(self) -> None:
-        if self.frames < 1:
-            raise ConfigError(f"frames must be >= 1, got {self.frames}")
+        if not 1 <= self.frames <= MAX_FRAMES:
+            raise ConfigError(
+                f"frames must be in [1, {MAX_FRAMES}] (the field samples 12, or 64 for long videos), got {self.frames}"
+            )
         if self.trainable_blocks is not None and self.trainable_blocks < 0:
             raise ConfigError(f"trainable_blocks must be >= 0, got {self.trainable_blocks}")
         if self.batch_size < 1 or self.text_batch_size < 1:
