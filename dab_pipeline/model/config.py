@@ -143,6 +143,10 @@ def _check_covariance(cfg: ModelConfig) -> None:
     cov = parse_covariance(cfg.covariance)
     if cov.kind == "diag":
         return
+    if cov.rank > cfg.embed_dim:
+        raise ConfigError(
+            f"model.covariance={cfg.covariance}: the rank R must be at most the feature width embed_dim={cfg.embed_dim}"
+        )
     if cov.kind not in cfg.spec.covariances:
         accepted = [n for n in VARIANT_SPECS if cov.kind in VARIANT_SPECS.get(n).covariances]
         raise ConfigError(

@@ -51,7 +51,9 @@ __all__ = [
 
 CovarianceKind = Literal["diag", "lowrank", "mixture"]
 
-VALID_FORMS = "diag, lowrank:R (R >= 1), mixture:K (K >= 2)"
+# the compiled scoring kernels' limits (csrc/dab_cpu.cpp): U has at most 16 columns, a mixture at most 64 components
+MAX_RANK, MAX_COMPONENTS = 16, 64
+VALID_FORMS = f"diag, lowrank:R (1 <= R <= {MAX_RANK}), mixture:K (2 <= K <= {MAX_COMPONENTS})"
 
 
 @dataclass(frozen=True)
@@ -87,12 +89,15 @@ def parse_covariance(spec: str) -> CovarianceSpec:
     m = _SPEC.fullmatch(spec)
     if m is None:
         raise bad
-    kind, n = m.group(1), int(m.group(2))
-    if kind == "lowrank" and n >= 1:
+    digits = m.group(2)
+    n = int(digits) if len(digits) <= 6 else MAX_COMPONENTS + 1  # lowrank:99999999999999999999: out of range, said
+    kind = m.group(1)
+    if kind == "lowrank" and 1 <= n <= MAX_RANK:
         return CovarianceSpec(kind="lowrank", rank=n)
-    if kind == "mixture" and n >= 2:
+    if kind == "mixture" and 2 <= n <= MAX_COMPONENTS:
         return CovarianceSpec(kind="mixture", components=n)
-    raise bad  # lowrank:0 (that is diag: say so explicitly) or mixture:1 (one component is diag too)
+    # lowrank:0 (that is diag: say so explicitly), mixture:1 (one component is diag too), or past the kernels' limits
+    raise bad
 
 
 # ---------------------------------------------------------------------------------------------

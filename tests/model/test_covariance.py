@@ -70,14 +70,29 @@ def test_parse_covariance_valid_forms_round_trip(spec: str, expected: Covariance
 
 @pytest.mark.parametrize(
     "spec",
-    ["lowrank:0", "lowrank:x", "mixture:1", "mixture:0", "cholesky", "", "lowrank", "diag:2", "lowrank:-1", "Diag"],
+    [
+        *(
+            "lowrank:0",
+            "lowrank:x",
+            "mixture:1",
+            "mixture:0",
+            "cholesky",
+            "",
+            "lowrank",
+            "diag:2",
+            "lowrank:-1",
+            "Diag",
+        ),
+        # issue 50, 1: past the compiled kernels' limits (a whole epoch trained, then a traceback), or huge
+        *("lowrank:17", "lowrank:1000", "lowrank:99999999999999999999", "mixture:65", "mixture:100000000000"),
+    ],
 )
 def test_parse_covariance_refuses_with_one_line_naming_the_valid_forms(spec: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_covariance(spec)
     message = str(info.value)
     assert "\n" not in message
-    assert "diag, lowrank:R (R >= 1), mixture:K (K >= 2)" in message
+    assert "diag, lowrank:R (1 <= R <= 16), mixture:K (2 <= K <= 64)" in message
     assert repr(spec) in message
 
 
@@ -334,3 +349,34 @@ def test_identical_components_get_identical_gradients_so_initialisation_must_bre
     kl_diag_to_mixture(mu_q, lv_q, mu_p2, lv_p, logits).sum().backward()
     assert mu_p2.grad is not None
     assert not torch.allclose(mu_p2.grad[:, 1], mu_p2.grad[:, 0], rtol=1e-3, atol=1e-6)
+
+
+def test_a_rank_above_the_feature_width_is_refused_when_the_config_is_built() -> None:
+    from dab_pipeline.model import ModelConfig
+
+    with pytest.raises(ConfigError, match="rank R must be at most the feature width embed_dim=8"):
+        ModelConfig(embed_dim=8, variant="prob", covariance="lowrank:12")
+    assert ModelConfig(embed_dim=16, variant="prob", covariance="lowrank:16").covariance == "lowrank:16"
+
+
+def test_cli_train_refuses_lowrank_17_before_training(tmp_path) -> None:
+    from dab_pipeline.testing import random_store
+
+    from ..helpers.runner import invoke
+
+    store = random_store(tmp_path / "s.h5", dim=32)
+    out = invoke(
+        [
+            "train",
+            "--features",
+            store,
+            "--out",
+            tmp_path / "run",
+            "--variant",
+            "prob",
+            "--set",
+            "model.covariance=lowrank:17",
+        ]
+    )
+    assert out.exit_code != 0 and "lowrank:R (1 <= R <= 16)" in out.output and "Traceback" not in out.output
+    assert not (tmp_path / "run" / "checkpoints").exists()

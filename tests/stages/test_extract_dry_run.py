@@ -103,7 +103,9 @@ def test_frames_has_an_upper_bound_checked_before_anything_runs(tmp_path) -> Non
 
     param = next(p for p in cli.commands["extract"].params if p.name == "frames")
     assert isinstance(param.type, click.IntRange) and param.type.max == MAX_FRAMES
-    out = invoke(["extract", "--dataset", "folder", "--videos", tmp_path, "--out", tmp_path / "s.h5", "--frames", "100000"])
+    out = invoke(
+        ["extract", "--dataset", "folder", "--videos", tmp_path, "--out", tmp_path / "s.h5", "--frames", "100000"]
+    )
     assert out.exit_code == 2 and "'--frames': 100000 is not in the range 1<=x<=256" in out.output
     assert not (tmp_path / "s.h5").exists()
     with pytest.raises(ConfigError, match=r"frames must be in \[1, 256\]"):
