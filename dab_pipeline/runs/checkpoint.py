@@ -47,11 +47,15 @@ def load_checkpoint(path: Path, map_location: Any = "cpu") -> dict:
     :class:`CheckpointError` before it is unpickled, so nothing in the file runs.
     """
     path = Path(path)
+    if path.is_file() and path.stat().st_size == 0:
+        raise CheckpointError(f"{path} is empty (0 bytes): not a checkpoint (a copy or a write that did not finish?)")
     try:
         with torch.serialization.safe_globals(_legacy_numpy_globals()):
             state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         reason = str(exc).strip().splitlines()
+        if not any("GLOBAL" in ln for ln in reason) and any("Unsupported operand" in ln for ln in reason):
+            raise CheckpointError(f"{path} is not a PyTorch checkpoint (damaged, or another kind of file)") from None
         detail = next(
             (ln.strip() for ln in reason if "GLOBAL" in ln or "Unsupported" in ln), reason[0] if reason else ""
         )
@@ -61,7 +65,10 @@ def load_checkpoint(path: Path, map_location: Any = "cpu") -> dict:
             "yourself"
         ) from None
     except (RuntimeError, EOFError, OSError) as exc:
-        raise CheckpointError(f"cannot read checkpoint {path}: {str(exc).strip().splitlines()[0][:200]}") from None
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise CheckpointError(f"cannot read checkpoint {path}: {first[:200]}") from None
+    except (IndexError, KeyError, ValueError, TypeError, AttributeError):  # torch.load's own errors on stray bytes
+        raise CheckpointError(f"{path} is not a PyTorch checkpoint (damaged, or another kind of file)") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} is not a dab checkpoint (it holds a {type(state).__name__}, not a dict)")
     return state

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -222,3 +223,31 @@ def test_cli_table_is_whole_outside_a_terminal(store: Path, tmp_path: Path) -> N
     out = invoke([*args, CAPTIONS[2]])
     assert out.exit_code == 0, out.output
     assert "…" not in out.output and long_text in out.output, out.output
+
+
+@pytest.mark.parametrize(
+    "content, said",
+    [
+        (b"", "is empty (0 bytes): not a checkpoint"),
+        (b"hello, this is a text file\n", "is not a PyTorch checkpoint"),
+        (bytes(range(256)) * 8, "is not a PyTorch checkpoint"),
+    ],
+    ids=["empty", "text", "garbage"],
+)
+def test_an_empty_or_garbage_checkpoint_is_one_line_everywhere(
+    store: Path, tmp_path: Path, content: bytes, said: str
+) -> None:
+    """Issue 50, 2: `: > RUN/checkpoints/best.pt` gave IndexError (an empty EOFError, a text file a KeyError) in
+    search, serve, evaluate, train --resume and load_run."""
+    from dab_pipeline.core.errors import CheckpointError
+    from dab_pipeline.runs.load import load_run
+
+    run, _ = build_run(tmp_path / "run", store)
+    (run / "checkpoints" / "best.pt").write_bytes(content)
+    with pytest.raises(CheckpointError, match=re.escape(said)):
+        load_run(run)
+    out = invoke(["search", "--run", run, "--features", store, "--device", "cpu", "a dog"])
+    assert out.exit_code != 0 and said in out.output and "Traceback" not in out.output
+    (run / "checkpoints" / "last.pt").write_bytes(content)
+    out = invoke(["train", "--resume", "--out", run])
+    assert out.exit_code != 0 and said in out.output and "Traceback" not in out.output
