@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import inspect
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -33,6 +35,10 @@ class VideoItem:
     split: str  # "train" | "val" | "test"
 
 
+# control characters (C0 and C1, DEL) other than the white space split() already handles
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
 @dataclass(frozen=True)
 class CaptionItem:
     caption_id: str  # unique within the dataset, "<video_id>#<k>"
@@ -52,6 +58,19 @@ class Catalogue:
     annotation_files: list[Path]  # hashed into the store manifest
     missing: list[str]  # video ids listed but not on disk
     options: dict  # loader options that shaped the catalogue
+
+    def __post_init__(self) -> None:
+        # a NUL or other control character in a caption (an HDF5 string cannot hold a NUL; none means anything in a
+        # query) becomes a space, whichever loader read it, so that a dry run and the extraction see the same text
+        dirty = [i for i, c in enumerate(self.captions) if _CONTROL.search(c.text)]
+        for i in dirty:
+            c = self.captions[i]
+            self.captions[i] = dataclasses.replace(c, text=" ".join(_CONTROL.sub(" ", c.text).split()))
+        if dirty:
+            self.options.setdefault("warnings", []).append(
+                f"{len(dirty)} captions held NUL or other control characters, replaced by spaces "
+                f"(the first: {self.captions[dirty[0]].caption_id})"
+            )
 
     def split_videos(self, split: str) -> list[VideoItem]:
         return [v for v in self.videos if v.split == split]

@@ -606,3 +606,19 @@ def test_a_rerun_with_only_the_required_options_resumes_a_store_made_with_other_
     assert res.exit_code != 0 and "(frames differ)" in text and "--overwrite" in text, res.output
     with open_store(out) as st:
         assert st.manifest["frames"] == 8 and st.manifest["store_dtype"] == "float32"
+
+
+def test_a_nul_in_a_caption_is_a_space_in_the_dry_run_and_the_store(tiny_folder_dataset: Path, tmp_path: Path) -> None:
+    """Issue 50, 3: a caption with a NUL byte crashed HDF5 extraction ("VLEN strings do not support embedded
+    NULLs") while --dry-run passed it."""
+    root = tmp_path / "nul"
+    shutil.copytree(tiny_folder_dataset.parent, root)
+    text = (root / "captions.csv").read_text().replace("clip number 0 with", "clip\x00number 0\x07with", 1)
+    (root / "captions.csv").write_text(text)
+    dry = invoke(extract_args(root / "captions.csv", "--dry-run", out=tmp_path / "dry.h5"))
+    assert dry.exit_code == 0 and "1 captions held NUL or other control characters" in dry.output
+    out = invoke(_args(root / "captions.csv", tmp_path / "s.h5"))
+    assert out.exit_code == 0, out.output
+    with open_store(tmp_path / "s.h5") as st:
+        texts = [str(t) for t in st.caption_text]
+    assert "clip number 0 with 5 frames" in texts and not any("\x00" in t or "\x07" in t for t in texts)
