@@ -98,9 +98,13 @@ def load_dataset(name: str, videos: Path | None, annotations: Path | None, **opt
     not a whole number (``val_size=abc``) is a one-line ConfigError naming it."""
     loader = DATASETS.get(name)
     check_options(name, loader, options)
-    return loader(
+    cat = loader(
         Path(videos) if videos is not None else None, Path(annotations) if annotations is not None else None, **options
     )
+    if not cat.videos:  # a 0-byte list, ActivityNet's `{}`: nothing to extract, and an empty store is no store
+        read = ", ".join(str(p) for p in cat.annotation_files) or str(annotations or videos)
+        raise DatasetError(f"dataset {name!r}: {read} lists no videos (an empty or cut annotation file?)")
+    return cat
 
 
 def check_options(name: str, loader: Callable[..., Any], options: dict[str, Any]) -> None:

@@ -108,3 +108,32 @@ def test_lsmdc_shared_folder_has_no_files(shared_data: Path, tmp_path: Path) -> 
     assert "LSMDC16_challenge_1000_publictect.csv" in str(err.value) and "README-collaborative-experts.md" in str(
         err.value
     )
+
+
+def test_annotation_files_that_list_no_videos_are_refused(tmp_path: Path) -> None:
+    """Issue 50, 4: a 0-byte LSMDC file (or ActivityNet's `{}`) passed --dry-run, crashed an .h5 extract in h5py and
+    made a .zarr store called complete with no videos."""
+    import json
+
+    from ..helpers.runner import invoke
+
+    ann = tmp_path / "ann"
+    ann.mkdir()
+    for name in LSMDC_FILES.values():
+        (ann / name).write_bytes(b"")
+    with pytest.raises(DatasetError, match="lists no videos"):
+        load_dataset("lsmdc", tmp_path, ann, splits="test")
+    for out in ("s.h5", "s.zarr"):
+        res = invoke(
+            ["extract", "--dataset", "lsmdc", "--annotations", ann, "--option", "splits=test", "--out", tmp_path / out]
+        )
+        assert res.exit_code != 0 and "lists no videos" in res.output and "Traceback" not in res.output
+        assert not (tmp_path / out).exists()
+    res = invoke(["extract", "--dataset", "lsmdc", "--annotations", ann, "--option", "splits=test", "--dry-run"])
+    assert res.exit_code != 0 and "lists no videos" in res.output
+    anet = tmp_path / "anet"
+    anet.mkdir()
+    (anet / "train.json").write_text("{}")
+    (anet / "val_1.json").write_text(json.dumps({}))
+    with pytest.raises(DatasetError, match="lists no videos"):
+        load_dataset("activitynet", None, anet, val_size=0)
