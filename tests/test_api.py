@@ -41,3 +41,40 @@ def test_the_readmes_example_runs_as_written(tmp_path: Path, monkeypatch: pytest
     exec(compile(blocks[0], "README.md", "exec"), {})  # noqa: S102  # the README's own text, as a user runs it
     printed = capsys.readouterr().out
     assert "'R@1'" in printed and "'MdR'" in printed
+
+
+def test_the_apis_mistakes_are_one_line_dab_errors(tmp_path: Path) -> None:
+    """Issue 50, 12: plain ValueError, IndexError, RuntimeError and AttributeError where docs/api.md promises a
+    one-line DabError."""
+    import json
+
+    import numpy as np
+
+    import dab_pipeline as dab
+    from dab_pipeline.testing import random_store
+
+    from .helpers.models import hand_made_run
+
+    store = random_store(tmp_path / "s.h5", dim=32)
+    run, model = hand_made_run(tmp_path / "run", store, "dab")
+    with pytest.raises(dab.DabError, match="mode must be 'r' .* or 'a'"):
+        dab.open_store(store, mode="w")
+    with dab.open_store(store) as st:
+        with pytest.raises(dab.DabError, match=r"video rows must lie in \[0, 30\); got 0..99"):
+            st.read_videos([0, 99])
+        with pytest.raises(dab.DabError, match="video rows must lie in"):
+            st.read_videos([-1])
+        test = st.load_split("test")
+    with pytest.raises(dab.DabError, match="is closed"):
+        st.load_split("test")
+    with pytest.raises(dab.DabError, match=r"text must be \(Q, 32\), got \(2, 8\)"):
+        dab.score_all(model, np.zeros((2, 8), np.float32), test.frames, test.frame_mask)
+    with pytest.raises(dab.DabError, match="no queries to score"):
+        dab.score_all(model, np.zeros((0, 32), np.float32), test.frames, test.frame_mask)
+    with pytest.raises(dab.DabError, match="device 'bogus' is not a torch device"):
+        dab.load_run(run, device="bogus")
+    cfg = json.loads((run / "config.json").read_text())
+    cfg["model"] = "dab"
+    (run / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(dab.DabError, match="TrainConfig.model must be a mapping of ModelConfig fields, got 'dab'"):
+        dab.load_run(run)

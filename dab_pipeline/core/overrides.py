@@ -197,6 +197,9 @@ def from_dict(cls: type[C], data: dict[str, Any]) -> C:
         tp, _ = _strip_optional(hints[name])
         if dataclasses.is_dataclass(tp) and isinstance(value, dict):
             kwargs[name] = from_dict(tp, value)
+        elif dataclasses.is_dataclass(tp) and value is not None and not dataclasses.is_dataclass(value):
+            # config.json's "model": "dab" would reach the code as a str where a ModelConfig is read
+            raise ConfigError(f"{cls.__name__}.{name} must be a mapping of {tp.__name__} fields, got {value!r}")
         elif value is not None and tp is Path:
             kwargs[name] = Path(value)
         elif value is not None and typing.get_origin(tp) is tuple:

@@ -12,6 +12,7 @@ import torch
 
 from ..core.errors import ConfigError, TrainingError
 from ..model import DABModel
+from ..runtime.devices import resolve_device
 from ..store import open_store
 from .config import TrainConfig
 from .inputs import TrainHeads
@@ -41,6 +42,7 @@ def load_run(
     Raises :class:`ConfigError` for a folder that is not a run or a fine-tuned run,
     :class:`TrainingError` when the checkpoint is missing or does not fit the config.
     """
+    device = resolve_device(device)  # "bogus" or a missing GPU: one line before anything is read
     folder = RunFolder(run_dir)
     run = folder.path
     cfg = folder.load_config(TrainConfig)

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..core.errors import ConfigError
 from ..model import DABModel
 
 SCORE_DTYPES = ("float32", "bfloat16")
@@ -64,18 +65,22 @@ def _check_inputs(
     gt: Optional[Tensor],
 ) -> None:
     d = model.cfg.embed_dim
+    if text.dim() == 2 and text.shape[0] == 0:
+        raise ConfigError("no queries to score: text is (0, D)")
+    if frames.dim() == 3 and frames.shape[0] == 0:
+        raise ConfigError("no videos to score: frames is (0, F, D)")
     if text.dim() != 2 or text.shape[1] != d:
-        raise ValueError(f"text must be (Q, {d}), got {tuple(text.shape)}")
+        raise ConfigError(f"text must be (Q, {d}), got {tuple(text.shape)}")
     if frames.dim() != 3 or frames.shape[2] != d:
-        raise ValueError(f"frames must be (V, F, {d}), got {tuple(frames.shape)}")
+        raise ConfigError(f"frames must be (V, F, {d}), got {tuple(frames.shape)}")
     if tuple(mask.shape) != tuple(frames.shape[:2]):
-        raise ValueError(f"mask must be {tuple(frames.shape[:2])}, got {tuple(mask.shape)}")
+        raise ConfigError(f"mask must be {tuple(frames.shape[:2])}, got {tuple(mask.shape)}")
     if (text_chunk is not None and text_chunk < 1) or (video_chunk is not None and video_chunk < 1):
-        raise ValueError(f"chunk sizes must be positive, got text_chunk={text_chunk}, video_chunk={video_chunk}")
+        raise ConfigError(f"chunk sizes must be positive, got text_chunk={text_chunk}, video_chunk={video_chunk}")
     if gt is not None:
         if tuple(gt.shape) != (text.shape[0],):
-            raise ValueError(f"gt must be ({text.shape[0]},), got {tuple(gt.shape)}")
+            raise ConfigError(f"gt must be ({text.shape[0]},), got {tuple(gt.shape)}")
         if len(gt) and (int(gt.min()) < 0 or int(gt.max()) >= frames.shape[0]):
-            raise ValueError(
+            raise ConfigError(
                 f"gt indexes videos 0..{frames.shape[0] - 1}, got values in [{int(gt.min())}, {int(gt.max())}]"
             )

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..core.errors import StoreError
+from ..core.errors import ConfigError, StoreError
 from ..core.fsutil import fsync_dir, publish, remove_path, temp_sibling
 from ..core.write_errors import check_free_space, write_failure
 from . import backend_h5
@@ -31,7 +31,10 @@ def open_store(path: str | os.PathLike, mode: str = "r", *, writer: tuple[int, i
     before the writers start.
     """
     if mode not in ("r", "a"):
-        raise ValueError(f"mode must be 'r' or 'a', got {mode!r}")
+        raise ConfigError(
+            f"mode must be 'r' (read) or 'a' (resume writing), got {mode!r}: open_store opens an existing store; "
+            "dab extract (or create_store) makes one"
+        )
     p = Path(path)
     kind = store_backend(p)
     if not p.exists():
@@ -42,7 +45,7 @@ def open_store(path: str | os.PathLike, mode: str = "r", *, writer: tuple[int, i
         raise StoreError(f"{p} is a file, expected a zarr folder")
     if writer is not None:
         if mode != "a":
-            raise ValueError("writer=(rank, world_size) needs mode='a'")
+            raise ConfigError("writer=(rank, world_size) needs mode='a'")
         if kind != "zarr":
             raise StoreError(
                 f"{p}: HDF5 allows one writer per file; concurrent writers need a .zarr store "

@@ -323,8 +323,17 @@ class FeatureStore(StoreReads, StoreIntegrity, StoreWrites):
 
     # -- lifetime --------------------------------------------------------------
 
+    closed = False  # set by close(): a read after it is a one-line StoreError, not h5py's or zarr's own
+
     def close(self) -> None:
         self._b.close()
+        self.closed = True
+
+    def require_open(self) -> None:
+        if self.closed:
+            raise StoreError(
+                f"{self.path} is closed (read after close() or its `with open_store(...)` block): open it again"
+            )
 
     def __enter__(self) -> "FeatureStore":
         return self

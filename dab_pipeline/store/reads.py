@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..core.errors import StoreError
+from ..core.errors import ConfigError, StoreError
 from .layout import STATUS_NAMES, STATUS_OK, SplitFeatures, index_runs, pad_ragged
 
 
@@ -16,6 +16,7 @@ class StoreReads:
 
     def _read_rows(self, name: str, idx_sorted: np.ndarray) -> np.ndarray:
         """Rows ``idx_sorted`` (sorted, unique) of an array, in the store dtype."""
+        self.require_open()
         shape = self._b.shape(name)
         out = np.empty((len(idx_sorted), *shape[1:]), dtype=self._dtype_of(name))
         return self._b.read_rows(name, idx_sorted, out)
@@ -24,9 +25,7 @@ class StoreReads:
         return self._specs[name].dtype
 
     def _read_any(self, name: str, indices: Sequence[int] | np.ndarray, n: int, what: str) -> np.ndarray:
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if len(idx) and (idx.min() < 0 or idx.max() >= n):
-            raise ValueError(f"{what} indices must lie in [0, {n}); got {idx.min()}..{idx.max()}")
+        idx = _in_range(indices, n, what, self.path)
         uniq, inverse = np.unique(idx, return_inverse=True)
         rows = self._read_rows(name, uniq)
         return rows if len(uniq) == len(idx) and (uniq == idx).all() else rows[inverse]
@@ -45,7 +44,7 @@ class StoreReads:
 
         Every requested video must have status ok (StoreError otherwise).
         """
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        idx = _in_range(indices, self.num_videos, "video", self.path)
         self._require_ok(idx)
         frames = self._read_any("videos/frames", idx, self.num_videos, "video").astype(np.float32)
         mask = self._read_any("videos/frame_mask", idx, self.num_videos, "video").astype(bool)
@@ -104,6 +103,7 @@ class StoreReads:
 
         ``with_views``: also the augmented views (only training videos have them written).
         """
+        self.require_open()
         in_split = self.in_split(split)  # (N,) bool; "all": every video
         if with_states and not self.has_states:
             raise StoreError(f"{self.path} holds no states; re-extract with trainable_blocks set to load them")
@@ -165,3 +165,11 @@ class StoreReads:
             f"{what}(s), the first {str(ids[bad[0]])!r} (store row {int(rows[bad[0]])}); re-extract the "
             "store (`dab extract ... --overwrite`)"
         )
+
+
+def _in_range(indices, n: int, what: str, path) -> np.ndarray:
+    """``indices`` as (B,) int64 store rows, or a one-line ConfigError (a ValueError) naming the bad ones."""
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    if len(idx) and (idx.min() < 0 or idx.max() >= n):
+        raise ConfigError(f"{path}: {what} rows must lie in [0, {n}); got {idx.min()}..{idx.max()}")
+    return idx
