@@ -191,6 +191,8 @@ class Searcher(CalibratedSearch):
         """The files a search reads from disk while it runs (the store's, the index folder's): a server watches
         them (:class:`~dab_pipeline.core.filewatch.FileWatch`) so that it never answers from a changed one."""
         files = self.store.identity_files()
+        if self.index is None:  # the split is read once into memory: a Zarr chunk damaged later is read never again
+            files += self.store.chunk_files(("videos/frames", "videos/frame_mask"))
         if self.index is not None:
             folder = Path(self.index.path)
             files += [folder, *sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -313,6 +314,13 @@ class FeatureStore(StoreReads, StoreIntegrity, StoreWrites):
             return [self.path]
         meta = [self.path / "zarr.json", *(self.path / spec.name / "zarr.json" for spec in array_specs(self.layout))]
         return [self.path, *(p for p in meta if p.is_file())]
+
+    def chunk_files(self, names: Sequence[str]) -> list[Path]:
+        """The chunk files of the arrays ``names`` (Zarr; none for HDF5, one file watched whole): what a reader
+        that holds those arrays in memory watches to notice a chunk cut, zeroed or rewritten after it read them."""
+        if self._b.kind == "hdf5":
+            return []
+        return [p for n in names for p in sorted((self.path / n).rglob("*")) if p.is_file() and p.name != "zarr.json"]
 
     def refuse_changes_after(self, ns: int) -> None:
         """Make reads of chunk files written after ``ns`` (time.time_ns()) fail by name (Zarr; an HDF5 file is one

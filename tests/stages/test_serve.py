@@ -327,8 +327,9 @@ def test_k_is_spelt_as_in_dab_search_and_topk_works_with_a_notice(
 # ----------------------------------------------------------------------------- a store that changes under a server
 
 
-def _served(world: dict, root: Path, backend: str):
-    """A copy of the world's store in ``backend`` (h5 / zarr), its index and a test client over them."""
+def _served(world: dict, root: Path, backend: str, indexed: bool = True):
+    """A copy of the world's store in ``backend`` (h5 / zarr), its index and a test client over them (without the
+    index: the split read into memory at the first search)."""
     from fastapi.testclient import TestClient
 
     from dab_pipeline.stages.serve import create_app
@@ -336,7 +337,7 @@ def _served(world: dict, root: Path, backend: str):
     store = text_store(root / f"store.{backend}", CAPTIONS, test_videos=TEST_VIDEOS, frames=4)
     with open_store(store) as st:
         build_index(st, root / "index", split="test")
-    searcher = Searcher(world["run"], store, index=root / "index", device="cpu")
+    searcher = Searcher(world["run"], store, index=root / "index" if indexed else None, device="cpu")
     return store, searcher, TestClient(create_app(searcher), raise_server_exceptions=False)
 
 
@@ -388,10 +389,13 @@ def _delete(store: Path, root: Path) -> None:
     [_truncate, _delete, _replace_with_other, _rewrite_in_place],
     ids=["truncated", "deleted", "replaced", "rewritten-in-place"],
 )
+@pytest.mark.parametrize("indexed", [True, False], ids=["index", "in-memory"])
 def test_a_server_never_answers_from_a_changed_or_damaged_store(
-    world: dict, tmp_path: Path, backend: str, damage, caplog
+    world: dict, tmp_path: Path, backend: str, damage, indexed: bool, caplog
 ) -> None:
-    store, searcher, client = _served(world, tmp_path, backend)
+    """Without an index too (issue 50, 10: a Zarr server answered 200 from its in-memory split, healthz ok, after a
+    chunk file was cut or zeroed)."""
+    store, searcher, client = _served(world, tmp_path, backend, indexed)
     with searcher, client:
         before = client.get("/search", params={"q": CAPTIONS[2], "k": 3})
         assert before.status_code == 200 and client.get("/healthz").json()["ok"] is True
