@@ -184,6 +184,9 @@ def _layout(
         "text_state_width": None,
         "num_text_tokens": None,
         "error_bytes": ERROR_BYTES,
+        # a CRC-32 of each video's and caption's stored features, written with them: `dab inspect --verify` finds
+        # bytes changed or zeroed since (stores made before have none)
+        "row_checksums": "crc32",
     }
     # optional parts are recorded only when present, so older readers see the layout they know
     for key, value in (("train_views", train_views), ("thumbnail_bytes", thumbnail_bytes)):

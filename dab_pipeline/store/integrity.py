@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import StoreError
-from .layout import STATUS_OK, STATUS_PENDING
+from .layout import STATUS_OK, STATUS_PENDING, row_checksums
 
 
 class StoreIntegrity:
@@ -88,7 +88,34 @@ class StoreIntegrity:
                     self._b.read_range(name, a, b, np.empty((b - a, *spec.shape[1:]), spec.dtype))
             except (OSError, ValueError, RuntimeError, StoreError) as exc:
                 problems.append(f"{name}: cannot be read back ({str(exc).splitlines()[0]})")
+        if not problems:  # every byte reads back: do they still hold what was written?
+            problems += self._checksum_problems()
         return problems
+
+    def _checksum_problems(self) -> list[str]:
+        """One line for the videos and one for the captions whose stored features no longer match the CRC-32
+        written with them (bytes changed or zeroed since); none for a store made before row checksums."""
+        out = []
+        for what, rows, arrays in (
+            ("videos", np.flatnonzero(self.status() == STATUS_OK), ("videos/frames", "videos/frame_mask")),
+            ("captions", np.flatnonzero(self.caption_done()), ("captions/features",)),
+        ):
+            if f"{what}/checksum" not in self._specs or len(rows) == 0:
+                continue
+            bad: list[int] = []
+            for a in range(0, len(rows), 4096):
+                part = rows[a : a + 4096]
+                stored = self._read_rows(f"{what}/checksum", part)
+                got = row_checksums(*(self._read_rows(name, part) for name in arrays))
+                bad += part[stored != got].tolist()
+            if bad:
+                ids = self.video_ids if what == "videos" else self.caption_ids
+                named = ", ".join(str(ids[i]) for i in bad[:3]) + (", ..." if len(bad) > 3 else "")
+                out.append(
+                    f"{arrays[0]}: {len(bad)} {what}' features no longer match the checksums written with them "
+                    f"({named}): changed or zeroed since extraction; re-extract them"
+                )
+        return out
 
     def require_complete(self, purpose: str) -> None:
         """Refuse an incomplete store (an extraction stopped, or still running) for ``purpose``, saying what is
@@ -117,10 +144,12 @@ class StoreIntegrity:
 WRITTEN_ROWS_ARRAYS = (
     "videos/frames",
     "videos/frame_mask",
+    "videos/checksum",
     "videos/states",
     "videos/views",
     "videos/view_states",
     "captions/features",
+    "captions/checksum",
     "captions/states",
     "captions/token_states",
 )

@@ -172,6 +172,9 @@ def array_specs(layout: dict) -> list[ArraySpec]:
     state_layout = layout["state_layout"]
     views = int(layout.get("train_views") or 0)  # augmented training views (0 in stores made before them)
     thumb = int(layout.get("thumbnail_bytes") or 0)  # JPEG thumbnails (0 in stores made before them)
+    if layout.get("row_checksums"):
+        specs.append(ArraySpec("videos/checksum", (n,), np.dtype(np.uint32)))
+        specs.append(ArraySpec("captions/checksum", (m,), np.dtype(np.uint32)))
     if thumb:
         specs.append(ArraySpec("videos/thumbnail", (n, thumb), np.dtype(np.uint8)))
         specs.append(ArraySpec("videos/thumbnail_size", (n,), np.dtype(np.int32)))
@@ -266,4 +269,18 @@ def pad_ragged(lengths: np.ndarray, width: int, fill: Callable[[int, np.ndarray]
     out = np.zeros((len(lengths), int(np.max(lengths, initial=0)), width), np.float32)
     for j, n in enumerate(lengths):
         fill(j, out[j, : int(n)])
+    return out
+
+
+def row_checksums(*arrays: np.ndarray) -> np.ndarray:
+    """(B,) uint32: the CRC-32 of each row's bytes over ``arrays`` (each (B, ...), in their stored dtype, in order)."""
+    import zlib
+
+    b = len(arrays[0])
+    out = np.empty(b, np.uint32)
+    for i in range(b):
+        crc = 0
+        for a in arrays:
+            crc = zlib.crc32(np.ascontiguousarray(a[i]).tobytes(), crc)
+        out[i] = crc
     return out

@@ -7,7 +7,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from ..core.errors import StoreError
-from .layout import STATUS_FAILED, STATUS_MISSING, STATUS_OK, index_runs, message_rows
+from .layout import STATUS_FAILED, STATUS_MISSING, STATUS_OK, index_runs, message_rows, row_checksums
 
 
 class StoreWrites:
@@ -142,6 +142,8 @@ class StoreWrites:
         self._write_rows("videos/frames", idx, feats[order])
         self._write_rows("videos/frame_mask", idx, mask[order].astype(bool))
         self._write_rows("videos/num_video_frames", idx, nvf[order].astype(np.int32))
+        if "videos/checksum" in self._specs:
+            self._write_rows("videos/checksum", idx, row_checksums(feats[order], mask[order].astype(bool)))
         if states is not None:
             self._write_rows("videos/states", idx, states[order])
         # Data reaches the file before the flag that vouches for it.
@@ -189,6 +191,8 @@ class StoreWrites:
             raise ValueError(f"{self.path} stores text states ({self.state_layout}); write_captions needs text_states")
 
         self._write_rows("captions/features", sidx, feats[order])
+        if "captions/checksum" in self._specs:
+            self._write_rows("captions/checksum", sidx, row_checksums(feats[order]))
         if self.state_layout == "pooled":
             st = self._cast(text_states, (b, self.text_state_width), "text_states", ids)  # (B, W)
             self._write_rows("captions/states", sidx, st[order])

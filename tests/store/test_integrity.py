@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dab_pipeline.core.errors import StoreError
@@ -55,3 +56,28 @@ def test_verify_passes_on_an_intact_store_and_finds_a_short_chunk(tmp_path: Path
             fh.truncate(10)
         with open_store(path) as s:
             assert any("holds 10 bytes" in p for p in s.verify())
+
+
+@pytest.mark.parametrize("suffix", [".h5", ".zarr"])
+def test_verify_finds_features_zeroed_since_they_were_written(tmp_path: Path, suffix: str) -> None:
+    """Issue 50, 5: zeroed feature bytes passed `dab inspect --verify`, and a search then returned equal costs with a
+    margin of 0. Each row's CRC-32 is written with its features and checked by verify."""
+    from ..helpers.runner import invoke
+
+    path = tmp_path / f"s{suffix}"
+    with make_store(path, n=6) as s:
+        write_all(s)
+        assert "videos/checksum" in s._specs
+    with open_store(path) as s:
+        assert s.verify() == []
+        frames_row = s.read_videos([2])[0][0]  # (F, D) of the third video
+    with open_store(path, "a") as s:  # zeros over one video's and one caption's features, written around the checks
+        s.raw_backend.write_range("videos/frames", 2, np.zeros((1, *frames_row.shape), s._specs["videos/frames"].dtype))
+        s.raw_backend.write_range("captions/features", 0, np.zeros((1, s.dim), s._specs["captions/features"].dtype))
+    with open_store(path) as s:
+        problems = s.verify()
+        ids = s.video_ids
+    assert any(f"1 videos' features no longer match" in p and str(ids[2]) in p for p in problems), problems
+    assert any("1 captions' features no longer match" in p for p in problems), problems
+    out = invoke(["inspect", path, "--verify"])
+    assert out.exit_code != 0 and "no longer match the checksums" in out.output
