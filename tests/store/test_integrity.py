@@ -77,7 +77,7 @@ def test_verify_finds_features_zeroed_since_they_were_written(tmp_path: Path, su
     with open_store(path) as s:
         problems = s.verify()
         ids = s.video_ids
-    assert any(f"1 videos' features no longer match" in p and str(ids[2]) in p for p in problems), problems
+    assert any("1 videos' features no longer match" in p and str(ids[2]) in p for p in problems), problems
     assert any("1 captions' features no longer match" in p for p in problems), problems
     out = invoke(["inspect", path, "--verify"])
     assert out.exit_code != 0 and "no longer match the checksums" in out.output
