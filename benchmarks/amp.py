@@ -47,7 +47,7 @@ def cost_error(run_dir: Path, store: Path) -> dict[str, float]:
             low = model(text, frames, mask).cost
     diff = (low.float() - ref).abs()
     with torch.no_grad():
-        scale = float(model.tau()) if model.cfg.probabilistic else 1.0 / float(model.log_logit_scale.exp())
+        scale = float(model.tau()) if model.cfg.gaussian else 1.0 / float(model.log_logit_scale.exp())
     same = float((low.argmin(1) == ref.argmin(1)).float().mean())
     return {
         "max_abs": float(diff.max()),

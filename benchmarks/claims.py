@@ -161,7 +161,7 @@ def text_diagnostics(model, text: torch.Tensor, frames: torch.Tensor, mask: torc
     lowrank runs with a truth that has generic captions: ``u_span`` (n,) and ``u_span_chance`` (n,), from
     :func:`u_span`.
     """
-    if not model.cfg.probabilistic:
+    if not model.cfg.gaussian:
         return {}
     with torch.no_grad():
         ts = model.encode_text(text)

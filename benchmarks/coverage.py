@@ -58,7 +58,7 @@ def _inputs(run_dir: Path, store: Optional[Path] = None):
         return run, cost, np.asarray(sp.caption_video, np.int64), tv, float(run.model.temperature().detach())
     cm = read_costs(RunFolder(run_dir).find_costs())
     cost = np.asarray(cm.to_cost() if hasattr(cm, "to_cost") else cm.cost, np.float64)  # (Q, V)
-    tv = (cm.extras or {}).get("text_var") if run.model.cfg.probabilistic else None
+    tv = (cm.extras or {}).get("text_var") if run.model.cfg.gaussian else None
     tv = None if tv is None else np.asarray(tv, np.float64)
     return run, cost, np.asarray(cm.gt, np.int64), tv, float(run.model.temperature().detach())
 

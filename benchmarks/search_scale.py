@@ -51,12 +51,12 @@ from dab_pipeline.clip_models import encode_queries_short
 from dab_pipeline.core.fsutil import sha256_file
 from dab_pipeline.index import build_index, load_index, query_vectors
 from dab_pipeline.model import DABModel, ModelConfig
+from dab_pipeline.runs.config import TrainConfig
 from dab_pipeline.runs.load import load_run
 from dab_pipeline.runs.run_folder import RunFolder
 from dab_pipeline.runtime.capabilities import resolve_score_dtype
 from dab_pipeline.scoring import Scorer
 from dab_pipeline.search import Searcher
-from dab_pipeline.stages.train import TrainConfig
 from dab_pipeline.store import create_store, open_store
 
 F, D, TOPICS, CAPS_EVERY = 12, 512, 2000, 50
@@ -204,7 +204,7 @@ def serve_child(args: tuple) -> dict:
         t0 = time.perf_counter()
         encode_queries_short(bundle, ["a person rides a bicycle down a hill"])  # as Searcher.encode
         t["encode"] = t.get("encode", 0.0) + time.perf_counter() - t0
-        s.rank(["q"], q, topk=10, shortlist=k, timings=t)
+        s.rank(["q"], q, k=10, shortlist=k, timings=t)
 
     with Searcher(run, store, index=index, device="cpu", dtype=dtype, encoder=False) as s:
         rss_loaded = peak_rss_mb()
@@ -227,10 +227,10 @@ def in_ram_paths(
             continue  # the brute-force paths take seconds to minutes a query here: T' = 8 tells the story
         scorer = Scorer(load_run(rd, "cpu").model, dtype=dtype)  # kept between queries, as Searcher keeps it
         if n <= full_max:
-            ms = timed_queries(lambda q: scorer.score(q, feats.frames, feats.frame_mask, topk=10), text)
+            ms = timed_queries(lambda q: scorer.score(q, feats.frames, feats.frame_mask, k=10), text)
             lines.append(f"{n:>9,} {name:4} {'full scoring':28} {'-':>5} {pct(ms)}")
         for k in ks:
-            ms = timed_queries(lambda q: scorer.score(q, feats.frames, feats.frame_mask, topk=10, shortlist=k), text)
+            ms = timed_queries(lambda q: scorer.score(q, feats.frames, feats.frame_mask, k=10, shortlist=k), text)
             lines.append(f"{n:>9,} {name:4} {'cosine shortlist + DAB':28} {k:>5} {pct(ms)}")
     return lines
 

@@ -124,7 +124,8 @@ def make_store(
 
 def train_once(store: Path, out: Path, amp: str, k: Optional[int], steps: int, device: str, tiny: bool) -> dict:
     from dab_pipeline.core.overrides import apply_overrides
-    from dab_pipeline.stages.train import TrainConfig, resolve_train_config, run_train
+    from dab_pipeline.runs.config import TrainConfig
+    from dab_pipeline.stages.train import resolve_train_config, run_train
     from dab_pipeline.store import open_store
 
     sets = [

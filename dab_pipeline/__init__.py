@@ -7,7 +7,7 @@ The public Python API (docs/api.md): the names in ``__all__``, importable from `
     run = dab.load_run("runs/dab")
     with dab.open_store("store.h5") as store:
         test = store.load_split("test")
-    result = dab.score_all(run.model, test.text, test.frames, test.frame_mask, topk=10)
+    result = dab.score_all(run.model, test.text, test.frames, test.frame_mask, k=10)
     print(dab.t2v_metrics(result.cost, test.caption_video))
 
 They are loaded on first use, so ``import dab_pipeline`` stays cheap (no torch until a name needs it). Every
@@ -53,7 +53,7 @@ _API = {
     # the stages, as the CLI runs them
     "build_extract_config": "dab_pipeline.stages.extract",
     "run_extract": "dab_pipeline.stages.extract",
-    "TrainConfig": "dab_pipeline.stages.train",
+    "TrainConfig": "dab_pipeline.runs.config",
     "build_train_config": "dab_pipeline.stages.train",
     "run_train": "dab_pipeline.stages.train",
     "EvaluateConfig": "dab_pipeline.stages.evaluate",

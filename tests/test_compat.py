@@ -62,12 +62,12 @@ def test_an_old_run_evaluates_to_its_own_numbers_and_resumes_as_complete(old: Pa
 
 def test_an_old_index_still_fits_its_store_and_searches(old: Path) -> None:
     pytest.importorskip("faiss")
-    from dab_pipeline.stages.search import Searcher
+    from dab_pipeline import Searcher
 
     with Searcher("run", "store.h5", index="index", device="cpu", encoder=False) as s:  # checks the fingerprint
         with open_store("store.h5") as st:
             text = st.read_captions(np.arange(3))
-        results = s.rank(["a", "b", "c"], text, topk=2, shortlist=4)
+        results = s.rank(["a", "b", "c"], text, k=2, shortlist=4)
     assert all(len(r.hits) == 2 for r in results)
 
 

@@ -98,7 +98,7 @@ def first_hit_outcomes(cost: np.ndarray, gt: np.ndarray, k: int = DEFAULT_K) -> 
 
 def text_variance(model, text: torch.Tensor | np.ndarray) -> Optional[np.ndarray]:
     """Each text's mean variance under the model's text Gaussian (Q,), or None for a cosine model."""
-    if not model.cfg.probabilistic:
+    if not model.cfg.gaussian:
         return None
     t = torch.as_tensor(np.asarray(text, np.float32))  # (Q, D)
     param = next(model.parameters())

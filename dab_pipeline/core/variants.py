@@ -38,8 +38,8 @@ class VariantSpec:
 
     @property
     def cost_family(self) -> str:
-        """ "distribution" (KL / W2 under PAC) or "cosine" (X-Pool's InfoNCE)."""
-        return "distribution" if self.gaussian else "cosine"
+        """ "gaussian" (KL / W2 under PAC) or "cosine" (X-Pool's InfoNCE)."""
+        return "gaussian" if self.gaussian else "cosine"
 
     @property
     def bridge_states(self) -> int:

@@ -11,14 +11,10 @@ Every loader has the signature ``loader(videos, annotations, **options)``:
 
 Videos listed by the annotations but absent on disk are not an error: their ids
 are collected in ``Catalogue.missing`` for the extract stage to report.
-See docs/datasets.md for the formats and split rules. ``DatasetIndex``, the catalogue's former name, still
-imports (with a DeprecationWarning) for one release."""
+See docs/datasets.md for the formats and split rules."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from ..core.deprecation import warn_renamed
 from .activitynet import ANET_TEST, ANET_TRAIN, load_activitynet  # noqa: F401
 from .catalogue import (  # noqa: F401
     DATASETS,
@@ -39,10 +35,3 @@ from .msrvtt import MSRVTT_DATA, MSRVTT_TEST, MSRVTT_TRAIN, load_msrvtt  # noqa:
 from .msvd import load_msvd  # noqa: F401
 from .survey import DatasetSurvey, SplitSurvey, survey_catalogue  # noqa: F401
 from .vatex import VATEX_OFFICIAL, VATEX_VARIANT, load_vatex  # noqa: F401
-
-
-def __getattr__(name: str) -> Any:
-    if name == "DatasetIndex":  # the catalogue's name before issue 35: "index" is the search's FAISS index now
-        warn_renamed("dab_pipeline.datasets.DatasetIndex", "dab_pipeline.datasets.Catalogue")
-        return Catalogue
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -163,8 +163,11 @@ class VideoIndex:
                 setattr(self, name, None)
 
     def search(
-        self, queries: np.ndarray, k: int, nprobe: Optional[int] = None, ef_search: Optional[int] = None
+        self, queries: np.ndarray, shortlist: int, nprobe: Optional[int] = None, ef_search: Optional[int] = None
     ) -> tuple[np.ndarray, np.ndarray]:
+        """queries (M, D) -> (ids (M, K), scores (M, K)) of each query's K = min(shortlist, videos) best videos
+        (store rows, -1 where the index finds fewer), best first. Called through
+        :func:`~dab_pipeline.scoring.first_stage.first_stage`, which checks the shortlist."""
         faiss = require_faiss()
         q = np.ascontiguousarray(queries, dtype=np.float32)  # (M, D)
         if q.ndim != 2 or q.shape[1] != self.meta.dim:
@@ -172,9 +175,7 @@ class VideoIndex:
         for name, value in (("nprobe", nprobe), ("ef_search", ef_search)):
             if value is not None and int(value) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value}")
-        if k < 1:
-            raise ConfigError(f"k must be a positive integer, got {k}")
-        k = int(min(k, self.meta.count))
+        k = int(min(shortlist, self.meta.count))
         per = self.meta.per_video
         # S vectors a video: the k * S best vectors hold at least k videos
         want = k * per

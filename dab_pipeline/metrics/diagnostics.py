@@ -7,7 +7,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..core.deprecation import renamed_keywords
 from ..core.errors import ConfigError
 from .retrieval import as_cost, as_gt, row_blocks
 
@@ -45,13 +44,12 @@ def _topk_mask(block: np.ndarray, k: int) -> np.ndarray:
     return below | (at_cut & (np.cumsum(at_cut, axis=1) <= room))
 
 
-@renamed_keywords(taus="cosine_thresholds")
 def semantic_neighbourhood(
     cost: Any,
     gt: Any,
     video_features: Any,
     cosine_thresholds: Sequence[float] = (0.6, 0.7, 0.8, 0.9),
-    topk: int = 10,
+    k: int = 10,
     seed: int = 0,
 ) -> dict[str, Any]:
     """Semantic positives among each query's top-k videos, versus random ranking.
@@ -78,9 +76,9 @@ def semantic_neighbourhood(
     q_count, v_count = c.shape
     g = as_gt(gt, q_count, v_count)
     unit = _unit_features(video_features, c.shape)  # (V, D)
-    k = int(topk)
+    k = int(k)
     if not 1 <= k <= v_count:
-        raise ConfigError(f"topk must be in [1, {v_count}], got {topk}")
+        raise ConfigError(f"k must be in [1, {v_count}], got {k}")
     thresholds = np.asarray([float(t) for t in cosine_thresholds], dtype=np.float64)  # (T,)
     if thresholds.size == 0:
         raise ConfigError("cosine_thresholds is empty")

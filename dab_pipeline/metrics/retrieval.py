@@ -12,7 +12,6 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..core.choices import V2T_CONVENTIONS
-from ..core.deprecation import renamed_keywords
 from ..core.errors import ConfigError
 
 RECALL_KS: tuple[int, ...] = (1, 5, 10, 50)
@@ -245,7 +244,6 @@ def _apply_log_prior(
     return out
 
 
-@renamed_keywords(temperature="postprocess_temperature")
 def dual_softmax(cost: Any, postprocess_temperature: float = 1.0, axis: int = 0) -> np.ndarray:
     """Dual-softmax (DSL) re-scoring; returns a cost of the same shape.
 
@@ -271,7 +269,6 @@ def dual_softmax(cost: Any, postprocess_temperature: float = 1.0, axis: int = 0)
     return _apply_log_prior(c, normaliser, t, 2.0, ax)
 
 
-@renamed_keywords(temperature="postprocess_temperature")
 def inverted_softmax(
     cost: Any, postprocess_temperature: float = 1.0, bank_cost: Any | None = None, axis: int = 0
 ) -> np.ndarray:
@@ -308,7 +305,6 @@ def _postprocess(
     raise ConfigError(f"unknown post-processing {name!r}; valid: {', '.join(POSTPROCESS_NAMES)}")
 
 
-@renamed_keywords(temperature="postprocess_temperature")
 def evaluate_all(
     cost: Any,
     gt: Any,

@@ -60,7 +60,7 @@ def infonce_loss(cost: Tensor, temperature: Tensor | float) -> Tensor:
 
 
 LOSSES: Registry[LossFn] = Registry("loss")
-LOSSES.register("distribution", pac_loss)  # prob, dab: PAC over the distributional cost
+LOSSES.register("gaussian", pac_loss)  # prob, dab: PAC over the distributional cost
 LOSSES.register(
     "cosine", infonce_loss
 )  # xpool, bridge: X-Pool's InfoNCE, so bridge differs from xpool by the bridge alone

@@ -115,7 +115,7 @@ class DABModel(nn.Module):
         self.mixture: Optional[MixtureHead] = None
         self.token_unc: Optional[TokenUncertainty] = None
         self.bridge: Optional[DistributionBridge | ConstantShift] = None
-        if cfg.probabilistic:
+        if cfg.gaussian:
             cov = parse_covariance(cfg.covariance)
             self.prob = ProbabilisticEncoder(d, cfg.logvar_init, cfg.logvar_min, cfg.logvar_max, cov.rank)
             if cov.kind == "mixture":  # built only for mixture runs, so every other model's random draws are unchanged
@@ -158,14 +158,14 @@ class DABModel(nn.Module):
 
     def tau(self) -> Tensor:
         """PAC temperature (prob/dab)."""
-        if not self.cfg.probabilistic:
+        if not self.cfg.gaussian:
             raise ConfigError(f"variant {self.cfg.variant!r} has no PAC temperature (it uses logit_scale)")
         return torch.exp(self.log_tau)
 
     def temperature(self) -> Tensor:
         """The temperature of the training loss's logits (``-cost / temperature``): PAC's tau (prob, dab), or the
         inverse of the learned logit scale (xpool, bridge: CLIP's ``logit_scale * cos``)."""
-        return self.tau() if self.cfg.probabilistic else torch.exp(-self.log_logit_scale)
+        return self.tau() if self.cfg.gaussian else torch.exp(-self.log_logit_scale)
 
     # ---- encoders
 
@@ -213,7 +213,7 @@ class DABModel(nn.Module):
         t_ = (lambda x: x[:, None]) if grid else (lambda x: x)
         v_ = (lambda x: x[None]) if grid else (lambda x: x)
         v_c = self.pool.pool(ts.q, vs.k, vs.v, vs.mask, grid)  # (Q, V, D) | (P, D)
-        if not self.cfg.probabilistic:
+        if not self.cfg.gaussian:
             return self._cosine_terms(ts, v_c, t_)
         assert self.prob is not None and self.token_unc is not None
         assert ts.mu is not None and ts.logvar is not None and vs.tok_logvar is not None
@@ -304,7 +304,7 @@ class DABModel(nn.Module):
         gt (Q,) indexes ``vs``; None pairs text i with video i.  Only those Q pairs
         are computed (aligned mode), never the grid.
         """
-        if not self.cfg.probabilistic:
+        if not self.cfg.gaussian:
             return PairDiagnostics()
         if gt is None:
             gt = torch.arange(len(ts), device=ts.feat.device)

@@ -1,5 +1,5 @@
 """TrainConfig: what a run folder's config.json holds, so that loading a run (``runs.load``) reads it in the
-library; `dab train` builds and resolves one (``stages.train``), which re-exports it under its old name."""
+library; `dab train` builds and resolves one (``stages.train``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What each epoch of a run visits and its learning-rate schedule: pure functions of (seed, epoch), so a resumed
-run replays them exactly, and shared by `dab train` and `dab distill` (a student counts its steps like its teacher)."""
+run replays them exactly, and shared by `dab train` and `dab distill` (a student counts its updates like its teacher)."""
 
 from __future__ import annotations
 
@@ -30,14 +30,14 @@ def epoch_length(caption_video: np.ndarray, mode: str) -> int:
     return len(caption_video) if mode == "captions" else len(np.unique(np.asarray(caption_video)))
 
 
-def lr_lambda(total_steps: int, warmup_ratio: float):
-    """Linear warm-up over ``warmup_ratio`` of the steps, then cosine decay to zero."""
-    warmup = int(round(total_steps * warmup_ratio))
+def lr_lambda(total_updates: int, warmup_ratio: float):
+    """Linear warm-up over ``warmup_ratio`` of the ``total_updates`` optimiser updates, then cosine decay to zero."""
+    warmup = int(round(total_updates * warmup_ratio))
 
     def f(step: int) -> float:
         if warmup > 0 and step < warmup:
             return (step + 1) / warmup
-        progress = (step - warmup) / max(1, total_steps - warmup)
+        progress = (step - warmup) / max(1, total_updates - warmup)
         return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
     return f

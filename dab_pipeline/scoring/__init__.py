@@ -12,7 +12,7 @@ the model.  Two implementations share one result type:
   matrices, ``dab search`` and ``dab serve``: one model's engines, built once per
   (device, dtype, batch hint) and kept while it lives, its grids planned and tuned
   inside. ``Scorer(model, device=, dtype=, memory_budget=).score(text, frames, mask,
-  gt=, topk=, progress=, shortlist=)``; :func:`score_all` is that call on a
+  gt=, k=, progress=, shortlist=)``; :func:`score_all` is that call on a
   throwaway Scorer. It computes the same function as the reference with the
   algebra taken out of the per-pair loop (docs/performance.md derives it):
 
@@ -28,7 +28,7 @@ the model.  Two implementations share one result type:
 
   Sub-blocks are sized from a memory budget (``planning.py``), never a ``(Q, V, D)``
   tensor for the split; ``dtype="bfloat16"`` runs the bridge's matrix products in
-  bf16 (float32 accumulation, float32 states and cost); ``topk`` returns each
+  bf16 (float32 accumulation, float32 states and cost); ``k`` returns each
   query's ranked best videos; ``shortlist=K`` scores only each query's K candidates
   of the first stage (``first_stage.py``: the cosine of the text and the frame
   mean; the others get ``+inf``).
@@ -44,7 +44,7 @@ from .blocks import OneDNN, Texts, Videos, pack_kept  # noqa: F401
 from .bridge_probe import PROBE_SIDE, BridgeProbe, bridge_shifts, constant_bridge, probe_bridge, probe_grid  # noqa: F401
 from .budget import default_memory_budget, engine_macs, pair_bytes, reference_macs  # noqa: F401
 from .driver import score_all  # noqa: F401
-from .engines import ENGINES, BridgeSteps, Engine, build_engine  # noqa: F401
+from .engines import ENGINES, BridgeRunner, Engine, build_engine  # noqa: F401
 from .first_stage import (  # noqa: F401
     DEFAULT_SHORTLIST,
     CandidateSource,

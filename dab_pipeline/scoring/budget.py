@@ -25,7 +25,7 @@ def _step_macs(cfg: ModelConfig) -> tuple[int, int]:
 
 def _cov(cfg: ModelConfig) -> tuple[int, int]:
     """(R, K) of a probabilistic model's covariance: U's columns (lowrank:R, else 0) and the text's components (1)."""
-    if not cfg.probabilistic:
+    if not cfg.gaussian:
         return 0, 1
     cov = parse_covariance(cfg.covariance)
     return cov.rank, cov.components
@@ -33,7 +33,7 @@ def _cov(cfg: ModelConfig) -> tuple[int, int]:
 
 def _g_cols(cfg: ModelConfig) -> int:
     """Columns of the merged basis's heads: [mu | logvar [| U, rank-major]] [+ mu_v's block of the bridge]."""
-    if not cfg.probabilistic:
+    if not cfg.gaussian:
         return 0
     return 2 * cfg.embed_dim + _cov(cfg)[0] * cfg.embed_dim + (cfg.drift_hidden if cfg.runs_drift else 0)
 
@@ -48,11 +48,11 @@ def reference_macs(cfg: ModelConfig, num_frames: int) -> dict[str, int]:
     d, h, _, n, _ = _dims(cfg, num_frames)
     f = num_frames
     pool = 2 * f * d + 2 * d * d  # logits, weighted values, out_proj, linear_proj
-    heads = 3 * d * d if cfg.probabilistic else 0  # mu, logvar, W2 v_c
+    heads = 3 * d * d if cfg.gaussian else 0  # mu, logvar, W2 v_c
     state, rest = _step_macs(cfg)
     bridge = (n * d * h + cfg.steps * (state + rest)) if cfg.runs_drift else 0
-    per_text = d * d + (2 * d * d if cfg.probabilistic else 0)
-    per_video = 2 * f * d * d + ((4 * f * d * d + 2 * f * f * d + d * d) if cfg.probabilistic else 0)
+    per_text = d * d + (2 * d * d if cfg.gaussian else 0)
+    per_video = 2 * f * d * d + ((4 * f * d * d + 2 * f * f * d + d * d) if cfg.gaussian else 0)
     return {
         "per_text": per_text,
         "per_video": per_video,
@@ -70,12 +70,12 @@ def engine_macs(cfg: ModelConfig, num_frames: int) -> dict[str, int]:
     per_pair = f * d  # attention logits
     per_video = 3 * f * d * d + r * d * d  # k, v (+ out_proj folded into U), linear_proj on U's rows
     per_text = d * d  # q_proj
-    c_cols = d if cfg.probabilistic else (h if cfg.runs_drift else 0)  # token term | point bridge's target
+    c_cols = d if cfg.gaussian else (h if cfg.runs_drift else 0)  # token term | point bridge's target
     g_cols = _g_cols(cfg)  # heads [+ U] [+ mu_v's block]
     per_video += r * d * c_cols + r * d * g_cols
     rank = _cov(cfg)[0]
     per_pair += d * rank * (2 * rank + 1)  # lowrank:R: the KL's U^T S^-1 U, A_t U_v and A_t mu_v
-    if cfg.probabilistic:
+    if cfg.gaussian:
         # LayerNorm statistics as quadratic forms in w, then one product with the merged basis
         per_pair += r * r + (r + 1) * (r + 1) + (r + 1) * (r + 3) + (r + 3) * (c_cols + g_cols)
         per_video += r * r * d + 2 * (r + 1) * (r + 1) * d + 2 * (r + 1) * d  # quad1, quad2, quad3
@@ -88,7 +88,7 @@ def engine_macs(cfg: ModelConfig, num_frames: int) -> dict[str, int]:
         per_text += n * d * h  # the first step's state block
         # the first step's state is the text Gaussian: its block is per text, not per pair
         bridge = cfg.steps * (state + rest) - state
-        if cfg.probabilistic:
+        if cfg.gaussian:
             bridge += d * h  # sigma_v block of the first layer (mu_v's is in the g basis)
     return {
         "per_text": per_text,
@@ -113,10 +113,10 @@ def pair_bytes(cfg: ModelConfig, num_frames: int, dtype: str = "float32", aligne
 
 def video_bytes(cfg: ModelConfig, num_frames: int, transient: bool = True) -> int:
     d, h, r, _, _ = _dims(cfg, num_frames)
-    c_cols = d if cfg.probabilistic else (h if cfg.runs_drift else 0)  # token term | point bridge's target
+    c_cols = d if cfg.gaussian else (h if cfg.runs_drift else 0)  # token term | point bridge's target
     g_cols = _g_cols(cfg)  # heads [+ U] [+ mu_v's block]
     n = num_frames * d + 2 * r * d + (r + 2) * c_cols + (r + 3) * g_cols + d + num_frames
-    if cfg.probabilistic:  # the quadratic forms and the merged copy of the bases
+    if cfg.gaussian:  # the quadratic forms and the merged copy of the bases
         n += 3 * (r + 3) ** 2 + (r + 3) * (c_cols + g_cols)
     if transient:  # U, A1, Rm, V1, Hb and the token branch while the bases are built
         n += 6 * r * d + 6 * num_frames * d + num_frames * num_frames

@@ -10,11 +10,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..core.deprecation import renamed_keywords
 from ..core.events import ProgressCallback
 from ..model import DABModel
 from ..runtime.devices import resolve_device
-from .passes import topk_smallest  # noqa: F401  (its old home: scripts import it from here)
-from .planning import even_cuts, inner_tiles, tune_blocks  # noqa: F401  (likewise)
 from .result import ScoreResult
 from .scorer import Scorer
 
@@ -23,6 +22,7 @@ __all__ = ["score_all"]
 _KEPT = "scorer"  # the key of the Scorer a deprecated ``engines=`` dict keeps
 
 
+@renamed_keywords(topk="k")
 def score_all(
     model: DABModel,
     text: np.ndarray | Tensor,
@@ -34,7 +34,7 @@ def score_all(
     device: str | torch.device = "cpu",
     progress: ProgressCallback | None = None,
     gt: np.ndarray | Tensor | None = None,
-    topk: Optional[int] = None,
+    k: Optional[int] = None,
     memory_budget: Optional[int] = None,
     dtype: str = "float32",
     shortlist: Optional[int] = None,
@@ -43,7 +43,7 @@ def score_all(
     """Score every text against every video with the fast engine (same function as the reference).
 
     ``Scorer(model, device=, dtype=, memory_budget=, text_chunk=, video_chunk=).score(text, frames, mask,
-    gt=, topk=, progress=, shortlist=)`` in one call: see :class:`~dab_pipeline.scoring.Scorer` for every
+    gt=, k=, progress=, shortlist=)`` in one call: see :class:`~dab_pipeline.scoring.Scorer` for every
     option. text (Q, D), frames (V, F, D), mask (V, F) bool -> ScoreResult, cost (Q, V).
 
     ``engines`` (deprecated): a dict the caller kept between calls on one unchanging model so that engines
@@ -53,7 +53,7 @@ def score_all(
         device=device, dtype=dtype, memory_budget=memory_budget, text_chunk=text_chunk, video_chunk=video_chunk
     )
     scorer = Scorer(model, **options) if engines is None else _kept_scorer(engines, model, options)
-    return scorer.score(text, frames, mask, gt=gt, topk=topk, progress=progress, shortlist=shortlist)
+    return scorer.score(text, frames, mask, gt=gt, k=k, progress=progress, shortlist=shortlist)
 
 
 def _kept_scorer(engines: dict, model: DABModel, options: dict) -> Scorer:

@@ -26,9 +26,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..core.deprecation import renamed_keywords
 from ..core.errors import ConfigError
 
-__all__ = ["DEFAULT_SHORTLIST", "CandidateSource", "ExactVectors", "first_stage", "frame_mean_vectors", "text_vectors"]
+__all__ = [
+    "DEFAULT_SHORTLIST",
+    "CandidateSource",
+    "ExactVectors",
+    "check_shortlist",
+    "first_stage",
+    "frame_mean_vectors",
+    "text_vectors",
+]
 
 # Videos a query keeps for the re-rank: on the world's 500 test videos a shortlist of 100 keeps 95-96 % of
 # full scoring's top 10 with the index's default vectors (docs/search.md, benchmarks/search_recall.py).
@@ -39,24 +48,32 @@ class CandidateSource(Protocol):
     """What :func:`first_stage` searches: an index, or vectors in memory."""
 
     def search(
-        self, queries: np.ndarray, k: int, **options: Any
+        self, queries: np.ndarray, shortlist: int, **options: Any
     ) -> tuple[
         np.ndarray, np.ndarray
-    ]: ...  # queries (M, D) -> ids (M, k) int64 (-1: none), scores (M, k) float32, best first
+    ]: ...  # queries (M, D) -> ids (M, K) int64 (-1: none), scores (M, K) float32, best first
 
 
+def check_shortlist(shortlist: Any) -> int:
+    """``shortlist`` as an int >= 1, else the one ConfigError every entry point gives (the first stage's own
+    check: the CLI, the server, the Searcher and the Scorer all call it)."""
+    if isinstance(shortlist, bool) or not isinstance(shortlist, (int, np.integer)) or int(shortlist) < 1:
+        raise ConfigError(f"shortlist must be a positive integer, got {shortlist}")
+    return int(shortlist)
+
+
+@renamed_keywords(k="shortlist")
 def first_stage(
-    queries: np.ndarray | Tensor, source: CandidateSource, k: Optional[int] = None, **options: Any
+    queries: np.ndarray | Tensor, source: CandidateSource, shortlist: Optional[int] = None, **options: Any
 ) -> np.ndarray:
-    """Each query's ``k`` (default :data:`DEFAULT_SHORTLIST`) candidate videos, best first -> (M, k') int64.
+    """Each query's ``shortlist`` (K, default :data:`DEFAULT_SHORTLIST`) candidate videos, best first -> (M, K')
+    int64.
 
-    ``queries`` (M, D) are unit vectors in ``source``'s space; k' = min(k, the videos it holds); an id is -1
+    ``queries`` (M, D) are unit vectors in ``source``'s space; K' = min(K, the videos it holds); an id is -1
     where a source returns fewer (an approximate index). ``options`` go to ``source.search`` (``nprobe``).
     """
-    k = DEFAULT_SHORTLIST if k is None else int(k)
-    if k < 1:
-        raise ConfigError(f"shortlist must be a positive integer, got {k}")
-    ids, _ = source.search(queries, k, **options)
+    shortlist = DEFAULT_SHORTLIST if shortlist is None else check_shortlist(shortlist)
+    ids, _ = source.search(queries, shortlist, **options)
     return np.asarray(ids, np.int64)
 
 
@@ -82,12 +99,13 @@ class ExactVectors:
     def __len__(self) -> int:
         return int(self.vectors.shape[0])
 
-    def search(self, queries: np.ndarray | Tensor, k: int, **options: Any) -> tuple[np.ndarray, np.ndarray]:
-        """queries (M, D) unit -> (ids (M, k'), scores (M, k')) of the k' = min(k, V) largest inner products."""
+    def search(self, queries: np.ndarray | Tensor, shortlist: int, **options: Any) -> tuple[np.ndarray, np.ndarray]:
+        """queries (M, D) unit -> (ids (M, K'), scores (M, K')) of the K' = min(shortlist, V) largest inner
+        products."""
         if options:
             raise TypeError(f"exact vectors take no search options, got {sorted(options)}")
         q = queries if isinstance(queries, Tensor) else torch.from_numpy(np.asarray(queries, np.float32))
-        k = min(int(k), len(self))
+        k = min(check_shortlist(shortlist), len(self))
         ids, scores = np.empty((q.shape[0], k), np.int64), np.empty((q.shape[0], k), np.float32)
         for q0 in range(0, q.shape[0], self.rows_per_block):
             sim = q[q0 : q0 + self.rows_per_block].to(self.device) @ self.vectors.T  # (b, V)

@@ -13,7 +13,7 @@ from ..model import DABModel
 from .blocks import Texts
 from .engines import Engine
 from .planning import even_cuts
-from .result import _as_tensor
+from .result import as_tensor
 
 __all__ = ["one_query_inputs", "frames_and_mask", "as_float", "score_rows", "score_pairs"]
 
@@ -31,7 +31,7 @@ def one_query_inputs(model: DABModel, text, frames, mask, cast: bool = True) -> 
 def frames_and_mask(model: DABModel, frames, mask, cast: bool = True) -> tuple[Tensor, Tensor]:
     """frames (K, F, D) as a float32 tensor (``cast=False``: in its own dtype) and mask (K, F) as bool, checked
     against the model (ValueError)."""
-    fr = as_float(frames) if cast else _as_tensor(frames)
+    fr = as_float(frames) if cast else as_tensor(frames)
     mk = torch.as_tensor(np.asarray(mask) if not isinstance(mask, Tensor) else mask).to(torch.bool)
     d = model.cfg.embed_dim
     if fr.dim() != 3 or fr.shape[2] != d:
@@ -43,7 +43,7 @@ def frames_and_mask(model: DABModel, frames, mask, cast: bool = True) -> tuple[T
 
 def as_float(x: np.ndarray | Tensor) -> Tensor:
     """x as a float32 tensor (a read-only array, such as a memory map, copied first)."""
-    return _as_tensor(x).float()
+    return as_tensor(x).float()
 
 
 def score_rows(

@@ -55,7 +55,7 @@ def score_all_reference(
                 cost[q0 : q0 + len(ts), v0 : v0 + len(vs)] = block.float().cpu().numpy()
                 progress(Event("advance", task="score", n=1))
         result = ScoreResult(cost=cost)
-        if gt_t is not None and model.cfg.probabilistic:
+        if gt_t is not None and model.cfg.gaussian:
             parts: dict[str, list[np.ndarray]] = {"text_var": [], "bridged_var": [], "video_var": []}
             for q0 in range(0, n_q, text_chunk):
                 g = gt_t[q0 : q0 + text_chunk]

@@ -35,7 +35,7 @@ class ScoreResult:
     info: dict = field(default_factory=dict)  # engine plan: dtype, blocks, budget (for benchmarks / logs)
 
 
-def _as_tensor(x: np.ndarray | Tensor) -> Tensor:
+def as_tensor(x: np.ndarray | Tensor) -> Tensor:
     if isinstance(x, Tensor):
         return x
     a = np.asarray(x)
@@ -47,10 +47,10 @@ def prepare_inputs(
     model: DABModel, text, frames, mask, gt, text_chunk: Optional[int], video_chunk: Optional[int]
 ) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
     """Inputs as float32 / bool / long tensors, checked against the model: text (Q, D), frames (V, F, D), mask (V, F), gt (Q,)."""
-    text_t = _as_tensor(text).to(torch.float32)
-    frames_t = _as_tensor(frames).to(torch.float32)
-    mask_t = _as_tensor(mask).to(torch.bool)
-    gt_t = None if gt is None else _as_tensor(gt).to(torch.long)
+    text_t = as_tensor(text).to(torch.float32)
+    frames_t = as_tensor(frames).to(torch.float32)
+    mask_t = as_tensor(mask).to(torch.bool)
+    gt_t = None if gt is None else as_tensor(gt).to(torch.long)
     _check_inputs(model, text_t, frames_t, mask_t, text_chunk, video_chunk, gt_t)
     return text_t, frames_t, mask_t, gt_t
 

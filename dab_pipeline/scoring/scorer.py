@@ -9,19 +9,20 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..core.deprecation import renamed_keywords
 from ..core.errors import ConfigError
 from ..core.events import ProgressCallback, null_progress
 from ..model import DABModel
 from ..runtime.devices import resolve_device
 from .covariance import needs_reference, score_nondiag, score_shortlist_nondiag
 from .engines import Engine, build_engine
-from .first_stage import ExactVectors, first_stage, frame_mean_vectors, text_vectors
+from .first_stage import ExactVectors, check_shortlist, first_stage, frame_mean_vectors, text_vectors
 from .one_query import as_float, frames_and_mask, one_query_inputs, score_pairs, score_rows
 from .passes import diagnostics, score_candidates, score_grid, topk_smallest
 from .placement import ModelPlacement
 from .planning import Plan, even_cuts, plan_grid, tune_blocks
 from .reference import score_query
-from .result import SCORE_DTYPES, ScoreResult, _as_tensor, prepare_inputs
+from .result import SCORE_DTYPES, ScoreResult, as_tensor, prepare_inputs
 
 __all__ = ["Scorer", "MAX_ENGINES"]
 
@@ -84,6 +85,7 @@ class Scorer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @renamed_keywords(topk="k")
     def score(
         self,
         text: np.ndarray | Tensor,
@@ -91,23 +93,23 @@ class Scorer:
         mask: np.ndarray | Tensor,
         *,
         gt: np.ndarray | Tensor | None = None,
-        topk: Optional[int] = None,
+        k: Optional[int] = None,
         progress: ProgressCallback | None = None,
         shortlist: Optional[int] = None,
     ) -> ScoreResult:
         """Every text against every video -> ScoreResult with cost (Q, V) float32, lower is better.
 
         text (Q, D), frames (V, F, D), mask (V, F) bool; ``gt`` (Q,): each query's ground-truth video (the
-        per-query variance diagnostics, Table 6); ``topk``: also each query's k best videos (indices and
+        per-query variance diagnostics, Table 6); ``k``: also each query's k best videos (indices and
         costs, best first); ``shortlist=K``: score only each query's K first-stage candidates
         (:mod:`~dab_pipeline.scoring.first_stage`, the cosine of the text and the frame mean), +inf
         elsewhere; None (the default) scores every pair. Emits "start" / "advance" / "end" events for task
         "score".
         """
-        if topk is not None and topk < 1:
-            raise ConfigError(f"topk must be a positive integer, got {topk}")
-        if shortlist is not None and shortlist < 1:
-            raise ConfigError(f"shortlist must be a positive integer, got {shortlist}")
+        if k is not None and k < 1:
+            raise ConfigError(f"k must be a positive integer, got {k}")
+        if shortlist is not None:
+            shortlist = check_shortlist(shortlist)
         progress = progress or null_progress
         text_t, frames_t, mask_t, gt_t = prepare_inputs(
             self.model, text, frames, mask, gt, self.text_chunk, self.video_chunk
@@ -117,8 +119,8 @@ class Scorer:
         try:
             if needs_reference(self.model):
                 result = self._score_nondiag(text_t, frames_t, mask_t, gt_t, shortlist, progress)
-                if topk is not None:
-                    result.topk_indices, result.topk_costs = topk_smallest(result.cost, topk)
+                if k is not None:
+                    result.topk_indices, result.topk_costs = topk_smallest(result.cost, k)
                 return result
             plan = self._plan(n_q, n_v, n_f, exact=shortlist is None)
             info = plan.info()
@@ -128,10 +130,10 @@ class Scorer:
                 ts = eng.texts(text_t.to(self.device))
                 cost = self._costs(eng, ts, text_t, frames_t, mask_t, plan, shortlist, progress, info)
                 result = ScoreResult(cost=cost, shortlist=info.get("shortlist"), info=info)
-                if gt_t is not None and self.model.cfg.probabilistic:
+                if gt_t is not None and self.model.cfg.gaussian:
                     diagnostics(eng, ts, frames_t, mask_t, gt_t, self.device, plan, result)
-            if topk is not None:
-                result.topk_indices, result.topk_costs = topk_smallest(cost, topk)
+            if k is not None:
+                result.topk_indices, result.topk_costs = topk_smallest(cost, k)
             return result
         finally:
             self._restore(was_training)
@@ -183,7 +185,7 @@ class Scorer:
         """
         t = as_float(text).reshape(len(shortlists), -1)  # (M, D)
         fr, mk = one_query_inputs(self.model, t[:1], frames, mask, cast=False)[1:]  # (U, F, D) as given, (U, F)
-        vt = None if terms is None else _as_tensor(terms)
+        vt = None if terms is None else as_tensor(terms)
         if vt is not None and tuple(vt.shape) != (fr.shape[0], fr.shape[2]):
             raise ValueError(
                 f"terms {tuple(vt.shape)} must be one row of D values a video: {(fr.shape[0], fr.shape[2])}"
@@ -211,12 +213,16 @@ class Scorer:
             self._restore(was_training)
 
     def candidates(
-        self, text: np.ndarray | Tensor, frames: np.ndarray | Tensor, mask: np.ndarray | Tensor, k: Optional[int] = None
+        self,
+        text: np.ndarray | Tensor,
+        frames: np.ndarray | Tensor,
+        mask: np.ndarray | Tensor,
+        shortlist: Optional[int] = None,
     ) -> np.ndarray:
-        """The first stage that ``score(shortlist=k)`` scores: each query's k videos, best first -> (Q, k')."""
+        """The first stage that ``score(shortlist=K)`` scores: each query's K videos, best first -> (Q, K')."""
         text_t, frames_t, mask_t, _ = prepare_inputs(self.model, text, frames, mask, None, None, None)
         plan = self._plan(text_t.shape[0], frames_t.shape[0], frames_t.shape[1], exact=False)
-        return self._first_stage(text_t, frames_t, mask_t, k, plan)
+        return self._first_stage(text_t, frames_t, mask_t, shortlist, plan)
 
     def prepare(self, n_q: int, n_v: int, num_frames: int, exact: bool = True) -> dict:
         """Plan (and on CPU measure the sub-block size of) an n_q x n_v grid now, so that a timed
@@ -290,11 +296,11 @@ class Scorer:
         """A non-diagonal covariance (lowrank:R): the model's own path in bounded blocks (scoring/covariance.py)."""
         if shortlist is None:
             return score_nondiag(self.model, text_t, frames_t, mask_t, gt_t, self.device, self.memory_budget, progress)
-        k = min(shortlist, frames_t.shape[0])
+        shortlist = min(shortlist, frames_t.shape[0])
         plan = self._plan(text_t.shape[0], frames_t.shape[0], frames_t.shape[1], exact=False)
-        cand = self._first_stage(text_t, frames_t, mask_t, k, plan)  # (Q, K)
+        cand = self._first_stage(text_t, frames_t, mask_t, shortlist, plan)  # (Q, K)
         cost = score_shortlist_nondiag(self.model, text_t, frames_t, mask_t, cand)
-        return ScoreResult(cost=cost, shortlist=k, info={"engine": f"reference ({self.model.cfg.covariance})"})
+        return ScoreResult(cost=cost, shortlist=shortlist, info={"engine": f"reference ({self.model.cfg.covariance})"})
 
     def _plan(self, n_q: int, n_v: int, n_f: int, exact: bool) -> Plan:
         """The tiles of a grid, kept per shape; an exact grid's sub-block size is measured where that pays."""
@@ -352,13 +358,13 @@ class Scorer:
             score_grid(eng, ts, frames_t, mask_t, cost, self.device, plan, progress, info)
             return cost
         cost = np.full((n_q, n_v), np.inf, dtype=np.float32)
-        k = info["shortlist"] = min(shortlist, n_v)
-        cand = self._first_stage(text_t, frames_t, mask_t, k, plan)  # (Q, K)
+        shortlist = info["shortlist"] = min(shortlist, n_v)
+        cand = self._first_stage(text_t, frames_t, mask_t, shortlist, plan)  # (Q, K)
         score_candidates(eng, ts, frames_t, mask_t, cand, cost, self.device, plan, progress, info)
         return cost
 
     def _first_stage(
-        self, text_t: Tensor, frames_t: Tensor, mask_t: Tensor, k: Optional[int], plan: Plan
+        self, text_t: Tensor, frames_t: Tensor, mask_t: Tensor, shortlist: Optional[int], plan: Plan
     ) -> np.ndarray:
         """Each query's candidates by the cosine of the text and the frame mean (the ``mean`` vectors)."""
         n_q, n_v = text_t.shape[0], frames_t.shape[0]
@@ -366,7 +372,7 @@ class Scorer:
             return np.empty((n_q, 0), np.int64)
         rows = max(1, plan.p_max // max(1, n_v) * 8)  # queries a (rows, V) similarity block holds
         videos = ExactVectors(frame_mean_vectors(frames_t, mask_t), self.device, rows_per_block=rows)
-        return first_stage(text_vectors(text_t), videos, k)
+        return first_stage(text_vectors(text_t), videos, shortlist)
 
 
 def _products(eng: Engine, dev: torch.device, dtype: str) -> dict:
@@ -374,7 +380,7 @@ def _products(eng: Engine, dev: torch.device, dtype: str) -> dict:
     with the fused (or eager) kernels, or ATen in the matmul dtype."""
     if eng.onednn is not None and eng.kernels is not None:
         kern = eng.kernels
-        products = "amx" if eng.steps is not None and eng.steps.amx is not None else "onednn"
+        products = "amx" if eng.bridge_runner is not None and eng.bridge_runner.amx is not None else "onednn"
         return {"products": products, "kernels": kern.name if kern.fused else f"eager ({kern.reason})"}
     # ATen's products in mm_dtype (on a CPU without native bf16, bf16 ones are emulated: slow)
     return {"products": f"aten {dtype}" if dev.type == "cpu" else f"{dev.type} {dtype}"}

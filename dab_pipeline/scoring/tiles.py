@@ -31,8 +31,8 @@ import torch
 
 from ..model import DABModel
 from .engines import build_engine
-from .engines.trajectory import amx_bridge_applies
-from .kernels.cpu import _cpu_signature, build_key, kernel_cache_dir
+from .engines.bridge_runner import amx_bridge_applies
+from .kernels.cpu import build_key, cpu_signature, kernel_cache_dir
 
 __all__ = ["CANDIDATES", "TUNE_MIN_PAIRS", "tuning_enabled", "tuned_pairs", "tiles_cache_path", "tile_key"]
 
@@ -57,7 +57,7 @@ def tile_key(model: DABModel, num_frames: int, dtype: torch.dtype) -> str:
     if dtype == torch.bfloat16:
         products += ":" + build_key()
     parts = [
-        _cpu_signature(),
+        cpu_signature(),
         torch.__version__,
         str(torch.get_num_threads()),
         str(dtype),

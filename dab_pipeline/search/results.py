@@ -10,6 +10,7 @@ import numpy as np
 
 from ..calibration import QueryUncertainty
 from ..core.errors import ConfigError
+from ..scoring.first_stage import check_shortlist
 
 __all__ = ["SearchHit", "SearchResult", "check_queries", "uncertainty_payload"]
 
@@ -82,20 +83,20 @@ def tick(timings: dict, name: str, t0: float) -> float:
     return now
 
 
-def check_queries(queries: Sequence[str], topk: int, shortlist: Optional[int]) -> list[str]:
-    """The queries as strings; ConfigError for none, an empty one, or a ``topk`` / ``shortlist`` below 1."""
+def check_queries(queries: Sequence[str], k: int, shortlist: Optional[int]) -> list[str]:
+    """The queries as strings; ConfigError for none, an empty one, or a ``k`` / ``shortlist`` below 1."""
     queries = [str(q) for q in queries]
     if not queries or any(not q.strip() for q in queries):
         raise ConfigError("dab search needs at least one non-empty query")
-    if topk < 1:
-        raise ConfigError(f"topk must be a positive integer, got {topk}")
-    if shortlist is not None and shortlist < 1:
-        raise ConfigError(f"shortlist must be a positive integer, got {shortlist}")
+    if k < 1:
+        raise ConfigError(f"k must be a positive integer, got {k}")
+    if shortlist is not None:
+        check_shortlist(shortlist)
     return queries
 
 
 def make_result(
-    query: str, res, i: int, ids: np.ndarray, split_pos: np.ndarray, topk: int, shortlist: Optional[int]
+    query: str, res, i: int, ids: np.ndarray, split_pos: np.ndarray, k: int, shortlist: Optional[int]
 ) -> SearchResult:
     """Row ``i`` of a ScoreResult over the videos ``ids`` (their positions in the split: ``split_pos``)."""
     assert res.topk_indices is not None and res.topk_costs is not None
@@ -104,7 +105,7 @@ def make_result(
     # a video outside a cosine shortlist was not scored (+inf): never a hit
     hits = [
         SearchHit(rank=r + 1, video_index=int(split_pos[j]), video_id=str(ids[j]), cost=float(c))
-        for r, (j, c) in enumerate(zip(idx[:topk], costs[:topk]))
+        for r, (j, c) in enumerate(zip(idx[:k], costs[:k]))
         if np.isfinite(c)
     ]
     row = np.asarray(res.cost[i], np.float32) if res.cost is not None else None

@@ -31,6 +31,7 @@ import torch
 from ..calibration import UncertaintyRequest
 from ..clip_models import check_store_weights, encode_queries_short, load_clip, unknown_words, unknown_words_line
 from ..core.choices import DEFAULT_SCORE_DTYPE
+from ..core.deprecation import renamed_keywords
 from ..core.errors import ConfigError, StoreError, UnknownNameError, WeightsError
 from ..core.fsutil import sha256_file
 from ..index import VECTOR_KINDS, load_index, query_vectors, split_rows, store_fingerprint
@@ -38,6 +39,7 @@ from ..runs.load import load_run
 from ..runtime.capabilities import resolve_score_dtype
 from ..runtime.devices import resolve_device
 from ..scoring import DEFAULT_SHORTLIST, Scorer, first_stage, topk_smallest
+from ..scoring.first_stage import check_shortlist
 from ..store import open_store
 from .calibrated import CalibratedSearch
 from .pairs import score_shortlists
@@ -208,35 +210,37 @@ class Searcher(CalibratedSearch):
             raise ConfigError("this Searcher was opened without its query encoder (encoder=False)")
         return encode_queries_short(self.bundle, list(queries))  # (M, D): the causal tower up to EOT only
 
+    @renamed_keywords(topk="k")
     def search(
         self,
         queries: Sequence[str],
-        topk: int = 10,
+        k: int = 10,
         shortlist: Optional[int] = None,
         nprobe: Optional[int] = None,
         memory_budget: Optional[int] = None,
         uncertainty: Optional[UncertaintyRequest] = None,
     ) -> list[SearchResult]:
-        """Each query's ``topk`` videos, best first, with its top-1/top-2 margin (and, for a calibrated run, its
+        """Each query's ``k`` videos, best first, with its top-1/top-2 margin (and, for a calibrated run, its
         calibrated probabilities; ``uncertainty``: a conformal set and a risk decision, docs/uncertainty.md).
 
         ``shortlist``: K videos re-ranked a query (with an index: default ``DEFAULT_SHORTLIST``, 100; without:
         None scores them all).
         """
-        queries = check_queries(queries, topk, shortlist)
+        queries = check_queries(queries, k, shortlist)
         self.check_request(uncertainty)  # before the search: a request that cannot be met costs nothing
         text = self.encode(queries)  # (M, D)
-        results = self.rank(queries, text, topk, shortlist, nprobe, memory_budget)
+        results = self.rank(queries, text, k, shortlist, nprobe, memory_budget)
         assessed = self._assess(results, text, [uncertainty] * len(results))
         for r in assessed:
             if isinstance(r, ConfigError):
                 raise r
         return self._note_unknown_words(results, self.warn)
 
+    @renamed_keywords(topk="k")
     def search_batch(
         self,
         queries: Sequence[str],
-        topk: int | Sequence[int] = 10,
+        k: int | Sequence[int] = 10,
         shortlist: Optional[int] = None,
         nprobe: Optional[int] = None,
         timings: Optional[dict] = None,
@@ -244,22 +248,22 @@ class Searcher(CalibratedSearch):
     ) -> list[SearchResult | ConfigError]:
         """Queries that arrived together (a server's batch), each answered as :meth:`search` answers it alone.
 
-        ``topk``: one for all or one per query. A bad query (empty, ``topk`` below 1) gets its ConfigError in
+        ``k``: one for all or one per query. A bad query (empty, ``k`` below 1) gets its ConfigError in
         its place and the others their results; the good ones are encoded in one batch and ranked together
         (:meth:`rank`). ``shortlist`` and ``nprobe`` are the batch's: a bad ``shortlist`` raises. A failed
         read of the store or the index raises too (the batch's, not a query's). ``uncertainty``: one request for
         all or one per query; a request that cannot be met is its query's ConfigError.
         """
         reqs = list(uncertainty) if isinstance(uncertainty, (list, tuple)) else [uncertainty] * len(queries)
-        ks = [topk] * len(queries) if isinstance(topk, int) else [int(k) for k in topk]
+        ks = [k] * len(queries) if isinstance(k, int) else [int(x) for x in k]
         if len(ks) != len(queries):
-            raise ConfigError(f"{len(ks)} topk values for {len(queries)} queries")
-        if shortlist is not None and shortlist < 1:
-            raise ConfigError(f"shortlist must be a positive integer, got {shortlist}")
+            raise ConfigError(f"{len(ks)} k values for {len(queries)} queries")
+        if shortlist is not None:
+            check_shortlist(shortlist)
         out: list[SearchResult | ConfigError | None] = [None] * len(queries)
-        for i, (q, k) in enumerate(zip(queries, ks)):
+        for i, (q, k_i) in enumerate(zip(queries, ks)):
             try:
-                check_queries([q], k, None)
+                check_queries([q], k_i, None)
             except ConfigError as exc:
                 out[i] = exc
         good = [i for i, o in enumerate(out) if o is None]
@@ -289,17 +293,18 @@ class Searcher(CalibratedSearch):
                 warn(unknown_words_line(res.query, words, self.bundle.requested_model or self.bundle.model_name))
         return results
 
+    @renamed_keywords(topk="k")
     def rank(
         self,
         queries: Sequence[str],
         text: torch.Tensor | np.ndarray,
-        topk: int | Sequence[int] = 10,
+        k: int | Sequence[int] = 10,
         shortlist: Optional[int] = None,
         nprobe: Optional[int] = None,
         memory_budget: Optional[int] = None,
         timings: Optional[dict] = None,
     ) -> list[SearchResult]:
-        """:meth:`search` for queries already encoded (``text`` (M, D)); ``topk``: one for all or one per query;
+        """:meth:`search` for queries already encoded (``text`` (M, D)); ``k``: one for all or one per query;
         ``timings`` (a dict) gets the seconds spent in each step added to it: index, read, score.
 
         Several queries are ranked together: without an index in one Scorer call over the split; with one, each
@@ -308,20 +313,33 @@ class Searcher(CalibratedSearch):
         model has none in one pass of aligned pairs (:func:`~dab_pipeline.search.pairs.score_shortlists`).
         """
         text = torch.as_tensor(np.asarray(text, np.float32))  # (M, D)
-        ks = [int(topk)] * len(queries) if isinstance(topk, int) else [int(k) for k in topk]
+        ks = [int(k)] * len(queries) if isinstance(k, int) else [int(x) for x in k]
         timings = timings if timings is not None else {}
         if self.index is None:
             return self._search_split(list(queries), text, ks, shortlist, memory_budget)
-        return self._rank_shortlists(list(queries), text, ks, int(shortlist or DEFAULT_SHORTLIST), nprobe, timings)
+        return self._rank_shortlists(
+            list(queries),
+            text,
+            ks,
+            DEFAULT_SHORTLIST if shortlist is None else check_shortlist(shortlist),
+            nprobe,
+            timings,
+        )
 
     def _rank_shortlists(
-        self, queries: list[str], text: torch.Tensor, ks: list[int], k_sl: int, nprobe: Optional[int], timings: dict
+        self,
+        queries: list[str],
+        text: torch.Tensor,
+        ks: list[int],
+        shortlist: int,
+        nprobe: Optional[int],
+        timings: dict,
     ) -> list[SearchResult]:
         """With the index: each query's K-video shortlist, the union read once, each query scored on its own."""
         assert self.index is not None
         t0 = time.perf_counter()
         qv = query_vectors(self.index.meta.vector, text.to(self.device), self.run.model)  # (M, D)
-        cand = first_stage(qv, self.index, k_sl, nprobe=nprobe)  # (M, K) store rows, -1: none
+        cand = first_stage(qv, self.index, shortlist, nprobe=nprobe)  # (M, K) store rows, -1: none
         t0 = tick(timings, "index", t0)
         rows = [np.unique(c[c >= 0]) for c in cand]  # each query's shortlist, sorted: the store reads coalesce
         union = rows[0] if len(rows) == 1 else np.unique(np.concatenate(rows))  # (U,)
@@ -333,7 +351,7 @@ class Searcher(CalibratedSearch):
         out = []
         for q, r, cost, k in zip(queries, rows, costs, ks):
             res = Ranked(cost[None], *topk_smallest(cost[None], min(max(k, 2), len(r))))  # (1, K)
-            out.append(make_result(q, res, 0, self.store.video_ids[r], np.searchsorted(self.rows, r), k, k_sl))
+            out.append(make_result(q, res, 0, self.store.video_ids[r], np.searchsorted(self.rows, r), k, shortlist))
         return out
 
     def _score_shortlists(
@@ -383,7 +401,7 @@ class Searcher(CalibratedSearch):
         feats = self._feats
         n_v = len(feats.video_ids)
         res = self._scorer_for(memory_budget).score(
-            text, feats.frames, feats.frame_mask, topk=min(max([*ks, 2]), n_v), shortlist=shortlist
+            text, feats.frames, feats.frame_mask, k=min(max([*ks, 2]), n_v), shortlist=shortlist
         )  # each query's best max(k) videos, best first: the first k are its top k
         return [
             make_result(q, res, i, feats.video_ids, np.arange(n_v), k, shortlist)

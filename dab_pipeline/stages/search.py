@@ -13,33 +13,9 @@ from typing import Callable, Optional, Sequence
 
 from ..calibration import DEFAULT_CONFORMAL_SCORE, DEFAULT_DELTA, UncertaintyRequest
 from ..core.choices import DEFAULT_SCORE_DTYPE
+from ..search import Searcher, SearchResult, check_queries
 
-# Re-exported, not defined here: scripts imported loading a run and the Searcher from this module before they
-# moved into the library (runs.load, beside the run format; search, which dab serve shares), and may still.
-from ..runs.load import LoadedRun, load_run  # noqa: F401
-from ..search import (  # noqa: F401
-    DEFAULT_SHORTLIST,
-    Searcher,
-    SearchHit,
-    SearchResult,
-    check_queries,
-    encode_queries,
-    load_descriptions,
-)
-
-__all__ = [
-    "SearchConfig",
-    "run_search",
-    "search",
-    "load_descriptions",
-    "SearchHit",
-    "SearchResult",
-    "LoadedRun",
-    "Searcher",
-    "load_run",
-    "encode_queries",
-    "DEFAULT_SHORTLIST",
-]
+__all__ = ["SearchConfig", "run_search", "search"]
 
 
 @dataclass(frozen=True)
@@ -50,7 +26,7 @@ class SearchConfig:
     run: Path
     features: Path
     queries: tuple[str, ...]
-    topk: int = 10
+    k: int = 10
     split: str = "test"
     device: str = "auto"
     dtype: str = DEFAULT_SCORE_DTYPE
@@ -65,7 +41,7 @@ class SearchConfig:
     delta: float = DEFAULT_DELTA
 
     def __post_init__(self) -> None:
-        check_queries(self.queries, self.topk, self.shortlist)
+        check_queries(self.queries, self.k, self.shortlist)
         _ = self.uncertainty  # a coverage or risk outside (0, 1) is refused before anything loads
 
     @property
@@ -74,13 +50,13 @@ class SearchConfig:
 
 
 def run_search(cfg: SearchConfig, warn: Callable[[str], None] = lambda message: None) -> list[SearchResult]:
-    """Each query's ``cfg.topk`` videos, best first, with its margin: a one-shot :class:`Searcher`."""
+    """Each query's ``cfg.k`` videos, best first, with its margin: a one-shot :class:`Searcher`."""
     with Searcher(
         cfg.run, cfg.features, split=cfg.split, index=cfg.index, device=cfg.device, dtype=cfg.dtype, warn=warn
     ) as s:
         return s.search(
             list(cfg.queries),
-            cfg.topk,
+            cfg.k,
             shortlist=cfg.shortlist,
             nprobe=cfg.nprobe,
             memory_budget=cfg.memory_budget,
@@ -92,7 +68,7 @@ def search(
     run_dir: str | Path,
     store_path: str | Path,
     queries: Sequence[str],
-    topk: int = 10,
+    k: int = 10,
     split: str = "test",
     device: str = "auto",
     *,
@@ -107,7 +83,7 @@ def search(
     delta: float = DEFAULT_DELTA,
     warn: Callable[[str], None] = lambda message: None,
 ) -> list[SearchResult]:
-    """The ``topk`` videos of ``split`` for each free-text query, best first, with each query's margin.
+    """The ``k`` videos of ``split`` for each free-text query, best first, with each query's margin.
 
     One-shot :class:`Searcher`. ``index``: a ``dab index`` folder as the first stage (then ``shortlist``
     defaults to 100 and only those videos are read); ``shortlist`` without an index: a cosine first stage over
@@ -122,7 +98,7 @@ def search(
         run=Path(run_dir),
         features=Path(store_path),
         queries=tuple(queries),
-        topk=topk,
+        k=k,
         split=split,
         device=device,
         dtype=dtype,

@@ -90,7 +90,7 @@ def test_every_numeric_field_is_checked_when_the_config_is_built(section: str) -
     """A walk over every numeric field with 0 and -1: refused with the field's name and its range, unless the
     value means something (MEANINGFUL); never accepted to fail an epoch later."""
     from dab_pipeline.model import ModelConfig
-    from dab_pipeline.stages.train import TrainConfig
+    from dab_pipeline.runs.config import TrainConfig
 
     base = TrainConfig(features=Path("s.h5"), out=Path("r"))
     fields = _numeric_fields(TrainConfig if section == "TrainConfig" else ModelConfig)

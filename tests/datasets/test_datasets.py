@@ -466,20 +466,14 @@ def test_folder_refuses_videos_outside_the_videos_folder(tmp_path: Path, kind: s
     assert load_dataset("folder", videos, ann).videos[0].path == (videos / "ok.mp4").resolve()
 
 
-def test_the_catalogues_old_names_still_import_with_a_deprecation_warning() -> None:
-    """datasets/index.py and DatasetIndex were renamed (issue 35: "index" is the FAISS index): one release of grace."""
+def test_the_catalogues_pre_release_names_are_gone() -> None:
+    """datasets/index.py and DatasetIndex were private names (docs/api.md), removed in issue 48: "index" is the
+    search's FAISS index only."""
     import importlib
-    import sys
 
     import dab_pipeline.datasets as datasets
-    from dab_pipeline.datasets import catalogue
 
-    with pytest.deprecated_call(match="Catalogue"):
-        assert datasets.DatasetIndex is catalogue.Catalogue
-    sys.modules.pop("dab_pipeline.datasets.index", None)
-    with pytest.deprecated_call(match="dab_pipeline.datasets.index is deprecated"):
-        old = importlib.import_module("dab_pipeline.datasets.index")
-    assert old.DatasetIndex is catalogue.Catalogue and old.build_index is catalogue.build_catalogue
-    assert old.load_dataset is load_dataset and old.DATASETS is DATASETS
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("dab_pipeline.datasets.index")
     with pytest.raises(AttributeError):
-        datasets.NoSuchName  # noqa: B018
+        datasets.DatasetIndex  # noqa: B018

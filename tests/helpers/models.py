@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from dab_pipeline.model import DABModel, ModelConfig
+from dab_pipeline.runs.config import TrainConfig
 from dab_pipeline.runs.run_folder import RunFolder
-from dab_pipeline.stages.train import TrainConfig
 
 
 def hand_made_run(path: Path, store: Path, variant: str = "dab", model_kw: Optional[dict] = None, **train: Any):

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from dab_pipeline.core.overrides import apply_overrides
-from dab_pipeline.stages.train import TrainConfig, resolve_train_config, run_train
+from dab_pipeline.runs.config import TrainConfig
+from dab_pipeline.stages.train import resolve_train_config, run_train
 from dab_pipeline.store import open_store
 
 # the --set values that keep a run on a random store to a second or two

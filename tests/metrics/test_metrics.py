@@ -268,27 +268,17 @@ def test_postprocess_rejects_bad_arguments():
         M.evaluate_all(HUB_COST, np.arange(3), postprocess="qbnorm")
 
 
-def test_the_old_keyword_names_still_work_with_a_deprecation_warning():
-    """Issue 35: the post-processing's temperature and the neighbourhood's cosine thresholds were both called
-    after the model's PAC temperature (temperature=, taus=); the old keywords work for one release."""
+def test_the_metrics_take_only_their_keywords_own_names():
+    """Issue 35 renamed the post-processing's temperature and the neighbourhood's cosine thresholds (both had been
+    called after the model's PAC temperature); these functions are not public API (docs/api.md), so issue 48 dropped
+    the old keywords. metrics.json keeps its on-disk key."""
     gt = np.arange(3)
-    # each old name calls the same function with the same values: bit-equal on any CPU
-    with pytest.deprecated_call(match="postprocess_temperature="):
-        old = M.dual_softmax(HUB_COST, temperature=0.1)
-    np.testing.assert_array_equal(old, M.dual_softmax(HUB_COST, postprocess_temperature=0.1))
-    with pytest.deprecated_call(match="postprocess_temperature="):
-        old = M.inverted_softmax(HUB_COST, temperature=0.1)
-    np.testing.assert_array_equal(old, M.inverted_softmax(HUB_COST, 0.1))
-    with pytest.deprecated_call(match="postprocess_temperature="):
-        labelled = M.evaluate_all(HUB_COST, gt, postprocess="dsl", temperature=0.1)
-    assert labelled == M.evaluate_all(HUB_COST, gt, postprocess="dsl", postprocess_temperature=0.1)
-    assert labelled["postprocess"] == {"name": "dsl", "temperature": 0.1}  # metrics.json keeps its key
-    feats = np.random.default_rng(0).normal(size=(3, 4))
-    with pytest.deprecated_call(match="cosine_thresholds="):
-        old = M.semantic_neighbourhood(HUB_COST, gt, feats, taus=(0.0, 0.5), topk=2)
-    assert old == M.semantic_neighbourhood(HUB_COST, gt, feats, cosine_thresholds=(0.0, 0.5), topk=2)
-    with pytest.raises(TypeError, match="both postprocess_temperature= and its old name temperature="):
-        M.dual_softmax(HUB_COST, temperature=0.1, postprocess_temperature=0.1)
+    with pytest.raises(TypeError, match="temperature"):
+        M.dual_softmax(HUB_COST, temperature=0.1)
+    with pytest.raises(TypeError, match="taus"):
+        M.semantic_neighbourhood(HUB_COST, gt, np.zeros((3, 4)), taus=(0.5,))
+    labelled = M.evaluate_all(HUB_COST, gt, postprocess="dsl", postprocess_temperature=0.1)
+    assert labelled["postprocess"] == {"name": "dsl", "temperature": 0.1}
 
 
 # --------------------------------------------------------------------------
@@ -423,7 +413,7 @@ def test_semantic_neighbourhood_hand_case():
         ]
     )
     gt = np.array([0, 2])
-    out = M.semantic_neighbourhood(cost, gt, feats, cosine_thresholds=(0.7, 0.9), topk=3, seed=0)
+    out = M.semantic_neighbourhood(cost, gt, feats, cosine_thresholds=(0.7, 0.9), k=3, seed=0)
     assert out["topk"] == 3 and out["counts_gt"] is False
     rows = {r["tau"]: r for r in out["rows"]}
     # q0: positives {v1, v2} at .7, {v1} at .9; only v1 is retrieved (gt v0 is not counted).
@@ -442,7 +432,7 @@ def test_semantic_neighbourhood_ties_by_index_and_sampling_check():
     feats = rng.normal(size=(v, 4))
     gt = rng.integers(0, v, size=300)
     flat = np.zeros((300, v))  # every video ties: top-k = the first k indices
-    out = M.semantic_neighbourhood(flat, gt, feats, cosine_thresholds=(0.0, 0.5), topk=5)
+    out = M.semantic_neighbourhood(flat, gt, feats, cosine_thresholds=(0.0, 0.5), k=5)
     unit = feats / np.linalg.norm(feats, axis=1, keepdims=True)
     cos = unit[gt] @ unit.T
     for row in out["rows"]:

@@ -13,7 +13,7 @@ from torch.distributions import LowRankMultivariateNormal, kl_divergence
 from dab_pipeline.core.errors import ConfigError
 from dab_pipeline.core.overrides import apply_overrides
 from dab_pipeline.model import DABModel, ModelConfig, pac_loss
-from dab_pipeline.stages.train import TrainConfig
+from dab_pipeline.runs.config import TrainConfig
 
 TINY = dict(embed_dim=16, steps=2, total_steps=10, time_embed_dim=8, drift_hidden=12)
 

@@ -32,7 +32,7 @@ def test_the_model_builds_what_the_spec_names(name: str) -> None:
         assert model.bridge.n_state == spec.bridge_states == (2 if spec.gaussian else 1)
     assert hasattr(model, "log_tau") == spec.gaussian and hasattr(model, "log_logit_scale") != spec.gaussian
     eng = build_engine(model, torch.device("cpu"), torch.float32)
-    assert isinstance(eng, ENGINES.get(name)) and (eng.steps is not None) == spec.bridge
+    assert isinstance(eng, ENGINES.get(name)) and (eng.bridge_runner is not None) == spec.bridge
 
 
 def test_unknown_variants_list_the_valid_ones() -> None:
@@ -64,7 +64,7 @@ def test_short_keys_are_the_model_fields_and_a_control_expands_to_its_values() -
     import dataclasses
 
     from dab_pipeline.core.variants import MODEL_KEY_ALIASES, canonical_values, expand_overrides, expand_variant
-    from dab_pipeline.stages.train import TrainConfig
+    from dab_pipeline.runs.config import TrainConfig
 
     # unambiguous: each short name is a ModelConfig field and no TrainConfig field of its own
     train_fields = {f.name for f in dataclasses.fields(TrainConfig)}

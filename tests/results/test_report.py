@@ -24,7 +24,7 @@ def _fake_results(seed: int = 0, q: int = 60, v: int = 20):
     results["selective"] = M.selective_report(cost, gt)
     results["variance"] = M.variance_asymmetry(rng.random(q) * 0.5 + 0.25, rng.random(q) + 0.5, rng.random(q) * 3 + 1.5)
     results["neighbourhood"] = M.semantic_neighbourhood(
-        cost, gt, rng.normal(size=(v, 8)), cosine_thresholds=(0.0, 0.3), topk=5
+        cost, gt, rng.normal(size=(v, 8)), cosine_thresholds=(0.0, 0.3), k=5
     )
     return results, M.t2v_ranks(cost, gt)
 

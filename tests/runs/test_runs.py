@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from dab_pipeline.core.errors import ConfigError, StoreError
+from dab_pipeline.runs.config import TrainConfig
 from dab_pipeline.runs.run_folder import RunFolder
-from dab_pipeline.stages.train import TrainConfig
 
 
 def test_status_round_trips_and_a_torn_status_reads_as_unknown(tmp_path: Path) -> None:

@@ -165,7 +165,8 @@ def _train_store(path: Path) -> Path:
 
 
 def test_train_bf16_scoring_on_a_cpu_without_it_runs_float32(tmp_path: Path) -> None:
-    from dab_pipeline.stages.train import TrainConfig, run_train
+    from dab_pipeline.runs.config import TrainConfig
+    from dab_pipeline.stages.train import run_train
 
     store = _train_store(tmp_path / "store.h5")
     cfg = TrainConfig(
@@ -201,8 +202,8 @@ def test_search_warns_and_scores_float32(tmp_path: Path) -> None:
     run, _ = hand_made_run(tmp_path / "run", store)
     said: list[str] = []
     with override(AVX2):
-        slow = search(run, store, ["a cat sleeps"], topk=3, device="cpu", dtype="bfloat16", warn=said.append)
-        exact = search(run, store, ["a cat sleeps"], topk=3, device="cpu", dtype="float32", warn=said.append)
+        slow = search(run, store, ["a cat sleeps"], k=3, device="cpu", dtype="bfloat16", warn=said.append)
+        exact = search(run, store, ["a cat sleeps"], k=3, device="cpu", dtype="float32", warn=said.append)
     assert len(said) == 1 and "no native bf16" in said[0]
     # it really ran float32: the same float32 computation twice, bit-equal on any CPU (bf16 would differ)
     assert [h.cost for h in slow[0].hits] == [h.cost for h in exact[0].hits]
@@ -281,9 +282,9 @@ def test_extract_benchmark_skips_emulated_bf16(tmp_path: Path, capsys: pytest.Ca
 
 def test_kernel_cache_key_follows_the_instruction_set(monkeypatch: pytest.MonkeyPatch) -> None:
     base = cpu_kernels.build_key()
-    monkeypatch.setattr(cpu_kernels, "_cpu_signature", lambda: "fpu sse2 avx2 fma")
+    monkeypatch.setattr(cpu_kernels, "cpu_signature", lambda: "fpu sse2 avx2 fma")
     avx2 = cpu_kernels.build_key()
-    monkeypatch.setattr(cpu_kernels, "_cpu_signature", lambda: "fpu sse2 avx2 fma avx512f avx512bw")
+    monkeypatch.setattr(cpu_kernels, "cpu_signature", lambda: "fpu sse2 avx2 fma avx512f avx512bw")
     assert len({base, avx2, cpu_kernels.build_key()}) == 3
     monkeypatch.setenv("DAB_KERNEL_MARCH", "x86-64-v3")
     v3 = cpu_kernels.build_key()
@@ -312,7 +313,7 @@ def test_portable_build_without_avx512_matches_the_eager_spec(tmp_path: Path) ->
             "-rs",
             "-p",
             "no:cacheprovider",
-            str(REPO / "tests" / "scoring" / "test_cpu_kernels.py"),
+            str(REPO / "tests" / "scoring" / "test_kernels/cpu_kernels.py"),
         ],
         env=env,
         cwd=REPO,

@@ -354,7 +354,7 @@ def test_distributed_h5_extract_resumes_a_lost_rank(
 def _grad_case(variant: str, with_heads: bool):
     """A model (and heads) with fixed weights and one fixed global batch of 8 pairs (dropout off)."""
     from dab_pipeline.model import DABModel, ModelConfig
-    from dab_pipeline.stages.train import TrainHeads
+    from dab_pipeline.runs.inputs import TrainHeads
 
     torch.manual_seed(0)
     cfg = ModelConfig(

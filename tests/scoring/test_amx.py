@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 from dab_pipeline.model import DABModel, ModelConfig
 from dab_pipeline.scoring import build_engine, score_all, score_all_reference
-from dab_pipeline.scoring.kernels.cpu import amx_ops, bridge_update_eager, get_kernels
+from dab_pipeline.scoring.kernels.cpu import amx_ops, get_kernels
+from dab_pipeline.scoring.kernels.eager import bridge_update_eager
 
 BF16_REL = 2**-8  # one rounding to bf16: at most half an ulp, 2^-8 of the value
 SILU_APPROX = 2e-4  # the epilogue's SiLU: 2^t to 7.6e-5 and a 14-bit reciprocal
@@ -256,7 +257,7 @@ def test_engine_on_amx_agrees_with_the_onednn_path(
     eng = build_engine(model, torch.device("cpu"), torch.bfloat16)
     if eng.onednn is None:
         pytest.skip("this torch build has no oneDNN bf16 linears")
-    assert eng.steps is not None and eng.steps.amx is not None
+    assert eng.bridge_runner is not None and eng.bridge_runner.amx is not None
     on_amx = score_all(model, text, frames, mask, dtype="bfloat16", memory_budget=1 << 16)
     assert on_amx.info["products"] == "amx" and on_amx.info["sub_blocks"] > 1
     short = score_all(model, text, frames, mask, dtype="bfloat16", shortlist=4)  # rows of a shortlist (keep)

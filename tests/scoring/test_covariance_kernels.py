@@ -15,7 +15,7 @@ from dab_pipeline.model.covariance import (
     mixture_text_pack,
 )
 from dab_pipeline.scoring import Scorer
-from dab_pipeline.scoring.engines import prob as prob_engine
+from dab_pipeline.scoring.engines import gaussian as gaussian_engine
 from dab_pipeline.scoring.kernels import cpu as cpu_kernels
 from dab_pipeline.scoring.kernels.cpu import eager_kernels
 from dab_pipeline.scoring.kernels.eager import kl_lowrank_rows_eager, kl_mixture_rows_eager
@@ -111,6 +111,6 @@ def test_the_engine_scores_the_same_with_the_kernels_off(cov: str, monkeypatch: 
     model = small_model("prob", covariance=cov).eval()
     text, frames, mask, _ = random_inputs()
     on = Scorer(model).score(text, frames, mask).cost
-    monkeypatch.setattr(prob_engine, "get_kernels", lambda: eager_kernels("turned off by the test"))
+    monkeypatch.setattr(gaussian_engine, "get_kernels", lambda: eager_kernels("turned off by the test"))
     off = Scorer(model).score(text, frames, mask).cost
     np.testing.assert_allclose(on, off, rtol=1e-5, atol=1e-4)

@@ -40,7 +40,7 @@ def test_scorer_on_a_lowrank_model_equals_a_per_pair_loop_in_small_blocks(lowran
     budget = per_pair * 6  # six pairs a block: many blocks
     assert needs_reference(lowrank)
     assert covariance_chunks(lowrank, 11, 7, torch.device("cpu"), budget) == (2, 3)
-    res = Scorer(lowrank, memory_budget=budget).score(text, frames, mask, gt=gt, topk=3)
+    res = Scorer(lowrank, memory_budget=budget).score(text, frames, mask, gt=gt, k=3)
     np.testing.assert_allclose(res.cost, _naive(lowrank, text, frames, mask), rtol=1e-5, atol=1e-5)
     assert res.info["engine"] == f"reference ({lowrank.cfg.covariance})"
     np.testing.assert_array_equal(res.topk_indices[:, 0], res.cost.argmin(1))
@@ -90,7 +90,7 @@ def test_the_engine_scores_prob_and_dab_const_covariance_models_as_a_per_pair_lo
     text, frames, mask, gt = random_inputs()
     assert not needs_reference(model)
     budget = 40 * pair_bytes(model.cfg, frames.shape[1], dtype)  # a few dozen pairs a block
-    res = Scorer(model, dtype=dtype, memory_budget=budget).score(text, frames, mask, gt=gt, topk=3)
+    res = Scorer(model, dtype=dtype, memory_budget=budget).score(text, frames, mask, gt=gt, k=3)
     assert not res.info["engine"].startswith("reference")
     naive = _naive(model, text, frames, mask)
     np.testing.assert_allclose(res.cost, naive, rtol=1e-5, atol=1e-4)

@@ -1,4 +1,4 @@
-"""The compiled CPU kernels (cpu_kernels.py, csrc/dab_cpu.cpp) against their eager specs, and the fallback."""
+"""The compiled CPU kernels (kernels/cpu_kernels.py, csrc/dab_cpu.cpp) against their eager specs, and the fallback."""
 
 from __future__ import annotations
 
@@ -14,16 +14,16 @@ import torch.nn.functional as F
 from dab_pipeline.model import DABModel, ModelConfig
 from dab_pipeline.scoring import build_engine, score_all, score_all_reference
 from dab_pipeline.scoring.kernels import cpu as cpu_kernels
-from dab_pipeline.scoring.kernels.cpu import (
+from dab_pipeline.scoring.kernels.cpu import eager_kernels, get_kernels
+from dab_pipeline.scoring.kernels.eager import (
     add_silu_bf16_eager,
     bridge_update_eager,
-    eager_kernels,
-    get_kernels,
     kl_rows_eager,
     one_frames_eager,
     one_heads_eager,
     one_token_eager,
     pair_heads_eager,
+    silu_bf16_eager,
 )
 
 from ..helpers.kernels import fused_kernels, rows_view
@@ -207,7 +207,7 @@ def test_turned_off_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DAB_CPU_KERNELS", "0")
     k = get_kernels()
     assert not k.fused and "DAB_CPU_KERNELS" in k.reason
-    assert k.silu_bf16_ is cpu_kernels.silu_bf16_eager
+    assert k.silu_bf16_ is silu_bf16_eager
 
 
 def test_no_compiler_falls_back_with_the_reason(tmp_path) -> None:

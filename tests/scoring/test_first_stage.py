@@ -98,8 +98,8 @@ def test_the_searcher_shortlists_the_same_videos_with_and_without_its_index(sear
             searchable["run"], searchable["store"], index=searchable["index"], device="cpu", encoder=False
         ) as indexed,
     ):
-        a = plain.rank(queries, text, topk=3, shortlist=5)
-        b = indexed.rank(queries, text, topk=3, shortlist=5)
+        a = plain.rank(queries, text, k=3, shortlist=5)
+        b = indexed.rank(queries, text, k=3, shortlist=5)
     for x, y in zip(a, b):
         assert x.shortlist == y.shortlist == 5
         assert set(x.video_ids[np.isfinite(x.costs)]) == set(y.video_ids)  # the same five videos scored

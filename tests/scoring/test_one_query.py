@@ -120,7 +120,7 @@ def test_bf16_is_close_to_the_float32_reference(kernels: str, products: str, mon
     eng = build_engine(model, torch.device("cpu"), torch.bfloat16)
     if eng.onednn is None:
         pytest.skip("this torch build has no oneDNN bf16 linears")
-    assert products == "amx" or eng.steps.amx is None
+    assert products == "amx" or eng.bridge_runner.amx is None
     if kernels == "compiled" and not get_kernels().fused:
         pytest.skip(f"compiled kernels unavailable here: {get_kernels().reason}")
     if kernels == "eager":

@@ -42,14 +42,14 @@ def test_a_kept_scorer_builds_each_engine_once_and_scores_like_score_all(variant
     text, frames, mask, gt = random_inputs(q=9, v=8, frames=F_)
     ref = score_all_reference(model, text, frames, mask, gt=gt)
     scorer = Scorer(model)
-    first = scorer.score(text, frames, mask, gt=gt, topk=3)
-    again = scorer.score(text, frames, mask, gt=gt, topk=3)
+    first = scorer.score(text, frames, mask, gt=gt, k=3)
+    again = scorer.score(text, frames, mask, gt=gt, k=3)
     short = scorer.score(text, frames, mask, shortlist=4)  # the same grid: the same engine
     assert builds == [9 * 8]
     one = scorer.score(text[:1], frames, mask)  # another batch hint: a second engine
     scorer.score(text, frames, mask)
     assert builds == [9 * 8, 8]
-    plain = score_all(model, text, frames, mask, gt=gt, topk=3)
+    plain = score_all(model, text, frames, mask, gt=gt, k=3)
     # score_all is a Scorer of the same options and grid: the same engine and tiles, bit-equal on any CPU
     for res in (first, again):
         np.testing.assert_array_equal(res.cost, plain.cost)
@@ -150,7 +150,7 @@ def test_score_all_engines_is_deprecated_but_still_keeps_them(builds: list[int])
     with pytest.warns(DeprecationWarning, match="engines="):
         a = score_all(model, text, frames, mask, engines=kept)
     with pytest.warns(DeprecationWarning, match="engines="):
-        b = score_all(model, text, frames, mask, engines=kept, topk=2)
+        b = score_all(model, text, frames, mask, engines=kept, k=2)
     assert len(builds) == 1
     with pytest.warns(DeprecationWarning):
         score_all(model, text, frames, mask, engines=kept, dtype="bfloat16")  # other options: another Scorer

@@ -171,12 +171,12 @@ def test_bfloat16_is_close_to_the_reference(variant: str) -> None:
 def test_topk_is_the_ranked_best_of_each_row() -> None:
     model = make("dab")
     text, frames, mask, _ = data()
-    res = score_all(model, text, frames, mask, topk=4)
+    res = score_all(model, text, frames, mask, k=4)
     order = np.argsort(res.cost, axis=1, kind="stable")[:, :4]
     np.testing.assert_array_equal(res.topk_indices, order)
     np.testing.assert_array_equal(res.topk_costs, np.take_along_axis(res.cost, order, axis=1))
     assert res.topk_indices.dtype == np.int64 and res.topk_costs.dtype == np.float32
-    wide = score_all(model, text, frames, mask, topk=100)  # more than V: every video, ranked
+    wide = score_all(model, text, frames, mask, k=100)  # more than V: every video, ranked
     np.testing.assert_array_equal(wide.topk_indices, np.argsort(wide.cost, axis=1, kind="stable"))
     assert score_all(model, text, frames, mask).topk_indices is None
 
@@ -204,7 +204,7 @@ def test_shortlist_scores_exactly_the_first_stage_candidates(variant: str) -> No
     text, frames, mask, _ = data(q=9, v=8)
     ref = score_all_reference(model, text, frames, mask).cost
     res = score_all(
-        model, text, frames, mask, shortlist=3, topk=2, memory_budget=4 * pair_bytes(model.cfg, F_, aligned=True)
+        model, text, frames, mask, shortlist=3, k=2, memory_budget=4 * pair_bytes(model.cfg, F_, aligned=True)
     )
     assert res.shortlist == 3
     cand = first_stage(text, frames, mask, 3)
@@ -253,8 +253,8 @@ def test_argument_errors() -> None:
     text, frames, mask, _ = data()
     with pytest.raises(ConfigError, match="dtype"):
         score_all(model, text, frames, mask, dtype="float16")
-    with pytest.raises(ConfigError, match="topk"):
-        score_all(model, text, frames, mask, topk=0)
+    with pytest.raises(ConfigError, match="k must be a positive integer"):
+        score_all(model, text, frames, mask, k=0)
     with pytest.raises(ConfigError, match="shortlist"):
         score_all(model, text, frames, mask, shortlist=0)
     with pytest.raises(ConfigError, match="memory_budget"):
@@ -376,3 +376,15 @@ def test_a_constant_drift_runs_no_step_per_pair() -> None:
     assert bridge_macs_per_pair_step(model.cfg) == 0
     assert engine_macs(model.cfg, F_)["per_pair"] == engine_macs(make("prob").cfg, F_)["per_pair"]
     assert pair_bytes(model.cfg, F_) == pair_bytes(make("prob").cfg, F_)
+
+
+def test_score_alls_former_topk_keyword_still_works_with_a_deprecation_warning() -> None:
+    """score_all is public API: its ``topk=`` (``k=`` since issue 48, one word for the hits) keeps one release."""
+    model = make("dab")
+    text, frames, mask, _ = data()
+    with pytest.deprecated_call(match="k="):
+        old = score_all(model, text, frames, mask, topk=2)
+    new = score_all(model, text, frames, mask, k=2)
+    np.testing.assert_array_equal(old.topk_indices, new.topk_indices)
+    with pytest.raises(TypeError, match="both k= and its old name topk="):
+        score_all(model, text, frames, mask, topk=2, k=2)

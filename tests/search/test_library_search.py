@@ -64,8 +64,8 @@ def test_an_index_over_every_split_answers_as_the_exact_search(library: dict) ->
     run, store, index = library["run"], library["store"], library["root"] / "index"
     res = invoke(["index", "--features", store, "--split", "all", "--out", index])
     assert res.exit_code == 0, res.output
-    exact = search(run, store, ["a query"], topk=4, split="all", device="cpu")[0]
-    short = search(run, store, ["a query"], topk=4, split="all", device="cpu", index=index, shortlist=4)[0]
+    exact = search(run, store, ["a query"], k=4, split="all", device="cpu")[0]
+    short = search(run, store, ["a query"], k=4, split="all", device="cpu", index=index, shortlist=4)[0]
     assert [h.video_id for h in short.hits] == [h.video_id for h in exact.hits]
     np.testing.assert_allclose([h.cost for h in short.hits], [h.cost for h in exact.hits], rtol=1e-4)
 

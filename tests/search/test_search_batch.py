@@ -71,9 +71,22 @@ def test_a_batch_answers_each_query_as_it_is_answered_alone(
         assert len(batch) == len(QUERIES)
         for q, k, got in zip(QUERIES, KS, batch):
             assert isinstance(got, SearchResult), got
-            (alone,) = s.search([q], topk=k, shortlist=shortlist)
+            (alone,) = s.search([q], k=k, shortlist=shortlist)
             assert len(got.hits) == min(k, shortlist or TEST_VIDEOS)
             assert_same(got, alone)
+
+
+def test_searchers_former_topk_keyword_still_works_with_a_deprecation_warning(world: dict, run: Path) -> None:
+    """Searcher is public API: ``search(topk=)``, ``search_batch(topk=)`` and ``rank(topk=)`` (``k=`` since issue 48,
+    one word for the hits) keep one release."""
+    with Searcher(run, world["store"], device="cpu") as s:
+        (new,) = s.search([QUERIES[0]], k=2)
+        with pytest.deprecated_call(match=r"Searcher.search\(topk=\)"):
+            (old,) = s.search([QUERIES[0]], topk=2)
+        assert_same(old, new)
+        with pytest.deprecated_call(match=r"Searcher.search_batch\(topk=\)"):
+            (batch,) = s.search_batch([QUERIES[0]], topk=2)
+        assert_same(batch, new)
 
 
 def test_a_bad_query_gets_its_error_and_the_others_their_answers(world: dict, run: Path) -> None:
@@ -81,9 +94,9 @@ def test_a_bad_query_gets_its_error_and_the_others_their_answers(world: dict, ru
     with Searcher(run, world["store"], index=world["index"], device="cpu") as s:
         out = s.search_batch(queries, ks, shortlist=4)
         assert isinstance(out[1], ConfigError) and "non-empty" in str(out[1])
-        assert isinstance(out[2], ConfigError) and "topk" in str(out[2])
+        assert isinstance(out[2], ConfigError) and "k must be a positive integer" in str(out[2])
         for i in (0, 3):
-            assert_same(out[i], s.search([queries[i]], topk=ks[i], shortlist=4)[0])
+            assert_same(out[i], s.search([queries[i]], k=ks[i], shortlist=4)[0])
         s.encode = lambda texts: pytest.fail("nothing to encode")  # type: ignore[method-assign]
         assert all(isinstance(o, ConfigError) for o in s.search_batch(["", " "], 3))
         with pytest.raises(ConfigError, match="shortlist"):  # the batch's setting, not a query's
@@ -109,13 +122,13 @@ def test_an_index_with_the_runs_video_terms_answers_as_one_without(
 
     monkeypatch.setattr(Scorer, "score_queries", spy)
     with Searcher(run, world["store"], index=world["index"], device="cpu") as plain:
-        want = [plain.search([q], topk=k, shortlist=4)[0] for q, k in zip(QUERIES, KS)]
+        want = [plain.search([q], k=k, shortlist=4)[0] for q, k in zip(QUERIES, KS)]
     assert passed and not any(passed)
     passed.clear()
     with Searcher(run, world["store"], index=tmp_path / "terms", device="cpu") as s:
         assert s.terms
         for q, k, alone in zip(QUERIES, KS, want):
-            assert_same(s.search([q], topk=k, shortlist=4)[0], alone)
+            assert_same(s.search([q], k=k, shortlist=4)[0], alone)
         for got, alone in zip(s.search_batch(QUERIES, KS, shortlist=4), want):
             assert_same(got, alone)
     assert passed and all(passed)
@@ -123,7 +136,7 @@ def test_an_index_with_the_runs_video_terms_answers_as_one_without(
     assert load_run(other, "cpu").checkpoint != load_run(run, "cpu").checkpoint
     warnings: list[str] = []
     with Searcher(other, world["store"], index=tmp_path / "terms", device="cpu", warn=warnings.append) as s:
-        assert not s.terms and s.search([QUERIES[0]], topk=2, shortlist=4)
+        assert not s.terms and s.search([QUERIES[0]], k=2, shortlist=4)
     assert len(warnings) == 1 and "video terms of another run" in warnings[0]
 
 
@@ -146,7 +159,7 @@ def test_video_terms_of_a_run_re_ranked_by_its_own_path_are_refused_at_build_and
     monkeypatch.setattr(VideoIndex, "video_terms", lambda self, rows: pytest.fail("terms read"))
     warnings: list[str] = []
     with Searcher(run, world["store"], index=tmp_path / "terms", device="cpu", warn=warnings.append) as s:
-        assert not s.terms and s.search([QUERIES[0]], topk=2, shortlist=4)[0].hits
+        assert not s.terms and s.search([QUERIES[0]], k=2, shortlist=4)[0].hits
         assert len(s.search_batch(QUERIES, KS, shortlist=4)) == len(QUERIES)
     assert len(warnings) == 1 and "re-ranked by its own path" in warnings[0]
 

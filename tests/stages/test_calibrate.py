@@ -65,13 +65,13 @@ def test_the_cli_prints_held_out_figures(world: dict) -> None:
 def test_search_gives_probabilities_sets_and_decisions(world: dict) -> None:
     run_calibrate(CalibrateConfig(run=world["run"], device="cpu", gallery="all"))
     warned: list[str] = []
-    plain = search(world["run"], world["store"], [SEARCH_CAPTIONS[0]], topk=3, split="all", device="cpu")[0]
+    plain = search(world["run"], world["store"], [SEARCH_CAPTIONS[0]], k=3, split="all", device="cpu")[0]
     assert plain.uncertainty is not None and 0 <= plain.uncertainty.p_first <= 1 and plain.coverage_set is None
     res = search(
         world["run"],
         world["store"],
         [SEARCH_CAPTIONS[0], "a blue car"],
-        topk=3,
+        k=3,
         split="all",
         device="cpu",
         coverage=0.8,

@@ -13,11 +13,13 @@ from click.testing import CliRunner
 from dab_pipeline.cli import cli
 from dab_pipeline.core.errors import ConfigError
 from dab_pipeline.core.overrides import apply_overrides
+from dab_pipeline.model.losses import distill_loss
 from dab_pipeline.runs.checkpoint import load_checkpoint
+from dab_pipeline.runs.config import TrainConfig
 from dab_pipeline.runs.costfile import read_costs
 from dab_pipeline.runs.load import load_run
-from dab_pipeline.stages.distill import DistillConfig, distill_loss, pair_outputs, run_distill
-from dab_pipeline.stages.train import TrainConfig, resolve_train_config, run_train
+from dab_pipeline.stages.distill import DistillConfig, pair_outputs, run_distill
+from dab_pipeline.stages.train import resolve_train_config, run_train
 from dab_pipeline.store import open_store
 from dab_pipeline.testing import random_store
 

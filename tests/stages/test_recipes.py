@@ -11,7 +11,8 @@ import torch
 from dab_pipeline.core.errors import ConfigError, UnknownNameError
 from dab_pipeline.core.overrides import apply_overrides
 from dab_pipeline.recipes import load_recipe, recipe_names
-from dab_pipeline.stages.train import TrainConfig, optimizer_groups
+from dab_pipeline.runs.config import TrainConfig
+from dab_pipeline.stages.train import optimizer_groups
 
 from ..helpers.runner import extract_args, invoke
 
@@ -99,7 +100,7 @@ def _extract(captions: Path, out: Path, *extra: str):
 @pytest.mark.slow
 def test_paper_recipe_fine_tunes_every_clip_block(tiny_folder_dataset: Path, tmp_path: Path) -> None:
     from dab_pipeline.runs.checkpoint import load_checkpoint
-    from dab_pipeline.stages.train import TrainHeads
+    from dab_pipeline.runs.inputs import TrainHeads
     from dab_pipeline.store import open_store
 
     store = tmp_path / "s.h5"
@@ -244,7 +245,7 @@ def test_options_override_their_recipe_and_seed_is_an_option(tmp_path: Path) -> 
 def test_a_recipe_applies_as_typed_values(tmp_path: Path) -> None:
     """Applying a recipe's dict equals applying its values through `--set` strings, value for value."""
     from dab_pipeline.core.overrides import apply_overrides, replace_values, to_dict
-    from dab_pipeline.stages.train import TrainConfig
+    from dab_pipeline.runs.config import TrainConfig
 
     base = TrainConfig(features=tmp_path / "s.h5", out=tmp_path / "r")
     for name in ("paper", "paper-ablation", "world", "frozen"):

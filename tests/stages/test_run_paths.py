@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from dab_pipeline.core.errors import ConfigError
+from dab_pipeline.runs.config import TrainConfig
 from dab_pipeline.runs.run_folder import RunFolder
 from dab_pipeline.stages.evaluate import EvaluateConfig, run_evaluate
-from dab_pipeline.stages.train import TrainConfig, run_train
+from dab_pipeline.stages.train import run_train
 from dab_pipeline.testing import random_store
 
 from ..helpers.runner import invoke

@@ -45,7 +45,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_search_ranks_like_score_all(store: Path, tmp_path: Path, variant: str) -> None:
     run, model = build_run(tmp_path / "run", store, variant)
     queries = [CAPTIONS[0], CAPTIONS[3]]
-    results = search(run, store, queries, topk=4, device="cpu")
+    results = search(run, store, queries, k=4, device="cpu")
     with open_store(store) as s:
         feats = s.load_split("test")
     assert len(feats.video_ids) == TEST_VIDEOS
@@ -62,7 +62,7 @@ def test_search_ranks_like_score_all(store: Path, tmp_path: Path, variant: str) 
 
 def test_search_topk_larger_than_the_split(store: Path, tmp_path: Path) -> None:
     run, _ = build_run(tmp_path / "run", store)
-    (res,) = search(run, store, ["anything at all"], topk=50, device="cpu", dtype="bfloat16")
+    (res,) = search(run, store, ["anything at all"], k=50, device="cpu", dtype="bfloat16")
     assert len(res.hits) == TEST_VIDEOS and len({h.video_id for h in res.hits}) == TEST_VIDEOS
     costs = [h.cost for h in res.hits]
     assert costs == sorted(costs)
@@ -70,13 +70,13 @@ def test_search_topk_larger_than_the_split(store: Path, tmp_path: Path) -> None:
 
 def test_cli_prints_the_table_and_json(store: Path, tmp_path: Path) -> None:
     run, _ = build_run(tmp_path / "run", store)
-    expected = search(run, store, [CAPTIONS[2]], topk=3, device="cpu")[0]
+    expected = search(run, store, [CAPTIONS[2]], k=3, device="cpu")[0]
     runner = CliRunner()
     out = runner.invoke(
         cli, ["search", "--run", str(run), "--features", str(store), "-k", "3", "--device", "cpu", CAPTIONS[2]]
     )
     assert out.exit_code == 0, out.output
-    assert expected.hits[0].video_id in out.output and "confidence" in out.output and CAPTIONS[2] in out.output
+    assert expected.hits[0].video_id in out.output and "margin" in out.output and CAPTIONS[2] in out.output
     out = runner.invoke(
         cli,
         [
@@ -194,7 +194,7 @@ def test_k_is_spelt_as_in_dab_serve_and_topk_still_works_with_a_notice(
     import dab_pipeline.stages.search as stage
 
     asked: list[int] = []
-    monkeypatch.setattr(stage, "search", lambda *a, topk, **kw: asked.append(topk) or [])
+    monkeypatch.setattr(stage, "run_search", lambda cfg, warn: asked.append(cfg.k) or [])
     out = CliRunner().invoke(
         cli, ["search", "--run", str(tmp_path), "--features", str(tmp_path), *spelling, "--json", "a query"]
     )

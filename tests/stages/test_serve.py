@@ -43,9 +43,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def test_index_search_equals_exact_search_when_the_shortlist_holds_every_video(world: dict) -> None:
     queries = [CAPTIONS[0], CAPTIONS[4], "something else entirely"]
-    exact = search(world["run"], world["store"], queries, topk=5, device="cpu")
+    exact = search(world["run"], world["store"], queries, k=5, device="cpu")
     short = search(
-        world["run"], world["store"], queries, topk=5, device="cpu", index=world["index"], shortlist=TEST_VIDEOS
+        world["run"], world["store"], queries, k=5, device="cpu", index=world["index"], shortlist=TEST_VIDEOS
     )
     for e, s in zip(exact, short):
         assert [h.video_id for h in s.hits] == [h.video_id for h in e.hits]
@@ -58,9 +58,9 @@ def test_rows_map_back_to_the_split_where_it_is_not_the_first_rows(world: dict, 
     """The train split is store rows 6 and 7: hits must name them and their place in the split."""
     with open_store(world["store"]) as st:
         build_index(st, tmp_path / "train-index", split="train")
-    exact = search(world["run"], world["store"], [CAPTIONS[7]], topk=2, split="train", device="cpu")[0]
+    exact = search(world["run"], world["store"], [CAPTIONS[7]], k=2, split="train", device="cpu")[0]
     short = search(
-        world["run"], world["store"], [CAPTIONS[7]], topk=2, split="train", device="cpu", index=tmp_path / "train-index"
+        world["run"], world["store"], [CAPTIONS[7]], k=2, split="train", device="cpu", index=tmp_path / "train-index"
     )[0]
     assert {h.video_id for h in short.hits} == {"vid6", "vid7"}
     assert [(h.video_id, h.video_index) for h in short.hits] == [(h.video_id, h.video_index) for h in exact.hits]
@@ -72,7 +72,7 @@ def test_index_search_reads_only_the_shortlist(world: dict, monkeypatch: pytest.
         real = s.store.read_videos
         monkeypatch.setattr(s.store, "read_videos", lambda rows: (asked.append(np.asarray(rows)), real(rows))[1])
         monkeypatch.setattr(s.store, "load_split", lambda *a, **k: pytest.fail("the split was loaded"))
-        (res,) = s.search([CAPTIONS[1]], topk=2, shortlist=3)
+        (res,) = s.search([CAPTIONS[1]], k=2, shortlist=3)
     assert len(asked) == 1 and len(asked[0]) == 3 and list(asked[0]) == sorted(asked[0])
     assert len(res.hits) == 2 and res.shortlist == 3 and len(res.costs) == 3
 
@@ -141,10 +141,11 @@ def test_search_api_returns_hits_confidence_and_abstain(client, world: dict) -> 
     r = client.get("/search", params={"q": CAPTIONS[3], "k": 3})
     assert r.status_code == 200
     body = r.json()
-    ref = search(world["run"], world["store"], [CAPTIONS[3]], topk=3, device="cpu", index=world["index"])[0]
+    ref = search(world["run"], world["store"], [CAPTIONS[3]], k=3, device="cpu", index=world["index"])[0]
     assert [h["video_id"] for h in body["hits"]] == [h.video_id for h in ref.hits]
     assert [h["rank"] for h in body["hits"]] == [1, 2, 3]
-    assert body["confidence"] == pytest.approx(ref.margin, rel=1e-4)
+    assert body["margin"] == pytest.approx(ref.margin, rel=1e-4)
+    assert body["confidence"] == body["margin"]  # the margin's former key, kept for one release
     assert body["abstain"] is True  # every margin is below 1e9
     assert body["abstain_threshold"]["test"] is None  # the hand-made run has no test costs
 
@@ -217,7 +218,7 @@ def test_page_shows_results_and_escapes_the_query(client) -> None:
     r = client.get("/", params={"q": "<script>alert('x')</script> " + CAPTIONS[0], "k": 2})
     assert r.status_code == 200
     assert "<script>alert" not in r.text and "&lt;script&gt;" in r.text
-    assert r.text.count('class="hit"') == 2 and "<svg" in r.text and "low confidence" in r.text
+    assert r.text.count('class="hit"') == 2 and "<svg" in r.text and "low margin" in r.text
     r = client.get("/", params={"q": "\x01"})
     assert r.status_code == 400 and 'data-error="1"' in r.text  # the status the API gives the same query
     assert client.get("/healthz").json()["videos"] == TEST_VIDEOS
@@ -577,8 +578,8 @@ def test_a_lowrank_run_indexes_pooled_searches_and_serves_like_exact_scoring(
     ref = score_all(model, feats.text[[1]], feats.frames, feats.frame_mask).cost[0]
     order = np.argsort(ref, kind="stable")[:3]
     expected = [str(feats.video_ids[j]) for j in order]
-    exact = search(run, world["store"], [CAPTIONS[1]], topk=3, device="cpu")[0]
-    short = search(run, world["store"], [CAPTIONS[1]], topk=3, device="cpu", index=tmp_path / "idx", shortlist=6)[0]
+    exact = search(run, world["store"], [CAPTIONS[1]], k=3, device="cpu")[0]
+    short = search(run, world["store"], [CAPTIONS[1]], k=3, device="cpu", index=tmp_path / "idx", shortlist=6)[0]
     for res in (exact, short):
         assert [h.video_id for h in res.hits] == expected
         np.testing.assert_allclose([h.cost for h in res.hits], ref[order], rtol=1e-4, atol=1e-5)
@@ -651,7 +652,7 @@ def _alone(world: dict, load: list[tuple[str, int]]) -> list[dict]:
 def _assert_same_answer(got: dict, alone: dict) -> None:
     assert [h["video_id"] for h in got["hits"]] == [h["video_id"] for h in alone["hits"]]
     np.testing.assert_allclose([h["cost"] for h in got["hits"]], [h["cost"] for h in alone["hits"]], rtol=1e-4)
-    assert got["confidence"] == pytest.approx(alone["confidence"], rel=1e-3, abs=1e-4)
+    assert got["margin"] == pytest.approx(alone["margin"], rel=1e-3, abs=1e-4)
     assert (got["k"], got["shortlist"], got["abstain"]) == (alone["k"], alone["shortlist"], alone["abstain"])
 
 
@@ -688,10 +689,10 @@ def test_a_query_that_breaks_its_batch_fails_alone(world: dict, monkeypatch: pyt
     searcher, client = _batched(world, max_batch=4)
     real = searcher.search_batch
 
-    def fragile(queries, topk=10, **kw):
+    def fragile(queries, k=10, **kw):
         if "boom" in queries:
             raise RuntimeError("secret internals")
-        return real(queries, topk, **kw)
+        return real(queries, k, **kw)
 
     monkeypatch.setattr(searcher, "search_batch", fragile)
     with searcher, client:

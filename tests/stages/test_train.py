@@ -12,8 +12,9 @@ import torch
 from dab_pipeline.core.errors import ConfigError, TrainingError
 from dab_pipeline.core.overrides import apply_overrides
 from dab_pipeline.runs.checkpoint import load_checkpoint
+from dab_pipeline.runs.config import TrainConfig
 from dab_pipeline.runs.costfile import read_costs
-from dab_pipeline.stages.train import TrainConfig, resolve_train_config, run_train
+from dab_pipeline.stages.train import resolve_train_config, run_train
 from dab_pipeline.store import open_store
 from dab_pipeline.testing import random_store as make_random_store
 
@@ -88,7 +89,7 @@ def test_resume_equals_uninterrupted(
 
 
 def test_epoch_orders() -> None:
-    from dab_pipeline.stages.train import epoch_length, epoch_order
+    from dab_pipeline.runs.schedule import epoch_length, epoch_order
 
     caption_video = np.repeat(np.arange(7), [1, 3, 2, 5, 1, 4, 2])  # (18,) captions of 7 videos
     caps = epoch_order(caption_video, "captions", seed=3, epoch=0)
@@ -252,7 +253,7 @@ def states_store(tiny_folder_dataset: Path, tmp_path_factory: pytest.TempPathFac
 
 
 def test_partial_heads_reproduce_stored_features_at_init(states_store: Path) -> None:
-    from dab_pipeline.stages.train import SplitArrays, TrainHeads, text_state_batch
+    from dab_pipeline.runs.inputs import SplitArrays, TrainHeads, text_state_batch
 
     with open_store(states_store) as st:
         manifest = st.manifest
@@ -274,7 +275,7 @@ def test_partial_finetuning_trains_clip_blocks(states_store: Path, tmp_path: Pat
     res = run_train(cfg)
     ck = load_checkpoint(out / "checkpoints" / "last.pt")
     assert ck["heads"] is not None
-    from dab_pipeline.stages.train import TrainHeads
+    from dab_pipeline.runs.inputs import TrainHeads
 
     with open_store(states_store) as st:
         init = TrainHeads(st.manifest, 1, torch.device("cpu")).state_dict()

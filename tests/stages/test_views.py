@@ -11,8 +11,10 @@ import torch
 
 from dab_pipeline.core.overrides import apply_overrides
 from dab_pipeline.runs.checkpoint import load_checkpoint
+from dab_pipeline.runs.config import TrainConfig
 from dab_pipeline.runs.costfile import read_costs
-from dab_pipeline.stages.train import TrainConfig, epoch_views, resolve_train_config, run_train
+from dab_pipeline.runs.schedule import epoch_views
+from dab_pipeline.stages.train import resolve_train_config, run_train
 from dab_pipeline.store import open_store
 from dab_pipeline.testing import random_store
 from dab_pipeline.video.augment import augmented_views, crop_params, view_seed

@@ -64,7 +64,7 @@ from .output import console, metric_table, v2t_label
     type=click.IntRange(min=0),
     default=24,
     show_default=True,
-    help="Queries shown in examples.html (thumbnails of what was retrieved, across the confidence "
+    help="Queries shown in examples.html (thumbnails of what was retrieved, across the margin "
     "range, failures included); 0: no page.",
 )
 @click.option(

@@ -95,7 +95,7 @@ _EXISTING = click.Path(path_type=Path, exists=True)
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
     help="Also write a self-contained page with each query's top-k as thumbnails (from the store), "
-    "costs, the confidence and a plot of its costs over every video.",
+    "costs, the margin and a plot of its costs over every video.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.pass_context
@@ -127,14 +127,14 @@ def search(
     """
     k = one_spelling(ctx, "k", "-k/--k", "--topk", former_topk)
     from ...search import load_descriptions  # deferred: `dab --help` must not import torch
-    from ...stages.search import search as run_search  # deferred: `dab --help` must not import torch
+    from ...stages.search import SearchConfig, run_search  # deferred: `dab --help` must not import torch
 
     about = load_descriptions(descriptions) if descriptions else {}
-    results = run_search(
-        run_dir,
-        features,
-        list(queries),
-        topk=k,
+    cfg = SearchConfig(
+        run=run_dir,
+        features=features,
+        queries=tuple(queries),
+        k=k,
         split=split,
         device=device,
         dtype=dtype,
@@ -145,8 +145,8 @@ def search(
         conformal_score=conformal_score,
         max_risk=max_risk,
         delta=delta,
-        warn=lambda message: click.echo(f"warning: {message}", err=True),
     )
+    results = run_search(cfg, warn=lambda message: click.echo(f"warning: {message}", err=True))
     if html is not None:
         page = _write_page(html, results, features, run_dir, about, k)
         click.echo(f"wrote {page}", err=True)
@@ -187,7 +187,7 @@ def _print_results(results, about: dict) -> None:
         margin = "n/a (fewer than 2 videos)" if r.margin is None else f"{r.margin:.4g}"
         table = Table(
             title=f"{r.query}",
-            caption=f"confidence (2nd - 1st cost margin): {margin}",
+            caption=f"margin (2nd - 1st cost): {margin}",
             title_justify="left",
             caption_justify="left",
         )
@@ -208,7 +208,7 @@ def _print_results(results, about: dict) -> None:
             con.print(line, highlight=False, soft_wrap=True)
 
 
-def _write_page(path: Path, results, features: Path, run_dir: Path, about: dict, topk: int) -> Path:
+def _write_page(path: Path, results, features: Path, run_dir: Path, about: dict, k: int) -> Path:
     """The free-text queries' results as an examples page (no ground truth to mark)."""
     import numpy as np
 
@@ -229,7 +229,7 @@ def _write_page(path: Path, results, features: Path, run_dir: Path, about: dict,
         videos,
         thumbs=thumbs,
         captions=captions,
-        k=topk,
+        k=k,
         plots=bool(np.isfinite(cost).all()),
     )
     for q, r in zip(queries, results):

@@ -52,7 +52,7 @@ from .options import EXISTING, FINITE_FLOAT, k_option, one_spelling
     "--abstain-below",
     type=FINITE_FLOAT,
     default=None,
-    help="Flag answers whose confidence (the KL margin) is below this; the page and /search say what "
+    help="Flag answers whose margin (2nd - 1st cost) is below this; the page and /search say what "
     "the threshold gave on the run's test split.",
 )
 @click.option(
@@ -85,7 +85,7 @@ from .options import EXISTING, FINITE_FLOAT, k_option, one_spelling
     default=DEFAULT_SCORE_DTYPE,
     show_default=True,
     help="Precision of the re-ranking, the default of `dab search` and of the run's test costs, so a query's "
-    "confidence is the same number in each (auto: bf16 where the device has it natively, faster, confidences "
+    "margin is the same number in each (auto: bf16 where the device has it natively, faster, margins "
     "within ~20 %).",
 )
 @click.pass_context

@@ -10,9 +10,9 @@
 from __future__ import annotations
 
 from .base import ENGINES, Engine, PairCosts, build_engine, engine_name  # noqa: F401
+from .bridge_runner import BridgeRunner  # noqa: F401
 from .constant import ConstantPointShiftEngine, ConstantShiftEngine  # noqa: F401
+from .cosine import CosineEngine  # noqa: F401  (each module registers its engine)
 from .dab import DABEngine  # noqa: F401
+from .gaussian import GaussianEngine  # noqa: F401
 from .point_bridge import PointBridgeEngine  # noqa: F401
-from .prob import GaussianEngine  # noqa: F401
-from .trajectory import BridgeSteps  # noqa: F401
-from .xpool import CosineEngine  # noqa: F401  (each module registers its engine)

@@ -58,17 +58,17 @@ class Engine:
         self._one: Optional[Linears] = None  # the one-text path's products and merged weights, built on first use
         self._wk: Optional[Tensor] = None
 
-    steps = None  # the bridge engines' BridgeSteps
+    bridge_runner = None  # the bridge engines' BridgeRunner: its T' steps
 
     @property
     def onednn(self):
         """The bridge's oneDNN bf16 linears, or None (no bridge, not bf16 on CPU, or unsupported)."""
-        return None if self.steps is None else self.steps.onednn
+        return None if self.bridge_runner is None else self.bridge_runner.onednn
 
     @property
     def kernels(self):
         """The fused CPU kernels the bridge uses with oneDNN, or None."""
-        return None if self.steps is None else self.steps.kernels
+        return None if self.bridge_runner is None else self.bridge_runner.kernels
 
     def f32(self, t: Tensor) -> Tensor:
         return t.detach().to(device=self.device, dtype=torch.float32)
@@ -217,7 +217,7 @@ COVARIANCE_ENGINES = ("prob", "dab/constant")
 def engine_covers(cfg) -> bool:
     """Whether a fast engine scores a model of config ``cfg``: every diagonal one, and ``prob`` / ``dab-const`` with
     any ``model.covariance``."""
-    return not cfg.probabilistic or cfg.covariance == "diag" or engine_name(cfg) in COVARIANCE_ENGINES
+    return not cfg.gaussian or cfg.covariance == "diag" or engine_name(cfg) in COVARIANCE_ENGINES
 
 
 def build_engine(model: DABModel, device: torch.device, mm_dtype: torch.dtype, batch_hint: int = 1024) -> Engine:

@@ -13,8 +13,8 @@ from torch import Tensor
 from ...model.covariance import mixture_moments
 from ..blocks import Texts
 from .base import ENGINES
-from .prob import GaussianEngine
-from .xpool import CosineEngine
+from .cosine import CosineEngine
+from .gaussian import GaussianEngine
 
 
 @ENGINES.register("dab/constant")

@@ -9,8 +9,8 @@ from torch import Tensor
 
 from ..blocks import Texts, Videos
 from .base import ENGINES, PairCosts
-from .prob import GaussianEngine
-from .trajectory import BridgeSteps
+from .bridge_runner import BridgeRunner
+from .gaussian import GaussianEngine
 
 
 @ENGINES.register("dab")
@@ -25,10 +25,10 @@ class DABEngine(GaussianEngine):
     def __init__(self, model, device, mm_dtype, batch_hint: int = 1024) -> None:
         super().__init__(model, device, mm_dtype, batch_hint)
         d = self.d
-        w_target = BridgeSteps.video_block(model.bridge, self.f32)  # (H, 2D)
+        w_target = BridgeRunner.video_block(model.bridge, self.f32)  # (H, 2D)
         w_tmu, w_tsig = w_target[:, :d], w_target[:, d:]  # (H, D) each
         # bf16 on CPU: sigma_v's block is the oneDNN pack's last linear
-        self.steps = BridgeSteps(self, extra_linears=[(w_tsig, None)], batch_hint=batch_hint)
+        self.bridge_runner = BridgeRunner(self, extra_linears=[(w_tsig, None)], batch_hint=batch_hint)
         self.wsig_t = w_tsig.T.contiguous().to(mm_dtype)  # (D, H)
         self.gt_w = (w_tmu @ self.w_mu).T.contiguous()  # (D, H): mu_v's block, applied to h directly
         self.gt_rows = self.h_rows @ self.gt_w
@@ -38,7 +38,7 @@ class DABEngine(GaussianEngine):
     def texts(self, text: Tensor) -> Texts:
         out = super().texts(text)
         assert out.mu is not None and out.logvar is not None
-        out.first = self.steps.first(torch.cat([out.mu, torch.exp(0.5 * out.logvar)], dim=-1))  # (Q, H)
+        out.first = self.bridge_runner.first(torch.cat([out.mu, torch.exp(0.5 * out.logvar)], dim=-1))  # (Q, H)
         return out
 
     def pairs(self, ts: Texts, vs: Videos, keep: Optional[Tensor] = None, want_var: bool = False) -> PairCosts:
@@ -48,7 +48,7 @@ class DABEngine(GaussianEngine):
         pack = self.packer(keep, n_b, n_m)
         coef_g, g = self.coefficients(vs, w)
         sigma_v: Optional[Tensor] = None
-        if self.steps.kernels is not None:
+        if self.bridge_runner.kernels is not None:
             mu_v, lv_v, sigma_v, target = self._fused_heads(vs, coef_g, g, keep)
         else:
             mu_v, lv_v, rest = self.video_gaussian(vs, coef_g, g)
@@ -61,7 +61,7 @@ class DABEngine(GaussianEngine):
             return None
         n_v, d, hidden = frames.shape[0], self.d, self.gt_w.shape[1]
         sigma: Optional[Tensor] = None  # float32: the bridge's own (_bridged)
-        if self.steps.amx is not None:  # tile-blocked, the AMX products' input (add_to_target)
+        if self.bridge_runner.amx is not None:  # tile-blocked, the AMX products' input (add_to_target)
             sigma = frames.new_empty(-(-n_v // 16), d // 32, 16, 32, dtype=torch.bfloat16)  # (Kp/16, D/32, 16, 32)
         elif self.mm_dtype != torch.float32:
             sigma = frames.new_empty(n_v, d, dtype=self.mm_dtype)
@@ -90,9 +90,11 @@ class DABEngine(GaussianEngine):
         n_b, n_m = target.shape[:2]
         if sigma_v is None:
             sigma_v = torch.exp(0.5 * lv_v).reshape(-1, self.d).to(self.mm_dtype)  # (P, D)
-        onednn, h0, first = self.steps.onednn, None, pack(ts.first)
-        if self.steps.amx is not None:  # + sigma_v block, in place in the product's epilogue, and the first step
-            h0 = self.steps.amx.add_to_target(0, sigma_v, target, first)
+        onednn, h0, first = self.bridge_runner.onednn, None, pack(ts.first)
+        if (
+            self.bridge_runner.amx is not None
+        ):  # + sigma_v block, in place in the product's epilogue, and the first step
+            h0 = self.bridge_runner.amx.add_to_target(0, sigma_v, target, first)
         elif onednn is not None:
             shape = target.shape
             target = onednn.add(sigma_v, target.reshape(-1, shape[-1]), -1).view(shape)  # + sigma_v block
@@ -101,11 +103,11 @@ class DABEngine(GaussianEngine):
         del sigma_v
         if onednn is not None and self.cfg.cost == "kl" and not want_var:
             # KL straight from the float32 state [mu_t, logvar_t / 2], one pass
-            assert self.steps.kernels is not None
-            st = self.steps.run_onednn([pack(ts.mu), pack(ts.logvar)], target, first, raw=True, h0=h0)
-            cost = self.steps.kernels.kl_rows(mu_v.reshape(-1, self.d), lv_v.reshape(-1, self.d), st)  # (P,)
+            assert self.bridge_runner.kernels is not None
+            st = self.bridge_runner.run_onednn([pack(ts.mu), pack(ts.logvar)], target, first, raw=True, h0=h0)
+            cost = self.bridge_runner.kernels.kl_rows(mu_v.reshape(-1, self.d), lv_v.reshape(-1, self.d), st)  # (P,)
             return (cost if keep is not None else cost.view(n_b, n_m)), None, None
-        mu_t, lv_t = self.steps.run([pack(ts.mu), pack(ts.logvar)], target, first, h0=h0)
+        mu_t, lv_t = self.bridge_runner.run([pack(ts.mu), pack(ts.logvar)], target, first, h0=h0)
         return self.costs(mu_v, lv_v, mu_t, lv_t, keep, want_var)
 
     def _fused_heads(
@@ -113,7 +115,7 @@ class DABEngine(GaussianEngine):
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """bf16 on CPU: one pass from the coefficients to mu_v, logvar_v, bf16 sigma_v and the bf16 target
         block, without the (B, M, 3D + H) float32 product.  Shapes (B, M, .) or, with ``keep``, (P, 1, .)."""
-        assert self.steps.kernels is not None and vs.g_all is not None and vs.tok is not None
+        assert self.bridge_runner.kernels is not None and vs.g_all is not None and vs.tok is not None
         d, (n_b, n_m) = self.d, coef_g.shape[:2]
         coef_rows, g_rows = coef_g.view(n_b * n_m, -1), g.view(n_b * n_m)  # (B*M, R + 3), (B*M,)
         vidx = torch.arange(n_b).repeat_interleave(n_m)  # (B*M,) each row's video
@@ -124,10 +126,10 @@ class DABEngine(GaussianEngine):
         # sigma_v (P, D), or on AMX in the products' tile-blocked layout (Pp/16, D/32, 16, 32)
         pp = -(-p // 16) * 16
         sigma_v = torch.empty(
-            *((pp // 16, d // 32, 16, 32) if self.steps.amx is not None else (p, d)), dtype=torch.bfloat16
+            *((pp // 16, d // 32, 16, 32) if self.bridge_runner.amx is not None else (p, d)), dtype=torch.bfloat16
         )
         target = torch.empty(p, hidden, dtype=torch.bfloat16)  # (P, H)
-        self.steps.kernels.pair_heads_(
+        self.bridge_runner.kernels.pair_heads_(
             coef_rows, g_rows, vs.g_all, vidx, vs.tok, self.lo, self.hi, mu_v, lv_v, sigma_v, target
         )
         shape = (n_b, n_m) if keep is None else (p, 1)

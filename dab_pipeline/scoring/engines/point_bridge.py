@@ -10,7 +10,7 @@ from torch import Tensor
 
 from ..blocks import Texts, Videos, center
 from .base import ENGINES, Engine, PairCosts
-from .trajectory import BridgeSteps
+from .bridge_runner import BridgeRunner
 
 
 @ENGINES.register("bridge")
@@ -19,14 +19,14 @@ class PointBridgeEngine(Engine):
 
     def __init__(self, model, device, mm_dtype, batch_hint: int = 1024) -> None:
         super().__init__(model, device, mm_dtype, batch_hint)
-        self.steps = BridgeSteps(self, batch_hint=batch_hint)
-        self.c_w = self.steps.w_target.T.contiguous()  # (D, H): x_v's block, a linear map of v_c
+        self.bridge_runner = BridgeRunner(self, batch_hint=batch_hint)
+        self.c_w = self.bridge_runner.w_target.T.contiguous()  # (D, H): x_v's block, a linear map of v_c
         self.c_rows = torch.stack([self.v_a @ self.c_w, self.v_b @ self.c_w])  # (2, H)
 
     def texts(self, text: Tensor) -> Texts:
         out = super().texts(text)
         out.mu = F.normalize(text, dim=-1)  # (Q, D): the point bridge starts from the unit text
-        out.first = self.steps.first(out.mu)  # (Q, H)
+        out.first = self.bridge_runner.first(out.mu)  # (Q, H)
         return out
 
     def videos(self, frames: Tensor, mask: Tensor) -> Videos:
@@ -41,7 +41,7 @@ class PointBridgeEngine(Engine):
         v_c, nv, rs1, rs2 = self.pooled(vs, w)
         coef = torch.cat([w * (rs1 * rs2), rs2, torch.ones_like(rs2)], dim=-1) / nv.clamp_min(1e-12)  # (B, M, R + 2)
         target = pack(torch.bmm(coef, vs.c_basis)).to(self.mm_dtype)  # (B, M, H) | (P, 1, H)
-        x = self.steps.run([pack(ts.mu)], target, pack(ts.first))[0]  # (B, M, D) | (P, 1, D)
+        x = self.bridge_runner.run([pack(ts.mu)], target, pack(ts.first))[0]  # (B, M, D) | (P, 1, D)
         v_c = pack(v_c)
         # neg_cosine clamps each norm at 1e-8, as F.normalize does
         cost = -(F.normalize(x, dim=-1, eps=1e-8) * F.normalize(v_c, dim=-1, eps=1e-8)).sum(dim=-1)

@@ -39,9 +39,8 @@ import torch
 from torch import Tensor
 
 from . import eager
-from .eager import *  # noqa: F401,F403  (the specs re-exported: tests and benchmarks import them from here)
 
-__all__ = ["Kernels", "get_kernels", "amx_ops", "eager_kernels", "kernel_cache_dir", *eager.__all__]
+__all__ = ["Kernels", "get_kernels", "amx_ops", "eager_kernels", "kernel_cache_dir", "cpu_signature", "build_key"]
 
 SOURCE = Path(__file__).parent / "csrc" / "dab_cpu.cpp"
 AMX_SOURCE = Path(__file__).parent / "csrc" / "dab_amx.cpp"  # the bridge's products on AMX (same build)
@@ -139,7 +138,7 @@ def kernel_target() -> str:
     return target
 
 
-def _cpu_signature() -> str:
+def cpu_signature() -> str:
     try:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
@@ -158,7 +157,7 @@ def build_key() -> str:
         " ".join(compile_flags()).encode(),
         torch.__version__.encode(),
         sys.version.encode(),
-        _cpu_signature().encode(),
+        cpu_signature().encode(),
     ):
         h.update(part)
         h.update(b"\0")

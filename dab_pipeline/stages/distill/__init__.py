@@ -33,8 +33,6 @@ distill.json and config.json record the values that ran.
 * ``run``: ``run_distill``, the student and its epochs (its loss is :func:`dab_pipeline.model.losses.distill_loss`).
 """
 
-# distill_loss is re-exported: it was defined here before it joined the other losses in model/losses.py
-from ...model.losses import distill_loss  # noqa: F401
 from .build import build_distill_config  # noqa: F401
 from .config import INHERITED, DistillConfig, DistillResult, inherit_from_teacher  # noqa: F401
 from .run import build_student, pair_outputs, run_distill  # noqa: F401
@@ -46,5 +44,4 @@ __all__ = [
     "build_distill_config",
     "inherit_from_teacher",
     "run_distill",
-    "distill_loss",
 ]

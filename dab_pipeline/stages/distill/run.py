@@ -64,7 +64,7 @@ def run_distill(cfg: DistillConfig, progress: ProgressCallback = null_progress, 
         progress(Event("info", message=_inherited_line(taken)))
     train, val, test = _splits(tcfg, device)
     student = build_student(teacher, cfg.student_steps).to(device)
-    # what an epoch visits is the teacher's (its epoch mode), so a student's steps count like its teacher's;
+    # what an epoch visits is the teacher's (its epoch mode), so a student's updates count like its teacher's;
     # the bridge, the one part that trains, trains at lr (a bridge_lr of the teacher's no longer applies)
     run_cfg = dataclasses.replace(
         tcfg,
@@ -106,16 +106,16 @@ def _distill(
     train, val, test = splits
     out = folder.path
     _open_folder(folder, cfg, run_cfg, teacher_run, resume)
-    optim, sched, steps = _optimiser(student, cfg, run_cfg, train, tcfg.epoch)
+    optim, sched, updates = _optimiser(student, cfg, run_cfg, train, tcfg.epoch)
     torch.manual_seed(cfg.seed)
     start, best, best_epoch = _restore(folder, student, optim, sched, device, resume, progress)
     temperature = teacher.temperature().detach()  # the loss's temperature
     val_metrics = None
-    progress(Event("start", task="distill", total=(cfg.epochs - start) * steps))
+    progress(Event("start", task="distill", total=(cfg.epochs - start) * updates))
     for epoch in range(start, cfg.epochs):
         t0 = time.time()
         losses = _distill_epoch(
-            student, teacher, train, cfg, tcfg.epoch, epoch, steps, optim, sched, temperature, device, progress
+            student, teacher, train, cfg, tcfg.epoch, epoch, updates, optim, sched, temperature, device, progress
         )
         record: dict[str, Any] = {"epoch": epoch + 1, "loss": losses, "epoch_seconds": round(time.time() - t0, 3)}
         improved = True
@@ -135,18 +135,18 @@ def _distill(
 
 
 def _optimiser(student, cfg: DistillConfig, run_cfg, train: SplitArrays, epoch_mode: str) -> tuple[Any, Any, int]:
-    """AdamW over the student's trainable weights, its warm-up schedule, and the optimiser steps an epoch."""
+    """AdamW over the student's trainable weights, its warm-up schedule, and the optimiser updates an epoch."""
     wd, warmup = run_cfg.weight_decay, run_cfg.warmup_ratio
     optim = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=wd)
     per_epoch = epoch_length(train.caption_video.numpy(), epoch_mode)
-    steps = per_epoch // cfg.batch_size
-    if steps < 1:
+    updates = per_epoch // cfg.batch_size
+    if updates < 1:
         raise ConfigError(
             f"batch_size {cfg.batch_size} is larger than an epoch of the teacher's training split "
             f"({per_epoch}); pass a smaller one (--set batch_size=N)"
         )
-    sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_lambda(steps * cfg.epochs, warmup))
-    return optim, sched, steps
+    sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_lambda(updates * cfg.epochs, warmup))
+    return optim, sched, updates
 
 
 def _save_epoch(
@@ -261,7 +261,7 @@ def _distill_epoch(
     cfg: DistillConfig,
     mode: str,
     epoch: int,
-    steps: int,
+    updates: int,
     optim,
     sched,
     temperature,
@@ -274,7 +274,7 @@ def _distill_epoch(
     student.eval()
     teacher.eval()
     sums = {"loss": 0.0, "state": 0.0, "rank": 0.0}
-    for step in range(steps):
+    for step in range(updates):
         q = order[step * cfg.batch_size : (step + 1) * cfg.batch_size]  # (B,)
         v = train.caption_video[q]
         text, frames, mask = train.text[q].to(device), train.frames[v].to(device), train.mask[v].to(device)
@@ -298,7 +298,7 @@ def _distill_epoch(
                 message=f"epoch {epoch + 1}/{cfg.epochs} loss {sums['loss'] / (step + 1):.4f}",
             )
         )
-    return {k: x / max(1, steps) for k, x in sums.items()}
+    return {k: x / max(1, updates) for k, x in sums.items()}
 
 
 def _metrics(model, feats, tcfg, device: torch.device) -> dict:

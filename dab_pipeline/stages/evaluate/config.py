@@ -2,8 +2,9 @@
 
 Two of its fields were named after the model's PAC temperature until issue 35: ``temperature`` is
 ``postprocess_temperature`` (the softmax temperature of ``--postprocess dsl|is``) and ``taus`` is
-``cosine_thresholds`` (the neighbourhood diagnostic's). The old names still work, with a DeprecationWarning,
-for one release."""
+``cosine_thresholds`` (the neighbourhood diagnostic's); ``topk`` is ``k`` (issue 48: ``k`` is the number of
+ranked videos everywhere). EvaluateConfig is public API (docs/api.md), so the old names still work, with a
+DeprecationWarning, for one release."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ class EvaluateConfig:
     postprocess_temperature: float = 0.01  # of the post-processing softmax, on similarities = -cost
     # the neighbourhood diagnostic: a video is a semantic positive when its cosine to the ground truth is >= one
     cosine_thresholds: tuple[float, ...] = (0.6, 0.7, 0.8, 0.9)
-    topk: int = 10
+    k: int = 10  # the top-ranked videos the neighbourhood and mixture diagnostics look at
     seed: int = 0
     plots: bool = True
     examples: int = 24  # queries shown in examples.html (thumbnails of what was retrieved); 0: no page
@@ -64,8 +65,8 @@ class EvaluateConfig:
             raise ConfigError(f"the post-processing temperature must be > 0, got {self.postprocess_temperature}")
         if self.examples < 0:
             raise ConfigError(f"examples must be >= 0, got {self.examples}")
-        if self.topk < 1:
-            raise ConfigError(f"topk must be >= 1, got {self.topk}")
+        if self.k < 1:
+            raise ConfigError(f"k must be >= 1, got {self.k}")
 
     @property
     def temperature(self) -> float:
@@ -79,7 +80,13 @@ class EvaluateConfig:
         warn_renamed("EvaluateConfig.taus", "EvaluateConfig.cosine_thresholds")
         return self.cosine_thresholds
 
+    @property
+    def topk(self) -> int:
+        """Deprecated: :attr:`k`."""
+        warn_renamed("EvaluateConfig.topk", "EvaluateConfig.k")
+        return self.k
+
 
 EvaluateConfig.__init__ = renamed_keywords(  # type: ignore[method-assign]
-    temperature="postprocess_temperature", taus="cosine_thresholds"
+    temperature="postprocess_temperature", taus="cosine_thresholds", topk="k"
 )(EvaluateConfig.__init__)

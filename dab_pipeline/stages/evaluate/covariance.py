@@ -22,7 +22,7 @@ PAIR_BLOCK = 1024
 
 
 def covariance_report(
-    run: Path, cm, store_path: Optional[Path], topk: int = 10, progress: ProgressCallback = null_progress
+    run: Path, cm, store_path: Optional[Path], k: int = 10, progress: ProgressCallback = null_progress
 ) -> Optional[dict[str, Any]]:
     """The text covariance's diagnostics on the cost file's split (None for a diagonal or cosine run).
 
@@ -31,12 +31,12 @@ def covariance_report(
     lowrank_variance_share`) and ``logdet`` ``{"mean", "std", "lowrank_part"}``: log det Sigma_t over the texts
     (:func:`~dab_pipeline.metrics.text_logdet`) and the mean of its low-rank part, log det(I + U^T S^-1 U).
     ``mixture:K``: :func:`~dab_pipeline.metrics.mixture_weights` of the texts' weights and
-    :func:`~dab_pipeline.metrics.mixture_topk_components` on each query's top ``topk`` videos of the cost file
+    :func:`~dab_pipeline.metrics.mixture_topk_components` on each query's top ``k`` videos of the cost file
     (the best-matching component of those pairs through the run's model).
     """
     run_cfg = RunFolder(run).load_config(TrainConfig)
     spec = parse_covariance(run_cfg.model.covariance)
-    if not run_cfg.model.probabilistic or spec.kind == "diag":
+    if not run_cfg.model.gaussian or spec.kind == "diag":
         return None
     device = torch.device("cpu")
     found = split_inputs(run, cm, store_path, run_cfg.test_split, device, progress, "the covariance diagnostics")
@@ -50,7 +50,7 @@ def covariance_report(
         if spec.kind == "lowrank":
             return out | lowrank_summary(ts)
         cost = np.asarray(cm.to_cost() if hasattr(cm, "to_cost") else cm.cost, np.float64)  # (Q, V)
-        k = min(topk, cost.shape[1])
+        k = min(k, cost.shape[1])
         component = topk_components(loaded.model, ts, frames, feats.mask, M.topk_videos(cost, k))
         return out | M.mixture_weights(ts.mix_logits.numpy()) | M.mixture_topk_components(component, cost, k)
 

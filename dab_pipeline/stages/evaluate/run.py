@@ -190,11 +190,11 @@ def _store_diagnostics(
     warned of."""
     if store_path is not None and store_path.exists():
         feats = _frame_mean_features(store_path, cm.video_ids)
-        topk = min(cfg.topk, cost.shape[1])
-        if topk < cfg.topk:
-            progress(Event("warning", message=f"neighbourhood: only {cost.shape[1]} videos, using top-{topk}"))
+        k = min(cfg.k, cost.shape[1])
+        if k < cfg.k:
+            progress(Event("warning", message=f"neighbourhood: only {cost.shape[1]} videos, using top-{k}"))
         results["neighbourhood"] = M.semantic_neighbourhood(
-            cost, gt, feats, cosine_thresholds=cfg.cosine_thresholds, topk=topk, seed=cfg.seed
+            cost, gt, feats, cosine_thresholds=cfg.cosine_thresholds, k=k, seed=cfg.seed
         )
     elif store_path is not None:
         progress(Event("warning", message=f"store {store_path} not found: skipping the neighbourhood diagnostic"))
@@ -202,6 +202,6 @@ def _store_diagnostics(
         bridge = bridge_report(Path(cfg.run), cm, store_path, cfg.seed, progress)
         if bridge is not None:
             results["bridge"] = bridge
-        covariance = covariance_report(Path(cfg.run), cm, store_path, cfg.topk, progress)
+        covariance = covariance_report(Path(cfg.run), cm, store_path, cfg.k, progress)
         if covariance is not None:
             results["covariance"] = covariance

@@ -8,11 +8,11 @@ queries that arrive together are answered in one call (:class:`Batcher`: one wor
 each with its own result or error; ``max_batch=1`` answers one query at a time.
 
 * ``GET /search?q=...&k=10`` -> JSON: the hits (rank, video id, cost, description), the
-  confidence (the KL margin: 2nd minus 1st cost among the re-ranked videos) and
-  ``abstain`` (confidence below the threshold the user set; with the run's test costs, the
+  ``margin`` (2nd minus 1st cost among the re-ranked videos; ``confidence``, its former key, for one release) and
+  ``abstain`` (margin below the threshold the user set; with the run's test costs, the
   coverage and precision that threshold gave on the test split).
 * ``GET /`` -> the search page (``?q=`` shows results): thumbnails from the store, the
-  confidence, and the re-ranked costs as a plot. Every user string is escaped (jinja2).
+  margin, and the re-ranked costs as a plot. Every user string is escaped (jinja2).
 * ``GET /healthz`` -> what is loaded and what the batcher did (batches by size, time busy, time queries
   waited for their batch); 503 with ``ok: false`` and the reason once the store or index changed or a read
   of them failed.

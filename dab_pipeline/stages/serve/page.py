@@ -34,12 +34,13 @@ def cost_svg(costs: np.ndarray, top: int, width: int = 420, height: int = 120) -
 
 
 def payload(r: SearchResult, settings: ServeSettings, seconds: float) -> dict[str, Any]:
-    conf = r.margin
-    abstain = settings.abstain_below is not None and (conf is None or conf < settings.abstain_below)
+    margin = r.margin
+    abstain = settings.abstain_below is not None and (margin is None or margin < settings.abstain_below)
     about = settings.descriptions
     return {
         "query": r.query,
-        "confidence": conf,
+        "margin": margin,
+        "confidence": margin,  # the margin's name in the API before issue 48: kept for one release (docs/search.md)
         "abstain": bool(abstain),
         "shortlist": r.shortlist,
         "unknown_words": list(r.unknown_words),

@@ -17,6 +17,7 @@ from ...core.errors import ConfigError
 from ...metrics import kl_margin, threshold_outcome
 from ...runs.costfile import read_costs
 from ...runs.run_folder import RunFolder
+from ...scoring.first_stage import check_shortlist
 
 __all__ = ["ServeSettings", "MAX_BATCH_WAIT_MS", "abstain_report", "check_query", "check_query_string", "printable"]
 
@@ -48,8 +49,8 @@ class ServeSettings:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
         if self.k > self.max_k:  # the page and the API refuse a k above max_k: a default above it answers nothing
             raise ConfigError(f"k must be at most {self.max_k} (the most a query may ask for), got {self.k}")
-        if self.shortlist is not None and int(self.shortlist) < 1:  # every query would be refused as the client's fault
-            raise ConfigError(f"shortlist must be a positive integer, got {self.shortlist}")
+        if self.shortlist is not None:  # else every query would be refused as the client's fault
+            check_shortlist(self.shortlist)
 
 
 def abstain_report(run_dir: Path, threshold: Optional[float]) -> Optional[dict]:

@@ -13,8 +13,9 @@ from ...core.events import ProgressCallback, null_progress
 from ...core.fsutil import atomic_write_text
 from ...core.overrides import differences, from_dict
 from ...runs import RunFolder
+from ...runs.config import TrainConfig
 from ..evaluate import EvaluateConfig, run_evaluate
-from ..train import TrainConfig, run_train
+from ..train import run_train
 from .plan import PlannedRun
 
 __all__ = ["run_state", "execute_run"]

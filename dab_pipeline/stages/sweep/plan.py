@@ -25,8 +25,9 @@ from typing import Any, Mapping, Optional, Sequence
 from ...core.errors import ConfigError, UnknownNameError
 from ...core.overrides import to_dict
 from ...core.variants import canonical_key, canonical_values, unused_model_fields
+from ...runs.config import TrainConfig
 from ...store import open_store
-from ..train import TrainConfig, build_train_config
+from ..train import build_train_config
 
 __all__ = [
     "PLAN_DIR",

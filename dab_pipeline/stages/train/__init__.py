@@ -26,14 +26,10 @@ A run folder holds everything needed to trace and rebuild a result:
 What other stages share with training lives in the library, so that no stage imports another (sweep
 aside): TrainConfig (:mod:`dab_pipeline.runs.config`), a split's arrays and the fine-tuned heads
 (:mod:`dab_pipeline.runs.inputs`), the epoch order and lr schedule (:mod:`dab_pipeline.runs.schedule`).
-They are re-exported here under the names scripts know.
 """
 
 from __future__ import annotations
 
-from ...runs.config import TrainConfig  # noqa: F401
-from ...runs.inputs import SplitArrays, TrainHeads, text_state_batch  # noqa: F401
-from ...runs.schedule import epoch_length, epoch_order, epoch_views, lr_lambda  # noqa: F401
 from .build import build_train_config, store_depth  # noqa: F401
 from .config import LOG_MAX_LOGIT_SCALE, TrainResult, optimizer_groups, resolve_train_config  # noqa: F401
 from .inputs import batch_inputs  # noqa: F401

@@ -44,7 +44,7 @@ def resolve_train_config(cfg: TrainConfig, manifest: dict, explicit: set[str] = 
     # X-Pool starts its logit scale from CLIP's own (100 for OpenAI's weights); a store
     # records the scale of the CLIP that made it (dab-world: 16.9).
     clip_scale = manifest.get("clip", {}).get("logit_scale")
-    if clip_scale and "model.logit_scale_init" not in explicit and not model.probabilistic:
+    if clip_scale and "model.logit_scale_init" not in explicit and not model.gaussian:
         model = dataclasses.replace(model, logit_scale_init=float(clip_scale))
     # Paper §4.1: dropout 0.3 for MSR-VTT/VATEX, 0.4 for MSVD.
     if manifest.get("dataset") == "msvd" and "model.dropout" not in explicit:

@@ -54,7 +54,7 @@ def score_split(
             )
     cost = np.asarray(local.cost, np.float32) if local is not None else np.zeros((0, feats.num_videos), np.float32)
     res = ScoreResult(cost=ctx.gather_rows(cost, counts))  # (Q, V)
-    if with_diagnostics and model.cfg.probabilistic:
+    if with_diagnostics and model.cfg.gaussian:
         for name in ("text_var", "bridged_var", "video_var"):
             part = getattr(local, name, None) if local is not None else None
             part = np.zeros(0, np.float32) if part is None else np.asarray(part, np.float32)

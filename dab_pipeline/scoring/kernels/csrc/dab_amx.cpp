@@ -1,5 +1,5 @@
 // The bf16 bridge's products on AMX tiles with the elementwise work in their epilogues
-// (dab_pipeline/scoring/kernels/cpu.py loads it with dab_cpu.cpp; engines/trajectory.py runs it).
+// (dab_pipeline/scoring/kernels/cpu.py loads it with dab_cpu.cpp; engines/bridge_runner.py runs it).
 //
 // With oneDNN's products the passes between them (SiLU, the state update) read their
 // 1,369 x 1,024 blocks back from L3; here each 32 x 32 output block is finished while it is in

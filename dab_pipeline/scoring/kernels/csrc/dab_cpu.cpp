@@ -5,7 +5,7 @@
 // casts) stay as slow as before and each one is a separate pass over memory.  These
 // kernels do each of those stretches in one pass, row-parallel, with a polynomial exp
 // that vectorises (no libm call) and no denormal results.  They are built on the user's
-// machine (-march=native) on first use; cpu_kernels.py holds the eager equivalents,
+// machine (-march=native) on first use; kernels/eager.py holds the eager equivalents,
 // which are the reference in tests and the fallback where no compiler is available.
 //
 // Conventions: P rows (pairs); a row stride may exceed the row length (views into
@@ -218,7 +218,7 @@ void add_silu_bf16_(at::Tensor out, const at::Tensor& a, const at::Tensor& b) {
   });
 }
 
-// The bridge's state update, one pass (cpu_kernels.bridge_update_eager is the spec):
+// The bridge's state update, one pass (eager.bridge_update_eager is the spec):
 //   st <- st - chi * delta                      st (P, W) float32, delta (P, W) bfloat16
 //   st[:, d:] <- clamp(st[:, d:], lo, hi)       (only when W > d: the Gaussian bridge's logvar / 2)
 //   s[:, :d] <- bf16(st[:, :d]); s[:, d:] <- bf16(exp(st[:, d:]))     (when write_s)
@@ -286,7 +286,7 @@ void bridge_update_(at::Tensor st, const at::Tensor& delta, at::Tensor s, double
   });
 }
 
-// The video side of a block of pairs, from the per-video merged basis (cpu_kernels.pair_heads_eager
+// The video side of a block of pairs, from the per-video merged basis (eager.pair_heads_eager
 // is the spec).  Row r is a pair of video v = vidx[r]:
 //   out = coef[r] @ basis[v]     (K) x (K, 3D + H) in float32, read as [tok_g | mu | lv_raw | target]
 //   mu[r] <- out[D:2D]
@@ -455,7 +455,7 @@ void pair_heads_(const at::Tensor& coef, const at::Tensor& g, const at::Tensor& 
 }
 
 // KL(N(mu_v, e^lv_v) || N(mu_t, e^lv_t)) per row, lv_t = 2 hv_t, st = [mu_t, hv_t] (P, 2D)
-// -> (P,) float32 (cpu_kernels.kl_rows_eager is the spec).
+// -> (P,) float32 (eager.kl_rows_eager is the spec).
 at::Tensor kl_rows(const at::Tensor& mu_v, const at::Tensor& lv_v, const at::Tensor& st) {
   check_rows(mu_v, "mu_v", at::kFloat);
   const int64_t rows = mu_v.size(0), d = mu_v.size(1);
@@ -640,7 +640,7 @@ at::Tensor kl_mixture_rows(const at::Tensor& mu_v, const at::Tensor& lv_v, const
 }
 
 // --------------------------------------------------------------------------- the one-text path
-// (scoring/engines/prob.py, GaussianEngine.gaussian_one): one text with each of K videos, without per-video
+// (scoring/engines/gaussian.py, GaussianEngine.gaussian_one): one text with each of K videos, without per-video
 // bases.  Each video's F frames are normalised and read while they sit in L1, where ATen's ops would make a pass
 // over all K videos' frames (24 MB at K = 1000, F = 12, D = 512) for each step.
 
@@ -776,7 +776,7 @@ inline void row_axpy(float* out, const float* x, int64_t d, float a, float c, bo
 // frames (K, F, D) -> n (K, F, D), each frame (x - mean) / sqrt(var + eps) (a LayerNorm without its scale and
 // shift; not written where nout is null: the token branch's video terms come from a cache), and nbar (K, Hh, D):
 // each head's softmax-weighted mean of the video's n, the weights of its real frames softmax(qk_h . n_f), qk (Hh, D)
-// for every video or one (Hh, D) a video: qk_stride = 0 or Hh D (cpu_kernels.one_frames_eager is the spec).
+// for every video or one (Hh, D) a video: qk_stride = 0 or Hh D (eager.one_frames_eager is the spec).
 template <typename T>
 void one_frames_impl(const float* fr, const bool* mk, const float* qk, int64_t qk_stride, float* nbar, T* nout,
                      int64_t n_v, int64_t f, int64_t d, int64_t hh, float eps) {
@@ -835,7 +835,7 @@ void one_frames_(const at::Tensor& frames, const at::Tensor& mask, const at::Ten
 }
 
 // p, n (K, F, D) (both bf16 or both float32), mask (K, F) -> xo (K, D) = sum_j om_j n_j and s (K,) = sum_j om_j,
-// om_j the mean over real frames i of softmax_j(p_i . n_j) over real frames j (cpu_kernels.one_token_eager).
+// om_j the mean over real frames i of softmax_j(p_i . n_j) over real frames j (eager.one_token_eager).
 template <typename T>
 void one_token_impl(const T* p, const T* n, const bool* mk, float* xo, float* s, int64_t n_v, int64_t f, int64_t d) {
   at::parallel_for(0, n_v, 1, [&](int64_t begin, int64_t end) {
@@ -898,7 +898,7 @@ void one_token_(const at::Tensor& p, const at::Tensor& n, const at::Tensor& mask
 
 // The row passes between the one-text path's products, bf16 rows in and out (the products' inputs and results),
 // float32 inside: LN_attn; LN_out with the probabilistic head's LayerNorm of v_c / |v_c|; the video Gaussian
-// from the heads' product (cpu_kernels.one_norm_eager, one_pooled_eager, one_heads_eager are the specs).
+// from the heads' product (eager.one_norm_eager, one_pooled_eager, one_heads_eager are the specs).
 
 // out <- (x - mean) / sqrt(var + eps) * g + b, x and out float32 (may alias)
 inline void ln_row(const float* x, float* out, int64_t d, const float* g, const float* b, float eps) {

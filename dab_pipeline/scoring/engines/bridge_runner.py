@@ -18,7 +18,7 @@ from ..blocks import BIAS_PAD, OneDNN, linear_layers
 from ..kernels.cpu import Kernels, amx_ops, get_kernels
 
 
-class BridgeSteps:
+class BridgeRunner:
     """The drift MLP of ``model.bridge`` as merged matrices, and the loop that runs it."""
 
     def __init__(
@@ -250,7 +250,7 @@ class AmxBridge:
     ``kernels/csrc/dab_amx.cpp``: each 32 x 32 block of a product is finished while in L1
     (bias, the pair's target block, SiLU; or the update of the float32 state and the next
     step's bf16 input), instead of passes that read the whole block back from L3 between
-    oneDNN's products.  The arithmetic of :meth:`BridgeSteps.run_onednn` (bf16 inputs, float32
+    oneDNN's products.  The arithmetic of :meth:`BridgeRunner.run_onednn` (bf16 inputs, float32
     accumulation, the state in float32) with one rounding fewer a layer: the epilogue works on
     the float32 sums (bias, target, SiLU or the state update) and rounds only what it stores
     as bf16, where oneDNN's path rounds the product (and its bias) to bf16 first; SiLU and
@@ -278,7 +278,7 @@ class AmxBridge:
 
     @staticmethod
     def pack(
-        steps: BridgeSteps,
+        steps: BridgeRunner,
         w_state: Tensor,
         mids: list[Tensor],
         mid_biases: list[Tensor],
@@ -295,7 +295,7 @@ class AmxBridge:
         """target (B, M, H) bf16 += x @ the i-th extra block^T, in place (one rounding), x tile-blocked
         (Pp/16, K/32, 16, 32) bf16 (``amx_block_rows``, or written so by ``pair_heads_``): the last addition to
         the target (DAB's sigma_v block).  The same products' epilogue computes the first step's activation,
-        silu(target + first) with ``first`` :meth:`BridgeSteps.first`'s rows broadcastable to the (B, M, H) grid,
+        silu(target + first) with ``first`` :meth:`BridgeRunner.first`'s rows broadcastable to the (B, M, H) grid,
         and returns it (tile-blocked) for :meth:`run`.
         """
         return self.ops.amx_linear_add_first_(
@@ -304,14 +304,14 @@ class AmxBridge:
 
     def run(
         self,
-        steps: BridgeSteps,
+        steps: BridgeRunner,
         state: list[Tensor],
         target: Tensor,
         first: Tensor,
         raw: bool,
         h0: Optional[Tensor] = None,
     ) -> list[Tensor] | Tensor:
-        """:meth:`BridgeSteps.run_onednn` on AMX; rows are padded to a multiple of 16 (never read back).
+        """:meth:`BridgeRunner.run_onednn` on AMX; rows are padded to a multiple of 16 (never read back).
 
         ``h0``: the first step's activation where :meth:`add_to_target` computed it."""
         ops = self.ops
