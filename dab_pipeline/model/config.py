@@ -13,7 +13,7 @@ from ..core.choices import CHI_NORMS, DIST_COSTS, DRIFT_INPUTS, DRIFTS, VARIANCE
 from ..core.deprecation import warn_renamed
 from ..core.errors import ConfigError
 from ..core.variants import VARIANT_SPECS, VariantSpec
-from .covariance import parse_covariance
+from .covariance import CovarianceSpec, parse_covariance
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,11 @@ class ModelConfig:
         return self.spec.gaussian
 
     @property
+    def covariance_spec(self) -> CovarianceSpec:
+        """``covariance`` as parsed when the config was built (config.json keeps the string the user wrote)."""
+        return self._covariance_spec  # type: ignore[attr-defined]  # set by __post_init__ (_check_covariance)
+
+    @property
     def uses_bridge(self) -> bool:
         return self.spec.bridge
 
@@ -148,6 +153,7 @@ def _check_covariance(cfg: ModelConfig) -> None:
     no closed form for low-rank covariances (:func:`~dab_pipeline.model.covariance.w2_lowrank`).
     """
     cov = parse_covariance(cfg.covariance)
+    object.__setattr__(cfg, "_covariance_spec", cov)  # parsed once, here: every reader takes covariance_spec
     if cov.kind == "diag":
         return
     if cov.rank > cfg.embed_dim:

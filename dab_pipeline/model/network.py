@@ -14,7 +14,7 @@ from ..core.errors import ConfigError
 from .bridge import ConstantShift, DistributionBridge
 from .config import ModelConfig, resolve_tau
 from .costs import COSTS, kl_diag_gaussian, neg_cosine
-from .covariance import kl_lowrank_gaussian, mixture_moments, parse_covariance, soft_min_kl
+from .covariance import kl_lowrank_gaussian, mixture_moments, soft_min_kl
 from .pooling import TextConditionedPooling, float32_math
 from .probabilistic import MixtureHead, ProbabilisticEncoder, TokenUncertainty
 
@@ -116,7 +116,7 @@ class DABModel(nn.Module):
         self.token_unc: Optional[TokenUncertainty] = None
         self.bridge: Optional[DistributionBridge | ConstantShift] = None
         if cfg.gaussian:
-            cov = parse_covariance(cfg.covariance)
+            cov = cfg.covariance_spec
             self.prob = ProbabilisticEncoder(d, cfg.logvar_init, cfg.logvar_min, cfg.logvar_max, cov.rank)
             if cov.kind == "mixture":  # built only for mixture runs, so every other model's random draws are unchanged
                 self.mixture = MixtureHead(d, cov.components, cfg.logvar_init, cfg.logvar_min, cfg.logvar_max)

@@ -7,7 +7,6 @@ from typing import Optional
 import torch
 
 from ..model import ModelConfig, bridge_macs_per_pair_step
-from ..model.covariance import parse_covariance
 from .result import GiB, MiB
 
 
@@ -27,7 +26,7 @@ def _cov(cfg: ModelConfig) -> tuple[int, int]:
     """(R, K) of a probabilistic model's covariance: U's columns (lowrank:R, else 0) and the text's components (1)."""
     if not cfg.gaussian:
         return 0, 1
-    cov = parse_covariance(cfg.covariance)
+    cov = cfg.covariance_spec
     return cov.rank, cov.components
 
 

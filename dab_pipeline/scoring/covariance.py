@@ -18,7 +18,6 @@ from torch import Tensor
 
 from ..core.events import ProgressCallback
 from ..model import DABModel
-from ..model.covariance import parse_covariance
 from .budget import default_memory_budget
 from .engines.base import engine_covers
 from .reference import score_all_reference, score_query
@@ -46,7 +45,7 @@ def covariance_chunks(
     64 MiB CPU default: 50-63 MiB for prob's forms; dab's were 83-193 MiB before its bridges were counted.
     """
     cfg = model.cfg
-    cov = parse_covariance(cfg.covariance)
+    cov = cfg.covariance_spec
     d = cfg.embed_dim
     per_pair = d * (3 * cov.rank + 12 + (6 * cov.components if cov.kind == "mixture" else 0))
     if cfg.runs_drift:

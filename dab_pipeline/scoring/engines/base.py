@@ -217,7 +217,7 @@ COVARIANCE_ENGINES = ("prob", "dab/constant")
 def engine_covers(cfg) -> bool:
     """Whether a fast engine scores a model of config ``cfg``: every diagonal one, and ``prob`` / ``dab-const`` with
     any ``model.covariance``."""
-    return not cfg.gaussian or cfg.covariance == "diag" or engine_name(cfg) in COVARIANCE_ENGINES
+    return not cfg.gaussian or cfg.covariance_spec.kind == "diag" or engine_name(cfg) in COVARIANCE_ENGINES
 
 
 def build_engine(model: DABModel, device: torch.device, mm_dtype: torch.dtype, batch_hint: int = 1024) -> Engine:

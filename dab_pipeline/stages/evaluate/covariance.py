@@ -11,7 +11,7 @@ import torch
 
 from ... import metrics as M
 from ...core.events import ProgressCallback, null_progress
-from ...model import DABModel, TextState, parse_covariance
+from ...model import DABModel, TextState
 from ...runs.config import TrainConfig
 from ...runs.inputs import score_inputs
 from ...runs.run_folder import RunFolder
@@ -35,7 +35,7 @@ def covariance_report(
     (the best-matching component of those pairs through the run's model).
     """
     run_cfg = RunFolder(run).load_config(TrainConfig)
-    spec = parse_covariance(run_cfg.model.covariance)
+    spec = run_cfg.model.covariance_spec
     if not run_cfg.model.gaussian or spec.kind == "diag":
         return None
     device = torch.device("cpu")

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Callable, Optional
 from ...calibration import DEFAULT_CONFORMAL_SCORE, DEFAULT_DELTA, UncertaintyRequest
 from ...core.errors import ConfigError, DabError, StoreError
 from ...search import Searcher, SearchResult
+from .batch_runner import run_batch
 from .batcher import Batcher
-from .health import Health, Unavailable, log, run_batch
+from .health import Health, Unavailable, log
 from .page import first_captions, page_result, payload
 from .settings import ServeSettings, check_query, check_query_string, printable
 
@@ -108,7 +109,7 @@ def _query_runner(
 ) -> Callable[..., tuple[SearchResult, float]]:
     """request, q, k, uncertainty -> (the checked query's result, seconds from its arrival to its answer), answered
     in a batch of the queries that arrived with it (the files checked before and after each batch:
-    health.run_batch), then given its calibrated answer (``uncertainty``: a conformal set, a risk decision)."""
+    batch_runner.run_batch), then given its calibrated answer (``uncertainty``: a conformal set, a risk decision)."""
 
     def run_query(
         request: Request, q: Optional[str], k: int, uncertainty: Optional[UncertaintyRequest] = None
