@@ -105,7 +105,7 @@ class ExactVectors:
         if options:
             raise TypeError(f"exact vectors take no search options, got {sorted(options)}")
         q = queries if isinstance(queries, Tensor) else torch.from_numpy(np.asarray(queries, np.float32))
-        k = min(check_shortlist(shortlist), len(self))
+        k = min(int(shortlist), len(self))  # checked by first_stage, its caller
         ids, scores = np.empty((q.shape[0], k), np.int64), np.empty((q.shape[0], k), np.float32)
         for q0 in range(0, q.shape[0], self.rows_per_block):
             sim = q[q0 : q0 + self.rows_per_block].to(self.device) @ self.vectors.T  # (b, V)
