@@ -313,7 +313,7 @@ def test_portable_build_without_avx512_matches_the_eager_spec(tmp_path: Path) ->
             "-rs",
             "-p",
             "no:cacheprovider",
-            str(REPO / "tests" / "scoring" / "test_kernels/cpu_kernels.py"),
+            str(REPO / "tests" / "scoring" / "test_cpu_kernels.py"),
         ],
         env=env,
         cwd=REPO,
