@@ -147,8 +147,8 @@ def test_the_stage_rules_catch_a_bad_import(tmp_path: Path) -> None:
         "dab_pipeline/stages/evaluate/run.py": ("from ..train.config import TrainResult", "into the evaluate stage"),
         "dab_pipeline/stages/sweep/one.py": ("from ..train.loop import Trainer", "into the sweep stage"),
         "dab_pipeline/cli/commands/training.py": (
-            "from ...stages.distill.run import _distill_epoch",
-            "_distill_epoch of the distill stage",
+            "from ...stages.distill.run import _inherited_line",
+            "_inherited_line of the distill stage",
         ),
         "tests/stages/test_train.py": (
             "from dab_pipeline.stages.train.run import _run_train",

@@ -115,19 +115,19 @@ def test_resume_equals_uninterrupted(teacher: Path, tmp_path: Path, monkeypatch:
 
     cfg = dict(teacher=teacher, student_steps=2, epochs=3, batch_size=8)
     run_distill(DistillConfig(out=tmp_path / "a", **cfg))
-    real = D._distill_epoch
+    real = D.DistillTask.begin_epoch
     calls = {"n": 0}
 
-    def dying(*args, **kwargs):
+    def dying(self, epoch):
         calls["n"] += 1
         if calls["n"] == 2:
             raise KeyboardInterrupt
-        return real(*args, **kwargs)
+        return real(self, epoch)
 
-    monkeypatch.setattr(D, "_distill_epoch", dying)
+    monkeypatch.setattr(D.DistillTask, "begin_epoch", dying)
     with pytest.raises(KeyboardInterrupt):
         run_distill(DistillConfig(out=tmp_path / "b", **cfg))
-    monkeypatch.setattr(D, "_distill_epoch", real)
+    monkeypatch.setattr(D.DistillTask, "begin_epoch", real)
     run_distill(DistillConfig(out=tmp_path / "b", **cfg), resume=True)
     a = load_checkpoint(tmp_path / "a" / "checkpoints" / "last.pt")["model"]
     b = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")["model"]
@@ -180,15 +180,15 @@ def _dying_after(monkeypatch: pytest.MonkeyPatch, epochs: int) -> None:
     """Ctrl-C in distillation epoch ``epochs + 1`` (the first ``epochs`` are saved)."""
     import dab_pipeline.stages.distill.run as D
 
-    real, calls = D._distill_epoch, {"n": 0}
+    real, calls = D.DistillTask.begin_epoch, {"n": 0}
 
-    def dying(*args, **kwargs):
+    def dying(self, epoch):
         calls["n"] += 1
         if calls["n"] > epochs:
             raise KeyboardInterrupt
-        return real(*args, **kwargs)
+        return real(self, epoch)
 
-    monkeypatch.setattr(D, "_distill_epoch", dying)
+    monkeypatch.setattr(D.DistillTask, "begin_epoch", dying)
 
 
 def test_a_bare_resume_continues_a_distillation_started_with_other_values(
@@ -319,3 +319,79 @@ def test_a_lowrank_dab_run_distills_and_its_student_scores(tmp_path: Path, cov: 
     assert any(head in k for k in ss) and all(torch.equal(ts[k], ss[k]) for k in ts if head in k)
     costs = sorted(out.glob("costs_*.h5"))
     assert costs and all(np.isfinite(read_costs(p).cost).all() for p in costs), sorted(p.name for p in out.iterdir())
+
+
+def _plain_distillation(teacher: Path, out: Path) -> tuple[dict, list[float]]:
+    """The distillation as a plain loop (what `dab distill` ran before it used the shared training loop), with
+    the values the student's config.json recorded: its final weights and each epoch's mean loss."""
+    from dab_pipeline.runs.schedule import epoch_length, epoch_order, lr_lambda
+    from dab_pipeline.stages.distill import build_student
+
+    saved, t = json.loads((out / "config.json").read_text()), load_run(teacher)
+    info = json.loads((out / "distill.json").read_text())["distill"]
+    student = build_student(t.model, info["student_steps"])
+    with open_store(t.config.features) as st:
+        train = st.load_split("train")
+    text, frames, mask = (torch.as_tensor(a) for a in (train.text, train.frames, train.frame_mask))
+    cv = np.asarray(train.caption_video)
+    b, epochs = saved["batch_size"], saved["epochs"]
+    updates = epoch_length(cv, saved["epoch"]) // b
+    optim = torch.optim.AdamW(
+        [p for p in student.parameters() if p.requires_grad], lr=saved["lr"], weight_decay=saved["weight_decay"]
+    )
+    sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_lambda(updates * epochs, saved["warmup_ratio"]))
+    torch.manual_seed(saved["seed"])
+    temperature, means = t.model.temperature().detach(), []
+    for epoch in range(epochs):
+        order, total = epoch_order(cv, saved["epoch"], saved["seed"], epoch), 0.0
+        student.eval(), t.model.eval()
+        for u in range(updates):
+            q = order[u * b : (u + 1) * b]
+            v = torch.as_tensor(cv[q.numpy()])
+            with torch.no_grad():
+                t_cost, t_state = pair_outputs(t.model, text[q], frames[v], mask[v])
+            s_cost, s_state = pair_outputs(student, text[q], frames[v], mask[v])
+            loss, _ = distill_loss(
+                s_cost, s_state, t_cost, t_state, temperature, info["state_weight"], info["rank_weight"]
+            )
+            optim.zero_grad(set_to_none=True)
+            loss.backward()
+            optim.step()
+            sched.step()
+            total += float(loss.detach())
+        means.append(total / updates)
+    return student.state_dict(), means
+
+
+def test_the_shared_loop_distills_as_the_plain_loop_it_replaced(teacher: Path, tmp_path: Path) -> None:
+    """`dab distill` is a task of the training loop `dab train` runs: its student is the plain loop's."""
+    out = tmp_path / "student"
+    run_distill(DistillConfig(teacher=teacher, out=out, student_steps=1, epochs=3, batch_size=8, rank_weight=0.1))
+    plain, means = _plain_distillation(teacher, out)
+    got = load_checkpoint(out / "checkpoints" / "last.pt")["model"]
+    assert set(got) == set(plain)
+    for k in plain:  # the same operations in the same order: equal up to float noise on any CPU
+        torch.testing.assert_close(got[k], plain[k], rtol=1e-5, atol=1e-6, msg=k)
+    logged = [json.loads(line)["loss"]["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert logged == pytest.approx(means, rel=1e-5, abs=1e-7)
+    assert all(m > 0 for m in means) and means[-1] < means[0]  # it trained
+
+
+def test_a_distillation_saved_before_the_shared_loop_resumes(teacher: Path, tmp_path: Path, monkeypatch) -> None:
+    """Checkpoints of older distillations hold no position within an epoch, no world size and one random stream."""
+    cfg = dict(teacher=teacher, student_steps=2, epochs=2, batch_size=8)
+    run_distill(DistillConfig(out=tmp_path / "a", **cfg))
+    with monkeypatch.context() as m:
+        _dying_after(m, 1)
+        with pytest.raises(KeyboardInterrupt):
+            run_distill(DistillConfig(out=tmp_path / "b", **cfg))
+    last = tmp_path / "b" / "checkpoints" / "last.pt"
+    ck = load_checkpoint(last)
+    for key in ("step_in_epoch", "epoch_loss", "epoch_sums", "world_size", "rng_ranks"):
+        del ck[key]
+    torch.save(ck, last)
+    run_distill(DistillConfig(out=tmp_path / "b", **cfg), resume=True)
+    a = load_checkpoint(tmp_path / "a" / "checkpoints" / "last.pt")["model"]
+    b = load_checkpoint(last)["model"]
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=k)

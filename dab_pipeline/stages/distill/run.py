@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import json
-import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
-import numpy as np
 import torch
 
 from ...core.errors import ConfigError, TrainingError
@@ -18,15 +15,16 @@ from ...core.overrides import differences, from_dict, to_dict
 from ...metrics import t2v_metrics
 from ...model import DABModel
 from ...model.losses import distill_loss
-from ...runs.checkpoint import rng_state, set_rng_state
-from ...runs.costfile import CostMatrix, write_costs
+from ...runs.costfile import write_costs
 from ...runs.inputs import SplitArrays
 from ...runs.load import load_run
 from ...runs.run_folder import RunFolder, check_not_inside_run
-from ...runs.schedule import epoch_length, epoch_order, lr_lambda
+from ...runs.schedule import epoch_length, lr_lambda
 from ...runtime.devices import resolve_device
+from ...runtime.distributed import LocalContext
 from ...scoring import score_all
 from ...store import open_store
+from ...training import Loop, LoopSettings, run_costs
 from .build import saved_distill
 from .config import DistillConfig, DistillResult, inherit_from_teacher
 
@@ -108,30 +106,58 @@ def _distill(
     _open_folder(folder, cfg, run_cfg, teacher_run, resume)
     optim, sched, updates = _optimiser(student, cfg, run_cfg, train, tcfg.epoch)
     torch.manual_seed(cfg.seed)
-    start, best, best_epoch = _restore(folder, student, optim, sched, device, resume, progress)
-    temperature = teacher.temperature().detach()  # the loss's temperature
-    val_metrics = None
-    progress(Event("start", task="distill", total=(cfg.epochs - start) * updates))
-    for epoch in range(start, cfg.epochs):
-        t0 = time.time()
-        losses = _distill_epoch(
-            student, teacher, train, cfg, tcfg.epoch, epoch, updates, optim, sched, temperature, device, progress
-        )
-        record: dict[str, Any] = {"epoch": epoch + 1, "loss": losses, "epoch_seconds": round(time.time() - t0, 3)}
-        improved = True
-        if val is not None:
-            val_metrics = _metrics(student, val, tcfg, device)
-            record["val"] = val_metrics
-            improved = best is None or val_metrics["R@1"] > best
-            if improved:
-                best, best_epoch = val_metrics["R@1"], epoch + 1
-        else:
-            best_epoch = epoch + 1
-        folder.append_metrics(record)
-        _save_epoch(folder, student, optim, sched, run_cfg, epoch + 1, best, best_epoch, improved)
-        progress(_epoch_event(record, losses, val_metrics))
-    progress(Event("end", task="distill", message=f"best epoch {best_epoch}"))
-    return _finish(student, test, run_cfg, out, best, best_epoch, val_metrics, device)
+    settings = LoopSettings(
+        task="distill",
+        epochs=cfg.epochs,
+        updates_per_epoch=updates,
+        batch_size=cfg.batch_size,
+        seed=cfg.seed,
+        epoch_mode=tcfg.epoch,  # what an epoch visits is the teacher's
+        config=to_dict(run_cfg),
+        select_metric="R@1",
+    )
+    task = DistillTask(student, teacher, train, val, cfg, tcfg, device)
+    loop = Loop(task, optim, sched, settings, train.caption_video.numpy(), folder, LocalContext(device), progress)
+    loop.restore(folder.load_checkpoint(RunFolder.LAST) if resume else None)  # onto the CPU, as the RNG needs
+    loop.fit()
+    return _finish(student, test, run_cfg, out, loop.at.best_value, loop.at.best_epoch, loop.val_metrics, device)
+
+
+class DistillTask:
+    """The student's bridge against the frozen teacher, as a task of the shared training loop."""
+
+    def __init__(self, student, teacher, train: SplitArrays, val, cfg: DistillConfig, tcfg, device: torch.device):
+        self.student, self.teacher, self.train, self.val = student, teacher, train, val
+        self.cfg, self.tcfg, self.device = cfg, tcfg, device
+        self.temperature = teacher.temperature().detach()  # the loss's temperature
+
+    def modules(self) -> dict[str, Optional[torch.nn.Module]]:
+        return {"model": self.student, "heads": None}
+
+    def begin_epoch(self, epoch: int) -> None:
+        # eval mode for both: the student's copied pooling must see what the teacher's does (no dropout);
+        # gradients still reach the bridge, the only part that trains
+        self.student.eval()
+        self.teacher.eval()
+
+    def loss(self, batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        train, device = self.train, self.device
+        v = train.caption_video[batch]
+        text, frames, mask = train.text[batch].to(device), train.frames[v].to(device), train.mask[v].to(device)
+        with torch.no_grad():
+            t_cost, t_state = pair_outputs(self.teacher, text, frames, mask)
+        s_cost, s_state = pair_outputs(self.student, text, frames, mask)
+        cfg = self.cfg
+        return distill_loss(s_cost, s_state, t_cost, t_state, self.temperature, cfg.state_weight, cfg.rank_weight)
+
+    def after_update(self) -> None:
+        pass
+
+    def validate(self) -> Optional[dict]:
+        return _metrics(self.student, self.val, self.tcfg, self.device) if self.val is not None else None
+
+    def record(self, epoch: int, means: dict[str, float], update: int, lr: float, seconds: float) -> dict[str, Any]:
+        return {"epoch": epoch + 1, "loss": means, "epoch_seconds": seconds}
 
 
 def _optimiser(student, cfg: DistillConfig, run_cfg, train: SplitArrays, epoch_mode: str) -> tuple[Any, Any, int]:
@@ -147,36 +173,6 @@ def _optimiser(student, cfg: DistillConfig, run_cfg, train: SplitArrays, epoch_m
         )
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_lambda(updates * cfg.epochs, warmup))
     return optim, sched, updates
-
-
-def _save_epoch(
-    folder: RunFolder, student, optim, sched, run_cfg, epochs_done: int, best, best_epoch, improved: bool
-) -> None:
-    """The checkpoint after ``epochs_done`` epochs: always last.pt, best.pt too when the epoch improved."""
-    state = {
-        "model": student.state_dict(),
-        "heads": None,
-        "optim": optim.state_dict(),
-        "sched": sched.state_dict(),
-        "epoch": epochs_done,
-        "best_value": best,
-        "best_epoch": best_epoch,
-        "rng": rng_state(),
-        "config": to_dict(run_cfg),
-    }
-    folder.save_checkpoint(RunFolder.LAST, state)
-    if improved:
-        folder.save_checkpoint(RunFolder.BEST, state)
-
-
-def _epoch_event(record: dict[str, Any], losses: dict, val_metrics) -> Event:
-    """The progress line of one finished epoch, its metrics record attached."""
-    return Event(
-        "metrics",
-        message=f"epoch {record['epoch']}: loss {losses['loss']:.4f}"
-        + (f"  val R@1 {val_metrics['R@1']:.1f}" if val_metrics else ""),
-        data=record,
-    )
 
 
 def _load_teacher(cfg: DistillConfig, device: torch.device):
@@ -240,67 +236,6 @@ def _check_resume(folder: RunFolder, cfg: DistillConfig, teacher_run) -> None:
         )
 
 
-def _restore(folder: RunFolder, student, optim, sched, device: torch.device, resume: bool, progress: ProgressCallback):
-    """(first epoch, best value, best epoch): from last.pt with --resume, else a fresh start."""
-    ck = folder.load_checkpoint(RunFolder.LAST, map_location=device) if resume else None
-    if ck is None:
-        return 0, None, None
-    student.load_state_dict(ck["model"])
-    optim.load_state_dict(ck["optim"])
-    if "sched" in ck:  # students distilled before the schedule kept a constant lr
-        sched.load_state_dict(ck["sched"])
-    set_rng_state(ck["rng"])
-    progress(Event("info", message=f"resuming {folder.path} at epoch {ck['epoch'] + 1}"))
-    return ck["epoch"], ck["best_value"], ck["best_epoch"]
-
-
-def _distill_epoch(
-    student,
-    teacher,
-    train,
-    cfg: DistillConfig,
-    mode: str,
-    epoch: int,
-    updates: int,
-    optim,
-    sched,
-    temperature,
-    device: torch.device,
-    progress: ProgressCallback,
-) -> dict[str, float]:
-    order = epoch_order(train.caption_video.numpy(), mode, cfg.seed, epoch)  # the teacher's epoch mode
-    # eval mode for both: the student's copied pooling must see what the teacher's does (no dropout);
-    # gradients still reach the bridge, the only part that trains
-    student.eval()
-    teacher.eval()
-    sums = {"loss": 0.0, "state": 0.0, "rank": 0.0}
-    for step in range(updates):
-        q = order[step * cfg.batch_size : (step + 1) * cfg.batch_size]  # (B,)
-        v = train.caption_video[q]
-        text, frames, mask = train.text[q].to(device), train.frames[v].to(device), train.mask[v].to(device)
-        with torch.no_grad():
-            t_cost, t_state = pair_outputs(teacher, text, frames, mask)
-        s_cost, s_state = pair_outputs(student, text, frames, mask)
-        loss, parts = distill_loss(s_cost, s_state, t_cost, t_state, temperature, cfg.state_weight, cfg.rank_weight)
-        optim.zero_grad(set_to_none=True)
-        loss.backward()
-        optim.step()
-        sched.step()
-        sums["loss"] += float(loss.detach())
-        for k, x in parts.items():
-            sums[k] += x
-        progress(
-            Event(
-                "advance",
-                task="distill",
-                n=1,
-                data={"unit": "it"},
-                message=f"epoch {epoch + 1}/{cfg.epochs} loss {sums['loss'] / (step + 1):.4f}",
-            )
-        )
-    return {k: x / max(1, updates) for k, x in sums.items()}
-
-
 def _metrics(model, feats, tcfg, device: torch.device) -> dict:
     res = score_all(
         model,
@@ -320,31 +255,9 @@ def _finish(student, test, run_cfg, out: Path, best, best_epoch, val_metrics, de
     student.load_state_dict(folder.load_checkpoint(RunFolder.BEST, map_location=device)["model"])
     student.eval()
     res = score_all(student, test.text, test.frames, test.mask, device=device, gt=test.caption_video)
-    gt = test.caption_video.numpy()
-    extras = {
-        k: np.asarray(getattr(res, k))
-        for k in ("text_var", "bridged_var", "video_var")
-        if getattr(res, k, None) is not None
-    }
     path = folder.costs_path(run_cfg.test_split, "h5")
-    write_costs(
-        path,
-        CostMatrix(
-            cost=np.asarray(res.cost, np.float32),
-            query_ids=np.asarray(test.caption_ids),
-            video_ids=np.asarray(test.video_ids),
-            gt=gt.astype(np.int64),
-            kind="cost",
-            extras=extras,
-            attrs={
-                "config": json.dumps(to_dict(run_cfg), default=str),
-                "split": run_cfg.test_split,
-                "best_epoch": best_epoch,
-                "variant": run_cfg.model.variant,
-                "store": str(run_cfg.features),
-            },
-        ),
-    )
+    write_costs(path, run_costs(res, test, run_cfg, best_epoch))
+    gt = test.caption_video.numpy()
     test_metrics = t2v_metrics(res.cost, gt)
     folder.write_status(
         state="complete",
