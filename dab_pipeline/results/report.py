@@ -8,7 +8,7 @@ The results dict is the one the evaluation stage assembles from
      "selective": selective_report(...),      # its "curves" arrays are plotted, not stored
      "variance": variance_asymmetry(...),
      "neighbourhood": semantic_neighbourhood(...),
-     "covariance": {...},                     # low-rank and mixture runs (stages/evaluate/covariance.py)
+     "covariance": {...},                     # low-rank and mixture runs (stages/evaluate/covariance_report.py)
      ...}                                     # any other JSON-able keys are kept as is
 
 Plots use matplotlib's object API on an Agg canvas, so no display and no

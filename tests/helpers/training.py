@@ -25,7 +25,7 @@ def train_config(store: Path, out: Path, *sets: str) -> TrainConfig:
 def patch_loss(monkeypatch: pytest.MonkeyPatch, wrap):
     """Wrap the trainer's loss: ``wrap(n, compute)`` at the n-th step (from 1), ``compute()`` the real loss.
     Returns the function that takes the patch off."""
-    import dab_pipeline.stages.train.loop as loop
+    import dab_pipeline.stages.train.trainer as loop
 
     real, calls = loop.loss_of, {"n": 0}
 

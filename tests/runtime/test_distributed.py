@@ -473,7 +473,7 @@ def _main_extract_rank1_dies(flag: str, args: list[str]) -> None:
 
 
 def _main_train_rank0_dies(at_call: int, args: list[str]) -> None:
-    import dab_pipeline.stages.train.loop as loop
+    import dab_pipeline.stages.train.trainer as loop
     from dab_pipeline.cli import cli
 
     real = loop.loss_of

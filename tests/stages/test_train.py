@@ -136,13 +136,13 @@ def test_interrupted_run_with_a_checkpoint_needs_resume(
     def interrupt(*args, **kwargs):  # Ctrl-C during validation, after the first epoch's checkpoint
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(tr.loop, "score_split", interrupt)
+    monkeypatch.setattr(tr.trainer, "score_split", interrupt)
     out = tmp_path / "r"
     with pytest.raises(KeyboardInterrupt):
         run_train(train_config(random_store, out, "epochs=2", "checkpoint_every=1"))
     status = json.loads((out / "status.json").read_text())
     assert status["state"] == "interrupted" and status["resumable"] is True
-    monkeypatch.setattr(tr.loop, "score_split", real)
+    monkeypatch.setattr(tr.trainer, "score_split", real)
     with pytest.raises(TrainingError, match="state 'interrupted'.*--resume"):
         run_train(train_config(random_store, out, "epochs=2", "checkpoint_every=1"))
     res = run_train(train_config(random_store, out, "epochs=2", "checkpoint_every=1"), resume=True)
@@ -159,14 +159,14 @@ def test_run_that_stopped_before_a_checkpoint_starts_over(
     def broken(*args, **kwargs):
         raise RuntimeError("simulated failure in validation")
 
-    monkeypatch.setattr(tr.loop, "score_split", broken)
+    monkeypatch.setattr(tr.trainer, "score_split", broken)
     out = tmp_path / "r"
     with pytest.raises(RuntimeError):
         run_train(train_config(random_store, out, "epochs=1"))
     status = json.loads((out / "status.json").read_text())
     assert status["state"] == "failed" and "simulated failure" in status["error"]
     assert not (out / "checkpoints" / "last.pt").exists()
-    monkeypatch.setattr(tr.loop, "score_split", real)
+    monkeypatch.setattr(tr.trainer, "score_split", real)
     events = []
     res = run_train(train_config(random_store, out, "epochs=1", "batch_size=4"), progress=events.append)
     assert res.epochs_done == 1 and json.loads((out / "status.json").read_text())["state"] == "complete"

@@ -155,7 +155,7 @@ def test_training_uses_the_views_and_scores_on_the_eval_view(tmp_path: Path, mon
         seen.append(views)
         return real(feats, q, heads, device, views)
 
-    monkeypatch.setattr(T.loop, "batch_inputs", spy)  # where the trainer looks it up
+    monkeypatch.setattr(T.trainer, "batch_inputs", spy)  # where the trainer looks it up
     with_views = run_train(_cfg(store, tmp_path / "views"))
     assert seen and all(v is not None and v.shape == (20,) for v in seen)
     seen.clear()

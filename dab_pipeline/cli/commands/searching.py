@@ -9,9 +9,9 @@ import click
 
 from ...core.choices import CONFORMAL_SCORES, DEFAULT_CONFORMAL_SCORE, DEFAULT_SCORE_DTYPE, SCORE_DTYPES
 from .. import cli
+from .calibrated_answers import uncertainty_lines, uncertainty_payload
 from .options import k_option, one_spelling
 from .output import console
-from .uncertainty import uncertainty_lines, uncertainty_payload
 
 _EXISTING = click.Path(path_type=Path, exists=True)
 

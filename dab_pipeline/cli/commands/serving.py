@@ -39,7 +39,7 @@ from .options import EXISTING, FINITE_FLOAT, k_option, one_spelling
     help="Port to listen on (0: any free port, printed when serving).",
 )
 @k_option(
-    "Videos a query returns by default (the HTTP API's k; as `dab search -k`; --topk also works, "
+    "Videos a query returns by default (the HTTP API's k; as `dab search -k`; --topk, its former spelling, also works "
     "with a deprecation line)."
 )
 @click.option(

@@ -17,10 +17,10 @@ from ...runs.config import TrainConfig
 from ...runs.costfile import CostMatrix, read_costs
 from ...runs.run_folder import RunFolder, locate_store
 from ...store import open_store
-from .bridge import bridge_report
-from .calibrated import calibration_section
+from .bridge_report import bridge_report
+from .calibration_report import calibration_section
 from .config import EvaluateConfig
-from .covariance import covariance_report
+from .covariance_report import covariance_report
 from .examples import write_examples
 from .zeroshot import write_zero_shot_costs
 

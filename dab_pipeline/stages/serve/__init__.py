@@ -27,7 +27,7 @@ once, until the server is restarted.
 from .app import create_app  # noqa: F401
 from .batcher import Batcher  # noqa: F401
 from .health import Health, Unavailable  # noqa: F401
-from .page import cost_svg  # noqa: F401
+from .search_page import cost_svg  # noqa: F401
 from .settings import ServeSettings, abstain_report, check_query, check_query_string  # noqa: F401
 
 __all__ = [

@@ -12,7 +12,7 @@ from ...search import Searcher, SearchResult
 from .batch_runner import run_batch
 from .batcher import Batcher
 from .health import Health, Unavailable, log
-from .page import first_captions, page_result, payload
+from .search_page import first_captions, page_result, payload
 from .settings import ServeSettings, check_query, check_query_string, printable
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ A run folder holds everything needed to trace and rebuild a result:
 * ``step``: the training step as one module, and its loss across ranks;
 * ``scoring``: scoring a split (validation, the test cost file);
 * ``session``: one run's folder, data and checkpoint I/O;
-* ``loop``: the trainer (restore, fit, test, finish);
+* ``trainer``: the Trainer, `dab train` as a task of the shared loop (:mod:`dab_pipeline.training`), its test pass and finish;
 * ``run``: ``run_train``, which drives it.
 
 What other stages share with training lives in the library, so that no stage imports another (sweep

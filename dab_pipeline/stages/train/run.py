@@ -1,5 +1,5 @@
 """run_train: one run from its config to its finished folder, one code path for one process and many; a stop on
-an error or Ctrl-C recorded in status.json. The trainer that fits the model is :mod:`.loop`."""
+an error or Ctrl-C recorded in status.json. The trainer that fits the model is :mod:`.trainer`."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from ...runtime.capabilities import capabilities, resolve_amp, resolve_score_dty
 from ...runtime.devices import resolve_device
 from ...runtime.distributed import LocalContext
 from .config import TrainResult
-from .loop import Trainer
 from .session import TrainRun
+from .trainer import Trainer
 
 
 def run_train(
