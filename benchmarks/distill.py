@@ -2,11 +2,11 @@
 
 For each seed: the teacher (dab, T'=32, the world recipe, 10 epochs), the scratch baselines (dab
 with T'=1, T'=8, 10 epochs), the compute-matched control (T'=1 from scratch for the teacher's
-epochs plus the distillation's: as many optimiser steps as teacher and student together, since
-a distillation epoch counts steps like its teacher's, one caption per video on the world), and
+epochs plus the distillation's: as many optimiser updates as teacher and student together, since
+a distillation epoch counts updates like its teacher's, one caption per video on the world), and
 the students of the teacher with S=1 and S=2 (``run_distill``, with the teacher's weight decay,
 warm-up and cosine decay), all through the stage functions on the store
-``benchmarks/quality.py`` builds. Prints test R@1 / MnR / AURC, the optimiser steps, the share
+``benchmarks/quality.py`` builds. Prints test R@1 / MnR / AURC, the optimiser updates, the share
 of queries whose top-1 video equals the teacher's, and the test split's scoring rate (pairs/s,
 the fast engine, float32, best of 3), mean +- std over seeds.
 
@@ -48,9 +48,9 @@ def pairs_per_second(run_dir: Path, store: Path, repeats: int = 3) -> float:
     return len(test.caption_ids) * len(test.video_ids) / best
 
 
-def train_steps(run_dir: Path) -> int:
-    """Optimiser steps a run (or a student, without its teacher's) took: the step of its last logged epoch, or
-    epochs x steps per epoch for a distillation (whose log has no step)."""
+def train_updates(run_dir: Path) -> int:
+    """Optimiser updates a run (or a student, without its teacher's) took: the "step" (updates) of its last logged
+    epoch, or epochs x updates per epoch for a distillation (whose log has no "step")."""
     import json
 
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -94,18 +94,18 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         teacher = runs_dir / f"dab-seed{seed}"
         t_row = row(teacher, stores["frozen"], None)
         table.setdefault("teacher T'=32", []).append(t_row)
-        t_row["steps"] = train_steps(teacher)
+        t_row["updates"] = train_updates(teacher)
         for name in ("dab-T8", "dab-T1"):
             Q.one_run(name, seed, stores, runs_dir, Q.QUICK_EPOCHS, [])
             run = runs_dir / f"{name}-seed{seed}"
             table.setdefault(f"scratch T'={name[5:]}", []).append(
-                row(run, stores["frozen"], t_row["top1"]) | {"steps": train_steps(run)}
+                row(run, stores["frozen"], t_row["top1"]) | {"updates": train_updates(run)}
             )
         matched = runs_dir / "matched"  # T'=1 for the teacher's epochs + the distillation's
         Q.one_run("dab-T1", seed, stores, matched, Q.QUICK_EPOCHS + args.epochs, [])
         run = matched / f"dab-T1-seed{seed}"
-        table.setdefault("scratch T'=1, steps of teacher + student", []).append(
-            row(run, stores["frozen"], t_row["top1"]) | {"steps": train_steps(run)}
+        table.setdefault("scratch T'=1, updates of teacher + student", []).append(
+            row(run, stores["frozen"], t_row["top1"]) | {"updates": train_updates(run)}
         )
         for s in (1, 2):
             out = args.data_dir / f"distill-{args.world}" / f"S{s}-seed{seed}"
@@ -115,10 +115,10 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                 shutil.rmtree(out, ignore_errors=True)
                 run_distill(DistillConfig(teacher=teacher, out=out, student_steps=s, epochs=args.epochs, seed=seed))
             table.setdefault(f"student S={s}", []).append(
-                row(out, stores["frozen"], t_row["top1"]) | {"steps": t_row["steps"] + train_steps(out)}
+                row(out, stores["frozen"], t_row["top1"]) | {"updates": t_row["updates"] + train_updates(out)}
             )
         print(f"seed {seed} done", flush=True)
-    cols = ["R@1", "MnR", "AURC", "steps", "top-1 = teacher %", "pairs/s"]
+    cols = ["R@1", "MnR", "AURC", "updates", "top-1 = teacher %", "pairs/s"]
     print("\n| model | " + " | ".join(cols) + " |\n| --- |" + " ---: |" * len(cols))
     for name, rows in table.items():
         cells = []
