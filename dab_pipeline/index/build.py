@@ -26,7 +26,7 @@ from ..store import STATUS_OK, FeatureStore
 from .faiss_index import REFINE_FILE, TERMS_FILE, IndexMeta, auto_factory, new_faiss_index, require_faiss
 from .vectors import DEFAULT_VECTOR, VECTOR_KINDS, video_terms, video_vectors
 
-__all__ = ["store_fingerprint", "split_rows", "average_query", "build_index", "staging_path"]
+__all__ = ["store_fingerprint", "split_rows", "average_query", "build_index", "staging_path", "training_positions"]
 
 FINGERPRINT_SAMPLE = 64
 RESUME_HINT = "free some space and run the same command again: the build resumes from its last finished chunk"
@@ -121,6 +121,8 @@ def build_index(
     terms: bool = False,
     overwrite: bool = False,
     progress: ProgressCallback = null_progress,
+    rows: Optional[np.ndarray] = None,
+    trained: Optional[Path] = None,
 ) -> IndexMeta:
     """Index ``split``'s videos of an open, complete ``store`` into the folder ``out``; returns its metadata.
 
@@ -130,16 +132,19 @@ def build_index(
     ``refine`` x k x S candidates a search (0: the quantised scores alone). ``terms``: also keep the run's
     token-branch term of each video (``terms.f16``, float16, D values a video; ``model`` needed), which a search
     with this run passes to the re-rank instead of computing it (``Scorer.score_query(..., terms)``).
+    ``rows`` (a shard, :mod:`.shards`): index these store rows of the split only; ``trained``: start from this
+    trained, empty FAISS index (every shard of a sharded index shares one) instead of training one.
     """
     out = Path(out)
     kind = VECTOR_KINDS.get(vector)
     _check_build_args(out, vector, kind, model, run, chunk, overwrite, terms)
     faiss = require_faiss()
     t0 = time.perf_counter()
-    rows = _rows_to_index(store, split)
+    rows = _rows_to_index(store, split) if rows is None else np.asarray(rows, np.int64)
     n, dim, per = len(rows), store.dim, kind.per_video
     factory = auto_factory(n * per, dim) if factory == "auto" else factory
-    index = new_faiss_index(factory, dim)  # a bad factory string fails before any reading
+    # a bad factory string fails before any reading
+    index = new_faiss_index(factory, dim) if trained is None else faiss.read_index(str(trained))
     avg = average_query(store) if kind.needs_run else None
     fp = store_fingerprint(store, rows)
     run = run or {"path": None, "checkpoint_sha256": None}
@@ -282,18 +287,26 @@ def _write_refine(path: Path, vecs: np.ndarray, progress: ProgressCallback, chun
     progress(Event("info", message=f"wrote {path.name} ({path.stat().st_size / 1e9:.2f} GB)"))
 
 
+def training_positions(faiss, index, n: int) -> Optional[np.ndarray]:
+    """The positions, among ``n`` vectors, of the evenly spaced sample an untrained ``index`` trains on
+    (TRAIN_PER_LIST a list for IVF); None where the index needs no training."""
+    if index.is_trained:
+        return None
+    ivf = faiss.try_extract_index_ivf(index)
+    want = TRAIN_PER_LIST * (ivf.nlist if ivf is not None else 256)
+    pick = np.unique(np.linspace(0, n - 1, min(n, want)).astype(np.int64))
+    if ivf is not None and len(pick) < ivf.nlist:
+        raise ConfigError(
+            f"an IVF index of {ivf.nlist} lists needs at least as many videos; got {n} (use a smaller nlist, or Flat)"
+        )
+    return pick
+
+
 def _fill(faiss, index, vecs: np.ndarray, progress: ProgressCallback, add_chunk: int = 65_536) -> None:
-    """Train the index (IVF: on an evenly spaced sample of TRAIN_PER_LIST vectors a list) and add every vector."""
+    """Train the index (where it is not: on :func:`training_positions`' sample) and add every vector."""
     n = len(vecs)
-    if not index.is_trained:
-        ivf = faiss.try_extract_index_ivf(index)
-        want = TRAIN_PER_LIST * (ivf.nlist if ivf is not None else 256)
-        pick = np.unique(np.linspace(0, n - 1, min(n, want)).astype(np.int64))
-        if ivf is not None and len(pick) < ivf.nlist:
-            raise ConfigError(
-                f"an IVF index of {ivf.nlist} lists needs at least as many videos; got {n} "
-                "(use a smaller nlist, or Flat)"
-            )
+    pick = training_positions(faiss, index, n)
+    if pick is not None:
         progress(Event("info", message=f"training the index on {len(pick):,} vectors"))
         index.train(np.ascontiguousarray(vecs[pick]))
     progress(Event("start", task="index", total=n))

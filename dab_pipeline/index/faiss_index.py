@@ -40,7 +40,7 @@ __all__ = [
     "auto_factory",
     "require_faiss",
     "new_faiss_index",
-    "load_index",
+    "load_index_folder",
     "INDEX_FORMAT",
 ]
 
@@ -168,7 +168,6 @@ class VideoIndex:
         """queries (M, D) -> (ids (M, K), scores (M, K)) of each query's K = min(shortlist, videos) best videos
         (store rows, -1 where the index finds fewer), best first. Called through
         :func:`~dab_pipeline.scoring.first_stage.first_stage`, which checks the shortlist."""
-        faiss = require_faiss()
         q = np.ascontiguousarray(queries, dtype=np.float32)  # (M, D)
         if q.ndim != 2 or q.shape[1] != self.meta.dim:
             raise ConfigError(f"queries of shape {q.shape} for an index of D={self.meta.dim}")
@@ -182,13 +181,7 @@ class VideoIndex:
         refine = self.meta.refine  # load_index checked that refine.f16 is there
         # the exact re-scoring reads each candidate (pread, ~3 us): at most REFINE_MAX beyond k x S
         n_cand = max(want, min(want * refine, REFINE_MAX)) if refine else want
-        params = None
-        ivf = faiss.try_extract_index_ivf(self.index)
-        if ivf is not None:
-            params = faiss.SearchParametersIVF(nprobe=int(nprobe or self.meta.nprobe))
-        elif "HNSW" in self.meta.factory:
-            params = faiss.SearchParametersHNSW(efSearch=int(max(ef_search or self.meta.ef_search, n_cand)))
-        scores, ids = self.index.search(q, n_cand, params=params)  # (M, n_cand) each
+        scores, ids = self._candidates(q, n_cand, nprobe, ef_search)  # (M, n_cand) each
         if refine:
             scores, ids = self._refined(q, ids, want)
         rows = np.where(ids >= 0, self.rows[np.clip(ids, 0, None)], -1)
@@ -203,6 +196,25 @@ class VideoIndex:
             out_rows[i, : len(order)] = rows[i][valid][order]
             out_scores[i, : len(order)] = scores[i][valid][order]
         return out_rows, out_scores
+
+    def _candidates(
+        self, q: np.ndarray, n_cand: int, nprobe: Optional[int], ef_search: Optional[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The FAISS search: each query's ``n_cand`` best vectors by the index's own scores -> (scores, vector ids),
+        each (M, n_cand), best first (-1 ids where it finds fewer)."""
+        faiss = require_faiss()
+        params = None
+        ivf = faiss.try_extract_index_ivf(self.index)
+        if ivf is not None:
+            params = faiss.SearchParametersIVF(nprobe=int(nprobe or self.meta.nprobe))
+        elif "HNSW" in self.meta.factory:
+            params = faiss.SearchParametersHNSW(efSearch=int(max(ef_search or self.meta.ef_search, n_cand)))
+        return self.index.search(q, n_cand, params=params)
+
+    def identity_files(self) -> list[Path]:
+        """The folder and the files a search reads (a server watches them for a change)."""
+        folder = Path(self.path)
+        return [folder, *sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))]
 
     def _refined(self, q: np.ndarray, ids: np.ndarray, want: int) -> tuple[np.ndarray, np.ndarray]:
         """Re-score each query's approximate candidates with their exact vectors; keep the ``want`` best."""
@@ -237,8 +249,9 @@ def _read_rows(fd: int, ids: np.ndarray, d: int) -> np.ndarray:
     return np.frombuffer(buf, np.float16).reshape(len(ids), d)
 
 
-def load_index(path: str | Path) -> VideoIndex:
-    """Read an index folder written by :func:`dab_pipeline.index.build.build_index`."""
+def load_index_folder(path: str | Path) -> VideoIndex:
+    """Read one index folder written by :func:`dab_pipeline.index.build.build_index` (a sharded index's shards are
+    such folders; :func:`dab_pipeline.index.shards.load_index` reads either)."""
     faiss = require_faiss()
     p = Path(path)
     meta_path = p / "index.json"

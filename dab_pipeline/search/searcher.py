@@ -196,8 +196,7 @@ class Searcher(CalibratedSearch):
         if self.index is None:  # the split is read once into memory: a Zarr chunk damaged later is read never again
             files += self.store.chunk_files(("videos/frames", "videos/frame_mask"))
         if self.index is not None:
-            folder = Path(self.index.path)
-            files += [folder, *sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))]
+            files += self.index.identity_files()
         return files
 
     @property

@@ -6,6 +6,7 @@ beside it (``config.json``); ``dab search --index`` and ``dab serve --index`` re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -14,7 +15,8 @@ from typing import Optional
 from ..core.errors import ConfigError
 from ..core.events import ProgressCallback, null_progress
 from ..core.fsutil import atomic_write_text, sha256_file
-from ..index import DEFAULT_VECTOR, VECTOR_KINDS, IndexMeta, build_index
+from ..index import DEFAULT_VECTOR, SHARDS_FILE, VECTOR_KINDS, IndexMeta, build_index, build_sharded_index
+from ..index.shards import shard_folder
 from ..runs.load import load_run
 from ..scoring import Scorer
 from ..store import open_store
@@ -41,6 +43,8 @@ class IndexConfig:
     refine: int = 4
     video_terms: bool = False
     overwrite: bool = False
+    shards: int = 1  # >1: that many indexes over disjoint video ranges, searched as one (index.shards)
+    shard: Optional[int] = None  # build only this shard (0-based) of ``shards``
 
     def __post_init__(self) -> None:
         VECTOR_KINDS.get(self.vector)  # an unknown name lists the valid ones
@@ -49,6 +53,12 @@ class IndexConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
         if int(self.refine) < 0:
             raise ConfigError(f"refine must be 0 (off) or a positive integer, got {self.refine}")
+        if int(self.shards) < 1:
+            raise ConfigError(f"shards must be a positive integer, got {self.shards}")
+        if self.shard is not None and not 0 <= int(self.shard) < int(self.shards):
+            raise ConfigError(
+                f"shard must be between 0 and {int(self.shards) - 1} (of {self.shards} shards), got {self.shard}"
+            )
 
 
 def run_index(cfg: IndexConfig, progress: ProgressCallback = null_progress) -> IndexMeta:
@@ -70,21 +80,28 @@ def run_index(cfg: IndexConfig, progress: ProgressCallback = null_progress) -> I
             raise ConfigError(
                 f"{cfg.features} holds D={store.dim} features but the run's model has embed_dim={model.cfg.embed_dim}"
             )
-        meta = build_index(
-            store,
-            cfg.out,
-            split=cfg.split,
-            vector=cfg.vector,
-            model=model,
-            run=run,
-            factory=cfg.factory,
-            chunk=cfg.chunk,
-            nprobe=cfg.nprobe,
-            ef_search=cfg.ef_search,
-            refine=cfg.refine,
-            terms=cfg.video_terms,
-            overwrite=cfg.overwrite,
-            progress=progress,
-        )
+        options = dict(
+            split=cfg.split, vector=cfg.vector, model=model, run=run, factory=cfg.factory, chunk=cfg.chunk,
+            nprobe=cfg.nprobe, ef_search=cfg.ef_search, refine=cfg.refine, terms=cfg.video_terms,
+            overwrite=cfg.overwrite, progress=progress,
+        )  # fmt: skip
+        if cfg.shards == 1 and cfg.shard is None:
+            meta = build_index(store, cfg.out, **options)
+        else:
+            build_sharded_index(store, cfg.out, shards=cfg.shards, shard=cfg.shard, **options)
+            meta = _sharded_meta(Path(cfg.out), cfg.shard)
     atomic_write_text(Path(cfg.out) / "config.json", json.dumps(asdict(cfg), indent=2, default=str))
     return meta
+
+
+def _sharded_meta(out: Path, shard: Optional[int]) -> IndexMeta:
+    """What a sharded build reports (read from the index.json files, no index loaded): the whole index's metadata
+    once every shard is built, else the built shard's."""
+    plan = json.loads((out / SHARDS_FILE).read_text())
+    metas = [shard_folder(out, i) / "index.json" for i in range(plan["shards"])]
+    if all(m.is_file() for m in metas):
+        each = [IndexMeta.from_json(json.loads(m.read_text()), m) for m in metas]
+        build = {"seconds": round(sum(m.build.get("seconds", 0.0) for m in each), 3), "shards": len(each)}
+        return dataclasses.replace(each[0], count=plan["count"], store=plan["store"], build=build)
+    assert shard is not None  # a build of every shard leaves every index.json
+    return IndexMeta.from_json(json.loads(metas[shard].read_text()), metas[shard])

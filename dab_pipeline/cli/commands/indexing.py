@@ -59,11 +59,40 @@ from .options import EXISTING
     "search with that run re-ranks without computing them (docs/search.md).",
 )
 @click.option("--chunk", type=int, default=4096, show_default=True, help="Videos read from the store at a time.")
+@click.option(
+    "--shards",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Cut the split's videos into this many contiguous ranges, an index over each (trained once, together), "
+    "searched as one index would be (docs/search.md).",
+)
+@click.option(
+    "--shard",
+    type=int,
+    default=None,
+    help="Build only this shard (0-based) of --shards: each builds on its own, on any machine that reads the store.",
+)
 @click.option("--overwrite", is_flag=True, help="Replace an existing index folder.")
 @click.option("--json", "as_json", is_flag=True, help="Print index.json to stdout.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def index(
-    features, out, run, split, vector, factory, nprobe, ef_search, refine, video_terms, chunk, overwrite, as_json, quiet
+    features,
+    out,
+    run,
+    split,
+    vector,
+    factory,
+    nprobe,
+    ef_search,
+    refine,
+    video_terms,
+    chunk,
+    shards,
+    shard,
+    overwrite,
+    as_json,
+    quiet,
 ) -> None:
     """Build a FAISS index over one vector per video of a store's split.
 
@@ -84,13 +113,16 @@ def index(
         refine=refine,
         video_terms=video_terms,
         overwrite=overwrite,
+        shards=shards,
+        shard=shard,
     )
     with RichProgress(quiet=quiet or as_json) as prog:
         meta = run_index(cfg, progress=prog)
     if as_json:
         click.echo(json.dumps(meta.to_json(), indent=2))
         return
+    what = f" (shard {shard} of {shards})" if shard is not None else f" in {shards} shards" if shards > 1 else ""
     click.echo(
-        f"wrote {out}: {meta.count:,} videos of split {meta.split!r}, vector {meta.vector}, "
+        f"wrote {out}{what}: {meta.count:,} videos of split {meta.split!r}, vector {meta.vector}, "
         f"factory {meta.factory}, {meta.build['seconds']:.1f} s"
     )
