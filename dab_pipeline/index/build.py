@@ -26,7 +26,16 @@ from ..store import STATUS_OK, FeatureStore
 from .faiss_index import REFINE_FILE, TERMS_FILE, IndexMeta, auto_factory, new_faiss_index, require_faiss
 from .vectors import DEFAULT_VECTOR, VECTOR_KINDS, video_terms, video_vectors
 
-__all__ = ["store_fingerprint", "split_rows", "average_query", "build_index", "staging_path", "training_positions"]
+__all__ = [
+    "store_fingerprint",
+    "split_rows",
+    "average_query",
+    "build_index",
+    "check_build_args",
+    "effective_refine",
+    "staging_path",
+    "training_positions",
+]
 
 FINGERPRINT_SAMPLE = 64
 RESUME_HINT = "free some space and run the same command again: the build resumes from its last finished chunk"
@@ -122,7 +131,8 @@ def build_index(
     overwrite: bool = False,
     progress: ProgressCallback = null_progress,
     rows: Optional[np.ndarray] = None,
-    trained: Optional[Path] = None,
+    trained: Optional[bytes] = None,
+    record: Optional[dict] = None,
 ) -> IndexMeta:
     """Index ``split``'s videos of an open, complete ``store`` into the folder ``out``; returns its metadata.
 
@@ -133,18 +143,18 @@ def build_index(
     token-branch term of each video (``terms.f16``, float16, D values a video; ``model`` needed), which a search
     with this run passes to the re-rank instead of computing it (``Scorer.score_query(..., terms)``).
     ``rows`` (a shard, :mod:`.shards`): index these store rows of the split only; ``trained``: start from this
-    trained, empty FAISS index (every shard of a sharded index shares one) instead of training one.
+    trained, empty FAISS index (serialised; every shard of a sharded index shares one) instead of training one;
+    ``record``: more entries for index.json's ``build`` (written before the folder is published).
     """
     out = Path(out)
     kind = VECTOR_KINDS.get(vector)
-    _check_build_args(out, vector, kind, model, run, chunk, overwrite, terms)
+    check_build_args(out, vector, kind, model, run, chunk, overwrite, terms)
     faiss = require_faiss()
     t0 = time.perf_counter()
     rows = _rows_to_index(store, split) if rows is None else np.asarray(rows, np.int64)
     n, dim, per = len(rows), store.dim, kind.per_video
     factory = auto_factory(n * per, dim) if factory == "auto" else factory
-    # a bad factory string fails before any reading
-    index = new_faiss_index(factory, dim) if trained is None else faiss.read_index(str(trained))
+    index = _empty_index(faiss, factory, dim, trained)  # a bad factory string fails before any reading
     avg = average_query(store) if kind.needs_run else None
     fp = store_fingerprint(store, rows)
     run = run or {"path": None, "checkpoint_sha256": None}
@@ -157,7 +167,7 @@ def build_index(
     refine = _refine_if_quantised(factory, refine, stage, vecs, progress)
     meta = IndexMeta(
         **dict(vector=vector, factory=factory, dim=dim, count=n, per_video=per, split=split, run=run, terms=terms),
-        **dict(nprobe=nprobe, ef_search=ef_search, refine=refine, build=_build_record(faiss, t0, t_vec, chunk)),
+        **dict(nprobe=nprobe, ef_search=ef_search, refine=refine, build=_build_record(faiss, t0, t_vec, chunk, record)),
         store={"path": str(store.path), "fingerprint": fp},
         avg_query=None if avg is None else [float(x) for x in avg],
     )
@@ -179,11 +189,16 @@ def _resume_state(fingerprint: str, vector: str, run_sha: Optional[str], n: int,
     return {"fingerprint": fingerprint, "vector": vector, "run": run_sha, "n": n, "dim": dim, "terms": terms}
 
 
+def effective_refine(factory: str, refine: int) -> int:
+    """The refine factor an index of ``factory`` keeps: ``refine`` where its codes lose precision, else 0."""
+    quantised = any(tag in factory for tag in ("PQ", "SQ", "LSH", "RaBitQ"))
+    return refine if quantised else 0
+
+
 def _refine_if_quantised(factory: str, refine: int, stage: Path, vecs: np.ndarray, progress: ProgressCallback) -> int:
     """The refine factor the index keeps: ``refine`` for a quantised factory (its exact float16 vectors are written
     to ``stage``), else 0."""
-    quantised = any(tag in factory for tag in ("PQ", "SQ", "LSH", "RaBitQ"))  # the codes lose precision
-    refine = refine if quantised else 0
+    refine = effective_refine(factory, refine)
     if refine:
         with named_write_errors(stage / REFINE_FILE, RESUME_HINT):
             check_free_space(stage, len(vecs) * vecs.shape[1] * 2)
@@ -191,9 +206,16 @@ def _refine_if_quantised(factory: str, refine: int, stage: Path, vecs: np.ndarra
     return refine
 
 
-def _build_record(faiss, t0: float, t_vec: float, chunk: int) -> dict:
-    """The index.json ``build`` entry: timings since ``t0``, the FAISS version and the chunk size."""
-    return {
+def _empty_index(faiss, factory: str, dim: int, trained: Optional[bytes]):
+    """A new index of ``factory``, or the trained one serialised in ``trained``."""
+    return (
+        new_faiss_index(factory, dim) if trained is None else faiss.deserialize_index(np.frombuffer(trained, np.uint8))
+    )
+
+
+def _build_record(faiss, t0: float, t_vec: float, chunk: int, record: Optional[dict] = None) -> dict:
+    """The index.json ``build`` entry: timings since ``t0``, the FAISS version, the chunk size (and ``record``)."""
+    return (record or {}) | {
         "seconds": round(time.perf_counter() - t0, 3),
         "vector_seconds": round(t_vec, 3),
         "faiss": faiss.__version__,
@@ -201,7 +223,7 @@ def _build_record(faiss, t0: float, t_vec: float, chunk: int) -> dict:
     }
 
 
-def _check_build_args(
+def check_build_args(
     out: Path,
     vector: str,
     kind,

@@ -16,18 +16,29 @@ rarely). An HNSW graph does not partition so: ``--shards`` refuses HNSW factorie
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import os
+import uuid
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, StoreError
 from ..core.events import Event, ProgressCallback, null_progress
-from ..core.fsutil import atomic_write_bytes, atomic_write_text, remove_path, sha256_file
+from ..core.fsutil import remove_path
 from ..model import DABModel
 from ..store import FeatureStore
-from .build import average_query, build_index, split_rows, store_fingerprint, training_positions
+from .build import (
+    average_query,
+    build_index,
+    check_build_args,
+    effective_refine,
+    split_rows,
+    store_fingerprint,
+    training_positions,
+)
 from .faiss_index import VideoIndex, auto_factory, load_index_folder, new_faiss_index, require_faiss
 from .vectors import VECTOR_KINDS, video_vectors
 
@@ -59,38 +70,39 @@ def build_sharded_index(
     model: Optional[DABModel] = None,
     run: Optional[dict] = None,
     factory: str = "auto",
+    chunk: int = 4096,
+    nprobe: int = 32,
+    ef_search: int = 64,
+    refine: int = 4,
+    terms: bool = False,
     overwrite: bool = False,
     progress: ProgressCallback = null_progress,
-    **options: Any,
 ) -> dict:
     """Index ``split``'s videos of ``store`` as ``shards`` shards into the folder ``out`` (``shard``: only that
-    one); returns the plan (shards.json). ``options`` go to each shard's :func:`build_index` (chunk, nprobe,
-    ef_search, refine, terms)."""
+    one); returns the plan (shards.json). Every argument is checked before anything is written or replaced."""
     out, faiss = Path(out), require_faiss()
     rows = split_rows(store, split)
     n, kind = len(rows), VECTOR_KINDS.get(vector)
-    if not 1 <= int(shards) <= max(n, 1):
+    if n == 0:
+        raise StoreError(f"{store.path}: split {split!r} has no encoded videos to index")
+    if not 1 <= int(shards) <= n:
         raise ConfigError(f"--shards must be between 1 and the split's {n} videos, got {shards}")
     if shard is not None and not 0 <= int(shard) < int(shards):
         raise ConfigError(f"--shard must be between 0 and {int(shards) - 1} (of --shards {shards}), got {shard}")
     factory = auto_factory(n * kind.per_video, store.dim) if factory == "auto" else factory
-    if "HNSW" in factory:
-        raise ConfigError(f"--shards cannot split the graph of {factory!r}: use a Flat or IVF factory")
+    check_build_args(out / "shard", vector, kind, model, run, chunk, True, terms)  # the shards' own checks, first
+    _check_partitionable(faiss, factory, store.dim)
     run = run or {"path": None, "checkpoint_sha256": None}
-    plan = {
-        "format": SHARDS_FORMAT,
-        "shards": int(shards),
-        "ranges": [list(r) for r in shard_ranges(n, int(shards))],
-        "count": n,
-        "split": split,
-        "vector": vector,
-        "factory": factory,
-        "store": {"path": str(store.path), "fingerprint": store_fingerprint(store, rows)},
-        "run": run,
-    }
-    _open_plan(out, plan, overwrite and shard is None)
-    trained = _trained_index(faiss, store, out, rows, vector, model, factory, progress)
-    sha = sha256_file(trained) if trained is not None else None
+    settings = {"nprobe": nprobe, "ef_search": ef_search, "refine": effective_refine(factory, refine), "terms": terms}
+    plan = _new_plan(store, rows, int(shards), split, vector, factory, settings, run)
+    _check_plan(out, plan, replace=overwrite and shard is None)
+    if overwrite and shard is None and out.exists():
+        remove_path(out)  # every argument checked: start over
+    out.mkdir(parents=True, exist_ok=True)
+    trained = _trained_bytes(faiss, store, out, rows, vector, model, factory, chunk, progress)
+    plan["trained_sha256"] = hashlib.sha256(trained).hexdigest() if trained is not None else None
+    _publish_once(out / SHARDS_FILE, json.dumps(plan, indent=2).encode())
+    _check_plan(out, plan, replace=False)  # another machine's plan, published first, must be this one
     for i in range(int(shards)) if shard is None else [int(shard)]:
         folder = shard_folder(out, i)
         if (folder / "index.json").is_file() and not overwrite:
@@ -98,62 +110,142 @@ def build_sharded_index(
             continue
         a, b = plan["ranges"][i]
         progress(Event("info", message=f"shard {i} of {shards}: videos {a} to {b - 1}"))
-        meta = build_index(
-            store, folder, split=split, vector=vector, model=model, run=run, factory=factory, overwrite=overwrite,
-            progress=progress, rows=rows[a:b], trained=trained, **options,
+        build_index(
+            store, folder, split=split, vector=vector, model=model, run=run, factory=factory, chunk=chunk,
+            nprobe=nprobe, ef_search=ef_search, refine=refine, terms=terms, overwrite=overwrite, progress=progress,
+            rows=rows[a:b], trained=trained, record={"trained_sha256": plan["trained_sha256"]},
         )  # fmt: skip
-        meta.build["trained_sha256"] = sha  # every shard of one index starts from the same trained file
-        atomic_write_text(folder / "index.json", json.dumps(meta.to_json(), indent=2))
     return plan
 
 
-def _open_plan(out: Path, plan: dict, replace: bool) -> None:
-    """Write shards.json into ``out``, or check the one there asks for the same index (``replace``: start over)."""
-    saved_path = out / SHARDS_FILE
-    if out.exists() and replace:
-        if not saved_path.is_file():
-            raise ConfigError(f"{out} exists and is not a sharded dab index (no {SHARDS_FILE}); refusing to replace it")
-        remove_path(out)
-    if saved_path.is_file():
-        saved = json.loads(saved_path.read_text())
-        same = {k: v for k, v in saved.items() if k != "store"} == {k: v for k, v in plan.items() if k != "store"}
-        if not same or saved["store"]["fingerprint"] != plan["store"]["fingerprint"]:
-            differ = sorted(k for k in plan if k != "store" and saved.get(k) != plan[k])
-            if saved.get("store", {}).get("fingerprint") != plan["store"]["fingerprint"]:
-                differ.append("the store's videos")
+def _new_plan(
+    store: FeatureStore, rows: np.ndarray, shards: int, split: str, vector: str, factory: str, settings: dict, run: dict
+) -> dict:
+    """shards.json's content (its ``trained_sha256`` is added once the trained file is there)."""
+    return {
+        "format": SHARDS_FORMAT,
+        "shards": shards,
+        "ranges": [list(r) for r in shard_ranges(len(rows), shards)],
+        "count": len(rows),
+        "split": split,
+        "vector": vector,
+        "factory": factory,
+        "settings": settings,
+        "store": {"path": str(store.path), "fingerprint": store_fingerprint(store, rows)},
+        "run": run,
+    }
+
+
+def _check_partitionable(faiss, factory: str, dim: int) -> None:
+    """A factory whose index splits into shards that search as one: flat, quantised codes, inverted lists; not a
+    graph (HNSW, NSG) over every vector."""
+    index = new_faiss_index(factory, dim)  # a bad factory string is refused here
+    if faiss.try_extract_index_ivf(index) is None and any(tag in factory for tag in ("HNSW", "NSG")):
+        raise ConfigError(f"--shards cannot split the graph of {factory!r}: use a Flat, PQ or IVF factory")
+
+
+def _compared(plan: dict) -> dict:
+    """What two plans of one index share: all but where the store is found and the run's path (the machines
+    that build the shards may name them otherwise) and the trained file's hash (checked on its own)."""
+    return {k: v for k, v in plan.items() if k not in ("store", "run", "trained_sha256")} | {
+        "store": plan["store"]["fingerprint"],
+        "run": (plan.get("run") or {}).get("checkpoint_sha256"),
+    }
+
+
+def read_plan(out: Path) -> Optional[dict]:
+    """``out``'s shards.json, or None where there is none; a damaged one is a one-line ConfigError."""
+    path = Path(out) / SHARDS_FILE
+    if not path.is_file():
+        return None
+    try:
+        plan = json.loads(path.read_text())
+        plan["ranges"], plan["shards"], plan["count"], plan["store"]["fingerprint"]  # noqa: B018
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{path} is not a dab shards.json ({type(exc).__name__}: {exc}); rebuild the index") from None
+    if int(plan.get("format", 0)) > SHARDS_FORMAT:
+        raise ConfigError(f"{path}: sharded index format {plan.get('format')}; this dab reads {SHARDS_FORMAT} or older")
+    return plan
+
+
+def _check_plan(out: Path, plan: dict, replace: bool) -> None:
+    """Refuse to build into ``out`` when it holds something else than this index's shards (``replace``: an
+    earlier sharded index there will be started over)."""
+    saved = read_plan(out)
+    if saved is None:
+        ours = (SHARDS_FILE, TRAINED_FILE)
+        others = (
+            [p.name for p in out.iterdir() if not p.name.startswith((".", "shard-")) and p.name not in ours]
+            if out.is_dir()
+            else []
+        )
+        if others:
             raise ConfigError(
-                f"{out} holds shards of another index ({', '.join(differ)} differ); build into another --out, or "
-                "pass --overwrite (without --shard) to start it over"
+                f"{out} exists and is not a sharded dab index (it holds {others[0]}); choose another --out"
             )
         return
-    if out.exists() and any(out.iterdir()):
-        raise ConfigError(f"{out} exists and is not a sharded dab index (no {SHARDS_FILE}); choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(saved_path, json.dumps(plan, indent=2))
+    if replace:
+        return
+    mine, theirs = _compared(plan), _compared(saved)
+    differ = sorted(k for k in mine if mine[k] != theirs.get(k))
+    if differ:
+        raise ConfigError(
+            f"{out} holds shards of another index ({', '.join(differ)} differ); build into another --out, or "
+            "pass --overwrite (without --shard) to start it over"
+        )
 
 
-def _trained_index(
-    faiss, store: FeatureStore, out: Path, rows: np.ndarray, vector: str, model, factory: str, progress
-) -> Optional[Path]:
-    """trained.faiss: the factory's index trained on the sample one index over every row would train on (None:
-    the factory needs no training). Written once; later shards read it."""
+def _publish_once(path: Path, data: bytes) -> bool:
+    """Write ``path`` unless it exists, atomically and exclusively (a hard link fails where the file is there):
+    where several machines race, the first one's file stays and the others read it. Whether this call wrote it."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            return False
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _trained_bytes(
+    faiss, store: FeatureStore, out: Path, rows: np.ndarray, vector: str, model, factory: str, chunk: int, progress
+) -> Optional[bytes]:
+    """trained.faiss's bytes: the factory's index trained on the sample one index over every row trains on (None:
+    the factory needs no training). Written once (the first machine's stays); every shard reads these bytes."""
     path = out / TRAINED_FILE
-    if path.is_file():
-        return path
+    if not path.is_file():
+        kind = VECTOR_KINDS.get(vector)
+        index = new_faiss_index(factory, store.dim)
+        pick = training_positions(faiss, index, len(rows) * kind.per_video)
+        if pick is None:
+            return None
+        sample = _sample_vectors(store, rows, vector, model, pick, chunk)
+        progress(Event("info", message=f"training the shards' index on {len(pick):,} vectors"))
+        index.train(sample)
+        _publish_once(path, faiss.serialize_index(index).tobytes())
+    return path.read_bytes()
+
+
+def _sample_vectors(store: FeatureStore, rows: np.ndarray, vector: str, model, pick: np.ndarray, chunk: int):
+    """The vectors at positions ``pick`` (per_video a video) of ``rows``' videos, read ``chunk`` videos at a time
+    -> (P, D) float32. (For the ``pooled`` kind a batch's float rounding may differ from the one index's chunks.)"""
     kind = VECTOR_KINDS.get(vector)
-    index = new_faiss_index(factory, store.dim)
-    pick = training_positions(faiss, index, len(rows) * kind.per_video)
-    if pick is None:
-        return None
-    videos, which = np.unique(pick // kind.per_video, return_inverse=True)  # the sample's videos, once each
     avg = average_query(store) if kind.needs_run else None
-    frames, mask = store.read_videos(rows[videos])  # (U, F, D), (U, F)
-    vecs = video_vectors(vector, frames, mask, model, avg)  # (U, S, D)
-    sample = vecs[which.reshape(-1), pick % kind.per_video]  # (P, D)
-    progress(Event("info", message=f"training the shards' index on {len(pick):,} vectors"))
-    index.train(np.ascontiguousarray(sample, dtype=np.float32))
-    atomic_write_bytes(path, faiss.serialize_index(index).tobytes())
-    return path
+    videos = np.unique(pick // kind.per_video)  # (U,) the sample's videos, ascending
+    out = np.empty((len(pick), store.dim), np.float32)
+    for c0 in range(0, len(videos), chunk):
+        part = videos[c0 : c0 + chunk]
+        frames, mask = store.read_videos(rows[part])  # (B, F, D), (B, F)
+        vecs = video_vectors(vector, frames, mask, model, avg)  # (B, S, D)
+        at = np.flatnonzero(np.isin(pick // kind.per_video, part))  # the sample positions of these videos
+        out[at] = vecs[np.searchsorted(part, pick[at] // kind.per_video), pick[at] % kind.per_video]
+    return out
 
 
 class ShardedIndex(VideoIndex):
@@ -174,7 +266,7 @@ class ShardedIndex(VideoIndex):
             ids.append(np.where(i >= 0, i + off, -1))
         sc, i = np.concatenate(scores, axis=1), np.concatenate(ids, axis=1)  # (M, N * n_cand)
         sc = np.where(i >= 0, sc, -np.inf)
-        order = np.argsort(-sc, axis=1, kind="stable")[:, :n_cand]
+        order = np.lexsort((i, -sc), axis=-1)[:, :n_cand]  # best first, ties by the lower position
         return np.take_along_axis(sc, order, 1), np.take_along_axis(i, order, 1)
 
     def _exact_vectors(self, ids: np.ndarray) -> np.ndarray:
@@ -210,39 +302,40 @@ class ShardedIndex(VideoIndex):
 def load_index(path: str | Path) -> VideoIndex:
     """An index folder written by `dab index`: one index, or the shards of one (``--shards``) as one."""
     p = Path(path)
-    if not (p / SHARDS_FILE).is_file():
+    plan = read_plan(p)
+    if plan is None:
         return load_index_folder(p)
-    plan = json.loads((p / SHARDS_FILE).read_text())
-    if int(plan.get("format", 0)) > SHARDS_FORMAT:
-        raise ConfigError(f"{p}: sharded index format {plan.get('format')}; this dab reads {SHARDS_FORMAT} or older")
     shards = []
     for i, (a, b) in enumerate(plan["ranges"]):
         folder = shard_folder(p, i)
+        again = f"`dab index ... --out {p} --shards {plan['shards']} --shard {i}`"
         if not (folder / "index.json").is_file():
+            raise ConfigError(f"{folder} is missing: build it with {again}")
+        try:
+            shards.append(load_index_folder(folder))
+        except ConfigError as exc:
             raise ConfigError(
-                f"{folder} is missing: build it with `dab index ... --out {p} --shards {plan['shards']} --shard {i}`"
-            )
-        shards.append(load_index_folder(folder))
+                f"{str(exc).split('; rebuild')[0]}; rebuild that shard with {again[:-1]} --overwrite`"
+            ) from None
         if shards[-1].meta.count != b - a:
-            raise ConfigError(f"{folder} holds {shards[-1].meta.count} videos, the plan {b - a}: rebuild that shard")
+            raise ConfigError(
+                f"{folder} holds {shards[-1].meta.count} videos, the plan {b - a}: rebuild it with {again}"
+            )
     _check_same_build(p, plan, shards)
     return ShardedIndex(p, plan, shards)
 
 
 def _check_same_build(p: Path, plan: dict, shards: list[VideoIndex]) -> None:
-    """Shards of one index: the same trained file, factory, vector kind, run and search settings."""
-    keys = ("factory", "vector", "dim", "per_video", "split", "refine", "terms", "nprobe", "ef_search")
-    first = shards[0].meta
+    """Every shard built as the plan says: its trained file, factory, vector kind, run and search settings."""
+    want = {"factory": plan["factory"], "vector": plan["vector"], "split": plan["split"], **plan.get("settings", {})}
     for i, s in enumerate(shards):
-        differ = [k for k in keys if getattr(s.meta, k) != getattr(first, k)]
-        if s.meta.run.get("checkpoint_sha256") != plan["run"].get("checkpoint_sha256"):
+        differ = [k for k, v in want.items() if getattr(s.meta, k) != v]
+        if s.meta.run.get("checkpoint_sha256") != (plan.get("run") or {}).get("checkpoint_sha256"):
             differ.append("run")
-        if s.meta.build.get("trained_sha256") != first.build.get("trained_sha256"):
+        if s.meta.build.get("trained_sha256") != plan.get("trained_sha256"):
             differ.append("trained.faiss")
-        if s.meta.factory != plan["factory"] or s.meta.vector != plan["vector"]:
-            differ.append("the plan's factory or vector")
         if differ:
             raise ConfigError(
-                f"{shard_folder(p, i)} was built otherwise than {shard_folder(p, 0)} ({', '.join(sorted(set(differ)))} "
-                "differ): rebuild it with the same `dab index` options"
+                f"{shard_folder(p, i)} was built otherwise than {p / SHARDS_FILE} says ({', '.join(sorted(set(differ)))} "
+                f"differ): rebuild it with `dab index ... --out {p} --shards {plan['shards']} --shard {i} --overwrite`"
             )

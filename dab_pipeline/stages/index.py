@@ -15,8 +15,8 @@ from typing import Optional
 from ..core.errors import ConfigError
 from ..core.events import ProgressCallback, null_progress
 from ..core.fsutil import atomic_write_text, sha256_file
-from ..index import DEFAULT_VECTOR, SHARDS_FILE, VECTOR_KINDS, IndexMeta, build_index, build_sharded_index
-from ..index.shards import shard_folder
+from ..index import DEFAULT_VECTOR, VECTOR_KINDS, IndexMeta, build_index, build_sharded_index
+from ..index.shards import read_plan, shard_folder
 from ..runs.load import load_run
 from ..scoring import Scorer
 from ..store import open_store
@@ -97,7 +97,8 @@ def run_index(cfg: IndexConfig, progress: ProgressCallback = null_progress) -> I
 def _sharded_meta(out: Path, shard: Optional[int]) -> IndexMeta:
     """What a sharded build reports (read from the index.json files, no index loaded): the whole index's metadata
     once every shard is built, else the built shard's."""
-    plan = json.loads((out / SHARDS_FILE).read_text())
+    plan = read_plan(out)
+    assert plan is not None  # build_sharded_index wrote it
     metas = [shard_folder(out, i) / "index.json" for i in range(plan["shards"])]
     if all(m.is_file() for m in metas):
         each = [IndexMeta.from_json(json.loads(m.read_text()), m) for m in metas]

@@ -252,7 +252,7 @@ class Loop:
         self.checkpoint(RunFolder.LAST, self.at)
         if improved:
             self.checkpoint(RunFolder.BEST, self.at)
-        msg = f"epoch {epoch + 1}: loss {means.get('loss', float('nan')):.4f}"
+        msg = f"epoch {epoch + 1}: loss {means.get('loss', 0.0):.4f}"
         if self.val_metrics is not None:
             m = self.val_metrics
             msg += f"  val R@1 {m['R@1']:.1f} R@5 {m['R@5']:.1f} MnR {m['MnR']:.1f}"

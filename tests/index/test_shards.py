@@ -35,14 +35,16 @@ def test_ranges_cover_every_video_once() -> None:
 
 @pytest.mark.parametrize(
     "factory, vector, nprobe",
-    [("Flat", "segments", 1), ("IVF8,Flat", "meanp", 3), ("IVF8,PQ8", "segments", 3)],
+    [("Flat", "segments", 1), ("IVF8,Flat", "meanp", 3), ("IVF8,PQ8", "segments", 3), ("PQ8", "segments", 1)],
 )
 def test_the_shards_answer_as_one_index(store: Path, tmp_path: Path, factory: str, vector: str, nprobe: int) -> None:
-    """The same shortlist, the same scores, at the same nprobe: the shards' lists partition the one index's."""
+    """The same shortlist, the same scores, at the same nprobe: the shards' lists partition the one index's (the
+    PQ8 case without re-scoring: the quantised scores' merge itself)."""
+    refine = 0 if factory == "PQ8" else 2
     with open_store(store) as st:
-        build_index(st, tmp_path / "one", split="test", vector=vector, factory=factory, nprobe=nprobe, refine=2)
+        build_index(st, tmp_path / "one", split="test", vector=vector, factory=factory, nprobe=nprobe, refine=refine)
         build_sharded_index(
-            st, tmp_path / "four", shards=4, split="test", vector=vector, factory=factory, nprobe=nprobe, refine=2
+            st, tmp_path / "four", shards=4, split="test", vector=vector, factory=factory, nprobe=nprobe, refine=refine
         )
         exact = build_index(st, tmp_path / "flat", split="test", vector=vector)
         qv = query_vectors(vector, st.read_captions(np.arange(0, 2 * N, 7)))
@@ -83,7 +85,10 @@ def test_each_shard_builds_on_its_own_and_a_missing_one_is_named(store: Path, tm
     meta = json.loads((out / "shard-001" / "index.json").read_text())
     meta["build"]["trained_sha256"] = "0" * 64
     (out / "shard-001" / "index.json").write_text(json.dumps(meta))
-    with pytest.raises(ConfigError, match=r"shard-001 was built otherwise .*trained.faiss"):
+    with pytest.raises(ConfigError, match=r"shard-001 was built otherwise .*trained.faiss.*--shard 1 --overwrite"):
+        load_index(out)
+    (out / "shards.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="is not a dab shards.json"):
         load_index(out)
 
 
@@ -118,3 +123,28 @@ def test_a_search_over_shards_answers_as_over_one_index(tmp_path: Path) -> None:
         np.testing.assert_allclose([h.cost for h in a.hits], [h.cost for h in b.hits], rtol=1e-5, atol=1e-6)
     bad = invoke([*base, "--out", tmp_path / "three", "--shards", "3", "--shard", "5"])
     assert bad.exit_code != 0 and "shard must be between 0 and 2" in bad.output and "Traceback" not in bad.output
+
+
+def test_bad_arguments_write_nothing_and_replace_nothing(store: Path, tmp_path: Path) -> None:
+    out = tmp_path / "idx"
+    with open_store(store) as st:
+        with pytest.raises(ConfigError, match="pass --run"):
+            build_sharded_index(st, out, shards=2, split="test", vector="pooled", factory="IVF4,Flat")
+        with pytest.raises(ConfigError, match="factory string"):
+            build_sharded_index(st, out, shards=2, split="test", factory="NotAFactory")
+        with pytest.raises(ConfigError, match="cannot split the graph"):
+            build_sharded_index(st, out, shards=2, split="test", factory="NSG16,Flat")
+        assert not out.exists()
+        build_sharded_index(st, out, shards=2, split="test", factory="IVF4,Flat")
+        before = sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))
+        with pytest.raises(ConfigError, match="pass --run"):  # --overwrite with a bad argument: the index stays
+            build_sharded_index(st, out, shards=2, split="test", factory="IVF4,Flat", terms=True, overwrite=True)
+        assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == before
+        with pytest.raises(ConfigError, match=r"settings differ"):  # another refine or nprobe is another index
+            build_sharded_index(st, out, shards=2, shard=0, split="test", factory="IVF4,Flat", nprobe=2)
+        # the run's or the store's path as another machine names it is the same index
+        plan = json.loads((out / "shards.json").read_text())
+        plan["store"]["path"], plan["run"]["path"] = "/elsewhere/s.h5", "/elsewhere/run"
+        (out / "shards.json").write_text(json.dumps(plan))
+        build_sharded_index(st, out, shards=2, shard=1, split="test", factory="IVF4,Flat")
+    assert load_index(out).meta.count == N
