@@ -23,7 +23,7 @@ def _bench():
 
 def test_the_benchmark_compares_shards_with_one_index(tmp_path: Path) -> None:
     out = _bench().main(
-        ["--videos", "400", "--factory", "IVF8,PQ8", "--nprobe", "3", "--shards", "3", "--shortlist", "20",
+        ["--videos", "400", "--factory", "IVF8,PQ8x4", "--nprobe", "3", "--shards", "3", "--shortlist", "20",
          "--queries", "30", "--repeats", "1", "--work", str(tmp_path)]
     )  # fmt: skip
     rows = {(r["shards"], r["shortlist"]): r for r in out["rows"]}

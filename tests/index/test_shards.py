@@ -35,12 +35,12 @@ def test_ranges_cover_every_video_once() -> None:
 
 @pytest.mark.parametrize(
     "factory, vector, nprobe",
-    [("Flat", "segments", 1), ("IVF8,Flat", "meanp", 3), ("IVF8,PQ8", "segments", 3), ("PQ8", "segments", 1)],
+    [("Flat", "segments", 1), ("IVF8,Flat", "meanp", 3), ("IVF8,PQ8x4", "segments", 3), ("PQ8x4", "segments", 1)],
 )
 def test_the_shards_answer_as_one_index(store: Path, tmp_path: Path, factory: str, vector: str, nprobe: int) -> None:
     """The same shortlist, the same scores, at the same nprobe: the shards' lists partition the one index's (the
-    PQ8 case without re-scoring: the quantised scores' merge itself)."""
-    refine = 0 if factory == "PQ8" else 2
+    PQ8x4 case without re-scoring: the quantised scores' merge itself)."""
+    refine = 0 if factory == "PQ8x4" else 2
     with open_store(store) as st:
         build_index(st, tmp_path / "one", split="test", vector=vector, factory=factory, nprobe=nprobe, refine=refine)
         build_sharded_index(
@@ -67,17 +67,17 @@ def test_each_shard_builds_on_its_own_and_a_missing_one_is_named(store: Path, tm
     out = tmp_path / "idx"
     with open_store(store) as st:
         for i in (2, 0):
-            build_sharded_index(st, out, shards=3, shard=i, split="test", factory="IVF4,PQ8", refine=2)
+            build_sharded_index(st, out, shards=3, shard=i, split="test", factory="IVF4,PQ8x4", refine=2)
         with pytest.raises(ConfigError, match=r"shard-001 is missing: build it with .*--shards 3 --shard 1"):
             load_index(out)
-        build_sharded_index(st, out, shards=3, shard=1, split="test", factory="IVF4,PQ8", refine=2)
+        build_sharded_index(st, out, shards=3, shard=1, split="test", factory="IVF4,PQ8x4", refine=2)
         qv = query_vectors("segments", st.read_captions(np.arange(9)))
-        build_index(st, tmp_path / "one", split="test", factory="IVF4,PQ8", refine=2)
+        build_index(st, tmp_path / "one", split="test", factory="IVF4,PQ8x4", refine=2)
         # another plan into the same folder is refused, naming what differs
         with pytest.raises(ConfigError, match="shards differ"):
-            build_sharded_index(st, out, shards=4, shard=0, split="test", factory="IVF4,PQ8")
+            build_sharded_index(st, out, shards=4, shard=0, split="test", factory="IVF4,PQ8x4")
         with pytest.raises(ConfigError, match="--shard must be between 0 and 2"):
-            build_sharded_index(st, out, shards=3, shard=3, split="test", factory="IVF4,PQ8")
+            build_sharded_index(st, out, shards=3, shard=3, split="test", factory="IVF4,PQ8x4")
         with pytest.raises(ConfigError, match="cannot split the graph"):
             build_sharded_index(st, tmp_path / "h", shards=2, split="test", factory="HNSW8")
     np.testing.assert_array_equal(load_index(out).search(qv, 20)[0], load_index(tmp_path / "one").search(qv, 20)[0])
