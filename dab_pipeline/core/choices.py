@@ -47,7 +47,7 @@ DECODE_BACKENDS = ("pyav", "pyav-seek", "decord")  # video decoders (dab_pipelin
 # uncertainty (docs/uncertainty.md): the conformal scores a retrieval set is built with, and the maps
 # `dab calibrate` fits (logistic over every feature, isotonic over the margin)
 CONFORMAL_SCORES = ("lac", "aps", "raps", "normalized")
-DEFAULT_CONFORMAL_SCORE = "lac"
+DEFAULT_CONFORMAL_SCORE = "aps"  # by the rule of docs/quality.md, measured 2026-12-06 (issue 47)
 CALIBRATION_METHODS = ("logistic", "isotonic")
 DEFAULT_CALIBRATION_METHOD = "logistic"
 # the most videos one `dab serve` query may ask for (its page and API's k; -k above it is refused at start)
