@@ -3,7 +3,7 @@ store's CLIP and (optionally) a ``dab index`` folder once and ranks queries; ``d
 (``dab_pipeline.stages``) are its two users."""
 
 from .descriptions import load_descriptions  # noqa: F401
-from .results import SearchHit, SearchResult, check_queries, uncertainty_payload  # noqa: F401
+from .results import SearchHit, SearchResult, check_queries, result_payload, uncertainty_payload  # noqa: F401
 from .searcher import (  # noqa: F401
     DEFAULT_SHORTLIST,
     Searcher,
@@ -17,6 +17,7 @@ __all__ = [
     "Searcher",
     "encode_queries",
     "check_queries",
+    "result_payload",
     "uncertainty_payload",
     "DEFAULT_SHORTLIST",
 ]

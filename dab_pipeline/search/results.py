@@ -12,7 +12,7 @@ from ..calibration import QueryUncertainty
 from ..core.errors import ConfigError
 from ..scoring.first_stage import check_shortlist
 
-__all__ = ["SearchHit", "SearchResult", "check_queries", "uncertainty_payload"]
+__all__ = ["SearchHit", "SearchResult", "check_queries", "result_payload", "uncertainty_payload"]
 
 
 @dataclass(frozen=True)
@@ -139,3 +139,24 @@ def uncertainty_payload(result: SearchResult) -> Optional[dict]:
             "answered_share_on_calibration": u.risk.answered_share,
         }
     return out
+
+
+def result_payload(result: SearchResult, descriptions: Optional[dict] = None) -> dict:
+    """A result as JSON (``dab search --json``; ``dab serve``'s API adds its own fields): the query, its margin,
+    the words the model cannot read, the calibrated answer where there is one, and the hits (each video's
+    description where ``descriptions`` has them)."""
+    return {
+        "query": result.query,
+        "margin": result.margin,
+        "unknown_words": list(result.unknown_words),
+        **({"uncertainty": uncertainty_payload(result)} if result.uncertainty is not None else {}),
+        "hits": [
+            {
+                "rank": h.rank,
+                "video_id": h.video_id,
+                "cost": h.cost,
+                **({"description": descriptions.get(h.video_id)} if descriptions else {}),
+            }
+            for h in result.hits
+        ],
+    }

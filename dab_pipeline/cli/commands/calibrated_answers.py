@@ -5,12 +5,6 @@ from __future__ import annotations
 MAX_LISTED = 20  # videos of a conformal set named in a table's caption (the --json output lists every one)
 
 
-def uncertainty_payload(result):
-    from ...search import uncertainty_payload as payload  # deferred: `dab --help` must not import numpy
-
-    return payload(result)
-
-
 def uncertainty_lines(result) -> list[str]:
     """The lines under a query's table: its calibrated probabilities, its conformal set, whether it is answered."""
     u = result.uncertainty

@@ -9,7 +9,7 @@ import click
 
 from ...core.choices import CONFORMAL_SCORES, DEFAULT_CONFORMAL_SCORE, DEFAULT_SCORE_DTYPE, SCORE_DTYPES
 from .. import cli
-from .calibrated_answers import uncertainty_lines, uncertainty_payload
+from .calibrated_answers import uncertainty_lines
 from .options import k_option, one_spelling
 from .output import console
 
@@ -158,24 +158,9 @@ def search(
 
 def _search_payload(results, about: dict) -> list[dict]:
     """The results as `dab search --json` prints them: each query's margin and hits (with descriptions if given)."""
-    return [
-        {
-            "query": r.query,
-            "margin": r.margin,
-            "unknown_words": list(r.unknown_words),
-            **({"uncertainty": uncertainty_payload(r)} if r.uncertainty is not None else {}),
-            "hits": [
-                {
-                    "rank": h.rank,
-                    "video_id": h.video_id,
-                    "cost": h.cost,
-                    **({"description": about.get(h.video_id)} if about else {}),
-                }
-                for h in r.hits
-            ],
-        }
-        for r in results
-    ]
+    from ...search import result_payload  # deferred: `dab --help` must not import torch
+
+    return [result_payload(r, about) for r in results]
 
 
 def _print_results(results, about: dict) -> None:

@@ -7,7 +7,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ...results.page import data_uri
-from ...search import Searcher, SearchResult, uncertainty_payload
+from ...search import Searcher, SearchResult, result_payload
 from .settings import ServeSettings
 
 __all__ = ["cost_svg", "payload", "page_result", "first_captions", "MAX_CAPTIONS_SHOWN"]
@@ -36,24 +36,11 @@ def cost_svg(costs: np.ndarray, top: int, width: int = 420, height: int = 120) -
 def payload(r: SearchResult, settings: ServeSettings, seconds: float) -> dict[str, Any]:
     margin = r.margin
     abstain = settings.abstain_below is not None and (margin is None or margin < settings.abstain_below)
-    about = settings.descriptions
     return {
-        "query": r.query,
-        "margin": margin,
+        **result_payload(r, settings.descriptions),
         "confidence": margin,  # the margin's name in the API before issue 48: kept for one release (docs/search.md)
         "abstain": bool(abstain),
         "shortlist": r.shortlist,
-        "unknown_words": list(r.unknown_words),
-        **({"uncertainty": uncertainty_payload(r)} if r.uncertainty is not None else {}),
-        "hits": [
-            {
-                "rank": h.rank,
-                "video_id": h.video_id,
-                "cost": h.cost,
-                **({"description": about.get(h.video_id)} if about else {}),
-            }
-            for h in r.hits
-        ],
         "ms": round(1000 * seconds, 2),
     }
 
