@@ -11,10 +11,10 @@ import numpy as np
 from ...core.events import Event, ProgressCallback, null_progress
 from ...metrics import selective_report, t2v_metrics
 from ...runs.config import TrainConfig
-from ...runs.inputs import SplitArrays, score_inputs
+from ...runs.inputs import SplitArrays
 from ...runs.run_folder import RunFolder
 from ...scoring import PROBE_SIDE, BridgeProbe, Scorer, constant_bridge, probe_bridge
-from .inputs import split_inputs
+from .inputs import model_inputs
 
 # Below this pair-dependent share (of mu and of logvar alike) the bridge is reported to act as a constant shift.
 CONSTANT_SHARE = 0.05
@@ -34,20 +34,16 @@ def bridge_report(
     are (``same_top1``: % of queries with the same best video; ``rank_correlation``: the mean
     per-query Spearman correlation of the two cost rows).
     """
-    import torch
 
     run_cfg = RunFolder(run).load_config(TrainConfig)
     if not run_cfg.model.uses_bridge:
         return None
     if run_cfg.model.drift == "constant":
         return {"drift": "constant", "pair_dependent_share": {"mu": 0.0, "logvar": 0.0}}  # by construction
-    device = torch.device("cpu")
-    found = split_inputs(run, cm, store_path, run_cfg.test_split, device, progress, "the bridge diagnostics")
+    found = model_inputs(run, cm, store_path, run_cfg.test_split, progress, "the bridge diagnostics")
     if found is None:
         return None
-    loaded, feats, split = found
-    with torch.no_grad():
-        text, frames = score_inputs(loaded.heads, feats, device, 0, feats.num_queries)
+    loaded, feats, split, text, frames = found
     probe = probe_bridge(loaded.model, text, frames, feats.mask, seed=seed)
     control = constant_bridge(loaded.model, probe.mean_shift_mu, probe.mean_shift_logvar)
     cost = Scorer(control).score(text, frames, feats.mask).cost  # (Q, V)

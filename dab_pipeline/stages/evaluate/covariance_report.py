@@ -13,9 +13,8 @@ from ... import metrics as M
 from ...core.events import ProgressCallback, null_progress
 from ...model import DABModel, TextState
 from ...runs.config import TrainConfig
-from ...runs.inputs import score_inputs
 from ...runs.run_folder import RunFolder
-from .inputs import split_inputs
+from .inputs import model_inputs
 
 # aligned (text, video) pairs per forward pass when finding the best-matching components of the top-k pairs
 PAIR_BLOCK = 1024
@@ -38,13 +37,11 @@ def covariance_report(
     spec = run_cfg.model.covariance_spec
     if not run_cfg.model.gaussian or spec.kind == "diag":
         return None
-    device = torch.device("cpu")
-    found = split_inputs(run, cm, store_path, run_cfg.test_split, device, progress, "the covariance diagnostics")
+    found = model_inputs(run, cm, store_path, run_cfg.test_split, progress, "the covariance diagnostics")
     if found is None:
         return None
-    loaded, feats, split = found
+    loaded, feats, split, text, frames = found  # (Q, D), (V, F, D)
     with torch.no_grad():
-        text, frames = score_inputs(loaded.heads, feats, device, 0, feats.num_queries)  # (Q, D), (V, F, D)
         ts = loaded.model.encode_text(text)
         out: dict[str, Any] = {"kind": spec.kind, "split": split, "texts": len(ts), "dim": int(text.shape[1])}
         if spec.kind == "lowrank":

@@ -6,9 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+import torch
+
 from ...core.errors import DabError
 from ...core.events import Event, ProgressCallback
-from ...runs.inputs import SplitArrays
+from ...runs.inputs import SplitArrays, score_inputs
 from ...runs.load import LoadedRun, load_run
 from ...store import open_store
 
@@ -42,3 +44,18 @@ def split_inputs(
         )
         return None
     return loaded, feats, split
+
+
+def model_inputs(
+    run: Path, cm, store_path: Optional[Path], test_split: str, progress: ProgressCallback, purpose: str
+) -> Optional[tuple[LoadedRun, SplitArrays, str, torch.Tensor, torch.Tensor]]:
+    """:func:`split_inputs` on the CPU, and the split's texts (Q, D) and frames (V, F, D) as the run's model takes
+    them (through its fine-tuned heads, where it has them); None where split_inputs gives None."""
+    device = torch.device("cpu")
+    found = split_inputs(run, cm, store_path, test_split, device, progress, purpose)
+    if found is None:
+        return None
+    loaded, feats, split = found
+    with torch.no_grad():
+        text, frames = score_inputs(loaded.heads, feats, device, 0, feats.num_queries)  # (Q, D), (V, F, D)
+    return loaded, feats, split, text, frames
