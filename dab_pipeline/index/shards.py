@@ -103,6 +103,7 @@ def build_sharded_index(
     plan["trained_sha256"] = hashlib.sha256(trained).hexdigest() if trained is not None else None
     _publish_once(out / SHARDS_FILE, json.dumps(plan, indent=2).encode())
     _check_plan(out, plan, replace=False)  # another machine's plan, published first, must be this one
+    _check_trained(out, plan)
     for i in range(int(shards)) if shard is None else [int(shard)]:
         folder = shard_folder(out, i)
         if (folder / "index.json").is_file() and not overwrite:
@@ -134,6 +135,15 @@ def _new_plan(
         "store": {"path": str(store.path), "fingerprint": store_fingerprint(store, rows)},
         "run": run,
     }
+
+
+def _check_trained(out: Path, plan: dict) -> None:
+    """Refuse to build shards from a trained.faiss other than the one shards.json was planned with."""
+    if (read_plan(out) or {}).get("trained_sha256") != plan["trained_sha256"]:
+        raise ConfigError(
+            f"{out / TRAINED_FILE} is not the file {out / SHARDS_FILE} was planned with (their sha256 differ): start "
+            "the index over with --overwrite (without --shard)"
+        )
 
 
 def _check_partitionable(faiss, factory: str, dim: int) -> None:

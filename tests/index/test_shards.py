@@ -148,3 +148,8 @@ def test_bad_arguments_write_nothing_and_replace_nothing(store: Path, tmp_path: 
         (out / "shards.json").write_text(json.dumps(plan))
         build_sharded_index(st, out, shards=2, shard=1, split="test", factory="IVF4,Flat")
     assert load_index(out).meta.count == N
+    # a trained file replaced since the plan was written: refused before any shard is built from it
+    plan = json.loads((out / "shards.json").read_text())
+    (out / "shards.json").write_text(json.dumps(plan | {"trained_sha256": "0" * 64}))
+    with open_store(store) as st, pytest.raises(ConfigError, match="is not the file .*shards.json was planned with"):
+        build_sharded_index(st, out, shards=2, shard=1, split="test", factory="IVF4,Flat", overwrite=True)
