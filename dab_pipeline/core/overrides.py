@@ -16,6 +16,7 @@ from typing import Any, Iterable, Mapping, TypeVar, Union
 
 from .errors import ConfigError
 from .fsutil import atomic_write_text
+from .location import StoreURL, location
 
 C = TypeVar("C")
 
@@ -57,7 +58,7 @@ def parse_value(raw: str, tp: Any, key: str) -> Any:
         if inner is str or inner is Any:
             return raw
         if inner is Path:
-            return Path(raw)
+            return location(raw)
         if origin in (tuple, list):
             args = typing.get_args(inner)
             elem = args[0] if args else str
@@ -170,9 +171,11 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     """A JSON-able dict of a (nested) config dataclass."""
 
     def conv(v: Any) -> Any:
+        if isinstance(v, StoreURL):  # a dataclass too, written as the URL it is
+            return str(v)
         if dataclasses.is_dataclass(v):
             return {f.name: conv(getattr(v, f.name)) for f in dataclasses.fields(v)}
-        if isinstance(v, Path):
+        if isinstance(v, (Path, StoreURL)):
             return str(v)
         if isinstance(v, (tuple, list)):
             return [conv(x) for x in v]
@@ -201,7 +204,7 @@ def from_dict(cls: type[C], data: dict[str, Any]) -> C:
             # config.json's "model": "dab" would reach the code as a str where a ModelConfig is read
             raise ConfigError(f"{cls.__name__}.{name} must be a mapping of {tp.__name__} fields, got {value!r}")
         elif value is not None and tp is Path:
-            kwargs[name] = Path(value)
+            kwargs[name] = location(value)  # a store may be a URL (core/location.py)
         elif value is not None and typing.get_origin(tp) is tuple:
             kwargs[name] = tuple(value)
         else:

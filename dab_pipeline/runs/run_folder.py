@@ -33,6 +33,7 @@ from typing import Any, Iterator, Optional
 
 from ..core.errors import ConfigError, RunLockedError, StoreError
 from ..core.fsutil import atomic_write_text
+from ..core.location import StoreURL, is_url, location
 from ..core.overrides import from_dict, to_dict
 from ..core.write_errors import named_write_errors
 from .checkpoint import load_checkpoint, save_checkpoint
@@ -160,7 +161,7 @@ class RunFolder:
     def save_config(self, cfg: Any) -> None:
         """config.json: ``cfg`` as a dict, with the store's absolute path beside the one given."""
         data = to_dict(cfg)
-        if isinstance(data.get("features"), str):
+        if isinstance(data.get("features"), str) and not is_url(data["features"]):
             data[FEATURES_ABS] = str(Path(data["features"]).resolve())
         atomic_write_text(self.config_path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
@@ -202,10 +203,12 @@ class RunFolder:
         return cands[0]
 
 
-def locate_store(recorded: str | Path, run: Path, absolute: Optional[str] = None) -> Path:
+def locate_store(recorded: str | Path, run: Path, absolute: Optional[str] = None) -> Path | StoreURL:
     """Where a run's store is now: the first that exists of the path as recorded (from the cwd), the recorded
     path taken from the run folder, and the absolute path recorded at training; the recorded path when none does
-    (so an error names what config.json says)."""
+    (so an error names what config.json says). A URL is where it is."""
+    if is_url(recorded):
+        return location(recorded)
     recorded = Path(recorded)
     candidates = [recorded, Path(run) / recorded] + ([Path(absolute)] if absolute else [])
     return next((c for c in candidates if c.exists()), recorded)

@@ -34,6 +34,7 @@ from ..core.choices import DEFAULT_SCORE_DTYPE
 from ..core.deprecation import renamed_keywords
 from ..core.errors import ConfigError, StoreError, UnknownNameError, WeightsError
 from ..core.fsutil import sha256_file
+from ..core.location import location
 from ..index import VECTOR_KINDS, load_index, query_vectors, split_rows, store_fingerprint
 from ..runs.load import load_run
 from ..runtime.capabilities import resolve_score_dtype
@@ -104,7 +105,7 @@ class Searcher(CalibratedSearch):
         self.warn = warn  # search() says here what a query's result also holds (its unknown words)
         if choice.warning:
             warn(choice.warning)
-        self.dtype, self.split, self.store_path = choice.dtype, split, Path(store_path)
+        self.dtype, self.split, self.store_path = choice.dtype, split, location(store_path)
         self.lock = threading.Lock()
         self.store = open_store(store_path)  # the store first: an incomplete one is refused before a model loads
         try:

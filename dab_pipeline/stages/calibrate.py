@@ -26,6 +26,7 @@ from ..core.choices import DEFAULT_SCORE_DTYPE
 from ..core.errors import ConfigError, StoreError
 from ..core.events import Event, ProgressCallback, null_progress
 from ..core.fsutil import sha256_file
+from ..core.location import location
 from ..index import split_rows, store_fingerprint
 from ..runs.load import load_run
 from ..runtime.capabilities import resolve_score_dtype
@@ -68,7 +69,7 @@ def run_calibrate(cfg: CalibrateConfig, progress: ProgressCallback = null_progre
     gallery = cfg.gallery or split
     if split == ALL_SPLITS:
         raise ConfigError("calibrate on one split's queries (the run's validation split), not 'all'")
-    store_path = Path(cfg.features) if cfg.features is not None else Path(run.config.features)
+    store_path = location(cfg.features if cfg.features is not None else run.config.features)
     with open_store(store_path) as store:
         store.require_complete("dab calibrate")
         if store.dim != run.model.cfg.embed_dim:

@@ -13,6 +13,7 @@ from typing import Callable, Optional, Sequence
 
 from ..calibration import DEFAULT_CONFORMAL_SCORE, DEFAULT_DELTA, UncertaintyRequest
 from ..core.choices import DEFAULT_SCORE_DTYPE
+from ..core.location import location
 from ..search import Searcher, SearchResult, check_queries
 
 __all__ = ["SearchConfig", "run_search", "search"]
@@ -96,7 +97,7 @@ def search(
     """
     cfg = SearchConfig(
         run=Path(run_dir),
-        features=Path(store_path),
+        features=location(store_path),
         queries=tuple(queries),
         k=k,
         split=split,

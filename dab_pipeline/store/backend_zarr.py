@@ -15,6 +15,7 @@ from ..core.write_errors import named_write_errors
 from .backend_h5 import Backend, H5Backend
 from .layout import (
     COMPRESSED,
+    CREATING,
     LEGACY_LOCK,
     SHARE_LOCK,
     ZARR_CHUNK_BYTES,
@@ -60,7 +61,7 @@ class ZarrBackend(Backend):
                 # Not in multi-writer mode: another writer's temporary file may be in flight.
                 self._remove_partials()
         try:
-            self.g = zarr.open_group(str(path), mode="r" if mode == "r" else "r+")
+            self.g = zarr.open_group(self._zarr_store(mode), mode="r" if mode == "r" else "r+")
         except Exception as e:  # zarr raises FileNotFoundError / ValueError / JSONDecodeError
             self._release_writer_lock()
             raise StoreError(f"{path} is not a readable zarr store: {type(e).__name__}: {e}") from None
@@ -69,6 +70,28 @@ class ZarrBackend(Backend):
         self.mode = mode
         # set by a long-lived reader (dab serve): a chunk file changed after this time is refused, not read
         self.unchanged_since_ns: int | None = None
+
+    def _zarr_store(self, mode: str) -> Any:
+        """What zarr opens: the folder's path here, an fsspec store for a URL (backend_remote)."""
+        return str(self.path)
+
+    def _chunk_root(self, name: str) -> str:
+        """Where array ``name``'s chunk files lie, as this backend reads them."""
+        return str(self.path / name)
+
+    def chunk_sizes(self, paths: list[str]) -> list[int | None]:
+        """Each chunk file's size, None where it is missing."""
+        out: list[int | None] = []
+        for p in paths:
+            try:
+                out.append(os.stat(p).st_size)
+            except FileNotFoundError:
+                out.append(None)
+        return out
+
+    def total_bytes(self) -> int:
+        """Bytes of every file of the store."""
+        return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
 
     def _take_writer_lock(self, writer: tuple[int, int] | None = None) -> None:
         if not self.path.is_dir():
@@ -169,7 +192,7 @@ class ZarrBackend(Backend):
             and float(md.fill_value) == 0
             and hasattr(md, "encode_chunk_key")
         ):
-            info = RawChunks(str(self.path / name), int(a.chunks[0]), tuple(a.shape[1:]), dt, a.ndim, md)
+            info = RawChunks(self._chunk_root(name), int(a.chunks[0]), tuple(a.shape[1:]), dt, a.ndim, md)
         self._raw[name] = info
         return info
 
@@ -295,11 +318,13 @@ class ZarrBackend(Backend):
         self._release_writer_lock()
 
     @staticmethod
-    def create(tmp: Path, layout: dict, attrs: dict, init: dict[str, np.ndarray]) -> None:
+    def create(tmp: Any, layout: dict, attrs: dict, init: dict[str, np.ndarray]) -> None:
+        """Write a new store at ``tmp`` (a folder path, or a zarr store object for a URL); its dab attributes are
+        written last, so a store without them was never finished (layout.CREATING marks it meanwhile)."""
         import zarr
 
-        g = zarr.open_group(str(tmp), mode="w-")
-        g.attrs.update(attrs)
+        g = zarr.open_group(str(tmp) if isinstance(tmp, Path) else tmp, mode="w-")
+        g.attrs.update({CREATING: True})
         share_rows = layout.get("share_rows")
         for spec in array_specs(layout):
             n = spec.shape[0]
@@ -333,6 +358,7 @@ class ZarrBackend(Backend):
             )
             if spec.name in init and n:
                 a[...] = init[spec.name]
+        g.attrs.put(attrs)  # replaces the CREATING mark: the store is whole
 
 
 def backend_class(kind: str) -> type[Backend]:

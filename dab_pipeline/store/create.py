@@ -11,12 +11,14 @@ import numpy as np
 
 from ..core.errors import ConfigError, StoreError
 from ..core.fsutil import fsync_dir, publish, remove_path, temp_sibling
+from ..core.location import StoreURL, location, storage_options
 from ..core.write_errors import check_free_space, write_failure
 from . import backend_h5
 from .backend_h5 import h5_locking_kwargs
+from .backend_remote import RemoteZarrBackend, remote_reason
 from .backend_zarr import ZarrBackend, backend_class
 from .feature_store import FeatureStore
-from .layout import ERROR_BYTES, FORMAT_VERSION, ZERO_INIT, array_specs, store_backend
+from .layout import CREATING, ERROR_BYTES, FORMAT_VERSION, ZERO_INIT, array_specs, store_backend
 
 
 def open_store(path: str | os.PathLike, mode: str = "r", *, writer: tuple[int, int] | None = None) -> FeatureStore:
@@ -35,8 +37,11 @@ def open_store(path: str | os.PathLike, mode: str = "r", *, writer: tuple[int, i
             f"mode must be 'r' (read) or 'a' (resume writing), got {mode!r}: open_store opens an existing store; "
             "dab extract (or create_store) makes one"
         )
-    p = Path(path)
-    kind = store_backend(p)
+    loc = location(path)
+    kind = store_backend(loc)
+    if isinstance(loc, StoreURL):
+        return _open_remote(loc, kind, mode, writer)
+    p = loc
     if not p.exists():
         raise StoreError(f"feature store {p} does not exist")
     if kind == "hdf5" and p.is_dir():
@@ -53,6 +58,40 @@ def open_store(path: str | os.PathLike, mode: str = "r", *, writer: tuple[int, i
             )
         return FeatureStore(p, ZarrBackend(p, mode, writer=tuple(writer)), mode, writer=tuple(writer))
     return FeatureStore(p, backend_class(kind)(p, mode), mode)
+
+
+def _open_remote(url: StoreURL, kind: str, mode: str, writer: tuple[int, int] | None) -> FeatureStore:
+    """A Zarr store on object storage (store/backend_remote.py); refused as one line when it cannot be read."""
+    if kind != "zarr":
+        raise StoreError(
+            f"{url}: an HDF5 store is read from a local file only; object storage holds .zarr stores "
+            "(extract to a .zarr URL, or copy the file to this machine)"
+        )
+    probe_remote(url, must_exist=True)
+    if writer is not None and mode != "a":
+        raise ConfigError("writer=(rank, world_size) needs mode='a'")
+    backend = RemoteZarrBackend(url, mode, writer=None if writer is None else tuple(writer))
+    return FeatureStore(url, backend, mode, writer=None if writer is None else tuple(writer))
+
+
+def probe_remote(url: StoreURL, *, must_exist: bool) -> bool:
+    """Whether a store is at ``url`` (its root zarr.json); a StoreError for an unreachable or unauthorised bucket,
+    and, with ``must_exist``, for a missing store."""
+    fs = url.filesystem()
+    try:
+        fs.info(f"{url.fs_path}/zarr.json")
+        return True
+    except FileNotFoundError:
+        if must_exist:
+            raise StoreError(f"feature store {url} does not exist (no {url}/zarr.json)") from None
+        return False
+    except PermissionError as exc:
+        raise StoreError(
+            f"{url}: access denied ({remote_reason(exc)}); check the credentials in the environment "
+            "(AWS_ACCESS_KEY_ID, AWS_PROFILE, ...) or the filesystem's config files"
+        ) from None
+    except Exception as exc:
+        raise StoreError(f"{url} is unreachable ({remote_reason(exc)}); check the endpoint and the network") from None
 
 
 def _str_array(values: Sequence[str] | np.ndarray, n: int | None, what: str) -> np.ndarray:
@@ -105,21 +144,37 @@ def create_store(
     with either; text_state_lengths (M,) (tokens up to and including EOT) is
     required with tokens and forbidden otherwise.
     """
-    p = Path(path)
-    store_backend(p)  # an unknown suffix is the first thing to say
+    p = location(path)
+    kind = store_backend(p)  # an unknown suffix is the first thing to say
+    if isinstance(p, StoreURL) and kind != "zarr":
+        raise StoreError(f"{p}: object storage holds .zarr stores only (an HDF5 file is written locally)")
     manifest_json = _check_request(p, overwrite, dtype, num_frames, dim, manifest)
     init = _index(video_ids, video_split, caption_ids, caption_video_index, caption_text, caption_split)
     n, m = len(init["videos/ids"]), len(init["captions/ids"])
     layout = _layout(n, m, num_frames, dim, dtype, train_views, thumbnail_bytes, share_rows)
     _add_states(layout, init, vision_state_shape, text_state_width, text_state_lengths)
     attrs = {"dab_store_format": FORMAT_VERSION, "layout": layout, "manifest": manifest_json}
-    _create_atomically(p, layout, attrs, init, overwrite)
+    if isinstance(p, StoreURL):
+        _create_remote(p, layout, attrs, init, overwrite)
+    else:
+        _create_atomically(p, layout, attrs, init, overwrite)
     return open_store(p, "a")
 
 
-def _check_request(p: Path, overwrite: bool, dtype: str, num_frames: int, dim: int, manifest: dict) -> dict:
+def _check_request(p: Path | StoreURL, overwrite: bool, dtype: str, num_frames: int, dim: int, manifest: dict) -> dict:
     """Refuse an existing path (without ``overwrite``) and bad sizes; the manifest as plain JSON."""
-    if (p.exists() or p.is_symlink()) and not overwrite:
+    if isinstance(p, StoreURL):
+        exists = probe_remote(p, must_exist=False)
+        if exists and not overwrite:
+            raise StoreError(
+                f"{p} already exists; pass overwrite=True (--overwrite) to replace it, or open it to resume"
+            )
+        if exists and not is_dab_store(p):
+            raise StoreError(
+                f"--overwrite replaces dab feature stores only, and {p} holds no dab store's attributes; it is left "
+                "alone: choose another --out, or remove it yourself"
+            )
+    elif (p.exists() or p.is_symlink()) and not overwrite:
         raise StoreError(f"{p} already exists; pass overwrite=True (--overwrite) to replace it, or open it to resume")
     if p.exists() and overwrite and not is_dab_store(p):
         what = "folder" if p.is_dir() else "file"
@@ -256,6 +311,23 @@ def _create_atomically(p: Path, layout: dict, attrs: dict, init: dict, overwrite
     fsync_dir(p.parent)
 
 
+def _create_remote(url: StoreURL, layout: dict, attrs: dict, init: dict, overwrite: bool) -> None:
+    """Write a new store at ``url`` in place (object storage has no rename): the old one is removed first, and the
+    store is marked CREATING until its attributes are written last (ZarrBackend.create)."""
+    from zarr.storage import FsspecStore
+
+    fs = url.filesystem()
+    try:
+        if overwrite and fs.exists(url.fs_path):
+            fs.rm(url.fs_path, recursive=True)
+        target = FsspecStore.from_url(str(url), storage_options=storage_options(url.protocol))
+        ZarrBackend.create(target, layout, attrs, init)
+    except StoreError:
+        raise
+    except Exception as exc:
+        raise StoreError(f"cannot create {url}: {remote_reason(exc)}") from None
+
+
 def _initial_bytes(layout: dict, init: dict) -> int:
     """Bytes a new store writes when it is created: the given arrays and the zero-filled flags and masks (the
     feature arrays stay sparse until written)."""
@@ -271,14 +343,22 @@ def _initial_bytes(layout: dict, init: dict) -> int:
     return int(given + zeros)
 
 
-def is_dab_store(p: Path) -> bool:
+def is_dab_store(p: Path | StoreURL) -> bool:
     """Whether ``p`` carries a dab store's attributes (what --overwrite may replace).
 
     A Zarr folder is read from its ``zarr.json`` alone, so a damaged dab store can still be
     rebuilt; an HDF5 file must open (a truncated one says so when opened, and is not replaced).
+    A store on object storage interrupted while it was created (layout.CREATING) counts too.
     """
     import json as _json
 
+    if isinstance(p, StoreURL):
+        try:
+            meta = _json.loads(p.filesystem().cat_file(f"{p.fs_path}/zarr.json"))
+        except Exception:
+            return False
+        attributes = (meta.get("attributes") or {}) if isinstance(meta, dict) else {}
+        return "dab_store_format" in attributes or CREATING in attributes
     if p.is_dir():
         try:
             meta = _json.loads((p / "zarr.json").read_text())

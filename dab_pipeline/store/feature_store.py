@@ -9,10 +9,12 @@ from typing import Sequence
 import numpy as np
 
 from ..core.errors import StoreError
+from ..core.location import StoreURL
 from .backend_h5 import Backend
 from .integrity import WRITTEN_ROWS_ARRAYS, StoreIntegrity
 from .layout import (
     ALL_SPLITS,
+    CREATING,
     FORMAT_VERSION,
     STATUS_FAILED,
     STATUS_MISSING,
@@ -64,6 +66,11 @@ class FeatureStore(StoreReads, StoreIntegrity, StoreWrites):
     def _load_header(self) -> None:
         attrs = self._b.attrs()
         fmt = attrs.get("dab_store_format")
+        if fmt is None and attrs.get(CREATING):
+            raise StoreError(
+                f"{self.path} was interrupted while it was being created: run the same command with --overwrite "
+                "to create it again"
+            )
         if fmt is None or "layout" not in attrs or "manifest" not in attrs:
             raise StoreError(f"{self.path} is not a dab feature store (no dab_store_format/layout/manifest attributes)")
         if int(fmt) > FORMAT_VERSION:
@@ -281,10 +288,7 @@ class FeatureStore(StoreReads, StoreIntegrity, StoreWrites):
                 "nbytes": logical,
                 "stored_bytes": self._b.stored_bytes(spec.name),
             }
-        if self.path.is_dir():
-            disk = sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
-        else:
-            disk = self.path.stat().st_size
+        disk = self._b.total_bytes() if self._b.kind == "zarr" else self.path.stat().st_size
         return {
             "path": str(self.path),
             "backend": self.backend,
@@ -306,10 +310,18 @@ class FeatureStore(StoreReads, StoreIntegrity, StoreWrites):
             "file_bytes": int(disk),
         }
 
+    @property
+    def remote(self) -> bool:
+        """Whether the store lives on object storage (an fsspec URL), not in a local file or folder."""
+        return isinstance(self.path, StoreURL)
+
     def identity_files(self) -> list[Path]:
         """The files whose identity (inode, size, mtime) changes when the store is replaced, truncated or
         rewritten: the HDF5 file; a Zarr store's folder and its metadata files (its chunk files are too many
-        to watch: reading a lost or cut one fails by name)."""
+        to watch: reading a lost or cut one fails by name). None for a store on object storage: objects have no
+        inode to watch (docs/stores.md)."""
+        if self.remote:
+            return []
         if self._b.kind == "hdf5":
             return [self.path]
         meta = [self.path / "zarr.json", *(self.path / spec.name / "zarr.json" for spec in array_specs(self.layout))]
@@ -318,7 +330,7 @@ class FeatureStore(StoreReads, StoreIntegrity, StoreWrites):
     def chunk_files(self, names: Sequence[str]) -> list[Path]:
         """The chunk files of the arrays ``names`` (Zarr; none for HDF5, one file watched whole): what a reader
         that holds those arrays in memory watches to notice a chunk cut, zeroed or rewritten after it read them."""
-        if self._b.kind == "hdf5":
+        if self._b.kind == "hdf5" or self.remote:
             return []
         return [p for n in names for p in sorted((self.path / n).rglob("*")) if p.is_file() and p.name != "zarr.json"]
 

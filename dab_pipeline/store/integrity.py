@@ -3,7 +3,6 @@ refusal of an incomplete store with the command that completes it (a mixin of :c
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -52,8 +51,9 @@ class StoreIntegrity:
         out = []
         for name in sorted(self._b.strict):
             chunks, counts = self.written_chunks(name)
-            for path, n in zip(self._b.chunk_files(name, chunks) or [], counts):
-                if not os.path.exists(path):
+            paths = self._b.chunk_files(name, chunks) or []
+            for path, n, size in zip(paths, counts, self._b.chunk_sizes(paths)):
+                if size is None:
                     out.append((name, path, int(n)))
         return out
 
@@ -71,11 +71,10 @@ class StoreIntegrity:
             if raw is not None:
                 chunks, _ = self.written_chunks(name)
                 want = raw.rows_per_chunk * raw.row_bytes
-                for path in self._b.chunk_files(name, chunks) or []:
-                    if os.path.exists(path) and os.path.getsize(path) != want:
-                        problems.append(
-                            f"{name}: chunk file {path} holds {os.path.getsize(path):,} bytes, a chunk is {want:,}"
-                        )
+                paths = self._b.chunk_files(name, chunks) or []
+                for path, size in zip(paths, self._b.chunk_sizes(paths)):
+                    if size is not None and size != want:
+                        problems.append(f"{name}: chunk file {path} holds {size:,} bytes, a chunk is {want:,}")
                 continue
             try:  # HDF5, and Zarr arrays read through zarr (strings, compressed thumbnails)
                 if spec.dtype is None:

@@ -43,6 +43,9 @@ HDF5_SUFFIXES = (".h5", ".hdf5")
 
 
 ZARR_SUFFIXES = (".zarr",)
+# The root attribute of a store on object storage while it is being created (no rename publishes it there): the
+# full attributes replace it last, so a store with it was interrupted, and --overwrite may replace it.
+CREATING = "dab_store_creating"
 
 
 _ALL_SUFFIXES = HDF5_SUFFIXES + ZARR_SUFFIXES
@@ -89,7 +92,7 @@ ZERO_INIT = frozenset(
 
 def store_backend(path: str | os.PathLike) -> str:
     """``"hdf5"`` or ``"zarr"`` from the path suffix; anything else is a StoreError."""
-    suffix = Path(path).suffix.lower()
+    suffix = (path.suffix if hasattr(path, "url") else Path(path).suffix).lower()  # a StoreURL has a suffix too
     if suffix in HDF5_SUFFIXES:
         return "hdf5"
     if suffix in ZARR_SUFFIXES:

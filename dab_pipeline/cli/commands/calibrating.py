@@ -9,13 +9,13 @@ import click
 from ...core.choices import CALIBRATION_METHODS, DEFAULT_CALIBRATION_METHOD
 from .. import cli
 from ..progress import RichProgress
-from .options import EXISTING
+from .options import EXISTING, STORE
 from .output import console
 
 
 @cli.command()
 @click.option("--run", "run_dir", type=EXISTING, required=True, help="Run folder written by `dab train`.")
-@click.option("--features", type=EXISTING, default=None, help="Feature store (default: the run's own).")
+@click.option("--features", type=STORE, default=None, help="Feature store (default: the run's own).")
 @click.option(
     "--split",
     default=None,

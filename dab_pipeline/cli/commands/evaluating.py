@@ -12,7 +12,7 @@ from ...core.fsutil import atomic_write_text
 from ...results.published import published_line
 from .. import cli
 from ..progress import RichProgress
-from .options import EXISTING, PATH
+from .options import EXISTING, PATH, STORE
 from .output import console, metric_table, v2t_label
 
 
@@ -33,7 +33,7 @@ from .output import console, metric_table, v2t_label
     help="What --costs holds: cost (lower is better) or similarity (higher is better). Required for a bare .npy "
     "matrix, which cannot say; h5, zarr and npz files record it, and a --kind that disagrees is an error.",
 )
-@click.option("--features", type=EXISTING, default=None, help="Store for the neighbourhood diagnostic.")
+@click.option("--features", type=STORE, default=None, help="Store for the neighbourhood diagnostic.")
 @click.option("--out", type=PATH, default=None, help="Where to write metrics.json, report.md and plots.")
 @click.option(
     "--postprocess",

@@ -11,7 +11,7 @@ from ...core.choices import CLIP_DTYPES, DECODE_BACKENDS, STORE_DTYPES
 from ...core.errors import DatasetError
 from .. import cli
 from ..progress import RichProgress
-from .options import EXISTING, EXTRACT_TIMEOUT, PATH, typed
+from .options import EXISTING, EXTRACT_TIMEOUT, NEW_STORE, PATH, typed
 from .output import console, echo_survey, human_bytes, quiet_shared_errors
 
 
@@ -25,10 +25,10 @@ from .output import console, echo_survey, human_bytes, quiet_shared_errors
 @click.option("--annotations", type=PATH, default=None, help="Annotation folder or file (captions and splits).")
 @click.option(
     "--out",
-    type=PATH,
-    default=Path("store.h5"),
+    type=NEW_STORE,
+    default="store.h5",
     show_default=True,
-    help="Store to write: *.h5 (HDF5) or *.zarr (Zarr v3).",
+    help="Store to write: *.h5 (HDF5) or *.zarr (Zarr v3), or a *.zarr fsspec URL (s3://bucket/store.zarr).",
 )
 @click.option(
     "--model",

@@ -9,11 +9,11 @@ import click
 
 from .. import cli
 from ..progress import RichProgress
-from .options import EXISTING
+from .options import EXISTING, STORE
 
 
 @cli.command()
-@click.option("--features", type=EXISTING, required=True, help="Feature store whose videos are indexed.")
+@click.option("--features", type=STORE, required=True, help="Feature store whose videos are indexed.")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Index folder to write.")
 @click.option(
     "--run",

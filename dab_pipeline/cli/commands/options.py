@@ -10,8 +10,34 @@ from typing import Any, Mapping
 import click
 from click.core import ParameterSource
 
+from ...core.errors import ConfigError
+from ...core.location import is_url, location
+
 PATH = click.Path(path_type=Path)
 EXISTING = click.Path(path_type=Path, exists=True)
+
+
+class StoreLocation(click.ParamType):
+    """A feature store: an existing local path, or an fsspec URL (``s3://bucket/store.zarr``: docs/stores.md)
+    checked when the store is opened (one line for an unknown protocol, a missing package or bucket)."""
+
+    name = "path|url"
+
+    def __init__(self, exists: bool = True) -> None:
+        self.exists = exists
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str) or not is_url(value):
+            checked = (EXISTING if self.exists else PATH).convert(value, param, ctx)
+            return location(checked)
+        try:
+            return location(value)
+        except ConfigError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+STORE = StoreLocation()  # a store to read
+NEW_STORE = StoreLocation(exists=False)  # dab extract --out
 
 
 class FiniteFloat(click.ParamType):

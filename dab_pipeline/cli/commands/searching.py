@@ -10,7 +10,7 @@ import click
 from ...core.choices import CONFORMAL_SCORES, DEFAULT_CONFORMAL_SCORE, DEFAULT_SCORE_DTYPE, SCORE_DTYPES
 from .. import cli
 from .calibrated_answers import uncertainty_lines
-from .options import k_option, one_spelling
+from .options import STORE, k_option, one_spelling
 from .output import console
 
 _EXISTING = click.Path(path_type=Path, exists=True)
@@ -21,7 +21,7 @@ _EXISTING = click.Path(path_type=Path, exists=True)
 @click.option(
     "--run", "run_dir", type=_EXISTING, required=True, help="Run folder written by `dab train` (its best.pt is used)."
 )
-@click.option("--features", type=_EXISTING, required=True, help="Feature store whose videos are searched.")
+@click.option("--features", type=STORE, required=True, help="Feature store whose videos are searched.")
 @click.option(
     "--split",
     default="test",

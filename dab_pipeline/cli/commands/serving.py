@@ -11,12 +11,12 @@ import click
 
 from ...core.choices import DEFAULT_SCORE_DTYPE, SCORE_DTYPES, SERVE_MAX_K
 from .. import cli
-from .options import EXISTING, FINITE_FLOAT, k_option, one_spelling
+from .options import EXISTING, FINITE_FLOAT, STORE, k_option, one_spelling
 
 
 @cli.command()
 @click.option("--run", "run_dir", type=EXISTING, required=True, help="Run folder written by `dab train`.")
-@click.option("--features", type=EXISTING, required=True, help="Feature store whose videos are searched.")
+@click.option("--features", type=STORE, required=True, help="Feature store whose videos are searched.")
 @click.option(
     "--index",
     "index_dir",

@@ -9,7 +9,7 @@ import click
 from ...core.errors import ConfigError
 from .. import cli
 from ..progress import RichProgress
-from .options import EXISTING, PATH
+from .options import PATH, STORE
 from .output import console
 
 
@@ -26,7 +26,7 @@ def _seeds(option: tuple[str, ...], more: tuple[str, ...]) -> tuple[int, ...] | 
 
 @cli.command()
 @click.argument("more_seeds", nargs=-1, metavar="")
-@click.option("--features", type=EXISTING, default=None, help="The store every run trains on (not with --resume).")
+@click.option("--features", type=STORE, default=None, help="The store every run trains on (not with --resume).")
 @click.option("--out", type=PATH, required=True, help="The sweep folder: one run folder per row and seed, the table.")
 @click.option(
     "--grid",

@@ -7,12 +7,12 @@ import click
 from ...core.choices import DIST_COSTS, VARIANT_OPTIONS
 from .. import cli
 from ..progress import RichProgress
-from .options import EXISTING, PATH, typed_values
+from .options import EXISTING, PATH, STORE, typed_values
 from .output import echo_run, quiet_shared_errors
 
 
 @cli.command()
-@click.option("--features", type=EXISTING, required=False, help="Feature store written by `dab extract`.")
+@click.option("--features", type=STORE, required=False, help="Feature store written by `dab extract`.")
 @click.option("--out", type=PATH, default=None, help="Run folder (default: runs/<store>-<variant>).")
 @click.option(
     "--recipe",

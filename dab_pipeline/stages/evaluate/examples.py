@@ -9,6 +9,7 @@ from typing import Optional
 
 import numpy as np
 
+from ...core.location import location
 from ...results.page import build_queries, render_page, select_queries
 from ...runs.run_folder import RunFolder
 from ...store import open_store
@@ -19,7 +20,7 @@ def store_context(
     store_path: Optional[Path], video_ids: np.ndarray, query_ids: Optional[np.ndarray] = None
 ) -> tuple[dict[str, Optional[bytes]], dict[str, str], dict[str, str]]:
     """From a store (when it exists): thumbnails and first captions of these videos, texts of these queries."""
-    if store_path is None or not Path(store_path).exists():
+    if store_path is None or not location(store_path).exists():
         return {}, {}, {}
     with open_store(store_path) as st:
         pos = {str(v): i for i, v in enumerate(st.video_ids)}

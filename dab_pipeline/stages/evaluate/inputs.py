@@ -10,6 +10,7 @@ import torch
 
 from ...core.errors import DabError
 from ...core.events import Event, ProgressCallback
+from ...core.location import location
 from ...runs.inputs import SplitArrays, score_inputs
 from ...runs.load import LoadedRun, load_run
 from ...store import open_store
@@ -21,7 +22,7 @@ def split_inputs(
     """The loaded run, the cost file's split read from the store, and that split's name; None (with a warning
     naming ``purpose``) when the store is missing, the run does not load, or the split does not hold the cost
     file's queries in order."""
-    if store_path is None or not Path(store_path).exists():
+    if store_path is None or not location(store_path).exists():
         progress(Event("warning", message=f"store {store_path} not found: skipping {purpose}"))
         return None
     try:

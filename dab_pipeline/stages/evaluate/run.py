@@ -11,6 +11,7 @@ import numpy as np
 from ... import metrics as M
 from ...core.errors import ConfigError, StoreError
 from ...core.events import Event, ProgressCallback, null_progress
+from ...core.location import location
 from ...results.published import published_zero_shot
 from ...results.report import write_report
 from ...runs.config import TrainConfig
@@ -126,7 +127,7 @@ def _uncertainty_sections(
 def _inputs(cfg: EvaluateConfig) -> tuple[Path, Path]:
     """The cost file to read (a zero-shot run's is written first) and the folder the reports go to."""
     if cfg.zero_shot:
-        store = Path(cfg.features)
+        store = location(cfg.features)
         out_dir = Path(cfg.out) if cfg.out else Path("runs") / f"{store.name.split('.')[0]}-zero-shot"
         return write_zero_shot_costs(store, out_dir / "costs_test.h5"), out_dir
     costs_path = Path(cfg.costs) if cfg.costs is not None else find_costs(Path(cfg.run))
@@ -136,9 +137,9 @@ def _inputs(cfg: EvaluateConfig) -> tuple[Path, Path]:
 def _published(cm: CostMatrix, store_path: Optional[Path], t2v: dict[str, Any]) -> Optional[dict[str, Any]]:
     """A zero-shot run's published counterpart for its store's dataset and CLIP (None for any other run, a store
     that cannot be read, or a pair nothing is published for)."""
-    if (cm.attrs or {}).get("variant") != "zero-shot" or store_path is None or not Path(store_path).exists():
+    if (cm.attrs or {}).get("variant") != "zero-shot" or store_path is None or not location(store_path).exists():
         return None
-    with open_store(Path(store_path)) as st:
+    with open_store(store_path) as st:
         manifest = dict(st.manifest)
     return published_zero_shot(manifest, t2v)
 
@@ -163,7 +164,7 @@ def store_of(cfg: EvaluateConfig, cm: CostMatrix, costs_path: Path) -> Optional[
     then the absolute path recorded at training), so a copied run or another cwd keeps its diagnostics;
     else the path named, for the warning that it is missing (None when nothing names one)."""
     if cfg.features is not None:
-        return Path(cfg.features)
+        return location(cfg.features)
     named: list[Path] = []
     recorded = (cm.attrs or {}).get("store")
     if recorded:

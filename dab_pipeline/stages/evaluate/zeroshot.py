@@ -30,7 +30,7 @@ def _unit(x: np.ndarray) -> np.ndarray:
 
 def write_zero_shot_costs(store: Path, costs: Path, split: str = "test") -> Path:
     """The zero-shot cost file of ``split`` of ``store`` at ``costs``; returns its path."""
-    with open_store(Path(store)) as st:
+    with open_store(store) as st:
         st.require_complete("dab evaluate --zero-shot (reads the split's features)")
         data = st.load_split(split)
     mask = np.asarray(data.frame_mask, np.float32)[..., None]  # (V, F, 1)

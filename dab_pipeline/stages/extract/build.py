@@ -15,6 +15,7 @@ from typing import Any, Mapping, Optional, Sequence
 from ...clip_models import full_depth
 from ...clip_models.bundle import OUR_MODELS
 from ...core.errors import ConfigError
+from ...core.location import location
 from ...core.overrides import apply_overrides
 from .config import ExtractConfig
 
@@ -55,7 +56,7 @@ def build_extract_config(
     if "trainable_blocks" in given:
         given["trainable_blocks"] = _blocks(given["trainable_blocks"], model)
     try:
-        cfg = ExtractConfig(dataset=dataset, out=Path(out), **given)
+        cfg = ExtractConfig(dataset=dataset, out=location(out), **given)
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
     return apply_overrides(cfg, overrides)

@@ -16,6 +16,7 @@ from ...core.choices import CLIP_DTYPES, STORE_DTYPES
 from ...core.errors import ConfigError, DabError
 from ...core.events import Event, ProgressCallback, null_progress
 from ...core.fsutil import sha256_file
+from ...core.location import location
 from ...results.thumbnails import THUMBNAIL_NOTE
 from ...runtime.capabilities import capabilities, resolve_clip_dtype
 from ...runtime.devices import resolve_device
@@ -170,7 +171,7 @@ def resolve_compute_dtype(
     dev = resolve_device(device)
     requested = dtype
     if dtype == "auto" and out is not None:
-        requested = _stored_dtype(Path(out)) or dtype
+        requested = _stored_dtype(location(out)) or dtype
     choice = resolve_clip_dtype(requested, dev)
     if choice.warning:
         progress(Event("warning", message=choice.warning))
@@ -213,7 +214,7 @@ RESUMED_OPTIONS = (
 def stored_options(out: Path) -> dict[str, Any]:
     """The values of :data:`RESUMED_OPTIONS` the store at ``out`` was built with, as `dab extract` options
     ({} without a readable store, or one whose manifest records no config)."""
-    config = _stored_manifest(Path(out)).get("config") or {}
+    config = _stored_manifest(location(out)).get("config") or {}
     values = {k: config[k] for k in RESUMED_OPTIONS if k in config}
     if "dataset_options" in values:
         values["dataset_options"] = tuple(values["dataset_options"])  # a JSON list in the manifest

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Optional
 from ...clip_models import encode_images, encode_texts, load_clip
 from ...core.errors import ExtractionFailed, StoreError, WriteError
 from ...core.events import Event, ProgressCallback, null_progress
+from ...core.location import location
 from ...core.write_errors import write_failure
 from ...datasets import load_dataset
 from ...runtime.devices import resolve_device
@@ -52,7 +53,7 @@ def run_extract(
     ctx = dist if dist is not None and dist.world_size > 1 else LocalContext(resolve_device(cfg.device))
     if not ctx.is_main:
         progress = null_progress  # one progress display: rank 0's
-    out = Path(cfg.out)
+    out = location(cfg.out)
     catalogue, videos, captions, missing = _load_catalogue(cfg, progress)
     resumed = None if cfg.overwrite else out
     cfg = dataclasses.replace(

@@ -13,6 +13,7 @@ import torch
 
 from ...core.errors import VideoDecodeError
 from ...core.events import Event, ProgressCallback
+from ...core.location import location
 from ...results.thumbnails import make_thumbnail
 
 if TYPE_CHECKING:
@@ -168,7 +169,7 @@ def encode_videos(
     progress(Event("end", task="videos", message=f"{ok} ok, {failed} failed, {len(miss_idx)} missing"))
     status = store.status() if rows is None else store.status()[np.asarray(rows, np.int64)]
     return ExtractResult(
-        store=Path(cfg.out),
+        store=location(cfg.out),
         videos_total=total,
         videos_ok=ok,
         videos_failed=failed,

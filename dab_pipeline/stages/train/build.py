@@ -14,6 +14,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from ...clip_models import full_depth
 from ...core.errors import ConfigError
+from ...core.location import location
 from ...core.overrides import apply_overrides, differences, replace_values
 from ...core.variants import VARIANT_KEY, canonical_key, canonical_values, expand_overrides, expand_variant
 from ...recipes import load_recipe
@@ -51,7 +52,7 @@ def build_train_config(
     chosen = load_recipe(recipe) if recipe else None  # an unknown name fails first, listing the valid ones
     if features is None:
         raise ConfigError("--features STORE is required")
-    with open_store(Path(features)) as st:
+    with open_store(features) as st:
         manifest = st.manifest
     # one dict, later sources winning: the recipe, the options, then --set (its strings parsed as --set parses)
     values: dict[str, Any] = canonical_values(chosen.resolved(manifest)) if chosen is not None else {}
@@ -66,7 +67,7 @@ def build_train_config(
     if str(values.get("trainable_blocks", "")).strip().lower() == "all":
         values["trainable_blocks"] = store_depth(manifest)
     cfg = TrainConfig(
-        features=Path(features),
+        features=location(features),
         out=Path(out) if out else Path("runs"),
         recipe=chosen.name if chosen is not None else None,
     )
@@ -74,7 +75,7 @@ def build_train_config(
     explicit = set(values)
     if out is None:
         shown = str(named).strip() if named is not None else cfg.model.variant
-        cfg = dataclasses.replace(cfg, out=Path("runs") / f"{Path(features).name.split('.')[0]}-{shown}")
+        cfg = dataclasses.replace(cfg, out=Path("runs") / f"{location(features).name.split('.')[0]}-{shown}")
     return resolve_train_config(cfg, manifest, explicit)
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
 from ...core.errors import ConfigError, RunLockedError, StoreError, TrainingError
 from ...core.events import Event, ProgressCallback
+from ...core.location import location
 from ...core.overrides import to_dict
 from ...runs.config import TrainConfig
 from ...runs.inputs import SplitArrays
@@ -31,7 +31,7 @@ class RunData:
 
 def _compared(cfg: TrainConfig) -> dict:
     """What --resume compares of a config: neither the folder's place nor the spelling of the store's path."""
-    return to_dict(cfg) | {"out": None, "features": str(Path(cfg.features).resolve())}
+    return to_dict(cfg) | {"out": None, "features": str(location(cfg.features).resolve())}
 
 
 class TrainRun:

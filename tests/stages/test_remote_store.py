@@ -1,0 +1,102 @@
+"""The pipeline on a store in S3 (a local moto endpoint the test starts): extract, train (with its test
+evaluation), index and search through the URL give what they give on the same store on disk."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ..helpers.runner import extract_args, invoke
+from ..helpers.s3 import local_s3
+
+TRAIN = [
+    "--variant",
+    "dab",
+    "--quiet",
+    *[x for s in ("epochs=1", "batch_size=4", "model.steps=2") for x in ("--set", s)],
+]
+
+
+@pytest.fixture(scope="module")
+def s3():
+    with local_s3() as endpoint:
+        yield endpoint
+
+
+def _ok(args: list) -> str:
+    res = invoke([str(a) for a in args])
+    assert res.exit_code == 0, res.output
+    return res.output
+
+
+@pytest.mark.slow  # about 25 s: two extractions, two trainings
+def test_extract_train_index_search_through_an_s3_url(s3: str, tiny_folder_dataset: Path, tmp_path: Path) -> None:
+    pytest.importorskip("faiss")
+    url, disk = "s3://dab/tiny.zarr", tmp_path / "tiny.zarr"
+    for out in (url, disk):
+        _ok(extract_args(tiny_folder_dataset, "--store-dtype", "float32", "--quiet", out=out))
+    assert "nothing to do" in _ok(extract_args(tiny_folder_dataset, out=url))  # a rerun resumes: complete
+    metrics = {}
+    for name, store in (("url", url), ("disk", disk)):
+        run = tmp_path / f"run_{name}"
+        _ok(["train", "--features", store, "--out", run, *TRAIN])
+        assert json.loads((run / "config.json").read_text())["features"] == str(store)
+        metrics[name] = (run / "metrics.jsonl").read_text().splitlines()[-1]
+        _ok(
+            [
+                "index",
+                "--features",
+                store,
+                "--run",
+                run,
+                "--split",
+                "all",
+                "--out",
+                tmp_path / f"index_{name}",
+                "--quiet",
+            ]
+        )
+    assert _numbers(metrics["url"]) == _numbers(metrics["disk"])  # the same training on the same bytes
+    searches = {}
+    for name, store in (("url", url), ("disk", disk)):
+        run, index = tmp_path / f"run_{name}", tmp_path / f"index_{name}"
+        for extra in ([], ["--index", index]):
+            out = _ok(
+                [
+                    "search",
+                    "--run",
+                    run,
+                    "--features",
+                    store,
+                    "--split",
+                    "all",
+                    "-k",
+                    "3",
+                    "--json",
+                    *extra,
+                    "another caption of clip 2",
+                ]
+            )
+            searches[(name, bool(extra))] = [(h["video_id"], round(h["cost"], 4)) for h in json.loads(out)[0]["hits"]]
+    assert searches[("url", False)] == searches[("disk", False)] == searches[("url", True)] == searches[("disk", True)]
+
+
+def _numbers(line: str) -> dict:
+    return {
+        k: v
+        for k, v in json.loads(line).items()
+        if isinstance(v, (int, float)) and "second" not in k and "time" not in k
+    }
+
+
+def test_bad_urls_are_one_line(s3: str, tmp_path: Path) -> None:
+    for args, said in (
+        (["index", "--features", "nope://b/s.zarr", "--out", tmp_path / "i"], "unknown storage protocol 'nope'"),
+        (["index", "--features", "s3://dab/absent.zarr", "--out", tmp_path / "i"], "does not exist"),
+        (["index", "--features", "s3://k:secret@dab/s.zarr", "--out", tmp_path / "i"], "credentials in a store URL"),
+    ):
+        res = invoke([str(a) for a in args])
+        assert res.exit_code != 0 and said in res.output and "Traceback" not in res.output, res.output
+        assert "secret" not in res.output
