@@ -81,6 +81,25 @@ def test_extract_train_index_search_through_an_s3_url(s3: str, tiny_folder_datas
             )
             searches[(name, bool(extra))] = [(h["video_id"], round(h["cost"], 4)) for h in json.loads(out)[0]["hits"]]
     assert searches[("url", False)] == searches[("disk", False)] == searches[("url", True)] == searches[("disk", True)]
+    _serve_answers_as_search(url, tmp_path / "run_url", tmp_path / "index_url", searches[("disk", True)])
+
+
+def _serve_answers_as_search(url: str, run: Path, index: Path, want: list) -> None:
+    """dab serve's app over the s3:// store answers what dab search answered on disk, and stays healthy."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from dab_pipeline.search import Searcher
+    from dab_pipeline.stages.serve import ServeSettings, create_app
+
+    searcher = Searcher(run, url, index=index, split="all", device="cpu")
+    try:
+        with TestClient(create_app(searcher, ServeSettings(k=3, max_k=3))) as client:
+            body = client.get("/search", params={"q": "another caption of clip 2", "k": 3}).json()
+            assert [(h["video_id"], round(h["cost"], 4)) for h in body["hits"]] == want
+            assert client.get("/healthz").status_code == 200
+    finally:
+        searcher.close()
 
 
 def _numbers(line: str) -> dict:
