@@ -106,14 +106,6 @@ def location(value: str | os.PathLike | StoreURL) -> Path | StoreURL:
     return url
 
 
-def local_path(value: Any, what: str) -> Path:
-    """``value`` as a local Path; a ConfigError naming ``what`` for a URL (run folders, indexes, pages are local)."""
-    loc = location(value) if isinstance(value, (str, os.PathLike)) else value
-    if isinstance(loc, StoreURL):
-        raise ConfigError(f"{what} {loc} is a URL; it must be a local folder (only a feature store can be a URL)")
-    return loc
-
-
 # Connections fail fast, so an unreachable endpoint is one line within seconds, not minutes of botocore's own
 # back-off; dab's reads retry on their own terms (store/backend_remote.py).
 _S3_CONFIG = {"connect_timeout": 5, "read_timeout": 30, "retries": {"max_attempts": 2, "mode": "standard"}}
