@@ -181,9 +181,7 @@ class VideoIndex:
         refine = self.meta.refine  # load_index checked that refine.f16 is there
         # the exact re-scoring reads each candidate (pread, ~3 us): at most REFINE_MAX beyond k x S
         n_cand = max(want, min(want * refine, REFINE_MAX)) if refine else want
-        scores, ids = self._candidates(q, n_cand, nprobe, ef_search)  # (M, n_cand) each
-        if refine:
-            scores, ids = self._refined(q, ids, want)
+        scores, ids = self._best_vectors(q, n_cand, want if refine else 0, nprobe, ef_search)
         rows = np.where(ids >= 0, self.rows[np.clip(ids, 0, None)], -1)
         if per == 1:
             return rows.astype(np.int64), scores
@@ -196,6 +194,14 @@ class VideoIndex:
             out_rows[i, : len(order)] = rows[i][valid][order]
             out_scores[i, : len(order)] = scores[i][valid][order]
         return out_rows, out_scores
+
+    def _best_vectors(
+        self, q: np.ndarray, n_cand: int, refine_to: int, nprobe: Optional[int], ef_search: Optional[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Each query's ``n_cand`` best vectors by the index's scores, re-scored exactly and cut to the ``refine_to``
+        best where it is not 0 -> (scores, vector ids), best first (a served index asks its shards: ray_shards)."""
+        scores, ids = self._candidates(q, n_cand, nprobe, ef_search)  # (M, n_cand) each
+        return self._refined(q, ids, refine_to) if refine_to else (scores, ids)
 
     def _candidates(
         self, q: np.ndarray, n_cand: int, nprobe: Optional[int], ef_search: Optional[int]
@@ -222,13 +228,17 @@ class VideoIndex:
         out_i = np.full((len(q), want), -1, np.int64)
         for m in range(len(q)):
             cand = np.unique(ids[m][ids[m] >= 0])  # sorted: the reads go forward through the file
-            # einsum, not `@`: numpy's BLAS would wake its thread pool for this small product, and its threads
-            # spin for tens of ms afterwards, taking the cores from the re-rank that follows (measured at 1M
-            # videos, K = 100, T' = 8: the re-rank took 97.8 ms a query after `@` here, 26.2 ms after einsum)
-            exact = np.einsum("nd,d->n", self._exact_vectors(cand), q[m])  # (n,)
+            exact = self.exact_scores(q[m], cand)  # (n,)
             top = np.argsort(-exact, kind="stable")[:want]
             out_s[m, : len(top)], out_i[m, : len(top)] = exact[top], cand[top]
         return out_s, out_i
+
+    def exact_scores(self, query: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """The inner products of ``query`` (D,) with the exact (float16) vectors ``ids`` -> (n,) float32."""
+        # einsum, not `@`: numpy's BLAS would wake its thread pool for this small product, and its threads
+        # spin for tens of ms afterwards, taking the cores from the re-rank that follows (measured at 1M
+        # videos, K = 100, T' = 8: the re-rank took 97.8 ms a query after `@` here, 26.2 ms after einsum)
+        return np.einsum("nd,d->n", self._exact_vectors(ids), query)  # (n,)
 
     def check_store(self, fingerprint: str, store_path: Path) -> None:
         if fingerprint != self.meta.store["fingerprint"]:

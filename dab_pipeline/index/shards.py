@@ -42,7 +42,16 @@ from .build import (
 from .faiss_index import VideoIndex, auto_factory, load_index_folder, new_faiss_index, require_faiss
 from .vectors import VECTOR_KINDS, video_vectors
 
-__all__ = ["SHARDS_FILE", "ShardedIndex", "build_sharded_index", "load_index", "shard_ranges"]
+__all__ = [
+    "SHARDS_FILE",
+    "ShardedIndex",
+    "build_sharded_index",
+    "load_index",
+    "merge_candidates",
+    "read_plan",
+    "shard_folder",
+    "shard_ranges",
+]
 
 SHARDS_FILE = "shards.json"
 TRAINED_FILE = "trained.faiss"
@@ -258,6 +267,22 @@ def _sample_vectors(store: FeatureStore, rows: np.ndarray, vector: str, model, p
     return out
 
 
+def merge_candidates(
+    found: list[tuple[np.ndarray, ...]], offsets: np.ndarray, n_cand: int
+) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """The shards' candidates (scores, ids local to the shard, more arrays aligned with them...) each (M, n), merged
+    into each query's ``n_cand`` best by score, ties by the lower position over every shard -> (scores, positions,
+    [the other arrays, in the same order]), each (M, n_cand)."""
+    sc = np.concatenate([f[0] for f in found], axis=1)  # (M, N * n)
+    i = np.concatenate([np.where(f[1] >= 0, f[1] + off, -1) for f, off in zip(found, offsets)], axis=1)
+    sc = np.where(i >= 0, sc, -np.inf)
+    order = np.lexsort((i, -sc), axis=-1)[:, :n_cand]  # best first, ties by the lower position
+    rest = [
+        np.take_along_axis(np.concatenate([f[j] for f in found], axis=1), order, 1) for j in range(2, len(found[0]))
+    ]
+    return np.take_along_axis(sc, order, 1), np.take_along_axis(i, order, 1), rest
+
+
 class ShardedIndex(VideoIndex):
     """The shards of a sharded index as one :class:`VideoIndex`: the same search, the same answers."""
 
@@ -269,15 +294,9 @@ class ShardedIndex(VideoIndex):
 
     def _candidates(self, q: np.ndarray, n_cand: int, nprobe, ef_search) -> tuple[np.ndarray, np.ndarray]:
         """Every shard's ``n_cand`` best at the same nprobe, merged by the index's scores -> the ``n_cand`` best."""
-        scores, ids = [], []
-        for s, off in zip(self.shards, self.offsets):
-            sc, i = s._candidates(q, n_cand, nprobe, ef_search)  # (M, n_cand) each
-            scores.append(sc)
-            ids.append(np.where(i >= 0, i + off, -1))
-        sc, i = np.concatenate(scores, axis=1), np.concatenate(ids, axis=1)  # (M, N * n_cand)
-        sc = np.where(i >= 0, sc, -np.inf)
-        order = np.lexsort((i, -sc), axis=-1)[:, :n_cand]  # best first, ties by the lower position
-        return np.take_along_axis(sc, order, 1), np.take_along_axis(i, order, 1)
+        found = [s._candidates(q, n_cand, nprobe, ef_search) for s in self.shards]  # (M, n_cand) each
+        sc, i, _ = merge_candidates(found, self.offsets, n_cand)
+        return sc, i
 
     def _exact_vectors(self, ids: np.ndarray) -> np.ndarray:
         """Rows ``ids`` (positions over every shard) of the shards' refine.f16 files -> (n, D) float32."""

@@ -35,7 +35,7 @@ from ..core.deprecation import renamed_keywords
 from ..core.errors import ConfigError, StoreError, UnknownNameError, WeightsError
 from ..core.fsutil import sha256_file
 from ..core.location import location
-from ..index import VECTOR_KINDS, load_index, query_vectors, split_rows, store_fingerprint
+from ..index import VECTOR_KINDS, VideoIndex, load_index, query_vectors, split_rows, store_fingerprint
 from ..runs.load import load_run
 from ..runtime.capabilities import resolve_score_dtype
 from ..runtime.devices import resolve_device
@@ -94,7 +94,7 @@ class Searcher(CalibratedSearch):
         store_path: str | Path,
         *,
         split: str = "test",
-        index: str | Path | None = None,
+        index: "str | Path | VideoIndex | None" = None,
         device: str = "auto",
         dtype: str = DEFAULT_SCORE_DTYPE,
         warn: Callable[[str], None] = lambda message: None,
@@ -124,8 +124,8 @@ class Searcher(CalibratedSearch):
             self.index = None
             self._run_sha: Optional[str] = None  # the run's checkpoint sha256, where an index needs it
             self.terms = False  # the index's video terms are this run's: the re-rank reads them
-            if index is not None:
-                self.index = load_index(index)
+            if index is not None:  # a folder, or an index already loaded (one served by its shards: dab serve --ray)
+                self.index = index if isinstance(index, VideoIndex) else load_index(index)
                 self._check_index(store_fingerprint(self.store, self.rows))
                 self.terms = self._terms_usable(warn)
             self._load_calibration(warn)
