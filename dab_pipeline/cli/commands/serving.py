@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 import errno
 import socket
+import time
 from pathlib import Path
 
 import click
 
 from ...core.choices import DEFAULT_SCORE_DTYPE, SCORE_DTYPES, SERVE_MAX_K
 from .. import cli
-from .options import EXISTING, FINITE_FLOAT, STORE, k_option, one_spelling
+from .options import EXISTING, FINITE_FLOAT, STORE, k_option, one_spelling, typed
 
 
 @cli.command()
@@ -88,6 +89,33 @@ from .options import EXISTING, FINITE_FLOAT, STORE, k_option, one_spelling
     "margin is the same number in each (auto: bf16 where the device has it natively, faster, margins "
     "within ~20 %).",
 )
+@click.option(
+    "--ray",
+    "on_ray",
+    is_flag=True,
+    help="Serve on Ray Serve (the ray extra): a deployment per index shard, --replicas re-rank replicas batching "
+    "with Serve's own batching, the same API and page (docs/search.md).",
+)
+@click.option(
+    "--replicas",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="With --ray: re-rank replicas, each with the run, the store's CLIP and --threads CPUs.",
+)
+@click.option(
+    "--shard-replicas",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="With --ray: replicas of each index shard's deployment.",
+)
+@click.option(
+    "--ray-address",
+    default=None,
+    help="With --ray: a running cluster's address (host:6379, ray://host:10001); default RAY_ADDRESS, else a Ray "
+    "started on this machine. Every path must read the same on the cluster's machines.",
+)
 @click.pass_context
 def serve(
     ctx,
@@ -107,15 +135,33 @@ def serve(
     threads,
     device,
     dtype,
+    on_ray,
+    replicas,
+    shard_replicas,
+    ray_address,
 ) -> None:
     """Serve a search page (/) and a JSON API (/search?q=...&k=10) over a run and a store.
 
     One worker; the run, the store's CLIP and the index are loaded once; queries that arrive together are
-    answered in one batch (--max-batch, --batch-wait-ms).
+    answered in one batch (--max-batch, --batch-wait-ms). With --ray, the same API and page on Ray Serve: each
+    index shard a deployment, the re-rank --replicas replicas.
     """
     k = one_spelling(ctx, "k", "-k/--k", "--topk", former_topk)
     if k > SERVE_MAX_K:  # before the port and the loading: a default above what a query may ask answers nothing
         raise click.BadParameter(f"{k} is above {SERVE_MAX_K}, the most a query may ask for", param_hint="'-k'")
+    ray_only = [f"--{n.replace('_', '-')}" for n in ("replicas", "shard_replicas", "ray_address") if typed(ctx, n)]
+    if ray_only and not on_ray:
+        raise click.UsageError(f"{', '.join(ray_only)} needs --ray")
+    args = (run_dir, features, index_dir, split, k, shortlist, abstain_below, descriptions, threads, device, dtype)
+    if on_ray:
+        _serve_on_ray(args, host, port, max_batch, batch_wait_ms, replicas, shard_replicas, ray_address)
+    else:
+        _serve_here(args, host, port, max_batch, batch_wait_ms)
+
+
+def _serve_here(args, host, port, max_batch, batch_wait_ms) -> None:
+    """``dab serve``: uvicorn, one worker, in this process."""
+    run_dir, features, abstain_below = args[0], args[1], args[6]
     try:
         import uvicorn
     except ImportError:
@@ -123,9 +169,7 @@ def serve(
     # the address first: a port in use or not ours is one line at once, not after torch, the run and the index
     sock = bind_socket(host, port)
     try:
-        searcher, settings, create_app, abstain_report = _load(
-            run_dir, features, index_dir, split, k, shortlist, abstain_below, descriptions, threads, device, dtype
-        )
+        searcher, settings, create_app, abstain_report = _load(*args)
         settings = dataclasses.replace(settings, max_batch=max_batch, batch_wait_ms=batch_wait_ms)
     except BaseException:
         sock.close()
@@ -151,13 +195,58 @@ def serve(
         searcher.close()
 
 
+def _serve_on_ray(args, host, port, max_batch, batch_wait_ms, replicas, shard_replicas, address) -> None:
+    """``dab serve --ray``: checked here (one line for a bad run, store or index, before any replica starts),
+    deployed, served until Ctrl-C, then Serve and the Ray this started shut down."""
+    from ...stages.serve import on_ray  # deferred: torch, and Ray (an extra)
+
+    on_ray.require_ray()
+    run_dir, features, index_dir, split, k, shortlist, abstain_below, descriptions, threads, device, dtype = args
+    with bind_socket(host, port) as sock:  # the address is free (Ray's proxy binds it): one line now if not
+        port = sock.getsockname()[1]
+    # the run, the store and the index's shards checked against each other as every replica will, without loading
+    # the FAISS indexes (the shard replicas do) or the CLIP (the re-rank replicas do)
+    described = on_ray.described_index(index_dir) if index_dir is not None else None
+    searcher, settings, _, abstain_report = _load(
+        run_dir, features, described, split, k, shortlist, abstain_below, descriptions, 1, device, dtype, encoder=False
+    )
+    videos = searcher.num_videos
+    searcher.close()
+    cfg = on_ray.RayServeConfig(
+        run_dir=str(Path(run_dir).resolve()),
+        features=str(features.resolve()),
+        index_dir=str(Path(index_dir).resolve()) if index_dir is not None else None,
+        split=split,
+        device=device,
+        dtype=dtype,
+        settings=dataclasses.replace(settings, max_batch=max_batch, batch_wait_ms=batch_wait_ms),
+        abstain=abstain_report(Path(run_dir), abstain_below),
+        replicas=replicas,
+        shard_replicas=shard_replicas,
+        threads=threads,
+    )
+    shards = len(described.shards) if described is not None else 0
+    click.echo(f"starting Ray Serve: {replicas} re-rank replica(s), {shards} shard deployment(s)", err=True)
+    try:
+        url = on_ray.deploy(cfg, host, port, address)
+        click.echo(f"serving {videos:,} videos of {features} on {url} with Ray Serve (Ctrl-C stops)", err=True)
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        on_ray.shutdown()
+
+
 def _has_module(name: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(name) is not None
 
 
-def _load(run_dir, features, index_dir, split, k, shortlist, abstain_below, descriptions, threads, device, dtype):
+def _load(
+    run_dir, features, index_dir, split, k, shortlist, abstain_below, descriptions, threads, device, dtype, encoder=True
+):
     """The searcher and the page settings (minutes for a large index), and the app's two builders."""
     import torch  # deferred: `dab --help` must not import torch
 
@@ -187,6 +276,7 @@ def _load(run_dir, features, index_dir, split, k, shortlist, abstain_below, desc
         device=device,
         dtype=dtype,
         warn=lambda message: click.echo(f"warning: {message}", err=True),
+        encoder=encoder,
     )
     return searcher, settings, create_app, abstain_report
 

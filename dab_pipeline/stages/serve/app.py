@@ -22,8 +22,13 @@ if TYPE_CHECKING:
 __all__ = ["create_app", "status_of"]
 
 
-def create_app(searcher: Searcher, settings: ServeSettings = ServeSettings(), abstain: Optional[dict] = None):
-    """The FastAPI app over a loaded :class:`Searcher`."""
+def create_app(
+    searcher: Searcher, settings: ServeSettings = ServeSettings(), abstain: Optional[dict] = None, answers=None
+):
+    """The FastAPI app over a loaded :class:`Searcher`. ``answers``: what answers a query instead of this process's
+    :class:`Batcher` (``async answer(text, k)``, ``submit(text, k)``, ``stats()``, ``close()``): the re-rank
+    deployment of ``dab serve --ray``, whose replicas batch; the page, the checks and the calibrated answers stay
+    here."""
     try:
         import jinja2
         from fastapi import FastAPI, Query, Request
@@ -32,7 +37,7 @@ def create_app(searcher: Searcher, settings: ServeSettings = ServeSettings(), ab
         raise ConfigError("dab serve needs FastAPI: `pip install 'dab-pipeline[serve]'`") from None
 
     health = Health(searcher)
-    batcher = Batcher(
+    batcher = answers or Batcher(
         lambda items: run_batch(searcher, health, items, settings.shortlist),
         max_batch=settings.max_batch,
         wait_s=settings.batch_wait_ms / 1000,

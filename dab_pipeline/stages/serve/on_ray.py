@@ -1,0 +1,360 @@
+"""``dab serve --ray``: the same HTTP API and page, served by Ray Serve over an index's shards.
+
+Three deployments make one Serve application (``dab``):
+
+* ``shard-000`` ... : one deployment a shard of the index (``dab index --shards N``; a one-folder index is one
+  shard), each holding its FAISS index and answering a batch of queries with its candidates and their exact scores
+  (:class:`~dab_pipeline.index.served.ShardService`);
+* ``rerank``: ``--replicas`` replicas, each with the run, the store and the store's CLIP; Ray Serve's own request
+  batching (``serve.batch``, ``--max-batch``, ``--batch-wait-ms``) gathers the queries that arrive together, which
+  are encoded, short-listed (every shard asked at once, merged as one index merges them) and re-ranked in one call;
+* ``ingress``: the FastAPI app of ``dab serve`` (the same routes, checks, page and calibrated answers), whose
+  queries go to ``rerank`` instead of this process's batcher.
+
+A query whose replica dies before it answers (a node lost, a replica killed) is asked again, of another replica,
+at most :data:`RETRIES` times with a wait that doubles from :data:`RETRY_WAIT_S` (a search reads and writes
+nothing, so asking again is safe); Ray Serve starts a replacement. Ray is an optional extra:
+``pip install 'dab-pipeline[ray]'``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from ...core.errors import ConfigError, StoreError
+from ...index.served import ServedShardedIndex, ShardService, describe_folders, shard_folders
+from ...index.shards import read_plan
+from ...search import Searcher
+from .app import create_app
+from .batch_runner import run_batch
+from .health import Health, log
+from .settings import ServeSettings
+
+__all__ = ["RayServeConfig", "deploy", "described_index", "shutdown", "RETRIES", "RETRY_WAIT_S", "APP_NAME"]
+
+RETRIES = 3  # a query lost with its replica is asked again this many times
+RETRY_WAIT_S = 0.2  # before the first retry; doubled before each next one
+APP_NAME = "dab"
+# a replica that cannot start (a file it cannot read) fails the deployment after this many tries, not Serve's 20
+CONSTRUCTOR_RETRIES = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class RayServeConfig:
+    """What every replica loads (paths as the cluster's machines read them) and how many of each there are."""
+
+    run_dir: str
+    features: str
+    index_dir: Optional[str] = None
+    split: str = "test"
+    device: str = "cpu"
+    dtype: str = "float32"
+    settings: ServeSettings = ServeSettings()
+    abstain: Optional[dict] = None
+    replicas: int = 1
+    shard_replicas: int = 1
+    threads: int = 1
+    plan: Optional[dict] = None  # shards.json's, read by the driver: a replica need not see the index folder
+
+    def __post_init__(self) -> None:
+        for name in ("replicas", "shard_replicas", "threads"):
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
+
+
+def require_ray():
+    """(ray, ray.serve), or a one-line ConfigError naming the extra."""
+    try:
+        import ray
+        from ray import serve
+    except ImportError:
+        raise ConfigError("dab serve --ray needs Ray Serve: pip install 'dab-pipeline[ray]'") from None
+    if not _late_ingress(serve):
+        raise ConfigError(
+            f"dab serve --ray needs Ray 2.60 or newer (this is {ray.__version__}): pip install -U 'ray[serve]'"
+        )
+    return ray, serve
+
+
+def _late_ingress(serve) -> bool:
+    """Whether ``serve.ingress()`` takes the app from the replica (``__serve_build_asgi_app__``), as the ingress
+    needs: its app is built over what the replica loaded."""
+    import inspect
+
+    try:
+        return "__serve_build_asgi_app__" in inspect.getsource(serve.ingress)
+    except (OSError, TypeError):  # no source shipped: let the deployment say
+        return True
+
+
+def described_index(index_dir: str | Path) -> ServedShardedIndex:
+    """The index as its shards describe themselves, read without their FAISS files: what the driver checks the run
+    and the store against (a Searcher over it) before any replica starts; it answers no search."""
+
+    def no_call(method: str, args: dict) -> dict:
+        raise AssertionError(f"the driver's checks asked a shard {method!r}")
+
+    return ServedShardedIndex(index_dir, describe_folders(index_dir), no_call)
+
+
+def _lost() -> tuple[type, ...]:
+    """The errors of a request whose replica died or cannot be reached: asked again."""
+    from ray.exceptions import RayActorError
+
+    return (RayActorError,)
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """A replica's own error as it was raised there (Ray wraps it with the remote traceback in its message)."""
+    from ray.exceptions import RayTaskError
+
+    return exc.cause if isinstance(exc, RayTaskError) and isinstance(exc.cause, Exception) else exc
+
+
+def _threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)
+    try:
+        import faiss
+
+        faiss.omp_set_num_threads(n)
+    except ImportError:
+        pass
+
+
+def _asked(call: Callable[[], Any], counter: Optional[Counter] = None) -> Any:
+    """``call()`` (a handle's request and its result), asked again where its replica was lost."""
+    for attempt in range(RETRIES + 1):
+        try:
+            return call()
+        except _lost() as exc:
+            if attempt == RETRIES:
+                raise StoreError(f"a replica was lost {RETRIES + 1} times answering ({type(exc).__name__})") from None
+            log.warning("a replica was lost (%s); asking again", type(exc).__name__)
+            if counter is not None:
+                counter["retried"] += 1
+            time.sleep(RETRY_WAIT_S * 2**attempt)
+        except Exception as exc:
+            raise _cause(exc) from None
+    raise AssertionError("unreachable")
+
+
+def shard_call(handles: list) -> Callable[[str, dict[int, tuple]], dict[int, Any]]:
+    """:data:`~dab_pipeline.index.served.ShardCall` over the shard deployments' handles: every shard asked at once."""
+
+    def call(method: str, args: dict[int, tuple]) -> dict[int, Any]:
+        sent = {i: getattr(handles[i], method).remote(*a) for i, a in args.items()}
+        out = {}
+        for i, response in sent.items():
+            first = [response]  # the request already in flight, then new ones where it was lost
+
+            def one(i=i, first=first):
+                r = first.pop() if first else getattr(handles[i], method).remote(*args[i])
+                return r.result()
+
+            out[i] = _asked(one)
+        return out
+
+    return call
+
+
+def _searcher(cfg: RayServeConfig, shard_handles: tuple, encoder: bool) -> Searcher:
+    """The replica's Searcher, its index the shard deployments; built in a thread of its own, since a replica's
+    constructor runs on its event loop, where a request may not wait for its answer."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(_new_searcher, cfg, shard_handles, encoder).result()
+
+
+def _new_searcher(cfg: RayServeConfig, shard_handles: tuple, encoder: bool) -> Searcher:
+    index = None
+    if shard_handles:
+        call = shard_call(list(shard_handles))
+        described = call("describe", {i: () for i in range(len(shard_handles))})
+        index = ServedShardedIndex(cfg.index_dir, [described[i] for i in range(len(shard_handles))], call, cfg.plan)
+    return Searcher(
+        cfg.run_dir, cfg.features, split=cfg.split, index=index, device=cfg.device, dtype=cfg.dtype, encoder=encoder
+    )
+
+
+class ShardReplica(ShardService):
+    """A replica of one shard's deployment."""
+
+    def __init__(self, folder: str, threads: int = 1) -> None:
+        _threads(threads)
+        super().__init__(folder)
+
+
+class RerankReplica:
+    """A replica of the re-rank deployment: a Searcher whose index is the shard deployments; the queries Ray Serve
+    batches together answered in one call (each with its result or its own error, returned, not raised)."""
+
+    def __init__(self, cfg: RayServeConfig, *shard_handles) -> None:
+        from ray import serve
+
+        _threads(cfg.threads)
+        self.searcher = _searcher(cfg, shard_handles, encoder=True)
+        self.health = Health(self.searcher)
+        self.shortlist = cfg.settings.shortlist
+        self.sizes: Counter = Counter()
+        batch = serve.batch(
+            max_batch_size=cfg.settings.max_batch, batch_wait_timeout_s=cfg.settings.batch_wait_ms / 1000
+        )
+        self._batched = batch(self._answer_batch)
+
+    async def answer(self, text: str, k: int):
+        return await self._batched((text, k))
+
+    async def _answer_batch(self, items: list[tuple[str, int]]) -> list:
+        self.sizes[len(items)] += 1
+        try:  # in a thread: the shard requests wait on their results, which an event loop may not
+            return await asyncio.to_thread(run_batch, self.searcher, self.health, items, self.shortlist)
+        except Exception as exc:  # the batch's (a store read that failed): every query of it says so
+            return [exc] * len(items)
+
+    def stats(self) -> dict:
+        return {"batches": sum(self.sizes.values()), "sizes": {str(n): c for n, c in sorted(self.sizes.items())}}
+
+
+class RayAnswers:
+    """What answers the ingress's queries: the re-rank deployment, a query asked again where its replica died."""
+
+    def __init__(self, handle, cfg: RayServeConfig) -> None:
+        self.handle, self.cfg = handle, cfg
+        self.counts: Counter = Counter()
+        self._lock = threading.Lock()
+
+    async def answer(self, text: str, k: int):
+        for attempt in range(RETRIES + 1):
+            try:
+                out = await self.handle.answer.remote(text, k)
+                break
+            except _lost() as exc:
+                if attempt == RETRIES:
+                    raise StoreError(f"the re-rank replicas were lost {RETRIES + 1} times ({type(exc).__name__})")
+                self._count("retried")
+                log.warning("a re-rank replica was lost (%s); asking again", type(exc).__name__)
+                await asyncio.sleep(RETRY_WAIT_S * 2**attempt)
+            except Exception as exc:
+                raise _cause(exc) from None
+        return self._outcome(out)
+
+    def submit(self, text: str, k: int):
+        counter: Counter = Counter()
+        out = _asked(lambda: self.handle.answer.remote(text, k).result(), counter)
+        self._count("retried", counter["retried"])
+        return self._outcome(out)
+
+    def _outcome(self, out):
+        if isinstance(out, Exception):
+            self._count("failed")
+            raise out
+        self._count("queries")
+        return out
+
+    def _count(self, what: str, n: int = 1) -> None:
+        with self._lock:
+            self.counts[what] += n
+
+    def stats(self) -> dict:
+        with self._lock:
+            counts = dict(self.counts)
+        s = self.cfg.settings
+        return {
+            "engine": "ray serve",
+            "replicas": self.cfg.replicas,
+            "shards": len(self.cfg.plan["ranges"]) if self.cfg.plan else (1 if self.cfg.index_dir else 0),
+            "max_batch": s.max_batch,
+            "wait_ms": s.batch_wait_ms,
+            "queries": counts.get("queries", 0),
+            "failed": counts.get("failed", 0),
+            "retried": counts.get("retried", 0),
+        }
+
+    def close(self) -> None:
+        pass
+
+
+class IngressReplica:
+    """The HTTP front: ``dab serve``'s app over a Searcher that reads the page's thumbnails and captions and
+    holds the calibration, its queries answered by the re-rank deployment."""
+
+    def __init__(self, cfg: RayServeConfig, rerank, *shard_handles) -> None:
+        _threads(1)
+        self.searcher = _searcher(cfg, shard_handles, encoder=False)
+        # not ``self.app``: a property of Serve's ASGI wrapper
+        self.dab_app = create_app(self.searcher, cfg.settings, cfg.abstain, answers=RayAnswers(rerank, cfg))
+
+    def __serve_build_asgi_app__(self):
+        return self.dab_app
+
+
+def application(cfg: RayServeConfig):
+    """The bound Serve application: the shard deployments, the re-rank one and the ingress."""
+    _, serve = require_ray()
+    folders = shard_folders(cfg.index_dir) if cfg.index_dir else []
+    shards = [
+        serve.deployment(
+            ShardReplica,
+            name=f"shard-{i:03d}",
+            num_replicas=cfg.shard_replicas,
+            max_constructor_retry_count=CONSTRUCTOR_RETRIES,
+            ray_actor_options={"num_cpus": 0},
+        ).bind(str(folder), cfg.threads)
+        for i, folder in enumerate(folders)
+    ]
+    gpu = cfg.device.startswith("cuda")  # a GPU a replica, which Ray names cuda:0 inside it
+    rerank = serve.deployment(
+        RerankReplica,
+        name="rerank",
+        num_replicas=cfg.replicas,
+        # a replica takes in what a batch can hold twice over: the next batch gathers while one runs
+        max_ongoing_requests=2 * cfg.settings.max_batch,
+        max_constructor_retry_count=CONSTRUCTOR_RETRIES,
+        ray_actor_options={"num_cpus": cfg.threads, "num_gpus": 1 if gpu else 0},
+    ).bind(dataclasses.replace(cfg, device="cuda") if gpu else cfg, *shards)
+    return serve.deployment(
+        serve.ingress()(IngressReplica),
+        name="ingress",
+        max_ongoing_requests=1000,
+        max_constructor_retry_count=CONSTRUCTOR_RETRIES,
+        ray_actor_options={"num_cpus": 0},
+    ).bind(dataclasses.replace(cfg, device="cpu"), rerank, *shards)
+
+
+def deploy(cfg: RayServeConfig, host: str, port: int, address: Optional[str] = None) -> str:
+    """Start Ray (``address``: a cluster's, else RAY_ADDRESS, else a local one) and Serve on ``host:port``, and
+    deploy the application; its URL once every replica answers. ``shutdown`` stops them."""
+    ray, serve = require_ray()
+    if not ray.is_initialized():
+        local = address is None and not os.environ.get("RAY_ADDRESS")
+        cpus = max(os.cpu_count() or 1, cfg.replicas * cfg.threads) if local else None
+        ray.init(
+            address=address, num_cpus=cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING
+        )
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)  # its progress lines; its warnings still show
+    serve.start(http_options={"host": host, "port": port})
+    cfg = dataclasses.replace(cfg, plan=read_plan(Path(cfg.index_dir)) if cfg.index_dir else None)
+    try:
+        serve.run(application(cfg), name=APP_NAME, route_prefix="/", blocking=False)
+    except RuntimeError as exc:  # a replica failed to start: Serve's message is its traceback
+        last = [line for line in str(exc).splitlines() if line.strip()][-1:] or ["(no message)"]
+        raise ConfigError(f"the Serve application did not start: {last[0].strip()} (Ray's logs: serve/)") from None
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/"
+
+
+def shutdown() -> None:
+    ray, serve = require_ray()
+    try:
+        serve.shutdown()
+    finally:
+        ray.shutdown()
