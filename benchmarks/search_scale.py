@@ -79,7 +79,8 @@ def check_disk(path: Path, n: int, keep_free_gb: float) -> None:
         )
 
 
-def write_store(path: Path, n: int, seed: int = 0, chunk: int = 16384) -> float:
+def write_store(path: Path, n: int, seed: int = 0, chunk: int = 16384, manifest: dict | None = None) -> float:
+    """The synthetic store of ``n`` videos (``manifest``: its CLIP's record, where a server must encode queries)."""
     if path.exists():
         return 0.0
     t0 = time.perf_counter()
@@ -91,7 +92,7 @@ def write_store(path: Path, n: int, seed: int = 0, chunk: int = 16384) -> float:
     tmp = path.with_name("writing-" + path.name)
     st = create_store(
         tmp,
-        manifest={"model": "synthetic", "clip": {"embed_dim": D}, "frames": F},
+        manifest={"model": "synthetic", "clip": {"embed_dim": D}, "frames": F, **(manifest or {})},
         video_ids=vids,
         video_split=["test"] * n,
         caption_ids=[f"{vids[v]}#0" for v in cap_v],

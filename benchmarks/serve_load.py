@@ -75,8 +75,8 @@ def workload(store: Path, clients: int, per_client: int) -> list[list[tuple[str,
 class Server:
     """`dab serve` in a subprocess on a free loopback port (``--port 0``: the port it prints)."""
 
-    def __init__(self, args: argparse.Namespace, max_batch: int) -> None:
-        cmd = [sys.executable, "-m", "dab_pipeline.cli", "serve", "--run", str(args.run)]
+    def __init__(self, args: argparse.Namespace, max_batch: int, extra: tuple[str, ...] = ()) -> None:
+        cmd = [sys.executable, "-m", "dab_pipeline.cli", "serve", "--run", str(args.run), *extra]
         cmd += ["--features", str(args.features), "--host", "127.0.0.1", "--port", "0", "--threads", str(args.threads)]
         cmd += ["--dtype", args.dtype, "--max-batch", str(max_batch), "--batch-wait-ms", str(args.wait_ms)]
         if args.index is not None:
@@ -104,8 +104,8 @@ class Server:
             conn.close()
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=60)
+        self.proc.terminate()  # SIGTERM: dab serve stops as on Ctrl-C (--ray: Serve and its Ray shut down)
+        self.proc.wait(timeout=120)
 
 
 def run_load(server: Server, load: list[list[tuple[str, int]]], timeout: float) -> dict:

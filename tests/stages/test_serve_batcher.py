@@ -156,6 +156,25 @@ def test_closing_answers_queued_queries_with_unavailable_and_refuses_new_ones() 
 
 
 def test_bad_settings_are_refused() -> None:
-    for kw in ({"max_batch": 0}, {"wait_s": -1.0}, {"wait_s": float("nan")}):
+    for kw in ({"max_batch": 0}, {"wait_s": -1.0}, {"wait_s": float("nan")}, {"workers": 0}):
         with pytest.raises(ValueError):
             Batcher(Recorder(), **kw)
+
+
+def test_workers_run_batches_at_once_each_gathered_as_one_worker_gathers() -> None:
+    """workers=2 (dab serve --ray, a worker a re-rank replica): two batches in flight together, which a barrier
+    that only two batches at once can pass proves; every query answered once, none in two batches."""
+    both = threading.Barrier(2, timeout=JOIN)
+    rec = Recorder()
+
+    def run(items):
+        both.wait()  # a second batch must start while this one runs
+        return rec(items)
+
+    batcher = Batcher(run, max_batch=3, wait_s=0.0, workers=2)
+    items = [(f"q{i}", 1) for i in range(6)]
+    out = submit_all(batcher, items)
+    batcher.close()
+    assert out == [t for t, _ in items]
+    assert sorted(q for b in rec.batches for q in b) == sorted(items) and all(len(b) <= 3 for b in rec.batches)
+    assert batcher.stats()["queries"] == 6

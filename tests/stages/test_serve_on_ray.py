@@ -84,7 +84,7 @@ def test_the_cli_deploys_what_it_was_given(world: dict, monkeypatch: pytest.Monk
 
     got = {}
 
-    def deploy(cfg, host, port, address=None):
+    def deploy(cfg, host, port, address=None, connected=None):
         got.update(cfg=cfg, host=host, port=port, address=address)
         raise KeyboardInterrupt  # as Ctrl-C: the CLI shuts Serve down and exits
 
@@ -114,12 +114,12 @@ class _Lost:
         self.asked = 0
         self.answer = self
 
-    def remote(self, text: str, k: int):
+    def remote(self, items: list):
         self.asked += 1
         if self.left:
             self.left -= 1
             raise self.error()
-        return _Done(self.out)
+        return _Done([self.out] * len(items))
 
 
 class _Done:
@@ -148,6 +148,7 @@ def test_a_query_whose_replica_died_is_asked_again(lose: int, monkeypatch: pytes
         out = asyncio.run(answers.answer("q", 3)) if how == "answer" else answers.submit("q", 3)
         assert out == "the answer" and handle.asked == lose + 1
         stats = answers.stats()
+        answers.close()
         assert (stats["queries"], stats["retried"], stats["failed"]) == (1, lose, 0)
 
 
@@ -158,11 +159,13 @@ def test_a_query_lost_more_than_the_retries_is_one_error(monkeypatch: pytest.Mon
     from dab_pipeline.stages.serve import on_ray
 
     monkeypatch.setattr(on_ray, "RETRY_WAIT_S", 0.0)
-    handle = _Lost(on_ray.RETRIES + 1, "never")
-    answers = on_ray.RayAnswers(handle, on_ray.RayServeConfig(run_dir="r", features="s"))
-    with pytest.raises(StoreError, match=f"lost {on_ray.RETRIES + 1} times"):
-        asyncio.run(answers.answer("q", 3))
-    assert handle.asked == on_ray.RETRIES + 1
+    for how in ("answer", "submit"):
+        handle = _Lost(on_ray.RETRIES + 1, "never")
+        answers = on_ray.RayAnswers(handle, on_ray.RayServeConfig(run_dir="r", features="s"))
+        with pytest.raises(StoreError, match=f"lost {on_ray.RETRIES + 1} times"):
+            asyncio.run(answers.answer("q", 3)) if how == "answer" else answers.submit("q", 3)
+        answers.close()
+        assert handle.asked == on_ray.RETRIES + 1 and answers.stats()["failed"] == 1
 
 
 def test_a_replica_error_is_the_query_s_own_and_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -176,6 +179,7 @@ def test_a_replica_error_is_the_query_s_own_and_not_retried(monkeypatch: pytest.
     answers = on_ray.RayAnswers(handle, on_ray.RayServeConfig(run_dir="r", features="s"))
     with pytest.raises(StoreError, match="store.h5 changed"):
         asyncio.run(answers.answer("q", 3))
+    answers.close()
     assert handle.asked == 1 and answers.stats()["failed"] == 1
 
 
@@ -236,38 +240,54 @@ def test_ray_serve_answers_as_dab_serve_and_survives_a_killed_replica(world: dic
         health = json.loads(_get(f"{url}healthz")[1])
         assert health["ok"] and health["batching"]["engine"] == "ray serve" and health["batching"]["shards"] == 3
 
-        # under load, one of the two re-rank replicas killed: every query answered, and right. More clients than a
-        # replica takes in at once (max_ongoing_requests, 2 * max_batch): each replica has queries in flight when
-        # the kill comes, so some are lost with it and asked again
-        before = _rerank_replicas(ray)
-        assert len(before) == 2
+        # under load, one of the two re-rank replicas killed: every query answered, and right. A replica runs one
+        # batch at a time and the ingress keeps one in flight a replica, so a kill almost always costs a batch in
+        # flight, asked again of the other replica; where it fell between two batches (nothing lost, nothing to
+        # show), the replacement is killed in its turn, at most 3 kills in all
         clients = 3 * 2 * settings.max_batch
-
-        def ask(i: int) -> tuple[str, int, bytes]:
-            q = queries[i % len(queries)]
-            return (q, *_get(f"{url}search?{urllib.parse.urlencode({'q': q, 'k': 5})}"))
-
-        with concurrent.futures.ThreadPoolExecutor(clients) as pool:
-            futures = [pool.submit(ask, i) for i in range(6 * clients)]
-            while sum(f.done() for f in futures) < clients:
-                time.sleep(0.02)
-            ray.kill(ray.get_actor(before[0], namespace="serve"), no_restart=True)
-            answered = [f.result() for f in futures]
-        for q, status, body in answered:
-            assert status == 200, body
-            _same_answer(json.loads(body), want[q], q)
-        stats = json.loads(_get(f"{url}healthz")[1])["batching"]
-        assert stats["failed"] == 0 and stats["queries"] >= 6 * clients + len(queries) + 1
-        assert stats["retried"] >= 1, stats  # the kill did cost queries in flight: the retry answered them
-        deadline = time.monotonic() + 180  # Serve starts a replacement: two replicas again, one of them new
-        while not (len(now := _rerank_replicas(ray)) == 2 and before[0] not in now and _running(ray)):
-            assert time.monotonic() < deadline, f"no replacement replica: {now}"
-            time.sleep(1)
+        for kill in range(3):
+            killed = _kill_one_under_load(ray, url, queries, want, clients)
+            _wait_for_a_replacement(ray, killed)
+            stats = json.loads(_get(f"{url}healthz")[1])["batching"]
+            assert stats["failed"] == 0, stats
+            if stats["retried"]:
+                break
+        assert stats["retried"] >= 1, stats  # a kill did cost queries in flight: the retry answered them
+        assert stats["queries"] >= 2 * stats["batches"], stats  # the queries were gathered into batches
         status, body = _get(f"{url}search?{urllib.parse.urlencode({'q': queries[1], 'k': 5})}")
         assert status == 200
         _same_answer(json.loads(body), want[queries[1]], queries[1])
     finally:
         shutdown()
+
+
+def _kill_one_under_load(ray, url: str, queries: list[str], want: dict, clients: int) -> str:
+    """``clients`` clients send 6 queries each; once a sixth are answered a re-rank replica is killed; every query
+    must be answered, and right. -> the killed replica's name."""
+    before = _rerank_replicas(ray)
+    assert len(before) == 2
+
+    def ask(i: int) -> tuple[str, int, bytes]:
+        q = queries[i % len(queries)]
+        return (q, *_get(f"{url}search?{urllib.parse.urlencode({'q': q, 'k': 5})}"))
+
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        futures = [pool.submit(ask, i) for i in range(6 * clients)]
+        while sum(f.done() for f in futures) < clients:
+            time.sleep(0.02)
+        ray.kill(ray.get_actor(before[0], namespace="serve"), no_restart=True)
+        answered = [f.result() for f in futures]
+    for q, status, body in answered:
+        assert status == 200, body
+        _same_answer(json.loads(body), want[q], q)
+    return before[0]
+
+
+def _wait_for_a_replacement(ray, killed: str) -> None:
+    deadline = time.monotonic() + 180  # Serve starts a replacement: two replicas again, one of them new
+    while not (len(now := _rerank_replicas(ray)) == 2 and killed not in now and _running(ray)):
+        assert time.monotonic() < deadline, f"no replacement replica: {now}"
+        time.sleep(1)
 
 
 def _rerank_replicas(ray) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import signal
 import socket
 import time
 from pathlib import Path
@@ -227,8 +228,10 @@ def _serve_on_ray(args, host, port, max_batch, batch_wait_ms, replicas, shard_re
     )
     shards = len(described.shards) if described is not None else 0
     click.echo(f"starting Ray Serve: {replicas} re-rank replica(s), {shards} shard deployment(s)", err=True)
+    stop = signal.getsignal(signal.SIGTERM)
     try:
-        url = on_ray.deploy(cfg, host, port, address)
+        # SIGTERM as Ctrl-C (the application deleted, the Ray started stopped), set once Ray has set its own
+        url = on_ray.deploy(cfg, host, port, address, lambda: signal.signal(signal.SIGTERM, _interrupt))
         click.echo(f"serving {videos:,} videos of {features} on {url} with Ray Serve (Ctrl-C stops)", err=True)
         while True:
             time.sleep(3600)
@@ -236,6 +239,11 @@ def _serve_on_ray(args, host, port, max_batch, batch_wait_ms, replicas, shard_re
         pass
     finally:
         on_ray.shutdown()
+        signal.signal(signal.SIGTERM, stop)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _has_module(name: str) -> bool:

@@ -38,9 +38,12 @@ class _Job:
 class Batcher:
     """One worker thread answering queued queries in batches of at most ``max_batch`` (see the module)."""
 
-    def __init__(self, run_batch: BatchRunner, max_batch: int = 16, wait_s: float = 0.005) -> None:
-        if max_batch < 1 or not wait_s >= 0:
-            raise ValueError(f"max_batch must be >= 1 and wait_s >= 0, got {max_batch} and {wait_s}")
+    def __init__(self, run_batch: BatchRunner, max_batch: int = 16, wait_s: float = 0.005, workers: int = 1) -> None:
+        # workers > 1: as many batches run at once (dab serve --ray: one a re-rank replica), each gathered as above
+        if max_batch < 1 or not wait_s >= 0 or workers < 1:
+            raise ValueError(
+                f"max_batch and workers must be >= 1 and wait_s >= 0, got {max_batch}, {workers} and {wait_s}"
+            )
         self.run_batch, self.max_batch, self.wait_s = run_batch, int(max_batch), float(wait_s)
         self._jobs: deque[_Job] = deque()
         self._cond = threading.Condition()
@@ -50,8 +53,11 @@ class Batcher:
         self.sizes: Counter[int] = Counter()  # batch size -> batches run
         self.busy = 0.0  # seconds spent running batches
         self.waited = 0.0  # seconds queries waited before their batch started, summed
-        self._worker = threading.Thread(target=self._work, name="dab-serve-batcher", daemon=True)
-        self._worker.start()
+        self._workers = [
+            threading.Thread(target=self._work, name=f"dab-serve-batcher-{i}", daemon=True) for i in range(workers)
+        ]
+        for w in self._workers:
+            w.start()
 
     def submit(self, text: str, k: int) -> Any:
         """Queue one query and wait for its answer (or raise its error)."""
@@ -106,7 +112,8 @@ class Batcher:
             self._closed = True
             self._cond.notify_all()
         self._open.set()
-        self._worker.join()
+        for w in self._workers:
+            w.join()
         with self._cond:
             left, self._jobs = list(self._jobs), deque()
         for job in left:
@@ -123,25 +130,28 @@ class Batcher:
 
     def _gather(self) -> Optional[list[_Job]]:
         """The next batch: the first query waiting and those that join it in time; None once closed."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._jobs or self._closed)
-            if self._closed:
-                return None
-        self._open.wait()
-        with self._cond:
-            deadline = self._jobs[0].arrived + self.wait_s
-            while len(self._jobs) < self.max_batch and not self._closed:
-                left = deadline - time.monotonic()
-                if left <= 0 or not self._cond.wait(left):
-                    break
-            batch = [self._jobs.popleft() for _ in range(min(self.max_batch, len(self._jobs)))]
-            self._cond.notify_all()  # wait_queued sees the queue shrink
-            return batch
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._jobs or self._closed)
+                if self._closed:
+                    return None
+            self._open.wait()
+            with self._cond:
+                if not self._jobs:  # another worker took them
+                    continue
+                deadline = self._jobs[0].arrived + self.wait_s
+                while len(self._jobs) < self.max_batch and not self._closed:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not self._cond.wait(left):
+                        break
+                batch = [self._jobs.popleft() for _ in range(min(self.max_batch, len(self._jobs)))]
+                self._cond.notify_all()  # wait_queued sees the queue shrink
+                if batch:
+                    return batch
 
     def _run(self, batch: list[_Job]) -> None:
         """Run one batch and give each query its answer; an exception of the batch goes to every query."""
         t0 = time.monotonic()
-        self.waited += sum(t0 - j.arrived for j in batch)
         try:
             answers = list(self.run_batch([(j.text, j.k) for j in batch]))
             if len(answers) != len(batch):
@@ -150,7 +160,8 @@ class Batcher:
             answers = [exc] * len(batch)
         with self._cond:
             self.sizes[len(batch)] += 1
-            self.busy += time.monotonic() - t0
+            self.busy += time.monotonic() - t0  # summed over the workers
+            self.waited += sum(t0 - j.arrived for j in batch)
         for job, answer in zip(batch, answers):
             if isinstance(answer, BaseException):
                 job.future.set_exception(answer)

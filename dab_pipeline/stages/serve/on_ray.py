@@ -5,11 +5,13 @@ Three deployments make one Serve application (``dab``):
 * ``shard-000`` ... : one deployment a shard of the index (``dab index --shards N``; a one-folder index is one
   shard), each holding its FAISS index and answering a batch of queries with its candidates and their exact scores
   (:class:`~dab_pipeline.index.served.ShardService`);
-* ``rerank``: ``--replicas`` replicas, each with the run, the store and the store's CLIP; Ray Serve's own request
-  batching (``serve.batch``, ``--max-batch``, ``--batch-wait-ms``) gathers the queries that arrive together, which
-  are encoded, short-listed (every shard asked at once, merged as one index merges them) and re-ranked in one call;
+* ``rerank``: ``--replicas`` replicas, each with the run, the store and the store's CLIP, answering a batch of
+  queries a request: encoded, short-listed (every shard asked at once, merged as one index merges them) and
+  re-ranked in one call;
 * ``ingress``: the FastAPI app of ``dab serve`` (the same routes, checks, page and calibrated answers), whose
-  queries go to ``rerank`` instead of this process's batcher.
+  queries are gathered into batches as ``dab serve`` gathers them (``--max-batch``, ``--batch-wait-ms``; one
+  worker a re-rank replica) and sent to ``rerank``, a batch a request: Ray's cost a request (milliseconds of CPU
+  on the proxy, the ingress and the replica) is paid once a batch. Why not ``serve.batch``: :class:`RayAnswers`.
 
 A query whose replica dies before it answers (a node lost, a replica killed) is asked again, of another replica,
 at most :data:`RETRIES` times with a wait that doubles from :data:`RETRY_WAIT_S` (a search reads and writes
@@ -36,6 +38,7 @@ from ...index.shards import read_plan
 from ...search import Searcher
 from .app import create_app
 from .batch_runner import run_batch
+from .batcher import Batcher
 from .health import Health, log
 from .settings import ServeSettings
 
@@ -195,26 +198,18 @@ class ShardReplica(ShardService):
 
 
 class RerankReplica:
-    """A replica of the re-rank deployment: a Searcher whose index is the shard deployments; the queries Ray Serve
-    batches together answered in one call (each with its result or its own error, returned, not raised)."""
+    """A replica of the re-rank deployment: a Searcher whose index is the shard deployments; a request is a batch
+    of queries (the ingress gathered them), answered in one call, each with its result or its own error (returned,
+    not raised)."""
 
     def __init__(self, cfg: RayServeConfig, *shard_handles) -> None:
-        from ray import serve
-
         _threads(cfg.threads)
         self.searcher = _searcher(cfg, shard_handles, encoder=True)
         self.health = Health(self.searcher)
         self.shortlist = cfg.settings.shortlist
         self.sizes: Counter = Counter()
-        batch = serve.batch(
-            max_batch_size=cfg.settings.max_batch, batch_wait_timeout_s=cfg.settings.batch_wait_ms / 1000
-        )
-        self._batched = batch(self._answer_batch)
 
-    async def answer(self, text: str, k: int):
-        return await self._batched((text, k))
-
-    async def _answer_batch(self, items: list[tuple[str, int]]) -> list:
+    async def answer(self, items: list[tuple[str, int]]) -> list:
         self.sizes[len(items)] += 1
         try:  # in a thread: the shard requests wait on their results, which an event loop may not
             return await asyncio.to_thread(run_batch, self.searcher, self.health, items, self.shortlist)
@@ -226,62 +221,54 @@ class RerankReplica:
 
 
 class RayAnswers:
-    """What answers the ingress's queries: the re-rank deployment, a query asked again where its replica died."""
+    """What answers the ingress's queries: :class:`~.batcher.Batcher` (``dab serve``'s) gathers the queries that
+    arrive together (``--max-batch``, ``--batch-wait-ms``) with one worker a re-rank replica, and sends each batch
+    to the re-rank deployment as one request, asked again where its replica died.
+
+    Not ``serve.batch``: measured (benchmarks/serve_ray.py, docs/search.md), it forms a batch every
+    ``--batch-wait-ms`` whether or not the last one is still running, so under load the queries that arrive while
+    a replica works queue as batches of one or two (16 clients, 100k videos: 1.4 a batch, half the throughput);
+    this one gathers them while the replicas are busy, as ``dab serve`` does."""
 
     def __init__(self, handle, cfg: RayServeConfig) -> None:
         self.handle, self.cfg = handle, cfg
-        self.counts: Counter = Counter()
+        self.counts: Counter = Counter()  # queries retried, and failed (an error for an answer)
         self._lock = threading.Lock()
+        s = cfg.settings
+        self.batcher = Batcher(self._send, s.max_batch, s.batch_wait_ms / 1000, workers=cfg.replicas)
 
     async def answer(self, text: str, k: int):
-        for attempt in range(RETRIES + 1):
-            try:
-                out = await self.handle.answer.remote(text, k)
-                break
-            except _lost() as exc:
-                if attempt == RETRIES:
-                    raise StoreError(f"the re-rank replicas were lost {RETRIES + 1} times ({type(exc).__name__})")
-                self._count("retried")
-                log.warning("a re-rank replica was lost (%s); asking again", type(exc).__name__)
-                await asyncio.sleep(RETRY_WAIT_S * 2**attempt)
-            except Exception as exc:
-                raise _cause(exc) from None
-        return self._outcome(out)
+        return await self.batcher.answer(text, k)
 
     def submit(self, text: str, k: int):
+        return self.batcher.submit(text, k)
+
+    def _send(self, items) -> list:
+        """One batch to a re-rank replica (in a batcher's worker thread, where a request may wait on its result)."""
         counter: Counter = Counter()
-        out = _asked(lambda: self.handle.answer.remote(text, k).result(), counter)
-        self._count("retried", counter["retried"])
-        return self._outcome(out)
-
-    def _outcome(self, out):
-        if isinstance(out, Exception):
-            self._count("failed")
-            raise out
-        self._count("queries")
+        try:
+            out = _asked(lambda: self.handle.answer.remote(list(items)).result(), counter)
+        except Exception:
+            out = None
+            raise
+        finally:
+            failed = len(items) if out is None else sum(isinstance(a, Exception) for a in out)
+            with self._lock:
+                self.counts["retried"] += counter["retried"] * len(items)
+                self.counts["failed"] += failed
         return out
-
-    def _count(self, what: str, n: int = 1) -> None:
-        with self._lock:
-            self.counts[what] += n
 
     def stats(self) -> dict:
         with self._lock:
-            counts = dict(self.counts)
-        s = self.cfg.settings
-        return {
-            "engine": "ray serve",
-            "replicas": self.cfg.replicas,
-            "shards": len(self.cfg.plan["ranges"]) if self.cfg.plan else (1 if self.cfg.index_dir else 0),
-            "max_batch": s.max_batch,
-            "wait_ms": s.batch_wait_ms,
-            "queries": counts.get("queries", 0),
-            "failed": counts.get("failed", 0),
-            "retried": counts.get("retried", 0),
-        }
+            counts = {"retried": self.counts["retried"], "failed": self.counts["failed"]}
+        return {"engine": "ray serve", "replicas": self.cfg.replicas, "shards": self._shards(), **counts,
+                **self.batcher.stats()}  # fmt: skip
+
+    def _shards(self) -> int:
+        return len(self.cfg.plan["ranges"]) if self.cfg.plan else (1 if self.cfg.index_dir else 0)
 
     def close(self) -> None:
-        pass
+        self.batcher.close()
 
 
 class IngressReplica:
@@ -317,8 +304,9 @@ def application(cfg: RayServeConfig):
         RerankReplica,
         name="rerank",
         num_replicas=cfg.replicas,
-        # a replica takes in what a batch can hold twice over: the next batch gathers while one runs
-        max_ongoing_requests=2 * cfg.settings.max_batch,
+        # a request is a batch, and a replica runs one at a time (its Searcher answers one at a time): the
+        # ingress's workers, one a replica, keep each replica busy without a batch queued behind another
+        max_ongoing_requests=1,
         max_constructor_retry_count=CONSTRUCTOR_RETRIES,
         ray_actor_options={"num_cpus": cfg.threads, "num_gpus": 1 if gpu else 0},
     ).bind(dataclasses.replace(cfg, device="cuda") if gpu else cfg, *shards)
@@ -331,9 +319,16 @@ def application(cfg: RayServeConfig):
     ).bind(dataclasses.replace(cfg, device="cpu"), rerank, *shards)
 
 
-def deploy(cfg: RayServeConfig, host: str, port: int, address: Optional[str] = None) -> str:
+def deploy(
+    cfg: RayServeConfig,
+    host: str,
+    port: int,
+    address: Optional[str] = None,
+    connected: Callable[[], None] = lambda: None,
+) -> str:
     """Start Ray (``address``: a cluster's, else RAY_ADDRESS, else a local one) and Serve on ``host:port``, and
-    deploy the application; its URL once every replica answers. ``shutdown`` stops them."""
+    deploy the application; its URL once every replica answers. ``shutdown`` stops them. ``connected`` is called
+    once Ray is (the CLI then sets its SIGTERM handler over the one Ray sets)."""
     ray, serve = require_ray()
     if not ray.is_initialized():
         local = address is None and not os.environ.get("RAY_ADDRESS")
@@ -341,6 +336,7 @@ def deploy(cfg: RayServeConfig, host: str, port: int, address: Optional[str] = N
         ray.init(
             address=address, num_cpus=cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING
         )
+    connected()
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # its progress lines; its warnings still show
     serve.start(http_options={"host": host, "port": port})
     cfg = dataclasses.replace(cfg, plan=read_plan(Path(cfg.index_dir)) if cfg.index_dir else None)
