@@ -64,3 +64,8 @@ class ExtractionFailed(DabError):
 
 class WriteError(StoreError):
     """A write the file system refused: a full disk, a read-only file system, no permission (named, one line)."""
+
+
+class ServiceUnavailableError(DabError):
+    """A part of a distributed server could not be reached (a replica lost more often than its retries): the
+    request may succeed later; nothing is damaged (HTTP 503)."""

@@ -13,6 +13,7 @@ Nothing here imports Ray: the transport is the caller's.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -22,9 +23,9 @@ import numpy as np
 from ..core.errors import ConfigError, StoreError
 from ..core.filewatch import FileWatch
 from .faiss_index import IndexMeta, VideoIndex, load_index_folder
-from .shards import ShardedIndex, merge_candidates, read_plan, shard_folder
+from .shards import ShardedIndex, check_shards, merge_candidates, read_plan, shard_folder
 
-__all__ = ["ShardCall", "ShardService", "ServedShardedIndex", "describe_folders", "shard_folders"]
+__all__ = ["ShardCall", "ShardService", "ServedShardedIndex", "describe_folders", "shard_folders", "shard_identity"]
 
 # (method, {shard: args}) -> {shard: its answer}: the shards asked together, answering in parallel where they can
 ShardCall = Callable[[str, dict[int, tuple]], dict[int, Any]]
@@ -45,20 +46,33 @@ def describe_folders(path: str | Path) -> list[dict]:
         if not meta_path.is_file():
             raise ConfigError(f"{folder} is not a dab index folder (no index.json); build one with `dab index`")
         try:
-            meta, rows = json.loads(meta_path.read_text()), np.load(folder / "rows.npy")
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"{folder}: cannot read the index ({str(exc).strip().splitlines()[-1]})") from None
+            meta = IndexMeta.from_json(json.loads(meta_path.read_text()), meta_path).to_json()  # as describe() has it
+            rows = np.load(folder / "rows.npy")
+        except (OSError, ValueError, EOFError) as exc:
+            why = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(f"{folder}: cannot read the index ({why})") from None
         out.append({"meta": meta, "rows": rows, "folder": str(folder)})
     return out
+
+
+def shard_identity(described: dict) -> dict:
+    """A shard build's identity from its :meth:`ShardService.describe`: its index.json and its rows' sha256."""
+    rows = np.ascontiguousarray(described["rows"])
+    return {"meta": described["meta"], "rows_sha256": hashlib.sha256(rows.tobytes()).hexdigest()}
 
 
 class ShardService:
     """One shard, loaded: its candidates for a batch of queries. Its files are checked before each answer: a shard
     whose files changed since it was loaded answers a StoreError (the server then says 503), not old vectors."""
 
-    def __init__(self, folder: str | Path) -> None:
+    def __init__(self, folder: str | Path, expect: Optional[dict] = None) -> None:
         self.index = load_index_folder(folder)
         self.watch = FileWatch(self.index.identity_files())
+        if expect is not None and shard_identity(self.describe()) != expect:
+            # a replica (re)started after the folder was rebuilt: its ids would map to rows the merging side
+            # no longer holds
+            self.index.close()
+            raise StoreError(f"{folder} changed since the server started (rebuilt?); restart the server")
 
     def describe(self) -> dict:
         """What the merging side needs: the shard's index.json and its vectors' store rows."""
@@ -70,7 +84,8 @@ class ShardService:
         """q (M, D) -> scores, ids (local to the shard) and, with ``exact``, the candidates' exact scores, each
         (M, n_cand), best first by the index's scores (-1 ids, -inf scores where the shard holds fewer)."""
         self._check()
-        sc, ids = self.index._candidates(np.ascontiguousarray(q, np.float32), n_cand, nprobe, ef_search)
+        q = np.ascontiguousarray(q, np.float32)  # (M, D): the exact scores of the same numbers the index searched
+        sc, ids = self.index._candidates(q, n_cand, nprobe, ef_search)
         if not exact:
             return sc, ids
         out = np.full(ids.shape, -np.inf, np.float32)  # (M, n_cand)
@@ -104,7 +119,11 @@ class ServedShardedIndex(ShardedIndex):
             VideoIndex(Path(d["folder"]), IndexMeta.from_json(dict(d["meta"]), Path(d["folder"])), None, d["rows"])
             for d in described
         ]
-        plan = plan or read_plan(path) or {"count": shards[0].meta.count, "store": shards[0].meta.store, "shards": 1}
+        plan = plan or read_plan(path)
+        if plan is not None:  # a sharded folder: its shards checked against its plan, as load_index checks them
+            check_shards(path, plan, shards)
+        else:
+            plan = {"count": shards[0].meta.count, "store": shards[0].meta.store, "shards": 1}
         super().__init__(path, plan, shards)
         self.call = call
 

@@ -346,12 +346,21 @@ def load_index(path: str | Path) -> VideoIndex:
             raise ConfigError(
                 f"{str(exc).split('; rebuild')[0]}; rebuild that shard with {again[:-1]} --overwrite`"
             ) from None
-        if shards[-1].meta.count != b - a:
+    check_shards(p, plan, shards)
+    return ShardedIndex(p, plan, shards)
+
+
+def check_shards(p: Path, plan: dict, shards: list[VideoIndex]) -> None:
+    """Every shard of the plan there, over its range, and built as the plan says (ConfigError naming the shard)."""
+    if len(shards) != len(plan["ranges"]):
+        raise ConfigError(f"{p}: {len(shards)} shards, {p / SHARDS_FILE} says {len(plan['ranges'])}")
+    for i, ((a, b), s) in enumerate(zip(plan["ranges"], shards)):
+        if s.meta.count != b - a:
             raise ConfigError(
-                f"{folder} holds {shards[-1].meta.count} videos, the plan {b - a}: rebuild it with {again}"
+                f"{shard_folder(p, i)} holds {s.meta.count} videos, the plan {b - a}: rebuild it with "
+                f"`dab index ... --out {p} --shards {plan['shards']} --shard {i}`"
             )
     _check_same_build(p, plan, shards)
-    return ShardedIndex(p, plan, shards)
 
 
 def _check_same_build(p: Path, plan: dict, shards: list[VideoIndex]) -> None:

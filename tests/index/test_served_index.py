@@ -77,3 +77,22 @@ def test_a_shard_whose_files_changed_answers_a_store_error(store: Path, tmp_path
     codes.write_bytes(b"\0" * codes.stat().st_size)  # copied over in place: the shard must not answer from it
     with pytest.raises(StoreError, match="shard-001"):
         remote.search(qv, 5)
+
+
+def test_a_served_index_checks_its_shards_against_the_plan_and_a_shard_its_files(store: Path, tmp_path: Path) -> None:
+    """As load_index: a shard built otherwise than shards.json says is refused, naming it; a shard service whose
+    folder was rebuilt since the server read it refuses to start (its ids would map to rows no longer held)."""
+    from dab_pipeline.core.errors import ConfigError
+    from dab_pipeline.index.served import describe_folders, shard_identity
+
+    with open_store(store) as st:
+        build_sharded_index(st, tmp_path / "i", shards=2, split="test", vector="meanp", factory="Flat")
+    described = describe_folders(tmp_path / "i")
+    assert [d["meta"] for d in described] == [ShardService(f).describe()["meta"] for f in shard_folders(tmp_path / "i")]
+    other = dict(described[1], meta={**described[1]["meta"], "factory": "IVF8,Flat"})
+    with pytest.raises(ConfigError, match="shard-001 was built otherwise"):
+        ServedShardedIndex(tmp_path / "i", [described[0], other], lambda m, a: {})
+    expect = shard_identity(described[1])
+    ShardService(shard_folders(tmp_path / "i")[1], expect).close()  # the same files: starts
+    with pytest.raises(StoreError, match="changed since the server started"):
+        ShardService(shard_folders(tmp_path / "i")[1], {**expect, "rows_sha256": "0" * 64})

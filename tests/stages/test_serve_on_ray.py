@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dab_pipeline.core.errors import StoreError
+from dab_pipeline.core.errors import ServiceUnavailableError, StoreError
 from dab_pipeline.index import build_sharded_index
 from dab_pipeline.store import open_store
 
@@ -162,7 +162,7 @@ def test_a_query_lost_more_than_the_retries_is_one_error(monkeypatch: pytest.Mon
     for how in ("answer", "submit"):
         handle = _Lost(on_ray.RETRIES + 1, "never")
         answers = on_ray.RayAnswers(handle, on_ray.RayServeConfig(run_dir="r", features="s"))
-        with pytest.raises(StoreError, match=f"lost {on_ray.RETRIES + 1} times"):
+        with pytest.raises(ServiceUnavailableError, match=f"lost {on_ray.RETRIES + 1} times"):
             asyncio.run(answers.answer("q", 3)) if how == "answer" else answers.submit("q", 3)
         answers.close()
         assert handle.asked == on_ray.RETRIES + 1 and answers.stats()["failed"] == 1
@@ -181,6 +181,44 @@ def test_a_replica_error_is_the_query_s_own_and_not_retried(monkeypatch: pytest.
         asyncio.run(answers.answer("q", 3))
     answers.close()
     assert handle.asked == 1 and answers.stats()["failed"] == 1
+
+
+def test_shard_requests_lost_when_sent_or_awaited_are_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """shard_call: every shard asked before any answer is awaited; a request lost as it is sent or while it runs
+    is sent again, and each shard's answer is its own."""
+    pytest.importorskip("ray")
+    from ray.exceptions import ActorDiedError
+
+    from dab_pipeline.stages.serve import on_ray
+
+    monkeypatch.setattr(on_ray, "RETRY_WAIT_S", 0.0)
+
+    class Shard:
+        def __init__(self, name: str, lose_at_send: int, lose_at_result: int) -> None:
+            self.name, self.send, self.result_ = name, lose_at_send, lose_at_result
+            self.candidates = self
+            self.asked = 0
+
+        def remote(self, x):
+            self.asked += 1
+            if self.send:
+                self.send -= 1
+                raise ActorDiedError()
+            shard = self
+
+            class Response:
+                def result(self):
+                    if shard.result_:
+                        shard.result_ -= 1
+                        raise ActorDiedError()
+                    return (shard.name, x)
+
+            return Response()
+
+    shards = [Shard("a", 1, 0), Shard("b", 0, 2), Shard("c", 0, 0)]
+    out = on_ray.shard_call(shards)("candidates", {0: (1,), 1: (2,), 2: (3,)})
+    assert out == {0: ("a", 1), 1: ("b", 2), 2: ("c", 3)}
+    assert [s.asked for s in shards] == [2, 3, 1]
 
 
 # --------------------------------------------------------------------------- a local Ray cluster (slow)
@@ -227,8 +265,8 @@ def test_ray_serve_answers_as_dab_serve_and_survives_a_killed_replica(world: dic
         run_dir=str(world["run"]), features=str(world["store"]), index_dir=str(world["index"]), settings=settings,
         replicas=2, threads=1,
     )  # fmt: skip
-    url = deploy(cfg, "127.0.0.1", _free_port())
     try:
+        url = deploy(cfg, "127.0.0.1", _free_port())
         for q in queries:  # the same answers as dab serve's app in this process
             status, body = _get(f"{url}search?{urllib.parse.urlencode({'q': q, 'k': 5})}")
             assert status == 200, body

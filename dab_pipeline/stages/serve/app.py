@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Optional
 
 from ...calibration import DEFAULT_CONFORMAL_SCORE, DEFAULT_DELTA, UncertaintyRequest
-from ...core.errors import ConfigError, DabError, StoreError
+from ...core.errors import ConfigError, DabError, ServiceUnavailableError, StoreError
 from ...search import Searcher, SearchResult
 from .batch_runner import run_batch
 from .batcher import Batcher
@@ -277,4 +277,4 @@ def status_of(exc: DabError) -> int:
     """The HTTP status of a library error: the request's fault (400), the data's (503), or a bug (500)."""
     if isinstance(exc, ConfigError):
         return 400
-    return 503 if isinstance(exc, StoreError) else 500
+    return 503 if isinstance(exc, (StoreError, ServiceUnavailableError)) else 500

@@ -32,8 +32,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ...core.errors import ConfigError, StoreError
-from ...index.served import ServedShardedIndex, ShardService, describe_folders, shard_folders
+from ...core.errors import ConfigError, ServiceUnavailableError
+from ...index.served import ServedShardedIndex, ShardService, describe_folders, shard_folders, shard_identity
 from ...index.shards import read_plan
 from ...search import Searcher
 from .app import create_app
@@ -47,6 +47,7 @@ __all__ = ["RayServeConfig", "deploy", "described_index", "shutdown", "RETRIES",
 RETRIES = 3  # a query lost with its replica is asked again this many times
 RETRY_WAIT_S = 0.2  # before the first retry; doubled before each next one
 APP_NAME = "dab"
+_OURS: dict = {}  # what deploy started in this process
 # a replica that cannot start (a file it cannot read) fails the deployment after this many tries, not Serve's 20
 CONSTRUCTOR_RETRIES = 2
 
@@ -67,6 +68,7 @@ class RayServeConfig:
     shard_replicas: int = 1
     threads: int = 1
     plan: Optional[dict] = None  # shards.json's, read by the driver: a replica need not see the index folder
+    shards: tuple = ()  # each shard's identity as the driver read it: a replica over other files refuses to start
 
     def __post_init__(self) -> None:
         for name in ("replicas", "shard_replicas", "threads"):
@@ -113,7 +115,11 @@ def _lost() -> tuple[type, ...]:
     """The errors of a request whose replica died or cannot be reached: asked again."""
     from ray.exceptions import RayActorError
 
-    return (RayActorError,)
+    try:
+        from ray.serve.exceptions import ReplicaUnavailableError
+    except ImportError:  # an older Serve reports a lost replica as RayActorError only
+        return (RayActorError,)
+    return (RayActorError, ReplicaUnavailableError)
 
 
 def _cause(exc: BaseException) -> BaseException:
@@ -142,7 +148,10 @@ def _asked(call: Callable[[], Any], counter: Optional[Counter] = None) -> Any:
             return call()
         except _lost() as exc:
             if attempt == RETRIES:
-                raise StoreError(f"a replica was lost {RETRIES + 1} times answering ({type(exc).__name__})") from None
+                # not a StoreError: nothing is damaged, and a re-rank replica must not mark itself unhealthy for it
+                raise ServiceUnavailableError(
+                    f"a replica was lost {RETRIES + 1} times answering ({type(exc).__name__}); try again"
+                ) from None
             log.warning("a replica was lost (%s); asking again", type(exc).__name__)
             if counter is not None:
                 counter["retried"] += 1
@@ -156,10 +165,15 @@ def shard_call(handles: list) -> Callable[[str, dict[int, tuple]], dict[int, Any
     """:data:`~dab_pipeline.index.served.ShardCall` over the shard deployments' handles: every shard asked at once."""
 
     def call(method: str, args: dict[int, tuple]) -> dict[int, Any]:
-        sent = {i: getattr(handles[i], method).remote(*a) for i, a in args.items()}
+        sent: dict[int, Any] = {}
+        for i, a in args.items():  # every shard asked before any answer is awaited
+            try:
+                sent[i] = getattr(handles[i], method).remote(*a)
+            except _lost():
+                sent[i] = None  # asked again below
         out = {}
         for i, response in sent.items():
-            first = [response]  # the request already in flight, then new ones where it was lost
+            first = [response] if response is not None else []  # the request in flight, then new ones
 
             def one(i=i, first=first):
                 r = first.pop() if first else getattr(handles[i], method).remote(*args[i])
@@ -192,9 +206,9 @@ def _new_searcher(cfg: RayServeConfig, shard_handles: tuple, encoder: bool) -> S
 class ShardReplica(ShardService):
     """A replica of one shard's deployment."""
 
-    def __init__(self, folder: str, threads: int = 1) -> None:
+    def __init__(self, folder: str, threads: int = 1, expect: Optional[dict] = None) -> None:
         _threads(threads)
-        super().__init__(folder)
+        super().__init__(folder, expect)
 
 
 class RerankReplica:
@@ -296,7 +310,7 @@ def application(cfg: RayServeConfig):
             num_replicas=cfg.shard_replicas,
             max_constructor_retry_count=CONSTRUCTOR_RETRIES,
             ray_actor_options={"num_cpus": 0},
-        ).bind(str(folder), cfg.threads)
+        ).bind(str(folder), cfg.threads, cfg.shards[i] if cfg.shards else None)
         for i, folder in enumerate(folders)
     ]
     gpu = cfg.device.startswith("cuda")  # a GPU a replica, which Ray names cuda:0 inside it
@@ -333,13 +347,24 @@ def deploy(
     if not ray.is_initialized():
         local = address is None and not os.environ.get("RAY_ADDRESS")
         cpus = max(os.cpu_count() or 1, cfg.replicas * cfg.threads) if local else None
-        ray.init(
-            address=address, num_cpus=cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING
-        )
+        try:
+            ray.init(
+                address=address,
+                num_cpus=cpus,
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level=logging.WARNING,
+            )
+        except (ValueError, RuntimeError, ConnectionError) as exc:
+            where = address or os.environ.get("RAY_ADDRESS") or "this machine"
+            raise ConfigError(f"cannot start or reach Ray at {where}: {str(exc).strip().splitlines()[0]}") from None
+        _OURS["cluster"] = local  # a Ray this started: shutdown stops it, not only the application
     connected()
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # its progress lines; its warnings still show
     serve.start(http_options={"host": host, "port": port})
-    cfg = dataclasses.replace(cfg, plan=read_plan(Path(cfg.index_dir)) if cfg.index_dir else None)
+    if cfg.index_dir:
+        shards = tuple(shard_identity(d) for d in describe_folders(cfg.index_dir))
+        cfg = dataclasses.replace(cfg, plan=read_plan(Path(cfg.index_dir)), shards=shards)
     try:
         serve.run(application(cfg), name=APP_NAME, route_prefix="/", blocking=False)
     except RuntimeError as exc:  # a replica failed to start: Serve's message is its traceback
@@ -349,8 +374,15 @@ def deploy(
 
 
 def shutdown() -> None:
+    """Delete the application; stop Serve and Ray where :func:`deploy` started them (a cluster's other
+    applications are left alone), else only disconnect."""
     ray, serve = require_ray()
+    if not ray.is_initialized():  # deploy failed before Ray was up: nothing to stop
+        return
     try:
-        serve.shutdown()
+        if _OURS.pop("cluster", False):
+            serve.shutdown()
+        else:
+            serve.delete(APP_NAME)
     finally:
         ray.shutdown()
