@@ -18,7 +18,7 @@ factory). Then:
 * **the sizing inputs**: store and index bytes a video, shard RAM a video, the re-rank's queries a second a core.
 
     python benchmarks/serve_ray.py [--videos 100000] [--shards 2] [--replicas 1,2,4] [--clients 16] [--queries 15]
-        [--rounds 2] [--work bench_data/serve_ray] [--remove]
+        [--rounds 2] [--work bench_data/serve_ray] [--remove] [--shards-only]
 
 Needs the ray extra (pip install 'dab-pipeline[ray]'). The store takes 1.2 GB at 100k videos.
 """
@@ -57,6 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--work", type=Path, default=Path("bench_data/serve_ray"))
     ap.add_argument("--remove", action="store_true", help="delete --work at the end")
+    ap.add_argument("--shards-only", action="store_true", help="only the per-shard figures (a large shard's cost)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds a request may take")
     return ap.parse_args(argv)
 
@@ -204,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
           f"--max-batch {args.max_batch}, float32; {serve_load.machine()}", flush=True)  # fmt: skip
     w = world(args.work, args.videos, args.shards)
     shards = per_shard(w, args.shards)
+    if args.shards_only:
+        return 0
     load = serve_load.workload(w["store"], args.clients, args.queries)
     cands = candidates(args, cores)
     results: dict[str, list[dict]] = {name: [] for name in cands}
