@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ..helpers.runner import extract_args, invoke
@@ -79,8 +80,13 @@ def test_extract_train_index_search_through_an_s3_url(s3: str, tiny_folder_datas
                     "another caption of clip 2",
                 ]
             )
-            searches[(name, bool(extra))] = [(h["video_id"], round(h["cost"], 4)) for h in json.loads(out)[0]["hits"]]
-    assert searches[("url", False)] == searches[("disk", False)] == searches[("url", True)] == searches[("disk", True)]
+            searches[(name, bool(extra))] = [(h["video_id"], h["cost"]) for h in json.loads(out)[0]["hits"]]
+    # the same videos in the same order; costs within a tolerance: with and without the index the re-rank scores
+    # batches of other shapes, whose last bits may differ (a rounding to 4 places flipped once, 113.9612 / .9611)
+    want = searches[("disk", True)]
+    for key, got in searches.items():
+        assert [v for v, _ in got] == [v for v, _ in want], key
+        np.testing.assert_allclose([c for _, c in got], [c for _, c in want], rtol=1e-5, err_msg=str(key))
     _serve_answers_as_search(url, tmp_path / "run_url", tmp_path / "index_url", searches[("disk", True)])
 
 
@@ -96,7 +102,8 @@ def _serve_answers_as_search(url: str, run: Path, index: Path, want: list) -> No
     try:
         with TestClient(create_app(searcher, ServeSettings(k=3, max_k=3))) as client:
             body = client.get("/search", params={"q": "another caption of clip 2", "k": 3}).json()
-            assert [(h["video_id"], round(h["cost"], 4)) for h in body["hits"]] == want
+            assert [h["video_id"] for h in body["hits"]] == [v for v, _ in want]
+            np.testing.assert_allclose([h["cost"] for h in body["hits"]], [c for _, c in want], rtol=1e-5)
             assert client.get("/healthz").status_code == 200
     finally:
         searcher.close()
