@@ -26,8 +26,8 @@ def create_app(
     searcher: Searcher, settings: ServeSettings = ServeSettings(), abstain: Optional[dict] = None, answers=None
 ):
     """The FastAPI app over a loaded :class:`Searcher`. ``answers``: what answers a query instead of this process's
-    :class:`Batcher` (``async answer(text, k)``, ``submit(text, k)``, ``stats()``, ``close()``): the re-rank
-    deployment of ``dab serve --ray``, whose replicas batch; the page, the checks and the calibrated answers stay
+    :class:`Batcher` (``async answer(text, k)``, ``submit(text, k)``, ``stats()``, ``close()``): ``dab serve
+    --ray``'s, whose batches go to the re-rank replicas; the page, the checks and the calibrated answers stay
     here."""
     try:
         import jinja2
