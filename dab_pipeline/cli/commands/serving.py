@@ -256,18 +256,10 @@ def _load(
     run_dir, features, index_dir, split, k, shortlist, abstain_below, descriptions, threads, device, dtype, encoder=True
 ):
     """The searcher and the page settings (minutes for a large index), and the app's two builders."""
-    import torch  # deferred: `dab --help` must not import torch
-
     from ...search import Searcher, load_descriptions  # deferred: `dab --help` must not import torch
-    from ...stages.serve import ServeSettings, abstain_report, create_app  # deferred: FastAPI is an extra
+    from ...stages.serve import ServeSettings, abstain_report, create_app, use_threads  # deferred: FastAPI is an extra
 
-    torch.set_num_threads(max(1, threads))
-    try:
-        import faiss
-
-        faiss.omp_set_num_threads(max(1, threads))
-    except ImportError:
-        pass
+    use_threads(threads)
     about = load_descriptions(descriptions) if descriptions else {}
     settings = ServeSettings(
         k=k,

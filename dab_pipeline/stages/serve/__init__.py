@@ -28,7 +28,7 @@ from .app import create_app  # noqa: F401
 from .batcher import Batcher  # noqa: F401
 from .health import Health, Unavailable  # noqa: F401
 from .search_page import cost_svg  # noqa: F401
-from .settings import ServeSettings, abstain_report, check_query, check_query_string  # noqa: F401
+from .settings import ServeSettings, abstain_report, check_query, check_query_string, use_threads  # noqa: F401
 
 __all__ = [
     "Batcher",
@@ -40,4 +40,5 @@ __all__ = [
     "cost_svg",
     "check_query",
     "check_query_string",
+    "use_threads",
 ]

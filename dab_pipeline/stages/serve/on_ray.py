@@ -40,7 +40,7 @@ from .app import create_app
 from .batch_runner import run_batch
 from .batcher import Batcher
 from .health import Health, log
-from .settings import ServeSettings
+from .settings import ServeSettings, use_threads
 
 __all__ = ["RayServeConfig", "deploy", "described_index", "shutdown", "RETRIES", "RETRY_WAIT_S", "APP_NAME"]
 
@@ -129,18 +129,6 @@ def _cause(exc: BaseException) -> BaseException:
     return exc.cause if isinstance(exc, RayTaskError) and isinstance(exc.cause, Exception) else exc
 
 
-def _threads(n: int) -> None:
-    import torch
-
-    torch.set_num_threads(n)
-    try:
-        import faiss
-
-        faiss.omp_set_num_threads(n)
-    except ImportError:
-        pass
-
-
 def _asked(call: Callable[[], Any], counter: Optional[Counter] = None) -> Any:
     """``call()`` (a handle's request and its result), asked again where its replica was lost."""
     for attempt in range(RETRIES + 1):
@@ -207,7 +195,7 @@ class ShardReplica(ShardService):
     """A replica of one shard's deployment."""
 
     def __init__(self, folder: str, threads: int = 1, expect: Optional[dict] = None) -> None:
-        _threads(threads)
+        use_threads(threads)
         super().__init__(folder, expect)
 
 
@@ -217,21 +205,16 @@ class RerankReplica:
     not raised)."""
 
     def __init__(self, cfg: RayServeConfig, *shard_handles) -> None:
-        _threads(cfg.threads)
+        use_threads(cfg.threads)
         self.searcher = _searcher(cfg, shard_handles, encoder=True)
         self.health = Health(self.searcher)
         self.shortlist = cfg.settings.shortlist
-        self.sizes: Counter = Counter()
 
     async def answer(self, items: list[tuple[str, int]]) -> list:
-        self.sizes[len(items)] += 1
         try:  # in a thread: the shard requests wait on their results, which an event loop may not
             return await asyncio.to_thread(run_batch, self.searcher, self.health, items, self.shortlist)
         except Exception as exc:  # the batch's (a store read that failed): every query of it says so
             return [exc] * len(items)
-
-    def stats(self) -> dict:
-        return {"batches": sum(self.sizes.values()), "sizes": {str(n): c for n, c in sorted(self.sizes.items())}}
 
 
 class RayAnswers:
@@ -260,17 +243,15 @@ class RayAnswers:
     def _send(self, items) -> list:
         """One batch to a re-rank replica (in a batcher's worker thread, where a request may wait on its result)."""
         counter: Counter = Counter()
+        out = None
         try:
             out = _asked(lambda: self.handle.answer.remote(list(items)).result(), counter)
-        except Exception:
-            out = None
-            raise
-        finally:
+            return out
+        finally:  # a batch that raised failed every query of it
             failed = len(items) if out is None else sum(isinstance(a, Exception) for a in out)
             with self._lock:
                 self.counts["retried"] += counter["retried"] * len(items)
                 self.counts["failed"] += failed
-        return out
 
     def stats(self) -> dict:
         with self._lock:
@@ -290,7 +271,7 @@ class IngressReplica:
     holds the calibration, its queries answered by the re-rank deployment."""
 
     def __init__(self, cfg: RayServeConfig, rerank, *shard_handles) -> None:
-        _threads(1)
+        use_threads(1)
         self.searcher = _searcher(cfg, shard_handles, encoder=False)
         # not ``self.app``: a property of Serve's ASGI wrapper
         self.dab_app = create_app(self.searcher, cfg.settings, cfg.abstain, answers=RayAnswers(rerank, cfg))

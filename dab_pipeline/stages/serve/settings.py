@@ -19,7 +19,15 @@ from ...runs.costfile import read_costs
 from ...runs.run_folder import RunFolder
 from ...scoring.first_stage import check_shortlist
 
-__all__ = ["ServeSettings", "MAX_BATCH_WAIT_MS", "abstain_report", "check_query", "check_query_string", "printable"]
+__all__ = [
+    "ServeSettings",
+    "MAX_BATCH_WAIT_MS",
+    "abstain_report",
+    "check_query",
+    "check_query_string",
+    "printable",
+    "use_threads",
+]
 
 
 MAX_BATCH_WAIT_MS = 1000.0  # a longer wait would hold every lone query for that long
@@ -105,3 +113,15 @@ def check_query_string(raw: bytes) -> None:
 def printable(text: str) -> str:
     """``text`` without control and unassigned characters, to echo a refused query back into the page."""
     return "".join(ch for ch in text if unicodedata.category(ch) not in ("Cc", "Cs", "Co", "Cn"))
+
+
+def use_threads(n: int) -> None:
+    """The CPU threads a server process gives the model (torch) and the index (FAISS, where installed)."""
+    import torch
+
+    torch.set_num_threads(max(1, n))
+    try:
+        import faiss
+    except ImportError:
+        return
+    faiss.omp_set_num_threads(max(1, n))
