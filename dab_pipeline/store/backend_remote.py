@@ -14,13 +14,14 @@ cause. A short body is never returned: a range is used only when every byte of i
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
-from ..core.errors import StoreError
+from ..core.errors import DabError, StoreError, WriteError
 from ..core.location import StoreURL, storage_options
 from .backend_zarr import RawChunks, ZarrBackend
 from .layout import index_runs
@@ -89,6 +90,28 @@ class RemoteZarrBackend(ZarrBackend):
             return int(self.fs.du(self.url.fs_path, total=True))
         except Exception as exc:
             raise StoreError(f"{self.url}: cannot list the store: {remote_reason(exc)}") from None
+
+    # ---- writes
+
+    def write_range(self, name: str, start: int, values: np.ndarray) -> None:
+        with self._write_errors(name):
+            self.raw(name)[start : start + len(values)] = values
+
+    def write_prefix(self, name: str, row: int, values: np.ndarray) -> None:
+        with self._write_errors(name):
+            self.raw(name)[row, : len(values)] = values
+
+    @contextlib.contextmanager
+    def _write_errors(self, name: str) -> Iterator[None]:
+        """A write the object store did not take (the endpoint lost, access refused) as one WriteError naming the
+        array and the cause: the local backend names a full disk the same way, and extraction adds how to resume.
+        Not retried here (botocore has tried twice): what was written is kept, so the same command resumes later."""
+        try:
+            yield
+        except DabError:
+            raise
+        except Exception as exc:
+            raise WriteError(f"cannot write {self.url}/{name}: {remote_reason(exc)}; {remote_advice(exc)}") from None
 
     # ---- reads
 
@@ -208,6 +231,29 @@ def _plan(raw: RawChunks, idx_sorted: np.ndarray) -> list[tuple[int, int, int, i
             plan.append((c, int(a), int(b), j, rows[j - lo : j - lo + b - a]))
             j += b - a
     return plan
+
+
+# botocore's errors for a request it had no credentials to sign (named, so that gs:// and az:// need no botocore)
+_NO_CREDENTIALS = {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"}
+
+CREDENTIALS_HINT = (
+    "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) in the environment, or write them in "
+    "~/.aws/credentials"
+)
+
+
+def missing_credentials(exc: BaseException) -> bool:
+    """Whether the client found no credentials to sign a request with (not an endpoint it could not reach)."""
+    return any(c.__name__ in _NO_CREDENTIALS for c in type(exc).__mro__)
+
+
+def remote_advice(exc: BaseException) -> str:
+    """What to check after a failed request: the credentials, access, or the endpoint and the network."""
+    if missing_credentials(exc):
+        return f"no credentials were found: {CREDENTIALS_HINT}"
+    if isinstance(exc, PermissionError):
+        return "access was refused: check the credentials (AWS_ACCESS_KEY_ID, AWS_PROFILE, ...) and the bucket's policy"
+    return "check the endpoint and the network"
 
 
 def remote_reason(exc: BaseException) -> str:

@@ -15,7 +15,7 @@ from ..core.location import StoreURL, location, storage_options
 from ..core.write_errors import check_free_space, write_failure
 from . import backend_h5
 from .backend_h5 import h5_locking_kwargs
-from .backend_remote import RemoteZarrBackend, remote_reason
+from .backend_remote import RemoteZarrBackend, missing_credentials, remote_advice, remote_reason
 from .backend_zarr import ZarrBackend, backend_class
 from .feature_store import FeatureStore
 from .layout import CREATING, ERROR_BYTES, FORMAT_VERSION, ZERO_INIT, array_specs, store_backend
@@ -91,6 +91,8 @@ def probe_remote(url: StoreURL, *, must_exist: bool) -> bool:
             "(AWS_ACCESS_KEY_ID, AWS_PROFILE, ...) or the filesystem's config files"
         ) from None
     except Exception as exc:
+        if missing_credentials(exc):  # the client sent nothing: no endpoint or network is to blame
+            raise StoreError(f"{url}: {remote_advice(exc)} ({remote_reason(exc)})") from None
         raise StoreError(f"{url} is unreachable ({remote_reason(exc)}); check the endpoint and the network") from None
 
 
@@ -325,7 +327,7 @@ def _create_remote(url: StoreURL, layout: dict, attrs: dict, init: dict, overwri
     except StoreError:
         raise
     except Exception as exc:
-        raise StoreError(f"cannot create {url}: {remote_reason(exc)}") from None
+        raise StoreError(f"cannot create {url}: {remote_reason(exc)}; {remote_advice(exc)}") from None
 
 
 def _initial_bytes(layout: dict, init: dict) -> int:

@@ -92,6 +92,12 @@ class CuttingProxy:
         self._stop = True
         self._sock.close()
 
+    def go_down(self) -> None:
+        """Lose the endpoint, as when the network drops: new connections are refused, and a response on a
+        connection already open is reset before its first byte."""
+        self.close()
+        self.cut(times=1 << 30, after=0)
+
     def _accept(self) -> None:
         while not self._stop:
             try:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ..helpers.runner import extract_args, invoke
-from ..helpers.s3 import local_s3
+from ..helpers.s3 import CuttingProxy, local_s3, s3_environment
 
 TRAIN = [
     "--variant",
@@ -126,3 +126,35 @@ def test_bad_urls_are_one_line(s3: str, tmp_path: Path) -> None:
         res = invoke([str(a) for a in args])
         assert res.exit_code != 0 and said in res.output and "Traceback" not in res.output, res.output
         assert "secret" not in res.output
+
+
+@pytest.mark.slow  # about 15 s: two extractions through moto (the store's half is quick: test_remote.py)
+def test_losing_the_endpoint_during_an_extract_is_one_line_and_the_same_command_resumes(
+    s3: str, tiny_folder_dataset: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """issue 59, item 6: the endpoint lost once the first batch is written is one line saying how to resume (it was
+    three chained tracebacks from write_thumbnails), and the same command, the endpoint back, finishes the store."""
+    from dab_pipeline.store import STATUS_OK, FeatureStore, open_store
+
+    url = "s3://dab/lost.zarr"
+    args = extract_args(tiny_folder_dataset, "--quiet", "--frames", "2", "--limit", "4", out=url)
+    proxy = CuttingProxy(int(s3.rsplit(":", 1)[1]))
+    write_videos = FeatureStore.write_videos
+
+    def then_lose_the_endpoint(self, *a, **k):
+        write_videos(self, *a, **k)
+        proxy.go_down()
+
+    try:
+        with monkeypatch.context() as m, s3_environment(proxy.endpoint):
+            m.setattr(FeatureStore, "write_videos", then_lose_the_endpoint)
+            res = invoke(args)
+    finally:
+        proxy.close()
+    lines = res.output.strip().splitlines()
+    assert res.exit_code == 1 and len(lines) == 1 and "Traceback" not in res.output, res.output
+    assert lines[0].startswith(f"Error: cannot write {url}/videos/"), lines[0]
+    assert "check the endpoint and the network" in lines[0] and "rerun the same command to resume" in lines[0]
+    assert "2 already done" in _ok(args)  # the endpoint back (moto itself): the batch written before is kept
+    with open_store(url) as st:
+        assert st.is_complete and (st.status() == STATUS_OK).all()

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dab_pipeline.core.errors import ConfigError, StoreError
+from dab_pipeline.core.errors import ConfigError, StoreError, WriteError
 from dab_pipeline.core.location import StoreURL, is_url, location
 from dab_pipeline.store import backend_remote, open_store
 from dab_pipeline.testing import empty_store, random_store
@@ -136,6 +136,27 @@ def test_an_interrupted_creation_says_overwrite_and_overwrite_replaces_it(s3: st
         assert st.num_videos == 30
 
 
+def test_missing_credentials_are_named_not_blamed_on_the_network(
+    s3: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """issue 59, item 8b: no credentials was "unreachable ...; check the endpoint and the network"; now it says what
+    is missing and where credentials go, without echoing what was set."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):  # this machine's own ~/.aws is not asked
+        monkeypatch.setenv(name, str(tmp_path / "absent"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # nor a cloud instance's metadata service
+    for secret_only in (False, True):
+        if secret_only:  # half a pair: botocore finds no credentials either; the secret is not echoed
+            monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t-value")
+        with pytest.raises(StoreError, match="no credentials were found") as err:
+            open_store("s3://dab/any.zarr")
+        said = str(err.value)
+        assert "AWS_ACCESS_KEY_ID" in said and "AWS_SECRET_ACCESS_KEY" in said and "~/.aws/credentials" in said
+        assert "network" not in said and "unreachable" not in said and "\n" not in said
+        assert "s3cr3t" not in said
+
+
 @pytest.fixture()
 def proxy(s3: str):
     port = int(s3.rsplit(":", 1)[1])
@@ -172,3 +193,17 @@ def test_a_connection_that_keeps_dropping_fails_in_one_line(
             st._b.read_rows("videos/frames", np.array([0, 1, 2]), out)
         proxy.cut(times=0, after=0)
     assert "\n" not in str(err.value) and st._b.stats.retries == 3
+
+
+def test_a_write_after_the_endpoint_is_lost_is_one_line(proxy: CuttingProxy) -> None:
+    """issue 59, item 6: a write that cannot reach the endpoint is one WriteError naming the store and the array
+    (it was botocore's EndpointConnectionError, chained under aiohttp's and the socket's); extraction adds how to
+    resume (tests/stages/test_remote_store.py)."""
+    st = empty_store("s3://dab/lost.zarr", 4, thumbnail_bytes=64)
+    try:
+        proxy.go_down()
+        with pytest.raises(WriteError, match=r"^cannot write s3://dab/lost.zarr/videos/thumbnail: ") as err:
+            st.write_thumbnails([0], [b"\xff\xd8 a jpeg"])
+    finally:
+        st.close()
+    assert str(err.value).endswith("check the endpoint and the network") and "\n" not in str(err.value)
