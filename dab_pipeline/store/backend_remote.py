@@ -48,7 +48,17 @@ class RemoteZarrBackend(ZarrBackend):
         self.url = url
         self.fs = url.filesystem()  # the synchronous filesystem dab's own range reads use
         self.stats = ReadStats()
-        super().__init__(url, mode, writer)  # type: ignore[arg-type]
+        self._zarr_fs: Any = None  # the asynchronous filesystem of zarr's FsspecStore (_zarr_store), closed by close()
+        try:
+            super().__init__(url, mode, writer)  # type: ignore[arg-type]
+        except BaseException:
+            close_async_session(self._zarr_fs)
+            raise
+
+    def close(self) -> None:
+        super().close()
+        close_async_session(self._zarr_fs)
+        self._zarr_fs = None
 
     # ---- what the local backend does with files, here on objects
 
@@ -61,9 +71,11 @@ class RemoteZarrBackend(ZarrBackend):
     def _zarr_store(self, mode: str) -> Any:
         from zarr.storage import FsspecStore
 
-        return FsspecStore.from_url(
+        store = FsspecStore.from_url(
             str(self.url), storage_options=storage_options(self.url.protocol), read_only=mode == "r"
         )
+        self._zarr_fs = store.fs
+        return store
 
     def _chunk_root(self, name: str) -> str:
         return f"{self.url.fs_path}/{name}"
@@ -254,6 +266,24 @@ def remote_advice(exc: BaseException) -> str:
     if isinstance(exc, PermissionError):
         return "access was refused: check the credentials (AWS_ACCESS_KEY_ID, AWS_PROFILE, ...) and the bucket's policy"
     return "check the endpoint and the network"
+
+
+def close_async_session(fs: Any) -> None:
+    """Close the HTTP session of zarr's asynchronous filesystem ``fs`` (None: nothing to close).
+
+    s3fs closes the sessions of its synchronous filesystems when they are collected, but not those of asynchronous
+    ones, which zarr's FsspecStore makes: left open, aiohttp logs "Unclosed client session" as the process ends.
+    The session lives on zarr's event loop (zarr awaits the filesystem there), so it is closed there."""
+    creator = getattr(fs, "_s3creator", None)
+    if creator is None:
+        return
+    fs._s3creator = fs._s3 = None  # a later request of the same filesystem opens a new session
+    from zarr.core.sync import sync
+
+    try:
+        sync(creator.__aexit__(None, None, None), timeout=10)
+    except Exception:
+        pass  # tidying up: a session that will not close must not hide the outcome of the work itself
 
 
 def remote_reason(exc: BaseException) -> str:

@@ -15,7 +15,7 @@ from ..core.location import StoreURL, location, storage_options
 from ..core.write_errors import check_free_space, write_failure
 from . import backend_h5
 from .backend_h5 import h5_locking_kwargs
-from .backend_remote import RemoteZarrBackend, missing_credentials, remote_advice, remote_reason
+from .backend_remote import RemoteZarrBackend, close_async_session, missing_credentials, remote_advice, remote_reason
 from .backend_zarr import ZarrBackend, backend_class
 from .feature_store import FeatureStore
 from .layout import CREATING, ERROR_BYTES, FORMAT_VERSION, ZERO_INIT, array_specs, store_backend
@@ -319,6 +319,7 @@ def _create_remote(url: StoreURL, layout: dict, attrs: dict, init: dict, overwri
     from zarr.storage import FsspecStore
 
     fs = url.filesystem()
+    target = None
     try:
         if overwrite and fs.exists(url.fs_path):
             fs.rm(url.fs_path, recursive=True)
@@ -328,6 +329,8 @@ def _create_remote(url: StoreURL, layout: dict, attrs: dict, init: dict, overwri
         raise
     except Exception as exc:
         raise StoreError(f"cannot create {url}: {remote_reason(exc)}; {remote_advice(exc)}") from None
+    finally:
+        close_async_session(None if target is None else target.fs)
 
 
 def _initial_bytes(layout: dict, init: dict) -> int:

@@ -4,6 +4,8 @@ evaluation), index and search through the URL give what they give on the same st
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -158,3 +160,16 @@ def test_losing_the_endpoint_during_an_extract_is_one_line_and_the_same_command_
     assert "2 already done" in _ok(args)  # the endpoint back (moto itself): the batch written before is kept
     with open_store(url) as st:
         assert st.is_complete and (st.status() == STATUS_OK).all()
+
+
+@pytest.mark.slow  # about 7 s: a process of its own (torch's import); the store's half is quick (test_remote.py)
+def test_an_s3_extract_closes_its_http_sessions(s3: str, tiny_folder_dataset: Path) -> None:
+    """issue 59, item 8e: every s3:// extract ended with aiohttp's "ERROR:asyncio:Unclosed client session" (zarr's
+    asynchronous filesystems were never closed); they show only as the process ends, so it runs as a user's does."""
+    args = extract_args(tiny_folder_dataset, "--quiet", "--frames", "2", "--limit", "2", out="s3://dab/closed.zarr")
+    done = subprocess.run(
+        [sys.executable, "-m", "dab_pipeline.cli", *args], capture_output=True, text=True, timeout=300
+    )  # the environment (moto's endpoint, its keys) is the test's
+    assert done.returncode == 0, done.stderr
+    assert "2 videos encoded" in done.stdout, done.stdout
+    assert "Unclosed" not in done.stderr and "asyncio" not in done.stderr, done.stderr

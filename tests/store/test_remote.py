@@ -4,6 +4,8 @@ way a bucket can fail, and no answer from a partial read (store/backend_remote.p
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -207,3 +209,18 @@ def test_a_write_after_the_endpoint_is_lost_is_one_line(proxy: CuttingProxy) -> 
     finally:
         st.close()
     assert str(err.value).endswith("check the endpoint and the network") and "\n" not in str(err.value)
+
+
+def test_a_process_that_creates_writes_and_reads_an_s3_store_closes_its_sessions(s3: str) -> None:
+    """issue 59, item 8e: zarr's asynchronous filesystems were never closed, and every process that used an s3://
+    store ended with aiohttp's "ERROR:asyncio:Unclosed client session" (one per store opened or created). The
+    message comes as the process ends, so a process of its own runs what extraction does to a store."""
+    code = (
+        "from dab_pipeline.testing import empty_store; from dab_pipeline.store import open_store\n"
+        "st = empty_store('s3://dab/sessions.zarr', 4, thumbnail_bytes=64); st.mark_failed(0, 'x'); st.close()\n"
+        "with open_store('s3://dab/sessions.zarr', 'a') as st: st.mark_failed(1, 'y')\n"
+        "with open_store('s3://dab/sessions.zarr') as st: print(len(st.failures()))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "2", done.stderr
+    assert "Unclosed" not in done.stderr and "asyncio" not in done.stderr, done.stderr
