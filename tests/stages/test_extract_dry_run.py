@@ -91,6 +91,36 @@ def test_dry_run_of_a_wrong_layout_is_one_line(tmp_path: Path) -> None:
     assert "found in" in lines[0] and "Charades_v1_test.csv" in lines[0]
 
 
+def test_a_memory_store_is_refused_by_the_cli_and_made_by_the_python_api(
+    tiny_folder_dataset: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 59, 7: `dab extract --out memory://...` encoded every video, exited 0, and the store went with the
+    process. The CLI refuses it when the options are parsed; the Python API, whose process reads it, makes it."""
+    import uuid
+
+    from dab_pipeline.stages import extract as stage
+    from dab_pipeline.store import open_store
+
+    from ..helpers.runner import extract_args
+
+    url = f"memory://dab-{uuid.uuid4().hex[:8]}/s.zarr"
+    with monkeypatch.context() as m:
+        for name in ("run_extract", "dry_run_extract"):
+            m.setattr(stage, name, lambda *a, **k: pytest.fail("work done for a store nobody can read"))
+        for extra in ((), ("--dry-run",)):
+            res = invoke(extract_args(tiny_folder_dataset, *extra, out=url))
+            said = [line for line in res.output.splitlines() if line.startswith("Error")]
+            assert res.exit_code == 2 and len(said) == 1 and "Traceback" not in res.output, res.output
+            assert f"{url}: a memory:// store lives only as long as its process" in said[0]
+            assert "before anyone can read it" in said[0] and "s3://" in said[0]
+    videos = tiny_folder_dataset.parent / "videos"
+    options = {"videos": videos, "annotations": tiny_folder_dataset, "model": "dab-tiny", "workers": 0, "frames": 2}
+    res = stage.run_extract(stage.build_extract_config("folder", url, options={**options, "limit": 2}))
+    assert res.videos_ok == 2
+    with open_store(url) as st:
+        assert st.is_complete and st.num_videos == 2
+
+
 def test_frames_has_an_upper_bound_checked_before_anything_runs(tmp_path) -> None:
     """Issue 50, 6: `--frames 100000` ran the machine out of memory and left a store behind."""
     import click

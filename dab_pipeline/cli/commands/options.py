@@ -11,7 +11,7 @@ import click
 from click.core import ParameterSource
 
 from ...core.errors import ConfigError
-from ...core.location import is_url, location
+from ...core.location import StoreURL, is_url, location
 
 PATH = click.Path(path_type=Path)
 EXISTING = click.Path(path_type=Path, exists=True)
@@ -31,9 +31,19 @@ class StoreLocation(click.ParamType):
             checked = (EXISTING if self.exists else PATH).convert(value, param, ctx)
             return location(checked)
         try:
-            return location(value)
+            loc = location(value)
         except ConfigError as exc:
             self.fail(str(exc), param, ctx)
+        if not self.exists and isinstance(loc, StoreURL) and loc.protocol == "memory":
+            # a store in this process's memory is gone when the command ends: all the encoding for nobody to read
+            self.fail(
+                f"{loc}: a memory:// store lives only as long as its process, and this one ends with the command, "
+                "before anyone can read it: write to a path or an object store (s3://...); memory:// is for the "
+                "Python API (run_extract), in one process",
+                param,
+                ctx,
+            )
+        return loc
 
 
 STORE = StoreLocation()  # a store to read
