@@ -238,6 +238,29 @@ def test_a_nul_byte_is_refused_and_never_echoed_raw_into_the_page(client) -> Non
     assert client.get("/search", params={"q": "cat\x00dog"}).status_code == 400
 
 
+def test_a_parameter_given_twice_is_refused_not_its_last_value_used(client) -> None:
+    """Issue 59, 8a: `/search?q=x&coverage=0.9&coverage=0.5` searched with coverage 0.5, without a word. Every
+    parameter of the search routes, given twice, is a 400 naming it (valid values, so nothing else refuses them)."""
+    twice = {
+        "q": ("one", "other"),
+        "k": ("3", "5"),
+        "coverage": ("0.9", "0.5"),
+        "score": ("lac", "aps"),
+        "max_risk": ("0.1", "0.2"),
+        "delta": ("0.1", "0.05"),
+    }
+    for name, (a, b) in twice.items():
+        params = [("q", CAPTIONS[0])] * (name != "q") + [(name, a), (name, b)]
+        r = client.get("/search", params=params)
+        assert r.status_code == 400, (name, r.text)
+        assert r.json() == {"error": f"the parameter {name!r} is given 2 times: give it once"}
+        if name in ("q", "k", "coverage", "max_risk"):  # the page's fields: the page says it, with the same status
+            r = client.get("/", params=params)
+            assert r.status_code == 400 and 'data-error="1"' in r.text and "given 2 times" in r.text, name
+    # a parameter the route does not read is ignored, given once or twice, as it was
+    assert client.get("/search", params=[("q", CAPTIONS[0]), ("x", "1"), ("x", "2")]).status_code == 200
+
+
 def test_page_errors_use_the_apis_status_codes(client) -> None:
     for params, status in (({"q": ""}, 400), ({"q": "x" * 501}, 400), ({"q": "ok", "k": 0}, 422)):
         assert client.get("/", params=params).status_code == status, params

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -129,7 +130,9 @@ def _query_runner(
 
 
 def _checked(request: Request, q: Optional[str], settings: ServeSettings) -> str:
-    check_query_string(request.scope.get("query_string", b""))
+    # the route's parameters are its endpoint's (request aside); each may be given once
+    route = inspect.signature(request.scope["endpoint"]).parameters if "endpoint" in request.scope else {}
+    check_query_string(request.scope.get("query_string", b""), once=[p for p in route if p != "request"])
     return check_query(q, settings.max_query_chars)
 
 

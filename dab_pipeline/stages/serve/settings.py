@@ -8,7 +8,7 @@ import unicodedata
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Collection, Optional
 
 import numpy as np
 
@@ -101,13 +101,18 @@ def check_query(q: Optional[str], max_chars: int) -> str:
     return q.strip()
 
 
-def check_query_string(raw: bytes) -> None:
+def check_query_string(raw: bytes, once: Collection[str] = ()) -> None:
     """A :class:`ConfigError` (400) for a query string that is not UTF-8 once percent-decoded (``q=%ff``), which
-    the web framework would otherwise turn into U+FFFD characters and search for."""
+    the web framework would otherwise turn into U+FFFD characters and search for, or that gives a parameter of
+    ``once`` (the route's own) more than once: the framework would take the last without a word."""
     try:
-        urllib.parse.parse_qsl(raw.decode("latin-1"), keep_blank_values=True, encoding="utf-8", errors="strict")
+        pairs = urllib.parse.parse_qsl(raw.decode("latin-1"), keep_blank_values=True, encoding="utf-8", errors="strict")
     except UnicodeDecodeError:
         raise ConfigError("the query string is not valid UTF-8 (percent-encode the query's UTF-8 bytes)") from None
+    given = [name for name, _ in pairs]
+    for name in dict.fromkeys(given):  # in the order given
+        if name in once and given.count(name) > 1:
+            raise ConfigError(f"the parameter {name!r} is given {given.count(name)} times: give it once")
 
 
 def printable(text: str) -> str:
