@@ -92,6 +92,8 @@ def write_calibration(path: Path, cal: Calibration) -> Path:
 def read_calibration(path: Path) -> Calibration:
     """The calibration in ``path``; a one-line ConfigError for a missing, unreadable or malformed file."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path} is a directory, not a calibration file: make it with `dab calibrate`")
     if not path.is_file():
         raise ConfigError(f"{path} does not exist: make it with `dab calibrate --run {path.parent}`")
     try:
