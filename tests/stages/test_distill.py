@@ -287,6 +287,26 @@ def test_the_student_inherits_the_teachers_training_values_unless_typed(tmp_path
     assert saved["batch_size"] == 2 and saved["lr"] == 1e-3
 
 
+def test_the_student_inherits_the_batch_its_teacher_really_ran(tmp_path: Path) -> None:
+    """Issue 59, 8f: `dab train` lowers a batch larger than the training split (32 to the 20 captions here) and
+    records it in precision.json, config.json keeping the request; distill took the 32 and refused the teacher."""
+    store = random_store(tmp_path / "store.h5", caps_per_video=1)  # 20 training captions
+    teacher = tmp_path / "teacher"
+    small = ["model.drift_hidden=16", "model.time_embed_dim=8"]
+    args = ["train", "--features", store, "--variant", "dab", "--steps", "2", "--epochs", "1", "--out", teacher]
+    res = invoke([*args, "--quiet", *[x for s in small for x in ("--set", s)]])
+    assert res.exit_code == 0, res.output
+    assert json.loads((teacher / "config.json").read_text())["batch_size"] == 32  # the request, as before
+    assert json.loads((teacher / "precision.json").read_text())["batch_size"] == {"requested": 32, "used": 20}
+    out = tmp_path / "student"
+    res = invoke(["distill", "--run", teacher, "--out", out, "--epochs", "1"])
+    assert res.exit_code == 0, res.output
+    assert "inherited from the teacher: batch_size=20," in " ".join(res.output.split()), res.output
+    assert json.loads((out / "config.json").read_text())["batch_size"] == 20
+    res = invoke(["distill", "--run", teacher, "--out", out, "--epochs", "1", "--resume"])  # the same, resumed
+    assert res.exit_code == 0 and "differ" not in res.output, res.output
+
+
 def test_a_student_inside_another_runs_folder_is_refused(teacher: Path) -> None:
     inside = teacher / "student"
     with pytest.raises(ConfigError, match=f"inside the run folder {teacher}"):

@@ -51,11 +51,14 @@ class DistillConfig:
 INHERITED = ("batch_size", "lr", "weight_decay", "warmup_ratio", "seed")
 
 
-def inherit_from_teacher(cfg: DistillConfig, tcfg: TrainConfig) -> tuple[DistillConfig, dict[str, Any]]:
+def inherit_from_teacher(
+    cfg: DistillConfig, tcfg: TrainConfig, batch_used: Optional[int] = None
+) -> tuple[DistillConfig, dict[str, Any]]:
     """``cfg`` with each None of :data:`INHERITED` set to the teacher's value (``tcfg``: the teacher's
-    config.json), and ``{field: value}`` of what was taken."""
+    config.json), and ``{field: value}`` of what was taken. ``batch_used``: the batch the teacher's training really
+    ran (its precision.json), where `dab train` lowered the one config.json asks for to a small training split."""
     teacher = {
-        "batch_size": tcfg.batch_size,
+        "batch_size": batch_used if batch_used is not None else tcfg.batch_size,
         "lr": tcfg.bridge_lr if tcfg.bridge_lr is not None else tcfg.lr,
         "weight_decay": tcfg.weight_decay,
         "warmup_ratio": tcfg.warmup_ratio,

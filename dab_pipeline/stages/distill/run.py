@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -57,7 +58,7 @@ def run_distill(cfg: DistillConfig, progress: ProgressCallback = null_progress, 
         raise TrainingError(f"{out} already holds a run; use --resume to continue it, or choose another --out")
     if not resume:
         check_not_inside_run(out)  # a student inside another run's folder would be taken for part of it
-    cfg, taken = inherit_from_teacher(cfg, tcfg)
+    cfg, taken = inherit_from_teacher(cfg, tcfg, _batch_used(teacher_run.run_dir))
     if taken:
         progress(Event("info", message=_inherited_line(taken)))
     train, val, test = _splits(tcfg, device)
@@ -80,6 +81,17 @@ def run_distill(cfg: DistillConfig, progress: ProgressCallback = null_progress, 
     folder.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     with folder.writer_lock("dab distill" + (" --resume" if resume else "")):
         return _distill(cfg, folder, teacher_run, run_cfg, student, (train, val, test), resume, device, progress)
+
+
+def _batch_used(run_dir: Path) -> Optional[int]:
+    """The batch a run's training really ran where `dab train` lowered the one its config.json asks for (to fit a
+    small training split; precision.json records it); None where it ran as asked, or the record is not readable
+    (the config's batch is then inherited, and refused by the epoch's length if it does not fit)."""
+    try:
+        used = json.loads((Path(run_dir) / RunFolder.PRECISION).read_text())["batch_size"]["used"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return used if isinstance(used, int) and not isinstance(used, bool) and used >= 2 else None
 
 
 def _inherited_line(taken: Mapping[str, Any]) -> str:
@@ -221,7 +233,9 @@ def _check_resume(folder: RunFolder, cfg: DistillConfig, teacher_run) -> None:
     """ConfigError unless --resume asks for the distillation the folder holds, from the same teacher weights."""
     saved = saved_distill(folder.path)
     # a folder written before the student inherited its training values holds Nones: the teacher's, as now
-    before, _ = inherit_from_teacher(from_dict(DistillConfig, saved["distill"]), teacher_run.config)
+    before, _ = inherit_from_teacher(
+        from_dict(DistillConfig, saved["distill"]), teacher_run.config, _batch_used(teacher_run.run_dir)
+    )
     # the folders are relocatable: where the teacher and the student live now is not compared
     diff = differences(to_dict(before), to_dict(cfg), ignore=("teacher", "out"))
     if diff:
