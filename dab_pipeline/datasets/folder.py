@@ -51,13 +51,14 @@ def load_folder(
         video_dir = _videos_folder(Path(videos).resolve() if videos is not None else annotations.parent)
         records = _read_records(annotations)
     _refuse_outside(records, video_dir, annotations)
-    order, rel_paths, splits, captions = _group_by_video(records, annotations)
+    order, rel_paths, splits, captions, rows = _group_by_video(records, annotations)
     hashed = [v for v in order if v not in splits and captions[v]]
     for vid in hashed:
         splits[vid] = hash_split(vid, seed)
     uncaptioned = [v for v in order if v not in splits]
     for vid in uncaptioned:
         splits[vid] = UNCAPTIONED
+    _refuse_a_file_in_two_splits(order, rel_paths, splits, rows, set(hashed), video_dir, annotations)
 
     videos_out: list[VideoItem] = []
     caps: list[CaptionItem] = []
@@ -141,18 +142,21 @@ def _annotation_file(annotations: Path | None) -> Path:
 
 def _group_by_video(
     records: list["_Record"], annotations: Path
-) -> tuple[list[str], dict[str, str], dict[str, str], dict[str, list[str]]]:
-    """(video ids in first-seen order, their paths, the splits given, their captions); conflicts named by row."""
+) -> tuple[list[str], dict[str, str], dict[str, str], dict[str, list[str]], dict[str, str]]:
+    """(video ids in first-seen order, their paths, the splits given, their captions, the row each was first
+    listed on); conflicts named by row."""
     order: list[str] = []
     rel_paths: dict[str, str] = {}
     splits: dict[str, str] = {}
     captions: dict[str, list[str]] = {}
+    rows: dict[str, str] = {}
     for where, rel, vid, split, texts in records:
         vid = vid or str(Path(rel).with_suffix("")).replace(os.sep, "/")
         if vid not in rel_paths:
             order.append(vid)
             rel_paths[vid] = rel
             captions[vid] = []
+            rows[vid] = where
         elif rel_paths[vid] != rel:
             raise DatasetError(f"{annotations}: {where}: video id {vid!r} points to {rel!r} and to {rel_paths[vid]!r}")
         if split:
@@ -164,7 +168,33 @@ def _group_by_video(
         captions[vid].extend(texts)
     if not order:
         raise DatasetError(f"{annotations}: no videos listed")
-    return order, rel_paths, splits, captions
+    return order, rel_paths, splits, captions, rows
+
+
+def _refuse_a_file_in_two_splits(
+    order: list[str],
+    rel_paths: dict[str, str],
+    splits: dict[str, str],
+    rows: dict[str, str],
+    hashed: set[str],
+    video_dir: Path,
+    annotations: Path,
+) -> None:
+    """One video file listed under two ids in two of train, val and test leaks between them (trained on and tested
+    on: a test score that counts a training video): refused, naming both rows. Under two ids in one split it is
+    only listed twice; an uncaptioned listing is searched, never trained or tested on."""
+    first: dict[Path, str] = {}  # the file -> the first id that lists it in train, val or test
+    for vid in order:
+        if splits[vid] not in SPLITS:
+            continue
+        target = (video_dir / rel_paths[vid]).resolve()
+        other = first.setdefault(target, vid)
+        if splits[other] != splits[vid]:
+            said = [f"{rows[v]} (id {v!r}, split {splits[v]}{' by hash' if v in hashed else ''})" for v in (other, vid)]
+            raise DatasetError(
+                f"{annotations}: {said[0]} and {said[1]} list the same file, {target.relative_to(video_dir)}: one "
+                f"video in {splits[other]} and {splits[vid]} leaks between them; give it one id, or one split"
+            )
 
 
 _Record = tuple[str, str, str, str, list[str]]  # (where, video, video_id, split, captions)

@@ -80,6 +80,36 @@ def test_dry_run_reports_duplicate_and_empty_queries_of_an_old_dataset(tmp_path:
     assert res.output.strip().splitlines()[-1] == "Error: dry run: 1 query is empty (listed above)"
 
 
+def test_one_file_under_two_ids_in_train_and_test_is_refused_naming_both_rows(tmp_path: Path) -> None:
+    """Issue 59, 8g: a folder CSV listing clip.mp4 as `a` in train and as `b` in test passed the dry run silently
+    (the same video trained and tested on). Refused in one line naming both rows, in the dry run and the loader."""
+    from dab_pipeline.core.errors import DatasetError
+    from dab_pipeline.datasets import load_dataset
+    from dab_pipeline.datasets.catalogue import hash_split
+
+    videos = touch(tmp_path / "videos", "clip.mp4", "other.mp4")
+    header = ["video", "video_id", "caption", "split"]
+    rows = [["clip.mp4", "a", "a dog", "train"], ["other.mp4", "o", "a cat", "train"], ["clip.mp4", "b", "x", "test"]]
+    res = _dry_run("folder", write_csv(tmp_path / "c.csv", header, rows), videos, tmp_path / "s.h5")
+    lines = res.output.strip().splitlines()
+    assert res.exit_code == 1 and len(lines) == 1 and not (tmp_path / "s.h5").exists(), res.output
+    assert lines[0].startswith(f"Error: {tmp_path / 'c.csv'}: line 2 (id 'a', split train) and line 4 (id 'b', ")
+    assert "split test) list the same file, clip.mp4" in lines[0]
+    # under two ids in one split the file is only listed twice: loaded as before
+    rows[2][3] = "train"
+    assert len(load_dataset("folder", videos, write_csv(tmp_path / "d.csv", header, rows)).videos) == 3
+    # splits drawn by hash: the same (two ids the hash puts in two splits)
+    other = next(f"b{i}" for i in range(100) if hash_split(f"b{i}") != hash_split("a"))
+    rows = [["clip.mp4", "a", "a dog"], ["clip.mp4", other, "x"]]
+    with pytest.raises(DatasetError, match=rf"line 3 \(id '{other}', split \w+ by hash\) list the same file"):
+        load_dataset("folder", videos, write_csv(tmp_path / "e.csv", header[:3], rows))
+    # and the same file reached through a symlink inside the folder
+    (videos / "link.mp4").symlink_to(videos / "clip.mp4")
+    rows = [["clip.mp4", "a", "a dog", "train"], ["link.mp4", "l", "x", "val"]]
+    with pytest.raises(DatasetError, match=r"\(id 'l', split val\) list the same file, clip.mp4"):
+        load_dataset("folder", videos, write_csv(tmp_path / "f.csv", header, rows))
+
+
 def test_dry_run_of_a_wrong_layout_is_one_line(tmp_path: Path) -> None:
     ann = touch(tmp_path / "ann", "Charades_v1_test.csv")
     res = _dry_run("didemo", ann, tmp_path, tmp_path / "s.h5")
