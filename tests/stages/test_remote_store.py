@@ -138,7 +138,7 @@ def test_losing_the_endpoint_during_an_extract_is_one_line_and_the_same_command_
     three chained tracebacks from write_thumbnails), and the same command, the endpoint back, finishes the store."""
     from dab_pipeline.store import STATUS_OK, FeatureStore, open_store
 
-    url = "s3://dab/lost.zarr"
+    url = "s3://dab/lost-extract.zarr"  # moto keeps one state a process: a name no other test uses
     args = extract_args(tiny_folder_dataset, "--quiet", "--frames", "2", "--limit", "4", out=url)
     proxy = CuttingProxy(int(s3.rsplit(":", 1)[1]))
     write_videos = FeatureStore.write_videos

@@ -201,10 +201,10 @@ def test_a_write_after_the_endpoint_is_lost_is_one_line(proxy: CuttingProxy) -> 
     """issue 59, item 6: a write that cannot reach the endpoint is one WriteError naming the store and the array
     (it was botocore's EndpointConnectionError, chained under aiohttp's and the socket's); extraction adds how to
     resume (tests/stages/test_remote_store.py)."""
-    st = empty_store("s3://dab/lost.zarr", 4, thumbnail_bytes=64)
+    st = empty_store("s3://dab/lost-write.zarr", 4, thumbnail_bytes=64)
     try:
         proxy.go_down()
-        with pytest.raises(WriteError, match=r"^cannot write s3://dab/lost.zarr/videos/thumbnail: ") as err:
+        with pytest.raises(WriteError, match=r"^cannot write s3://dab/lost-write.zarr/videos/thumbnail: ") as err:
             st.write_thumbnails([0], [b"\xff\xd8 a jpeg"])
     finally:
         st.close()
