@@ -121,3 +121,62 @@ def random_store(
     )
     st.close()
     return path
+
+
+# --------------------------------------------------------------------------- calibration worlds (issue 58)
+
+
+def clustered_gallery(videos: int, seed: int = 0, max_captions: int = 8) -> dict[str, np.ndarray]:
+    """A gallery of ``videos`` videos, each with 1 to ``max_captions`` captions as queries whose costs over the
+    gallery share their video's luck (clustered queries, the video as the unit), and whose difficulty the text
+    variance tracks, so that marginal coverage is uneven across bands of it.
+
+    Returns cost (Q, V) float64, gt (Q,) (the query's video: its column), text_var (Q,) and lengths (Q,) (a word
+    count that tracks the caption's specificity)."""
+    rng = np.random.default_rng(seed)
+    m = rng.integers(1, max_captions + 1, videos)  # (V,) captions a video
+    gt = np.repeat(np.arange(videos), m)  # (Q,)
+    q = len(gt)
+    hard = rng.uniform(0, 1, videos)[gt]  # (Q,) the video's own difficulty, shared by its captions
+    ambiguity = np.clip(0.5 * hard + 0.5 * rng.uniform(0, 1, q), 0, 1)  # (Q,)
+    cost = rng.normal(10.0, 1.0, (q, videos))  # (Q, V)
+    luck = rng.normal(0.0, 0.8, videos)[gt]  # (Q,) shared within a video
+    cost[np.arange(q), gt] -= 4.0 * (1.0 - ambiguity) + luck + rng.normal(0, 0.5, q)
+    text_var = np.exp(2.0 * ambiguity + 0.3 * rng.normal(size=q))
+    lengths = np.maximum(1, np.round(12 - 8 * ambiguity + rng.normal(0, 2, q))).astype(np.int64)
+    return {"cost": cost, "gt": gt, "text_var": text_var, "lengths": lengths}
+
+
+def clustered_outcomes(videos: int, seed: int = 0, max_captions: int = 12) -> dict[str, np.ndarray]:
+    """Calibrated-looking confidences and outcomes of clustered queries: a video's captions share a random effect
+    on their confidence and another on their correctness (errors come together), so captions are not independent.
+
+    Returns confidence (Q,), correct (Q,) bool, video (Q,), and p_correct (Q,): each caption's true probability of
+    being right, from which the population risk at any threshold is computed (:func:`clustered_risk`)."""
+    rng = np.random.default_rng(seed)
+    m = rng.integers(1, max_captions + 1, videos)
+    video = np.repeat(np.arange(videos), m)
+    q = len(video)
+    logit = 0.5 + 1.2 * rng.normal(size=videos)[video] + rng.normal(size=q)  # (Q,)
+    confidence = 1.0 / (1.0 + np.exp(-logit))
+    p_correct = 1.0 / (1.0 + np.exp(-(logit + 0.3 + 1.5 * rng.normal(size=videos)[video])))
+    return {
+        "confidence": confidence,
+        "correct": rng.uniform(size=q) < p_correct,
+        "video": video,
+        "p_correct": p_correct,
+    }
+
+
+def clustered_risk(population: dict[str, np.ndarray], thresholds: np.ndarray) -> np.ndarray:
+    """The error rate among answered queries at each threshold (T,), a random caption of a random video (each
+    caption weighted by one over its video's captions), from the captions' true probabilities of being right."""
+    video, conf, p = population["video"], population["confidence"], population["p_correct"]
+    w = 1.0 / np.bincount(video)[video]  # (Q,)
+    order = np.argsort(-conf)
+    cw, cerr = np.cumsum(w[order]), np.cumsum((w * (1 - p))[order])  # answered weight and errors, t descending
+    at = np.searchsorted(-conf[order], -np.asarray(thresholds, np.float64), side="right")  # answered per threshold
+    out = np.zeros(len(at))
+    ok = at > 0
+    out[ok] = cerr[at[ok] - 1] / cw[at[ok] - 1]
+    return out

@@ -15,6 +15,15 @@ score is at most the calibration queries' conformal quantile of their true video
 * ``normalized``: (1 - p) / d, d the query's predicted difficulty (the Gaussian text variance, say): sets grow
   where the model says a caption is ambiguous.
 
+**The video as the unit.** Captions come many to a video, and the captions of one video are not independent; the
+exchangeable units are the videos (Lee, Barber & Willett 2023, "clustered data"). :func:`weighted_quantile` weighs
+each calibration caption by one over its video's captions (:func:`video_weights`) and puts the test point's mass,
+one video, at +inf: the set then covers "a random caption of a new video" with probability at least 1 - alpha.
+With one caption a video it is the plain split-conformal quantile.
+
+**Per band** (Mondrian conformal, Vovk 2012): :func:`band_quantiles` takes the quantile separately within each
+band of a query-time signal (:func:`band_of`), so that the coverage holds within every band, not only on average.
+
 Plain numpy over the cost matrix, each function tested against a loop (tests/metrics/test_conformal.py).
 """
 
@@ -30,12 +39,17 @@ from ..core.errors import ConfigError
 
 __all__ = [
     "CONFORMAL_SCORES",
+    "band_edges",
+    "band_of",
+    "band_quantiles",
     "check_alpha",
     "conformal_quantile",
     "conformal_scores",
     "conformal_sets",
     "cost_softmax",
     "needed_calibration",
+    "video_weights",
+    "weighted_quantile",
 ]
 
 
@@ -66,6 +80,60 @@ def conformal_quantile(scores: np.ndarray, alpha: float) -> float:
             f"{n} calibration queries are too few for alpha={a:g}: at least {needed_calibration(a)} are needed"
         )
     return float(s[max(k, 1) - 1])
+
+
+def video_weights(video: np.ndarray) -> np.ndarray:
+    """Each caption's weight, one over its video's captions (Q,) float64, from each caption's video (Q,) (any
+    hashable ids): every video weighs 1 in all."""
+    _, inverse, counts = np.unique(np.asarray(video).ravel(), return_inverse=True, return_counts=True)
+    return 1.0 / counts[inverse].astype(np.float64)
+
+
+def weighted_quantile(scores: np.ndarray, alpha: float, weights: Optional[np.ndarray] = None) -> float:
+    """The conformal quantile of ``scores`` (n,) with ``weights`` (n,) (default 1 each): the smallest s whose
+    calibration weight at or below it reaches (1 - alpha)(W + 1), W the weights' sum and 1 the test point's
+    mass (one video), put at +inf. +inf where no s reaches it (W < 1/alpha - 1: too little calibration).
+
+    With unit weights it is the ceil((n + 1)(1 - alpha))-th smallest score (:func:`conformal_quantile`)."""
+    a = check_alpha(alpha)
+    s = np.asarray(scores, np.float64).ravel()  # (n,)
+    w = np.ones_like(s) if weights is None else np.asarray(weights, np.float64).ravel()  # (n,)
+    if w.shape != s.shape:
+        raise ConfigError(f"{len(w)} weights for {len(s)} scores")
+    order = np.argsort(s, kind="stable")
+    cum = np.cumsum(w[order])  # (n,)
+    need = (1.0 - a) * (float(w.sum()) + 1.0)
+    # (1 - alpha)(n + 1) = k exactly must count as reached, whatever the rounding: the tolerance of
+    # conformal_quantile's ceil(... - 1e-9)
+    at = int(np.searchsorted(cum, need - 1e-9, side="left"))
+    return float(s[order[at]]) if at < len(s) else math.inf
+
+
+def band_edges(signal: np.ndarray, bands: int) -> np.ndarray:
+    """The ``bands - 1`` inner edges that cut ``signal`` (n,) into bands of equal counts (its quantiles at
+    1/B, ..., (B-1)/B), fixed on data the quantiles never see."""
+    if int(bands) < 1:
+        raise ConfigError(f"the number of bands must be a positive integer, got {bands!r}")
+    x = np.asarray(signal, np.float64).ravel()
+    if not np.isfinite(x).all() or len(x) == 0:
+        raise ConfigError("band edges need one finite signal value a query, and at least one query")
+    return np.quantile(x, np.arange(1, int(bands)) / int(bands))
+
+
+def band_of(signal: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Each query's band (Q,) int64 in [0, len(edges)]: band b holds edges[b - 1] < signal <= edges[b]."""
+    return np.searchsorted(np.asarray(edges, np.float64), np.asarray(signal, np.float64).ravel(), side="left")
+
+
+def band_quantiles(
+    scores: np.ndarray, band: np.ndarray, bands: int, alpha: float, weights: Optional[np.ndarray] = None
+) -> np.ndarray:
+    """Per band, the weighted conformal quantile of the calibration scores that fall in it (B,); +inf for a band
+    whose calibration weight is too small for ``alpha`` (Mondrian conformal: coverage 1 - alpha in each band)."""
+    s = np.asarray(scores, np.float64).ravel()
+    b = np.asarray(band, np.int64).ravel()
+    w = np.ones_like(s) if weights is None else np.asarray(weights, np.float64).ravel()
+    return np.array([weighted_quantile(s[b == i], alpha, w[b == i]) for i in range(int(bands))])
 
 
 def cost_softmax(cost: np.ndarray, temperature: float = 1.0) -> np.ndarray:
@@ -121,9 +189,24 @@ def conformal_scores(
     raise ConfigError(f"unknown conformal score {score!r}; valid: {', '.join(CONFORMAL_SCORES)}")
 
 
-def conformal_sets(scores: np.ndarray, qhat: float | np.ndarray) -> list[np.ndarray]:
-    """Each query's set: the videos (ascending indices) whose score is at most ``qhat`` (one for all, or (Q,)
-    per query as Mondrian conformal gives)."""
+def conformal_sets(scores: np.ndarray, qhat: float | np.ndarray, cost: Optional[np.ndarray] = None) -> list[np.ndarray]:
+    """Each query's set: the videos whose score is at most ``qhat`` (one for all, or (Q,) per query as Mondrian
+    conformal gives).
+
+    Without ``cost``: ascending indices. With the queries' costs (Q, V): only scored videos (finite cost), best
+    first, and **never empty**: the first hit is always in the set (a deterministic APS set is empty when the
+    first video's mass alone passes the quantile, exactly where the model is surest). Adding it can only raise
+    coverage, and a set grows by at most one video."""
     s = np.asarray(scores, np.float64)  # (Q, V)
     q = np.broadcast_to(np.asarray(qhat, np.float64), (len(s),))
-    return [np.flatnonzero(s[i] <= q[i]) for i in range(len(s))]
+    if cost is None:
+        return [np.flatnonzero(s[i] <= q[i]) for i in range(len(s))]
+    c = np.asarray(cost, np.float64)  # (Q, V)
+    out = []
+    for i in range(len(s)):
+        inside = np.flatnonzero((s[i] <= q[i]) & np.isfinite(c[i]))
+        first = int(np.argmin(np.where(np.isfinite(c[i]), c[i], np.inf)))
+        if first not in inside and np.isfinite(c[i, first]):
+            inside = np.append(inside, first)
+        out.append(inside[np.argsort(c[i, inside], kind="stable")])
+    return out
