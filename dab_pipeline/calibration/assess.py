@@ -2,9 +2,11 @@
 query is answered under a risk guarantee (:func:`assess`), each from a query's costs over the gallery searched.
 
 What holds (docs/uncertainty.md): a set of coverage 1 - alpha holds a match with probability at least 1 - alpha
-*on average over queries* like the validation ones, searched in a gallery like the one calibrated on; the risk
-threshold keeps the error rate of the first hit among answered queries at most ``max_risk`` with probability at
-least 1 - ``delta`` over the calibration draw. Neither is a statement about one query.
+for a random caption of a new video like the validation ones, searched in a gallery like the one calibrated on:
+on average over queries, or, where the calibration has ``--groups``, within the query's band (or each of its
+groups). The risk threshold keeps the error rate of the first hit among answered queries at most ``max_risk`` with
+probability at least 1 - ``delta`` over the calibration draw, the video as the unit. Neither is a statement about
+one query. A set always holds the first hit.
 """
 
 from __future__ import annotations
@@ -16,9 +18,20 @@ import numpy as np
 
 from ..core.choices import DEFAULT_CONFORMAL_SCORE
 from ..core.errors import ConfigError
-from ..metrics.conformal import CONFORMAL_SCORES, check_alpha, conformal_quantile, conformal_scores, cost_softmax
-from ..metrics.risk import RiskThreshold, learn_then_test
+from ..metrics.conditional import ConditionalQuantiles
+from ..metrics.conformal import (
+    CONFORMAL_SCORES,
+    band_quantiles,
+    check_alpha,
+    conformal_scores,
+    conformal_sets,
+    cost_softmax,
+    needed_calibration,
+    weighted_quantile,
+)
+from ..metrics.risk import RiskThreshold, learn_then_test, risk_test_order
 from .features import query_features
+from .groups import Groups, parse_groups, query_signals
 from .maps import nested_probabilities
 from .record import Calibration
 
@@ -38,7 +51,11 @@ class UncertaintyRequest:
 
     def __post_init__(self) -> None:
         if self.coverage is not None:
-            check_alpha(self.coverage, "coverage")
+            if 1.0 - check_alpha(self.coverage, "coverage") >= 1.0:
+                raise ConfigError(
+                    f"coverage {self.coverage!r} is too small to mean anything (1 - coverage rounds to 1); "
+                    "give a coverage in (0, 1) such as 0.9"
+                )
         if self.max_risk is not None:
             check_alpha(self.max_risk, "max-risk")
         check_alpha(self.delta, "delta")
@@ -61,24 +78,109 @@ class QueryUncertainty:
     set_indices: Optional[np.ndarray] = None  # the set: positions in the query's scored videos, best first
     answered: Optional[bool] = None  # where a risk was asked: whether P(first) passes its threshold
     risk: Optional[RiskThreshold] = None
+    group: Optional[str] = None  # the query's group where the calibration has --groups ("uncertainty 3/3 ...")
+    # what the set's coverage holds over: "marginal" (on average over queries), "band" (within the query's band,
+    # Mondrian), "groups" (within each of its groups, conditional conformal); None without a set
+    set_scope: Optional[str] = None
+    scope_note: Optional[str] = None  # why a query with a group got a marginal set (its group too small)
+    # why these numbers do not mean what the calibration promises: scored over a shortlist smaller than the
+    # gallery calibrated on (P(first) then reads high, the set covers less); None where they do
+    caveat: Optional[str] = None
 
 
 def conformal_threshold(cal: Calibration, coverage: float, score: str) -> float:
-    """The calibration's quantile of ``score`` for a set of ``coverage``; one line where the calibration lacks
-    the score or holds too few queries for it."""
+    """The calibration's marginal quantile of ``score`` for a set of ``coverage``, every query weighted by one
+    over its video's captions; one line where the calibration lacks the score or holds too few videos for it."""
     if score not in cal.conformal:
         why = " (it needs a Gaussian model's text variance)" if score == "normalized" else ""
         raise ConfigError(
             f"this calibration has no {score!r} score{why}; available: {', '.join(sorted(cal.conformal))}"
         )
-    return conformal_quantile(np.asarray(cal.conformal[score]), 1.0 - check_alpha(coverage, "coverage"))
+    key = ("marginal", score, coverage)
+    if key not in cal.cache:
+        alpha = 1.0 - check_alpha(coverage, "coverage")
+        q = weighted_quantile(np.asarray(cal.conformal[score]), alpha, np.asarray(cal.weights))
+        if not np.isfinite(q):
+            raise ConfigError(
+                f"{cal.videos} calibration videos are too few for coverage {coverage:g}: at least "
+                f"{needed_calibration(alpha)} are needed"
+            )
+        cal.cache[key] = q
+    return cal.cache[key]
 
 
 def risk_threshold(cal: Calibration, max_risk: float, delta: float) -> RiskThreshold:
-    """Learn-then-Test on the calibration's held-out queries."""
-    return learn_then_test(
-        np.asarray(cal.risk["confidence"], np.float64), np.asarray(cal.risk["correct"], bool), max_risk, delta
-    )
+    """Learn-then-Test on the calibration's held-out queries, the video as the unit (computed once a request)."""
+    key = ("risk", max_risk, delta)
+    if key not in cal.cache:
+        r, fit = cal.risk, cal.risk["fit"]
+        order = risk_test_order(
+            np.asarray(fit["confidence"], np.float64),
+            np.asarray(fit["correct"], bool),
+            np.asarray(fit["video"]),
+            max_risk,
+            delta,
+            test=r["test"],
+        )
+        cal.cache[key] = learn_then_test(
+            np.asarray(r["confidence"], np.float64),
+            np.asarray(r["correct"], bool),
+            max_risk,
+            delta,
+            video=np.asarray(r["video"]),
+            test=r["test"],
+            order=order,
+        )
+    return cal.cache[key]
+
+
+def query_groups(
+    cal: Calibration, margin: np.ndarray, text_var: Optional[np.ndarray], texts: Optional[Sequence[str]]
+) -> Optional[dict[str, np.ndarray]]:
+    """Each query's band per kind (Q,) where the calibration has groups; None where it has none."""
+    if cal.groups is None:
+        return None
+    g = _groups_of(cal)
+    tv = text_var if g.signal == "log_text_var" else None
+    if g.signal == "log_text_var" and tv is None:
+        raise ConfigError("this calibration's bands read the text variance, which this search did not give")
+    return g.bands(query_signals([k for k, _ in g.spec.kinds], margin, tv, texts))
+
+
+def _groups_of(cal: Calibration) -> Groups:
+    spec = parse_groups(cal.groups["spec"])
+    return Groups(spec, cal.groups["signal"], cal.groups["edges"])
+
+
+def group_thresholds(
+    cal: Calibration, coverage: float, score: str, bands: dict[str, np.ndarray]
+) -> tuple[np.ndarray, list[Optional[str]]]:
+    """Each query's quantile (Q,) from the held-out half's queries of its group (Mondrian: its band; conditional:
+    every group it is in), and a note where its group holds too little calibration for ``coverage`` (the marginal
+    quantile then, labelled)."""
+    g = _groups_of(cal)
+    alpha = 1.0 - check_alpha(coverage, "coverage")
+    held = np.asarray(cal.held_out, bool)
+    s = np.asarray(cal.conformal[score], np.float64)[held]  # (C,)
+    w = np.asarray(cal.weights, np.float64)[held]  # (C,)
+    cal_bands = {k: np.asarray(v, np.int64)[held] for k, v in cal.groups["bands"].items()}
+    key = ("groups", score, coverage)
+    if g.conditional:
+        if key not in cal.cache:
+            cal.cache[key] = ConditionalQuantiles(s, g.indicators(cal_bands), alpha, w)
+        q = cal.cache[key].cutoffs(g.indicators(bands))  # (Q,)
+    else:
+        kind, count = g.spec.kinds[0]
+        if key not in cal.cache:
+            cal.cache[key] = band_quantiles(s, cal_bands[kind], count, alpha, w)  # (B,)
+        q = cal.cache[key][bands[kind]]  # (Q,)
+    notes: list[Optional[str]] = [None] * len(q)
+    if not np.isfinite(q).all():
+        marginal = conformal_threshold(cal, coverage, score)
+        for i in np.flatnonzero(~np.isfinite(q)):
+            notes[i] = f"its group holds too few calibration videos for {coverage:.0%}: the marginal set instead"
+        q = np.where(np.isfinite(q), q, marginal)
+    return q, notes
 
 
 def assess(
@@ -86,28 +188,67 @@ def assess(
     costs: Sequence[np.ndarray],
     text_var: Optional[np.ndarray] = None,
     request: UncertaintyRequest = UncertaintyRequest(),
+    texts: Optional[Sequence[str]] = None,
 ) -> list[QueryUncertainty]:
     """Each query's calibrated answer from its costs over the videos it scored (``costs[i]`` (V_i,), +inf: not
-    scored) and, for a Gaussian model, its text variance (M,)."""
+    scored), for a Gaussian model its text variance (M,), and its text (M,) where the groups read its length."""
     qhat = conformal_threshold(cal, request.coverage, request.score) if request.coverage is not None else None
     risk = risk_threshold(cal, request.max_risk, request.delta) if request.max_risk is not None else None
+    uses_var = "log_text_var" in _read(cal) or (cal.groups or {}).get("signal") == "log_text_var"
+    tv_all = None if text_var is None or not uses_var else np.asarray(text_var, np.float64)
+    rows = [np.asarray(row, np.float64)[None] for row in costs]  # each (1, V_i)
+    feats = [
+        query_features(c, cal.temperature, cal.k, None if tv_all is None else tv_all[i : i + 1])
+        for i, c in enumerate(rows)
+    ]
+    bands = query_groups(cal, np.array([f.column("margin")[0] for f in feats]), tv_all, texts)
+    labels = (
+        [None] * len(rows)
+        if bands is None
+        else [_groups_of(cal).label({k: v[i] for k, v in bands.items()}) for i in range(len(rows))]
+    )
+    notes: list[Optional[str]] = [None] * len(rows)
+    per_query = None
+    if qhat is not None and bands is not None:
+        per_query, notes = group_thresholds(cal, request.coverage, request.score, bands)
+    scope = "marginal" if bands is None else ("groups" if _groups_of(cal).conditional else "band")
     out = []
-    for i, row in enumerate(costs):
-        c = np.asarray(row, np.float64)[None]  # (1, V)
-        tv = None if text_var is None else np.asarray(text_var, np.float64)[i : i + 1]
-        feats = query_features(c, cal.temperature, cal.k, tv if "log_text_var" in _read(cal) else None)
-        p1, pk = nested_probabilities(cal.maps["first"], cal.maps["first_k"], feats)
-        part = dict(p_first=float(p1[0]), p_first_k=float(pk[0]), k=cal.k)
+    for i, c in enumerate(rows):
+        tv = None if tv_all is None else tv_all[i : i + 1]
+        p1, pk = nested_probabilities(cal.maps["first"], cal.maps["first_k"], feats[i])
+        caveat = shortlist_caveat(cal, c[0])
+        part = dict(p_first=float(p1[0]), p_first_k=float(pk[0]), k=cal.k, group=labels[i], caveat=caveat)
         if qhat is not None:
             p = cost_softmax(c, cal.temperature)  # (1, V)
             lam, k_reg = cal.conformal_params["lam"], int(cal.conformal_params["k_reg"])
-            s = conformal_scores(p, request.score, difficulty=tv, lam=lam, k_reg=k_reg)[0]  # (V,)
-            inside = np.flatnonzero((s <= qhat) & np.isfinite(c[0]))
-            part.update(coverage=request.coverage, set_indices=inside[np.argsort(c[0, inside], kind="stable")])
+            s = conformal_scores(p, request.score, difficulty=tv, lam=lam, k_reg=k_reg)  # (1, V)
+            q = qhat if per_query is None else per_query[i]
+            part.update(
+                coverage=request.coverage,
+                set_indices=conformal_sets(s, q, c)[0],
+                set_scope="marginal" if notes[i] else scope,
+                scope_note=notes[i],
+            )
         if risk is not None:
-            part.update(answered=risk.threshold is not None and part["p_first"] >= risk.threshold, risk=risk)
+            # a probability from a shortlist is not the one the threshold was chosen on: no decision (issue 59)
+            decided = None if caveat else risk.threshold is not None and part["p_first"] >= risk.threshold
+            part.update(answered=decided, risk=risk)
         out.append(QueryUncertainty(**part))
     return out
+
+
+def shortlist_caveat(cal: Calibration, cost: np.ndarray) -> Optional[str]:
+    """One line where a query's costs (V,) scored fewer videos than the gallery calibrated on (a shortlist: an
+    index's K, or a cosine run's --shortlist); None where it scored them all."""
+    calibrated_on = cal.gallery.get("videos")
+    scored = int(np.isfinite(np.asarray(cost, np.float64)).sum())
+    if not calibrated_on or scored >= int(calibrated_on):
+        return None
+    return (
+        f"scored over a shortlist of {scored} of the {calibrated_on} videos calibrated on: P(first) is computed "
+        "over the shortlist alone and reads high, the set covers less than asked, and no risk decision is made "
+        "(search every video for calibrated numbers; docs/uncertainty.md)"
+    )
 
 
 def _read(cal: Calibration) -> set[str]:

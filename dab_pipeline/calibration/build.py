@@ -1,10 +1,12 @@
 """A calibration from one split's costs: the probability maps, the conformal scores and the risk check.
 
-The validation queries are split at random (``seed``) into two disjoint halves. The maps are fitted on the
-first; the second holds out: the figures printed are its own, and the risk threshold is chosen on its
-calibrated confidences, which the maps never saw (Learn-then-Test needs a confidence fixed before its
-calibration data). The conformal scores need no fitted map (they read the softmax at the run's temperature and
-the model's own text variance), so they use every validation query.
+The validation *videos* are split at random (``seed``) into two disjoint halves, each video's captions going
+together (captions of one video are not independent: the video is the unit). The maps, and the band edges of any
+``groups``, are fitted on the first half; the second holds out: the figures printed are its own, the risk threshold
+is chosen on its calibrated confidences, which the maps never saw (Learn-then-Test needs a confidence fixed before
+its calibration data), and the per-group quantiles come from it alone. The marginal conformal quantile needs no
+fitted map (it reads the softmax at the run's temperature and the model's own text variance), so it uses every
+validation query. Every query is weighted by one over its video's captions.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ import numpy as np
 from ..core.choices import DEFAULT_CALIBRATION_METHOD
 from ..core.errors import ConfigError
 from ..metrics.calibration import calibration_report
-from ..metrics.conformal import CONFORMAL_SCORES, conformal_scores, cost_softmax
+from ..metrics.conformal import CONFORMAL_SCORES, conformal_scores, cost_softmax, video_weights
 from .features import DEFAULT_K, first_hit_outcomes, query_features
 from .fit import fit_map
+from .groups import Groups, GroupSpec, query_signals
 from .maps import MAP_KINDS, nested_probabilities
 from .record import Calibration
 
@@ -27,6 +30,18 @@ __all__ = ["DEFAULT_METHOD", "METHODS", "MIN_QUERIES", "calibrate_costs", "true_
 METHODS = MAP_KINDS
 DEFAULT_METHOD = DEFAULT_CALIBRATION_METHOD
 MIN_QUERIES = 4  # two to fit on, two held out: below this nothing can be said
+MIN_VIDEOS = 2  # one video a half
+
+
+def split_videos(video: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(fitted, held-out) query indices (ascending), the videos split at random into halves (the held-out half
+    gets the odd one)."""
+    ids, inverse = np.unique(np.asarray(video).ravel(), return_inverse=True)
+    order = np.random.default_rng(seed).permutation(len(ids))
+    fit_videos = np.zeros(len(ids), bool)
+    fit_videos[order[: len(ids) // 2]] = True
+    in_fit = fit_videos[inverse]  # (Q,)
+    return np.flatnonzero(in_fit), np.flatnonzero(~in_fit)
 
 
 def true_video_scores(
@@ -61,26 +76,74 @@ def calibrate_costs(
     seed: int = 0,
     lam: float = 0.01,
     k_reg: int = 5,
+    video: Optional[np.ndarray] = None,
+    groups: Optional[GroupSpec] = None,
+    texts: Optional[list[str]] = None,
 ) -> Calibration:
     """A :class:`Calibration` (without provenance) from the costs of Q queries over a gallery (Q, V), each
-    query's matching video ``gt`` (Q,) and, for a Gaussian model, its text variance (Q,)."""
-    if method not in METHODS:
-        raise ConfigError(f"unknown calibration method {method!r}; valid: {', '.join(METHODS)}")
+    query's matching video ``gt`` (Q,) and, for a Gaussian model, its text variance (Q,). ``video`` (Q,): each
+    query's video, the unit (default ``gt``: the matching video); ``groups`` with ``texts`` (each query's
+    caption, for ``length``): the groups whose coverage the calibration holds (:mod:`.groups`)."""
     cost = np.asarray(cost, np.float64)
-    n = len(cost)
-    if n < MIN_QUERIES:
-        raise ConfigError(f"{n} validation queries are too few to calibrate on: at least {MIN_QUERIES} are needed")
+    video = _checked_videos(cost, gt, video, method)
     feats = query_features(cost, temperature, k, text_var)
     first, first_k = first_hit_outcomes(cost, gt, k)  # (Q,) each
-    order = np.random.default_rng(seed).permutation(n)
-    fit, check = np.sort(order[: n // 2]), np.sort(order[n // 2 :])
-    sub = lambda f, idx: type(f)(f.names, f.values[idx])  # noqa: E731
+    fit, check = split_videos(video, seed)
+    maps, report, p_check, p_fit = _fit_maps(feats, first, first_k, fit, check, method)
+    scores = true_video_scores(cost, gt, temperature, text_var, lam, k_reg)
+    held_out = np.zeros(len(cost), np.int64)
+    held_out[check] = 1
+    return Calibration(
+        method=method,
+        k=k,
+        temperature=float(temperature),
+        queries=len(cost),
+        videos=int(len(np.unique(video))),
+        fit_queries=len(fit),
+        check_queries=len(check),
+        seed=seed,
+        maps=maps,
+        conformal={name: s.tolist() for name, s in scores.items()},
+        weights=video_weights(video).tolist(),
+        held_out=held_out.tolist(),
+        conformal_params={"lam": lam, "k_reg": k_reg},
+        risk={
+            **_outcomes(p_check, first[check], video[check]),
+            "test": "wsr",
+            # the fitted half's own (in-sample) confidences: only the order in which the thresholds are tested
+            "fit": _outcomes(p_fit, first[fit], video[fit]),
+        },
+        report=report,
+        groups=None if groups is None else _groups(groups, feats, text_var, texts, fit),
+    )
+
+
+def _checked_videos(cost: np.ndarray, gt: np.ndarray, video: Optional[np.ndarray], method: str) -> np.ndarray:
+    """Each query's video (Q,) (default: its match), after one-line refusals of what cannot be calibrated."""
+    if method not in METHODS:
+        raise ConfigError(f"unknown calibration method {method!r}; valid: {', '.join(METHODS)}")
+    n = len(cost)
+    video = np.asarray(gt if video is None else video).ravel()
+    if len(video) != n:
+        raise ConfigError(f"{len(video)} video ids for {n} queries")
+    if n < MIN_QUERIES or len(np.unique(video)) < MIN_VIDEOS:
+        raise ConfigError(
+            f"{n} validation queries of {len(np.unique(video))} videos are too few to calibrate on: at least "
+            f"{MIN_QUERIES} queries of {MIN_VIDEOS} videos are needed"
+        )
+    return video
+
+
+def _fit_maps(feats, first, first_k, fit, check, method) -> tuple[dict, dict, np.ndarray, np.ndarray]:
+    """(the maps fitted on ``fit``, the held-out figures on ``check``, P(first) of the held-out queries, P(first)
+    of the fitted ones, in-sample)."""
+    sub = lambda idx: type(feats)(feats.names, feats.values[idx])  # noqa: E731
     maps = {
-        "first": fit_map(sub(feats, fit), first[fit], method),
-        "first_k": fit_map(sub(feats, fit), first_k[fit], method),
-        "margin_sigmoid": fit_map(sub(feats, fit), first[fit], "logistic", ("margin",)),
+        "first": fit_map(sub(fit), first[fit], method),
+        "first_k": fit_map(sub(fit), first_k[fit], method),
+        "margin_sigmoid": fit_map(sub(fit), first[fit], "logistic", ("margin",)),
     }
-    held = sub(feats, check)
+    held = sub(check)
     p_first, p_first_k = nested_probabilities(maps["first"], maps["first_k"], held)  # (C,) each
     report = {
         "first": {
@@ -93,18 +156,27 @@ def calibrate_costs(
             "softmax": calibration_report(held.column("p_first_k"), first_k[check]),
         },
     }
-    scores = true_video_scores(cost, gt, temperature, text_var, lam, k_reg)
-    return Calibration(
-        method=method,
-        k=k,
-        temperature=float(temperature),
-        queries=n,
-        fit_queries=len(fit),
-        check_queries=len(check),
-        seed=seed,
-        maps=maps,
-        conformal={name: np.sort(s).tolist() for name, s in scores.items()},
-        conformal_params={"lam": lam, "k_reg": k_reg},
-        risk={"confidence": p_first.tolist(), "correct": first[check].astype(int).tolist()},
-        report=report,
-    )
+    p_fit, _ = nested_probabilities(maps["first"], maps["first_k"], sub(fit))  # (F,)
+    return maps, report, p_first, p_fit
+
+
+def _outcomes(confidence: np.ndarray, correct: np.ndarray, video: np.ndarray) -> dict[str, list]:
+    """The risk block's columns, as JSON (a video id a query: int or str)."""
+    ids = [v.item() if hasattr(v, "item") else v for v in video]
+    return {
+        "confidence": confidence.tolist(),
+        "correct": correct.astype(int).tolist(),
+        "video": [v if isinstance(v, (int, str)) else str(v) for v in ids],
+    }
+
+
+def _groups(spec: GroupSpec, feats, text_var, texts, fit: np.ndarray) -> dict:
+    """The groups' edges (from the fitted half) and every query's band per kind."""
+    kinds = [kind for kind, _ in spec.kinds]
+    signals = query_signals(kinds, feats.column("margin"), text_var, texts)  # kind -> (Q,)
+    g = Groups.fit(spec, {kind: v[fit] for kind, v in signals.items()}, _signal_name(text_var))
+    return {**g.to_dict(), "bands": {kind: b.tolist() for kind, b in g.bands(signals).items()}}
+
+
+def _signal_name(text_var: Optional[np.ndarray]) -> str:
+    return "log_text_var" if text_var is not None else "minus_margin"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -18,6 +19,7 @@ from typing import Any, Optional
 from ..core.errors import ConfigError
 from ..core.fsutil import atomic_write_text
 from .maps import ProbabilityMap
+from .schema import SchemaError, validate
 
 
 def video_ids_digest(video_ids) -> str:
@@ -29,13 +31,14 @@ __all__ = [
     "CALIBRATION_FILE",
     "CALIBRATION_VERSION",
     "Calibration",
+    "finite_or_none",
     "read_calibration",
     "video_ids_digest",
     "write_calibration",
 ]
 
 CALIBRATION_FILE = "calibration.json"
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2  # 2: per-query conformal scores and weights, the video as the unit, groups (issue 58)
 
 
 @dataclass(frozen=True)
@@ -43,16 +46,22 @@ class Calibration:
     method: str  # logistic | isotonic: the map behind the calibrated probabilities
     k: int  # P(a match in the first k)
     temperature: float  # of the softmax over costs (the run's)
-    queries: int  # validation queries in all (the conformal scores')
-    fit_queries: int  # of them, those the maps were fitted on
-    check_queries: int  # the others: the risk threshold's and the held-out figures'
-    seed: int  # of the split into the two
+    queries: int  # validation queries in all
+    videos: int  # their videos: the unit of the split, of every quantile and of the risk test
+    fit_queries: int  # of the queries, those of the fitted half of the videos (maps, band edges)
+    check_queries: int  # the others, of the held-out half (held-out figures, risk threshold, per-group quantiles)
+    seed: int  # of the split of the videos into the two halves
     maps: dict[str, ProbabilityMap]  # first, first_k (calibrated), margin_sigmoid (the baseline)
-    conformal: dict[str, list[float]]  # score -> its values on the calibration queries, sorted
+    conformal: dict[str, list[float]]  # score -> each query's true-video score, in query order
+    weights: list[float]  # each query's weight: one over its video's captions
+    held_out: list[int]  # each query: 1 of the held-out half, 0 of the fitted half
     conformal_params: dict[str, float]  # raps's lam and k_reg
-    risk: dict[str, list]  # confidence (P(first) of each check query) and correct (its first hit a match)
+    risk: dict[str, Any]  # the held-out queries' confidence (P(first)), correct and video; the test (wsr)
     report: dict[str, Any]  # held-out figures on the check queries (calibration_report per probability)
+    groups: Optional[dict[str, Any]] = None  # --groups: spec, signal, edges, each query's band per kind
+    unit: str = "video"  # the exchangeable unit (docs/uncertainty.md)
     provenance: dict[str, Any] = field(default_factory=dict)  # run, checkpoint_sha256, split, gallery, libraries
+    cache: dict = field(default_factory=dict, compare=False, repr=False)  # quantiles and thresholds asked for
 
     @property
     def checkpoint_sha256(self) -> Optional[str]:
@@ -64,8 +73,9 @@ class Calibration:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d.pop("cache")
         d["maps"] = {name: m.to_dict() for name, m in self.maps.items()}
-        return {"version": CALIBRATION_VERSION, **d}
+        return {"version": CALIBRATION_VERSION, **finite_or_none(d)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = CALIBRATION_FILE) -> "Calibration":
@@ -76,28 +86,46 @@ class Calibration:
                 "make it again with `dab calibrate`"
             )
         try:
-            body = {k: v for k, v in d.items() if k != "version"}
+            body = validate(d)
             body["maps"] = {name: ProbabilityMap.from_dict(m) for name, m in body["maps"].items()}
             return cls(**body)
-        except (TypeError, KeyError, AttributeError) as exc:
+        except (SchemaError, TypeError, KeyError, AttributeError, ValueError, ConfigError) as exc:
             raise ConfigError(f"{source} is malformed ({exc}); make it again with `dab calibrate`") from None
 
 
+def finite_or_none(obj: Any) -> Any:
+    """``obj`` with every non-finite float (a NaN AUROC of one-class outcomes, say) as None: JSON holds none."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_none(v) for v in obj]
+    return obj
+
+
 def write_calibration(path: Path, cal: Calibration) -> Path:
-    """Write ``cal`` atomically (a killed write leaves the old file or none)."""
-    atomic_write_text(Path(path), json.dumps(cal.to_dict(), indent=1) + "\n")
+    """Write ``cal`` atomically (a killed write leaves the old file or none); never a NaN or an Infinity."""
+    atomic_write_text(Path(path), json.dumps(cal.to_dict(), indent=1, allow_nan=False) + "\n")
     return Path(path)
 
 
+def _no_constant(name: str) -> Any:
+    raise SchemaError(f"it holds {name}, which is not JSON")
+
+
 def read_calibration(path: Path) -> Calibration:
-    """The calibration in ``path``; a one-line ConfigError for a missing, unreadable or malformed file."""
+    """The calibration in ``path``, checked whole against its schema (:func:`validate`); a one-line ConfigError
+    for a missing, unreadable or malformed file."""
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{path} is a directory, not a calibration file: make it with `dab calibrate`")
     if not path.is_file():
         raise ConfigError(f"{path} does not exist: make it with `dab calibrate --run {path.parent}`")
     try:
-        d = json.loads(path.read_text(encoding="utf-8"))
+        d = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant)
+    except SchemaError as exc:
+        raise ConfigError(f"{path} is malformed ({exc}); make it again with `dab calibrate`") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{path} is not readable JSON ({exc}); make it again with `dab calibrate`") from None
     return Calibration.from_dict(d, str(path))

@@ -5,8 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 
+def _num(x: Any) -> str:
+    """A figure, or a dash where it is undefined (an AUROC of one-class outcomes)."""
+    return "-" if x is None else f"{x:.3f}"
+
+
 def _row(name: str, r: dict[str, Any]) -> str:
-    cells = [f"{r[k]:.3f}" for k in ("ece", "ece_mass", "brier", "log_loss", "auroc", "mean_probability", "accuracy")]
+    cells = [_num(r[k]) for k in ("ece", "ece_mass", "brier", "log_loss", "auroc", "mean_probability", "accuracy")]
     return "| " + " | ".join([name, *cells]) + " |"
 
 
@@ -58,4 +63,34 @@ def md_calibration(results: dict[str, Any]) -> list[str]:
                     f"{s['size_median']:.0f} | {s['size_p90']:.0f} |"
                 )
         out.append("")
+        out += _group_table(cal, sets)
     return out
+
+
+def _group_table(cal: dict[str, Any], sets: dict[str, Any]) -> list[str]:
+    """Coverage per group (band) and per coverage level, where the calibration has groups."""
+    groups = cal.get("groups")
+    rows = [(score, asked, s) for score, per in sets.items() for asked, s in per.items() if s.get("groups")]
+    if not groups or not rows:
+        return []
+    names = list(rows[0][2]["groups"])
+    out = [
+        f"**Coverage per group** (`--groups {groups['spec']}`; the video as the unit; ± a standard error over "
+        "videos; in brackets the share of the group's queries that got the marginal set, their band too small)",
+        "",
+        "| score | asked | " + " | ".join(names) + " |",
+        "|---|---|" + "---|" * len(names),
+    ]
+    for score, asked, s in rows:
+        cells = []
+        for n in names:
+            g = s["groups"].get(n)
+            cells.append(
+                "-"
+                if g is None or g["coverage"] is None
+                else f"{g['coverage']:.3f} ± {g['standard_error']:.3f} ({g['queries']} q"
+                + (f", {g['marginal_share']:.0%} marginal" if g["marginal_share"] else "")
+                + ")"
+            )
+        out.append(f"| {score} | {asked} | " + " | ".join(cells) + " |")
+    return out + [""]

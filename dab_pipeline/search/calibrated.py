@@ -83,5 +83,7 @@ class CalibratedSearch:
         self.check_request(request)
         if self.calibration is not None:
             tv = None if result.text_var is None else np.array([result.text_var])
-            result.uncertainty = assess(self.calibration, [result.costs], tv, request or UncertaintyRequest())[0]
+            result.uncertainty = assess(
+                self.calibration, [result.costs], tv, request or UncertaintyRequest(), texts=[result.query]
+            )[0]
         return result

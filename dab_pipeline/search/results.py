@@ -126,9 +126,17 @@ def uncertainty_payload(result: SearchResult) -> Optional[dict]:
     if u is None:
         return None
     out: dict = {"p_first": u.p_first, f"p_first_{u.k}": u.p_first_k, "k": u.k}
+    if u.caveat is not None:
+        out["caveat"] = u.caveat  # why these numbers are not the calibrated ones (a shortlist)
+    if u.group is not None:
+        out["group"] = u.group  # the band (or groups) the query fell in, where the calibration has --groups
     hits = result.coverage_set
     if hits is not None:
         out["coverage"] = u.coverage
+        # what the coverage holds over: marginal (on average), band (within the query's band), groups (each group)
+        out["set_scope"] = u.set_scope
+        if u.scope_note:
+            out["scope_note"] = u.scope_note
         out["set"] = [{"rank": h.rank, "video_id": h.video_id, "cost": h.cost} for h in hits]
     if u.risk is not None:
         out["answered"] = u.answered

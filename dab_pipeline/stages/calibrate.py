@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as _dt
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from ..calibration import (
     write_calibration,
 )
 from ..calibration.fit import library_versions, require_sklearn
+from ..calibration.groups import describe_groups, parse_groups
 from ..calibration.record import video_ids_digest
 from ..core.choices import DEFAULT_SCORE_DTYPE
 from ..core.errors import ConfigError, StoreError
@@ -34,7 +35,7 @@ from ..runtime.devices import resolve_device
 from ..scoring import Scorer
 from ..store import ALL_SPLITS, open_store
 
-__all__ = ["CalibrateConfig", "run_calibrate"]
+__all__ = ["CalibrateConfig", "describe_groups", "run_calibrate"]
 
 
 @dataclass(frozen=True)
@@ -52,12 +53,14 @@ class CalibrateConfig:
     seed: int = 0
     device: str = "auto"
     dtype: str = DEFAULT_SCORE_DTYPE
+    groups: Optional[str] = None  # "uncertainty:3" (Mondrian bands), "uncertainty:3,length:2" (conditional)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ConfigError(f"unknown calibration method {self.method!r}; valid: {', '.join(METHODS)}")
         if not 2 <= int(self.k) <= 1000:
             raise ConfigError(f"k must be an integer in [2, 1000], got {self.k}")
+        parse_groups(self.groups)  # a bad spec is one line before anything loads
 
 
 def run_calibrate(cfg: CalibrateConfig, progress: ProgressCallback = null_progress) -> Calibration:
@@ -65,10 +68,58 @@ def run_calibrate(cfg: CalibrateConfig, progress: ProgressCallback = null_progre
     require_sklearn()  # before anything loads: a missing extra is said at once
     device = resolve_device(cfg.device)
     run = load_run(cfg.run, device)
+    split, gallery = _splits(cfg, run)
+    got = _read(cfg, run, split, gallery)
+    progress(Event("start", "calibrate", total=len(got.gt), message=f"{split} queries against {gallery} videos"))
+    choice = resolve_score_dtype(cfg.dtype, device)
+    if choice.warning:
+        progress(Event("warning", "calibrate", message=choice.warning))
+    with Scorer(run.model, device=device, dtype=choice.dtype) as scorer:
+        cost = scorer.score(got.queries.text, got.videos.frames, got.videos.frame_mask).cost  # (Q, V)
+    cal = calibrate_costs(
+        cost,
+        got.gt,
+        float(run.model.temperature().detach().cpu()),
+        text_variance(run.model, got.queries.text),  # (Q,) or None
+        method=cfg.method,
+        k=cfg.k,
+        seed=cfg.seed,
+        video=np.asarray(got.queries.caption_video, np.int64),
+        groups=parse_groups(cfg.groups),
+        texts=got.texts,
+    )
+    cal = replace(cal, provenance=_provenance(cfg, run, split, gallery, got))
+    write_calibration(run.run_dir / CALIBRATION_FILE, cal)
+    progress(Event("advance", "calibrate", n=len(got.gt)))
+    progress(Event("end", "calibrate", total=len(got.gt)))
+    return cal
+
+
+def _splits(cfg: CalibrateConfig, run) -> tuple[str, str]:
+    """(the queries' split, the gallery's), refusing 'all' and any split the run trained on."""
     split = cfg.split or run.config.val_split
-    gallery = cfg.gallery or split
     if split == ALL_SPLITS:
         raise ConfigError("calibrate on one split's queries (the run's validation split), not 'all'")
+    if split == run.config.train_split:
+        raise ConfigError(
+            f"--split {split!r} is the split {run.run_dir} trained on: its probabilities, sets and risk threshold "
+            f"would be fitted on captions the model has seen; calibrate on {run.config.val_split!r} (the default)"
+        )
+    return split, cfg.gallery or split
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    store_path: Any
+    queries: Any  # the split's SplitData
+    videos: Any  # the gallery's SplitData
+    gt: np.ndarray  # (Q,) each query's match: its column in the gallery
+    texts: list[str]  # (Q,) each query's caption (for length groups)
+    fingerprint: str  # the gallery's
+
+
+def _read(cfg: CalibrateConfig, run, split: str, gallery: str) -> _Inputs:
+    """The queries and the gallery from the store, after one-line refusals of what cannot be calibrated."""
     store_path = location(cfg.features if cfg.features is not None else run.config.features)
     with open_store(store_path) as store:
         store.require_complete("dab calibrate")
@@ -87,36 +138,34 @@ def run_calibrate(cfg: CalibrateConfig, progress: ProgressCallback = null_progre
         missing = [str(v) for v in queries.video_ids if str(v) not in pos]
         if missing:
             raise ConfigError(f"gallery {gallery!r} lacks {len(missing)} videos of split {split!r} ({missing[0]}, ...)")
-        gt = np.array([pos[str(v)] for v in queries.video_ids[queries.caption_video]], np.int64)  # (Q,)
-        fingerprint = store_fingerprint(store, split_rows(store, gallery))
-    progress(Event("start", "calibrate", total=len(gt), message=f"{split} queries against {gallery} videos"))
-    choice = resolve_score_dtype(cfg.dtype, device)
-    if choice.warning:
-        progress(Event("warning", "calibrate", message=choice.warning))
-    with Scorer(run.model, device=device, dtype=choice.dtype) as scorer:
-        cost = scorer.score(queries.text, videos.frames, videos.frame_mask).cost  # (Q, V)
-    tv = text_variance(run.model, queries.text)  # (Q,) or None
-    temperature = float(run.model.temperature().detach().cpu())
-    cal = calibrate_costs(cost, gt, temperature, tv, method=cfg.method, k=cfg.k, seed=cfg.seed)
-    cal = replace(
-        cal,
-        provenance={
-            "run": str(run.run_dir),
-            "checkpoint_sha256": sha256_file(run.checkpoint),
-            "split": split,
-            "gallery": {
-                "split": gallery,
-                "videos": len(videos.video_ids),
-                "store": str(store_path),
-                "fingerprint": fingerprint,
-                "video_ids_sha256": video_ids_digest(videos.video_ids),
-            },
-            "libraries": library_versions(),
-            "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        if cfg.k >= len(videos.video_ids):
+            raise ConfigError(
+                f"-k {cfg.k} is not below the gallery's {len(videos.video_ids)} videos (split {gallery!r}): "
+                "P(a match in the first k) would be 1 for every query; give a smaller -k"
+            )
+        return _Inputs(
+            store_path=store_path,
+            queries=queries,
+            videos=videos,
+            gt=np.array([pos[str(v)] for v in queries.video_ids[queries.caption_video]], np.int64),
+            texts=[str(t) for t in store.caption_text[queries.caption_index]],
+            fingerprint=store_fingerprint(store, split_rows(store, gallery)),
+        )
+
+
+def _provenance(cfg: CalibrateConfig, run, split: str, gallery: str, got: _Inputs) -> dict[str, Any]:
+    return {
+        "run": str(run.run_dir),
+        "checkpoint_sha256": sha256_file(run.checkpoint),
+        "split": split,
+        "gallery": {
+            "split": gallery,
+            "videos": len(got.videos.video_ids),
+            "store": str(got.store_path),
+            "fingerprint": got.fingerprint,
+            "video_ids_sha256": video_ids_digest(got.videos.video_ids),
         },
-    )
-    write_calibration(run.run_dir / CALIBRATION_FILE, cal)
-    progress(Event("advance", "calibrate", n=len(gt)))
-    progress(Event("end", "calibrate", total=len(gt)))
-    return cal
+        "libraries": library_versions(),
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }

@@ -18,12 +18,19 @@ from dab_pipeline.calibration import (
     first_hit_outcomes,
     query_features,
     read_calibration,
+    true_video_scores,
     write_calibration,
 )
 from dab_pipeline.calibration.fit import fit_map
 from dab_pipeline.core.errors import ConfigError
-from dab_pipeline.metrics.conformal import conformal_quantile, conformal_scores, conformal_sets, cost_softmax
-from dab_pipeline.metrics.risk import learn_then_test
+from dab_pipeline.metrics.conformal import (
+    conformal_quantile,
+    conformal_scores,
+    cost_softmax,
+    video_weights,
+    weighted_quantile,
+)
+from dab_pipeline.metrics.risk import learn_then_test, risk_test_order
 
 from .synthetic import synthetic_costs
 
@@ -91,10 +98,16 @@ def _cal(n: int = 400, v: int = 30, seed: int = 0, **kw) -> tuple[Calibration, t
 
 def test_calibration_splits_fits_and_survives_its_file(tmp_path: Path) -> None:
     cal, (cost, gt, tv) = _cal(101)
-    assert (cal.fit_queries, cal.check_queries, cal.queries) == (50, 51, 101)
+    held = np.array(cal.held_out, bool)
+    assert cal.fit_queries + cal.check_queries == cal.queries == 101 and held.sum() == cal.check_queries
+    assert not set(gt[held]) & set(gt[~held])  # the halves split the videos: no video in both
+    assert abs(len(set(gt[held])) - len(set(gt[~held]))) <= 1 and cal.videos == len(set(gt))
     assert set(cal.conformal) == {"lac", "aps", "raps", "normalized"}
-    assert all(len(v) == 101 and v == sorted(v) for v in cal.conformal.values())
-    assert len(cal.risk["confidence"]) == 51
+    want = true_video_scores(cost, gt, 1.0, tv)
+    for name, values in cal.conformal.items():  # each query's own score, in query order
+        np.testing.assert_allclose(values, want[name])
+    np.testing.assert_allclose(cal.weights, [1 / (gt == g).sum() for g in gt])
+    assert len(cal.risk["confidence"]) == cal.check_queries and cal.risk["video"] == gt[held].tolist()
     assert set(cal.report["first"]) == {"calibrated", "margin_sigmoid", "softmax"}
     path = write_calibration(tmp_path / "calibration.json", cal)
     back = read_calibration(path)
@@ -111,9 +124,9 @@ def test_the_file_refuses_what_it_cannot_read(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not readable JSON"):
         read_calibration(tmp_path / "bad.json")
     (tmp_path / "old.json").write_text(json.dumps({"version": 99}))
-    with pytest.raises(ConfigError, match="version 1"):
+    with pytest.raises(ConfigError, match="version 2"):
         read_calibration(tmp_path / "old.json")
-    (tmp_path / "cut.json").write_text(json.dumps({"version": 1, "maps": {}}))
+    (tmp_path / "cut.json").write_text(json.dumps({"version": 2, "maps": {}}))
     with pytest.raises(ConfigError, match="malformed"):
         read_calibration(tmp_path / "cut.json")
 
@@ -126,10 +139,11 @@ def test_sets_are_those_of_the_conformal_functions(score: str) -> None:
     got = assess(cal, list(new_cost), new_tv, req)
     p = cost_softmax(cost, 1.0)
     ref_cal = conformal_scores(p, score, difficulty=tv)[np.arange(len(gt)), gt]
-    qhat = conformal_quantile(ref_cal, 0.2)
-    ref = conformal_sets(conformal_scores(cost_softmax(new_cost, 1.0), score, difficulty=new_tv), qhat)
-    for u, r, row in zip(got, ref, new_cost):
-        assert sorted(u.set_indices.tolist()) == r.tolist()
+    qhat = weighted_quantile(ref_cal, 0.2, video_weights(gt))  # every query weighted by 1 / its video's captions
+    new_s = conformal_scores(cost_softmax(new_cost, 1.0), score, difficulty=new_tv)
+    for u, s_row, row in zip(got, new_s, new_cost):
+        ref = set(np.flatnonzero(s_row <= qhat).tolist()) | {int(np.argmin(row))}  # never without the first hit
+        assert sorted(u.set_indices.tolist()) == sorted(ref) and u.set_scope == "marginal"
         assert list(row[u.set_indices]) == sorted(row[u.set_indices])  # best first
 
 
@@ -158,9 +172,14 @@ def test_sets_cover_held_out_queries_and_grow_with_coverage() -> None:
 
 
 def test_the_risk_decision_is_learn_then_test_on_the_held_out_half() -> None:
-    cal, (cost, _, tv) = _cal(1000, 20)
+    cal, (cost, _, tv) = _cal(2000, 20, video=np.arange(2000) // 2)  # two captions a video
     req = UncertaintyRequest(max_risk=0.2, delta=0.1)
-    want = learn_then_test(np.array(cal.risk["confidence"]), np.array(cal.risk["correct"], bool), 0.2, 0.1)
+    conf, ok = np.array(cal.risk["confidence"]), np.array(cal.risk["correct"], bool)
+    fit = cal.risk["fit"]
+    order = risk_test_order(
+        np.array(fit["confidence"]), np.array(fit["correct"], bool), np.array(fit["video"]), 0.2, 0.1
+    )
+    want = learn_then_test(conf, ok, 0.2, 0.1, video=np.array(cal.risk["video"]), test="wsr", order=order)
     got = assess(cal, list(cost[:50]), tv[:50], req)
     assert want.threshold is not None and 0 < want.answered < want.queries
     for u in got:
@@ -176,16 +195,20 @@ def test_requests_are_checked_in_one_line() -> None:
             UncertaintyRequest(max_risk=bad)
     with pytest.raises(ConfigError, match="delta"):
         UncertaintyRequest(max_risk=0.1, delta=1.0)
+    with pytest.raises(ConfigError, match=r"coverage 1e-300 is too small to mean anything"):
+        UncertaintyRequest(coverage=1e-300)  # 1 - coverage rounds to 1 (issue 59, item 8)
     with pytest.raises(ConfigError, match="valid: lac, aps, raps, normalized"):
         UncertaintyRequest(coverage=0.9, score="top")
     cal, _ = _cal(20, 10)
-    with pytest.raises(ConfigError, match="20 calibration queries are too few for alpha=0.01: at least 99"):
+    with pytest.raises(
+        ConfigError, match=f"{cal.videos} calibration videos are too few for coverage 0.99: at least 99"
+    ):
         conformal_threshold(cal, 0.99, "lac")
     cost, gt, _ = synthetic_costs(20, 10)
     plain = calibrate_costs(cost, gt, 1.0, None)
     with pytest.raises(ConfigError, match="no 'normalized' score .*text variance"):
         conformal_threshold(plain, 0.9, "normalized")
-    with pytest.raises(ConfigError, match="3 validation queries are too few"):
+    with pytest.raises(ConfigError, match="3 validation queries of 2 videos are too few"):
         calibrate_costs(cost[:3], gt[:3], 1.0)
 
 

@@ -112,7 +112,7 @@ def test_refusals_are_one_line_and_write_nothing(world: dict, tmp_path: Path) ->
     out = invoke(["search", "--run", str(fresh), "--features", str(store), "--max-risk", "0.1", "a red ball"])
     assert out.exit_code != 0 and "dab calibrate" in out.output
     run_calibrate(CalibrateConfig(run=fresh, device="cpu"))
-    with pytest.raises(ConfigError, match="40 calibration queries are too few for alpha=0.01: at least 99"):
+    with pytest.raises(ConfigError, match="40 calibration videos are too few for coverage 0.99: at least 99"):
         search(fresh, store, ["a red ball"], split="val", device="cpu", coverage=0.99)
     # the run trained on after it was calibrated: refused for a request, a warning without one
     folder = RunFolder(fresh)
@@ -220,7 +220,7 @@ def test_serve_refuses_requests_it_cannot_meet(served: dict) -> None:
     c = served["client"]
     for params, said in (
         ({"coverage": 1.5}, "coverage must be in (0, 1)"),
-        ({"coverage": 0.999}, "too few for alpha=0.001"),
+        ({"coverage": 0.999}, "too few for coverage 0.999"),
         ({"coverage": 0.9, "score": "top"}, "valid: lac, aps, raps, normalized"),
         ({"max_risk": 0}, "max-risk must be in (0, 1)"),
         ({"coverage": "abc"}, "coverage"),
@@ -270,7 +270,82 @@ def test_evaluate_reports_a_calibrated_run_on_its_test_split(world: dict, tmp_pa
     assert "## Calibration (test split)" in report and (run / "reliability.png").stat().st_size > 0
     # the gallery is the one calibrated on here: no warning that the coverage is not guaranteed
     assert "not* guaranteed here" not in report
+    # with overlapping groups: coverage per band and per caption length, at each coverage asked (issue 58)
+    run_calibrate(CalibrateConfig(run=run, device="cpu", groups="uncertainty:2,length:2"))
+    sets = run_evaluate(EvaluateConfig(run=run, examples=0, plots=False))["calibration"]["sets"]
+    groups = sets["aps"]["0.8"]["groups"]
+    assert set(groups) == {"uncertainty 1", "uncertainty 2", "length 1", "length 2"}
+    assert sum(groups[f"uncertainty {i}"]["queries"] for i in (1, 2)) == 40
+    assert groups["length 2"]["queries"] == 0  # every caption here is three words: the second length band is empty
+    assert all(0 <= g["coverage"] <= 1 and g["size_mean"] >= 1 for g in groups.values() if g["queries"])
+    assert "**Coverage per group** (`--groups uncertainty:2,length:2`" in (run / "report.md").read_text()
     state = RunFolder(run).load_checkpoint(RunFolder.BEST)
     state["epoch"] = 7
     RunFolder(run).save_checkpoint(RunFolder.BEST, state)
     assert "calibration" not in run_evaluate(EvaluateConfig(run=run, examples=0, plots=False))
+
+
+def test_a_split_the_run_trained_on_and_a_k_past_the_gallery_are_refused(world: dict, tmp_path: Path) -> None:
+    """issue 59, items 1 and 5: refused in one line before scoring, nothing written."""
+    fresh, _ = hand_made_run(tmp_path / "fresh", world["store"], "dab")
+    out = invoke(["calibrate", "--run", str(fresh), "--split", "train", "--device", "cpu"])
+    assert out.exit_code != 0 and "is the split" in out.output and "trained on" in out.output, out.output
+    assert "Traceback" not in out.output and not (fresh / CALIBRATION_FILE).exists()
+    out = invoke(["calibrate", "--run", str(fresh), "-k", "40", "--device", "cpu"])
+    assert out.exit_code != 0 and "-k 40 is not below the gallery's 40 videos" in out.output, out.output
+    assert not (fresh / CALIBRATION_FILE).exists()
+    for bad, said in (
+        ("colour:2", "unknown group 'colour'"),
+        ("uncertainty:1", "2 to 10 bands"),
+        ("length:x", "whole"),
+    ):
+        out = invoke(["calibrate", "--run", str(fresh), "--groups", bad, "--device", "cpu"])
+        assert out.exit_code != 0 and said in out.output and "Traceback" not in out.output, out.output
+
+
+def test_groups_show_the_band_in_search_the_api_and_the_page(world: dict, tmp_path: Path) -> None:
+    """issue 58: a calibration with --groups gives each query its band, and a set calibrated within it where the
+    band holds enough videos (else the marginal set, labelled)."""
+    run, _ = hand_made_run(tmp_path / "grouped", world["store"], "dab")
+    out = invoke(["calibrate", "--run", str(run), "--groups", "uncertainty:2", "--device", "cpu", "--quiet"])
+    assert out.exit_code == 0 and "groups uncertainty:2 (Mondrian)" in out.output, out.output
+    cal = read_calibration(run / CALIBRATION_FILE)
+    assert cal.groups["signal"] == "log_text_var" and len(cal.groups["edges"]["uncertainty"]) == 1
+    (r,) = search(run, world["store"], ["a red ball"], split="val", device="cpu", coverage=0.8)
+    assert r.uncertainty.group.startswith("uncertainty ") and r.uncertainty.set_scope == "band"
+    (wide,) = search(run, world["store"], ["a red ball"], split="val", device="cpu", coverage=0.95)
+    assert wide.uncertainty.set_scope == "marginal" and "too few calibration videos" in wide.uncertainty.scope_note
+    args = ["search", "--run", str(run), "--features", str(world["store"]), "--split", "val", "--device", "cpu"]
+    out = invoke([*args, "--coverage", "0.8", "a red ball"])
+    assert "group: uncertainty" in out.output and "calibrated within this query's band" in out.output, out.output
+    u = json.loads(invoke([*args, "--coverage", "0.8", "--json", "a red ball"]).stdout)[0]["uncertainty"]
+    assert u["group"] == r.uncertainty.group and u["set_scope"] == "band"
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from dab_pipeline.stages.serve import create_app
+
+    with Searcher(run, world["store"], split="val", device="cpu") as s, TestClient(create_app(s)) as c:
+        api = c.get("/search", params={"q": "a red ball", "coverage": 0.8}).json()["uncertainty"]
+        assert api["group"] == u["group"] and api["set_scope"] == "band"
+        page = c.get("/", params={"q": "a red ball", "coverage": "0.8"}).text
+        assert "data-group=" in page and "calibrated within this query's band" in page
+
+
+def test_a_shortlist_smaller_than_the_calibrated_gallery_is_said_and_decides_nothing(world: dict) -> None:
+    """issue 59, item 2: P(first) over a shortlist reads high; every output says so and no risk decision is made."""
+    run, store = world["run"], world["store"]
+    run_calibrate(CalibrateConfig(run=run, device="cpu", gallery="all"))
+    kw = dict(split="all", device="cpu", coverage=0.8, max_risk=0.3)
+    (full,) = search(run, store, ["a red ball"], 3, **kw)
+    (short,) = search(run, store, ["a red ball"], 3, shortlist=5, **kw)
+    assert full.uncertainty.caveat is None and full.uncertainty.answered in (True, False)
+    assert "shortlist of 5 of the 48 videos calibrated on" in short.uncertainty.caveat
+    assert short.uncertainty.answered is None
+    args = ["search", "--run", str(run), "--features", str(store), "--split", "all", "--device", "cpu"]
+    out = invoke([*args, "--shortlist", "5", "--max-risk", "0.3", "a red ball"])
+    assert "not calibrated here: scored over a shortlist of 5" in out.output and "not decided" in out.output
+    u = json.loads(invoke([*args, "--shortlist", "5", "--max-risk", "0.3", "--json", "a red ball"]).stdout)[0]
+    assert u["uncertainty"]["answered"] is None and "shortlist of 5" in u["uncertainty"]["caveat"]
+    u = json.loads(invoke([*args, "--max-risk", "0.3", "--json", "a red ball"]).stdout)[0]
+    assert "caveat" not in u["uncertainty"] and u["uncertainty"]["answered"] in (True, False)

@@ -37,40 +37,62 @@ from .output import console
     "margin alone.",
 )
 @click.option("-k", "k", type=int, default=5, show_default=True, help="The k of P(a match in the first k).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Of the split into fitted and held-out queries.")
+@click.option(
+    "--groups",
+    default=None,
+    metavar="KIND:B[,KIND:B]",
+    help="Hold the coverage within groups, not only on average: uncertainty:3 (three bands of the model's own "
+    "uncertainty, Mondrian), uncertainty:3,length:2 (and caption length, overlapping: conditional conformal).",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Of the split into fitted and held-out videos.")
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
 @click.option("--json", "as_json", is_flag=True, help="Print calibration.json's figures as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def calibrate(run_dir, features, split, gallery, method, k, seed, device, as_json, quiet) -> None:
+def calibrate(run_dir, features, split, gallery, method, k, groups, seed, device, as_json, quiet) -> None:
     """Calibrate a run on its validation queries: writes RUN/calibration.json.
 
-    Half the queries fit the probability maps and half are held out: the figures printed are the held-out
-    half's. `dab search --coverage` and `--max-risk` (and `dab serve`, the Python API) read the file.
+    The videos are split in two, each video's captions together (the video is the unit): one half fits the
+    probability maps (and the band edges), the other is held out: the figures printed are its own. `dab search --coverage` and `--max-risk` (and `dab serve`, the Python API) read the file.
     """
-    from ...stages.calibrate import CalibrateConfig, run_calibrate  # deferred: `dab --help` must not import torch
+    from ...stages.calibrate import (  # deferred: `dab --help` must not import torch
+        CalibrateConfig,
+        describe_groups,
+        run_calibrate,
+    )
 
     cfg = CalibrateConfig(
-        run=run_dir, features=features, split=split, gallery=gallery, method=method, k=k, seed=seed, device=device
+        run=run_dir,
+        features=features,
+        split=split,
+        gallery=gallery,
+        method=method,
+        k=k,
+        seed=seed,
+        device=device,
+        groups=groups,
     )
     with RichProgress(quiet=quiet or as_json) as prog:
         cal = run_calibrate(cfg, progress=prog)
     if as_json:
         click.echo(json.dumps({"report": cal.report, "provenance": cal.provenance}, indent=2))
         return
-    _print_report(cal)
+    _print_report(cal, describe_groups(cal))
     click.echo(f"wrote {run_dir / 'calibration.json'}")
 
 
-def _print_report(cal) -> None:
+def _print_report(cal, group_lines: list[str]) -> None:
     """The held-out figures, one table a target: each probability's ECE, Brier, log loss and AUROC."""
     from rich.table import Table
 
     g = cal.gallery
     con = console()
     con.print(
-        f"{cal.queries} queries of split {cal.provenance.get('split')!r} against {g.get('videos')} videos of "
-        f"{g.get('split')!r}: {cal.fit_queries} fitted ({cal.method}), {cal.check_queries} held out"
+        f"{cal.queries} queries of {cal.videos} videos of split {cal.provenance.get('split')!r} against "
+        f"{g.get('videos')} videos of {g.get('split')!r}: {cal.fit_queries} fitted ({cal.method}), "
+        f"{cal.check_queries} held out, split by video"
     )
+    for line in group_lines:
+        con.print(line)
     titles = {"first": "P(the first hit is a match)", "first_k": f"P(a match in the first {cal.k})"}
     for target, rows in cal.report.items():
         table = Table(title=f"{titles[target]}, on the held-out queries", title_justify="left")
@@ -79,7 +101,10 @@ def _print_report(cal) -> None:
         for name, r in rows.items():
             table.add_row(
                 name,
-                *(f"{r[key]:.3f}" for key in ("ece", "ece_mass", "brier", "log_loss", "auroc", "mean_probability")),
+                *(
+                    "-" if r[key] is None else f"{r[key]:.3f}"
+                    for key in ("ece", "ece_mass", "brier", "log_loss", "auroc", "mean_probability")
+                ),
                 f"{r['accuracy']:.3f}",
             )
         con.print(table)

@@ -16,36 +16,86 @@ from ...calibration import (
     query_features,
     run_calibration,
 )
+from ...calibration.assess import query_groups
 from ...calibration.maps import nested_probabilities
 from ...calibration.record import video_ids_digest
 from ...core.events import Event, ProgressCallback
 from ...core.fsutil import sha256_file
+from ...core.location import location
 from ...metrics.calibration import calibration_report, reliability_bins
+from ...metrics.conformal import needed_calibration
+from ...runs.config import TrainConfig
 from ...runs.costfile import CostMatrix
 from ...runs.run_folder import RunFolder
+from ...store import open_store
 
 REPORT_COVERAGES = (0.8, 0.9, 0.95)
 
 
-def _sets(cal, cost: np.ndarray, gt: np.ndarray, tv: Optional[np.ndarray]) -> dict[str, Any]:
-    """Per conformal score and coverage: the share of test queries whose set holds their match, and set sizes."""
+def _by_video(hit: np.ndarray, gt: np.ndarray) -> tuple[float, float]:
+    """(coverage of a random caption of a random video, its standard error over videos)."""
+    _, inv = np.unique(gt, return_inverse=True)
+    share = np.bincount(inv, weights=hit.astype(np.float64)) / np.bincount(inv)  # (N,) each video's covered share
+    return float(share.mean()), float(share.std() / np.sqrt(len(share)))
+
+
+def _sets(
+    cal, cost: np.ndarray, gt: np.ndarray, tv: Optional[np.ndarray], texts: Optional[list[str]]
+) -> dict[str, Any]:
+    """Per conformal score and coverage: the share of test queries whose set holds their match (the video as the
+    unit: each caption weighted by one over its video's captions, the standard error over videos), set sizes, and
+    the same per group where the calibration has groups (each band of each kind on its own)."""
     out: dict[str, Any] = {}
-    n = len(cost)
+    bands = None
+    if cal.groups is not None and (texts is not None or "length" not in cal.groups["bands"]):
+        margin = query_features(cost, cal.temperature, cal.k).column("margin")
+        bands = query_groups(cal, margin, tv, texts)
     for score in cal.conformal:
         for coverage in REPORT_COVERAGES:
-            if cal.queries < int(np.ceil(1.0 / (1.0 - coverage) - 1.0 - 1e-9)):
-                continue  # too few calibration queries for this coverage
-            got = assess(cal, list(cost), tv, UncertaintyRequest(coverage=coverage, score=score))
+            if cal.videos < needed_calibration(1.0 - coverage):
+                continue  # too few calibration videos for this coverage
+            got = assess(cal, list(cost), tv, UncertaintyRequest(coverage=coverage, score=score), texts=texts)
             sizes = np.array([len(u.set_indices) for u in got])
             hit = np.array([gt[i] in set(u.set_indices.tolist()) for i, u in enumerate(got)])
-            out.setdefault(score, {})[f"{coverage:g}"] = {
-                "coverage": float(hit.mean()),
-                "standard_error": float(hit.std() / np.sqrt(n)),
+            mean, se = _by_video(hit, gt)
+            row = {
+                "coverage": mean,
+                "standard_error": se,
                 "size_mean": float(sizes.mean()),
                 "size_median": float(np.median(sizes)),
                 "size_p90": float(np.quantile(sizes, 0.9)),
             }
+            if bands is not None:
+                row["groups"] = {}
+                for kind, b in bands.items():
+                    for i in range(len(cal.groups["edges"][kind]) + 1):
+                        row["groups"][f"{kind} {i + 1}"] = _group_row(b == i, hit, gt, sizes, got)
+            out.setdefault(score, {})[f"{coverage:g}"] = row
     return out
+
+
+def _group_row(m: np.ndarray, hit: np.ndarray, gt: np.ndarray, sizes: np.ndarray, got: list) -> dict[str, Any]:
+    """One group's coverage (None where no test query fell in it), queries, mean set size and marginal share."""
+    if not m.any():
+        return {"coverage": None, "standard_error": None, "queries": 0, "size_mean": None, "marginal_share": 0.0}
+    mean, se = _by_video(hit[m], gt[m])
+    return {
+        "coverage": mean,
+        "standard_error": se,
+        "queries": int(m.sum()),
+        "size_mean": float(sizes[m].mean()),
+        "marginal_share": float(np.mean([got[j].set_scope == "marginal" for j in np.flatnonzero(m)])),
+    }
+
+
+def _texts(run: Path, cm: CostMatrix) -> Optional[list[str]]:
+    """The test queries' captions from the run's store, for the length groups; None where it cannot be read."""
+    try:
+        with open_store(location(RunFolder(run).load_config(TrainConfig).features)) as st:
+            text = dict(zip(map(str, st.caption_ids), map(str, st.caption_text)))
+        return [text[str(q)] for q in cm.query_ids]
+    except Exception:  # a store moved or gone: the report says the length groups could not be measured
+        return None
 
 
 def calibration_section(
@@ -99,5 +149,7 @@ def calibration_section(
             "accuracy": r.accuracy.tolist(),
             "count": r.count.tolist(),
         }
-    section["sets"] = _sets(cal, cost, gt, None if tv is None else np.asarray(tv, np.float64))
+    texts = _texts(Path(run), cm) if cal.groups is not None and "length" in cal.groups["bands"] else None
+    section["groups"] = None if cal.groups is None else {"spec": cal.groups["spec"], "signal": cal.groups["signal"]}
+    section["sets"] = _sets(cal, cost, gt, None if tv is None else np.asarray(tv, np.float64), texts)
     return section
