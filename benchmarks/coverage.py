@@ -1,19 +1,24 @@
-"""Conformal sets and the risk guarantee checked on held-out queries (issue 47, docs/uncertainty.md).
+"""Conformal sets and the risk guarantee checked on held-out queries (issues 47 and 58, docs/uncertainty.md).
 
 For each run, its test split's queries (one gallery: every score is over the same videos) are split at random
-into a calibration half and an evaluation half, ``--splits`` times (200). Per alpha in {0.05, 0.1, 0.2} and per
-conformal score it prints:
+*by video* into a calibrating half and an evaluating half, ``--splits`` times (200): captions of one video are
+not independent, so the video is the unit of every split, quantile and test. The calibrating half is split again
+by video as ``dab calibrate`` splits it (the first part fixes the band edges, the second gives the per-band
+quantiles). Per alpha in {0.05, 0.1, 0.2}, per conformal score and per method (``marginal``: one quantile over the
+calibrating half; ``bands``: a quantile per tercile of the run's uncertainty, Mondrian) it prints:
 
-* the mean coverage over splits with its standard error, and whether it lies in [1 - alpha, 1 - alpha + 1/(n+1)]
-  within two standard errors (the split-conformal guarantee; n the calibration queries);
-* the set size (mean, median, 90th percentile over every evaluated query of every split);
-* conditional coverage: per tercile of the query's uncertainty (the text variance for a Gaussian run, else the
-  margin), and per caption level where ``--world`` gives the procedural world's claims, plus the claim-aware
-  coverage (a set holds *any* video the caption is true of);
-* the risk guarantee: ``calibrate_costs`` on the calibration half (its own fitted/held-out halves), the
-  Learn-then-Test threshold at (alpha, ``--delta``), then on the evaluation half the share of queries answered and
-  the share of splits whose answered error rate exceeds alpha (the guarantee bounds the population rate by alpha
-  with probability 1 - delta; a rate measured on a few dozen answered queries scatters around it).
+* the mean coverage over splits (each caption weighted by one over its video's captions) with its standard error,
+  and, for ``marginal``, whether it lies in [1 - alpha, 1 - alpha + 1/(n+1)] within two standard errors (n the
+  calibrating videos);
+* the set size (mean, median, 90th percentile over every evaluated query of every split; the first hit is always
+  in a set);
+* coverage per tercile of the query's uncertainty (the log text variance for a Gaussian run, else minus the margin;
+  the terciles fixed on the first part), per caption level where ``--world`` gives the procedural world's claims,
+  and claim-aware (a set holds *any* video the caption is true of);
+* the risk guarantee: ``calibrate_costs`` on the calibrating half, the per-video Learn-then-Test threshold at
+  (alpha, ``--delta``), then on the evaluating half the share of queries answered and the share of splits whose
+  answered error rate exceeds alpha (the guarantee bounds the population rate by alpha with probability 1 - delta;
+  a rate measured on a few dozen answered queries scatters around it).
 
 ``--latency``: ``Searcher.search`` with and without ``coverage=0.9`` on the run's store, interleaved, in one
 process: the ratio of the medians, mean ± std over ``--repeats``.
@@ -33,9 +38,24 @@ from typing import Any, Optional
 
 import numpy as np
 
-from dab_pipeline.calibration import UncertaintyRequest, calibrate_costs, first_hit_outcomes, query_features
-from dab_pipeline.metrics.conformal import CONFORMAL_SCORES, conformal_quantile, conformal_scores, cost_softmax
-from dab_pipeline.metrics.risk import learn_then_test
+from dab_pipeline.calibration import (
+    UncertaintyRequest,
+    calibrate_costs,
+    first_hit_outcomes,
+    query_features,
+    risk_threshold,
+)
+from dab_pipeline.calibration.build import split_videos
+from dab_pipeline.metrics.conformal import (
+    CONFORMAL_SCORES,
+    band_edges,
+    band_of,
+    band_quantiles,
+    conformal_scores,
+    cost_softmax,
+    video_weights,
+    weighted_quantile,
+)
 from dab_pipeline.runs.costfile import read_costs
 from dab_pipeline.runs.load import load_run
 from dab_pipeline.runs.run_folder import RunFolder
@@ -72,12 +92,29 @@ def _world_truth(world: Optional[Path], run, store: Optional[Path] = None) -> An
     return truth(world, store or Path(run.config.features), run.config.test_split)
 
 
+def video_halves(gt: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(edge rows, quantile rows, evaluation rows) of one random half by video: the calibrating half's videos split
+    again as ``dab calibrate`` splits them (its first part fixes band edges, its second gives per-band quantiles)."""
+    videos = np.unique(gt)
+    perm = np.random.default_rng(seed).permutation(videos)
+    cal = np.isin(gt, perm[: len(videos) // 2])
+    cal_rows = np.flatnonzero(cal)
+    fit, held = split_videos(gt[cal_rows], seed)
+    return cal_rows[fit], cal_rows[held], np.flatnonzero(~cal)
+
+
 def coverage_table(cost, gt, tv, temperature, alphas, splits, truth=None) -> dict[str, Any]:
-    """Per score and alpha: coverage over random halves, set sizes, conditional and claim-aware coverage."""
+    """Per score, alpha and method (``marginal``: one quantile over the calibrating half; ``bands``: a quantile per
+    tercile of the run's uncertainty, Mondrian): coverage over random halves *by video* (each caption weighted by one
+    over its video's captions), set sizes (the first hit always in), coverage per uncertainty tercile, per caption
+    level and claim-aware."""
     q = len(cost)
     p = cost_softmax(cost, temperature)  # (Q, V)
-    uncertainty = tv if tv is not None else -query_features(cost, temperature).column("margin")  # larger: harder
-    tercile = np.digitize(uncertainty, np.quantile(uncertainty, [1 / 3, 2 / 3]))  # (Q,) 0, 1, 2
+    uncertainty = (
+        np.log(tv) if tv is not None else -query_features(cost, temperature).column("margin")
+    )  # larger: harder
+    w = video_weights(gt)
+    first = np.argmin(cost, axis=1)
     out: dict[str, Any] = {}
     for score in CONFORMAL_SCORES:
         if score == "normalized" and tv is None:
@@ -85,56 +122,68 @@ def coverage_table(cost, gt, tv, temperature, alphas, splits, truth=None) -> dic
         s = conformal_scores(p, score, difficulty=tv)  # (Q, V)
         own = s[np.arange(q), gt]  # (Q,)
         for alpha in alphas:
-            cov, size, hit_all, by_t, by_level, claim = [], [], [], [[] for _ in range(3)], {}, []
-            for seed in range(splits):
-                perm = np.random.default_rng(seed).permutation(q)
-                a, b = perm[: q // 2], perm[q // 2 :]
-                inside = s[b] <= conformal_quantile(own[a], alpha)  # (|b|, V)
-                hit = inside[np.arange(len(b)), gt[b]]
-                cov.append(hit.mean())
-                size += inside.sum(1).tolist()
-                hit_all.append(hit)
-                for t in range(3):
-                    by_t[t] += hit[tercile[b] == t].tolist()
-                if truth is not None:
-                    claim.append((inside & truth.relevant[b]).any(1).mean())
-                    for lv in np.unique(truth.levels):
-                        by_level.setdefault(str(lv), []).extend(hit[truth.levels[b] == lv].tolist())
-            n = q // 2
-            m, se = float(np.mean(cov)), float(np.std(cov) / np.sqrt(len(cov)))
-            out[f"{score} {alpha:g}"] = {
-                "coverage": m,
-                "se": se,
-                "holds": bool(1 - alpha - 2 * se <= m <= 1 - alpha + 1 / (n + 1) + 2 * se),
-                "size": [float(np.mean(size)), float(np.median(size)), float(np.quantile(size, 0.9))],
-                "by_uncertainty_tercile": [float(np.mean(x)) for x in by_t],
-                "by_level": {k: float(np.mean(v)) for k, v in by_level.items()},
-                "claim_aware": float(np.mean(claim)) if claim else None,
-            }
+            for method in ("marginal", "bands"):
+                acc = {"cov": [], "size": [], "by_t": [[] for _ in range(3)], "by_level": {}, "claim": [], "n": []}
+                for seed in range(splits):
+                    edge, held, ev = video_halves(gt, seed)
+                    band = band_of(uncertainty, band_edges(uncertainty[edge], 3))  # (Q,) terciles from the edge part
+                    cal = np.concatenate([edge, held])
+                    if method == "marginal":
+                        qhat = np.full(len(ev), weighted_quantile(own[cal], alpha, w[cal]))
+                        acc["n"].append(len(np.unique(gt[cal])))
+                    else:
+                        qhat = band_quantiles(own[held], band[held], 3, alpha, w[held])[band[ev]]
+                    inside = s[ev] <= qhat[:, None]  # (|ev|, V)
+                    inside[np.arange(len(ev)), first[ev]] = True
+                    hit = inside[np.arange(len(ev)), gt[ev]]
+                    acc["cov"].append(np.average(hit, weights=w[ev]))
+                    acc["size"] += inside.sum(1).tolist()
+                    for t in range(3):
+                        m = band[ev] == t
+                        if m.any():
+                            acc["by_t"][t].append(np.average(hit[m], weights=w[ev][m]))
+                    if truth is not None:
+                        acc["claim"].append((inside & truth.relevant[ev]).any(1).mean())
+                        for lv in np.unique(truth.levels):
+                            m = truth.levels[ev] == lv
+                            acc["by_level"].setdefault(str(lv), []).append(np.average(hit[m], weights=w[ev][m]))
+                m, se = float(np.mean(acc["cov"])), float(np.std(acc["cov"]) / np.sqrt(splits))
+                n = float(np.mean(acc["n"])) if acc["n"] else None
+                size = acc["size"]
+                out[f"{score} {alpha:g} {method}"] = {
+                    "coverage": m,
+                    "se": se,
+                    # the marginal guarantee's bounds, n the calibrating videos (per band: each band's own)
+                    "holds": None if n is None else bool(1 - alpha - 2 * se <= m <= 1 - alpha + 1 / (n + 1) + 2 * se),
+                    "size": [float(np.mean(size)), float(np.median(size)), float(np.quantile(size, 0.9))],
+                    "by_uncertainty_tercile": [float(np.mean(x)) for x in acc["by_t"]],
+                    "by_level": {k: float(np.mean(v)) for k, v in acc["by_level"].items()},
+                    "claim_aware": float(np.mean(acc["claim"])) if acc["claim"] else None,
+                }
     return out
 
 
 def risk_table(cost, gt, tv, temperature, alphas, delta, splits) -> dict[str, Any]:
-    """Per alpha: the share answered and the share of splits whose answered error rate on the evaluation half
-    exceeds alpha, with the threshold chosen on the calibration half."""
-    q = len(cost)
+    """Per alpha: ``dab calibrate``'s risk procedure (the video as the unit) on a calibrating half by video, then on
+    the evaluating half the share answered and whether the answered error rate exceeds alpha."""
     first, _ = first_hit_outcomes(cost, gt)
+    w = video_weights(gt)
     out = {}
     for alpha in alphas:
         answered, exceeded, errors = [], 0, []
         for seed in range(splits):
-            perm = np.random.default_rng(seed).permutation(q)
-            a, b = perm[: q // 2], perm[q // 2 :]
+            edge, held, ev = video_halves(gt, seed)
+            a = np.sort(np.concatenate([edge, held]))
             cal = calibrate_costs(cost[a], gt[a], temperature, None if tv is None else tv[a], seed=seed)
-            risk = learn_then_test(np.array(cal.risk["confidence"]), np.array(cal.risk["correct"], bool), alpha, delta)
+            risk = risk_threshold(cal, alpha, delta)
             if risk.threshold is None:
                 answered.append(0.0)
                 continue
-            feats = query_features(cost[b], temperature, cal.k, None if tv is None else tv[b])
+            feats = query_features(cost[ev], temperature, cal.k, None if tv is None else tv[ev])
             ans = cal.maps["first"].predict(feats) >= risk.threshold
-            answered.append(float(ans.mean()))
+            answered.append(float(np.average(ans, weights=w[ev])))
             if ans.any():
-                err = float((~first[b][ans]).mean())
+                err = float(np.average(~first[ev][ans], weights=w[ev][ans]))
                 errors.append(err)
                 exceeded += err > alpha
         out[f"{alpha:g}"] = {
@@ -222,20 +271,23 @@ def _set_stats(sets, want, scored) -> dict[str, float]:
     }
 
 
-def _print(name: str, cov: dict, risk: dict, n: int) -> None:
-    print(f"\n## {name}: {n} test queries, halves of {n // 2}")
+def _print(name: str, cov: dict, risk: dict, n: int, videos: int) -> None:
+    print(f"\n## {name}: {n} test queries of {videos} videos, halves by video")
     print(
-        "| score | alpha | coverage ± se | in bounds | size mean / median / p90 | by uncertainty tercile (low..high) | claim-aware | by level |"
+        "| score | alpha | method | coverage ± se | in bounds | size mean / median / p90 | "
+        "by uncertainty tercile (low..high) | claim-aware | by level |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for key, r in cov.items():
-        score, alpha = key.split()
+        score, alpha, method = key.split()
         lv = ", ".join(f"{k}: {v:.2f}" for k, v in r["by_level"].items()) or "-"
         claim = f"{r['claim_aware']:.3f}" if r["claim_aware"] is not None else "-"
         t = " / ".join(f"{x:.2f}" for x in r["by_uncertainty_tercile"])
         sz = " / ".join(f"{x:.1f}" for x in r["size"])
+        holds = "-" if r["holds"] is None else ("yes" if r["holds"] else "NO")
         print(
-            f"| {score} | {alpha} | {r['coverage']:.3f} ± {r['se']:.3f} | {'yes' if r['holds'] else 'NO'} | {sz} | {t} | {claim} | {lv} |"
+            f"| {score} | {alpha} | {method} | {r['coverage']:.3f} ± {r['se']:.3f} | {holds} | {sz} | {t} | "
+            f"{claim} | {lv} |"
         )
     print(
         "\n| max risk | answered (mean) | splits answering | splits whose answered error > alpha | mean answered error |"
@@ -273,7 +325,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         truth = _world_truth(args.world, run, args.eval_store)
         cov = coverage_table(cost, gt, tv, temperature, args.alphas, args.splits, truth)
         risk = risk_table(cost, gt, tv, temperature, args.alphas, args.delta, args.splits)
-        _print(str(run_dir), cov, risk, len(cost))
+        _print(str(run_dir), cov, risk, len(cost), len(np.unique(gt)))
         report[str(run_dir)] = {"coverage": cov, "risk": risk, "seconds": time.time() - t0}
         if args.latency:
             lat = latency(run_dir, args.repeats)
