@@ -64,6 +64,7 @@ def test_a_damaged_field_is_one_line_naming_it(good: dict, tmp_path: Path, dotte
         read_calibration(_write(tmp_path, d))
     msg = str(err.value)
     assert said in msg and "make it again with `dab calibrate`" in msg and "\n" not in msg, msg
+    assert str(tmp_path / "calibration.json") in msg  # the file is named (an unknown map kind did not name it)
 
 
 def test_a_nan_anywhere_is_refused_and_dab_writes_none(good: dict, tmp_path: Path) -> None:
