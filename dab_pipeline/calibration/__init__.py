@@ -17,7 +17,14 @@ from .assess import (  # noqa: F401
     risk_threshold,
 )
 from .build import DEFAULT_METHOD, METHODS, MIN_QUERIES, calibrate_costs, true_video_scores  # noqa: F401
-from .features import DEFAULT_K, QueryFeatures, first_hit_outcomes, query_features, text_variance  # noqa: F401
+from .features import (  # noqa: F401
+    DEFAULT_K,
+    DEFAULT_K0,
+    QueryFeatures,
+    first_hit_outcomes,
+    query_features,
+    text_variance,
+)
 from .maps import ProbabilityMap  # noqa: F401
 from .record import (  # noqa: F401
     CALIBRATION_FILE,
@@ -34,6 +41,7 @@ __all__ = [
     "DEFAULT_CONFORMAL_SCORE",
     "DEFAULT_DELTA",
     "DEFAULT_K",
+    "DEFAULT_K0",
     "DEFAULT_METHOD",
     "METHODS",
     "MIN_QUERIES",

@@ -194,11 +194,12 @@ def assess(
     scored), for a Gaussian model its text variance (M,), and its text (M,) where the groups read its length."""
     qhat = conformal_threshold(cal, request.coverage, request.score) if request.coverage is not None else None
     risk = risk_threshold(cal, request.max_risk, request.delta) if request.max_risk is not None else None
-    uses_var = "log_text_var" in _read(cal) or (cal.groups or {}).get("signal") == "log_text_var"
+    # a calibration made with a text variance reads it (its maps, its bands or the normalized score)
+    uses_var = "normalized" in cal.conformal or "log_text_var" in _read(cal)
     tv_all = None if text_var is None or not uses_var else np.asarray(text_var, np.float64)
     rows = [np.asarray(row, np.float64)[None] for row in costs]  # each (1, V_i)
     feats = [
-        query_features(c, cal.temperature, cal.k, None if tv_all is None else tv_all[i : i + 1])
+        query_features(c, cal.temperature, cal.k, None if tv_all is None else tv_all[i : i + 1], cal.k0)
         for i, c in enumerate(rows)
     ]
     bands = query_groups(cal, np.array([f.column("margin")[0] for f in feats]), tv_all, texts)
@@ -216,7 +217,7 @@ def assess(
     for i, c in enumerate(rows):
         tv = None if tv_all is None else tv_all[i : i + 1]
         p1, pk = nested_probabilities(cal.maps["first"], cal.maps["first_k"], feats[i])
-        caveat = shortlist_caveat(cal, c[0])
+        caveat, holds = shortlist_caveat(cal, c[0], qhat is not None)
         part = dict(p_first=float(p1[0]), p_first_k=float(pk[0]), k=cal.k, group=labels[i], caveat=caveat)
         if qhat is not None:
             p = cost_softmax(c, cal.temperature)  # (1, V)
@@ -231,24 +232,32 @@ def assess(
             )
         if risk is not None:
             # a probability from a shortlist is not the one the threshold was chosen on: no decision (issue 59)
-            decided = None if caveat else risk.threshold is not None and part["p_first"] >= risk.threshold
+            decided = None if not holds else risk.threshold is not None and part["p_first"] >= risk.threshold
             part.update(answered=decided, risk=risk)
         out.append(QueryUncertainty(**part))
     return out
 
 
-def shortlist_caveat(cal: Calibration, cost: np.ndarray) -> Optional[str]:
-    """One line where a query's costs (V,) scored fewer videos than the gallery calibrated on (a shortlist: an
-    index's K, or a cosine run's --shortlist); None where it scored them all."""
-    calibrated_on = cal.gallery.get("videos")
+def shortlist_caveat(cal: Calibration, cost: np.ndarray, with_set: bool) -> tuple[Optional[str], bool]:
+    """(one line where a query's costs (V,) scored fewer videos than the calibration assumes, whether its
+    probabilities still hold). Fewer than ``k0``: the features, hence P(first), are not the calibrated ones (it
+    reads high over a short list); fewer than the gallery calibrated on but at least ``k0``: the probabilities
+    hold (the features read the first k0 costs), a set does not cover what it was asked (its videos are the
+    shortlist's)."""
+    calibrated_on = int(cal.gallery.get("videos") or 0)
     scored = int(np.isfinite(np.asarray(cost, np.float64)).sum())
-    if not calibrated_on or scored >= int(calibrated_on):
-        return None
-    return (
-        f"scored over a shortlist of {scored} of the {calibrated_on} videos calibrated on: P(first) is computed "
-        "over the shortlist alone and reads high, the set covers less than asked, and no risk decision is made "
-        "(search every video for calibrated numbers; docs/uncertainty.md)"
-    )
+    if scored < min(cal.k0, calibrated_on or cal.k0):
+        return (
+            f"scored over a shortlist of {scored} videos, fewer than the {cal.k0} the calibrated probabilities read: "
+            "P(first) reads high, the set covers less than asked, and no risk decision is made (a shortlist of at "
+            f"least {cal.k0}, or every video; docs/uncertainty.md)"
+        ), False
+    if with_set and calibrated_on and scored < calibrated_on:
+        return (
+            f"the set is built over a shortlist of {scored} of the {calibrated_on} videos calibrated on: it covers "
+            "less than asked, at most the first stage's recall (docs/uncertainty.md)"
+        ), True
+    return None, True
 
 
 def _read(cal: Calibration) -> set[str]:

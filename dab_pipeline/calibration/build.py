@@ -15,19 +15,19 @@ from typing import Optional
 
 import numpy as np
 
-from ..core.choices import DEFAULT_CALIBRATION_METHOD
+from ..core.choices import CALIBRATION_METHODS, DEFAULT_CALIBRATION_METHOD
 from ..core.errors import ConfigError
-from ..metrics.calibration import calibration_report
+from ..metrics.calibration import calibration_report, top_bins
 from ..metrics.conformal import CONFORMAL_SCORES, conformal_scores, cost_softmax, video_weights
-from .features import DEFAULT_K, first_hit_outcomes, query_features
-from .fit import fit_map
+from .features import DEFAULT_K, DEFAULT_K0, first_hit_outcomes, query_features
+from .fit import choose_map, fit_map
 from .groups import Groups, GroupSpec, query_signals
-from .maps import MAP_KINDS, nested_probabilities
+from .maps import nested_probabilities
 from .record import Calibration
 
 __all__ = ["DEFAULT_METHOD", "METHODS", "MIN_QUERIES", "calibrate_costs", "true_video_scores"]
 
-METHODS = MAP_KINDS
+METHODS = CALIBRATION_METHODS
 DEFAULT_METHOD = DEFAULT_CALIBRATION_METHOD
 MIN_QUERIES = 4  # two to fit on, two held out: below this nothing can be said
 MIN_VIDEOS = 2  # one video a half
@@ -79,23 +79,28 @@ def calibrate_costs(
     video: Optional[np.ndarray] = None,
     groups: Optional[GroupSpec] = None,
     texts: Optional[list[str]] = None,
+    k0: int = DEFAULT_K0,
 ) -> Calibration:
     """A :class:`Calibration` (without provenance) from the costs of Q queries over a gallery (Q, V), each
     query's matching video ``gt`` (Q,) and, for a Gaussian model, its text variance (Q,). ``video`` (Q,): each
     query's video, the unit (default ``gt``: the matching video); ``groups`` with ``texts`` (each query's
-    caption, for ``length``): the groups whose coverage the calibration holds (:mod:`.groups`)."""
+    caption, for ``length``): the groups whose coverage the calibration holds (:mod:`.groups`). ``method``: a map
+    kind, or ``auto``: each target's of least cross-validated log loss on the fitted half (:func:`choose_map`);
+    ``k0``: the first costs the features read (:mod:`.features`)."""
     cost = np.asarray(cost, np.float64)
     video = _checked_videos(cost, gt, video, method)
-    feats = query_features(cost, temperature, k, text_var)
+    feats = query_features(cost, temperature, k, text_var, k0)
     first, first_k = first_hit_outcomes(cost, gt, k)  # (Q,) each
     fit, check = split_videos(video, seed)
-    maps, report, p_check, p_fit = _fit_maps(feats, first, first_k, fit, check, method)
+    chosen = _choose(feats, first, first_k, video, fit, method, k, temperature)
+    maps, report, p_check, p_fit = _fit_maps(feats, first, first_k, fit, check, chosen, k, temperature)
     scores = true_video_scores(cost, gt, temperature, text_var, lam, k_reg)
     held_out = np.zeros(len(cost), np.int64)
     held_out[check] = 1
     return Calibration(
         method=method,
         k=k,
+        k0=k0,
         temperature=float(temperature),
         queries=len(cost),
         videos=int(len(np.unique(video))),
@@ -134,13 +139,25 @@ def _checked_videos(cost: np.ndarray, gt: np.ndarray, video: Optional[np.ndarray
     return video
 
 
-def _fit_maps(feats, first, first_k, fit, check, method) -> tuple[dict, dict, np.ndarray, np.ndarray]:
+def _choose(feats, first, first_k, video, fit, method, k, temperature) -> dict[str, tuple[str, dict]]:
+    """Each target's map kind and the cross-validated log losses behind the choice (none for a kind given)."""
+    if method != "auto":
+        return {"first": (method, {}), "first_k": (method, {})}
+    sub = feats.rows(fit)
+    return {
+        name: choose_map(sub, y[fit], video[fit], name, k, temperature)
+        for name, y in (("first", first), ("first_k", first_k))
+    }
+
+
+def _fit_maps(feats, first, first_k, fit, check, chosen, k, temperature) -> tuple[dict, dict, np.ndarray, np.ndarray]:
     """(the maps fitted on ``fit``, the held-out figures on ``check``, P(first) of the held-out queries, P(first)
     of the fitted ones, in-sample)."""
-    sub = lambda idx: type(feats)(feats.names, feats.values[idx])  # noqa: E731
+    sub = feats.rows
+    kw = dict(k=k, temperature=temperature)
     maps = {
-        "first": fit_map(sub(fit), first[fit], method),
-        "first_k": fit_map(sub(fit), first_k[fit], method),
+        "first": fit_map(sub(fit), first[fit], chosen["first"][0], target="first", **kw),
+        "first_k": fit_map(sub(fit), first_k[fit], chosen["first_k"][0], target="first_k", **kw),
         "margin_sigmoid": fit_map(sub(fit), first[fit], "logistic", ("margin",)),
     }
     held = sub(check)
@@ -154,6 +171,13 @@ def _fit_maps(feats, first, first_k, fit, check, method) -> tuple[dict, dict, np
         "first_k": {
             "calibrated": calibration_report(p_first_k, first_k[check]),
             "softmax": calibration_report(held.column("p_first_k"), first_k[check]),
+        },
+        # the map chosen for each target and why (cross-validated log loss on the fitted half; empty: given)
+        "selection": {name: {"chosen": kind, "cv_log_loss": losses} for name, (kind, losses) in chosen.items()},
+        # where the probabilities are used (risk thresholds): P(first) >= 0.5, bins of at least 100 queries
+        "top_bins": {
+            "calibrated": top_bins(p_first, first[check]),
+            "softmax": top_bins(held.column("p_first"), first[check]),
         },
     }
     p_fit, _ = nested_probabilities(maps["first"], maps["first_k"], sub(fit))  # (F,)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core.choices import PROBABILITY_MAPS
 from ..core.errors import ConfigError
+from ..metrics.calibration import log_loss
 from .features import QueryFeatures
 from .maps import ProbabilityMap
 
-__all__ = ["fit_map", "library_versions", "require_sklearn"]
+__all__ = ["choose_map", "fit_map", "library_versions", "require_sklearn"]
 
 
 def require_sklearn():
@@ -41,14 +43,28 @@ def _constant(kind_features: tuple[str, ...], y: np.ndarray) -> ProbabilityMap:
 
 
 def fit_map(
-    feats: QueryFeatures, outcome: np.ndarray, kind: str, features: tuple[str, ...] | None = None
+    feats: QueryFeatures,
+    outcome: np.ndarray,
+    kind: str,
+    features: tuple[str, ...] | None = None,
+    target: str = "first",
+    k: int = 1,
+    temperature: float = 1.0,
 ) -> ProbabilityMap:
     """P(outcome) from ``features`` of ``feats`` (default: every column; isotonic: the margin).
 
     logistic: LogisticRegression (L2, C=1) over the features standardised by their mean and standard deviation
-    on these queries; isotonic: IsotonicRegression, increasing, clipped to [0, 1] and outside its points."""
-    LogisticRegression, IsotonicRegression = require_sklearn()
+    on these queries; isotonic: IsotonicRegression, increasing, clipped to [0, 1] and outside its points;
+    temperature: the temperature of the softmax over the first K0 costs of least log loss (from the run's
+    ``temperature``, a hundredth to a hundred times it); softmax: the raw ``p_first`` (``target`` first) or
+    ``p_first_k`` (first_k, ``k`` videos), nothing fitted."""
     y = np.asarray(outcome, bool).astype(np.int64)  # (Q,)
+    column = "p_first" if target == "first" else "p_first_k"
+    if kind == "softmax":
+        return ProbabilityMap("softmax", (column,), {})
+    if kind == "temperature":
+        return _temperature(feats, y, column, 1 if target == "first" else k, temperature)
+    LogisticRegression, IsotonicRegression = require_sklearn()
     if kind == "isotonic":
         cols = features or ("margin",)
         x = feats.column(cols[0])
@@ -56,7 +72,7 @@ def fit_map(
         params = {"x": iso.X_thresholds_.tolist(), "y": iso.y_thresholds_.tolist()}
         return ProbabilityMap("isotonic", tuple(cols[:1]), params)
     if kind != "logistic":
-        raise ConfigError(f"unknown calibration method {kind!r}; valid: logistic, isotonic")
+        raise ConfigError(f"unknown probability map {kind!r}; valid: {', '.join(PROBABILITY_MAPS)}")
     cols = features or feats.names
     if y.min() == y.max():
         return _constant(tuple(cols), y)
@@ -71,3 +87,46 @@ def fit_map(
         "intercept": float(lr.intercept_[0]),
     }
     return ProbabilityMap("logistic", tuple(cols), params)
+
+
+def _temperature(feats: QueryFeatures, y: np.ndarray, column: str, first: int, t0: float) -> ProbabilityMap:
+    from scipy.optimize import minimize_scalar  # scipy comes with scikit-learn, the extra calibrate needs
+
+    require_sklearn()
+
+    def loss(log_t: float) -> float:
+        m = ProbabilityMap("temperature", (column,), {"temperature": float(np.exp(log_t)), "first": first})
+        return log_loss(m.predict(feats), y)
+
+    lo, hi = np.log(t0) - np.log(100.0), np.log(t0) + np.log(100.0)
+    best = minimize_scalar(loss, bounds=(lo, hi), method="bounded", options={"xatol": 1e-4})
+    return ProbabilityMap("temperature", (column,), {"temperature": float(np.exp(best.x)), "first": first})
+
+
+def choose_map(
+    feats: QueryFeatures,
+    outcome: np.ndarray,
+    video: np.ndarray,
+    target: str,
+    k: int,
+    temperature: float,
+    folds: int = 5,
+) -> tuple[str, dict[str, float]]:
+    """(the map kind of least cross-validated log loss, each candidate's) on these queries (the fitting half):
+    ``folds`` folds by video (no video on both sides of a fold), each candidate fitted on the others and scored on
+    it. Ties go to the simpler kind (softmax, temperature, isotonic, logistic)."""
+    vid = np.unique(np.asarray(video), return_inverse=True)[1]
+    n_folds = int(min(folds, vid.max() + 1))
+    fold_of = np.random.default_rng(0).permutation(vid.max() + 1)[vid] % n_folds  # (Q,) a video's fold
+    y = np.asarray(outcome, bool)
+    losses: dict[str, float] = {}
+    for kind in ("softmax", "temperature", "isotonic", "logistic"):
+        total = 0.0
+        for f in range(n_folds):
+            train, test = np.flatnonzero(fold_of != f), np.flatnonzero(fold_of == f)
+            if len(train) == 0 or len(test) == 0:
+                continue
+            m = fit_map(feats.rows(train), y[train], kind, target=target, k=k, temperature=temperature)
+            total += log_loss(m.predict(feats.rows(test)), y[test]) * len(test)
+        losses[kind] = total / len(y)
+    return min(losses, key=losses.__getitem__), losses  # min keeps the first (simplest) of equal losses

@@ -7,6 +7,10 @@ applied with numpy (searching needs no scikit-learn; tests/calibration check it 
   ``margin_sigmoid``).
 * ``isotonic``: scikit-learn's IsotonicRegression of one feature: linear between its fitted points, clipped to
   the end values outside them.
+* ``temperature``: temperature scaling (Guo et al. 2017): the softmax over the query's first K0 costs at a fitted
+  temperature, its best video's mass (P(first)) or its first k videos' (P(first k)).
+* ``softmax``: the raw softmax feature itself (``p_first`` or ``p_first_k``), nothing fitted: the baseline a
+  fitted map must beat to be chosen.
 """
 
 from __future__ import annotations
@@ -16,26 +20,29 @@ from typing import Any
 
 import numpy as np
 
-from ..core.choices import CALIBRATION_METHODS
+from ..core.choices import PROBABILITY_MAPS
 from ..core.errors import ConfigError
+from ..metrics.conformal import cost_softmax
 from .features import QueryFeatures
 
 __all__ = ["MAP_KINDS", "ProbabilityMap", "nested_probabilities"]
 
-MAP_KINDS = CALIBRATION_METHODS
+MAP_KINDS = PROBABILITY_MAPS
 
 
 @dataclass(frozen=True)
 class ProbabilityMap:
-    kind: str  # logistic | isotonic
-    features: tuple[str, ...]  # the columns it reads (isotonic: one)
-    params: dict[str, Any]  # logistic: mean, scale, coef, intercept; isotonic: x, y (its fitted points)
+    kind: str  # logistic | isotonic | temperature | softmax
+    features: tuple[str, ...]  # the columns it reads (isotonic, softmax: one; temperature: p_first or p_first_k)
+    # logistic: mean, scale, coef, intercept; isotonic: x, y (its fitted points); temperature: temperature and
+    # first (the videos whose mass it gives: 1 or k); softmax: none
+    params: dict[str, Any]
 
     def __post_init__(self) -> None:
         if self.kind not in MAP_KINDS:
             raise ConfigError(f"unknown probability map {self.kind!r}; valid: {', '.join(MAP_KINDS)}")
-        if self.kind == "isotonic" and len(self.features) != 1:
-            raise ConfigError(f"an isotonic map reads one feature, not {len(self.features)}")
+        if self.kind != "logistic" and len(self.features) != 1:
+            raise ConfigError(f"a {self.kind} map reads one feature, not {len(self.features)}")
 
     def _columns(self, feats: QueryFeatures) -> np.ndarray:
         missing = [f for f in self.features if f not in feats.names]
@@ -49,6 +56,13 @@ class ProbabilityMap:
     def predict(self, feats: QueryFeatures) -> np.ndarray:
         """P(the event) for each query (Q,) float64 in [0, 1]."""
         x = self._columns(feats)
+        if self.kind == "softmax":
+            return np.clip(x[:, 0], 0.0, 1.0)
+        if self.kind == "temperature":
+            if feats.top is None:
+                raise ConfigError("a temperature map needs the queries' first costs (QueryFeatures.top)")
+            p = cost_softmax(feats.top, float(self.params["temperature"]))  # (Q, K0)
+            return np.clip(p[:, : int(self.params["first"])].sum(axis=1), 0.0, 1.0)
         if self.kind == "logistic":
             z = (x - np.asarray(self.params["mean"])) / np.asarray(self.params["scale"])  # (Q, F)
             logit = z @ np.asarray(self.params["coef"], np.float64) + float(self.params["intercept"])  # (Q,)

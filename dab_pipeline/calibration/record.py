@@ -43,8 +43,9 @@ CALIBRATION_VERSION = 2  # 2: per-query conformal scores and weights, the video 
 
 @dataclass(frozen=True)
 class Calibration:
-    method: str  # logistic | isotonic: the map behind the calibrated probabilities
+    method: str  # auto (each target's map chosen by cross-validated log loss) or the map kind asked for
     k: int  # P(a match in the first k)
+    k0: int  # the first costs every feature reads: a shortlist of K >= k0 gives the exhaustive probabilities
     temperature: float  # of the softmax over costs (the run's)
     queries: int  # validation queries in all
     videos: int  # their videos: the unit of the split, of every quantile and of the risk test

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..core.choices import CALIBRATION_METHODS, CONFORMAL_SCORES
+from ..core.choices import CALIBRATION_METHODS, CONFORMAL_SCORES, PROBABILITY_MAPS
 from ..metrics.risk import RISK_TESTS
 from .groups import parse_groups  # the spec's own parser: one definition of what a spec is
 
@@ -17,6 +17,7 @@ MAP_NAMES = ("first", "first_k", "margin_sigmoid")
 FIELDS = (
     "method",
     "k",
+    "k0",
     "temperature",
     "queries",
     "videos",
@@ -71,8 +72,8 @@ def _ascending(v: list, what: str) -> None:
 def _check_map(name: str, m: Any) -> None:
     if not isinstance(m, dict) or not isinstance(m.get("params"), dict) or not isinstance(m.get("features"), list):
         raise SchemaError(f"maps.{name} must hold kind, features and params")
-    if m.get("kind") not in CALIBRATION_METHODS:
-        raise SchemaError(f"maps.{name}.kind must be one of {', '.join(CALIBRATION_METHODS)}, got {m.get('kind')!r}")
+    if m.get("kind") not in PROBABILITY_MAPS:
+        raise SchemaError(f"maps.{name}.kind must be one of {', '.join(PROBABILITY_MAPS)}, got {m.get('kind')!r}")
     f = m["features"]
     if not f or not all(isinstance(x, str) for x in f):
         raise SchemaError(f"maps.{name}.features must be a non-empty list of names")
@@ -83,9 +84,12 @@ def _check_map(name: str, m: Any) -> None:
         if any(x <= 0 for x in p["scale"]):
             raise SchemaError(f"maps.{name}.params.scale must be positive")
         _number(p.get("intercept"), f"maps.{name}.params.intercept")
-    else:
-        if len(f) != 1:
-            raise SchemaError(f"maps.{name}: an isotonic map reads one feature, not {len(f)}")
+    elif len(f) != 1:
+        raise SchemaError(f"maps.{name}: a {m['kind']} map reads one feature, not {len(f)}")
+    elif m["kind"] == "temperature":
+        _number(p.get("temperature"), f"maps.{name}.params.temperature", 1e-300)
+        _int(p, "first", 1)
+    elif m["kind"] == "isotonic":
         xs = _numbers(p.get("x"), f"maps.{name}.params.x")
         _numbers(p.get("y"), f"maps.{name}.params.y", len(xs), 0.0, 1.0)
         if not xs:
@@ -153,7 +157,9 @@ def validate(d: dict[str, Any]) -> dict[str, Any]:
         )
     if body["method"] not in CALIBRATION_METHODS:
         raise SchemaError(f"method must be one of {', '.join(CALIBRATION_METHODS)}, got {body['method']!r}")
-    _int(body, "k", 2)
+    k = _int(body, "k", 2)
+    if _int(body, "k0", 2) < k:
+        raise SchemaError(f"k0 {body['k0']} must be at least k {k}")
     _number(body["temperature"], "temperature", 1e-300)
     n, videos = _int(body, "queries", 1), _int(body, "videos", 1)
     fit, check = _int(body, "fit_queries", 1), _int(body, "check_queries", 1)

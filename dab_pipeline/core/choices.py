@@ -48,7 +48,11 @@ DECODE_BACKENDS = ("pyav", "pyav-seek", "decord")  # video decoders (dab_pipelin
 # `dab calibrate` fits (logistic over every feature, isotonic over the margin)
 CONFORMAL_SCORES = ("lac", "aps", "raps", "normalized")
 DEFAULT_CONFORMAL_SCORE = "aps"  # by the rule of docs/quality.md, measured 2026-12-06 (issue 47)
-CALIBRATION_METHODS = ("logistic", "isotonic")
-DEFAULT_CALIBRATION_METHOD = "logistic"
+# the probability maps (logistic over every feature, isotonic over the margin, temperature scaling of the softmax
+# over the first K0 costs, the raw softmax itself) and `dab calibrate --method`: one of them, or auto (the one of
+# lowest cross-validated log loss on the fitting half, issue 60)
+PROBABILITY_MAPS = ("logistic", "isotonic", "temperature", "softmax")
+CALIBRATION_METHODS = ("auto", *PROBABILITY_MAPS)
+DEFAULT_CALIBRATION_METHOD = "auto"
 # the most videos one `dab serve` query may ask for (its page and API's k; -k above it is refused at start)
 SERVE_MAX_K = 100

@@ -24,6 +24,7 @@ __all__ = [
     "expected_calibration_error",
     "log_loss",
     "reliability_bins",
+    "top_bins",
 ]
 
 BINNINGS = ("width", "mass")
@@ -132,3 +133,34 @@ def calibration_report(prob, correct, bins: int = 15) -> dict[str, float]:
         "accuracy": float(y.mean()),
         "queries": int(len(p)),
     }
+
+
+def top_bins(prob, correct, low: float = 0.5, min_count: int = 100) -> list[dict[str, float]]:
+    """Reliability where a probability is used (risk thresholds sit there): the queries with p >= ``low``, in
+    equal-mass bins of at least ``min_count`` queries (as many as fit), each with its mean p, the observed rate and
+    the observed rate's 95 % Wilson interval; empty where fewer than ``min_count`` queries reach ``low``."""
+    p, y = _pair(prob, correct)
+    keep = p >= low
+    n = int(keep.sum())
+    if n < min_count:
+        return []
+    order = np.argsort(p[keep], kind="stable")
+    ps, ys = p[keep][order], y[keep][order]
+    out = []
+    for part in np.array_split(np.arange(n), n // min_count):  # equal mass, each >= min_count
+        m, k = len(part), float(ys[part].sum())
+        rate = k / m
+        z = 1.959963984540054
+        centre = (rate + z * z / (2 * m)) / (1 + z * z / m)
+        half = z * np.sqrt(rate * (1 - rate) / m + z * z / (4 * m * m)) / (1 + z * z / m)
+        out.append(
+            {
+                "low": float(ps[part[0]]),
+                "high": float(ps[part[-1]]),
+                "count": m,
+                "mean_p": float(ps[part].mean()),
+                "observed": rate,
+                "interval": [float(centre - half), float(centre + half)],
+            }
+        )
+    return out

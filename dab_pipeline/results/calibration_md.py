@@ -48,6 +48,7 @@ def md_calibration(results: dict[str, Any]) -> list[str]:
         rows = cal.get(target) or {}
         out += [f"**{title}**", "", head, "|---|---|---|---|---|---|---|---|"]
         out += [_row(name, r) for name, r in rows.items()] + [""]
+    out += _selection_and_top_bins(cal)
     sets = cal.get("sets") or {}
     if sets:
         out += [
@@ -93,4 +94,33 @@ def _group_table(cal: dict[str, Any], sets: dict[str, Any]) -> list[str]:
                 + ")"
             )
         out.append(f"| {score} | {asked} | " + " | ".join(cells) + " |")
+    return out + [""]
+
+
+def _selection_and_top_bins(cal: dict[str, Any]) -> list[str]:
+    """Which map each probability uses and why; reliability where P(first) >= 0.5 (bins of >= 100 queries)."""
+    out = []
+    for target, sel in (cal.get("selection") or {}).items():
+        losses = ", ".join(f"{k} {v:.3f}" for k, v in (sel.get("cv_log_loss") or {}).items())
+        why = f": cross-validated log loss on the fitted half, by video: {losses}" if losses else " (asked for)"
+        out.append(f"- `{target}`: map `{sel.get('chosen')}`{why}")
+    if out:
+        out.append("")
+    bins = cal.get("top_bins") or {}
+    if not any(bins.values()):
+        return out + ["P(first) reached 0.5 on fewer than 100 test queries: no top-bin reliability.", ""]
+    out += [
+        "**Where P(first) >= 0.5** (bins of at least 100 test queries: mean p against the observed rate, 95 % "
+        "interval)",
+        "",
+        "| probability | P(first) from | to | queries | mean p | observed | 95 % interval | mean p - observed |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, rows in bins.items():
+        for r in rows:
+            lo, hi = r["interval"]
+            out.append(
+                f"| {name} | {r['low']:.3f} | {r['high']:.3f} | {r['count']} | {r['mean_p']:.3f} | "
+                f"{r['observed']:.3f} | [{lo:.3f}, {hi:.3f}] | {r['mean_p'] - r['observed']:+.3f} |"
+            )
     return out + [""]

@@ -13,6 +13,7 @@ import numpy as np
 from ..calibration import (
     CALIBRATION_FILE,
     DEFAULT_K,
+    DEFAULT_K0,
     DEFAULT_METHOD,
     METHODS,
     Calibration,
@@ -54,12 +55,15 @@ class CalibrateConfig:
     device: str = "auto"
     dtype: str = DEFAULT_SCORE_DTYPE
     groups: Optional[str] = None  # "uncertainty:3" (Mondrian bands), "uncertainty:3,length:2" (conditional)
+    k0: int = DEFAULT_K0  # the first costs every probability reads: a shortlist of K >= k0 gives the same
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ConfigError(f"unknown calibration method {self.method!r}; valid: {', '.join(METHODS)}")
         if not 2 <= int(self.k) <= 1000:
             raise ConfigError(f"k must be an integer in [2, 1000], got {self.k}")
+        if not int(self.k) <= int(self.k0) <= 1000:
+            raise ConfigError(f"--k0 must be an integer in [k={self.k}, 1000], got {self.k0}")
         parse_groups(self.groups)  # a bad spec is one line before anything loads
 
 
@@ -87,6 +91,7 @@ def run_calibrate(cfg: CalibrateConfig, progress: ProgressCallback = null_progre
         video=np.asarray(got.queries.caption_video, np.int64),
         groups=parse_groups(cfg.groups),
         texts=got.texts,
+        k0=cfg.k0,
     )
     cal = replace(cal, provenance=_provenance(cfg, run, split, gallery, got))
     write_calibration(run.run_dir / CALIBRATION_FILE, cal)

@@ -216,3 +216,47 @@ def test_a_match_in_the_first_k_is_never_less_likely_than_first() -> None:
     cal, (cost, _, tv) = _cal(12, 10)  # six fitted queries: two maps fitted apart disagree
     got = assess(cal, list(cost), tv)
     assert all(u.p_first_k >= u.p_first for u in got)
+
+
+def test_p_first_is_the_same_at_any_shortlist_that_holds_the_first_k0() -> None:
+    """issue 60, item 3: every feature reads the first k0 costs, so a shortlist holding the exhaustive first k0
+    videos (and any others) gives the exhaustive features and P(first), whatever its size; one shorter does not."""
+    cal, (cost, gt, tv) = _cal(400, 60, method="logistic")
+    rng = np.random.default_rng(0)
+    for row, v in zip(cost[:20].astype(np.float64), tv[:20]):
+        order = np.argsort(row)
+        exhaustive = assess(cal, [row], np.array([v]))[0]
+        for keep in (cal.k0, cal.k0 + 5, 40):
+            short = np.full_like(row, np.inf)
+            chosen = np.concatenate([order[: cal.k0], rng.choice(order[cal.k0 :], keep - cal.k0, replace=False)])
+            short[chosen] = row[chosen]
+            got = assess(cal, [short], np.array([v]))[0]
+            assert got.p_first == pytest.approx(exhaustive.p_first, abs=1e-12)
+            assert got.p_first_k == pytest.approx(exhaustive.p_first_k, abs=1e-12)
+        three = np.full_like(row, np.inf)
+        three[order[:3]] = row[order[:3]]
+        assert assess(cal, [three], np.array([v]))[0].p_first > exhaustive.p_first  # reads high over 3 videos
+
+
+def test_the_map_is_chosen_on_the_fitting_half_alone() -> None:
+    """issue 60, item 4: auto picks each target's map by cross-validated log loss over folds of the fitted half's
+    videos; the held-out half never enters the choice (changing its outcomes changes nothing chosen)."""
+    from dab_pipeline.calibration.fit import choose_map
+
+    cost, gt, tv = synthetic_costs(400, 30, seed=8)
+    cal = calibrate_costs(cost, gt, 1.0, tv)
+    sel = cal.report["selection"]
+    assert sel["first"]["chosen"] == min(sel["first"]["cv_log_loss"], key=sel["first"]["cv_log_loss"].get)
+    fit = ~np.array(cal.held_out, bool)
+    feats = query_features(cost, 1.0, cal.k, tv, cal.k0)
+    first, _ = first_hit_outcomes(cost, gt, cal.k)
+    kind, losses = choose_map(feats.rows(np.flatnonzero(fit)), first[fit], gt[fit], "first", cal.k, 1.0)
+    assert kind == sel["first"]["chosen"] and losses == pytest.approx(sel["first"]["cv_log_loss"])
+    # the held-out half's costs scrambled: the same choice, the same losses
+    scrambled = cost.copy()
+    scrambled[~fit] = scrambled[~fit][:, ::-1]
+    again = calibrate_costs(scrambled, gt, 1.0, tv)
+    assert again.report["selection"] == cal.report["selection"]
+    assert cal.report["top_bins"]["calibrated"] == [] or all(
+        b["count"] >= 100 for b in cal.report["top_bins"]["calibrated"]
+    )

@@ -97,3 +97,25 @@ def test_report_and_bad_input() -> None:
         log_loss([], [])
     with pytest.raises(ConfigError, match="binning"):
         expected_calibration_error(p, y, binning="quantile")
+
+
+def test_top_bins_against_a_loop() -> None:
+    """Equal-mass bins of >= 100 queries among those with p >= 0.5, with the Wilson interval (issue 60)."""
+    from dab_pipeline.metrics.calibration import top_bins
+
+    rng = np.random.default_rng(3)
+    p = rng.uniform(0, 1, 1000)
+    y = rng.uniform(0, 1, 1000) < p
+    bins = top_bins(p, y)
+    top = np.sort(p[p >= 0.5])
+    assert sum(b["count"] for b in bins) == len(top) and all(b["count"] >= 100 for b in bins)
+    assert len(bins) == len(top) // 100
+    for b in bins:
+        inside = (p >= b["low"]) & (p <= b["high"])
+        assert b["count"] == inside.sum() and np.isclose(b["mean_p"], p[inside].mean())
+        n, k = inside.sum(), y[inside].sum()
+        rate, z = k / n, 1.959963984540054
+        c = (rate + z**2 / (2 * n)) / (1 + z**2 / n)
+        h = z * np.sqrt(rate * (1 - rate) / n + z**2 / (4 * n**2)) / (1 + z**2 / n)
+        assert np.allclose(b["interval"], [c - h, c + h]) and b["observed"] == rate
+    assert top_bins(p[:150], y[:150]) == []  # fewer than 100 queries at p >= 0.5

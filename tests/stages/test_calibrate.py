@@ -44,7 +44,12 @@ def test_calibrate_writes_its_file_with_what_it_was_made_for(world: dict) -> Non
     assert (cal.queries, cal.fit_queries, cal.check_queries) == (40, 20, 20)
     assert cal.provenance["split"] == "val" and cal.gallery["split"] == "val" and cal.gallery["videos"] == 40
     assert len(cal.provenance["checkpoint_sha256"]) == 64 and "scikit-learn" in cal.provenance["libraries"]
-    assert "normalized" in cal.conformal and "log_text_var" in cal.maps["first"].features
+    assert "normalized" in cal.conformal and cal.method == "auto" and cal.k0 == 20
+    sel = cal.report["selection"]["first"]  # the map of least cross-validated log loss (issue 60, item 4)
+    assert set(sel["cv_log_loss"]) == {"softmax", "temperature", "isotonic", "logistic"}
+    assert sel["chosen"] == min(sel["cv_log_loss"], key=sel["cv_log_loss"].get) == cal.maps["first"].kind
+    forced = run_calibrate(CalibrateConfig(run=world["run"], device="cpu", method="logistic"))
+    assert "log_text_var" in forced.maps["first"].features and forced.report["selection"]["first"]["cv_log_loss"] == {}
 
 
 def test_a_cosine_run_has_no_variance_score(world: dict) -> None:
@@ -210,7 +215,7 @@ def test_serve_answers_with_the_set_dab_search_gives(served: dict, world: dict) 
     assert u["p_first"] == pytest.approx(want.uncertainty.p_first, rel=1e-4, abs=1e-6)
     assert u["answered"] == want.uncertainty.answered and u["risk"]["max_risk"] == 0.3
     health = c.get("/healthz").json()["calibration"]
-    assert health == {"queries": 40, "method": "logistic", "gallery": {"split": "all", "videos": 48}}
+    assert health == {"queries": 40, "method": "auto", "gallery": {"split": "all", "videos": 48}}
     assert served["bare"].get("/healthz").json()["calibration"] is None
     plain = c.get("/search", params={"q": "a white cat"}).json()["uncertainty"]
     assert "set" not in plain and "answered" not in plain and 0 <= plain["p_first"] <= 1
@@ -291,7 +296,7 @@ def test_a_split_the_run_trained_on_and_a_k_past_the_gallery_are_refused(world: 
     out = invoke(["calibrate", "--run", str(fresh), "--split", "train", "--device", "cpu"])
     assert out.exit_code != 0 and "is the split" in out.output and "trained on" in out.output, out.output
     assert "Traceback" not in out.output and not (fresh / CALIBRATION_FILE).exists()
-    out = invoke(["calibrate", "--run", str(fresh), "-k", "40", "--device", "cpu"])
+    out = invoke(["calibrate", "--run", str(fresh), "-k", "40", "--k0", "40", "--device", "cpu"])
     assert out.exit_code != 0 and "-k 40 is not below the gallery's 40 videos" in out.output, out.output
     assert not (fresh / CALIBRATION_FILE).exists()
     for bad, said in (
@@ -340,12 +345,16 @@ def test_a_shortlist_smaller_than_the_calibrated_gallery_is_said_and_decides_not
     (full,) = search(run, store, ["a red ball"], 3, **kw)
     (short,) = search(run, store, ["a red ball"], 3, shortlist=5, **kw)
     assert full.uncertainty.caveat is None and full.uncertainty.answered in (True, False)
-    assert "shortlist of 5 of the 48 videos calibrated on" in short.uncertainty.caveat
+    assert "shortlist of 5 videos, fewer than the 20 the calibrated probabilities read" in short.uncertainty.caveat
     assert short.uncertainty.answered is None
+    # a shortlist of at least k0: the probabilities hold (they read the first k0 costs), the set does not cover
+    (wide,) = search(run, store, ["a red ball"], 3, shortlist=25, **kw)
+    assert "set is built over a shortlist of 25 of the 48 videos" in wide.uncertainty.caveat
+    assert wide.uncertainty.answered in (True, False)
     args = ["search", "--run", str(run), "--features", str(store), "--split", "all", "--device", "cpu"]
     out = invoke([*args, "--shortlist", "5", "--max-risk", "0.3", "a red ball"])
     assert "not calibrated here: scored over a shortlist of 5" in out.output and "not decided" in out.output
     u = json.loads(invoke([*args, "--shortlist", "5", "--max-risk", "0.3", "--json", "a red ball"]).stdout)[0]
-    assert u["uncertainty"]["answered"] is None and "shortlist of 5" in u["uncertainty"]["caveat"]
+    assert u["uncertainty"]["answered"] is None and "shortlist of 5 videos" in u["uncertainty"]["caveat"]
     u = json.loads(invoke([*args, "--max-risk", "0.3", "--json", "a red ball"]).stdout)[0]
     assert "caveat" not in u["uncertainty"] and u["uncertainty"]["answered"] in (True, False)

@@ -33,10 +33,19 @@ from .output import console
     type=click.Choice(CALIBRATION_METHODS),
     default=DEFAULT_CALIBRATION_METHOD,
     show_default=True,
-    help="logistic: a logistic regression over every uncertainty feature; isotonic: an isotonic map of the "
-    "margin alone.",
+    help="auto: each probability's map of least cross-validated log loss on the fitted half (by video); logistic: "
+    "a logistic regression over every uncertainty feature; isotonic: of the margin; temperature: the softmax "
+    "rescaled; softmax: the raw softmax, nothing fitted.",
 )
 @click.option("-k", "k", type=int, default=5, show_default=True, help="The k of P(a match in the first k).")
+@click.option(
+    "--k0",
+    type=int,
+    default=20,
+    show_default=True,
+    help="The first costs every probability reads: a search whose shortlist holds these K0 videos gives the "
+    "probabilities of a search of every video.",
+)
 @click.option(
     "--groups",
     default=None,
@@ -48,7 +57,7 @@ from .output import console
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
 @click.option("--json", "as_json", is_flag=True, help="Print calibration.json's figures as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def calibrate(run_dir, features, split, gallery, method, k, groups, seed, device, as_json, quiet) -> None:
+def calibrate(run_dir, features, split, gallery, method, k, k0, groups, seed, device, as_json, quiet) -> None:
     """Calibrate a run on its validation queries: writes RUN/calibration.json.
 
     The videos are split in two, each video's captions together (the video is the unit): one half fits the
@@ -67,6 +76,7 @@ def calibrate(run_dir, features, split, gallery, method, k, groups, seed, device
         gallery=gallery,
         method=method,
         k=k,
+        k0=k0,
         seed=seed,
         device=device,
         groups=groups,
@@ -94,7 +104,12 @@ def _print_report(cal, group_lines: list[str]) -> None:
     for line in group_lines:
         con.print(line)
     titles = {"first": "P(the first hit is a match)", "first_k": f"P(a match in the first {cal.k})"}
-    for target, rows in cal.report.items():
+    for target, sel in cal.report.get("selection", {}).items():
+        losses = ", ".join(f"{kind} {v:.3f}" for kind, v in sel["cv_log_loss"].items())
+        why = f" (cross-validated log loss on the fitted half, by video: {losses})" if losses else " (asked for)"
+        con.print(f"{titles[target]}: map {sel['chosen']}{why}")
+    for target in ("first", "first_k"):
+        rows = cal.report[target]
         table = Table(title=f"{titles[target]}, on the held-out queries", title_justify="left")
         for col in ("probability", "ECE", "ECE (mass)", "Brier", "log loss", "AUROC", "mean p", "accuracy"):
             table.add_column(col, justify="left" if col == "probability" else "right")
@@ -108,3 +123,18 @@ def _print_report(cal, group_lines: list[str]) -> None:
                 f"{r['accuracy']:.3f}",
             )
         con.print(table)
+    for line in top_bin_lines(cal.report.get("top_bins", {})):
+        con.print(line)
+
+
+def top_bin_lines(bins: dict) -> list[str]:
+    """Reliability where P(first) >= 0.5, per bin of >= 100 held-out queries: mean p against the observed rate."""
+    if not any(bins.values()):
+        return ["P(first) >= 0.5 on fewer than 100 held-out queries: no top-bin reliability to report"]
+    lines = ["P(first) >= 0.5, bins of >= 100 held-out queries: mean p / observed [95 % interval]"]
+    for name, rows in bins.items():
+        cells = [
+            f"{r['mean_p']:.2f} / {r['observed']:.2f} [{r['interval'][0]:.2f}, {r['interval'][1]:.2f}]" for r in rows
+        ]
+        lines.append(f"  {name}: " + ("; ".join(cells) or "-"))
+    return lines

@@ -22,7 +22,7 @@ from ...calibration.record import video_ids_digest
 from ...core.events import Event, ProgressCallback
 from ...core.fsutil import sha256_file
 from ...core.location import location
-from ...metrics.calibration import calibration_report, reliability_bins
+from ...metrics.calibration import calibration_report, reliability_bins, top_bins
 from ...metrics.conformal import needed_calibration
 from ...runs.config import TrainConfig
 from ...runs.costfile import CostMatrix
@@ -48,7 +48,7 @@ def _sets(
     out: dict[str, Any] = {}
     bands = None
     if cal.groups is not None and (texts is not None or "length" not in cal.groups["bands"]):
-        margin = query_features(cost, cal.temperature, cal.k).column("margin")
+        margin = query_features(cost, cal.temperature, cal.k, k0=cal.k0).column("margin")
         bands = query_groups(cal, margin, tv, texts)
     for score in cal.conformal:
         for coverage in REPORT_COVERAGES:
@@ -110,12 +110,8 @@ def calibration_section(
     if cal is None:
         progress(Event("warning", message=f"{problem}; no calibration section"))
         return None
-    tv = (
-        (cm.extras or {}).get("text_var")
-        if "log_text_var" in {f for m in cal.maps.values() for f in m.features}
-        else None
-    )
-    feats = query_features(cost, cal.temperature, cal.k, None if tv is None else np.asarray(tv, np.float64))
+    tv = (cm.extras or {}).get("text_var") if "normalized" in cal.conformal else None  # a variance calibration
+    feats = query_features(cost, cal.temperature, cal.k, None if tv is None else np.asarray(tv, np.float64), cal.k0)
     first, first_k = first_hit_outcomes(cost, gt, cal.k)
     p1, pk = nested_probabilities(cal.maps["first"], cal.maps["first_k"], feats)
     probs = {
@@ -141,6 +137,8 @@ def calibration_section(
     }
     for target, named in probs.items():
         section[target] = {name: calibration_report(p, outcome[target]) for name, p in named.items()}
+    section["top_bins"] = {name: top_bins(p, first) for name, p in probs["first"].items() if name != "margin_sigmoid"}
+    section["selection"] = cal.report.get("selection")
     section["reliability"] = {}
     for name, p in probs["first"].items():
         r = reliability_bins(p, first, 15, "width")
