@@ -99,7 +99,15 @@ def conformal_threshold(cal: Calibration, coverage: float, score: str) -> float:
     key = ("marginal", score, coverage)
     if key not in cal.cache:
         alpha = 1.0 - check_alpha(coverage, "coverage")
-        q = weighted_quantile(np.asarray(cal.conformal[score]), alpha, np.asarray(cal.weights))
+        scores = cal.scores(score)
+        q = weighted_quantile(scores, alpha, np.asarray(cal.weights))
+        missed = int((~np.isfinite(scores)).sum())
+        if not np.isfinite(q) and missed:
+            raise ConfigError(
+                f"coverage {coverage:g} cannot be reached through this first stage: its shortlist missed the match "
+                f"of {missed} of the {cal.queries} calibration queries, more than the {1 - coverage:.0%} a set may "
+                "miss; ask for less coverage, or calibrate with a larger --shortlist (or --nprobe)"
+            )
         if not np.isfinite(q):
             raise ConfigError(
                 f"{cal.videos} calibration videos are too few for coverage {coverage:g}: at least "
@@ -161,7 +169,7 @@ def group_thresholds(
     g = _groups_of(cal)
     alpha = 1.0 - check_alpha(coverage, "coverage")
     held = np.asarray(cal.held_out, bool)
-    s = np.asarray(cal.conformal[score], np.float64)[held]  # (C,)
+    s = cal.scores(score)[held]  # (C,)
     w = np.asarray(cal.weights, np.float64)[held]  # (C,)
     cal_bands = {k: np.asarray(v, np.int64)[held] for k, v in cal.groups["bands"].items()}
     key = ("groups", score, coverage)
@@ -246,6 +254,8 @@ def shortlist_caveat(cal: Calibration, cost: np.ndarray, with_set: bool) -> tupl
     shortlist's)."""
     calibrated_on = int(cal.gallery.get("videos") or 0)
     scored = int(np.isfinite(np.asarray(cost, np.float64)).sum())
+    if cal.provenance.get("index"):  # calibrated through the shortlist it searches with: the set is calibrated
+        calibrated_on = min(calibrated_on or scored, scored)
     if scored < min(cal.k0, calibrated_on or cal.k0):
         return (
             f"scored over a shortlist of {scored} videos, fewer than the {cal.k0} the calibrated probabilities read: "

@@ -56,12 +56,14 @@ def true_video_scores(
     variance)."""
     p = cost_softmax(cost, temperature)  # (Q, V)
     rows = np.arange(len(p))
+    gt = np.asarray(gt, np.int64)
+    missed = ~np.isfinite(np.asarray(cost, np.float64)[rows, gt])  # (Q,) a first stage's shortlist left it out
     out = {}
     for name in CONFORMAL_SCORES:
         if name == "normalized" and text_var is None:
             continue
         s = conformal_scores(p, name, difficulty=text_var, lam=lam, k_reg=k_reg)  # (Q, V)
-        out[name] = s[rows, np.asarray(gt, np.int64)]
+        out[name] = np.where(missed, np.inf, s[rows, gt])  # a missed match is outside every set
     return out
 
 
@@ -108,7 +110,8 @@ def calibrate_costs(
         check_queries=len(check),
         seed=seed,
         maps=maps,
-        conformal={name: s.tolist() for name, s in scores.items()},
+        # +inf (a match the first stage missed) is written as null: JSON holds no Infinity
+        conformal={name: [float(x) if np.isfinite(x) else None for x in s] for name, s in scores.items()},
         weights=video_weights(video).tolist(),
         held_out=held_out.tolist(),
         conformal_params={"lam": lam, "k_reg": k_reg},

@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy as np
+
 from ..core.errors import ConfigError
 from ..core.fsutil import atomic_write_text
 from .maps import ProbabilityMap
@@ -63,6 +65,11 @@ class Calibration:
     unit: str = "video"  # the exchangeable unit (docs/uncertainty.md)
     provenance: dict[str, Any] = field(default_factory=dict)  # run, checkpoint_sha256, split, gallery, libraries
     cache: dict = field(default_factory=dict, compare=False, repr=False)  # quantiles and thresholds asked for
+
+    def scores(self, name: str) -> np.ndarray:
+        """Each query's ``name`` conformal score (Q,) float64; +inf where the first stage missed its match (null in
+        the file)."""
+        return np.array([np.inf if x is None else x for x in self.conformal[name]], np.float64)
 
     @property
     def checkpoint_sha256(self) -> Optional[str]:

@@ -176,8 +176,10 @@ def validate(d: dict[str, Any]) -> dict[str, Any]:
     conf = body["conformal"]
     if not isinstance(conf, dict) or not conf or not set(conf) <= set(CONFORMAL_SCORES):
         raise SchemaError(f"conformal must map scores of {', '.join(CONFORMAL_SCORES)} to their values")
-    for name, values in conf.items():
-        _numbers(values, f"conformal.{name}", n)
+    for name, values in conf.items():  # null: a match the first stage missed (outside every set)
+        if not isinstance(values, list) or len(values) != n:
+            raise SchemaError(f"conformal.{name} must be a list of {n} values")
+        _numbers([v for v in values if v is not None], f"conformal.{name}")
     weights = _numbers(body["weights"], "weights", n, 0.0, 1.0)
     if any(w <= 0 for w in weights) or abs(sum(weights) - videos) > 1e-6 * max(1, videos):
         raise SchemaError(f"weights must be positive and add up to the {videos} videos")

@@ -21,7 +21,30 @@ from ..core.errors import ConfigError
 from ..index import store_fingerprint
 from .results import SearchResult
 
-__all__ = ["CalibratedSearch"]
+__all__ = ["CalibratedSearch", "first_stage_mismatch"]
+
+
+def first_stage_mismatch(cal, first_stage: Optional[dict]) -> Optional[str]:
+    """One line where a search's first stage is not the one ``cal`` was calibrated through (issue 60): a
+    calibration made through an index holds only for searches through that index at that shortlist and nprobe;
+    None where it matches, or where the calibration scored every video (a shortlist then marks its numbers)."""
+    made = cal.provenance.get("index")
+    if not made:
+        return None
+    how = f"--index {made['path']} --shortlist {made['shortlist']} --nprobe {made['nprobe']}"
+    if first_stage is None:
+        return f"this run was calibrated through an index: search with {how}, or calibrate again without --index"
+    if first_stage["digest"] != made["digest"]:
+        return (
+            f"{first_stage['path']} is not the index this run was calibrated through ({made['path']}): calibrate again"
+        )
+    for key in ("shortlist", "nprobe"):
+        if first_stage[key] != made[key]:
+            return (
+                f"this run was calibrated through its index at {key} {made[key]}, not {first_stage[key]}: search with "
+                f"{how}, or calibrate again at this {key}"
+            )
+    return None
 
 
 class CalibratedSearch:
@@ -47,9 +70,10 @@ class CalibratedSearch:
             if other:
                 warn(other)
 
-    def check_request(self, request: Optional[UncertaintyRequest]) -> None:
+    def check_request(self, request: Optional[UncertaintyRequest], first_stage: Optional[dict] = None) -> None:
         """A one-line ConfigError where ``request`` cannot be met: a run without a usable calibration, a score it
-        lacks, a coverage its calibration holds too few queries for."""
+        lacks, a coverage its calibration holds too few queries for, a first stage (index, shortlist, nprobe:
+        ``first_stage``, a search's :meth:`first_stage_identity`) other than the one it was calibrated through."""
         if request is None or not request.active:
             return
         if self.calibration is None:
@@ -57,11 +81,18 @@ class CalibratedSearch:
             raise ConfigError(
                 self.calibration_problem or f"{run} has no calibration.json: make it with `dab calibrate --run {run}`"
             )
+        other = first_stage_mismatch(self.calibration, first_stage)
+        if other:
+            raise ConfigError(other)
         if request.coverage is not None:
             conformal_threshold(self.calibration, request.coverage, request.score)
 
     def _assess(
-        self, results: list[SearchResult], text: torch.Tensor, requests: Sequence[Optional[UncertaintyRequest]]
+        self,
+        results: list[SearchResult],
+        text: torch.Tensor,
+        requests: Sequence[Optional[UncertaintyRequest]],
+        first_stage: Optional[dict] = None,
     ) -> list[SearchResult | ConfigError]:
         """Each result with its calibrated probabilities (a calibrated run) and the set and risk decision its
         request asks for; in its place the ConfigError of a request that cannot be met (:meth:`check_request`)."""
@@ -69,18 +100,22 @@ class CalibratedSearch:
         tv = text_variance(self.run.model, text) if self.calibration is not None else None  # (M,) or None
         for i, (r, q) in enumerate(zip(results, requests)):
             try:
-                self.check_request(q)
+                self.check_request(q, first_stage)
                 if self.calibration is not None:
                     r.text_var = None if tv is None else float(tv[i])
-                    self.reassess(r, q)
+                    self.reassess(r, q, first_stage)
             except ConfigError as exc:
                 out[i] = exc
         return out
 
-    def reassess(self, result: SearchResult, request: Optional[UncertaintyRequest]) -> SearchResult:
+    def reassess(
+        self, result: SearchResult, request: Optional[UncertaintyRequest], first_stage: Optional[dict] = None
+    ) -> SearchResult:
         """``result`` (of this Searcher) with its calibrated answer to ``request`` (a server asks per query after
         the batch); a one-line ConfigError where the request cannot be met."""
-        self.check_request(request)
+        if first_stage is None and self.index is not None:  # a server's query: the shortlist it was ranked with
+            first_stage = self.first_stage_identity(result.shortlist, None)
+        self.check_request(request, first_stage)
         if self.calibration is not None:
             tv = None if result.text_var is None else np.array([result.text_var])
             result.uncertainty = assess(

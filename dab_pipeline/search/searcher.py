@@ -20,6 +20,8 @@ once, many queries).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 import time
 from pathlib import Path
@@ -136,6 +138,22 @@ class Searcher(CalibratedSearch):
             raise
         self._feats = None  # the whole split, loaded on the first search without an index
 
+    def first_stage_identity(self, shortlist: Optional[int], nprobe: Optional[int]) -> Optional[dict]:
+        """What a search's first stage is (None without an index): the index (its folder and a digest of its
+        index.json, which changes with any rebuild), the shortlist K and the nprobe in effect. A calibration made
+        through an index records it; a search must match it for the calibration's guarantees to hold."""
+        if self.index is None:
+            return None
+        meta = dict(self.index.meta.to_json())
+        meta.pop("nprobe", None)  # the search's own, recorded apart
+        digest = hashlib.sha256(json.dumps(meta, sort_keys=True, default=str).encode("utf-8")).hexdigest()
+        return {
+            "path": str(self.index.path),
+            "digest": digest,
+            "shortlist": DEFAULT_SHORTLIST if shortlist is None else int(shortlist),
+            "nprobe": int(self.index.meta.nprobe if nprobe is None else nprobe),
+        }
+
     def _checkpoint_sha(self) -> str:
         if self._run_sha is None:
             self._run_sha = sha256_file(self.run.checkpoint)
@@ -227,10 +245,13 @@ class Searcher(CalibratedSearch):
         None scores them all).
         """
         queries = check_queries(queries, k, shortlist)
-        self.check_request(uncertainty)  # before the search: a request that cannot be met costs nothing
+        # before the search: a request that cannot be met costs nothing
+        self.check_request(uncertainty, self.first_stage_identity(shortlist, nprobe))
         text = self.encode(queries)  # (M, D)
         results = self.rank(queries, text, k, shortlist, nprobe, memory_budget)
-        assessed = self._assess(results, text, [uncertainty] * len(results))
+        assessed = self._assess(
+            results, text, [uncertainty] * len(results), self.first_stage_identity(shortlist, nprobe)
+        )
         for r in assessed:
             if isinstance(r, ConfigError):
                 raise r
@@ -275,7 +296,8 @@ class Searcher(CalibratedSearch):
             ranked = self._note_unknown_words(  # a server's results say it; no log line
                 self.rank(texts, text, [ks[i] for i in good], shortlist, nprobe, None, timings)
             )
-            for i, res in zip(good, self._assess(ranked, text, [reqs[i] for i in good])):
+            stage = self.first_stage_identity(shortlist, nprobe)
+            for i, res in zip(good, self._assess(ranked, text, [reqs[i] for i in good], stage)):
                 out[i] = res
         assert all(o is not None for o in out)
         return out  # type: ignore[return-value]  # every place filled

@@ -33,7 +33,9 @@ from ..index import split_rows, store_fingerprint
 from ..runs.load import load_run
 from ..runtime.capabilities import resolve_score_dtype
 from ..runtime.devices import resolve_device
-from ..scoring import Scorer
+from ..scoring import DEFAULT_SHORTLIST, Scorer
+from ..scoring.first_stage import check_shortlist
+from ..search import Searcher
 from ..store import ALL_SPLITS, open_store
 
 __all__ = ["CalibrateConfig", "describe_groups", "run_calibrate"]
@@ -56,6 +58,11 @@ class CalibrateConfig:
     dtype: str = DEFAULT_SCORE_DTYPE
     groups: Optional[str] = None  # "uncertainty:3" (Mondrian bands), "uncertainty:3,length:2" (conditional)
     k0: int = DEFAULT_K0  # the first costs every probability reads: a shortlist of K >= k0 gives the same
+    # the whole pipeline (issue 60): the queries searched as a search does, through this index at this shortlist
+    # and nprobe (a match the first stage missed is outside every set); its searches must use the same
+    index: Optional[Path] = None
+    shortlist: Optional[int] = None  # with an index: default DEFAULT_SHORTLIST
+    nprobe: Optional[int] = None  # with an index: default the index's own
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -64,6 +71,12 @@ class CalibrateConfig:
             raise ConfigError(f"k must be an integer in [2, 1000], got {self.k}")
         if not int(self.k) <= int(self.k0) <= 1000:
             raise ConfigError(f"--k0 must be an integer in [k={self.k}, 1000], got {self.k0}")
+        if self.index is None and (self.shortlist is not None or self.nprobe is not None):
+            raise ConfigError("--shortlist and --nprobe calibrate through an index: give --index too")
+        if self.shortlist is not None and check_shortlist(self.shortlist) < self.k0:
+            raise ConfigError(
+                f"--shortlist {self.shortlist} is below --k0 {self.k0}: every probability reads the first k0 costs"
+            )
         parse_groups(self.groups)  # a bad spec is one line before anything loads
 
 
@@ -78,8 +91,12 @@ def run_calibrate(cfg: CalibrateConfig, progress: ProgressCallback = null_progre
     choice = resolve_score_dtype(cfg.dtype, device)
     if choice.warning:
         progress(Event("warning", "calibrate", message=choice.warning))
-    with Scorer(run.model, device=device, dtype=choice.dtype) as scorer:
-        cost = scorer.score(got.queries.text, got.videos.frames, got.videos.frame_mask).cost  # (Q, V)
+    if cfg.index is None:
+        with Scorer(run.model, device=device, dtype=choice.dtype) as scorer:
+            cost = scorer.score(got.queries.text, got.videos.frames, got.videos.frame_mask).cost  # (Q, V)
+        first_stage = None
+    else:
+        cost, first_stage = _through_index(cfg, run, gallery, got, choice.dtype)
     cal = calibrate_costs(
         cost,
         got.gt,
@@ -93,7 +110,7 @@ def run_calibrate(cfg: CalibrateConfig, progress: ProgressCallback = null_progre
         texts=got.texts,
         k0=cfg.k0,
     )
-    cal = replace(cal, provenance=_provenance(cfg, run, split, gallery, got))
+    cal = replace(cal, provenance={**_provenance(cfg, run, split, gallery, got), "index": first_stage})
     write_calibration(run.run_dir / CALIBRATION_FILE, cal)
     progress(Event("advance", "calibrate", n=len(got.gt)))
     progress(Event("end", "calibrate", total=len(got.gt)))
@@ -111,6 +128,23 @@ def _splits(cfg: CalibrateConfig, run) -> tuple[str, str]:
             f"would be fitted on captions the model has seen; calibrate on {run.config.val_split!r} (the default)"
         )
     return split, cfg.gallery or split
+
+
+def _through_index(cfg: CalibrateConfig, run, gallery: str, got, dtype: str) -> tuple[np.ndarray, dict[str, Any]]:
+    """The queries' costs as a search through ``cfg.index`` gives them (Q, V): each query's shortlist re-ranked, +inf
+    for every video outside it; and the first stage's identity (what a search must match)."""
+    shortlist = DEFAULT_SHORTLIST if cfg.shortlist is None else int(cfg.shortlist)
+    cost = np.full((len(got.gt), len(got.videos.video_ids)), np.inf, np.float64)  # (Q, V)
+    opened = Searcher(
+        run.run_dir, got.store_path, split=gallery, index=cfg.index, device=cfg.device, dtype=dtype, encoder=False
+    )
+    with opened as s:
+        for start in range(0, len(cost), 64):  # a batch of queries a first-stage call
+            text = got.queries.text[start : start + 64]
+            for i, r in enumerate(s.rank([""] * len(text), text, 1, shortlist, cfg.nprobe), start=start):
+                cost[i, r.positions] = r.costs
+        identity = s.first_stage_identity(shortlist, cfg.nprobe)
+    return cost, identity
 
 
 @dataclass(frozen=True)

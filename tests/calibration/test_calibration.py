@@ -260,3 +260,37 @@ def test_the_map_is_chosen_on_the_fitting_half_alone() -> None:
     assert cal.report["top_bins"]["calibrated"] == [] or all(
         b["count"] >= 100 for b in cal.report["top_bins"]["calibrated"]
     )
+
+
+def test_end_to_end_coverage_through_a_lossy_first_stage() -> None:
+    """issue 60, item 1: the queries scored through a first stage that misses some matches (a noisy shortlist of
+    K), a missed match outside every set (+inf): over random halves by video, the sets built over each query's
+    shortlist hold its match for at least 1 - alpha of queries (within two standard errors), where calibrating on
+    exhaustive costs does not."""
+    from dab_pipeline.testing import clustered_gallery
+
+    g = clustered_gallery(400, seed=9)
+    cost, gt = g["cost"], g["gt"]
+    rng = np.random.default_rng(1)
+    proxy = cost + rng.normal(0, 0.5, cost.shape)  # the first stage ranks by a noisy cost
+    short = np.full_like(cost, np.inf)
+    keep = np.argsort(proxy, axis=1)[:, :150]  # (Q, 150) of 400 videos
+    np.put_along_axis(short, keep, np.take_along_axis(cost, keep, axis=1), axis=1)
+    missed = ~np.isfinite(short[np.arange(len(gt)), gt])
+    assert 0.05 < missed.mean() < 0.2  # lossy: the first stage's recall at K = 150 is below 1
+    own_through = true_video_scores(short, gt, 1.0, None)["aps"]  # +inf where missed
+    own_exhaustive = true_video_scores(cost, gt, 1.0, None)["aps"]
+    s_short = conformal_scores(cost_softmax(short, 1.0), "aps")  # (Q, V): the search's own scores
+    w = video_weights(gt)
+    alpha, covered, naive = 0.3, [], []
+    for split in range(100):
+        videos = np.random.default_rng(split).permutation(np.unique(gt))
+        cal = np.isin(gt, videos[:200])
+        ev = np.flatnonzero(~cal)
+        for own, out in ((own_through, covered), (own_exhaustive, naive)):
+            q = weighted_quantile(own[cal], alpha, w[cal])
+            inside = (s_short[ev] <= q) & np.isfinite(short[ev])  # a set holds shortlisted videos only
+            out.append(np.average(inside[np.arange(len(ev)), gt[ev]], weights=w[ev]))
+    m, se = np.mean(covered), np.std(covered) / 10
+    assert m >= 1 - alpha - 2 * se, (m, se)
+    assert np.mean(naive) < 1 - alpha - 0.01  # calibrated on every video, the same sets miss

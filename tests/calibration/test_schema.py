@@ -48,7 +48,7 @@ def _set(d: dict, dotted: str, value) -> dict:
         ("maps.first.kind", "spline", "maps.first.kind must be one of logistic, isotonic"),
         ("k", "five", "k must be a whole number"),
         ("conformal.aps", "abc", "conformal.aps must be a list"),
-        ("conformal.aps", [0.5] * 2_000_000, "conformal.aps holds 2000000 values, not 60"),
+        ("conformal.aps", [0.5] * 2_000_000, "conformal.aps must be a list of 60 values"),
         ("risk.correct", ["yes"] * 30, "risk.correct must hold"),
         ("risk.confidence", [0.5], "risk.confidence holds 1 values"),
         ("weights", [1.0] * 60, "weights must be positive and add up"),

@@ -358,3 +358,33 @@ def test_a_shortlist_smaller_than_the_calibrated_gallery_is_said_and_decides_not
     assert u["uncertainty"]["answered"] is None and "shortlist of 5 videos" in u["uncertainty"]["caveat"]
     u = json.loads(invoke([*args, "--max-risk", "0.3", "--json", "a red ball"]).stdout)[0]
     assert "caveat" not in u["uncertainty"] and u["uncertainty"]["answered"] in (True, False)
+
+
+def test_calibrating_through_an_index_binds_the_searches_to_it(world: dict, tmp_path: Path) -> None:
+    """issue 60, item 1: the queries scored as a search through the index scores them; a match its shortlist
+    misses is outside every set (+inf, null in the file); searches through another first stage are refused, and
+    a coverage the misses make unreachable is one line."""
+    pytest.importorskip("faiss")
+    from dab_pipeline.index import build_index
+    from dab_pipeline.store import open_store
+
+    run, store = world["run"], world["store"]
+    with open_store(store) as st:
+        build_index(st, tmp_path / "index", split="all")
+    cal = run_calibrate(CalibrateConfig(run=run, device="cpu", gallery="all", index=tmp_path / "index", shortlist=20))
+    made = cal.provenance["index"]
+    assert made["shortlist"] == 20 and made["path"] == str(tmp_path / "index") and len(made["digest"]) == 64
+    missed = sum(x is None for x in cal.conformal["aps"])
+    assert 0 < missed < cal.queries  # 20 of 48 videos shortlisted: some matches are missed
+    kw = dict(split="all", device="cpu")
+    (r,) = search(run, store, ["a red ball"], 3, index=tmp_path / "index", shortlist=20, coverage=0.3, **kw)
+    assert r.uncertainty.caveat is None and len(r.coverage_set) >= 1  # the set is the calibrated one
+    with pytest.raises(ConfigError, match="calibrated through its index at shortlist 20, not 30"):
+        search(run, store, ["a red ball"], 3, index=tmp_path / "index", shortlist=30, coverage=0.3, **kw)
+    with pytest.raises(ConfigError, match="calibrated through an index: search with --index"):
+        search(run, store, ["a red ball"], 3, coverage=0.3, **kw)
+    with pytest.raises(ConfigError, match="cannot be reached through this first stage: its shortlist missed"):
+        search(run, store, ["a red ball"], 3, index=tmp_path / "index", shortlist=20, coverage=0.95, **kw)
+    out = invoke(["calibrate", "--run", str(run), "--shortlist", "50", "--device", "cpu"])
+    assert out.exit_code != 0 and "give --index too" in out.output
+    run_calibrate(CalibrateConfig(run=run, device="cpu", gallery="all"))  # the module's other tests: exhaustive

@@ -53,11 +53,24 @@ from .output import console
     help="Hold the coverage within groups, not only on average: uncertainty:3 (three bands of the model's own "
     "uncertainty, Mondrian), uncertainty:3,length:2 (and caption length, overlapping: conditional conformal).",
 )
+@click.option(
+    "--index",
+    "index_dir",
+    type=EXISTING,
+    default=None,
+    help="Calibrate the whole pipeline: score the queries as a search through this `dab index` of the gallery does "
+    "(a match its shortlist misses is outside every set); searches must then use it, with the same --shortlist "
+    "and --nprobe.",
+)
+@click.option("--shortlist", type=int, default=None, help="With --index: the K videos re-ranked a query (default 100).")
+@click.option("--nprobe", type=int, default=None, help="With --index: IVF lists probed (default: the index's own).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Of the split into fitted and held-out videos.")
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
 @click.option("--json", "as_json", is_flag=True, help="Print calibration.json's figures as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def calibrate(run_dir, features, split, gallery, method, k, k0, groups, seed, device, as_json, quiet) -> None:
+def calibrate(
+    run_dir, features, split, gallery, method, k, k0, groups, index_dir, shortlist, nprobe, seed, device, as_json, quiet
+) -> None:
     """Calibrate a run on its validation queries: writes RUN/calibration.json.
 
     The videos are split in two, each video's captions together (the video is the unit): one half fits the
@@ -80,6 +93,9 @@ def calibrate(run_dir, features, split, gallery, method, k, k0, groups, seed, de
         seed=seed,
         device=device,
         groups=groups,
+        index=index_dir,
+        shortlist=shortlist,
+        nprobe=nprobe,
     )
     with RichProgress(quiet=quiet or as_json) as prog:
         cal = run_calibrate(cfg, progress=prog)
@@ -103,6 +119,13 @@ def _print_report(cal, group_lines: list[str]) -> None:
     )
     for line in group_lines:
         con.print(line)
+    through = cal.provenance.get("index")
+    if through:
+        missed = sum(x is None for x in next(iter(cal.conformal.values())))
+        con.print(
+            f"through {through['path']} at shortlist {through['shortlist']}, nprobe {through['nprobe']}: the first "
+            f"stage missed the match of {missed} of {cal.queries} queries (outside every set)"
+        )
     titles = {"first": "P(the first hit is a match)", "first_k": f"P(a match in the first {cal.k})"}
     for target, sel in cal.report.get("selection", {}).items():
         losses = ", ".join(f"{kind} {v:.3f}" for kind, v in sel["cv_log_loss"].items())
