@@ -99,13 +99,14 @@ def conformal_threshold(cal: Calibration, coverage: float, score: str) -> float:
     key = ("marginal", score, coverage)
     if key not in cal.cache:
         alpha = 1.0 - check_alpha(coverage, "coverage")
-        scores = cal.scores(score)
-        q = weighted_quantile(scores, alpha, np.asarray(cal.weights))
+        rows = cal.quantile_rows()
+        scores = cal.scores(score)[rows]
+        q = weighted_quantile(scores, alpha, np.asarray(cal.weights)[rows])
         missed = int((~np.isfinite(scores)).sum())
         if not np.isfinite(q) and missed:
             raise ConfigError(
                 f"coverage {coverage:g} cannot be reached through this first stage: its shortlist missed the match "
-                f"of {missed} of the {cal.queries} calibration queries, more than the {1 - coverage:.0%} a set may "
+                f"of {missed} of the {len(scores)} calibration queries, more than the {1 - coverage:.0%} a set may "
                 "miss; ask for less coverage, or calibrate with a larger --shortlist (or --nprobe)"
             )
         if not np.isfinite(q):

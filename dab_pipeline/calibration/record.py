@@ -71,6 +71,13 @@ class Calibration:
         the file)."""
         return np.array([np.inf if x is None else x for x in self.conformal[name]], np.float64)
 
+    def quantile_rows(self) -> np.ndarray:
+        """The queries the marginal quantile is taken over (Q,) bool: every one, or the held-out half alone where
+        the fitted half chose the shortlist (``dab calibrate --index --coverage``): a quantile over queries that
+        chose it would not be exchangeable with a new one."""
+        chosen = (self.provenance.get("index") or {}).get("chosen_for")
+        return np.asarray(self.held_out, bool) if chosen else np.ones(self.queries, bool)
+
     @property
     def checkpoint_sha256(self) -> Optional[str]:
         return self.provenance.get("checkpoint_sha256")

@@ -154,6 +154,18 @@ class Searcher(CalibratedSearch):
             "nprobe": int(self.index.meta.nprobe if nprobe is None else nprobe),
         }
 
+    def first_stage_order(self, text: torch.Tensor | np.ndarray, shortlist: int, nprobe: Optional[int]) -> np.ndarray:
+        """Each query's shortlist as positions in the split, in the first stage's order (M, K); -1 where the index
+        gave fewer. The first K' of a shortlist of K are the shortlist of K' (the index ranks by one score)."""
+        if self.index is None:
+            raise ConfigError("a first stage's order needs an index")
+        t = torch.as_tensor(np.asarray(text, np.float32)).to(self.device)
+        cand = first_stage(
+            query_vectors(self.index.meta.vector, t, self.run.model), self.index, shortlist, nprobe=nprobe
+        )
+        pos = np.searchsorted(self.rows, cand)  # (M, K)
+        return np.where(cand >= 0, pos, -1)
+
     def _checkpoint_sha(self) -> str:
         if self._run_sha is None:
             self._run_sha = sha256_file(self.run.checkpoint)

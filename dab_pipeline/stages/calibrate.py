@@ -21,6 +21,7 @@ from ..calibration import (
     text_variance,
     write_calibration,
 )
+from ..calibration.build import split_videos
 from ..calibration.fit import library_versions, require_sklearn
 from ..calibration.groups import describe_groups, parse_groups
 from ..calibration.record import video_ids_digest
@@ -30,6 +31,7 @@ from ..core.events import Event, ProgressCallback, null_progress
 from ..core.fsutil import sha256_file
 from ..core.location import location
 from ..index import split_rows, store_fingerprint
+from ..metrics.conformal import check_alpha, video_weights
 from ..runs.load import load_run
 from ..runtime.capabilities import resolve_score_dtype
 from ..runtime.devices import resolve_device
@@ -63,6 +65,9 @@ class CalibrateConfig:
     index: Optional[Path] = None
     shortlist: Optional[int] = None  # with an index: default DEFAULT_SHORTLIST
     nprobe: Optional[int] = None  # with an index: default the index's own
+    # with an index and no shortlist: choose the shortlist this coverage needs (issue 60, item 2) on the fitted
+    # half's videos; the quantiles then come from the held-out half alone
+    coverage: Optional[float] = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -71,8 +76,12 @@ class CalibrateConfig:
             raise ConfigError(f"k must be an integer in [2, 1000], got {self.k}")
         if not int(self.k) <= int(self.k0) <= 1000:
             raise ConfigError(f"--k0 must be an integer in [k={self.k}, 1000], got {self.k0}")
-        if self.index is None and (self.shortlist is not None or self.nprobe is not None):
-            raise ConfigError("--shortlist and --nprobe calibrate through an index: give --index too")
+        if self.index is None and (self.shortlist is not None or self.nprobe is not None or self.coverage is not None):
+            raise ConfigError("--shortlist, --nprobe and --coverage calibrate through an index: give --index too")
+        if self.coverage is not None:
+            check_alpha(self.coverage, "coverage")
+            if self.shortlist is not None:
+                raise ConfigError("--coverage chooses the shortlist: give --shortlist or --coverage, not both")
         if self.shortlist is not None and check_shortlist(self.shortlist) < self.k0:
             raise ConfigError(
                 f"--shortlist {self.shortlist} is below --k0 {self.k0}: every probability reads the first k0 costs"
@@ -132,9 +141,13 @@ def _splits(cfg: CalibrateConfig, run) -> tuple[str, str]:
 
 def _through_index(cfg: CalibrateConfig, run, gallery: str, got, dtype: str) -> tuple[np.ndarray, dict[str, Any]]:
     """The queries' costs as a search through ``cfg.index`` gives them (Q, V): each query's shortlist re-ranked, +inf
-    for every video outside it; and the first stage's identity (what a search must match)."""
-    shortlist = DEFAULT_SHORTLIST if cfg.shortlist is None else int(cfg.shortlist)
-    cost = np.full((len(got.gt), len(got.videos.video_ids)), np.inf, np.float64)  # (Q, V)
+    for every video outside it; and the first stage's identity (what a search must match). With ``cfg.coverage``
+    the shortlist is the one :func:`choose_shortlist` picks on the fitted half's videos."""
+    n_videos = len(got.videos.video_ids)
+    grid = shortlist_grid(cfg.k0, n_videos) if cfg.coverage is not None else None
+    shortlist = grid[-1] if grid else DEFAULT_SHORTLIST if cfg.shortlist is None else int(cfg.shortlist)
+    cost = np.full((len(got.gt), n_videos), np.inf, np.float64)  # (Q, V)
+    order = np.full((len(got.gt), shortlist), -1, np.int64)  # (Q, K) the first stage's ranking, as positions
     opened = Searcher(
         run.run_dir, got.store_path, split=gallery, index=cfg.index, device=cfg.device, dtype=dtype, encoder=False
     )
@@ -143,8 +156,57 @@ def _through_index(cfg: CalibrateConfig, run, gallery: str, got, dtype: str) -> 
             text = got.queries.text[start : start + 64]
             for i, r in enumerate(s.rank([""] * len(text), text, 1, shortlist, cfg.nprobe), start=start):
                 cost[i, r.positions] = r.costs
-        identity = s.first_stage_identity(shortlist, cfg.nprobe)
-    return cost, identity
+            if grid:
+                got_order = s.first_stage_order(text, shortlist, cfg.nprobe)
+                order[start : start + len(text), : got_order.shape[1]] = got_order
+        if not grid:
+            return cost, s.first_stage_identity(shortlist, cfg.nprobe)
+        fit, _ = split_videos(np.asarray(got.queries.caption_video), cfg.seed)  # calibrate_costs's own split
+        chosen, misses = choose_shortlist(
+            order[fit], got.gt[fit], np.asarray(got.queries.caption_video)[fit], grid, 1 - cfg.coverage
+        )
+        identity = s.first_stage_identity(chosen, cfg.nprobe)
+    kept = np.full_like(cost, np.inf)
+    rows = np.repeat(np.arange(len(cost))[:, None], chosen, axis=1)
+    first = order[:, :chosen]  # (Q, K') each query's shortlist at the chosen K
+    ok = first >= 0
+    kept[rows[ok], first[ok]] = cost[rows[ok], first[ok]]
+    identity["chosen_for"] = {
+        "coverage": cfg.coverage,
+        "rule": "the smallest K of the grid whose first stage misses at most half of 1 - coverage of the fitted "
+        "half's queries (each weighted by one over its video's captions); the quantiles from the held-out half",
+        "miss_share": {str(k): m for k, m in misses.items()},
+        "re_ranks_saved": 1.0 - chosen / n_videos,
+    }
+    return kept, identity
+
+
+def shortlist_grid(k0: int, videos: int) -> list[int]:
+    """The shortlists a coverage may choose from: 20, 50, 100, 200, 500, ... (at least ``k0``), up to every video."""
+    grid, base = [], [2, 5, 10]
+    scale = 10
+    while True:
+        for b in base:
+            k = b * scale
+            if k >= videos:
+                return sorted(set([g for g in grid if g >= k0] + [videos]))
+            grid.append(k)
+        scale *= 10
+
+
+def choose_shortlist(
+    order: np.ndarray, gt: np.ndarray, video: np.ndarray, grid: list[int], alpha: float
+) -> tuple[int, dict[int, float]]:
+    """(the smallest K of ``grid`` whose first stage misses the match of at most alpha / 2 of these queries,
+    each weighted by one over its video's captions; every K's miss share). The other alpha / 2 is left to the
+    ranking within the shortlist. The largest K where none does."""
+    w = video_weights(video)
+    misses = {}
+    for k in grid:
+        hit = (order[:, :k] == gt[:, None]).any(axis=1)
+        misses[k] = float(np.average(~hit, weights=w))
+    good = [k for k in grid if misses[k] <= alpha / 2]
+    return (good[0] if good else grid[-1]), misses
 
 
 @dataclass(frozen=True)

@@ -388,3 +388,44 @@ def test_calibrating_through_an_index_binds_the_searches_to_it(world: dict, tmp_
     out = invoke(["calibrate", "--run", str(run), "--shortlist", "50", "--device", "cpu"])
     assert out.exit_code != 0 and "give --index too" in out.output
     run_calibrate(CalibrateConfig(run=run, device="cpu", gallery="all"))  # the module's other tests: exhaustive
+
+
+def test_the_shortlist_a_coverage_needs_is_chosen_on_the_fitted_half(world: dict, tmp_path: Path) -> None:
+    """issue 60, item 2: --coverage picks the smallest K of a fixed grid whose first stage misses at most half of
+    1 - coverage of the fitted half's queries; the marginal quantile then comes from the held-out half alone."""
+    pytest.importorskip("faiss")
+    from dab_pipeline.index import build_index
+    from dab_pipeline.stages.calibrate import choose_shortlist, shortlist_grid
+    from dab_pipeline.store import open_store
+
+    assert shortlist_grid(20, 48) == [20, 48] and shortlist_grid(20, 1000) == [20, 50, 100, 200, 500, 1000]
+    order = np.array([[3, 1, 2, 0], [0, 2, 1, 3], [2, 3, 0, 1], [1, 0, 3, 2]])
+    k, misses = choose_shortlist(order, np.array([0, 0, 1, 1]), np.array([0, 1, 2, 3]), [1, 2, 4], 0.5)
+    assert misses == {1: 0.5, 2: 0.5, 4: 0.0} and k == 4  # half of alpha 0.5: at most 0.25 missed
+    run, store = world["run"], world["store"]
+    with open_store(store) as st:
+        build_index(st, tmp_path / "index", split="all")
+    cfg = CalibrateConfig(run=run, device="cpu", gallery="all", index=tmp_path / "index", coverage=0.5)
+    cal = run_calibrate(cfg)
+    chosen = cal.provenance["index"]["chosen_for"]
+    assert cal.provenance["index"]["shortlist"] in (20, 48) and set(chosen["miss_share"]) == {"20", "48"}
+    assert cal.quantile_rows().sum() == cal.check_queries  # the held-out half alone
+    out = invoke(
+        [
+            "calibrate",
+            "--run",
+            str(run),
+            "--gallery",
+            "all",
+            "--index",
+            str(tmp_path / "index"),
+            "--coverage",
+            "0.5",
+            "--shortlist",
+            "20",
+            "--device",
+            "cpu",
+        ]
+    )
+    assert out.exit_code != 0 and "not both" in out.output
+    run_calibrate(CalibrateConfig(run=run, device="cpu", gallery="all"))  # the module's other tests: exhaustive

@@ -64,12 +64,34 @@ from .output import console
 )
 @click.option("--shortlist", type=int, default=None, help="With --index: the K videos re-ranked a query (default 100).")
 @click.option("--nprobe", type=int, default=None, help="With --index: IVF lists probed (default: the index's own).")
+@click.option(
+    "--coverage",
+    type=float,
+    default=None,
+    help="With --index and no --shortlist: choose the smallest shortlist (of 20, 50, 100, 200, 500, ...) whose first "
+    "stage misses at most half of 1 - coverage on the fitted half's videos; the quantiles from the held-out half.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Of the split into fitted and held-out videos.")
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
 @click.option("--json", "as_json", is_flag=True, help="Print calibration.json's figures as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def calibrate(
-    run_dir, features, split, gallery, method, k, k0, groups, index_dir, shortlist, nprobe, seed, device, as_json, quiet
+    run_dir,
+    features,
+    split,
+    gallery,
+    method,
+    k,
+    k0,
+    groups,
+    index_dir,
+    shortlist,
+    nprobe,
+    coverage,
+    seed,
+    device,
+    as_json,
+    quiet,
 ) -> None:
     """Calibrate a run on its validation queries: writes RUN/calibration.json.
 
@@ -96,6 +118,7 @@ def calibrate(
         index=index_dir,
         shortlist=shortlist,
         nprobe=nprobe,
+        coverage=coverage,
     )
     with RichProgress(quiet=quiet or as_json) as prog:
         cal = run_calibrate(cfg, progress=prog)
@@ -126,6 +149,13 @@ def _print_report(cal, group_lines: list[str]) -> None:
             f"through {through['path']} at shortlist {through['shortlist']}, nprobe {through['nprobe']}: the first "
             f"stage missed the match of {missed} of {cal.queries} queries (outside every set)"
         )
+        chosen = through.get("chosen_for")
+        if chosen:
+            shares = ", ".join(f"K={k}: {m:.3f}" for k, m in chosen["miss_share"].items())
+            con.print(
+                f"shortlist {through['shortlist']} chosen for coverage {chosen['coverage']:g} (fitted half's miss share: "
+                f"{shares}); {chosen['re_ranks_saved']:.0%} of the re-ranks of an exhaustive search saved"
+            )
     titles = {"first": "P(the first hit is a match)", "first_k": f"P(a match in the first {cal.k})"}
     for target, sel in cal.report.get("selection", {}).items():
         losses = ", ".join(f"{kind} {v:.3f}" for kind, v in sel["cv_log_loss"].items())
