@@ -144,12 +144,13 @@ def _checked_videos(cost: np.ndarray, gt: np.ndarray, video: Optional[np.ndarray
 
 def _choose(feats, first, first_k, video, fit, method, k, temperature) -> dict[str, tuple[str, dict]]:
     """Each target's map kind and the cross-validated log losses behind the choice (none for a kind given)."""
-    if method != "auto":
-        return {"first": (method, {}), "first_k": (method, {})}
-    sub = feats.rows(fit)
+    wrong = fit[~first[fit]]
+    if method != "auto":  # a kind asked for; the conditional map needs queries whose first hit is wrong
+        return {"first": (method, {}), "first_k": (method if len(wrong) else "softmax", {})}
+    # first_k is fitted on the queries whose first hit is wrong (conditional)
     return {
-        name: choose_map(sub, y[fit], video[fit], name, k, temperature)
-        for name, y in (("first", first), ("first_k", first_k))
+        "first": choose_map(feats.rows(fit), first[fit], video[fit], "first", k, temperature),
+        "first_k": choose_map(feats.rows(wrong), first_k[wrong], video[wrong], "first_k", k, temperature),
     }
 
 
@@ -158,9 +159,11 @@ def _fit_maps(feats, first, first_k, fit, check, chosen, k, temperature) -> tupl
     of the fitted ones, in-sample)."""
     sub = feats.rows
     kw = dict(k=k, temperature=temperature)
+    wrong = fit[~first[fit]]
     maps = {
         "first": fit_map(sub(fit), first[fit], chosen["first"][0], target="first", **kw),
-        "first_k": fit_map(sub(fit), first_k[fit], chosen["first_k"][0], target="first_k", **kw),
+        # P(a match in the first k | the first hit is not one): nested under P(first) by construction
+        "first_k": fit_map(sub(wrong), first_k[wrong], chosen["first_k"][0], target="first_k", **kw),
         "margin_sigmoid": fit_map(sub(fit), first[fit], "logistic", ("margin",)),
     }
     held = sub(check)

@@ -60,10 +60,11 @@ def fit_map(
     ``p_first_k`` (first_k, ``k`` videos), nothing fitted."""
     y = np.asarray(outcome, bool).astype(np.int64)  # (Q,)
     column = "p_first" if target == "first" else "p_first_k"
+    given = {} if target == "first" else {"given_not_first": True}  # first_k: P(2nd..kth | the first is not one)
     if kind == "softmax":
-        return ProbabilityMap("softmax", (column,), {})
+        return ProbabilityMap("softmax", (column,), given)
     if kind == "temperature":
-        return _temperature(feats, y, column, 1 if target == "first" else k, temperature)
+        return _temperature(feats, y, column, 1 if target == "first" else k, temperature, given)
     LogisticRegression, IsotonicRegression = require_sklearn()
     if kind == "isotonic":
         cols = features or ("margin",)
@@ -89,18 +90,20 @@ def fit_map(
     return ProbabilityMap("logistic", tuple(cols), params)
 
 
-def _temperature(feats: QueryFeatures, y: np.ndarray, column: str, first: int, t0: float) -> ProbabilityMap:
+def _temperature(
+    feats: QueryFeatures, y: np.ndarray, column: str, first: int, t0: float, given: dict
+) -> ProbabilityMap:
     from scipy.optimize import minimize_scalar  # scipy comes with scikit-learn, the extra calibrate needs
 
     require_sklearn()
 
     def loss(log_t: float) -> float:
-        m = ProbabilityMap("temperature", (column,), {"temperature": float(np.exp(log_t)), "first": first})
+        m = ProbabilityMap("temperature", (column,), {"temperature": float(np.exp(log_t)), "first": first, **given})
         return log_loss(m.predict(feats), y)
 
     lo, hi = np.log(t0) - np.log(100.0), np.log(t0) + np.log(100.0)
     best = minimize_scalar(loss, bounds=(lo, hi), method="bounded", options={"xatol": 1e-4})
-    return ProbabilityMap("temperature", (column,), {"temperature": float(np.exp(best.x)), "first": first})
+    return ProbabilityMap("temperature", (column,), {"temperature": float(np.exp(best.x)), "first": first, **given})
 
 
 def choose_map(
@@ -116,6 +119,8 @@ def choose_map(
     ``folds`` folds by video (no video on both sides of a fold), each candidate fitted on the others and scored on
     it. Ties go to the simpler kind (softmax, temperature, isotonic, logistic)."""
     vid = np.unique(np.asarray(video), return_inverse=True)[1]
+    if len(vid) == 0 or vid.max() < 1:  # no query, or one video: nothing to cross-validate; nothing fitted
+        return "softmax", {}
     n_folds = int(min(folds, vid.max() + 1))
     fold_of = np.random.default_rng(0).permutation(vid.max() + 1)[vid] % n_folds  # (Q,) a video's fold
     y = np.asarray(outcome, bool)

@@ -57,12 +57,18 @@ class ProbabilityMap:
         """P(the event) for each query (Q,) float64 in [0, 1]."""
         x = self._columns(feats)
         if self.kind == "softmax":
+            if self.params.get("given_not_first"):  # the softmax's mass on 2..k over its mass off the first
+                p1 = feats.column("p_first")
+                return np.clip((x[:, 0] - p1) / np.maximum(1.0 - p1, 1e-12), 0.0, 1.0)
             return np.clip(x[:, 0], 0.0, 1.0)
         if self.kind == "temperature":
             if feats.top is None:
                 raise ConfigError("a temperature map needs the queries' first costs (QueryFeatures.top)")
             p = cost_softmax(feats.top, float(self.params["temperature"]))  # (Q, K0)
-            return np.clip(p[:, : int(self.params["first"])].sum(axis=1), 0.0, 1.0)
+            mass = p[:, : int(self.params["first"])].sum(axis=1)
+            if self.params.get("given_not_first"):
+                mass = (mass - p[:, 0]) / np.maximum(1.0 - p[:, 0], 1e-12)
+            return np.clip(mass, 0.0, 1.0)
         if self.kind == "logistic":
             z = (x - np.asarray(self.params["mean"])) / np.asarray(self.params["scale"])  # (Q, F)
             logit = z @ np.asarray(self.params["coef"], np.float64) + float(self.params["intercept"])  # (Q,)
@@ -84,7 +90,9 @@ class ProbabilityMap:
 def nested_probabilities(
     first: ProbabilityMap, first_k: ProbabilityMap, feats: QueryFeatures
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(P(the first hit is a match), P(a match in the first k)) (Q,) each. The two maps are fitted apart, so on few
-    queries the second can come out below the first for an event that contains it: it is raised to the first."""
+    """(P(the first hit is a match), P(a match in the first k)) (Q,) each, the second never below the first by
+    construction: ``first_k`` is P(a match in the first k | the first hit is not one), fitted on the queries whose
+    first hit is wrong, so P(first k) = P(first) + (1 - P(first)) P(2nd..kth | not first). (Two maps fitted apart
+    crossed on few queries, and a patch raising one to the other read as a bug, issue 61.)"""
     p1 = first.predict(feats)
-    return p1, np.maximum(first_k.predict(feats), p1)
+    return p1, p1 + (1.0 - p1) * first_k.predict(feats)

@@ -89,6 +89,8 @@ def _check_map(name: str, m: Any) -> None:
     elif m["kind"] == "temperature":
         _number(p.get("temperature"), f"maps.{name}.params.temperature", 1e-300)
         _int(p, "first", 1)
+    if p.get("given_not_first") not in (None, True):
+        raise SchemaError(f"maps.{name}.params.given_not_first must be true or absent")
     elif m["kind"] == "isotonic":
         xs = _numbers(p.get("x"), f"maps.{name}.params.x")
         _numbers(p.get("y"), f"maps.{name}.params.y", len(xs), 0.0, 1.0)

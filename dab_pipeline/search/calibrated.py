@@ -4,6 +4,8 @@ decision (:mod:`dab_pipeline.calibration`, docs/uncertainty.md)."""
 
 from __future__ import annotations
 
+import string
+from dataclasses import replace
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -53,11 +55,12 @@ class CalibratedSearch:
 
     calibration = None
     calibration_problem: Optional[str] = None
+    gallery_note: Optional[str] = None  # where the gallery searched is not the one calibrated on
 
     def _load_calibration(self, warn: Callable[[str], None]) -> None:
         """The run's calibration.json where it has one made for its checkpoint (else ``calibration_problem`` says
         why not); one warning line where the gallery searched is not the one it was calibrated on."""
-        self.calibration, self.calibration_problem = None, None
+        self.calibration, self.calibration_problem, self.gallery_note = None, None, None
         if not (self.run.run_dir / "calibration.json").exists():
             return
         self.calibration, self.calibration_problem = run_calibration(self.run.run_dir, self._checkpoint_sha())
@@ -69,6 +72,7 @@ class CalibratedSearch:
             )
             if other:
                 warn(other)
+                self.gallery_note = other
 
     def check_request(self, request: Optional[UncertaintyRequest], first_stage: Optional[dict] = None) -> None:
         """A one-line ConfigError where ``request`` cannot be met: a run without a usable calibration, a score it
@@ -84,6 +88,11 @@ class CalibratedSearch:
         other = first_stage_mismatch(self.calibration, first_stage)
         if other:
             raise ConfigError(other)
+        if self.gallery_note:  # a set or a risk decision promised for another gallery: refused (issue 60)
+            raise ConfigError(
+                f"{self.gallery_note}; sets and risk decisions are refused here: calibrate on this gallery "
+                f"(`dab calibrate --run {self.run.run_dir} --gallery {self.split}`)"
+            )
         if request.coverage is not None:
             conformal_threshold(self.calibration, request.coverage, request.score)
 
@@ -118,7 +127,19 @@ class CalibratedSearch:
         self.check_request(request, first_stage)
         if self.calibration is not None:
             tv = None if result.text_var is None else np.array([result.text_var])
-            result.uncertainty = assess(
-                self.calibration, [result.costs], tv, request or UncertaintyRequest(), texts=[result.query]
-            )[0]
+            u = assess(self.calibration, [result.costs], tv, request or UncertaintyRequest(), texts=[result.query])[0]
+            why = self._not_calibrated(result)
+            if why:  # the numbers are shown marked, and decide nothing (issue 61, item 2)
+                u = replace(u, caveat=why, answered=None)
+            result.uncertainty = u
         return result
+
+    def _not_calibrated(self, result: SearchResult) -> Optional[str]:
+        """Why a result's probabilities are not calibrated ones: every word of its query unknown to the model, or a
+        gallery other than the one calibrated on; None where they are."""
+        words = {w.strip(string.punctuation) for w in result.query.split()} - {""}
+        if result.unknown_words and words <= set(result.unknown_words):
+            return "every word of the query is unknown to the store's CLIP: these numbers describe no query"
+        if self.gallery_note:
+            return self.gallery_note
+        return None

@@ -260,14 +260,15 @@ class Searcher(CalibratedSearch):
         # before the search: a request that cannot be met costs nothing
         self.check_request(uncertainty, self.first_stage_identity(shortlist, nprobe))
         text = self.encode(queries)  # (M, D)
-        results = self.rank(queries, text, k, shortlist, nprobe, memory_budget)
+        # unknown words first: a query none of whose words the model knows gets no calibrated numbers
+        results = self._note_unknown_words(self.rank(queries, text, k, shortlist, nprobe, memory_budget), self.warn)
         assessed = self._assess(
             results, text, [uncertainty] * len(results), self.first_stage_identity(shortlist, nprobe)
         )
         for r in assessed:
             if isinstance(r, ConfigError):
                 raise r
-        return self._note_unknown_words(results, self.warn)
+        return results
 
     @renamed_keywords(topk="k")
     def search_batch(

@@ -216,6 +216,11 @@ def test_a_match_in_the_first_k_is_never_less_likely_than_first() -> None:
     cal, (cost, _, tv) = _cal(12, 10)  # six fitted queries: two maps fitted apart disagree
     got = assess(cal, list(cost), tv)
     assert all(u.p_first_k >= u.p_first for u in got)
+    # by construction, not by a patch (issue 61, item 2): P(first k) = P(first) + (1 - P(first)) P(2nd..kth | not
+    # first), the second map fitted on the queries whose first hit is wrong
+    feats = query_features(cost, 1.0, cal.k, tv, cal.k0)
+    p1, cond = cal.maps["first"].predict(feats), cal.maps["first_k"].predict(feats)
+    np.testing.assert_allclose([u.p_first_k for u in got], p1 + (1 - p1) * cond, rtol=1e-12)
 
 
 def test_p_first_is_the_same_at_any_shortlist_that_holds_the_first_k0() -> None:

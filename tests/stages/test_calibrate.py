@@ -90,9 +90,13 @@ def test_search_gives_probabilities_sets_and_decisions(world: dict) -> None:
         assert r.uncertainty.answered in (True, False) and r.uncertainty.risk.alpha == 0.3
     wide = search(world["run"], world["store"], ["a blue car"], split="all", device="cpu", coverage=0.95)[0]
     assert {h.video_id for h in res[1].coverage_set} <= {h.video_id for h in wide.coverage_set}
-    other = []
-    search(world["run"], world["store"], ["a blue car"], device="cpu", coverage=0.8, warn=other.append)
+    # another gallery: a set or a risk is refused; the probabilities are shown marked on every result
+    with pytest.raises(ConfigError, match="calibrated on a gallery of 48 videos.*sets and risk decisions are refused"):
+        search(world["run"], world["store"], ["a blue car"], device="cpu", coverage=0.8)
+    other: list[str] = []
+    (r,) = search(world["run"], world["store"], ["a blue car"], device="cpu", warn=other.append)
     assert len(other) == 1 and "calibrated on a gallery of 48 videos" in other[0]
+    assert "calibrated on a gallery of 48 videos" in r.uncertainty.caveat
 
 
 def test_search_cli_prints_and_dumps_the_set(world: dict) -> None:
