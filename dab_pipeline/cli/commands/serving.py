@@ -94,8 +94,9 @@ from .options import EXISTING, FINITE_FLOAT, STORE, k_option, one_spelling, type
     "--ray",
     "on_ray",
     is_flag=True,
-    help="Serve on Ray Serve (the ray extra): a deployment per index shard, --replicas re-rank replicas batching "
-    "with Serve's own batching, the same API and page (docs/search.md).",
+    help="Serve on Ray Serve (the ray extra): a deployment per index shard and --replicas re-rank replicas; the "
+    "ingress gathers the queries that arrive together with dab serve's own batcher (--max-batch, --batch-wait-ms) "
+    "and sends each batch to a re-rank replica as one request; the same API and page (docs/search.md).",
 )
 @click.option(
     "--replicas",
