@@ -17,23 +17,50 @@ import os
 import shlex
 import shutil
 import sys
+import textwrap
 import time
 from pathlib import Path
 
 from ..world import make_world, world_preset
 from . import cli, register_commands
+from .progress import LOG_WIDTH
 
 # Free-text queries for `dab search`: words of the world, phrasings of one's own.
 QUERIES = ("a large red circle", "two shapes on sand", "a small white ring on a navy background")
 
 
 def _run(args: list[str]) -> None:
-    print(f"\n$ dab {shlex.join(args)}", flush=True)
+    print(f"\n{shell_lines(args)}", flush=True)
     try:
         cli.main(args=args, prog_name="dab", standalone_mode=False)
     except SystemExit as exc:  # click exits 0 on success in some paths
         if exc.code not in (0, None):
             raise
+
+
+def shell_lines(args: list[str], width: int = LOG_WIDTH) -> str:
+    """``$ dab ARGS`` as a user would type it, continued with `` \\`` between arguments so that no line passes
+    ``width`` columns (the log's; an option stays with its value, and an argument longer than a line keeps a line
+    of its own, whole)."""
+    words = [shlex.quote(a) for a in args]
+    units = []
+    for word in words:
+        if units and units[-1].startswith("-") and " " not in units[-1] and not word.startswith("-"):
+            units[-1] += " " + word  # --option value
+        else:
+            units.append(word)
+    lines, line = [], "$ dab"
+    for word in units:
+        if len(line) + 1 + len(word) + 2 > width and line.strip() not in ("$ dab", ""):
+            lines.append(line + " \\")
+            line = "   "
+        line += " " + word
+    return "\n".join([*lines, line])
+
+
+def _say(text: str) -> None:
+    """A line of the demo's own, wrapped between words within the log's 120 columns."""
+    print(textwrap.fill(text, LOG_WIDTH, break_long_words=False, break_on_hyphens=False), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,13 +79,15 @@ def main(argv: list[str] | None = None) -> int:
     runs = [_train_and_evaluate(store, out / "runs" / v, v, args.epochs, args.steps, q) for v in ("xpool", "dab")]
     _run(["compare", *runs, "--out", str(out / "comparison.md")])
     _search(runs[-1], store, out)
-    print(
-        f"\nopen {out / 'runs' / 'dab' / 'examples.html'} (test queries, with thumbnails of what was retrieved) "
-        f"and {out / 'search.html'} (the queries above) in a browser",
-        flush=True,
+    print(flush=True)
+    _say(
+        f"open {out / 'runs' / 'dab' / 'examples.html'} (test queries, with thumbnails of what was retrieved) "
+        f"and {out / 'search.html'} (the queries above) in a browser"
     )
-    print(f"\ndemo finished in {time.time() - t0:.0f} s; everything is under {out}/", flush=True)
-    print(f"\n{path_hint()}", flush=True)
+    print(flush=True)
+    _say(f"demo finished in {time.time() - t0:.0f} s; everything is under {out}/")
+    print(flush=True)
+    _say(path_hint())
     return 0
 
 
@@ -89,10 +118,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _write_world(preset: str, out: Path) -> Path:
     """The world ``preset`` written under ``out / "world"``; its captions file."""
     cfg = world_preset(preset)
-    print(
-        f"writing the {preset!r} world ({cfg.train} train / {cfg.val} val / {cfg.test} test clips) "
-        f"to {out / 'world'} ...",
-        flush=True,
+    _say(
+        f"writing the {preset!r} world ({cfg.train} train / {cfg.val} val / {cfg.test} test clips) to {out / 'world'} ..."
     )
     return make_world(out / "world", cfg, workers=2)
 

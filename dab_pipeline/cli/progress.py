@@ -1,4 +1,5 @@
-"""Render library progress events with rich (the only place rich is used for progress)."""
+"""Render library progress events with rich (the only place rich is used for progress), and the consoles the
+commands print on."""
 
 from __future__ import annotations
 
@@ -14,8 +15,42 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
+from rich.table import Column
 
 from ..core.events import Event
+
+# Outside a terminal (a log, a pipe, CI, click's CliRunner) nobody resizes a window: the output is laid out for
+# 120 columns, each table fitted to it (rich wraps a cell at its words rather than cut it), and the borders and
+# bars are drawn in ASCII. A log viewer or collector that cuts a long line at a byte count then never splits a
+# border's multi-byte character into U+FFFD (issue 61, item 5).
+LOG_WIDTH = 120
+
+
+class _LogConsole(Console):
+    """A console for a log: rich draws tables and bars in ASCII where the output's encoding is not UTF; this one
+    says it is not, whatever the file's encoding (the text itself is still written as it is)."""
+
+    @property
+    def encoding(self) -> str:
+        return "ascii"
+
+
+def cli_console(stderr: bool = False) -> Console:
+    """The console a command prints on (stderr: its progress and warnings): the terminal's width and box
+    characters in a terminal, else :data:`LOG_WIDTH` columns and ASCII borders."""
+    con = Console(stderr=stderr)
+    if con.is_terminal:
+        return con
+    return _LogConsole(stderr=stderr, width=LOG_WIDTH)
+
+
+class _OneLine(TextColumn):
+    """A text column that narrows with the line (its column may shrink) but stays on one line, cut with "…"."""
+
+    def render(self, task):  # type: ignore[no-untyped-def]
+        text = super().render(task)
+        text.no_wrap, text.overflow = True, "ellipsis"
+        return text
 
 
 def _clock(seconds: float) -> str:
@@ -37,15 +72,18 @@ class RichProgress:
 
     def __init__(self, quiet: bool = False, console: Console | None = None) -> None:
         self.quiet = quiet
-        self.console = console or Console(stderr=True)
+        self.console = console or cli_console(stderr=True)
+        # the numbers never shrink (a count cut to `3674/36…` says nothing): where the line is too long for the
+        # console, the bar narrows first, then the message beside it is cut with "…"
+        fixed = Column(no_wrap=True)
         self._progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]}"),
-            TextColumn("{task.fields[extra]}"),
-            TimeElapsedColumn(),
-            TextColumn("{task.fields[eta]}"),
+            TextColumn("[bold]{task.description}", table_column=fixed),
+            BarColumn(table_column=Column()),
+            MofNCompleteColumn(table_column=Column(no_wrap=True)),
+            TextColumn("{task.fields[rate]}", table_column=Column(no_wrap=True)),
+            _OneLine("{task.fields[extra]}", table_column=Column()),
+            TimeElapsedColumn(table_column=Column(no_wrap=True)),
+            TextColumn("{task.fields[eta]}", table_column=Column(no_wrap=True)),
             console=self.console,
             disable=quiet,
             transient=False,

@@ -259,7 +259,10 @@ def test_demo_pipeline_small(tmp_path: Path, capsys: pytest.CaptureFixture) -> N
     from dab_pipeline.cli.demo import QUERIES, main
 
     assert main(["--out", str(tmp_path / "demo"), "--world", "tiny", "--epochs", "2", "--quiet"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    # its log, as `make demo > log` writes it (issue 61, item 5): every line within 120 columns, no character cut
+    for line in (out + err).splitlines():
+        assert len(line) <= 120 and "\ufffd" not in line, line
     for command in ("extract", "train", "evaluate", "compare", "search"):
         assert f"$ dab {command}" in out
     md = (tmp_path / "demo" / "comparison.md").read_text()

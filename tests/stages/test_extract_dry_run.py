@@ -12,10 +12,11 @@ from ..helpers.runner import invoke
 
 
 def _rows(output: str) -> dict[str, list[int]]:
-    """split -> [videos, queries, captions, missing, duplicate queries, empty queries] from the printed table."""
+    """split -> [videos, queries, captions, missing, duplicate queries, empty queries] from the printed table (its
+    borders in ASCII outside a terminal, box characters in one)."""
     out = {}
     for line in output.splitlines():
-        cells = [c.strip() for c in line.split("│")[1:-1]]
+        cells = [c.strip() for c in line.replace("│", "|").split("|")[1:-1]]
         if cells and cells[0] in ("train", "val", "test"):
             out[cells[0]] = [int(c) for c in cells[1:]]
     return out

@@ -213,16 +213,82 @@ def test_k_is_spelt_as_in_dab_serve_and_topk_still_works_with_a_notice(
     assert "--topk" not in CliRunner().invoke(cli, ["search", "--help"]).stdout.split("-k, --k")[0]
 
 
-def test_cli_table_is_whole_outside_a_terminal(store: Path, tmp_path: Path) -> None:
-    """The per-query tables print at their natural width in a log or a pipe: a long description is not cut to "…"."""
+def _log_lines(output: str) -> list[str]:
+    """The lines of a command's output in a log: each within 120 columns, none holding U+FFFD (a character cut)."""
+    lines = output.splitlines()
+    assert all(len(x) <= 120 for x in lines), "\n".join(x for x in lines if len(x) > 120)
+    assert not any("\ufffd" in x for x in lines), output
+    return lines
+
+
+def test_cli_table_fits_120_columns_outside_a_terminal(store: Path, tmp_path: Path) -> None:
+    """Issue 61, item 5 (a, c, d): in a log or a pipe a query's table fits 120 columns (it was 257 wide with the
+    world's descriptions), its borders in ASCII; a description too long for the room left is cut at a word boundary
+    and ended with "…" (a single word longer than the room: cut inside it, the "…" still saying so); the margin's
+    label and value stay on one line."""
     run, _ = build_run(tmp_path / "run", store)
-    long_text = "a-description-without-a-place-to-break-" * 4  # 156 characters, one word
+    words = (
+        "shot 1 (frames 0-7): large orange ring, small yellow circle, small green ring on navy; shot 2 (frames 8-15): "
+        "large blue ring on black; shot 3 (frames 16-23): small pink cross on grey"
+    )
+    one_word = "a-description-without-a-place-to-break-" * 4  # 156 characters, one word
+    short = "small red ring on sand"
+    texts = {f"vid{i}": (words, one_word, short)[i % 3] for i in range(len(CAPTIONS))}
     about = tmp_path / "about.json"
-    about.write_text(json.dumps({f"vid{i}": long_text for i in range(len(CAPTIONS))}))
-    args = ["search", "--run", run, "--features", store, "-k", "3", "--device", "cpu", "--descriptions", about]
-    out = invoke([*args, CAPTIONS[2]])
+    about.write_text(json.dumps(texts))
+    args = ["search", "--run", run, "--features", store, "-k", "6", "--device", "cpu", "--descriptions", about]
+    out = invoke([*args, CAPTIONS[2], CAPTIONS[4]])
     assert out.exit_code == 0, out.output
-    assert "…" not in out.output and long_text in out.output, out.output
+    lines = _log_lines(out.output)
+    assert not any(set(x) & set("━┃│┏┡└") for x in lines), out.output  # ASCII borders: no box characters
+    cells = {}
+    for x in lines:
+        parts = [c.strip() for c in x.split("|")[1:-1]]
+        if len(parts) == 4 and parts[0].isdigit():
+            cells[parts[1]] = parts[3]
+    assert set(cells) == {f"vid{i}" for i in range(TEST_VIDEOS)}, out.output
+    for vid, cell in cells.items():
+        text = texts[vid]
+        if len(text) <= 80:
+            assert cell == text
+            continue
+        assert cell.endswith("…") and text.startswith(cell[:-1]), (vid, cell)
+        if text is words:  # cut where a word ends
+            assert text[len(cell) - 1] in " ,;:" and len(cell) > 60, (vid, cell)
+    margins = [x for x in lines if "margin" in x]
+    assert len(margins) == 2 and all(re.fullmatch(r"margin \(2nd - 1st cost\): [0-9.e+-]+", x) for x in margins)
+
+
+def test_cli_warning_and_conformal_set_lines_fit_120_columns(store: Path, tmp_path: Path) -> None:
+    """The lines under a table (a calibrated answer's set) and a warning wrap between words at 120 columns."""
+    from dab_pipeline.stages.calibrate import CalibrateConfig, run_calibrate
+
+    pytest.importorskip("sklearn")
+    big = text_store(
+        tmp_path / "big.h5",
+        [
+            f"a {c} {t}"
+            for c in ("red", "blue", "green", "white", "black")
+            for t in ("ball", "dog", "car", "cat", "boat")
+        ],
+        frames=F_,
+        splits=["test"] * 5 + ["val"] * 20,
+    )
+    run, _ = build_run(tmp_path / "run", big)
+    run_calibrate(CalibrateConfig(run=run, device="cpu"))
+    args = ["search", "--run", run, "--features", big, "--split", "all", "-k", "2", "--device", "cpu"]
+    out = invoke([*args, "a red ball"])  # another gallery: a warning, and every result's numbers marked
+    assert out.exit_code == 0, out.output
+    _log_lines(out.output)
+    text = " ".join(out.output.split())
+    assert "warning: the run was calibrated on a gallery of 20 videos" in text, out.output  # searched: 25 videos
+    assert "not calibrated here: the run was calibrated on a gallery of 20 videos" in text
+    run_calibrate(CalibrateConfig(run=run, device="cpu", gallery="all"))  # a set needs the gallery searched
+    out = invoke([*args, "--coverage", "0.95", "a red ball"])
+    assert out.exit_code == 0, out.output
+    lines = _log_lines(out.output)
+    text = " ".join(out.output.split())
+    assert "conformal set" in text and any(x.startswith("margin (2nd - 1st cost): ") for x in lines)
 
 
 @pytest.mark.parametrize(

@@ -123,11 +123,9 @@ def _print_metrics(res: dict) -> None:
     con = console()
     pp = res.get("postprocess", {})
     pp_name = pp.get("label") or pp.get("name", "none") if isinstance(pp, dict) else str(pp)
-    con.print(
-        metric_table(
-            f"{res['source']}  (postprocess: {pp_name})", [("text-to-video", res["t2v"]), (v2t_label(res), res["v2t"])]
-        )
-    )
+    # the source on a line of its own, not the table's title: a title folds a long path at the table's width
+    con.print(f"{res['source']}  (postprocess: {pp_name})", highlight=False, markup=False)
+    con.print(metric_table(None, [("text-to-video", res["t2v"]), (v2t_label(res), res["v2t"])]))
     if res.get("published"):
         con.print(published_line(res["published"]))
     sel = res.get("selective", {})
@@ -179,8 +177,8 @@ def compare(runs, out) -> None:
     loaded = [load_metrics(r) for r in runs]  # a missing or damaged metrics.json: one line saying how to remake it
     headers, rows = compare_table(loaded)
     t = Table(title="comparison (text-to-video)")
-    for h in headers:
-        t.add_column(h, justify="left" if h == headers[0] else "right")
+    for h in headers:  # a run's name too long for the console folds onto more lines, whole; no number is cut
+        t.add_column(h, justify="left", overflow="fold") if h == headers[0] else t.add_column(h, justify="right")
     for row in rows:
         t.add_row(*row)
     console().print(t)

@@ -12,7 +12,7 @@ from ...core.errors import DatasetError
 from .. import cli
 from ..progress import RichProgress
 from .options import EXISTING, EXTRACT_TIMEOUT, NEW_STORE, PATH, typed
-from .output import console, echo_survey, human_bytes, quiet_shared_errors
+from .output import console, echo_line, echo_survey, human_bytes, quiet_shared_errors
 
 
 @cli.command()
@@ -208,7 +208,7 @@ def _resumed_options(ctx: click.Context, out: Path, overwrite: bool) -> dict:
     taken = {k: v for k, v in stored.items() if not typed(ctx, k)}
     differ = {k: v for k, v in taken.items() if _spelled(v) != _spelled(ctx.params.get(k))}
     if differ:  # said, so that a rerun never silently takes another model than its options' defaults name
-        click.echo(
+        echo_line(
             f"options not given, taken from {out}: "
             + ", ".join(f"{k}={v}" for k, v in sorted(differ.items()))
             + " (type one to change it: a value that differs from the store's is refused)",
@@ -222,30 +222,34 @@ def _spelled(value) -> str:
 
 
 def _extract_summary(res) -> None:
-    msg = (
-        f"{res.store}: {res.videos_ok} videos encoded, {res.videos_skipped} already done, "
+    """What an extract did: the store on a line of its own, then the counts and times (each line within 120
+    columns in a log, whatever the store's path)."""
+    echo_line(f"{res.store}:")  # a path longer than the console folds onto the next line
+    click.echo(
+        f"  {res.videos_ok} videos encoded, {res.videos_skipped} already done, "
         f"{res.videos_failed} failed, {res.videos_missing} missing; {res.captions} captions"
     )
     done = res.videos_ok + res.videos_failed
+    rate = ""
     if done and res.video_seconds > 0:
-        msg += f"; {done} videos in {res.video_seconds:.2f} s ({done / res.video_seconds:.1f} videos/s)"
-    click.echo(msg + f"; {res.seconds:.2f} s in all")
+        rate = f"{done} videos in {res.video_seconds:.2f} s ({done / res.video_seconds:.1f} videos/s); "
+    click.echo(f"  {rate}{res.seconds:.2f} s in all")
     earlier = res.store_failed - res.videos_failed
-    click.echo(
+    echo_line(
         f"store: {res.store_ok} ok, {res.store_failed} failed"
         + (f" ({earlier} in earlier runs)" if earlier > 0 else "")
         + f", {res.store_missing} missing; {len(res.warnings)} of this run's videos have decoder warnings"
     )
     if res.truncation_note:
-        click.echo(res.truncation_note)
+        echo_line(res.truncation_note)
     if res.failures:
         click.echo(f"failures (first {min(5, len(res.failures))}):", err=True)
         for vid, err in res.failures[:5]:
-            click.echo(f"  {vid}: {err}", err=True)
+            echo_line(f"  {vid}: {err}", err=True)
     if res.warnings:
         click.echo(f"warnings (first {min(5, len(res.warnings))}; `dab inspect` lists all):", err=True)
         for vid, note in res.warnings[:5]:
-            click.echo(f"  {vid}: {note}", err=True)
+            echo_line(f"  {vid}: {note}", err=True)
 
 
 @cli.command()
@@ -326,6 +330,8 @@ def _manifest_table(store: Path, manifest: dict):
     from rich.table import Table
 
     t = Table(title=f"{store}", show_header=False)
+    t.add_column(no_wrap=True)
+    t.add_column(overflow="fold")  # a long value wraps between its words; a long word (a path) folds, whole
     for key in _MANIFEST_KEYS:
         if key in manifest:
             t.add_row(key, str(manifest[key]))

@@ -9,21 +9,33 @@ import click
 
 from ...core.errors import DabError
 from .. import UserError
-
-# Outside a terminal (a log, a pipe, CI, click's CliRunner) rich would fit a table into 80 columns and cut
-# its cells (`1977…`); there nobody resizes a window, so the console is wide enough for any table, which rich
-# renders at its natural width (never padded to this one).
-UNBOUNDED_WIDTH = 100_000
+from ..progress import cli_console
 
 
-def console():
-    """The console the commands print on: the terminal's width in a terminal, else wide enough for any table."""
-    from rich.console import Console
+def console(stderr: bool = False):
+    """The console the commands print on: the terminal's width in a terminal; in a log, a pipe or a file 120
+    columns with ASCII borders (cli/progress.py's :func:`cli_console`), every table fitted to them."""
+    return cli_console(stderr=stderr)
 
-    con = Console()
-    if not con.is_terminal:
-        con = Console(width=UNBOUNDED_WIDTH)
-    return con
+
+def echo_line(text: str, err: bool = False) -> None:
+    """One line of prose on stdout (stderr with ``err``), wrapped between words at the console's width (120
+    columns in a log): as click.echo, never read as rich markup."""
+    console(stderr=err).print(text, markup=False, highlight=False)
+
+
+def cut_words(text: str, width: int) -> str:
+    """``text`` on at most ``width`` columns: whole, or cut at the last word boundary that fits and ended with
+    "…" (a single word longer than the width: cut inside it, the "…" still saying so)."""
+    text = " ".join(text.split())
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return "…"[:width]
+    head = text[: width - 1]
+    if text[width - 1] != " " and " " in head:
+        head = head[: head.rindex(" ")]
+    return head.rstrip(" ,;:") + "…"
 
 
 @contextmanager
@@ -73,7 +85,7 @@ def v2t_label(res: dict) -> str:
     return "video-to-text (every caption)" if res.get("v2t_convention") == "captions" else "video-to-text"
 
 
-def metric_table(title: str, rows: list[tuple[str, dict]]):
+def metric_table(title: str | None, rows: list[tuple[str, dict]]):
     from rich.table import Table
 
     cols = ["R@1", "R@5", "R@10", "R@50", "MdR", "MnR", "RSum"]
@@ -96,9 +108,9 @@ def echo_survey(survey) -> None:
         folders.setdefault(str(path.parent), []).append(path.name)
     limit = f" (its first {survey.limit} videos)" if survey.limit else ""
     for folder, names in folders.items():
-        click.echo(f"{survey.name}{limit}: annotations in {folder}: {', '.join(names)}")
+        echo_line(f"{survey.name}{limit}: annotations in {folder}: {', '.join(names)}")
     shown = {k: v for k, v in sorted(survey.options.items()) if k != "warnings"}
-    click.echo("options: " + ", ".join(f"{k}={v}" for k, v in shown.items()))
+    echo_line("options: " + ", ".join(f"{k}={v}" for k, v in shown.items()))
     t = Table(title=f"{survey.name}: what `dab extract` would read")
     cols = ("split", "videos", "queries", "captions", "missing", "duplicate queries", "empty queries")
     for col in cols:
@@ -110,18 +122,18 @@ def echo_survey(survey) -> None:
         if s.missing:
             vid, path = s.first_missing[0]
             names = ", ".join(v for v, _ in s.first_missing)
-            click.echo(
+            echo_line(
                 f"{s.split}: {_n(s.missing, 'video', 'videos')} missing on disk (first: {names}; looked for {path})"
             )
         if s.duplicates:
             texts = "; ".join(repr(_cut(t)) for t in s.first_duplicates)
-            click.echo(
+            echo_line(
                 f"{s.split}: {_n(s.duplicates, 'query repeats', 'queries repeat')} an earlier one (first: {texts})"
             )
         if s.empty:
-            click.echo(f"{s.split}: {_n(s.empty, 'empty query', 'empty queries')} (first: {', '.join(s.first_empty)})")
+            echo_line(f"{s.split}: {_n(s.empty, 'empty query', 'empty queries')} (first: {', '.join(s.first_empty)})")
     for w in survey.warnings:
-        click.echo(f"warning: {w}")
+        echo_line(f"warning: {w}")
 
 
 def _n(count: int, one: str, many: str) -> str:

@@ -11,7 +11,7 @@ from ...core.choices import CONFORMAL_SCORES, DEFAULT_CONFORMAL_SCORE, DEFAULT_S
 from .. import cli
 from .calibrated_answers import uncertainty_lines
 from .options import STORE, k_option, one_spelling
-from .output import console
+from .output import console, cut_words
 
 _EXISTING = click.Path(path_type=Path, exists=True)
 
@@ -146,7 +146,8 @@ def search(
         max_risk=max_risk,
         delta=delta,
     )
-    results = run_search(cfg, warn=lambda message: click.echo(f"warning: {message}", err=True))
+    errors = console(stderr=True)  # a warning wraps between words at the console's width (120 columns in a log)
+    results = run_search(cfg, warn=lambda message: errors.print(f"warning: {message}", markup=False, highlight=False))
     if html is not None:
         page = _write_page(html, results, features, run_dir, about, k)
         click.echo(f"wrote {page}", err=True)
@@ -164,33 +165,33 @@ def _search_payload(results, about: dict) -> list[dict]:
 
 
 def _print_results(results, about: dict) -> None:
-    """One table per query: its hits' ranks, videos and costs (and descriptions if given), the margin below."""
+    """One table per query: its hits' ranks, videos and costs (and descriptions if given), the margin below.
+
+    The table fits the console (120 columns in a log): a description longer than the room left is cut at a word
+    boundary and ended with "…" (the whole text is in --json and the --html page)."""
     from rich.table import Table
 
-    con = console()  # the full width outside a terminal: no cell cut to "…"
+    con = console()
     for r in results:
         margin = "n/a (fewer than 2 videos)" if r.margin is None else f"{r.margin:.4g}"
-        table = Table(
-            title=f"{r.query}",
-            caption=f"margin (2nd - 1st cost): {margin}",
-            title_justify="left",
-            caption_justify="left",
-        )
-        table.add_column("rank", justify="right")
-        table.add_column("video")
-        table.add_column("cost", justify="right")
+        table = Table(title=f"{r.query}", title_justify="left")
+        rows = [(str(h.rank), h.video_id, f"{h.cost:.4f}") for h in r.hits]
+        widths = [max([len(name), *(len(row[i]) for row in rows)]) for i, name in enumerate(("rank", "video", "cost"))]
+        table.add_column("rank", justify="right", no_wrap=True)
+        table.add_column("video", overflow="fold")  # a long id folds onto more lines, whole
+        table.add_column("cost", justify="right", no_wrap=True)
+        room = con.width - sum(widths) - 13  # 4 columns: 5 borders, 8 of padding
         if about:
-            table.add_column("what the video shows")
-        for h in r.hits:
-            table.add_row(
-                str(h.rank),
-                h.video_id,
-                f"{h.cost:.4f}",
-                *([about.get(h.video_id, "(no description)")] if about else []),
-            )
+            table.add_column("what the video shows", no_wrap=True)
+            room = max(room, len("what the video shows"))
+        for row, h in zip(rows, r.hits):
+            table.add_row(*row, *([cut_words(about.get(h.video_id, "(no description)"), room)] if about else []))
         con.print(table)
+        # a line of its own, not the table's caption: a caption wraps at the table's width, its label apart from
+        # its value
+        con.print(f"margin (2nd - 1st cost): {margin}", highlight=False)
         for line in uncertainty_lines(r):
-            con.print(line, highlight=False, soft_wrap=True)
+            con.print(line, highlight=False, markup=False)  # wrapped at the console's width, between words
 
 
 def _write_page(path: Path, results, features: Path, run_dir: Path, about: dict, k: int) -> Path:

@@ -151,33 +151,12 @@ def _report(res, out, as_json: bool) -> None:
 
 
 def _print_table(res) -> None:
-    from rich.table import Table
-
-    from ...results.sweep import COLUMNS  # deferred: `dab --help` must not import torch
-
-    table = res.table
-    shown = [(c, d) for c, _, d in COLUMNS if c not in ("MdR", "v2t R@1")]  # the rest: sweep.md
-    t = Table(title=f"{res.out}  (baseline: {table['baseline']})")
-    t.add_column("row", no_wrap=True)
-    for col in ["seeds", *(c for c, _ in shown), f"R@1 - {table['baseline']}"]:
-        t.add_column(col, justify="right")
-    for name, row in table["rows"].items():
-        cells = []
-        for col, digits in shown:
-            c = row["columns"][col]
-            cells.append(
-                "-"
-                if c is None
-                else (f"{c['mean']:.{digits}f}" + (f" ± {c['std']:.{digits}f}" if len(c["values"]) > 1 else ""))
-            )
-        v = row["vs_baseline"]
-        diff = (
-            "-"
-            if v is None
-            else f"{v['diff']:+.1f} [{v['low']:+.1f}, {v['high']:+.1f}]{' *' if v['excludes_zero'] else ''}"
-        )
-        t.add_row(name, str(len(row["seeds"])), *cells, diff)
+    """The sweep's table: each cell "mean ± std" on one line where the console is wide enough, else (a log's 120
+    columns) the std under the mean, so the table fits without a number cut or split."""
     con = console()
+    t = _sweep_table(res, stacked=False)
+    if con.measure(t, options=con.options.update_width(1_000_000)).maximum > con.width:  # its natural width
+        t = _sweep_table(res, stacked=True)
     con.print(t)
     for note in res.notes:
         con.print(f"note: {note}")
@@ -187,3 +166,39 @@ def _print_table(res) -> None:
         f"{len(res.done)} run(s) done, {len(res.reused)} reused, {len(res.failed)} failed in "
         f"{res.seconds:.0f} s; wrote {res.out / 'sweep.md'}, sweep.json, sweep.png"
     )
+
+
+def _sweep_table(res, stacked: bool):
+    """The sweep's rows as a rich table (``stacked``: a cell's std on a line under its mean)."""
+    from rich.table import Table
+
+    from ...results.sweep import COLUMNS  # deferred: `dab --help` must not import torch
+
+    table = res.table
+    shown = [(c, d) for c, _, d in COLUMNS if c not in ("MdR", "v2t R@1")]  # the rest: sweep.md
+    t = Table(title=f"{res.out}  (baseline: {table['baseline']})")
+    t.add_column("row", overflow="fold")  # a long row name folds onto more lines, whole
+    # stacked, the baseline is named in the title only; the difference and its interval stay on one line
+    diff_header = "R@1 - baseline" if stacked else f"R@1 - {table['baseline']}"
+    for col in ["seeds", *(c for c, _ in shown), diff_header]:
+        t.add_column(col, justify="right", no_wrap=col == diff_header)
+    for name, row in table["rows"].items():
+        cells = []
+        for col, digits in shown:
+            c = row["columns"][col]
+            cells.append(
+                "-"
+                if c is None
+                else (
+                    f"{c['mean']:.{digits}f}"
+                    + (("\n" if stacked else " ") + f"± {c['std']:.{digits}f}" if len(c["values"]) > 1 else "")
+                )
+            )
+        v = row["vs_baseline"]
+        diff = (
+            "-"
+            if v is None
+            else f"{v['diff']:+.1f} [{v['low']:+.1f}, {v['high']:+.1f}]{' *' if v['excludes_zero'] else ''}"
+        )
+        t.add_row(name, str(len(row["seeds"])), *cells, diff)
+    return t
