@@ -158,7 +158,83 @@ def _print_metrics(res: dict) -> None:
             f"semantic positives in top-{nb['topk']} (model / random): "
             + ", ".join(f"cosine >= {r['tau']}: {r['model']:.2f} / {r['random']:.2f}" for r in nb["rows"])
         )
+    _print_calibration(con, res.get("calibration"))
     con.print("wrote " + ", ".join(res.get("files", {}).values()))
+
+
+# The columns of a probability's row (report.md's calibration section has the same, and more).
+_PROBABILITY_COLUMNS = (
+    ("ECE", "ece"),
+    ("ECE (mass)", "ece_mass"),
+    ("Brier", "brier"),
+    ("log loss", "log_loss"),
+    ("AUROC", "auroc"),
+    ("mean p", "mean_probability"),
+    ("accuracy", "accuracy"),
+)
+
+
+def _figure(x, digits: int = 3) -> str:
+    """A figure, or "-" where it is undefined (an AUROC of one-class outcomes) or absent."""
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _print_calibration(con, cal) -> None:
+    """A calibrated run's calibration on the test split, in short: P(first hit is a match) against its two
+    baselines, and the conformal sets' coverage; report.md has the rest (P(a match in the first k), the groups)."""
+    from rich.table import Table
+
+    if not isinstance(cal, dict):
+        return
+    on = cal.get("calibrated_on") or {}
+    gallery = on.get("gallery") or {}
+    test = cal.get("test") or {}
+    con.print(
+        f"calibration (dab calibrate, {cal.get('method')}): fitted on {on.get('queries')} queries of split "
+        f"{on.get('split')!r} against {gallery.get('videos')} videos of {gallery.get('split')!r}; measured on "
+        f"{test.get('queries')} test queries against {test.get('videos')} videos",
+        highlight=False,
+        markup=False,
+    )
+    if cal.get("same_gallery") is False:
+        con.print(
+            "the test gallery is not the one calibrated on: the coverage asked is not guaranteed here (calibrate on "
+            "the gallery you search: dab calibrate --gallery)",
+            highlight=False,
+            markup=False,
+        )
+    first = cal.get("first") or {}
+    if first:
+        t = Table(title="P(the first hit is a match), on the test queries", title_justify="left")
+        t.add_column("probability", no_wrap=True)
+        for name, _ in _PROBABILITY_COLUMNS:
+            t.add_column(name, justify="right")
+        for name, row in first.items():
+            t.add_row(name, *(_figure((row or {}).get(key)) for _, key in _PROBABILITY_COLUMNS))
+        con.print(t)
+    sets = cal.get("sets") or {}
+    if sets:
+        t = Table(title="conformal sets on the test queries (coverage: asked, measured)", title_justify="left")
+        for name in ("score", "asked", "measured", "s.e.", "mean size", "median", "90th pct"):
+            t.add_column(name, justify="left" if name == "score" else "right", no_wrap=name == "score")
+        for score, per in sets.items():
+            for asked, row in per.items():
+                t.add_row(
+                    score,
+                    asked,
+                    _figure(row.get("coverage")),
+                    _figure(row.get("standard_error")),
+                    _figure(row.get("size_mean"), 1),
+                    _figure(row.get("size_median"), 0),
+                    _figure(row.get("size_p90"), 0),
+                )
+        con.print(t)
+    k = cal.get("k")
+    con.print(
+        f"report.md: P(a match in the first {k}), reliability and any groups' coverage",
+        highlight=False,
+        markup=False,
+    )
 
 
 @cli.command()
