@@ -32,12 +32,38 @@ def test_importing_the_package_does_not_import_torch() -> None:
     assert out.stdout.strip() == "False", out.stdout + out.stderr
 
 
-def test_the_readmes_example_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    """In a folder holding a store.h5 and a run folder (the compatibility fixtures': tests/data/compat)."""
+def _demo_paths(folder: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    """Where `make demo` (dab_pipeline/cli/demo.py, its default --out) writes its store and its dab run, read from the
+    commands it runs (recorded, not run: the world and every command are stubbed) in ``folder``."""
+    from dab_pipeline.cli import demo
+
+    ran: list[list[str]] = []
+    monkeypatch.chdir(folder)
+    monkeypatch.setattr(demo, "_write_world", lambda preset, out: out / "world" / "captions.csv")
+    monkeypatch.setattr(demo, "_run", ran.append)
+    assert demo.main([]) == 0
+
+    def out_of(command: str, *having: str) -> Path:
+        args = next(a for a in ran if a[0] == command and all(h in a for h in having))
+        return Path(args[args.index("--out") + 1])
+
+    return {"store": out_of("extract"), "run": out_of("train", "dab")}
+
+
+def test_the_readmes_example_runs_as_written_on_the_demos_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """The README's `## In Python` block, pasted in the folder where `make demo` ran (issue 61, item 4a): its paths
+    are the ones the demo writes, here holding the compatibility fixtures' store and run (tests/data/compat)."""
     blocks = re.findall(r"## In Python\n.*?```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)
     assert len(blocks) == 1, "the README's `## In Python` section has one python block"
-    shutil.copytree(REPO / "tests" / "data" / "compat" / "v1", tmp_path / "here")
-    monkeypatch.chdir(tmp_path / "here")
+    paths = _demo_paths(tmp_path, monkeypatch)
+    assert paths == {"store": Path("demo_out/store.h5"), "run": Path("demo_out/runs/dab")}, paths
+    shutil.rmtree(tmp_path / "demo_out")  # what the stubbed demo made: the fixtures take the demo's paths
+    paths["run"].parent.mkdir(parents=True)
+    shutil.copy(REPO / "tests" / "data" / "compat" / "v1" / "store.h5", paths["store"])
+    shutil.copytree(REPO / "tests" / "data" / "compat" / "v1" / "run", paths["run"])
+    capsys.readouterr()
     exec(compile(blocks[0], "README.md", "exec"), {})  # noqa: S102  # the README's own text, as a user runs it
     printed = capsys.readouterr().out
     assert "'R@1'" in printed and "'MdR'" in printed

@@ -238,6 +238,22 @@ def test_a_docs_command_runs(cmd: DocCommand, demo: dict, tmp_path: Path) -> Non
     assert done.returncode == 0, f"{cmd.where}: `{cmd.text}` failed:\n{done.stderr[-2000:]}"
 
 
+@pytest.mark.slow
+def test_the_readmes_python_example_runs_on_the_demos_output(
+    demo: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """The README's `## In Python` block, pasted where a real demo wrote `demo_out/` (issue 61, item 4a; the quick
+    suite's tests/test_api.py checks its paths against the demo's commands)."""
+    blocks = re.findall(r"## In Python\n.*?```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    assert len(blocks) == 1
+    (tmp_path / "demo_out").symlink_to(demo["store"].parent, target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    exec(compile(blocks[0], "README.md", "exec"), {})  # noqa: S102  # the README's own text, as a user runs it
+    printed = capsys.readouterr().out
+    assert "'R@1'" in printed and "'MdR'" in printed, printed
+
+
 def test_the_commands_run_and_skipped_cover_every_block_command() -> None:
     """Nothing falls between: each code-block command runs, or has its reason (the lists are printed by -rA)."""
     assert all(c.text.startswith("dab ") for c in RUN), [c.text for c in RUN if not c.text.startswith("dab ")]
