@@ -43,6 +43,7 @@ SKIPPED = [
     (r"runs/(msrvtt|didemo|anet|charades|lsmdc)", "a run on a real dataset's store"),
     (r"--features demo_out/store\.h5 --out demo_out/sweeps", "the demo's sweep: 4 variants x 3 seeds (minutes)"),
     (r"ROOT/videos .* \.\.\.$", "a fragment: the options of one's own folder follow"),
+    (r"s3://", "an S3 bucket and its credentials: tests/stages/test_remote_store.py runs these against moto (slow)"),
 ]
 
 
