@@ -13,8 +13,9 @@ from .settings import ServeSettings
 __all__ = ["cost_svg", "payload", "page_result", "first_captions", "MAX_CAPTIONS_SHOWN"]
 
 
-def cost_svg(costs: np.ndarray, top: int, width: int = 420, height: int = 120) -> str:
-    """The re-ranked costs, ascending, as an inline SVG polyline (the top ``top`` marked)."""
+def cost_svg(costs: np.ndarray, top: int, width: int = 420, height: int = 120, shortlisted: bool = True) -> str:
+    """The scored costs, ascending, as an inline SVG polyline (the top ``top`` marked); ``shortlisted``: the
+    videos are a first stage's shortlist, re-ranked (else every video of the split was scored)."""
     c = np.sort(np.asarray(costs, np.float64)[np.isfinite(costs)])
     if len(c) < 2:
         return ""
@@ -23,12 +24,13 @@ def cost_svg(costs: np.ndarray, top: int, width: int = 420, height: int = 120) -
     xs = np.linspace(30, width - 5, len(c))
     ys = 5 + (height - 25) * (c - lo) / span
     pts = " ".join(f"{x:.1f},{y:.1f}" for x, y in zip(xs, ys))
+    what = "re-ranked" if shortlisted else "scored"  # "400 re-ranked videos" read wrong when every video was scored
     dots = "".join(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="#1f6feb"/>' for x, y in zip(xs[:top], ys[:top]))
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-        f'aria-label="costs of the re-ranked videos">'
+        f'aria-label="costs of the {what} videos">'
         f'<polyline fill="none" stroke="#555" stroke-width="1" points="{pts}"/>{dots}'
-        f'<text x="30" y="{height - 4}" font-size="10" fill="#555">{len(c)} re-ranked videos, by cost '
+        f'<text x="30" y="{height - 4}" font-size="10" fill="#555">{len(c)} {what} videos, by cost '
         f"({lo:.4g} .. {hi:.4g})</text></svg>"
     )
 
@@ -72,9 +74,16 @@ def page_result(
     rows = [int(searcher.rows[h.video_index]) for h in res.hits]  # video_index: the hit's place in the split
     thumbs = searcher.store.read_thumbnails(rows)  # in the order asked
     out = payload(res, settings, seconds)
+    u = out.get("uncertainty") or {}
+    in_set = {h["video_id"] for h in u.get("set", [])}
     for hit, thumb, row in zip(out["hits"], thumbs, rows):
         hit["thumb"] = data_uri(thumb)
         text = hit.get("description") or (captions(row) if captions else None)
         hit["description"] = text
-    out["plot"] = cost_svg(res.costs, len(res.hits)) if res.costs is not None else ""
+        hit["in_set"] = hit["video_id"] in in_set  # the page marks the hits the conformal set holds
+    shown = {h["video_id"] for h in out["hits"]}
+    out["set_rest"] = [h["video_id"] for h in u.get("set", []) if h["video_id"] not in shown]  # paged below the hits
+    out["plot"] = (
+        cost_svg(res.costs, len(res.hits), shortlisted=res.shortlist is not None) if res.costs is not None else ""
+    )
     return out
