@@ -10,11 +10,22 @@ PYTEST_ARGS ?=
 
 .PHONY: install test test-slow test-isa check format demo docs-cli check-docs bench clean
 
-$(STAMP): pyproject.toml
+# Each target installs what it needs (issue 61): the demo the package and its calibrate extra (scikit-learn), the
+# tests every extra they exercise (Ray Serve, moto, FAISS, ...: minutes more on a fresh clone).
+DEMO_STAMP := $(VENV)/.installed-demo
+
+$(VENV)/.venv-made:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(TORCH_PINS)
+	touch $@
+
+$(DEMO_STAMP): pyproject.toml $(VENV)/.venv-made
+	$(PY) -m pip install -q -e '.[calibrate]'
+	touch $(DEMO_STAMP)
+
+$(STAMP): pyproject.toml $(VENV)/.venv-made
 	$(PY) -m pip install -q -e '.[test]'
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
 
 install: $(STAMP)
 
@@ -32,7 +43,7 @@ test-slow: $(STAMP)
 test-isa: $(STAMP)
 	scripts/test_lowered_isa.sh $(PY) $(PYTEST_ARGS)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(PY) -m dab_pipeline.cli.demo --out $(DEMO_OUT)
 
 # Style and structure: ruff's formatter and linter (pyproject.toml [tool.ruff]), the import contracts, docs/cli.md.
