@@ -40,6 +40,7 @@ def _demo_paths(folder: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path
     ran: list[list[str]] = []
     monkeypatch.chdir(folder)
     monkeypatch.setattr(demo, "_write_world", lambda preset, out: out / "world" / "captions.csv")
+    monkeypatch.setattr(demo, "_every_validation_caption", lambda captions: captions)  # no world was written
     monkeypatch.setattr(demo, "_run", ran.append)
     assert demo.main([]) == 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -273,3 +274,21 @@ def test_demo_pipeline_small(tmp_path: Path, capsys: pytest.CaptureFixture) -> N
     descriptions = json.loads((tmp_path / "demo" / "world" / "descriptions.json").read_text())
     assert all(q in out for q in QUERIES) and "what the video shows" in out
     assert any(text[:40] in out for text in descriptions.values())
+
+
+def test_the_demos_calibration_captions_are_every_validation_caption(tmp_path: Path) -> None:
+    """issue 61, item 1: the demo's store gets every caption of the validation videos (the calibration's queries),
+    the training videos every caption, the test videos their one query."""
+    from dab_pipeline.cli.demo import _every_validation_caption
+    from dab_pipeline.world import make_world, world_preset
+
+    captions = make_world(tmp_path / "world", world_preset("tiny"))
+    rows = lambda p: list(csv.DictReader(open(p, newline="", encoding="utf-8")))  # noqa: E731
+    got, every, one = (
+        rows(_every_validation_caption(captions)),
+        rows(captions.parent / "captions_all.csv"),
+        rows(captions),
+    )
+    by_split = lambda rs, s: sorted((r["video_id"], r["caption"]) for r in rs if r["split"] == s)  # noqa: E731
+    assert by_split(got, "val") == by_split(every, "val") and len(by_split(got, "val")) > len(by_split(one, "val"))
+    assert by_split(got, "test") == by_split(one, "test") and by_split(got, "train") == by_split(every, "train")
