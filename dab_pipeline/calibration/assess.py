@@ -100,10 +100,12 @@ def conformal_threshold(cal: Calibration, coverage: float, score: str) -> float:
     if key not in cal.cache:
         alpha = 1.0 - check_alpha(coverage, "coverage")
         rows = cal.quantile_rows()
-        scores = cal.scores(score)[rows]
-        q = weighted_quantile(scores, alpha, np.asarray(cal.weights)[rows])
+        scores, w = cal.scores(score)[rows], np.asarray(cal.weights)[rows]
+        q = weighted_quantile(scores, alpha, w)
         missed = int((~np.isfinite(scores)).sum())
-        if not np.isfinite(q) and missed:
+        videos = float(w.sum())  # the calibration videos the quantile is over (all, or the held-out half's)
+        too_few = (1.0 - alpha) * (videos + 1.0) - 1e-9 > videos  # not even with every match found
+        if not np.isfinite(q) and missed and not too_few:
             raise ConfigError(
                 f"coverage {coverage:g} cannot be reached through this first stage: its shortlist missed the match "
                 f"of {missed} of the {len(scores)} calibration queries, more than the {1 - coverage:.0%} a set may "
@@ -111,7 +113,7 @@ def conformal_threshold(cal: Calibration, coverage: float, score: str) -> float:
             )
         if not np.isfinite(q):
             raise ConfigError(
-                f"{cal.videos} calibration videos are too few for coverage {coverage:g}: at least "
+                f"{videos:.0f} calibration videos are too few for coverage {coverage:g}: at least "
                 f"{needed_calibration(alpha)} are needed"
             )
         cal.cache[key] = q
@@ -187,7 +189,10 @@ def group_thresholds(
     if not np.isfinite(q).all():
         marginal = conformal_threshold(cal, coverage, score)
         for i in np.flatnonzero(~np.isfinite(q)):
-            notes[i] = f"its group holds too few calibration videos for {coverage:.0%}: the marginal set instead"
+            notes[i] = (
+                f"its group's calibration cannot reach {coverage:.0%} (too few videos, or matches the first stage "
+                "missed): the marginal set instead"
+            )
         q = np.where(np.isfinite(q), q, marginal)
     return q, notes
 

@@ -13,6 +13,8 @@ from .groups import parse_groups  # the spec's own parser: one definition of wha
 
 __all__ = ["SchemaError", "validate"]
 
+PER_VIDEO_TESTS = tuple(t for t in RISK_TESTS if t != "binomial")  # the video is the unit: never the binomial
+
 MAP_NAMES = ("first", "first_k", "margin_sigmoid")
 FIELDS = (
     "method",
@@ -134,15 +136,37 @@ def _check_outcomes(r: Any, n: int, what: str) -> None:
     if any(x not in (0, 1) or isinstance(x, float) for x in correct):
         raise SchemaError(f"{what}.correct must hold 0 or 1 (or false / true) only")
     video = r.get("video")
-    if not isinstance(video, list) or len(video) != n or not all(isinstance(v, (int, str)) for v in video):
+    if not isinstance(video, list) or len(video) != n:
         raise SchemaError(f"{what}.video must hold one video id a query ({n})")
+    if not (
+        all(isinstance(v, int) and not isinstance(v, bool) for v in video) or all(isinstance(v, str) for v in video)
+    ):
+        raise SchemaError(f"{what}.video must hold whole numbers only or strings only")
 
 
 def _check_risk(r: Any, n_check: int, n_fit: int) -> None:
     _check_outcomes(r, n_check, "risk")
     _check_outcomes(r.get("fit"), n_fit, "risk.fit")
-    if r.get("test") not in RISK_TESTS:
-        raise SchemaError(f"risk.test must be one of {', '.join(RISK_TESTS)}, got {r.get('test')!r}")
+    if r.get("test") not in PER_VIDEO_TESTS:
+        raise SchemaError(f"risk.test must be one of {', '.join(PER_VIDEO_TESTS)}, got {r.get('test')!r}")
+
+
+def _check_provenance(prov: Any) -> None:
+    """The parts a search reads: the gallery (an object) and the first stage calibrated through (null or an index,
+    its digest, shortlist and nprobe)."""
+    if not isinstance(prov, dict):
+        raise SchemaError("provenance must be an object")
+    if not isinstance(prov.get("gallery", {}), dict):
+        raise SchemaError("provenance.gallery must be an object")
+    index = prov.get("index")
+    if index is None:
+        return
+    if not isinstance(index, dict) or not all(isinstance(index.get(k), str) for k in ("path", "digest")):
+        raise SchemaError("provenance.index must be null or hold the index's path and digest")
+    for key in ("shortlist", "nprobe"):
+        _int(index, key, 1)
+    if not isinstance(index.get("chosen_for", {}), dict):
+        raise SchemaError("provenance.index.chosen_for must be an object")
 
 
 def validate(d: dict[str, Any]) -> dict[str, Any]:
@@ -200,6 +224,5 @@ def validate(d: dict[str, Any]) -> dict[str, Any]:
         raise SchemaError("report must be an object")
     if body.get("groups") is not None:
         _check_groups(body["groups"], n)
-    if not isinstance(body.get("provenance", {}), dict):
-        raise SchemaError("provenance must be an object")
+    _check_provenance(body.get("provenance", {}))
     return body

@@ -45,9 +45,12 @@ def _linprog():
 def _solve(linprog, s_cal, phi_all, lower, upper, S: float) -> tuple[float, np.ndarray]:
     """(the test query's dual variable, the fit's coefficients (d,)) at imputed score ``S``."""
     c = -np.append(s_cal, S)  # maximise sum(eta * s)
-    res = linprog(
-        c, A_eq=phi_all.T, b_eq=np.zeros(phi_all.shape[1]), bounds=np.stack([lower, upper], 1), method="highs"
-    )
+    try:
+        res = linprog(
+            c, A_eq=phi_all.T, b_eq=np.zeros(phi_all.shape[1]), bounds=np.stack([lower, upper], 1), method="highs"
+        )
+    except ValueError as exc:
+        raise ConfigError(f"the conditional conformal program cannot be set up ({exc})") from None
     if res.status != 0:
         raise ConfigError(f"the conditional conformal program failed ({res.message})")
     return float(res.x[-1]), -np.asarray(res.eqlin.marginals, np.float64)
@@ -69,6 +72,12 @@ def conditional_cutoff(
     linprog = _linprog()
     tau = 1.0 - check_alpha(alpha)
     s = np.asarray(scores, np.float64).ravel()  # (n,)
+    finite = np.isfinite(s)
+    if not finite.all():  # +inf: a match the first stage missed; the program needs finite numbers, in the same order
+        base = s[finite] if finite.any() else np.zeros(1)
+        sentinel = float(base.max() + 1.0 + (base.max() - base.min()))
+        got = conditional_cutoff(np.where(finite, s, sentinel), phi, phi_test, alpha, weights, test_weight, rtol)
+        return math.inf if got >= sentinel else got  # a cutoff at the sentinel would hold a missed match
     Phi = np.asarray(phi, np.float64)  # (n, d)
     w = np.ones_like(s) if weights is None else np.asarray(weights, np.float64).ravel()
     phi_all = np.vstack([Phi, np.asarray(phi_test, np.float64).reshape(1, -1)])  # (n + 1, d)

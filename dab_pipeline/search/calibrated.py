@@ -85,7 +85,13 @@ class CalibratedSearch:
             raise ConfigError(
                 self.calibration_problem or f"{run} has no calibration.json: make it with `dab calibrate --run {run}`"
             )
-        other = first_stage_mismatch(self.calibration, first_stage)
+        # a server checks a request before its batch, not knowing the shortlist yet: reassess checks it with the
+        # result's own first stage (first_stage None with an index means "not known here", not "no index")
+        other = (
+            None
+            if first_stage is None and self.index is not None
+            else first_stage_mismatch(self.calibration, first_stage)
+        )
         if other:
             raise ConfigError(other)
         if self.gallery_note:  # a set or a risk decision promised for another gallery: refused (issue 60)

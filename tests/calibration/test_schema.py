@@ -56,9 +56,15 @@ def _set(d: dict, dotted: str, value) -> dict:
         ("risk.test", "t", "risk.test must be one of"),
         ("temperature", -1.0, "temperature must be a finite number"),
         ("queries", 61, "must equal queries 61"),
+        ("risk.test", "binomial", "risk.test must be one of wsr, hb"),
+        ("risk.fit.video", "mixed", "must hold whole numbers only or strings only"),
+        ("provenance", {"index": "x"}, "provenance.index must be null or hold"),
+        ("provenance", {"gallery": []}, "provenance.gallery must be an object"),
     ],
 )
 def test_a_damaged_field_is_one_line_naming_it(good: dict, tmp_path: Path, dotted: str, value, said: str) -> None:
+    if value == "mixed":  # ints and strings in one list: not comparable
+        value = [0, "v"] * (len(good["risk"]["fit"]["video"]) // 2) + [0] * (len(good["risk"]["fit"]["video"]) % 2)
     d = _set(good, dotted, value)
     with pytest.raises(ConfigError) as err:
         read_calibration(_write(tmp_path, d))

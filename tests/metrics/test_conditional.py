@@ -81,3 +81,18 @@ def test_coverage_holds_in_every_overlapping_group() -> None:
     for name, values in cov.items():
         m, se = np.mean(values), np.std(values) / np.sqrt(len(values))
         assert m >= 1 - alpha - 2 * se - 0.005, (name, m)
+
+
+def test_missed_matches_are_scores_above_every_cutoff() -> None:
+    """+inf scores (a match the first stage missed) go through the program as a finite sentinel above every score:
+    the cutoff is the one of that sentinel, or +inf where it would hold a missed match; never a traceback."""
+    s, _, _, phi = _overlapping(300, 4)
+    missed = s.copy()
+    missed[:6] = np.inf  # a few misses: a finite cutoff, the same as with the sentinel itself
+    sentinel = s[6:].max() + 1 + (s[6:].max() - s[6:].min())
+    got = conditional_cutoff(missed, phi, phi[0], 0.1)
+    assert np.isfinite(got) and got == conditional_cutoff(
+        np.where(np.isfinite(missed), missed, sentinel), phi, phi[0], 0.1
+    )
+    mostly = np.where(np.arange(300) % 3 == 0, s, np.inf)  # two thirds missed: 90 % cannot be reached
+    assert conditional_cutoff(mostly, phi, phi[0], 0.1) == math.inf

@@ -323,7 +323,7 @@ def test_groups_show_the_band_in_search_the_api_and_the_page(world: dict, tmp_pa
     (r,) = search(run, world["store"], ["a red ball"], split="val", device="cpu", coverage=0.8)
     assert r.uncertainty.group.startswith("uncertainty ") and r.uncertainty.set_scope == "band"
     (wide,) = search(run, world["store"], ["a red ball"], split="val", device="cpu", coverage=0.95)
-    assert wide.uncertainty.set_scope == "marginal" and "too few calibration videos" in wide.uncertainty.scope_note
+    assert wide.uncertainty.set_scope == "marginal" and "cannot reach 95%" in wide.uncertainty.scope_note
     args = ["search", "--run", str(run), "--features", str(world["store"]), "--split", "val", "--device", "cpu"]
     out = invoke([*args, "--coverage", "0.8", "a red ball"])
     assert "group: uncertainty" in out.output and "calibrated within this query's band" in out.output, out.output
@@ -391,6 +391,17 @@ def test_calibrating_through_an_index_binds_the_searches_to_it(world: dict, tmp_
         search(run, store, ["a red ball"], 3, index=tmp_path / "index", shortlist=20, coverage=0.95, **kw)
     out = invoke(["calibrate", "--run", str(run), "--shortlist", "50", "--device", "cpu"])
     assert out.exit_code != 0 and "give --index too" in out.output
+    # a server checks a request before its batch (no shortlist known yet), then reassesses with the result's own
+    from dab_pipeline.calibration import UncertaintyRequest
+    from dab_pipeline.search import Searcher
+
+    with Searcher(run, store, split="all", index=tmp_path / "index", device="cpu") as s:
+        s.check_request(UncertaintyRequest(coverage=0.3))  # not refused: the served index is the calibrated one
+        (res,) = s.search(["a red ball"], 3, shortlist=20)
+        assert s.reassess(res, UncertaintyRequest(coverage=0.3)).coverage_set
+        (other,) = s.search(["a red ball"], 3, shortlist=30)
+        with pytest.raises(ConfigError, match="at shortlist 20, not 30"):
+            s.reassess(other, UncertaintyRequest(coverage=0.3))
     run_calibrate(CalibrateConfig(run=run, device="cpu", gallery="all"))  # the module's other tests: exhaustive
 
 
