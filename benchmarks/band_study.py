@@ -30,6 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 import claims as C  # noqa: E402
 import coverage as CV  # noqa: E402
+import coverage_study as CS  # noqa: E402
 import quality as Q  # noqa: E402
 
 from dab_pipeline.calibration import QueryFeatures, first_hit_outcomes, query_features  # noqa: E402
@@ -55,11 +56,6 @@ SLACK = 0.02  # a group reaches the target at coverage >= 1 - alpha - SLACK
 SIZE_RATIO = 1.5  # ... at a mean set size <= SIZE_RATIO x marginal's
 MIN_LEVEL = 300  # caption levels judged: those with at least this many test queries
 DELTA = 0.05
-
-
-def world_spec(spec: str) -> tuple[str, list[str]]:
-    preset, _, rest = spec.partition(":")
-    return preset, [s for s in rest.split(",") if s]
 
 
 def _weighted(hit: np.ndarray, w: np.ndarray) -> Optional[float]:
@@ -206,7 +202,7 @@ def _mean_over(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def study_world(spec: str, args: argparse.Namespace) -> dict[str, Any]:
-    preset, sets = world_spec(spec)
+    preset, sets = CS.world_spec(spec)
     label, cfg = Q.world_of(preset, sets)
     stores = Q.build(label, cfg, args.data_dir, need_k2=False, workers=args.workers, claims=True)
     runs_dir = args.data_dir / f"runs-{label}"

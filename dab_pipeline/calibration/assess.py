@@ -217,16 +217,17 @@ def assess(
         for i, c in enumerate(rows)
     ]
     bands = query_groups(cal, np.array([f.column("margin")[0] for f in feats]), tv_all, texts)
+    groups = None if bands is None else _groups_of(cal)  # parsed once a call, not once a query
     labels = (
         [None] * len(rows)
-        if bands is None
-        else [_groups_of(cal).label({k: v[i] for k, v in bands.items()}) for i in range(len(rows))]
+        if groups is None
+        else [groups.label({k: v[i] for k, v in bands.items()}) for i in range(len(rows))]
     )
     notes: list[Optional[str]] = [None] * len(rows)
     per_query = None
     if qhat is not None and bands is not None:
         per_query, notes = group_thresholds(cal, request.coverage, request.score, bands)
-    scope = "marginal" if bands is None else ("groups" if _groups_of(cal).conditional else "band")
+    scope = "marginal" if groups is None else ("groups" if groups.conditional else "band")
     out = []
     for i, c in enumerate(rows):
         tv = None if tv_all is None else tv_all[i : i + 1]

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from .bundle import ClipBundle
 
-__all__ = ["known_tokens", "unknown_words", "unknown_words_line"]
+__all__ = ["known_tokens", "query_words", "unknown_words", "unknown_words_line"]
 
 _PUNCTUATION = ".,;:!?\"'()[]{}"
 
@@ -31,6 +31,11 @@ def known_tokens(bundle: ClipBundle) -> Optional[Tensor]:
     return known
 
 
+def query_words(text: str) -> tuple[str, ...]:
+    """A text's words as written, punctuation stripped, each once, in order: what :func:`unknown_words` reads."""
+    return tuple(w for w in dict.fromkeys(w.strip(_PUNCTUATION) for w in re.split(r"\s+", str(text))) if w)
+
+
 def unknown_words(bundle: ClipBundle, texts: Sequence[str]) -> list[tuple[str, ...]]:
     """For each text, the words (as written, punctuation stripped, each once) that hold a token the model has no
     embedding for; empty tuples for a model that knows every token or whose tokenizer is not open_clip's BPE."""
@@ -39,8 +44,7 @@ def unknown_words(bundle: ClipBundle, texts: Sequence[str]) -> list[tuple[str, .
         return [() for _ in texts]
     out = []
     for text in texts:
-        words = dict.fromkeys(w.strip(_PUNCTUATION) for w in re.split(r"\s+", str(text)))
-        out.append(tuple(w for w in words if w and any(not _knows(known, t) for t in tok.encode(w))))
+        out.append(tuple(w for w in query_words(text) if any(not _knows(known, t) for t in tok.encode(w))))
     return out
 
 

@@ -246,7 +246,10 @@ def learn_then_test(
     seq = _grid(grid) if order is None else np.asarray(order, np.float64)
     if test != "binomial":  # every threshold's p-value at once, and its best case's (no answered caption wrong)
         p = dict(zip(seq.tolist(), _pvalues(test, video_statistics(conf, ok, video, a, seq), a, d)))
-        best = dict(zip(seq.tolist(), _pvalues(test, video_statistics(conf, np.ones_like(ok), video, a, seq), a, d)))
+        if order is None:  # only a sequence fixed here passes over thresholds whose best case cannot pass
+            best = dict(
+                zip(seq.tolist(), _pvalues(test, video_statistics(conf, np.ones_like(ok), video, a, seq), a, d))
+            )
     for t in seq:
         answered = conf >= t
         n = int(answered.sum())

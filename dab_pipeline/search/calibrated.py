@@ -4,7 +4,6 @@ decision (:mod:`dab_pipeline.calibration`, docs/uncertainty.md)."""
 
 from __future__ import annotations
 
-import string
 from dataclasses import replace
 from typing import Callable, Optional, Sequence
 
@@ -19,6 +18,7 @@ from ..calibration import (
     run_calibration,
     text_variance,
 )
+from ..clip_models import query_words
 from ..core.errors import ConfigError
 from ..index import store_fingerprint
 from .results import SearchResult
@@ -143,8 +143,7 @@ class CalibratedSearch:
     def _not_calibrated(self, result: SearchResult) -> Optional[str]:
         """Why a result's probabilities are not calibrated ones: every word of its query unknown to the model, or a
         gallery other than the one calibrated on; None where they are."""
-        words = {w.strip(string.punctuation) for w in result.query.split()} - {""}
-        if result.unknown_words and words <= set(result.unknown_words):
+        if result.unknown_words and set(query_words(result.query)) <= set(result.unknown_words):
             return "every word of the query is unknown to the store's CLIP: these numbers describe no query"
         if self.gallery_note:
             return self.gallery_note

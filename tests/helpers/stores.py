@@ -21,6 +21,15 @@ SEARCH_CAPTIONS = [
     "a train passes",
 ]
 
+# validation captions of distinct videos for calibration tests (40 of them), and the splits of a store holding
+# SEARCH_CAPTIONS (6 test, 2 train videos) then these
+CALIBRATION_CAPTIONS = [
+    f"a {c} {t}"
+    for c in ("red", "blue", "green", "white", "black")
+    for t in ("ball", "dog", "car", "cat", "train", "boat", "bird", "tree")
+][:40]
+CALIBRATION_SPLITS = ["test"] * 6 + ["train"] * 2 + ["val"] * len(CALIBRATION_CAPTIONS)
+
 
 def text_store(
     path: Path,

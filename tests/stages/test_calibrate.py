@@ -18,14 +18,11 @@ from dab_pipeline.stages.search import search
 
 from ..helpers.models import hand_made_run
 from ..helpers.runner import invoke
-from ..helpers.stores import SEARCH_CAPTIONS, text_store
+from ..helpers.stores import CALIBRATION_CAPTIONS, CALIBRATION_SPLITS, SEARCH_CAPTIONS, text_store
 
 pytest.importorskip("sklearn")
 
-COLOURS = ("red", "blue", "green", "white", "black")
-THINGS = ("ball", "dog", "car", "cat", "train", "boat", "bird", "tree")
-VAL = [f"a {c} {t}" for c in COLOURS for t in THINGS][:40]
-SPLITS = ["test"] * 6 + ["train"] * 2 + ["val"] * len(VAL)
+VAL, SPLITS = CALIBRATION_CAPTIONS, CALIBRATION_SPLITS
 
 
 @pytest.fixture(scope="module")
@@ -444,3 +441,17 @@ def test_the_shortlist_a_coverage_needs_is_chosen_on_the_fitted_half(world: dict
     )
     assert out.exit_code != 0 and "not both" in out.output
     run_calibrate(CalibrateConfig(run=run, device="cpu", gallery="all"))  # the module's other tests: exhaustive
+
+
+def test_a_query_of_only_unknown_words_gets_marked_numbers_and_no_decision(world: dict) -> None:
+    """issue 61, item 2: a query none of whose words the model knows gets no 'calibrated' numbers unmarked."""
+    from dab_pipeline.calibration import UncertaintyRequest
+
+    run_calibrate(CalibrateConfig(run=world["run"], device="cpu", gallery="all"))
+    with Searcher(world["run"], world["store"], split="all", device="cpu") as s:
+        (r,) = s.search(["zorp, blick!"], 3)
+        r.unknown_words = ("zorp", "blick")  # as a compact-vocabulary CLIP reports them (the tiny test CLIP knows all)
+        u = s.reassess(r, UncertaintyRequest(max_risk=0.3)).uncertainty
+        assert "every word of the query is unknown" in u.caveat and u.answered is None
+        r.unknown_words = ("zorp",)  # one word known: the numbers stand
+        assert s.reassess(r, UncertaintyRequest(max_risk=0.3)).uncertainty.caveat is None

@@ -14,14 +14,11 @@ from dab_pipeline.stages.calibrate import CalibrateConfig, run_calibrate
 
 from ..helpers.models import hand_made_run
 from ..helpers.runner import invoke
-from ..helpers.stores import SEARCH_CAPTIONS, text_store
+from ..helpers.stores import CALIBRATION_CAPTIONS, CALIBRATION_SPLITS, SEARCH_CAPTIONS, text_store
 
 pytest.importorskip("sklearn")
 
-COLOURS = ("red", "blue", "green", "white", "black")
-THINGS = ("ball", "dog", "car", "cat", "train", "boat", "bird", "tree")
-VAL = [f"a {c} {t}" for c in COLOURS for t in THINGS][:40]
-SPLITS = ["test"] * 6 + ["train"] * 2 + ["val"] * len(VAL)
+VAL, SPLITS = CALIBRATION_CAPTIONS, CALIBRATION_SPLITS
 
 
 @pytest.fixture(scope="module")
