@@ -1,16 +1,13 @@
 """The search's first stage: one vector per video in a FAISS index (faiss-cpu, an optional extra)."""
 
-from .build import average_query, build_index, split_rows, staging_path, store_fingerprint
+from .build import build_index, staging_path
 from .faiss_index import FLAT_MAX, IndexMeta, VideoIndex, auto_factory, require_faiss
 from .shards import SHARDS_FILE, ShardedIndex, build_sharded_index, load_index, shard_ranges
 from .vectors import DEFAULT_VECTOR, VECTOR_KINDS, query_vectors, video_terms, video_vectors
 
 __all__ = [
-    "average_query",
     "build_index",
-    "split_rows",
     "staging_path",
-    "store_fingerprint",
     "FLAT_MAX",
     "IndexMeta",
     "VideoIndex",

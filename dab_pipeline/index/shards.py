@@ -29,16 +29,8 @@ from ..core.errors import ConfigError, StoreError
 from ..core.events import Event, ProgressCallback, null_progress
 from ..core.fsutil import remove_path
 from ..model import DABModel
-from ..store import FeatureStore
-from .build import (
-    average_query,
-    build_index,
-    check_build_args,
-    effective_refine,
-    split_rows,
-    store_fingerprint,
-    training_positions,
-)
+from ..store import FeatureStore, average_query, split_rows, store_fingerprint
+from .build import build_index, check_build_args, effective_refine, training_positions
 from .faiss_index import VideoIndex, auto_factory, load_index_folder, new_faiss_index, require_faiss
 from .vectors import VECTOR_KINDS, video_vectors
 

@@ -20,7 +20,7 @@ from ..calibration import (
 )
 from ..clip_models import query_words
 from ..core.errors import ConfigError
-from ..index import store_fingerprint
+from ..store import store_fingerprint
 from .results import SearchResult
 
 __all__ = ["CalibratedSearch", "first_stage_mismatch"]

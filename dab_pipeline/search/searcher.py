@@ -37,13 +37,13 @@ from ..core.deprecation import renamed_keywords
 from ..core.errors import ConfigError, StoreError, UnknownNameError, WeightsError
 from ..core.fsutil import sha256_file
 from ..core.location import location
-from ..index import VECTOR_KINDS, VideoIndex, load_index, query_vectors, split_rows, store_fingerprint
+from ..index import VECTOR_KINDS, VideoIndex, load_index, query_vectors
 from ..runs.load import load_run
 from ..runtime.capabilities import resolve_score_dtype
 from ..runtime.devices import resolve_device
 from ..scoring import DEFAULT_SHORTLIST, Scorer, first_stage, topk_smallest
 from ..scoring.first_stage import check_shortlist
-from ..store import open_store
+from ..store import open_store, split_rows, store_fingerprint
 from .calibrated import CalibratedSearch
 from .pairs import score_shortlists
 from .results import Ranked, SearchResult, check_queries, make_result, tick

@@ -30,7 +30,6 @@ from ..core.errors import ConfigError, StoreError
 from ..core.events import Event, ProgressCallback, null_progress
 from ..core.fsutil import sha256_file
 from ..core.location import location
-from ..index import split_rows, store_fingerprint
 from ..metrics.conformal import check_alpha, video_weights
 from ..runs.load import load_run
 from ..runtime.capabilities import resolve_score_dtype
@@ -38,7 +37,7 @@ from ..runtime.devices import resolve_device
 from ..scoring import DEFAULT_SHORTLIST, Scorer
 from ..scoring.first_stage import check_shortlist
 from ..search import Searcher
-from ..store import ALL_SPLITS, open_store
+from ..store import ALL_SPLITS, open_store, split_rows, store_fingerprint
 
 __all__ = ["CalibrateConfig", "describe_groups", "run_calibrate"]
 

@@ -22,6 +22,7 @@ from .backend_h5 import Backend, H5Backend  # noqa: F401
 from .backend_zarr import RawChunks, ZarrBackend, backend_class  # noqa: F401
 from .create import create_store, open_store, os_reason  # noqa: F401
 from .feature_store import FeatureStore  # noqa: F401
+from .fingerprint import average_query, split_rows, store_fingerprint  # noqa: F401
 from .layout import (  # noqa: F401
     ALL_SPLITS,
     ERROR_BYTES,
@@ -64,4 +65,7 @@ __all__ = [
     "default_share_rows",
     "video_share",
     "merge_parts",
+    "split_rows",
+    "store_fingerprint",
+    "average_query",
 ]

@@ -19,12 +19,11 @@ from dab_pipeline.index import (
     load_index,
     query_vectors,
     staging_path,
-    store_fingerprint,
     video_vectors,
 )
 from dab_pipeline.index.vectors import SEGMENTS, segment_ids
 from dab_pipeline.scoring import score_all_reference, score_query
-from dab_pipeline.store import open_store
+from dab_pipeline.store import open_store, store_fingerprint
 from dab_pipeline.testing import random_store
 
 from ..helpers.models import small_model
