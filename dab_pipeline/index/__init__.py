@@ -2,7 +2,8 @@
 
 from .build import build_index, staging_path
 from .faiss_index import FLAT_MAX, IndexMeta, VideoIndex, auto_factory, require_faiss
-from .shards import SHARDS_FILE, ShardedIndex, build_sharded_index, load_index, shard_ranges
+from .load import load_index
+from .shards import SHARDS_FILE, ShardedIndex, build_sharded_index, shard_ranges
 from .vectors import DEFAULT_VECTOR, VECTOR_KINDS, query_vectors, video_terms, video_vectors
 
 __all__ = [

@@ -22,7 +22,6 @@ a query.  The measurements behind the choice are in docs/search.md.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -40,7 +39,6 @@ __all__ = [
     "auto_factory",
     "require_faiss",
     "new_faiss_index",
-    "load_index_folder",
     "INDEX_FORMAT",
 ]
 
@@ -257,39 +255,3 @@ def _read_rows(fd: int, ids: np.ndarray, d: int) -> np.ndarray:
     for j, i in enumerate(np.asarray(ids).tolist()):
         os.preadv(fd, [view[j * row_bytes : (j + 1) * row_bytes]], int(i) * row_bytes)
     return np.frombuffer(buf, np.float16).reshape(len(ids), d)
-
-
-def load_index_folder(path: str | Path) -> VideoIndex:
-    """Read one index folder written by :func:`dab_pipeline.index.build.build_index` (a sharded index's shards are
-    such folders; :func:`dab_pipeline.index.shards.load_index` reads either)."""
-    faiss = require_faiss()
-    p = Path(path)
-    meta_path = p / "index.json"
-    if not meta_path.is_file():
-        raise ConfigError(f"{p} is not a dab index folder (no index.json); build one with `dab index`")
-    try:
-        meta = IndexMeta.from_json(json.loads(meta_path.read_text()), meta_path)
-        rows = np.load(p / "rows.npy")
-        index = faiss.read_index(str(p / "index.faiss"))
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise ConfigError(f"{p}: cannot read the index ({str(exc).strip().splitlines()[-1]})") from None
-    if index.ntotal != meta.count * meta.per_video or len(rows) != index.ntotal:
-        raise ConfigError(
-            f"{p}: damaged index ({index.ntotal} vectors, {len(rows)} rows, index.json says "
-            f"{meta.count}); rebuild it with `dab index ... --overwrite`"
-        )
-    want = index.ntotal * meta.dim * 2
-    have = (p / REFINE_FILE).stat().st_size if (p / REFINE_FILE).is_file() else None
-    if meta.refine and have != want:
-        raise ConfigError(
-            f"{p}: damaged index ({REFINE_FILE} is {'missing' if have is None else f'{have:,} bytes'}, "
-            f"expected {want:,}); rebuild it with `dab index ... --overwrite`, or set refine to 0 "
-            "in index.json to search the codes alone"
-        )
-    have = (p / TERMS_FILE).stat().st_size if (p / TERMS_FILE).is_file() else None
-    if meta.terms and have != meta.count * meta.dim * 2:
-        raise ConfigError(
-            f"{p}: damaged index ({TERMS_FILE} is {'missing' if have is None else f'{have:,} bytes'}, expected "
-            f"{meta.count * meta.dim * 2:,}); rebuild it with `dab index ... --video-terms --overwrite`"
-        )
-    return VideoIndex(p, meta, index, rows)

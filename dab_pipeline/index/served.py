@@ -22,8 +22,9 @@ import numpy as np
 
 from ..core.errors import ConfigError, StoreError
 from ..core.filewatch import FileWatch
-from .faiss_index import IndexMeta, VideoIndex, load_index_folder
-from .shards import ShardedIndex, check_shards, merge_candidates, read_plan, shard_folder
+from .faiss_index import IndexMeta, VideoIndex
+from .load import check_shards, load_index_folder
+from .shards import ShardedIndex, merge_candidates, read_plan, shard_folder
 
 __all__ = ["ShardCall", "ShardService", "ServedShardedIndex", "describe_folders", "shard_folders", "shard_identity"]
 

@@ -31,14 +31,13 @@ from ..core.fsutil import remove_path
 from ..model import DABModel
 from ..store import FeatureStore, average_query, split_rows, store_fingerprint
 from .build import build_index, check_build_args, effective_refine, training_positions
-from .faiss_index import VideoIndex, auto_factory, load_index_folder, new_faiss_index, require_faiss
+from .faiss_index import VideoIndex, auto_factory, new_faiss_index, require_faiss
 from .vectors import VECTOR_KINDS, video_vectors
 
 __all__ = [
     "SHARDS_FILE",
     "ShardedIndex",
     "build_sharded_index",
-    "load_index",
     "merge_candidates",
     "read_plan",
     "shard_folder",
@@ -318,54 +317,3 @@ class ShardedIndex(VideoIndex):
     def close(self) -> None:
         for s in self.shards:
             s.close()
-
-
-def load_index(path: str | Path) -> VideoIndex:
-    """An index folder written by `dab index`: one index, or the shards of one (``--shards``) as one."""
-    p = Path(path)
-    plan = read_plan(p)
-    if plan is None:
-        return load_index_folder(p)
-    shards = []
-    for i, (a, b) in enumerate(plan["ranges"]):
-        folder = shard_folder(p, i)
-        again = f"`dab index ... --out {p} --shards {plan['shards']} --shard {i}`"
-        if not (folder / "index.json").is_file():
-            raise ConfigError(f"{folder} is missing: build it with {again}")
-        try:
-            shards.append(load_index_folder(folder))
-        except ConfigError as exc:
-            raise ConfigError(
-                f"{str(exc).split('; rebuild')[0]}; rebuild that shard with {again[:-1]} --overwrite`"
-            ) from None
-    check_shards(p, plan, shards)
-    return ShardedIndex(p, plan, shards)
-
-
-def check_shards(p: Path, plan: dict, shards: list[VideoIndex]) -> None:
-    """Every shard of the plan there, over its range, and built as the plan says (ConfigError naming the shard)."""
-    if len(shards) != len(plan["ranges"]):
-        raise ConfigError(f"{p}: {len(shards)} shards, {p / SHARDS_FILE} says {len(plan['ranges'])}")
-    for i, ((a, b), s) in enumerate(zip(plan["ranges"], shards)):
-        if s.meta.count != b - a:
-            raise ConfigError(
-                f"{shard_folder(p, i)} holds {s.meta.count} videos, the plan {b - a}: rebuild it with "
-                f"`dab index ... --out {p} --shards {plan['shards']} --shard {i}`"
-            )
-    _check_same_build(p, plan, shards)
-
-
-def _check_same_build(p: Path, plan: dict, shards: list[VideoIndex]) -> None:
-    """Every shard built as the plan says: its trained file, factory, vector kind, run and search settings."""
-    want = {"factory": plan["factory"], "vector": plan["vector"], "split": plan["split"], **plan.get("settings", {})}
-    for i, s in enumerate(shards):
-        differ = [k for k, v in want.items() if getattr(s.meta, k) != v]
-        if s.meta.run.get("checkpoint_sha256") != (plan.get("run") or {}).get("checkpoint_sha256"):
-            differ.append("run")
-        if s.meta.build.get("trained_sha256") != plan.get("trained_sha256"):
-            differ.append("trained.faiss")
-        if differ:
-            raise ConfigError(
-                f"{shard_folder(p, i)} was built otherwise than {p / SHARDS_FILE} says ({', '.join(sorted(set(differ)))} "
-                f"differ): rebuild it with `dab index ... --out {p} --shards {plan['shards']} --shard {i} --overwrite`"
-            )
