@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import errno
 import signal
-import socket
 import time
 from pathlib import Path
 
@@ -168,7 +166,9 @@ def _serve_here(args, host, port, max_batch, batch_wait_ms) -> None:
         import uvicorn
     except ImportError:
         raise click.ClickException("dab serve needs uvicorn and FastAPI: pip install 'dab-pipeline[serve]'") from None
-    # the address first: a port in use or not ours is one line at once, not after torch, the run and the index
+    from ...stages.serve.address import bind_socket, served_url  # deferred: torch, through the stage
+
+    # the address first: a port in use or not ours is one line at once, not after the run and the index
     sock = bind_socket(host, port)
     try:
         searcher, settings, create_app, abstain_report = _load(*args)
@@ -181,7 +181,7 @@ def _serve_here(args, host, port, max_batch, batch_wait_ms) -> None:
         sock.listen(2048)
         bound = sock.getsockname()[1]
         click.echo(
-            f"serving {searcher.num_videos:,} videos of {features} on http://{_url_host(host)}:{bound}/ (Ctrl-C stops)",
+            f"serving {searcher.num_videos:,} videos of {features} on {served_url(host, bound)} (Ctrl-C stops)",
             err=True,
         )
         if not _has_module("httptools"):
@@ -201,6 +201,7 @@ def _serve_on_ray(args, host, port, max_batch, batch_wait_ms, replicas, shard_re
     """``dab serve --ray``: checked here (one line for a bad run, store or index, before any replica starts),
     deployed, served until Ctrl-C, then Serve and the Ray this started shut down."""
     from ...stages.serve import on_ray  # deferred: torch, and Ray (an extra)
+    from ...stages.serve.address import bind_socket  # deferred: torch, through the stage
 
     on_ray.require_ray()
     run_dir, features, index_dir, split, k, shortlist, abstain_below, descriptions, threads, device, dtype = args
@@ -280,22 +281,3 @@ def _load(
         encoder=encoder,
     )
     return searcher, settings, create_app, abstain_report
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host:port`` (not listening yet: clients are refused, not queued, while the run and
-    the index load); a ClickException (one line) when the address cannot be had. IPv6 when the host has a colon,
-    as uvicorn does."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a restart needs no wait
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        what = "in use by another program" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
-        raise click.ClickException(f"cannot listen on {host}:{port}: {what}") from None
-    return sock
-
-
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host

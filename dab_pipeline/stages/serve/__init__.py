@@ -24,6 +24,7 @@ under the server, or a read that fails, makes every later answer a 503 naming th
 once, until the server is restarted.
 """
 
+from .address import bind_socket, served_url  # noqa: F401
 from .app import create_app  # noqa: F401
 from .batcher import Batcher  # noqa: F401
 from .health import Health, Unavailable  # noqa: F401
@@ -41,4 +42,6 @@ __all__ = [
     "check_query",
     "check_query_string",
     "use_threads",
+    "bind_socket",
+    "served_url",
 ]

@@ -36,6 +36,7 @@ from ...core.errors import ConfigError, ServiceUnavailableError
 from ...index.served import ServedShardedIndex, ShardService, describe_folders, shard_folders, shard_identity
 from ...index.shards import read_plan
 from ...search import Searcher
+from .address import served_url
 from .app import create_app
 from .batch_runner import run_batch
 from .batcher import Batcher
@@ -351,7 +352,7 @@ def deploy(
     except RuntimeError as exc:  # a replica failed to start: Serve's message is its traceback
         last = [line for line in str(exc).splitlines() if line.strip()][-1:] or ["(no message)"]
         raise ConfigError(f"the Serve application did not start: {last[0].strip()} (Ray's logs: serve/)") from None
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}/"
+    return served_url(host, port)
 
 
 def shutdown() -> None:
