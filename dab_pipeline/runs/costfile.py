@@ -11,17 +11,30 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 import numpy as np
 
 from ..core.choices import COST_KINDS
 from ..core.errors import StoreError
 from ..core.fsutil import publish, remove_path, temp_sibling
+from ..core.overrides import to_dict
 from ..core.write_errors import check_free_space, named_write_errors, write_failure
 from ..store import HDF5_SUFFIXES, ZARR_SUFFIXES
 
-__all__ = ["CostMatrix", "write_costs", "read_costs", "COST_SUFFIXES", "COST_FORMAT_VERSION"]
+if TYPE_CHECKING:  # the run's config and arrays import torch; reading a cost file does not
+    from .config import TrainConfig
+    from .inputs import SplitArrays
+
+__all__ = [
+    "CostMatrix",
+    "ScoredSplit",
+    "run_costs",
+    "write_costs",
+    "read_costs",
+    "COST_SUFFIXES",
+    "COST_FORMAT_VERSION",
+]
 
 COST_FORMAT_VERSION = 1
 KINDS = COST_KINDS  # ("cost", "similarity")
@@ -29,6 +42,7 @@ COST_SUFFIXES = HDF5_SUFFIXES + ZARR_SUFFIXES + (".npz", ".npy")
 # Names the file itself uses; extras and attrs may not take them.
 _ARRAYS = ("cost", "query_ids", "video_ids", "gt", "ranking")
 _RESERVED_ATTRS = ("dab_cost_format", "kind", "extras")
+RUN_EXTRAS = ("text_var", "bridged_var", "video_var")  # the per-query diagnostics a run's cost file keeps
 
 
 @dataclass
@@ -98,6 +112,38 @@ class CostMatrix:
             if name in _RESERVED_ATTRS:
                 out.append(f"attribute {name!r} is reserved")
         return out
+
+
+class ScoredSplit(Protocol):
+    """What :func:`run_costs` reads of a scoring result (:class:`~dab_pipeline.scoring.ScoreResult` is one): the
+    costs and the per-query diagnostics the scoring computed (None where it did not)."""
+
+    cost: np.ndarray  # (Q, V), lower is better
+    text_var: Optional[np.ndarray]  # (Q,)
+    bridged_var: Optional[np.ndarray]  # (Q,)
+    video_var: Optional[np.ndarray]  # (Q,)
+
+
+def run_costs(res: ScoredSplit, test: SplitArrays, cfg: TrainConfig, best_epoch: Optional[int]) -> CostMatrix:
+    """The cost file of a run's test pass (what `dab train` and `dab distill` write when they are done): ``res``
+    (a scoring result over ``test``, the test split's arrays) scored by the checkpoint of ``best_epoch``, with the
+    run's config ``cfg``, its split and store recorded."""
+    extras = {k: np.asarray(getattr(res, k)) for k in RUN_EXTRAS if getattr(res, k, None) is not None}
+    return CostMatrix(
+        cost=np.asarray(res.cost, dtype=np.float32),
+        query_ids=np.asarray(test.caption_ids),
+        video_ids=np.asarray(test.video_ids),
+        gt=test.caption_video.numpy().astype(np.int64),
+        kind="cost",
+        extras=extras,
+        attrs={
+            "config": json.dumps(to_dict(cfg), default=str),
+            "split": cfg.test_split,
+            "best_epoch": best_epoch,
+            "variant": cfg.model.variant,
+            "store": str(cfg.features),
+        },
+    )
 
 
 def _kind_of(path: Path) -> str:

@@ -16,7 +16,7 @@ from ...core.overrides import differences, from_dict, to_dict
 from ...metrics import t2v_metrics
 from ...model import DABModel
 from ...model.losses import distill_loss
-from ...runs.costfile import write_costs
+from ...runs.costfile import run_costs, write_costs
 from ...runs.inputs import SplitArrays
 from ...runs.load import load_run
 from ...runs.run_folder import RunFolder, check_not_inside_run
@@ -25,7 +25,7 @@ from ...runtime.devices import resolve_device
 from ...runtime.distributed import LocalContext
 from ...scoring import score_all
 from ...store import open_store
-from ...training import Loop, LoopSettings, run_costs
+from ...training import Loop, LoopSettings
 from .build import saved_distill
 from .config import DistillConfig, DistillResult, inherit_from_teacher
 

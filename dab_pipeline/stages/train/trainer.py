@@ -14,11 +14,11 @@ from ...core.overrides import to_dict
 from ...metrics import t2v_metrics
 from ...model import DABModel
 from ...model.losses import loss_of
-from ...runs.costfile import write_costs
+from ...runs.costfile import run_costs, write_costs
 from ...runs.inputs import TrainHeads
 from ...runs.run_folder import RunFolder
 from ...runs.schedule import epoch_length, epoch_views, lr_lambda
-from ...training import Loop, LoopSettings, run_costs
+from ...training import Loop, LoopSettings
 from .config import LOG_MAX_LOGIT_SCALE, TrainResult, optimizer_groups, seed_everything
 from .inputs import batch_inputs
 from .scoring import score_split
