@@ -7,7 +7,9 @@ from .results import SearchHit, SearchResult, check_queries, result_payload, unc
 from .searcher import (  # noqa: F401
     DEFAULT_SHORTLIST,
     Searcher,
+    SearcherOptions,
     encode_queries,
+    open_searcher,
 )
 
 __all__ = [
@@ -15,6 +17,8 @@ __all__ = [
     "SearchHit",
     "SearchResult",
     "Searcher",
+    "SearcherOptions",
+    "open_searcher",
     "encode_queries",
     "check_queries",
     "result_payload",

@@ -24,6 +24,7 @@ import hashlib
 import json
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -36,7 +37,7 @@ from ..core.choices import DEFAULT_SCORE_DTYPE
 from ..core.deprecation import renamed_keywords
 from ..core.errors import ConfigError, StoreError, UnknownNameError, WeightsError
 from ..core.fsutil import sha256_file
-from ..core.location import location
+from ..core.location import StoreURL, location
 from ..index import VECTOR_KINDS, VideoIndex, load_index, query_vectors
 from ..runs.load import load_run
 from ..runtime.capabilities import resolve_score_dtype
@@ -48,7 +49,7 @@ from .calibrated import CalibratedSearch
 from .pairs import score_shortlists
 from .results import Ranked, SearchResult, check_queries, make_result, tick
 
-__all__ = ["Searcher", "encode_queries", "DEFAULT_SHORTLIST"]
+__all__ = ["Searcher", "SearcherOptions", "open_searcher", "encode_queries", "DEFAULT_SHORTLIST"]
 
 
 def _query_clip(manifest: dict, device: str | torch.device):
@@ -442,3 +443,35 @@ class Searcher(CalibratedSearch):
             make_result(q, res, i, feats.video_ids, np.arange(n_v), k, shortlist)
             for i, (q, k) in enumerate(zip(queries, ks))
         ]
+
+
+@dataclass(frozen=True)
+class SearcherOptions:
+    """What a :class:`Searcher` opens and how it ranks: the options ``dab search``, ``dab serve`` and
+    ``dab calibrate`` share, each config giving its own (``SearchConfig.searcher_options``, ...).
+
+    ``index``: a ``dab index`` folder, or an index already loaded (``dab serve --ray``'s shards, served)."""
+
+    run: str | Path
+    features: str | Path | StoreURL
+    split: str = "test"
+    index: "str | Path | VideoIndex | None" = None
+    device: str = "auto"
+    dtype: str = DEFAULT_SCORE_DTYPE
+
+
+def open_searcher(
+    options: SearcherOptions, *, warn: Callable[[str], None] = lambda message: None, encoder: bool = True
+) -> Searcher:
+    """The :class:`Searcher` of ``options``: how the stages build one (``warn`` gets what the search says, a dtype
+    run in float32 and a query's unknown words; ``encoder=False``: no CLIP, for texts already encoded)."""
+    return Searcher(
+        options.run,
+        options.features,
+        split=options.split,
+        index=options.index,
+        device=options.device,
+        dtype=options.dtype,
+        warn=warn,
+        encoder=encoder,
+    )

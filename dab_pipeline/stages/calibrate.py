@@ -36,7 +36,7 @@ from ..runtime.capabilities import resolve_score_dtype
 from ..runtime.devices import resolve_device
 from ..scoring import DEFAULT_SHORTLIST, Scorer
 from ..scoring.first_stage import check_shortlist
-from ..search import Searcher
+from ..search import SearcherOptions, open_searcher
 from ..store import ALL_SPLITS, open_store, split_rows, store_fingerprint
 
 __all__ = ["CalibrateConfig", "describe_groups", "run_calibrate"]
@@ -147,8 +147,8 @@ def _through_index(cfg: CalibrateConfig, run, gallery: str, got, dtype: str) -> 
     shortlist = grid[-1] if grid else DEFAULT_SHORTLIST if cfg.shortlist is None else int(cfg.shortlist)
     cost = np.full((len(got.gt), n_videos), np.inf, np.float64)  # (Q, V)
     order = np.full((len(got.gt), shortlist), -1, np.int64)  # (Q, K) the first stage's ranking, as positions
-    opened = Searcher(
-        run.run_dir, got.store_path, split=gallery, index=cfg.index, device=cfg.device, dtype=dtype, encoder=False
+    opened = open_searcher(
+        SearcherOptions(run.run_dir, got.store_path, gallery, cfg.index, cfg.device, dtype), encoder=False
     )
     with opened as s:
         for start in range(0, len(cost), 64):  # a batch of queries a first-stage call

@@ -14,7 +14,7 @@ from typing import Callable, Optional, Sequence
 from ..calibration import DEFAULT_CONFORMAL_SCORE, DEFAULT_DELTA, UncertaintyRequest
 from ..core.choices import DEFAULT_SCORE_DTYPE
 from ..core.location import location
-from ..search import Searcher, SearchResult, check_queries
+from ..search import SearcherOptions, SearchResult, check_queries, open_searcher
 
 __all__ = ["SearchConfig", "run_search", "search"]
 
@@ -49,12 +49,14 @@ class SearchConfig:
     def uncertainty(self) -> UncertaintyRequest:
         return UncertaintyRequest(self.coverage, self.conformal_score, self.max_risk, self.delta)
 
+    @property
+    def searcher_options(self) -> SearcherOptions:
+        return SearcherOptions(self.run, self.features, self.split, self.index, self.device, self.dtype)
+
 
 def run_search(cfg: SearchConfig, warn: Callable[[str], None] = lambda message: None) -> list[SearchResult]:
-    """Each query's ``cfg.k`` videos, best first, with its margin: a one-shot :class:`Searcher`."""
-    with Searcher(
-        cfg.run, cfg.features, split=cfg.split, index=cfg.index, device=cfg.device, dtype=cfg.dtype, warn=warn
-    ) as s:
+    """Each query's ``cfg.k`` videos, best first, with its margin: a one-shot :class:`~dab_pipeline.search.Searcher`."""
+    with open_searcher(cfg.searcher_options, warn=warn) as s:
         return s.search(
             list(cfg.queries),
             cfg.k,
@@ -86,7 +88,7 @@ def search(
 ) -> list[SearchResult]:
     """The ``k`` videos of ``split`` for each free-text query, best first, with each query's margin.
 
-    One-shot :class:`Searcher`. ``index``: a ``dab index`` folder as the first stage (then ``shortlist``
+    One-shot :class:`~dab_pipeline.search.Searcher`. ``index``: a ``dab index`` folder as the first stage (then ``shortlist``
     defaults to 100 and only those videos are read); ``shortlist`` without an index: a cosine first stage over
     the split in memory. ``dtype`` (``float32``: exact, the default; ``bfloat16``; ``auto``) is resolved for the
     device first (:func:`dab_pipeline.runtime.capabilities.resolve_score_dtype`): bf16 asked where it is not

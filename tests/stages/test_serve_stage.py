@@ -35,3 +35,20 @@ def test_a_port_in_use_is_one_line() -> None:
     assert err.value.exit_code == 1
     with bind_socket("127.0.0.1", 0) as sock:  # not listening yet: bound only
         assert sock.getsockname()[1] > 0
+
+
+def test_every_stage_builds_its_searcher_one_way() -> None:
+    """The package builds a Searcher through search.open_searcher only (issue 62, item 1: dab search, dab serve, its
+    Ray replicas and dab calibrate each called the constructor with their own choice of options)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "dab_pipeline"
+    built = [
+        f"{path.relative_to(root)}:{node.lineno}"
+        for path in sorted(root.rglob("*.py"))
+        if path.relative_to(root).as_posix() != "search/searcher.py"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Searcher"
+    ]
+    assert built == []

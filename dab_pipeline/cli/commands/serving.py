@@ -258,7 +258,7 @@ def _load(
     run_dir, features, index_dir, split, k, shortlist, abstain_below, descriptions, threads, device, dtype, encoder=True
 ):
     """The searcher and the page settings (minutes for a large index), and the app's two builders."""
-    from ...search import Searcher, load_descriptions  # deferred: `dab --help` must not import torch
+    from ...search import SearcherOptions, load_descriptions, open_searcher  # deferred: torch, at --help
     from ...stages.serve import ServeSettings, abstain_report, create_app, use_threads  # deferred: FastAPI is an extra
 
     use_threads(threads)
@@ -270,13 +270,8 @@ def _load(
         descriptions=about,
         title=f"dab search: {Path(run_dir).name}",
     )
-    searcher = Searcher(
-        run_dir,
-        features,
-        split=split,
-        index=index_dir,
-        device=device,
-        dtype=dtype,
+    searcher = open_searcher(
+        SearcherOptions(run_dir, features, split, index_dir, device, dtype),
         warn=lambda message: click.echo(f"warning: {message}", err=True),
         encoder=encoder,
     )

@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional
 from ...core.errors import ConfigError, ServiceUnavailableError
 from ...index.served import ServedShardedIndex, ShardService, describe_folders, shard_folders, shard_identity
 from ...index.shards import read_plan
-from ...search import Searcher
+from ...search import Searcher, SearcherOptions, open_searcher
 from .address import served_url
 from .app import create_app
 from .batch_runner import run_batch
@@ -75,6 +75,10 @@ class RayServeConfig:
         for name in ("replicas", "shard_replicas", "threads"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
+
+    def searcher_options(self, index: Optional[ServedShardedIndex]) -> SearcherOptions:
+        """A replica's Searcher: its index the shard deployments (None without an index)."""
+        return SearcherOptions(self.run_dir, self.features, self.split, index, self.device, self.dtype)
 
 
 def require_ray():
@@ -187,9 +191,7 @@ def _new_searcher(cfg: RayServeConfig, shard_handles: tuple, encoder: bool) -> S
         call = shard_call(list(shard_handles))
         described = call("describe", {i: () for i in range(len(shard_handles))})
         index = ServedShardedIndex(cfg.index_dir, [described[i] for i in range(len(shard_handles))], call, cfg.plan)
-    return Searcher(
-        cfg.run_dir, cfg.features, split=cfg.split, index=index, device=cfg.device, dtype=cfg.dtype, encoder=encoder
-    )
+    return open_searcher(cfg.searcher_options(index), encoder=encoder)
 
 
 class ShardReplica(ShardService):
