@@ -30,7 +30,7 @@ from .encode import (  # noqa: F401
 )
 from .heads import TextHead, VisionHead  # noqa: F401
 from .load import check_store_weights, full_depth, load_clip  # noqa: F401
-from .vocabulary import known_tokens, query_words, unknown_words, unknown_words_line  # noqa: F401
+from .vocabulary import query_words, unknown_words, unknown_words_line  # noqa: F401
 from .weights import (  # noqa: F401
     WEIGHTS_DIR,
     builtin_weights,

@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Union
 
@@ -80,6 +81,15 @@ class ClipBundle:
         """CLIP's learned multiplier of cosine similarities (100 for OpenAI's weights), if the model has one."""
         scale = getattr(self.model, "logit_scale", None)
         return None if scale is None else float(torch.as_tensor(scale).detach().float().exp())
+
+    @cached_property
+    def known_tokens(self) -> Optional[Tensor]:
+        """(vocab,) bool: the token ids whose embedding is not all zero, or None where every token is known (the
+        usual whole table) or the model has no token table to look at (a Hugging Face text tower). Computed on
+        first use (:func:`~dab_pipeline.clip_models.vocabulary.unknown_words` reads it)."""
+        table = getattr(getattr(self.model, "token_embedding", None), "weight", None)  # (vocab, W)
+        known = None if table is None else table.detach().ne(0).any(dim=1).cpu()
+        return None if known is not None and bool(known.all()) else known
 
     def describe(self) -> dict[str, Any]:
         """JSON-able description for the store manifest."""

@@ -5,30 +5,16 @@ videos the same for any of them. Models with their whole BPE table know every wo
 from __future__ import annotations
 
 import re
-from typing import Optional, Sequence
+from typing import Sequence
 
 from open_clip.tokenizer import SimpleTokenizer
 from torch import Tensor
 
 from .bundle import ClipBundle
 
-__all__ = ["known_tokens", "query_words", "unknown_words", "unknown_words_line"]
+__all__ = ["query_words", "unknown_words", "unknown_words_line"]
 
 _PUNCTUATION = ".,;:!?\"'()[]{}"
-
-
-def known_tokens(bundle: ClipBundle) -> Optional[Tensor]:
-    """(vocab,) bool: the token ids whose embedding is not all zero, or None where every token is known (the
-    usual whole table) or the model has no token table to look at (a Hugging Face text tower)."""
-    cached = getattr(bundle, "_known_tokens", False)
-    if cached is not False:
-        return cached
-    table = getattr(getattr(bundle.model, "token_embedding", None), "weight", None)  # (vocab, W)
-    known = None if table is None else table.detach().ne(0).any(dim=1).cpu()
-    if known is not None and bool(known.all()):
-        known = None
-    object.__setattr__(bundle, "_known_tokens", known)
-    return known
 
 
 def query_words(text: str) -> tuple[str, ...]:
@@ -39,7 +25,7 @@ def query_words(text: str) -> tuple[str, ...]:
 def unknown_words(bundle: ClipBundle, texts: Sequence[str]) -> list[tuple[str, ...]]:
     """For each text, the words (as written, punctuation stripped, each once) that hold a token the model has no
     embedding for; empty tuples for a model that knows every token or whose tokenizer is not open_clip's BPE."""
-    known, tok = known_tokens(bundle), bundle.tokenizer
+    known, tok = bundle.known_tokens, bundle.tokenizer
     if known is None or not isinstance(tok, SimpleTokenizer):
         return [() for _ in texts]
     out = []

@@ -134,7 +134,7 @@ class VideoIndex:
         self._terms = None  # terms.f16, opened on first use
         self.video_rows = rows[:: meta.per_video]  # (count,) the indexed videos' store rows, ascending
 
-    def _exact_vectors(self, ids: np.ndarray) -> np.ndarray:
+    def exact_vectors(self, ids: np.ndarray) -> np.ndarray:
         """Rows ``ids`` of refine.f16 -> (n, D) float32, read with pread: the file stays in the page cache,
         out of the server's resident memory (a memory map would count every page it touched)."""
         if self._exact is None:
@@ -198,10 +198,10 @@ class VideoIndex:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Each query's ``n_cand`` best vectors by the index's scores, re-scored exactly and cut to the ``refine_to``
         best where it is not 0 -> (scores, vector ids), best first (a served index asks its shards: ray_shards)."""
-        scores, ids = self._candidates(q, n_cand, nprobe, ef_search)  # (M, n_cand) each
+        scores, ids = self.candidates(q, n_cand, nprobe, ef_search)  # (M, n_cand) each
         return self._refined(q, ids, refine_to) if refine_to else (scores, ids)
 
-    def _candidates(
+    def candidates(
         self, q: np.ndarray, n_cand: int, nprobe: Optional[int], ef_search: Optional[int]
     ) -> tuple[np.ndarray, np.ndarray]:
         """The FAISS search: each query's ``n_cand`` best vectors by the index's own scores -> (scores, vector ids),
@@ -236,7 +236,7 @@ class VideoIndex:
         # einsum, not `@`: numpy's BLAS would wake its thread pool for this small product, and its threads
         # spin for tens of ms afterwards, taking the cores from the re-rank that follows (measured at 1M
         # videos, K = 100, T' = 8: the re-rank took 97.8 ms a query after `@` here, 26.2 ms after einsum)
-        return np.einsum("nd,d->n", self._exact_vectors(ids), query)  # (n,)
+        return np.einsum("nd,d->n", self.exact_vectors(ids), query)  # (n,)
 
     def check_store(self, fingerprint: str, store_path: Path) -> None:
         if fingerprint != self.meta.store["fingerprint"]:

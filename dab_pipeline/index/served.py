@@ -86,7 +86,7 @@ class ShardService:
         (M, n_cand), best first by the index's scores (-1 ids, -inf scores where the shard holds fewer)."""
         self._check()
         q = np.ascontiguousarray(q, np.float32)  # (M, D): the exact scores of the same numbers the index searched
-        sc, ids = self.index._candidates(q, n_cand, nprobe, ef_search)
+        sc, ids = self.index.candidates(q, n_cand, nprobe, ef_search)
         if not exact:
             return sc, ids
         out = np.full(ids.shape, -np.inf, np.float32)  # (M, n_cand)

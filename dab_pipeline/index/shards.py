@@ -283,19 +283,19 @@ class ShardedIndex(VideoIndex):
         self.plan, self.shards = plan, shards
         self.offsets = np.cumsum([0] + [len(s.rows) for s in shards])  # (N + 1,) each shard's first vector
 
-    def _candidates(self, q: np.ndarray, n_cand: int, nprobe, ef_search) -> tuple[np.ndarray, np.ndarray]:
+    def candidates(self, q: np.ndarray, n_cand: int, nprobe, ef_search) -> tuple[np.ndarray, np.ndarray]:
         """Every shard's ``n_cand`` best at the same nprobe, merged by the index's scores -> the ``n_cand`` best."""
-        found = [s._candidates(q, n_cand, nprobe, ef_search) for s in self.shards]  # (M, n_cand) each
+        found = [s.candidates(q, n_cand, nprobe, ef_search) for s in self.shards]  # (M, n_cand) each
         sc, i, _ = merge_candidates(found, self.offsets, n_cand)
         return sc, i
 
-    def _exact_vectors(self, ids: np.ndarray) -> np.ndarray:
+    def exact_vectors(self, ids: np.ndarray) -> np.ndarray:
         """Rows ``ids`` (positions over every shard) of the shards' refine.f16 files -> (n, D) float32."""
         which = np.searchsorted(self.offsets, ids, side="right") - 1  # (n,) each id's shard
         out = np.empty((len(ids), self.meta.dim), np.float32)
         for j in np.unique(which):
             at = np.flatnonzero(which == j)
-            out[at] = self.shards[j]._exact_vectors(ids[at] - self.offsets[j])
+            out[at] = self.shards[j].exact_vectors(ids[at] - self.offsets[j])
         return out
 
     def video_terms(self, store_rows: np.ndarray) -> Optional[np.ndarray]:

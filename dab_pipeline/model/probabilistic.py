@@ -35,7 +35,7 @@ class ProbabilisticEncoder(nn.Module):
         self.logvar_min, self.logvar_max = logvar_min, logvar_max
         self.rank = rank
         self.factor_head: Optional[nn.Linear] = None
-        self._rank_major_cache: Optional[tuple[tuple, tuple[Tensor, Tensor]]] = None  # see _rank_major
+        self._rank_major_cache: Optional[tuple[tuple, tuple[Tensor, Tensor]]] = None  # see rank_major
         if rank > 0:
             self.factor_head = nn.Linear(dim, dim * rank)
             nn.init.normal_(self.factor_head.weight, std=0.1 * math.exp(0.5 * logvar_init) / math.sqrt(dim))
@@ -69,10 +69,10 @@ class ProbabilisticEncoder(nn.Module):
         prob pair 13 % cheaper with the KL's einsums, docs/model.md).
         """
         d, r = h.shape[-1], self.rank
-        w, b = self._rank_major()  # (R D, D), (R D,): row r D + d
+        w, b = self.rank_major()  # (R D, D), (R D,): row r D + d
         return F.linear(h, w, b).unflatten(-1, (r, d)).mT  # (..., D, R), unit stride along D
 
-    def _rank_major(self) -> tuple[Tensor, Tensor]:
+    def rank_major(self) -> tuple[Tensor, Tensor]:
         """The factor head's weight and bias with their rows in (r, d) order: a copy, kept while the weights last.
 
         With gradients on (training) the copy is made per call, inside the graph.  Without, it is kept and

@@ -165,6 +165,12 @@ class FeatureStore(StoreReads, StoreIntegrity, StoreWrites):
         return self._token_lengths if self.state_layout == "tokens" else None
 
     @property
+    def text_state_offsets(self) -> np.ndarray | None:
+        """(M + 1,) int64 where each caption's token states start in ``captions/token_states`` (token layout), else
+        None."""
+        return self._token_offsets if self.state_layout == "tokens" else None
+
+    @property
     def share_rows(self) -> int | None:
         """Rows of one writer share unit (multi-writer layouts), else None."""
         r = self.layout.get("share_rows")

@@ -119,7 +119,7 @@ def _write_merged(tmp: Path, kind: str, opened: Sequence[FeatureStore], shares: 
         "captions/video_index": ref.caption_video_index,
     }
     if ref.state_layout == "tokens":
-        init["captions/token_offsets"] = ref._token_offsets
+        init["captions/token_offsets"] = ref.text_state_offsets
     attrs = {"dab_store_format": FORMAT_VERSION, "layout": ref.layout, "manifest": ref.manifest}
     cls = backend_class(kind)
     cls.create(tmp, ref.layout, attrs, init)

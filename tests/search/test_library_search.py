@@ -100,7 +100,7 @@ def zebra_blind(tmp_path: Path):
     table = searcher.bundle.model.token_embedding.weight  # (vocab, W)
     known = torch.ones(len(table), dtype=torch.bool)
     known[searcher.bundle.tokenizer.encode("zebra")] = False
-    object.__setattr__(searcher.bundle, "_known_tokens", known)
+    searcher.bundle.known_tokens = known  # ClipBundle.known_tokens, computed on first use: given here
     yield searcher, warned
     searcher.close()
 

@@ -45,7 +45,7 @@ class GaussianEngine(Engine):
         heads = [(self.w_mu, self.b_mu), (f32(pr.logvar_head.weight), f32(pr.logvar_head.bias))]
         self.rank = pr.rank  # lowrank:R: U's heads follow, rank-major (R D columns), as ProbabilisticEncoder.factor
         if self.rank:
-            heads.append(tuple(f32(t) for t in pr._rank_major()))  # type: ignore[arg-type]
+            heads.append(tuple(f32(t) for t in pr.rank_major()))  # type: ignore[arg-type]
         # g basis: linear maps of h = LN_p(v_c / |v_c|) (coefficients w rs1 rs2 g, rs2 g, g, 1)
         self.h_rows = torch.stack([self.gp * center(self.v_a), self.gp * center(self.v_b), self.bp])  # (3, D)
         self.gh_w = torch.cat([w for w, _ in heads]).T.contiguous()  # (D, 2D [+ R D])
