@@ -264,6 +264,10 @@ def merge_candidates(
     """The shards' candidates (scores, ids local to the shard, more arrays aligned with them...) each (M, n), merged
     into each query's ``n_cand`` best by score, ties by the lower position over every shard -> (scores, positions,
     [the other arrays, in the same order]), each (M, n_cand)."""
+    # Not faiss's merge (merge_knn_results, which IndexShards uses; ResultHeap): it breaks a tie by its heap's order
+    # (faiss 1.15: positions 9 and 10 of two shards at one score come out 10 first), where dab's rule is the lower
+    # position over every shard, one order whatever the shard count; and it carries distances and labels only, where
+    # a served shard's candidates come with their exact scores, merged alongside them (ServedShardedIndex).
     sc = np.concatenate([f[0] for f in found], axis=1)  # (M, N * n)
     i = np.concatenate([np.where(f[1] >= 0, f[1] + off, -1) for f, off in zip(found, offsets)], axis=1)
     sc = np.where(i >= 0, sc, -np.inf)
