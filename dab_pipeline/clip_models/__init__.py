@@ -19,7 +19,7 @@ What this module adds to open_clip:
 
 from __future__ import annotations
 
-from .bundle import MODEL_CONFIG_DIR, TINY_MODEL, ClipBundle, TextEncoding, list_clip_models, quiet_open_clip  # noqa: F401
+from .bundle import MODEL_CONFIG_DIR, TINY_MODEL, ClipBundle, TextEncoding, quiet_open_clip  # noqa: F401
 from .encode import (  # noqa: F401
     encode_images,
     encode_queries_short,
@@ -53,7 +53,6 @@ __all__ = [
     "encode_images",
     "encode_texts",
     "encode_queries_short",
-    "list_clip_models",
     "load_clip",
     "pad_text_states",
     "token_counts",

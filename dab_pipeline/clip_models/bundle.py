@@ -128,11 +128,6 @@ class TextEncoding:
     tokens: Tensor  # (M, context_length) int64
 
 
-def list_clip_models() -> list[str]:
-    """Every architecture :func:`load_clip` accepts (open_clip's plus dab's own)."""
-    return list(open_clip.list_models())
-
-
 def dab_cache_dir() -> Path:
     env = os.environ.get("DAB_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "dab"

@@ -149,8 +149,9 @@ def _check_covariance(cfg: ModelConfig) -> None:
 
     ``variance="fixed"`` with a non-diagonal covariance is refused, not read as "fix the diagonal and
     learn U": the fixvar controls are the floor that measures what *learned* uncertainty is worth, and a
-    learned U is learned uncertainty (a run that learns it would no longer be that floor).  The W2 cost has
-    no closed form for low-rank covariances (:func:`~dab_pipeline.model.covariance.w2_lowrank`).
+    learned U is learned uncertainty (a run that learns it would no longer be that floor).  The W2 cost is
+    refused for low-rank covariances: its trace term ``tr((S_a^1/2 S_b S_a^1/2)^1/2)`` needs an O(D^3) matrix square
+    root per pair, since ``diag(s_a) + U_a U_a^T`` and ``diag(s_b) + U_b U_b^T`` do not commute.
     """
     cov = parse_covariance(cfg.covariance)
     object.__setattr__(cfg, "_covariance_spec", cov)  # parsed once, here: every reader takes covariance_spec

@@ -95,4 +95,5 @@ def _cosine_cost(mu_v: Tensor, logvar_v: Optional[Tensor], mu_t: Tensor, logvar_
 
 def get_cost(name: str) -> CostFn:
     """Look a cost up by name; unknown names raise :class:`UnknownNameError` listing the valid ones."""
+    # kept though dab itself calls COSTS.get: docs/model.md names get_cost as the costs' lookup by name
     return COSTS.get(name)

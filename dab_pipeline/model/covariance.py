@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal, NoReturn
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -41,7 +41,6 @@ __all__ = [
     "parse_covariance",
     "kl_lowrank_gaussian",
     "kl_lowrank_grid",
-    "w2_lowrank",
     "kl_diag_grid",
     "kl_diag_to_mixture",
     "kl_mixture_grid",
@@ -261,18 +260,6 @@ def lowrank_text_pack(mu_t: Tensor, logvar_t: Tensor, u_t: Tensor) -> tuple[Tens
     rows = [mu_t[:, None], t.inv_var[:, None], (t.inv_var - t.white_sq)[:, None], t.white]  # (M, ., D) each
     const = logvar_t.sum(dim=-1) + t.logdet_core - mu_t.shape[-1]  # (M,)
     return torch.cat(rows, dim=1).flatten(1).contiguous(), const.contiguous()
-
-
-def w2_lowrank(*_args: Tensor, **_kwargs: Tensor) -> NoReturn:
-    """Refused: no closed form of W2 for low-rank-plus-diagonal Gaussians avoids D x D matrices.
-
-    ``W2^2 = |mu_a - mu_b|^2 + tr(S_a + S_b - 2 (S_a^1/2 S_b S_a^1/2)^1/2)``: the trace term needs
-    the square root of a product of two covariances.  For diagonal (commuting) covariances it
-    reduces to ``||sigma_a - sigma_b||^2``; ``diag(s_a) + U_a U_a^T`` and ``diag(s_b) + U_b U_b^T``
-    do not commute in general and their product is not a small-rank update of anything
-    whose square root is known, so an exact W2 needs an O(D^3) matrix square root per pair.
-    """
-    raise ConfigError("cost=w2 needs a D x D matrix square root per pair for low-rank covariances; use cost=kl")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .scene import Shot, Thing, random_scene
+from .scene import Shot, random_scene
 
 UNCERTAINTY_STREAM = 3
 VISIBLE_FRACTION = (0.15, 0.5)  # of the shot's frames, for a partly visible object
@@ -92,8 +92,3 @@ def _add_flash(shots: list[Shot], rng: np.random.Generator) -> tuple[list[Shot],
     cut = host.stop - length
     flash = Shot(scene=scene, start=cut, stop=host.stop)
     return shots[:j] + [dataclasses.replace(host, stop=cut), flash] + shots[j + 1 :], j + 1
-
-
-def visible_frames(thing: Thing, shot: Shot) -> list[int]:
-    """The frames of the video (absolute indices) in which ``thing`` of ``shot`` is drawn."""
-    return [shot.start + k for k in range(shot.stop - shot.start) if thing.visible_at(k)]

@@ -31,7 +31,6 @@ from dab_pipeline.model.covariance import (
     kl_lowrank_shared_text,
     kl_mixture_grid,
     parse_covariance,
-    w2_lowrank,
 )
 
 F64 = torch.float64
@@ -208,12 +207,6 @@ def test_factor_gradient_vanishes_at_u_zero_so_heads_must_not_start_there() -> N
     kl_lowrank_gaussian(mu_q, lv_q, u_q, mu_p, lv_p, u_p).sum().backward()
     assert u_q.grad is not None and u_p.grad is not None
     assert torch.count_nonzero(u_q.grad) == 0 and torch.count_nonzero(u_p.grad) == 0
-
-
-def test_w2_lowrank_refuses_with_one_line() -> None:
-    with pytest.raises(ConfigError) as info:
-        w2_lowrank()
-    assert "\n" not in str(info.value) and "square root" in str(info.value)
 
 
 # --------------------------------------------------------------------------------------------- mixtures
