@@ -288,10 +288,11 @@ def test_a_non_finite_abstain_threshold_is_refused(world: dict) -> None:
 def test_a_shortlist_k_or_thread_count_no_query_could_use_is_refused_at_start(world: dict, monkeypatch) -> None:
     """Issue 50, 7: `--shortlist 0` started and answered every query 400 blaming the client; `-k 1000` (above what
     a query may ask) and `--threads 0` were taken silently."""
-    import dab_pipeline.cli.commands.serving as serving
-    from dab_pipeline.stages.serve import ServeSettings
+    from dab_pipeline.stages.serve import ServeSettings, backends
 
-    monkeypatch.setattr(serving, "_load", lambda *a, **k: pytest.fail("loaded before the options were checked"))
+    monkeypatch.setattr(
+        backends, "load_searcher", lambda *a, **k: pytest.fail("loaded before the options were checked")
+    )
     base = ["serve", "--run", world["run"], "--features", world["store"], "--port", "0"]
     for extra, said in (
         (["--shortlist", "0"], "'--shortlist': 0 is not in the range x>=1"),
@@ -309,9 +310,9 @@ def test_a_shortlist_k_or_thread_count_no_query_could_use_is_refused_at_start(wo
 
 def test_a_bad_port_or_one_in_use_is_one_line_before_anything_loads(world: dict, monkeypatch) -> None:
     pytest.importorskip("uvicorn")
-    import dab_pipeline.cli.commands.serving as serving
+    from dab_pipeline.stages.serve import backends
 
-    monkeypatch.setattr(serving, "_load", lambda *a, **k: pytest.fail("loaded before the port was checked"))
+    monkeypatch.setattr(backends, "load_searcher", lambda *a, **k: pytest.fail("loaded before the port was checked"))
     out = invoke(["serve", "--run", world["run"], "--features", world["store"], "--port", "99999"])
     assert out.exit_code == 2 and "0<=x<=65535" in out.output and "serving" not in out.output
     with socket.socket() as taken:
@@ -331,15 +332,15 @@ def test_k_is_spelt_as_in_dab_search_and_topk_works_with_a_notice(
     pytest.importorskip("uvicorn")
     import click
 
-    import dab_pipeline.cli.commands.serving as serving
+    import dab_pipeline.stages.serve as stage
 
     asked: list[int] = []
 
-    def load(run_dir, features, index_dir, split, k, *rest):
-        asked.append(k)
+    def run_serve(cfg, progress):
+        asked.append(cfg.k)
         raise click.ClickException("stopped before loading")
 
-    monkeypatch.setattr(serving, "_load", load)
+    monkeypatch.setattr(stage, "run_serve", run_serve)
     out = invoke(["serve", "--run", tmp_path, "--features", tmp_path, "--port", "0", *spelling])
     assert out.exit_code == 1 and "stopped before loading" in out.output and asked == [3]
     notice = "warning: --topk is deprecated, use -k/--k (the same option; --topk goes in a later release)"
@@ -755,8 +756,7 @@ def test_batch_options_reach_the_server_and_bad_ones_are_refused(world: dict, mo
     pytest.importorskip("uvicorn")
     import click
 
-    import dab_pipeline.cli.commands.serving as serving
-    from dab_pipeline.stages.serve import ServeSettings
+    from dab_pipeline.stages.serve import ServeSettings, backends
 
     for bad in (["--max-batch", "0"], ["--batch-wait-ms", "-1"], ["--batch-wait-ms", "nan"]):
         out = invoke(["serve", "--run", world["run"], "--features", world["store"], *bad])
@@ -776,7 +776,8 @@ def test_batch_options_reach_the_server_and_bad_ones_are_refused(world: dict, mo
         seen.append(settings)
         raise click.ClickException("stopped before serving")
 
-    monkeypatch.setattr(serving, "_load", lambda *a: (Loaded(), ServeSettings(), create_app, lambda *a: None))
+    monkeypatch.setattr(backends, "load_searcher", lambda *a, **k: Loaded())
+    monkeypatch.setattr(backends, "create_app", create_app)
     argv = ["serve", "--run", world["run"], "--features", world["store"], "--port", "0"]
     out = invoke([*argv, "--max-batch", "8", "--batch-wait-ms", "2.5"])
     assert out.exit_code == 1 and "stopped before serving" in out.output
@@ -792,8 +793,7 @@ def test_serving_without_httptools_says_so_once(world: dict, monkeypatch, has_ht
     pytest.importorskip("uvicorn")
     import click
 
-    import dab_pipeline.cli.commands.serving as serving
-    from dab_pipeline.stages.serve import ServeSettings
+    from dab_pipeline.stages.serve import backends
 
     class Loaded:
         num_videos = 0
@@ -807,8 +807,9 @@ def test_serving_without_httptools_says_so_once(world: dict, monkeypatch, has_ht
     def no_run(self, sockets=None):
         raise Stop("stopped before serving")
 
-    monkeypatch.setattr(serving, "_load", lambda *a: (Loaded(), ServeSettings(), lambda *a: object(), lambda *a: None))
-    monkeypatch.setattr(serving, "_has_module", lambda name: has_httptools)
+    monkeypatch.setattr(backends, "load_searcher", lambda *a, **k: Loaded())
+    monkeypatch.setattr(backends, "create_app", lambda *a: object())
+    monkeypatch.setattr(backends, "has_httptools", lambda: has_httptools)
     import uvicorn
 
     monkeypatch.setattr(uvicorn.Server, "run", no_run)

@@ -1,15 +1,12 @@
-"""`dab serve`: the search page and JSON API (FastAPI + uvicorn, the `serve` extra)."""
+"""`dab serve`: the search page and JSON API (FastAPI + uvicorn, the `serve` extra): the options parsed into a
+ServeConfig, run by the stage (stages/serve: run_serve), its lines printed."""
 
 from __future__ import annotations
-
-import dataclasses
-import signal
-import time
-from pathlib import Path
 
 import click
 
 from ...core.choices import DEFAULT_SCORE_DTYPE, SCORE_DTYPES, SERVE_MAX_K
+from ...core.events import Event
 from .. import cli
 from .options import EXISTING, FINITE_FLOAT, STORE, k_option, one_spelling, typed
 
@@ -152,127 +149,32 @@ def serve(
     ray_only = [f"--{n.replace('_', '-')}" for n in ("replicas", "shard_replicas", "ray_address") if typed(ctx, n)]
     if ray_only and not on_ray:
         raise click.UsageError(f"{', '.join(ray_only)} needs --ray")
-    args = (run_dir, features, index_dir, split, k, shortlist, abstain_below, descriptions, threads, device, dtype)
-    if on_ray:
-        _serve_on_ray(args, host, port, max_batch, batch_wait_ms, replicas, shard_replicas, ray_address)
-    else:
-        _serve_here(args, host, port, max_batch, batch_wait_ms)
+    from ...stages.serve import ServeConfig, run_serve  # deferred: torch, and FastAPI (an extra)
 
-
-def _serve_here(args, host, port, max_batch, batch_wait_ms) -> None:
-    """``dab serve``: uvicorn, one worker, in this process."""
-    run_dir, features, abstain_below = args[0], args[1], args[6]
-    try:
-        import uvicorn
-    except ImportError:
-        raise click.ClickException("dab serve needs uvicorn and FastAPI: pip install 'dab-pipeline[serve]'") from None
-    from ...stages.serve.address import bind_socket, served_url  # deferred: torch, through the stage
-
-    # the address first: a port in use or not ours is one line at once, not after the run and the index
-    sock = bind_socket(host, port)
-    try:
-        searcher, settings, create_app, abstain_report = _load(*args)
-        settings = dataclasses.replace(settings, max_batch=max_batch, batch_wait_ms=batch_wait_ms)
-    except BaseException:
-        sock.close()
-        raise
-    try:
-        app = create_app(searcher, settings, abstain_report(Path(run_dir), abstain_below))
-        sock.listen(2048)
-        bound = sock.getsockname()[1]
-        click.echo(
-            f"serving {searcher.num_videos:,} videos of {features} on {served_url(host, bound)} (Ctrl-C stops)",
-            err=True,
-        )
-        if not _has_module("httptools"):
-            click.echo(
-                "warning: uvicorn parses HTTP in pure Python here (h11): a few hundred requests a second on 2 cores; "
-                "httptools (in the serve extra: pip install 'dab-pipeline[serve]') serves ~6x that",
-                err=True,
-            )
-        server = uvicorn.Server(uvicorn.Config(app, workers=1, log_level="warning"))
-        server.run(sockets=[sock])
-    finally:
-        sock.close()
-        searcher.close()
-
-
-def _serve_on_ray(args, host, port, max_batch, batch_wait_ms, replicas, shard_replicas, address) -> None:
-    """``dab serve --ray``: checked here (one line for a bad run, store or index, before any replica starts),
-    deployed, served until Ctrl-C, then Serve and the Ray this started shut down."""
-    from ...stages.serve import on_ray  # deferred: torch, and Ray (an extra)
-    from ...stages.serve.address import bind_socket  # deferred: torch, through the stage
-
-    on_ray.require_ray()
-    run_dir, features, index_dir, split, k, shortlist, abstain_below, descriptions, threads, device, dtype = args
-    with bind_socket(host, port) as sock:  # the address is free (Ray's proxy binds it): one line now if not
-        port = sock.getsockname()[1]
-    # the run, the store and the index's shards checked against each other as every replica will, without loading
-    # the FAISS indexes (the shard replicas do) or the CLIP (the re-rank replicas do)
-    described = on_ray.described_index(index_dir) if index_dir is not None else None
-    searcher, settings, _, abstain_report = _load(
-        run_dir, features, described, split, k, shortlist, abstain_below, descriptions, 1, device, dtype, encoder=False
-    )
-    videos = searcher.num_videos
-    searcher.close()
-    cfg = on_ray.RayServeConfig(
-        run_dir=str(Path(run_dir).resolve()),
-        features=str(features.resolve()),
-        index_dir=str(Path(index_dir).resolve()) if index_dir is not None else None,
+    cfg = ServeConfig(
+        run=run_dir,
+        features=features,
+        index=index_dir,
         split=split,
-        device=device,
-        dtype=dtype,
-        settings=dataclasses.replace(settings, max_batch=max_batch, batch_wait_ms=batch_wait_ms),
-        abstain=abstain_report(Path(run_dir), abstain_below),
-        replicas=replicas,
-        shard_replicas=shard_replicas,
-        threads=threads,
-    )
-    shards = len(described.shards) if described is not None else 0
-    click.echo(f"starting Ray Serve: {replicas} re-rank replica(s), {shards} shard deployment(s)", err=True)
-    stop = signal.getsignal(signal.SIGTERM)
-    try:
-        # SIGTERM as Ctrl-C (the application deleted, the Ray started stopped), set once Ray has set its own
-        url = on_ray.deploy(cfg, host, port, address, lambda: signal.signal(signal.SIGTERM, _interrupt))
-        click.echo(f"serving {videos:,} videos of {features} on {url} with Ray Serve (Ctrl-C stops)", err=True)
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        on_ray.shutdown()
-        signal.signal(signal.SIGTERM, stop)
-
-
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
-
-
-def _has_module(name: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(name) is not None
-
-
-def _load(
-    run_dir, features, index_dir, split, k, shortlist, abstain_below, descriptions, threads, device, dtype, encoder=True
-):
-    """The searcher and the page settings (minutes for a large index), and the app's two builders."""
-    from ...search import SearcherOptions, load_descriptions, open_searcher  # deferred: torch, at --help
-    from ...stages.serve import ServeSettings, abstain_report, create_app, use_threads  # deferred: FastAPI is an extra
-
-    use_threads(threads)
-    about = load_descriptions(descriptions) if descriptions else {}
-    settings = ServeSettings(
+        host=host,
+        port=port,
         k=k,
         shortlist=shortlist,
         abstain_below=abstain_below,
-        descriptions=about,
-        title=f"dab search: {Path(run_dir).name}",
+        descriptions=descriptions,
+        max_batch=max_batch,
+        batch_wait_ms=batch_wait_ms,
+        threads=threads,
+        device=device,
+        dtype=dtype,
+        backend="ray" if on_ray else "local",
+        replicas=replicas,
+        shard_replicas=shard_replicas,
+        ray_address=ray_address,
     )
-    searcher = open_searcher(
-        SearcherOptions(run_dir, features, split, index_dir, device, dtype),
-        warn=lambda message: click.echo(f"warning: {message}", err=True),
-        encoder=encoder,
-    )
-    return searcher, settings, create_app, abstain_report
+    run_serve(cfg, progress=_print)
+
+
+def _print(event: Event) -> None:
+    """The server's lines on stderr: where it answers, and its warnings."""
+    click.echo(f"warning: {event.message}" if event.kind == "warning" else event.message, err=True)

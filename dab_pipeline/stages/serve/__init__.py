@@ -1,7 +1,8 @@
 """``dab serve``: a search page and a JSON API over a run, a store and (optionally) an index.
 
-FastAPI (an optional extra, ``pip install 'dab-pipeline[serve]'``); the CLI runs the app
-with uvicorn. Everything heavy is loaded once in a :class:`~dab_pipeline.search.Searcher`;
+:class:`ServeConfig` and :func:`run_serve` are what ``dab serve`` runs: a backend (:data:`SERVE_BACKENDS`:
+``local``, uvicorn in this process; ``ray``, Ray Serve) over the app of :func:`create_app`. FastAPI is an optional
+extra (``pip install 'dab-pipeline[serve]'``). Everything heavy is loaded once in a :class:`~dab_pipeline.search.Searcher`;
 queries that arrive together are answered in one call (:class:`Batcher`: one worker gathers up to
 ``max_batch`` of them, waiting at most ``batch_wait_ms`` after the first, and runs
 ``Searcher.search_batch``: their texts encoded in one batch, their shortlists' pairs scored in one call),
@@ -26,12 +27,18 @@ once, until the server is restarted.
 
 from .address import bind_socket, served_url  # noqa: F401
 from .app import create_app  # noqa: F401
+from .backends import SERVE_BACKENDS  # noqa: F401
 from .batcher import Batcher  # noqa: F401
+from .config import ServeConfig  # noqa: F401
 from .health import Health, Unavailable  # noqa: F401
+from .run import run_serve  # noqa: F401
 from .search_page import cost_svg  # noqa: F401
 from .settings import ServeSettings, abstain_report, check_query, check_query_string, use_threads  # noqa: F401
 
 __all__ = [
+    "ServeConfig",
+    "run_serve",
+    "SERVE_BACKENDS",
     "Batcher",
     "ServeSettings",
     "Health",
