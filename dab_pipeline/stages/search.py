@@ -1,8 +1,8 @@
 """``dab search``: the best videos of a store's split for free-text queries, with a trained run.
 
 The search itself is library code (:class:`dab_pipeline.search.Searcher`, shared with ``dab serve``); this
-stage is its one-shot entry, shaped like the others: :class:`SearchConfig`, :func:`run_search`, and
-:func:`search`, the same from keyword values (what the CLI calls).
+stage is its one-shot entry, shaped like the others: :class:`SearchConfig` and :func:`run_search`, which also
+writes the results as a page (``dab search --html``) while the store is open.
 """
 
 from __future__ import annotations
@@ -11,10 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+import numpy as np
+
 from ..calibration import DEFAULT_CONFORMAL_SCORE, DEFAULT_DELTA, UncertaintyRequest
 from ..core.choices import DEFAULT_SCORE_DTYPE
 from ..core.location import location
-from ..search import SearcherOptions, SearchResult, check_queries, open_searcher
+from ..results.page import build_queries, render_page
+from ..search import Searcher, SearcherOptions, SearchResult, check_queries, load_descriptions, open_searcher
 
 __all__ = ["SearchConfig", "run_search", "search"]
 
@@ -40,6 +43,9 @@ class SearchConfig:
     conformal_score: str = DEFAULT_CONFORMAL_SCORE
     max_risk: Optional[float] = None
     delta: float = DEFAULT_DELTA
+    # also write a page of the results (thumbnails from the store, costs, margins), ``descriptions`` beside the hits
+    html: Optional[Path] = None
+    descriptions: Optional[Path] = None
 
     def __post_init__(self) -> None:
         check_queries(self.queries, self.k, self.shortlist)
@@ -55,9 +61,11 @@ class SearchConfig:
 
 
 def run_search(cfg: SearchConfig, warn: Callable[[str], None] = lambda message: None) -> list[SearchResult]:
-    """Each query's ``cfg.k`` videos, best first, with its margin: a one-shot :class:`~dab_pipeline.search.Searcher`."""
+    """Each query's ``cfg.k`` videos, best first, with its margin: a one-shot :class:`~dab_pipeline.search.Searcher`;
+    with ``cfg.html``, the results written there as a page too."""
+    about = load_descriptions(cfg.descriptions) if cfg.html is not None and cfg.descriptions else {}
     with open_searcher(cfg.searcher_options, warn=warn) as s:
-        return s.search(
+        results = s.search(
             list(cfg.queries),
             cfg.k,
             shortlist=cfg.shortlist,
@@ -65,6 +73,43 @@ def run_search(cfg: SearchConfig, warn: Callable[[str], None] = lambda message: 
             memory_budget=cfg.memory_budget,
             uncertainty=cfg.uncertainty,
         )
+        if cfg.html is not None:
+            _write_page(cfg, cfg.html, s, results, about)
+    return results
+
+
+def _write_page(cfg: SearchConfig, path: Path, s: Searcher, results: list[SearchResult], about: dict) -> Path:
+    """The free-text queries' results as an examples page (no ground truth to mark): each query's top k with
+    thumbnails, captions (``about``'s descriptions first), costs and margin, and a plot of its costs."""
+    # with an index every query scored its own shortlist: the union of the videos, +inf where not scored
+    videos = np.unique(np.concatenate([np.asarray(r.video_ids) for r in results]))  # (V,)
+    cost = np.full((len(results), len(videos)), np.inf, np.float32)  # (M, V)
+    for i, r in enumerate(results):
+        cost[i, np.searchsorted(videos, np.asarray(r.video_ids))] = r.costs
+    thumbs, captions = _store_context(s, results)
+    queries = build_queries(
+        cost,
+        range(len(results)),
+        [r.query for r in results],
+        videos,
+        thumbs=thumbs,
+        captions={**captions, **about},  # a description (world ground truth) says more than a caption
+        k=cfg.k,
+        plots=bool(np.isfinite(cost).all()),
+    )
+    for q, r in zip(queries, results):
+        q.unknown_words = r.unknown_words
+    summary = [("run", str(cfg.run)), ("store", str(cfg.features)), ("videos searched", str(len(videos)))]
+    return render_page(path, f"dab search: {len(results)} queries", summary, queries)
+
+
+def _store_context(s: Searcher, results: list[SearchResult]) -> tuple[dict, dict]:
+    """The thumbnails and first captions of every video the results scored, by video id, from the open store."""
+    row_of = {str(v): int(s.rows[p]) for r in results for v, p in zip(r.video_ids, r.positions)}
+    ids = sorted(row_of, key=row_of.__getitem__)  # in store order: the reads coalesce
+    thumbs = dict(zip(ids, s.store.read_thumbnails([row_of[v] for v in ids])))
+    first, text = s.store.first_caption_rows(), s.store.caption_text  # (N,), (M,)
+    return thumbs, {v: str(text[first[row_of[v]]]) for v in ids if first[row_of[v]] >= 0}
 
 
 def search(

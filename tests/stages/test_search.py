@@ -101,6 +101,27 @@ def test_cli_prints_the_table_and_json(store: Path, tmp_path: Path) -> None:
     assert payload[0]["margin"] == pytest.approx(expected.margin, rel=1e-4)  # batch of 2 vs 1: last bits
 
 
+def test_the_html_page_is_written_by_the_stage(store: Path, tmp_path: Path) -> None:
+    """Issue 62, item 1: `dab search --html` is run_search's page (the CLI only says where it wrote it): the queries,
+    escaped, and a description beside a hit in place of its caption."""
+    from dab_pipeline.stages.search import SearchConfig, run_search
+
+    run, _ = build_run(tmp_path / "run", store)
+    about = tmp_path / "about.json"
+    about.write_text(json.dumps({"vid0": "described <b>zero</b>"}))
+    queries = (CAPTIONS[0], "<i>two</i>")
+    cfg = SearchConfig(run, store, queries, k=3, device="cpu", html=tmp_path / "py.html", descriptions=about)
+    assert len(run_search(cfg)) == 2
+    page = (tmp_path / "py.html").read_text()
+    assert page.count('class="query"') == 2 and "&lt;i&gt;two&lt;/i&gt;" in page and "<i>two</i>" not in page
+    assert "described &lt;b&gt;zero&lt;/b&gt;" in page and CAPTIONS[0] not in page.split("</h2>", 1)[1]  # vid0's
+    assert any(c in page for c in CAPTIONS[1:TEST_VIDEOS])  # the other hits: their captions
+    args = ["search", "--run", run, "--features", store, "-k", "3", "--device", "cpu", "--descriptions", about]
+    out = invoke([*args, "--html", tmp_path / "cli.html", *queries])
+    assert out.exit_code == 0 and f"wrote {tmp_path / 'cli.html'}" in out.output, out.output
+    assert (tmp_path / "cli.html").read_text() == page
+
+
 def test_missing_clip_weights_are_a_one_line_error(tmp_path: Path) -> None:
     store = build_store(tmp_path / "store.h5", pretrained=str(tmp_path / "gone" / "dab-tiny.pt"))
     run, _ = build_run(tmp_path / "run", store)

@@ -1,4 +1,5 @@
-"""`dab search`: the top-k videos of a store for free-text queries, with a trained run."""
+"""`dab search`: the top-k videos of a store for free-text queries, with a trained run: the options parsed into a
+SearchConfig, run by the stage (stages/search.py: run_search, which writes the --html page), the results printed."""
 
 from __future__ import annotations
 
@@ -129,7 +130,7 @@ def search(
     from ...search import load_descriptions  # deferred: `dab --help` must not import torch
     from ...stages.search import SearchConfig, run_search  # deferred: `dab --help` must not import torch
 
-    about = load_descriptions(descriptions) if descriptions else {}
+    about = load_descriptions(descriptions) if descriptions else {}  # what the table and the JSON show
     cfg = SearchConfig(
         run=run_dir,
         features=features,
@@ -145,12 +146,13 @@ def search(
         conformal_score=conformal_score,
         max_risk=max_risk,
         delta=delta,
+        html=html,
+        descriptions=descriptions,
     )
     errors = console(stderr=True)  # a warning wraps between words at the console's width (120 columns in a log)
     results = run_search(cfg, warn=lambda message: errors.print(f"warning: {message}", markup=False, highlight=False))
     if html is not None:
-        page = _write_page(html, results, features, run_dir, about, k)
-        click.echo(f"wrote {page}", err=True)
+        click.echo(f"wrote {html}", err=True)
     if as_json:
         click.echo(json.dumps(_search_payload(results, about), indent=2))
     else:
@@ -192,33 +194,3 @@ def _print_results(results, about: dict) -> None:
         con.print(f"margin (2nd - 1st cost): {margin}", highlight=False)
         for line in uncertainty_lines(r):
             con.print(line, highlight=False, markup=False)  # wrapped at the console's width, between words
-
-
-def _write_page(path: Path, results, features: Path, run_dir: Path, about: dict, k: int) -> Path:
-    """The free-text queries' results as an examples page (no ground truth to mark)."""
-    import numpy as np
-
-    from ...results.page import build_queries, render_page  # deferred: start-up
-    from ...stages.evaluate import store_context  # deferred: `dab --help` must not import torch
-
-    # with an index every query scored its own shortlist: the union of the videos, +inf where not scored
-    videos = np.unique(np.concatenate([np.asarray(r.video_ids) for r in results]))  # (V,)
-    cost = np.full((len(results), len(videos)), np.inf, np.float32)  # (M, V)
-    for i, r in enumerate(results):
-        cost[i, np.searchsorted(videos, np.asarray(r.video_ids))] = r.costs
-    thumbs, captions, _ = store_context(features, videos)
-    captions = {**captions, **about}  # a description (world ground truth) says more than a caption
-    queries = build_queries(
-        cost,
-        range(len(results)),
-        [r.query for r in results],
-        videos,
-        thumbs=thumbs,
-        captions=captions,
-        k=k,
-        plots=bool(np.isfinite(cost).all()),
-    )
-    for q, r in zip(queries, results):
-        q.unknown_words = r.unknown_words
-    summary = [("run", str(run_dir)), ("store", str(features)), ("videos searched", str(len(videos)))]
-    return render_page(path, f"dab search: {len(results)} queries", summary, queries)
