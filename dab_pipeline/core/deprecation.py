@@ -1,26 +1,55 @@
-"""Old names kept working for one release: a keyword argument renamed, with a DeprecationWarning naming the new one."""
+"""Old names a user may still hold, in one table: :data:`DEPRECATIONS` maps each to its new name and the dab version
+that removes it (the shape of timm's ``register_model_deprecations``: a registry, filled where it is declared).
+
+A name is kept only where a user holds it outside dab's Python API: an option in a shell script, a key a client of
+``dab serve`` reads. Python names (keywords, attributes) renamed before dab's first release (0.1.0 was never tagged)
+were renamed without a shim (docs/decisions.md, issue 62).
+"""
 
 from __future__ import annotations
 
 import functools
 import warnings
+from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+__all__ = ["DEPRECATIONS", "Deprecation", "deprecation_line", "register_deprecations", "renamed_keywords"]
 
-def warn_renamed(old: str, new: str, stacklevel: int = 3) -> None:
-    """One DeprecationWarning: ``old`` is now called ``new`` (the old name goes in a later release)."""
-    warnings.warn(
-        f"{old} is deprecated: it is now {new} (the old name will be removed in a later release)",
-        DeprecationWarning,
-        stacklevel=stacklevel,
-    )
+
+@dataclass(frozen=True)
+class Deprecation:
+    new: str  # the name to use instead
+    removed_in: str  # the dab version that no longer knows the old name
+    held_in: str  # where a user holds the old name
+
+
+DEPRECATIONS: dict[str, Deprecation] = {}
+
+
+def register_deprecations(held_in: str, old_to_new: dict[str, str], removed_in: str) -> None:
+    """Record each old name of ``old_to_new`` (a name is registered once)."""
+    for old, new in old_to_new.items():
+        if old in DEPRECATIONS:
+            raise ValueError(f"{old} is already deprecated (for {DEPRECATIONS[old].new})")
+        DEPRECATIONS[old] = Deprecation(new=new, removed_in=removed_in, held_in=held_in)
+
+
+register_deprecations("scripts calling dab search or dab serve", {"--topk": "-k/--k"}, removed_in="0.2.0")
+register_deprecations("clients reading dab serve's hits (JSON)", {"confidence": "margin"}, removed_in="0.2.0")
+
+
+def deprecation_line(old: str) -> str:
+    """One line: ``old`` is deprecated, what to use instead and the version that removes it."""
+    d = DEPRECATIONS[old]
+    return f"{old} is deprecated, use {d.new} ({old} goes in dab {d.removed_in})"
 
 
 def renamed_keywords(**old_to_new: str) -> Callable[[F], F]:
-    """Let a function (or a dataclass's ``__init__``) still take its keywords' old names, with a warning;
-    giving a keyword under both names is a TypeError."""
+    """Let a function still take its keywords' old names, with a DeprecationWarning; giving a keyword under both
+    names is a TypeError. (Left for search/searcher.py's former keyword of the hits, a Python keyword of no release:
+    it goes with it.)"""
 
     def wrap(fn: F) -> F:
         @functools.wraps(fn)
@@ -29,7 +58,12 @@ def renamed_keywords(**old_to_new: str) -> Callable[[F], F]:
                 if old in kwargs:
                     if new in kwargs:
                         raise TypeError(f"{fn.__qualname__}() got both {new}= and its old name {old}=")
-                    warn_renamed(f"{fn.__qualname__}({old}=)", f"{new}=")
+                    warnings.warn(
+                        f"{fn.__qualname__}({old}=) is deprecated: it is now {new}= (the old name will be removed "
+                        "in a later release)",
+                        DeprecationWarning,
+                        stacklevel=2,
+                    )
                     kwargs[new] = kwargs.pop(old)
             return fn(*args, **kwargs)
 

@@ -10,7 +10,6 @@ import torch
 from torch import Tensor
 
 from ..core.choices import CHI_NORMS, DIST_COSTS, DRIFT_INPUTS, DRIFTS, VARIANCE_MODES, VARIANTS
-from ..core.deprecation import warn_renamed
 from ..core.errors import ConfigError
 from ..core.variants import VARIANT_SPECS, VariantSpec
 from .covariance import CovarianceSpec, parse_covariance
@@ -116,12 +115,6 @@ class ModelConfig:
     @property
     def gaussian(self) -> bool:
         """Gaussian embeddings, a distributional cost and the PAC loss (prob, dab and their controls)."""
-        return self.spec.gaussian
-
-    @property
-    def probabilistic(self) -> bool:
-        """Deprecated: :attr:`gaussian` (ModelConfig is public API; one word for the Gaussian family since issue 48)."""
-        warn_renamed("ModelConfig.probabilistic", "ModelConfig.gaussian")
         return self.spec.gaussian
 
     @property

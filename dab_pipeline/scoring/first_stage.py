@@ -26,7 +26,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..core.deprecation import renamed_keywords
 from ..core.errors import ConfigError
 
 __all__ = [
@@ -62,7 +61,6 @@ def check_shortlist(shortlist: Any) -> int:
     return int(shortlist)
 
 
-@renamed_keywords(k="shortlist")
 def first_stage(
     queries: np.ndarray | Tensor, source: CandidateSource, shortlist: Optional[int] = None, **options: Any
 ) -> np.ndarray:

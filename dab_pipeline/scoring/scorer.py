@@ -9,7 +9,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..core.deprecation import renamed_keywords
 from ..core.errors import ConfigError
 from ..core.events import ProgressCallback, null_progress
 from ..model import DABModel
@@ -85,7 +84,6 @@ class Scorer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @renamed_keywords(topk="k")
     def score(
         self,
         text: np.ndarray | Tensor,

@@ -141,20 +141,3 @@ def test_score_query_is_one_row_of_the_grid() -> None:
     exact = Scorer(model).score_query(text[1], frames, mask)
     np.testing.assert_allclose(exact, score_all_reference(model, text, frames, mask).cost[1], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(exact, score_query(model.eval(), text[1], frames, mask), rtol=1e-5, atol=1e-6)
-
-
-def test_score_all_engines_is_deprecated_but_still_keeps_them(builds: list[int]) -> None:
-    model = small_model("dab")
-    text, frames, mask, _ = random_inputs(q=6, v=5, frames=F_)
-    kept: dict = {}
-    with pytest.warns(DeprecationWarning, match="engines="):
-        a = score_all(model, text, frames, mask, engines=kept)
-    with pytest.warns(DeprecationWarning, match="engines="):
-        b = score_all(model, text, frames, mask, engines=kept, k=2)
-    assert len(builds) == 1
-    with pytest.warns(DeprecationWarning):
-        score_all(model, text, frames, mask, engines=kept, dtype="bfloat16")  # other options: another Scorer
-    assert len(builds) == 2
-    # the same options and grid: the same engine and tiles, bit-equal on any CPU
-    np.testing.assert_array_equal(a.cost, score_all(model, text, frames, mask).cost)
-    np.testing.assert_array_equal(a.cost, b.cost)

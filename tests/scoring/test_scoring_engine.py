@@ -376,15 +376,3 @@ def test_a_constant_drift_runs_no_step_per_pair() -> None:
     assert bridge_macs_per_pair_step(model.cfg) == 0
     assert engine_macs(model.cfg, F_)["per_pair"] == engine_macs(make("prob").cfg, F_)["per_pair"]
     assert pair_bytes(model.cfg, F_) == pair_bytes(make("prob").cfg, F_)
-
-
-def test_score_alls_former_topk_keyword_still_works_with_a_deprecation_warning() -> None:
-    """score_all is public API: its ``topk=`` (``k=`` since issue 48, one word for the hits) keeps one release."""
-    model = make("dab")
-    text, frames, mask, _ = data()
-    with pytest.deprecated_call(match="k="):
-        old = score_all(model, text, frames, mask, topk=2)
-    new = score_all(model, text, frames, mask, k=2)
-    np.testing.assert_array_equal(old.topk_indices, new.topk_indices)
-    with pytest.raises(TypeError, match="both k= and its old name topk="):
-        score_all(model, text, frames, mask, topk=2, k=2)

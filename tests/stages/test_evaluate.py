@@ -230,20 +230,7 @@ def test_an_evaluation_failing_at_its_first_write_removes_the_folders_it_made(
     assert costs.exists()
 
 
-def test_evaluate_configs_old_field_names_still_work_with_a_deprecation_warning(tmp_path: Path) -> None:
-    """Issue 35: `temperature` (the post-processing's) and `taus` (cosine thresholds) named the model's PAC
-    temperature; they are `postprocess_temperature` and `cosine_thresholds`, the old names kept for one release."""
-    with pytest.deprecated_call(match="postprocess_temperature="):
-        old = EvaluateConfig(costs=tmp_path, postprocess="dsl", temperature=0.1)
-    with pytest.deprecated_call(match="cosine_thresholds="):
-        assert EvaluateConfig(costs=tmp_path, taus=(0.5,)).cosine_thresholds == (0.5,)
-    assert old == EvaluateConfig(costs=tmp_path, postprocess="dsl", postprocess_temperature=0.1)
-    with pytest.deprecated_call(match="EvaluateConfig.postprocess_temperature"):
-        assert old.temperature == 0.1
-    with pytest.deprecated_call(match="EvaluateConfig.cosine_thresholds"):
-        assert old.taus == (0.6, 0.7, 0.8, 0.9)
-    with pytest.raises(TypeError, match="both"):
-        EvaluateConfig(costs=tmp_path, temperature=0.1, postprocess_temperature=0.1)
+def test_evaluate_config_refuses_a_post_processing_temperature_not_above_zero(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="post-processing temperature must be > 0"):
         EvaluateConfig(costs=tmp_path, postprocess_temperature=0.0)
 

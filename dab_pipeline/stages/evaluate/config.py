@@ -1,10 +1,4 @@
-"""EvaluateConfig: what `dab evaluate` reads, computes and writes.
-
-Two of its fields were named after the model's PAC temperature until issue 35: ``temperature`` is
-``postprocess_temperature`` (the softmax temperature of ``--postprocess dsl|is``) and ``taus`` is
-``cosine_thresholds`` (the neighbourhood diagnostic's); ``topk`` is ``k`` (issue 48: ``k`` is the number of
-ranked videos everywhere). EvaluateConfig is public API (docs/api.md), so the old names still work, with a
-DeprecationWarning, for one release."""
+"""EvaluateConfig: what `dab evaluate` reads, computes and writes."""
 
 from __future__ import annotations
 
@@ -13,7 +7,6 @@ from pathlib import Path
 from typing import Optional
 
 from ...core.choices import COST_KINDS, POSTPROCESS, V2T_CONVENTIONS
-from ...core.deprecation import renamed_keywords, warn_renamed
 from ...core.errors import ConfigError
 
 
@@ -67,26 +60,3 @@ class EvaluateConfig:
             raise ConfigError(f"examples must be >= 0, got {self.examples}")
         if self.k < 1:
             raise ConfigError(f"k must be >= 1, got {self.k}")
-
-    @property
-    def temperature(self) -> float:
-        """Deprecated: :attr:`postprocess_temperature`."""
-        warn_renamed("EvaluateConfig.temperature", "EvaluateConfig.postprocess_temperature")
-        return self.postprocess_temperature
-
-    @property
-    def taus(self) -> tuple[float, ...]:
-        """Deprecated: :attr:`cosine_thresholds`."""
-        warn_renamed("EvaluateConfig.taus", "EvaluateConfig.cosine_thresholds")
-        return self.cosine_thresholds
-
-    @property
-    def topk(self) -> int:
-        """Deprecated: :attr:`k`."""
-        warn_renamed("EvaluateConfig.topk", "EvaluateConfig.k")
-        return self.k
-
-
-EvaluateConfig.__init__ = renamed_keywords(  # type: ignore[method-assign]
-    temperature="postprocess_temperature", taus="cosine_thresholds", topk="k"
-)(EvaluateConfig.__init__)
