@@ -89,7 +89,7 @@ def builtin_weights(name: str) -> Optional[Path]:
 
 
 def expand_compact_state(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Undo :func:`dab_pipeline.world.pretrain.compact_state`: a token embedding stored as a few rows.
+    """Undo ``compact_state`` (scripts/pretrain_dab_world.py): a token embedding stored as a few rows.
 
     ``token_embedding.rows`` / ``.values`` / ``.vocab_size`` become the full
     ``token_embedding.weight``, zero for every token outside the stored rows.

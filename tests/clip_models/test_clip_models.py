@@ -24,6 +24,8 @@ from dab_pipeline import clip_models as cm
 from dab_pipeline.core.errors import ConfigError, UnknownNameError, WeightsError
 from dab_pipeline.core.fsutil import sha256_file
 
+from ..helpers.benchmarks import load_script
+
 TEXTS = ["a dog runs on the beach", "hi", "a man is cooking pasta in a small kitchen while talking"]
 
 
@@ -508,8 +510,9 @@ def test_damaged_dab_world_file_is_one_clear_error(tmp_path, monkeypatch):
 def test_dab_world_sees_the_world():
     """Zero-shot, dab-world matches held-out world frames to their captions far above chance."""
     from dab_pipeline.world import frame_caption_pairs
-    from dab_pipeline.world.pretrain import frame_to_caption, normalise
 
+    pretrain = load_script("pretrain_dab_world")  # the script that trained it: its frame -> caption check
+    frame_to_caption, normalise = pretrain.frame_to_caption, pretrain.normalise
     b = cm.load_clip("dab-world", None)
     frames, texts = frame_caption_pairs(seed=4242, count=200, size=(64, 64))  # a stream it never saw
     res = frame_to_caption(b.model.eval(), b.tokenizer, normalise(frames, b.mean, b.std), texts)

@@ -262,6 +262,9 @@ def _load(build: bool) -> Kernels:
     return _compiled()
 
 
+# `python -m dab_pipeline.scoring.kernels.cpu` stays in the package, unlike the maintainer's scripts (scripts/): it is a
+# user's step (the kernels built ahead on the machine that runs them, a container's build or a node before a job,
+# and whether they built), and an installed dab has no scripts/ folder.
 def main() -> None:
     t = time.perf_counter()
     k = get_kernels()

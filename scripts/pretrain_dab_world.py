@@ -1,4 +1,6 @@
-"""Pretraining ``dab-world``, the world's own small CLIP (docs/quality.md).
+"""Pretraining ``dab-world``, the world's own small CLIP (docs/quality.md): a maintainer's script, outside the
+library (as open_clip keeps its training app, ``open_clip_train``, outside ``open_clip``): dab loads the weights it
+wrote (``dab_pipeline/weights/``) and never trains CLIP itself.
 
 open_clip's model class (``open_clip.create_model("dab-world")``, config in
 ``model_configs/dab-world.json``) and loss (``open_clip.ClipLoss``), trained
@@ -7,7 +9,7 @@ frame-level captions (``generate.pretrain_frame``: its own random stream, never
 a benchmark video). Deterministic from the config's seeds on a given machine
 and torch version.
 
-    python -m dab_pipeline.world.pretrain --out dab_pipeline/weights
+    python scripts/pretrain_dab_world.py --out dab_pipeline/weights
 
 writes ``dab-world.pt`` (float16 state dict; the token embedding keeps only the
 rows of the world's vocabulary, see :func:`compact_state`), ``dab-world.json``
@@ -31,13 +33,13 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from ..clip_models import expand_compact_state, quiet_open_clip
-from ..core.fsutil import atomic_write_bytes, atomic_write_text
-from ..metrics import t2v_metrics
-from ..video import sample_frame_indices
-from .generate import WorldConfig, frame_caption_pairs, iter_world
-from .presets import PRETRAIN_SEED, world_preset
-from .render import render_video
+from dab_pipeline.clip_models import expand_compact_state, quiet_open_clip
+from dab_pipeline.core.fsutil import atomic_write_bytes, atomic_write_text
+from dab_pipeline.metrics import t2v_metrics
+from dab_pipeline.video import sample_frame_indices
+from dab_pipeline.world.generate import WorldConfig, frame_caption_pairs, iter_world
+from dab_pipeline.world.presets import PRETRAIN_SEED, world_preset
+from dab_pipeline.world.render import render_video
 
 MODEL = "dab-world"
 
@@ -86,7 +88,7 @@ def compact_state(state: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[st
     """float16 copy of ``state`` whose token embedding keeps only ``rows`` (the world's vocabulary).
 
     The full table is 49,408 rows, 80 % of the parameters, of which the world uses
-    fewer than 100; :func:`dab_pipeline.clip_models` expands the compact form back,
+    fewer than 100; :func:`dab_pipeline.clip_models.expand_compact_state` expands the compact form back,
     with zeros for every other token.
     """
     out = {
