@@ -9,26 +9,36 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
 import numpy as np
 
 from ..calibration import DEFAULT_CONFORMAL_SCORE, DEFAULT_DELTA, UncertaintyRequest
 from ..core.choices import DEFAULT_SCORE_DTYPE
-from ..core.location import location
+from ..core.location import StoreURL, location
 from ..results.page import build_queries, render_page
 from ..search import Searcher, SearcherOptions, SearchResult, check_queries, load_descriptions, open_searcher
 
-__all__ = ["SearchConfig", "run_search", "search"]
+__all__ = ["SearchConfig", "run_search"]
 
 
 @dataclass(frozen=True)
 class SearchConfig:
-    """One ``dab search``: the run, the store, the queries and how they are ranked (the arguments of
-    :func:`search`); the queries are checked when it is built, before anything loads."""
+    """One ``dab search``: the run, the store, the queries and how they are ranked; checked when it is built, before
+    anything loads.
+
+    ``index``: a ``dab index`` folder as the first stage (then ``shortlist`` defaults to 100 and only those videos
+    are read); ``shortlist`` without an index: a cosine first stage over the split in memory. ``dtype``
+    (``float32``: exact, the default; ``bfloat16``; ``auto``) is resolved for the device first
+    (:func:`dab_pipeline.runtime.capabilities.resolve_score_dtype`): bf16 asked where it is not native runs in
+    float32 and :func:`run_search`'s ``warn`` gets the reason. A calibrated run (``dab calibrate``) gives each
+    result its calibrated probabilities; ``coverage`` asks for each query's conformal set (``conformal_score``:
+    lac, aps, raps, normalized), ``max_risk`` for answers whose first hit errs at most that often (with
+    probability 1 - ``delta``): docs/uncertainty.md. Paths may be given as strings, ``features`` as an fsspec URL,
+    the queries as any sequence."""
 
     run: Path
-    features: Path
+    features: Path | StoreURL
     queries: tuple[str, ...]
     k: int = 10
     split: str = "test"
@@ -48,6 +58,12 @@ class SearchConfig:
     descriptions: Optional[Path] = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "run", Path(self.run))
+        object.__setattr__(self, "features", location(self.features))
+        object.__setattr__(self, "queries", tuple(self.queries))
+        for name in ("index", "html", "descriptions"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, Path(getattr(self, name)))
         check_queries(self.queries, self.k, self.shortlist)
         _ = self.uncertainty  # a coverage or risk outside (0, 1) is refused before anything loads
 
@@ -110,53 +126,3 @@ def _store_context(s: Searcher, results: list[SearchResult]) -> tuple[dict, dict
     thumbs = dict(zip(ids, s.store.read_thumbnails([row_of[v] for v in ids])))
     first, text = s.store.first_caption_rows(), s.store.caption_text  # (N,), (M,)
     return thumbs, {v: str(text[first[row_of[v]]]) for v in ids if first[row_of[v]] >= 0}
-
-
-def search(
-    run_dir: str | Path,
-    store_path: str | Path,
-    queries: Sequence[str],
-    k: int = 10,
-    split: str = "test",
-    device: str = "auto",
-    *,
-    dtype: str = DEFAULT_SCORE_DTYPE,
-    shortlist: Optional[int] = None,
-    index: str | Path | None = None,
-    nprobe: Optional[int] = None,
-    memory_budget: Optional[int] = None,
-    coverage: Optional[float] = None,
-    conformal_score: str = DEFAULT_CONFORMAL_SCORE,
-    max_risk: Optional[float] = None,
-    delta: float = DEFAULT_DELTA,
-    warn: Callable[[str], None] = lambda message: None,
-) -> list[SearchResult]:
-    """The ``k`` videos of ``split`` for each free-text query, best first, with each query's margin.
-
-    One-shot :class:`~dab_pipeline.search.Searcher`. ``index``: a ``dab index`` folder as the first stage (then ``shortlist``
-    defaults to 100 and only those videos are read); ``shortlist`` without an index: a cosine first stage over
-    the split in memory. ``dtype`` (``float32``: exact, the default; ``bfloat16``; ``auto``) is resolved for the
-    device first (:func:`dab_pipeline.runtime.capabilities.resolve_score_dtype`): bf16 asked where it is not
-    native runs in float32 and ``warn`` gets the reason. A calibrated run (``dab calibrate``) gives each result its
-    calibrated probabilities; ``coverage`` asks for each query's conformal set (``conformal_score``: lac, aps,
-    raps, normalized), ``max_risk`` for answers whose first hit errs at most that often (with probability
-    1 - ``delta``): docs/uncertainty.md.
-    """
-    cfg = SearchConfig(
-        run=Path(run_dir),
-        features=location(store_path),
-        queries=tuple(queries),
-        k=k,
-        split=split,
-        device=device,
-        dtype=dtype,
-        shortlist=shortlist,
-        index=None if index is None else Path(index),
-        nprobe=nprobe,
-        memory_budget=memory_budget,
-        coverage=coverage,
-        conformal_score=conformal_score,
-        max_risk=max_risk,
-        delta=delta,
-    )
-    return run_search(cfg, warn)

@@ -193,7 +193,7 @@ def test_train_bf16_scoring_on_a_cpu_without_it_runs_float32(tmp_path: Path) -> 
 
 
 def test_search_warns_and_scores_float32(tmp_path: Path) -> None:
-    from dab_pipeline.stages.search import search
+    from dab_pipeline.stages.search import SearchConfig, run_search
 
     from ..helpers.models import hand_made_run
     from ..helpers.stores import text_store
@@ -202,8 +202,12 @@ def test_search_warns_and_scores_float32(tmp_path: Path) -> None:
     run, _ = hand_made_run(tmp_path / "run", store)
     said: list[str] = []
     with override(AVX2):
-        slow = search(run, store, ["a cat sleeps"], k=3, device="cpu", dtype="bfloat16", warn=said.append)
-        exact = search(run, store, ["a cat sleeps"], k=3, device="cpu", dtype="float32", warn=said.append)
+        slow = run_search(
+            SearchConfig(run, store, ["a cat sleeps"], k=3, device="cpu", dtype="bfloat16"), warn=said.append
+        )
+        exact = run_search(
+            SearchConfig(run, store, ["a cat sleeps"], k=3, device="cpu", dtype="float32"), warn=said.append
+        )
     assert len(said) == 1 and "no native bf16" in said[0]
     # it really ran float32: the same float32 computation twice, bit-equal on any CPU (bf16 would differ)
     assert [h.cost for h in slow[0].hits] == [h.cost for h in exact[0].hits]

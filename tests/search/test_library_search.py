@@ -14,7 +14,7 @@ import torch
 from dab_pipeline.clip_models import load_clip, unknown_words
 from dab_pipeline.core.choices import DEFAULT_SCORE_DTYPE
 from dab_pipeline.search import Searcher
-from dab_pipeline.stages.search import SearchConfig, search
+from dab_pipeline.stages.search import SearchConfig, run_search
 from dab_pipeline.store import open_store
 
 from ..helpers.models import hand_made_run
@@ -64,8 +64,10 @@ def test_an_index_over_every_split_answers_as_the_exact_search(library: dict) ->
     run, store, index = library["run"], library["store"], library["root"] / "index"
     res = invoke(["index", "--features", store, "--split", "all", "--out", index])
     assert res.exit_code == 0, res.output
-    exact = search(run, store, ["a query"], k=4, split="all", device="cpu")[0]
-    short = search(run, store, ["a query"], k=4, split="all", device="cpu", index=index, shortlist=4)[0]
+    exact = run_search(SearchConfig(run, store, ["a query"], k=4, split="all", device="cpu"))[0]
+    short = run_search(SearchConfig(run, store, ["a query"], k=4, split="all", device="cpu", index=index, shortlist=4))[
+        0
+    ]
     assert [h.video_id for h in short.hits] == [h.video_id for h in exact.hits]
     np.testing.assert_allclose([h.cost for h in short.hits], [h.cost for h in exact.hits], rtol=1e-4)
 
@@ -132,8 +134,8 @@ def test_the_api_and_the_page_show_the_unknown_words(zebra_blind) -> None:
 
 
 def test_search_serve_and_the_api_share_one_default_precision() -> None:
-    """One confidence for one query: `dab search`, `dab serve`, SearchConfig, search() and Searcher default to
-    the precision `dab train` scores a run's test costs in."""
+    """One confidence for one query: `dab search`, `dab serve`, SearchConfig, ServeConfig, SearcherOptions and
+    Searcher default to the precision `dab train` scores a run's test costs in."""
     from dab_pipeline.cli import cli, register_commands
     from dab_pipeline.runs.config import TrainConfig
 
@@ -142,7 +144,11 @@ def test_search_serve_and_the_api_share_one_default_precision() -> None:
         name: next(p.default for p in cli.commands[name].params if p.name == "dtype") for name in ("search", "serve")
     }
     assert defaults == {"search": DEFAULT_SCORE_DTYPE, "serve": DEFAULT_SCORE_DTYPE}
-    assert inspect.signature(search).parameters["dtype"].default == DEFAULT_SCORE_DTYPE
+    from dab_pipeline.search import SearcherOptions
+    from dab_pipeline.stages.serve import ServeConfig
+
+    for config in (ServeConfig, SearcherOptions):
+        assert config.__dataclass_fields__["dtype"].default == DEFAULT_SCORE_DTYPE
     assert inspect.signature(Searcher).parameters["dtype"].default == DEFAULT_SCORE_DTYPE
     assert SearchConfig.__dataclass_fields__["dtype"].default == DEFAULT_SCORE_DTYPE
     assert TrainConfig.__dataclass_fields__["score_dtype"].default == DEFAULT_SCORE_DTYPE == "float32"

@@ -14,7 +14,7 @@ from dab_pipeline.core.errors import ConfigError, StoreError
 from dab_pipeline.runs.run_folder import RunFolder
 from dab_pipeline.search import Searcher
 from dab_pipeline.stages.calibrate import CalibrateConfig, run_calibrate
-from dab_pipeline.stages.search import search
+from dab_pipeline.stages.search import SearchConfig, run_search
 
 from ..helpers.models import hand_made_run
 from ..helpers.runner import invoke
@@ -67,17 +67,21 @@ def test_the_cli_prints_held_out_figures(world: dict) -> None:
 def test_search_gives_probabilities_sets_and_decisions(world: dict) -> None:
     run_calibrate(CalibrateConfig(run=world["run"], device="cpu", gallery="all"))
     warned: list[str] = []
-    plain = search(world["run"], world["store"], [SEARCH_CAPTIONS[0]], k=3, split="all", device="cpu")[0]
+    plain = run_search(
+        SearchConfig(world["run"], world["store"], [SEARCH_CAPTIONS[0]], k=3, split="all", device="cpu")
+    )[0]
     assert plain.uncertainty is not None and 0 <= plain.uncertainty.p_first <= 1 and plain.coverage_set is None
-    res = search(
-        world["run"],
-        world["store"],
-        [SEARCH_CAPTIONS[0], "a blue car"],
-        k=3,
-        split="all",
-        device="cpu",
-        coverage=0.8,
-        max_risk=0.3,
+    res = run_search(
+        SearchConfig(
+            world["run"],
+            world["store"],
+            [SEARCH_CAPTIONS[0], "a blue car"],
+            k=3,
+            split="all",
+            device="cpu",
+            coverage=0.8,
+            max_risk=0.3,
+        ),
         warn=warned.append,
     )
     assert warned == []  # the gallery searched is the one calibrated on
@@ -85,13 +89,15 @@ def test_search_gives_probabilities_sets_and_decisions(world: dict) -> None:
         ids = [h.video_id for h in r.coverage_set]
         assert len(ids) == len(set(ids)) and [h.cost for h in r.coverage_set] == sorted(h.cost for h in r.coverage_set)
         assert r.uncertainty.answered in (True, False) and r.uncertainty.risk.alpha == 0.3
-    wide = search(world["run"], world["store"], ["a blue car"], split="all", device="cpu", coverage=0.95)[0]
+    wide = run_search(
+        SearchConfig(world["run"], world["store"], ["a blue car"], split="all", device="cpu", coverage=0.95)
+    )[0]
     assert {h.video_id for h in res[1].coverage_set} <= {h.video_id for h in wide.coverage_set}
     # another gallery: a set or a risk is refused; the probabilities are shown marked on every result
     with pytest.raises(ConfigError, match="calibrated on a gallery of 48 videos.*sets and risk decisions are refused"):
-        search(world["run"], world["store"], ["a blue car"], device="cpu", coverage=0.8)
+        run_search(SearchConfig(world["run"], world["store"], ["a blue car"], device="cpu", coverage=0.8))
     other: list[str] = []
-    (r,) = search(world["run"], world["store"], ["a blue car"], device="cpu", warn=other.append)
+    (r,) = run_search(SearchConfig(world["run"], world["store"], ["a blue car"], device="cpu"), warn=other.append)
     assert len(other) == 1 and "calibrated on a gallery of 48 videos" in other[0]
     assert "calibrated on a gallery of 48 videos" in r.uncertainty.caveat
 
@@ -114,21 +120,21 @@ def test_refusals_are_one_line_and_write_nothing(world: dict, tmp_path: Path) ->
         assert out.exit_code != 0 and "coverage must be" in out.output and "Traceback" not in out.output
     fresh, _ = hand_made_run(tmp_path / "fresh", store, "dab")
     with pytest.raises(ConfigError, match=r"has no calibration.json: make it with `dab calibrate --run"):
-        search(fresh, store, ["a red ball"], device="cpu", coverage=0.9)
+        run_search(SearchConfig(fresh, store, ["a red ball"], device="cpu", coverage=0.9))
     out = invoke(["search", "--run", str(fresh), "--features", str(store), "--max-risk", "0.1", "a red ball"])
     assert out.exit_code != 0 and "dab calibrate" in out.output
     run_calibrate(CalibrateConfig(run=fresh, device="cpu"))
     with pytest.raises(ConfigError, match="40 calibration videos are too few for coverage 0.99: at least 99"):
-        search(fresh, store, ["a red ball"], split="val", device="cpu", coverage=0.99)
+        run_search(SearchConfig(fresh, store, ["a red ball"], split="val", device="cpu", coverage=0.99))
     # the run trained on after it was calibrated: refused for a request, a warning without one
     folder = RunFolder(fresh)
     state = folder.load_checkpoint(RunFolder.BEST)
     state["epoch"] = 2
     folder.save_checkpoint(RunFolder.BEST, state)
     with pytest.raises(ConfigError, match="made for another checkpoint"):
-        search(fresh, store, ["a red ball"], split="val", device="cpu", coverage=0.9)
+        run_search(SearchConfig(fresh, store, ["a red ball"], split="val", device="cpu", coverage=0.9))
     said: list[str] = []
-    (r,) = search(fresh, store, ["a red ball"], split="val", device="cpu", warn=said.append)
+    (r,) = run_search(SearchConfig(fresh, store, ["a red ball"], split="val", device="cpu"), warn=said.append)
     assert r.uncertainty is None and any("another checkpoint" in s for s in said)
 
 
@@ -209,8 +215,10 @@ def test_serve_answers_with_the_set_dab_search_gives(served: dict, world: dict) 
     r = c.get("/search", params={"q": "a white cat", "k": 3, "coverage": 0.9, "max_risk": 0.3})
     assert r.status_code == 200, r.text
     u = r.json()["uncertainty"]
-    (want,) = search(
-        served["run"], world["store"], ["a white cat"], 3, split="all", device="cpu", coverage=0.9, max_risk=0.3
+    (want,) = run_search(
+        SearchConfig(
+            served["run"], world["store"], ["a white cat"], 3, split="all", device="cpu", coverage=0.9, max_risk=0.3
+        )
     )
     assert [h["video_id"] for h in u["set"]] == [h.video_id for h in want.coverage_set]
     assert u["p_first"] == pytest.approx(want.uncertainty.p_first, rel=1e-4, abs=1e-6)
@@ -317,9 +325,9 @@ def test_groups_show_the_band_in_search_the_api_and_the_page(world: dict, tmp_pa
     assert out.exit_code == 0 and "groups uncertainty:2 (Mondrian)" in out.output, out.output
     cal = read_calibration(run / CALIBRATION_FILE)
     assert cal.groups["signal"] == "log_text_var" and len(cal.groups["edges"]["uncertainty"]) == 1
-    (r,) = search(run, world["store"], ["a red ball"], split="val", device="cpu", coverage=0.8)
+    (r,) = run_search(SearchConfig(run, world["store"], ["a red ball"], split="val", device="cpu", coverage=0.8))
     assert r.uncertainty.group.startswith("uncertainty ") and r.uncertainty.set_scope == "band"
-    (wide,) = search(run, world["store"], ["a red ball"], split="val", device="cpu", coverage=0.95)
+    (wide,) = run_search(SearchConfig(run, world["store"], ["a red ball"], split="val", device="cpu", coverage=0.95))
     assert wide.uncertainty.set_scope == "marginal" and "cannot reach 95%" in wide.uncertainty.scope_note
     args = ["search", "--run", str(run), "--features", str(world["store"]), "--split", "val", "--device", "cpu"]
     out = invoke([*args, "--coverage", "0.8", "a red ball"])
@@ -343,13 +351,13 @@ def test_a_shortlist_smaller_than_the_calibrated_gallery_is_said_and_decides_not
     run, store = world["run"], world["store"]
     run_calibrate(CalibrateConfig(run=run, device="cpu", gallery="all"))
     kw = dict(split="all", device="cpu", coverage=0.8, max_risk=0.3)
-    (full,) = search(run, store, ["a red ball"], 3, **kw)
-    (short,) = search(run, store, ["a red ball"], 3, shortlist=5, **kw)
+    (full,) = run_search(SearchConfig(run, store, ["a red ball"], 3, **kw))
+    (short,) = run_search(SearchConfig(run, store, ["a red ball"], 3, shortlist=5, **kw))
     assert full.uncertainty.caveat is None and full.uncertainty.answered in (True, False)
     assert "shortlist of 5 videos, fewer than the 20 the calibrated probabilities read" in short.uncertainty.caveat
     assert short.uncertainty.answered is None
     # a shortlist of at least k0: the probabilities hold (they read the first k0 costs), the set does not cover
-    (wide,) = search(run, store, ["a red ball"], 3, shortlist=25, **kw)
+    (wide,) = run_search(SearchConfig(run, store, ["a red ball"], 3, shortlist=25, **kw))
     assert "set is built over a shortlist of 25 of the 48 videos" in wide.uncertainty.caveat
     assert wide.uncertainty.answered in (True, False)
     args = ["search", "--run", str(run), "--features", str(store), "--split", "all", "--device", "cpu"]
@@ -378,14 +386,20 @@ def test_calibrating_through_an_index_binds_the_searches_to_it(world: dict, tmp_
     missed = sum(x is None for x in cal.conformal["aps"])
     assert 0 < missed < cal.queries  # 20 of 48 videos shortlisted: some matches are missed
     kw = dict(split="all", device="cpu")
-    (r,) = search(run, store, ["a red ball"], 3, index=tmp_path / "index", shortlist=20, coverage=0.3, **kw)
+    (r,) = run_search(
+        SearchConfig(run, store, ["a red ball"], 3, index=tmp_path / "index", shortlist=20, coverage=0.3, **kw)
+    )
     assert r.uncertainty.caveat is None and len(r.coverage_set) >= 1  # the set is the calibrated one
     with pytest.raises(ConfigError, match="calibrated through its index at shortlist 20, not 30"):
-        search(run, store, ["a red ball"], 3, index=tmp_path / "index", shortlist=30, coverage=0.3, **kw)
+        run_search(
+            SearchConfig(run, store, ["a red ball"], 3, index=tmp_path / "index", shortlist=30, coverage=0.3, **kw)
+        )
     with pytest.raises(ConfigError, match="calibrated through an index: search with --index"):
-        search(run, store, ["a red ball"], 3, coverage=0.3, **kw)
+        run_search(SearchConfig(run, store, ["a red ball"], 3, coverage=0.3, **kw))
     with pytest.raises(ConfigError, match="cannot be reached through this first stage: its shortlist missed"):
-        search(run, store, ["a red ball"], 3, index=tmp_path / "index", shortlist=20, coverage=0.95, **kw)
+        run_search(
+            SearchConfig(run, store, ["a red ball"], 3, index=tmp_path / "index", shortlist=20, coverage=0.95, **kw)
+        )
     out = invoke(["calibrate", "--run", str(run), "--shortlist", "50", "--device", "cpu"])
     assert out.exit_code != 0 and "give --index too" in out.output
     # a server checks a request before its batch (no shortlist known yet), then reassesses with the result's own

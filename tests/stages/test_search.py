@@ -15,7 +15,7 @@ from dab_pipeline.cli import cli
 from dab_pipeline.core.errors import ConfigError, TrainingError, WeightsError
 from dab_pipeline.model import DABModel
 from dab_pipeline.scoring import score_all
-from dab_pipeline.stages.search import search
+from dab_pipeline.stages.search import SearchConfig, run_search
 from dab_pipeline.store import open_store
 
 from ..helpers.models import hand_made_run
@@ -45,7 +45,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_search_ranks_like_score_all(store: Path, tmp_path: Path, variant: str) -> None:
     run, model = build_run(tmp_path / "run", store, variant)
     queries = [CAPTIONS[0], CAPTIONS[3]]
-    results = search(run, store, queries, k=4, device="cpu")
+    results = run_search(SearchConfig(run, store, queries, k=4, device="cpu"))
     with open_store(store) as s:
         feats = s.load_split("test")
     assert len(feats.video_ids) == TEST_VIDEOS
@@ -62,7 +62,7 @@ def test_search_ranks_like_score_all(store: Path, tmp_path: Path, variant: str) 
 
 def test_search_topk_larger_than_the_split(store: Path, tmp_path: Path) -> None:
     run, _ = build_run(tmp_path / "run", store)
-    (res,) = search(run, store, ["anything at all"], k=50, device="cpu", dtype="bfloat16")
+    (res,) = run_search(SearchConfig(run, store, ["anything at all"], k=50, device="cpu", dtype="bfloat16"))
     assert len(res.hits) == TEST_VIDEOS and len({h.video_id for h in res.hits}) == TEST_VIDEOS
     costs = [h.cost for h in res.hits]
     assert costs == sorted(costs)
@@ -70,7 +70,7 @@ def test_search_topk_larger_than_the_split(store: Path, tmp_path: Path) -> None:
 
 def test_cli_prints_the_table_and_json(store: Path, tmp_path: Path) -> None:
     run, _ = build_run(tmp_path / "run", store)
-    expected = search(run, store, [CAPTIONS[2]], k=3, device="cpu")[0]
+    expected = run_search(SearchConfig(run, store, [CAPTIONS[2]], k=3, device="cpu"))[0]
     runner = CliRunner()
     out = runner.invoke(
         cli, ["search", "--run", str(run), "--features", str(store), "-k", "3", "--device", "cpu", CAPTIONS[2]]
@@ -104,8 +104,6 @@ def test_cli_prints_the_table_and_json(store: Path, tmp_path: Path) -> None:
 def test_the_html_page_is_written_by_the_stage(store: Path, tmp_path: Path) -> None:
     """Issue 62, item 1: `dab search --html` is run_search's page (the CLI only says where it wrote it): the queries,
     escaped, and a description beside a hit in place of its caption."""
-    from dab_pipeline.stages.search import SearchConfig, run_search
-
     run, _ = build_run(tmp_path / "run", store)
     about = tmp_path / "about.json"
     about.write_text(json.dumps({"vid0": "described <b>zero</b>"}))
@@ -126,7 +124,7 @@ def test_missing_clip_weights_are_a_one_line_error(tmp_path: Path) -> None:
     store = build_store(tmp_path / "store.h5", pretrained=str(tmp_path / "gone" / "dab-tiny.pt"))
     run, _ = build_run(tmp_path / "run", store)
     with pytest.raises(WeightsError, match="needs its weights, which are not available here"):
-        search(run, store, ["a red ball"], device="cpu")
+        run_search(SearchConfig(run, store, ["a red ball"], device="cpu"))
     out = invoke(["search", "--run", str(run), "--features", str(store), "--device", "cpu", "a red ball"])
     assert out.exit_code != 0
     assert out.output.startswith("Error: dab search encodes the query with the store's CLIP model dab-tiny")
@@ -135,17 +133,17 @@ def test_missing_clip_weights_are_a_one_line_error(tmp_path: Path) -> None:
 
 def test_run_folder_errors(store: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not a run folder"):
-        search(tmp_path, store, ["x"], device="cpu")
+        run_search(SearchConfig(tmp_path, store, ["x"], device="cpu"))
     run, _ = build_run(tmp_path / "ft", store, trainable_blocks=1)
     with pytest.raises(ConfigError, match="frozen"):
-        search(run, store, ["x"], device="cpu")
+        run_search(SearchConfig(run, store, ["x"], device="cpu"))
     run, _ = build_run(tmp_path / "nock", store)
     (run / "checkpoints" / "best.pt").unlink()
     with pytest.raises(TrainingError, match="best.pt"):
-        search(run, store, ["x"], device="cpu")
+        run_search(SearchConfig(run, store, ["x"], device="cpu"))
     run, _ = build_run(tmp_path / "ok", store)
     with pytest.raises(ConfigError, match="non-empty query"):
-        search(run, store, [" "], device="cpu")
+        run_search(SearchConfig(run, store, [" "], device="cpu"))
 
 
 class _Payload:

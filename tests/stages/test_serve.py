@@ -18,7 +18,7 @@ from dab_pipeline.core.errors import ConfigError, StoreMismatchError
 from dab_pipeline.index import build_index
 from dab_pipeline.runs.costfile import CostMatrix, write_costs
 from dab_pipeline.search import Searcher
-from dab_pipeline.stages.search import search
+from dab_pipeline.stages.search import SearchConfig, run_search
 from dab_pipeline.store import open_store
 
 from ..helpers.models import hand_made_run
@@ -43,9 +43,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def test_index_search_equals_exact_search_when_the_shortlist_holds_every_video(world: dict) -> None:
     queries = [CAPTIONS[0], CAPTIONS[4], "something else entirely"]
-    exact = search(world["run"], world["store"], queries, k=5, device="cpu")
-    short = search(
-        world["run"], world["store"], queries, k=5, device="cpu", index=world["index"], shortlist=TEST_VIDEOS
+    exact = run_search(SearchConfig(world["run"], world["store"], queries, k=5, device="cpu"))
+    short = run_search(
+        SearchConfig(
+            world["run"], world["store"], queries, k=5, device="cpu", index=world["index"], shortlist=TEST_VIDEOS
+        )
     )
     for e, s in zip(exact, short):
         assert [h.video_id for h in s.hits] == [h.video_id for h in e.hits]
@@ -58,9 +60,17 @@ def test_rows_map_back_to_the_split_where_it_is_not_the_first_rows(world: dict, 
     """The train split is store rows 6 and 7: hits must name them and their place in the split."""
     with open_store(world["store"]) as st:
         build_index(st, tmp_path / "train-index", split="train")
-    exact = search(world["run"], world["store"], [CAPTIONS[7]], k=2, split="train", device="cpu")[0]
-    short = search(
-        world["run"], world["store"], [CAPTIONS[7]], k=2, split="train", device="cpu", index=tmp_path / "train-index"
+    exact = run_search(SearchConfig(world["run"], world["store"], [CAPTIONS[7]], k=2, split="train", device="cpu"))[0]
+    short = run_search(
+        SearchConfig(
+            world["run"],
+            world["store"],
+            [CAPTIONS[7]],
+            k=2,
+            split="train",
+            device="cpu",
+            index=tmp_path / "train-index",
+        )
     )[0]
     assert {h.video_id for h in short.hits} == {"vid6", "vid7"}
     assert [(h.video_id, h.video_index) for h in short.hits] == [(h.video_id, h.video_index) for h in exact.hits]
@@ -141,7 +151,9 @@ def test_search_api_returns_hits_confidence_and_abstain(client, world: dict) -> 
     r = client.get("/search", params={"q": CAPTIONS[3], "k": 3})
     assert r.status_code == 200
     body = r.json()
-    ref = search(world["run"], world["store"], [CAPTIONS[3]], k=3, device="cpu", index=world["index"])[0]
+    ref = run_search(
+        SearchConfig(world["run"], world["store"], [CAPTIONS[3]], k=3, device="cpu", index=world["index"])
+    )[0]
     assert [h["video_id"] for h in body["hits"]] == [h.video_id for h in ref.hits]
     assert [h["rank"] for h in body["hits"]] == [1, 2, 3]
     assert body["margin"] == pytest.approx(ref.margin, rel=1e-4)
@@ -602,8 +614,10 @@ def test_a_lowrank_run_indexes_pooled_searches_and_serves_like_exact_scoring(
     ref = score_all(model, feats.text[[1]], feats.frames, feats.frame_mask).cost[0]
     order = np.argsort(ref, kind="stable")[:3]
     expected = [str(feats.video_ids[j]) for j in order]
-    exact = search(run, world["store"], [CAPTIONS[1]], k=3, device="cpu")[0]
-    short = search(run, world["store"], [CAPTIONS[1]], k=3, device="cpu", index=tmp_path / "idx", shortlist=6)[0]
+    exact = run_search(SearchConfig(run, world["store"], [CAPTIONS[1]], k=3, device="cpu"))[0]
+    short = run_search(
+        SearchConfig(run, world["store"], [CAPTIONS[1]], k=3, device="cpu", index=tmp_path / "idx", shortlist=6)
+    )[0]
     for res in (exact, short):
         assert [h.video_id for h in res.hits] == expected
         np.testing.assert_allclose([h.cost for h in res.hits], ref[order], rtol=1e-4, atol=1e-5)

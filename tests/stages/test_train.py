@@ -453,10 +453,10 @@ def test_an_incomplete_store_is_refused_with_the_command_that_completes_it(tmp_p
     assert "is incomplete: 3 of 30 videos" in msg and "dab train needs a complete store" in msg
     assert f"dab extract --dataset random --out {store}" in msg and len(msg.splitlines()) == 1
     assert not out.exists()  # nothing written
-    from dab_pipeline.stages.search import search
+    from dab_pipeline.stages.search import SearchConfig, run_search
 
     with pytest.raises(StoreError, match="dab search needs a complete store"):
-        search(tmp_path / "nowhere", store, ["x"])
+        run_search(SearchConfig(tmp_path / "nowhere", store, ["x"]))
 
 
 @pytest.mark.parametrize("split", ["train", "test"])
