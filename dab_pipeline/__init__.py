@@ -58,6 +58,10 @@ _API = {
     "run_train": "dab_pipeline.stages.train",
     "EvaluateConfig": "dab_pipeline.stages.evaluate",
     "run_evaluate": "dab_pipeline.stages.evaluate",
+    "SearchConfig": "dab_pipeline.stages.search",
+    "run_search": "dab_pipeline.stages.search",
+    "ServeConfig": "dab_pipeline.stages.serve",
+    "run_serve": "dab_pipeline.stages.serve",
     # errors: every mistake a user can make raises a DabError with a one-line message
     "DabError": "dab_pipeline.core.errors",
 }
