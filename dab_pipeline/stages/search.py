@@ -71,8 +71,8 @@ class SearchConfig:
     def uncertainty(self) -> UncertaintyRequest:
         return UncertaintyRequest(self.coverage, self.conformal_score, self.max_risk, self.delta)
 
-    @property
     def searcher_options(self) -> SearcherOptions:
+        """What the search's Searcher opens."""
         return SearcherOptions(self.run, self.features, self.split, self.index, self.device, self.dtype)
 
 
@@ -80,7 +80,7 @@ def run_search(cfg: SearchConfig, warn: Callable[[str], None] = lambda message: 
     """Each query's ``cfg.k`` videos, best first, with its margin: a one-shot :class:`~dab_pipeline.search.Searcher`;
     with ``cfg.html``, the results written there as a page too."""
     about = load_descriptions(cfg.descriptions) if cfg.html is not None and cfg.descriptions else {}
-    with open_searcher(cfg.searcher_options, warn=warn) as s:
+    with open_searcher(cfg.searcher_options(), warn=warn) as s:
         results = s.search(
             list(cfg.queries),
             cfg.k,

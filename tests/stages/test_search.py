@@ -120,6 +120,18 @@ def test_the_html_page_is_written_by_the_stage(store: Path, tmp_path: Path) -> N
     assert (tmp_path / "cli.html").read_text() == page
 
 
+def test_a_search_config_takes_strings_and_any_sequence_of_queries() -> None:
+    """What stages.search.search (removed, issue 62) took: paths as strings, the queries as a list."""
+    cfg = SearchConfig("runs/dab", "store.h5", ["a", "b"], index="idx", html="page.html", descriptions="about.json")
+    assert (cfg.run, cfg.features, cfg.queries) == (Path("runs/dab"), Path("store.h5"), ("a", "b"))
+    assert (cfg.index, cfg.html, cfg.descriptions) == (Path("idx"), Path("page.html"), Path("about.json"))
+    assert cfg == SearchConfig(Path("runs/dab"), Path("store.h5"), ("a", "b"), index=Path("idx"), html=Path("page.html"),
+                               descriptions=Path("about.json"))  # fmt: skip
+    assert cfg.searcher_options().index == Path("idx")
+    with pytest.raises(ConfigError, match="non-empty query"):
+        SearchConfig("runs/dab", "store.h5", ["a", " "])
+
+
 def test_missing_clip_weights_are_a_one_line_error(tmp_path: Path) -> None:
     store = build_store(tmp_path / "store.h5", pretrained=str(tmp_path / "gone" / "dab-tiny.pt"))
     run, _ = build_run(tmp_path / "run", store)
