@@ -50,21 +50,26 @@ class UncertaintyRequest:
     delta: float = DEFAULT_DELTA  # the risk guarantee fails with probability at most delta
 
     def __post_init__(self) -> None:
+        """Every value checked here, once, and kept as a float: nothing downstream checks it again (issue 62)."""
         if self.coverage is not None:
-            if 1.0 - check_alpha(self.coverage, "coverage") >= 1.0:
+            object.__setattr__(self, "coverage", check_alpha(self.coverage, "coverage"))
+            if 1.0 - self.coverage >= 1.0:
                 raise ConfigError(
                     f"coverage {self.coverage!r} is too small to mean anything (1 - coverage rounds to 1); "
                     "give a coverage in (0, 1) such as 0.9"
                 )
         if self.max_risk is not None:
-            check_alpha(self.max_risk, "max-risk")
-        check_alpha(self.delta, "delta")
+            object.__setattr__(self, "max_risk", check_alpha(self.max_risk, "max-risk"))
+        object.__setattr__(self, "delta", check_alpha(self.delta, "delta"))
         if self.score not in CONFORMAL_SCORES:
             raise ConfigError(f"unknown conformal score {self.score!r}; valid: {', '.join(CONFORMAL_SCORES)}")
 
     @property
     def active(self) -> bool:
         return self.coverage is not None or self.max_risk is not None
+
+
+_PROBABILITIES_ONLY = UncertaintyRequest()  # built once: nothing to check again a query
 
 
 @dataclass(frozen=True)
@@ -89,8 +94,10 @@ class QueryUncertainty:
 
 
 def conformal_threshold(cal: Calibration, coverage: float, score: str) -> float:
-    """The calibration's marginal quantile of ``score`` for a set of ``coverage``, every query weighted by one
-    over its video's captions; one line where the calibration lacks the score or holds too few videos for it."""
+    """The calibration's marginal quantile of ``score`` for a set of ``coverage`` (in (0, 1), as an
+    :class:`UncertaintyRequest` checked it), every query weighted by one over its video's captions, computed once a
+    calibration and kept in ``cal.cache``; one line where the calibration lacks the score or holds too few videos
+    for it."""
     if score not in cal.conformal:
         why = " (it needs a Gaussian model's text variance)" if score == "normalized" else ""
         raise ConfigError(
@@ -98,7 +105,7 @@ def conformal_threshold(cal: Calibration, coverage: float, score: str) -> float:
         )
     key = ("marginal", score, coverage)
     if key not in cal.cache:
-        alpha = 1.0 - check_alpha(coverage, "coverage")
+        alpha = 1.0 - coverage
         rows = cal.quantile_rows()
         scores, w = cal.scores(score)[rows], np.asarray(cal.weights)[rows]
         q = weighted_quantile(scores, alpha, w)
@@ -121,7 +128,8 @@ def conformal_threshold(cal: Calibration, coverage: float, score: str) -> float:
 
 
 def risk_threshold(cal: Calibration, max_risk: float, delta: float) -> RiskThreshold:
-    """Learn-then-Test on the calibration's held-out queries, the video as the unit (computed once a request)."""
+    """Learn-then-Test on the calibration's held-out queries, the video as the unit, for ``max_risk`` and ``delta``
+    in (0, 1) (an :class:`UncertaintyRequest`'s): computed once a calibration and kept in ``cal.cache``."""
     key = ("risk", max_risk, delta)
     if key not in cal.cache:
         r, fit = cal.risk, cal.risk["fit"]
@@ -168,9 +176,10 @@ def group_thresholds(
 ) -> tuple[np.ndarray, list[Optional[str]]]:
     """Each query's quantile (Q,) from the held-out half's queries of its group (Mondrian: its band; conditional:
     every group it is in), and a note where its group holds too little calibration for ``coverage`` (the marginal
-    quantile then, labelled)."""
+    quantile then, labelled). The quantiles per band (or the groups' program) are computed once a calibration and
+    coverage, and kept in ``cal.cache``."""
     g = _groups_of(cal)
-    alpha = 1.0 - check_alpha(coverage, "coverage")
+    alpha = 1.0 - coverage
     held = np.asarray(cal.held_out, bool)
     s = cal.scores(score)[held]  # (C,)
     w = np.asarray(cal.weights, np.float64)[held]  # (C,)
@@ -201,11 +210,13 @@ def assess(
     cal: Calibration,
     costs: Sequence[np.ndarray],
     text_var: Optional[np.ndarray] = None,
-    request: UncertaintyRequest = UncertaintyRequest(),
+    request: Optional[UncertaintyRequest] = None,
     texts: Optional[Sequence[str]] = None,
 ) -> list[QueryUncertainty]:
     """Each query's calibrated answer from its costs over the videos it scored (``costs[i]`` (V_i,), +inf: not
-    scored), for a Gaussian model its text variance (M,), and its text (M,) where the groups read its length."""
+    scored), for a Gaussian model its text variance (M,), and its text (M,) where the groups read its length.
+    ``request``: the set and the risk decision asked for (None: the probabilities alone)."""
+    request = request or _PROBABILITIES_ONLY
     qhat = conformal_threshold(cal, request.coverage, request.score) if request.coverage is not None else None
     risk = risk_threshold(cal, request.max_risk, request.delta) if request.max_risk is not None else None
     # a calibration made with a text variance reads it (its maps, its bands or the normalized score)

@@ -26,7 +26,6 @@ from typing import Optional
 import numpy as np
 
 from ..core.errors import ConfigError
-from .conformal import check_alpha
 
 __all__ = ["ConditionalQuantiles", "conditional_cutoff"]
 
@@ -70,7 +69,7 @@ def conditional_cutoff(
     included by the caller), ``phi_test`` (d,); +inf where the test query's groups hold too little calibration
     for ``alpha`` (the fit can follow any S there)."""
     linprog = _linprog()
-    tau = 1.0 - check_alpha(alpha)
+    tau = 1.0 - float(alpha)  # alpha in (0, 1): checked where it was given
     s = np.asarray(scores, np.float64).ravel()  # (n,)
     finite = np.isfinite(s)
     if not finite.all():  # +inf: a match the first stage missed; the program needs finite numbers, in the same order
@@ -115,7 +114,7 @@ class ConditionalQuantiles:
         self.phi = np.asarray(phi, np.float64)
         if self.phi.shape[0] != len(self.scores):
             raise ConfigError(f"{self.phi.shape[0]} group rows for {len(self.scores)} calibration scores")
-        self.alpha = check_alpha(alpha)
+        self.alpha = float(alpha)
         self.weights = weights
         self.cache: dict[tuple, float] = {}
         self.seconds = 0.0

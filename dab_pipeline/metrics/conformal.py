@@ -24,7 +24,10 @@ With one caption a video it is the plain split-conformal quantile.
 **Per band** (Mondrian conformal, Vovk 2012): :func:`band_quantiles` takes the quantile separately within each
 band of a query-time signal (:func:`band_of`), so that the coverage holds within every band, not only on average.
 
-Plain numpy over the cost matrix, each function tested against a loop (tests/metrics/test_conformal.py).
+Plain numpy over the cost matrix, each function tested against a loop (tests/metrics/test_conformal.py). An
+``alpha`` (or ``delta``) taken here is in (0, 1): :func:`check_alpha` checks it once, where a user gives it (a
+stage's config, a server's query parameter, :class:`~dab_pipeline.calibration.UncertaintyRequest`), and nothing
+here checks it again (issue 62); :func:`conformal_quantile`, which no search reaches, checks its own.
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ __all__ = [
 
 
 def check_alpha(alpha: float, what: str = "alpha") -> float:
-    """``alpha`` as a float in (0, 1), else a one-line ConfigError."""
+    """``alpha`` as a float in (0, 1), else a one-line ConfigError: the one check of a coverage, a risk or a delta,
+    where it enters (a config, a query parameter, an UncertaintyRequest)."""
     try:
         value = float(alpha)
     except (TypeError, ValueError):
@@ -66,14 +70,14 @@ def check_alpha(alpha: float, what: str = "alpha") -> float:
 
 def needed_calibration(alpha: float) -> int:
     """The fewest calibration queries for which a 1 - alpha set is not the whole gallery: n >= 1/alpha - 1."""
-    return max(1, math.ceil(1.0 / check_alpha(alpha) - 1.0 - 1e-9))
+    return max(1, math.ceil(1.0 / float(alpha) - 1.0 - 1e-9))
 
 
 def conformal_quantile(scores: np.ndarray, alpha: float) -> float:
     """The ceil((n + 1)(1 - alpha))-th smallest of the n calibration scores; a ConfigError naming how many
     queries are needed where n is too small for alpha (the quantile would be +inf: every video in every set)."""
     s = np.sort(np.asarray(scores, np.float64).ravel())  # (n,)
-    n, a = len(s), check_alpha(alpha)
+    n, a = len(s), check_alpha(alpha)  # an entry of its own: no search reaches it (the studies and tests call it)
     k = math.ceil((n + 1) * (1.0 - a) - 1e-9)
     if k > n:
         raise ConfigError(
@@ -95,7 +99,7 @@ def weighted_quantile(scores: np.ndarray, alpha: float, weights: Optional[np.nda
     mass (one video), put at +inf. +inf where no s reaches it (W < 1/alpha - 1: too little calibration).
 
     With unit weights it is the ceil((n + 1)(1 - alpha))-th smallest score (:func:`conformal_quantile`)."""
-    a = check_alpha(alpha)
+    a = float(alpha)
     s = np.asarray(scores, np.float64).ravel()  # (n,)
     w = np.ones_like(s) if weights is None else np.asarray(weights, np.float64).ravel()  # (n,)
     if w.shape != s.shape:

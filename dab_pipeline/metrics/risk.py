@@ -42,8 +42,6 @@ from typing import Optional
 
 import numpy as np
 
-from .conformal import check_alpha
-
 __all__ = [
     "RISK_TESTS",
     "RiskThreshold",
@@ -206,7 +204,7 @@ def risk_test_order(
 ) -> np.ndarray:
     """The thresholds of ``grid`` in the order to test them on held-out data: by their per-video p-value on these
     (fitted-half) queries, the smallest first; ties keep the higher threshold first."""
-    a = check_alpha(alpha)
+    a = float(alpha)
     g = _grid(grid)
     p = _pvalues(test, video_statistics(confidence, correct, video, a, g), a, delta)  # (T,)
     return g[np.argsort(p, kind="stable")]
@@ -231,7 +229,7 @@ def learn_then_test(
     binomial test over queries taken as independent (``binomial``). ``order``: the thresholds in the order to test
     them, fixed on other data (:func:`risk_test_order`); then none is passed over, and the threshold chosen is the
     lowest rejected before the first failure."""
-    a, d = check_alpha(alpha), check_alpha(delta, "delta")
+    a, d = float(alpha), float(delta)  # in (0, 1): checked where they were given
     conf = np.asarray(confidence, np.float64).ravel()
     ok = np.asarray(correct, bool).ravel()
     if conf.shape != ok.shape:

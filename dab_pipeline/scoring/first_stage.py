@@ -54,8 +54,10 @@ class CandidateSource(Protocol):
 
 
 def check_shortlist(shortlist: Any) -> int:
-    """``shortlist`` as an int >= 1, else the one ConfigError every entry point gives (the first stage's own
-    check: the CLI, the server, the Searcher and the Scorer all call it)."""
+    """``shortlist`` as an int >= 1, else the one ConfigError every entry point gives. Checked where it enters: a
+    stage's config (SearchConfig, ServeSettings, CalibrateConfig: before anything loads), the Searcher's
+    ``search`` and ``search_batch`` (before a query is encoded) and :func:`first_stage` (a caller of it, of
+    ``Scorer.score`` or of ``score_all``); ``Searcher.rank`` and ``Scorer.score`` pass it on unchecked."""
     if isinstance(shortlist, bool) or not isinstance(shortlist, (int, np.integer)) or int(shortlist) < 1:
         raise ConfigError(f"shortlist must be a positive integer, got {shortlist}")
     return int(shortlist)

@@ -15,7 +15,7 @@ from ..model import DABModel
 from ..runtime.devices import resolve_device
 from .covariance import needs_reference, score_nondiag, score_shortlist_nondiag
 from .engines import Engine, build_engine
-from .first_stage import ExactVectors, check_shortlist, first_stage, frame_mean_vectors, text_vectors
+from .first_stage import ExactVectors, first_stage, frame_mean_vectors, text_vectors
 from .one_query import as_float, frames_and_mask, one_query_inputs, score_pairs, score_rows
 from .passes import diagnostics, score_candidates, score_grid, topk_smallest
 from .placement import ModelPlacement
@@ -106,9 +106,7 @@ class Scorer:
         """
         if k is not None and k < 1:
             raise ConfigError(f"k must be a positive integer, got {k}")
-        if shortlist is not None:
-            shortlist = check_shortlist(shortlist)
-        progress = progress or null_progress
+        progress = progress or null_progress  # a shortlist is checked by first_stage, which it goes to
         text_t, frames_t, mask_t, gt_t = prepare_inputs(
             self.model, text, frames, mask, gt, self.text_chunk, self.video_chunk
         )
@@ -294,9 +292,9 @@ class Scorer:
         """A non-diagonal covariance (lowrank:R): the model's own path in bounded blocks (scoring/covariance.py)."""
         if shortlist is None:
             return score_nondiag(self.model, text_t, frames_t, mask_t, gt_t, self.device, self.memory_budget, progress)
-        shortlist = min(shortlist, frames_t.shape[0])
         plan = self._plan(text_t.shape[0], frames_t.shape[0], frames_t.shape[1], exact=False)
-        cand = self._first_stage(text_t, frames_t, mask_t, shortlist, plan)  # (Q, K)
+        cand = self._first_stage(text_t, frames_t, mask_t, shortlist, plan)  # (Q, K): the shortlist checked there
+        shortlist = min(shortlist, frames_t.shape[0])
         cost = score_shortlist_nondiag(self.model, text_t, frames_t, mask_t, cand)
         return ScoreResult(cost=cost, shortlist=shortlist, info={"engine": f"reference ({self.model.cfg.covariance})"})
 
@@ -356,8 +354,8 @@ class Scorer:
             score_grid(eng, ts, frames_t, mask_t, cost, self.device, plan, progress, info)
             return cost
         cost = np.full((n_q, n_v), np.inf, dtype=np.float32)
-        shortlist = info["shortlist"] = min(shortlist, n_v)
-        cand = self._first_stage(text_t, frames_t, mask_t, shortlist, plan)  # (Q, K)
+        cand = self._first_stage(text_t, frames_t, mask_t, shortlist, plan)  # (Q, K): the shortlist checked there
+        info["shortlist"] = min(shortlist, n_v)
         score_candidates(eng, ts, frames_t, mask_t, cand, cost, self.device, plan, progress, info)
         return cost
 

@@ -108,17 +108,20 @@ class CalibratedSearch:
         text: torch.Tensor,
         requests: Sequence[Optional[UncertaintyRequest]],
         first_stage: Optional[dict] = None,
+        checked: bool = False,
     ) -> list[SearchResult | ConfigError]:
         """Each result with its calibrated probabilities (a calibrated run) and the set and risk decision its
-        request asks for; in its place the ConfigError of a request that cannot be met (:meth:`check_request`)."""
+        request asks for; in its place the ConfigError of a request that cannot be met (:meth:`check_request`, once
+        a request: not again where the caller ``checked`` it before the search)."""
         out: list[SearchResult | ConfigError] = list(results)
         tv = text_variance(self.run.model, text) if self.calibration is not None else None  # (M,) or None
         for i, (r, q) in enumerate(zip(results, requests)):
             try:
-                self.check_request(q, first_stage)
+                if not checked:
+                    self.check_request(q, first_stage)
                 if self.calibration is not None:
                     r.text_var = None if tv is None else float(tv[i])
-                    self.reassess(r, q, first_stage)
+                    self._answer(r, q)
             except ConfigError as exc:
                 out[i] = exc
         return out
@@ -131,9 +134,13 @@ class CalibratedSearch:
         if first_stage is None and self.index is not None:  # a server's query: the shortlist it was ranked with
             first_stage = self.first_stage_identity(result.shortlist, None)
         self.check_request(request, first_stage)
+        return self._answer(result, request)
+
+    def _answer(self, result: SearchResult, request: Optional[UncertaintyRequest]) -> SearchResult:
+        """``result`` with its calibrated answer to ``request``, already checked (:meth:`check_request`)."""
         if self.calibration is not None:
             tv = None if result.text_var is None else np.array([result.text_var])
-            u = assess(self.calibration, [result.costs], tv, request or UncertaintyRequest(), texts=[result.query])[0]
+            u = assess(self.calibration, [result.costs], tv, request, texts=[result.query])[0]
             why = self._not_calibrated(result)
             if why:  # the numbers are shown marked, and decide nothing (issue 61, item 2)
                 u = replace(u, caveat=why, answered=None)

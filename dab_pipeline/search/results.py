@@ -10,7 +10,6 @@ import numpy as np
 
 from ..calibration import QueryUncertainty
 from ..core.errors import ConfigError
-from ..scoring.first_stage import check_shortlist
 
 __all__ = ["SearchHit", "SearchResult", "check_queries", "result_payload", "uncertainty_payload"]
 
@@ -83,15 +82,14 @@ def tick(timings: dict, name: str, t0: float) -> float:
     return now
 
 
-def check_queries(queries: Sequence[str], k: int, shortlist: Optional[int]) -> list[str]:
-    """The queries as strings; ConfigError for none, an empty one, or a ``k`` / ``shortlist`` below 1."""
+def check_queries(queries: Sequence[str], k: int) -> list[str]:
+    """The queries as strings; ConfigError for none, an empty one, or a ``k`` below 1 (a shortlist is
+    :func:`~dab_pipeline.scoring.first_stage.check_shortlist`'s)."""
     queries = [str(q) for q in queries]
     if not queries or any(not q.strip() for q in queries):
         raise ConfigError("dab search needs at least one non-empty query")
     if k < 1:
         raise ConfigError(f"k must be a positive integer, got {k}")
-    if shortlist is not None:
-        check_shortlist(shortlist)
     return queries
 
 

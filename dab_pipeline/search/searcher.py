@@ -257,15 +257,16 @@ class Searcher(CalibratedSearch):
         ``shortlist``: K videos re-ranked a query (with an index: default ``DEFAULT_SHORTLIST``, 100; without:
         None scores them all).
         """
-        queries = check_queries(queries, k, shortlist)
-        # before the search: a request that cannot be met costs nothing
-        self.check_request(uncertainty, self.first_stage_identity(shortlist, nprobe))
+        queries = check_queries(queries, k)
+        if shortlist is not None:  # the API's entry, before a query is encoded (rank and the Scorer pass it on)
+            check_shortlist(shortlist)
+        # before the search, once: a request that cannot be met costs nothing
+        stage = self.first_stage_identity(shortlist, nprobe)
+        self.check_request(uncertainty, stage)
         text = self.encode(queries)  # (M, D)
         # unknown words first: a query none of whose words the model knows gets no calibrated numbers
         results = self._note_unknown_words(self.rank(queries, text, k, shortlist, nprobe, memory_budget), self.warn)
-        assessed = self._assess(
-            results, text, [uncertainty] * len(results), self.first_stage_identity(shortlist, nprobe)
-        )
+        assessed = self._assess(results, text, [uncertainty] * len(results), stage, checked=True)
         for r in assessed:
             if isinstance(r, ConfigError):
                 raise r
@@ -293,12 +294,12 @@ class Searcher(CalibratedSearch):
         ks = [k] * len(queries) if isinstance(k, int) else [int(x) for x in k]
         if len(ks) != len(queries):
             raise ConfigError(f"{len(ks)} k values for {len(queries)} queries")
-        if shortlist is not None:
+        if shortlist is not None:  # the API's entry, before a query is encoded (rank and the Scorer pass it on)
             check_shortlist(shortlist)
         out: list[SearchResult | ConfigError | None] = [None] * len(queries)
         for i, (q, k_i) in enumerate(zip(queries, ks)):
             try:
-                check_queries([q], k_i, None)
+                check_queries([q], k_i)
             except ConfigError as exc:
                 out[i] = exc
         good = [i for i, o in enumerate(out) if o is None]
@@ -357,7 +358,7 @@ class Searcher(CalibratedSearch):
             list(queries),
             text,
             ks,
-            DEFAULT_SHORTLIST if shortlist is None else check_shortlist(shortlist),
+            DEFAULT_SHORTLIST if shortlist is None else shortlist,  # checked where it entered
             nprobe,
             timings,
         )

@@ -78,10 +78,12 @@ class CalibrateConfig:
         if self.index is None and (self.shortlist is not None or self.nprobe is not None or self.coverage is not None):
             raise ConfigError("--shortlist, --nprobe and --coverage calibrate through an index: give --index too")
         if self.coverage is not None:
-            check_alpha(self.coverage, "coverage")
+            object.__setattr__(self, "coverage", check_alpha(self.coverage, "coverage"))
             if self.shortlist is not None:
                 raise ConfigError("--coverage chooses the shortlist: give --shortlist or --coverage, not both")
-        if self.shortlist is not None and check_shortlist(self.shortlist) < self.k0:
+        if self.shortlist is not None:  # checked here, once, and kept as an int (a JSON number in the file)
+            object.__setattr__(self, "shortlist", check_shortlist(self.shortlist))
+        if self.shortlist is not None and self.shortlist < self.k0:
             raise ConfigError(
                 f"--shortlist {self.shortlist} is below --k0 {self.k0}: every probability reads the first k0 costs"
             )

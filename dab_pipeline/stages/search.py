@@ -7,7 +7,7 @@ writes the results as a page (``dab search --html``) while the store is open.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -17,6 +17,7 @@ from ..calibration import DEFAULT_CONFORMAL_SCORE, DEFAULT_DELTA, UncertaintyReq
 from ..core.choices import DEFAULT_SCORE_DTYPE
 from ..core.location import StoreURL, location
 from ..results.page import build_queries, render_page
+from ..scoring.first_stage import check_shortlist
 from ..search import Searcher, SearcherOptions, SearchResult, check_queries, load_descriptions, open_searcher
 
 __all__ = ["SearchConfig", "run_search"]
@@ -56,6 +57,8 @@ class SearchConfig:
     # also write a page of the results (thumbnails from the store, costs, margins), ``descriptions`` beside the hits
     html: Optional[Path] = None
     descriptions: Optional[Path] = None
+    # what the search asks of the calibration: coverage, conformal_score, max_risk and delta, checked once, here
+    uncertainty: UncertaintyRequest = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "run", Path(self.run))
@@ -64,12 +67,12 @@ class SearchConfig:
         for name in ("index", "html", "descriptions"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, Path(getattr(self, name)))
-        check_queries(self.queries, self.k, self.shortlist)
-        _ = self.uncertainty  # a coverage or risk outside (0, 1) is refused before anything loads
-
-    @property
-    def uncertainty(self) -> UncertaintyRequest:
-        return UncertaintyRequest(self.coverage, self.conformal_score, self.max_risk, self.delta)
+        check_queries(self.queries, self.k)
+        if self.shortlist is not None:  # before anything loads (first_stage checks it too: a Python caller's)
+            check_shortlist(self.shortlist)
+        # built (and checked) once: a coverage or risk outside (0, 1) is refused before anything loads
+        request = UncertaintyRequest(self.coverage, self.conformal_score, self.max_risk, self.delta)
+        object.__setattr__(self, "uncertainty", request)
 
     def searcher_options(self) -> SearcherOptions:
         """What the search's Searcher opens."""

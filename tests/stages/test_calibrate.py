@@ -4,12 +4,14 @@ probabilities, conformal sets, risk decisions, and every refusal in one line wit
 from __future__ import annotations
 
 import json
+import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from dab_pipeline.calibration import CALIBRATION_FILE, read_calibration
+from dab_pipeline.calibration import CALIBRATION_FILE, UncertaintyRequest, read_calibration
 from dab_pipeline.core.errors import ConfigError, StoreError
 from dab_pipeline.runs.run_folder import RunFolder
 from dab_pipeline.search import Searcher
@@ -175,17 +177,52 @@ def test_an_empty_validation_split_is_named(tmp_path: Path) -> None:
     assert not (run / CALIBRATION_FILE).exists()
 
 
-def test_a_searcher_reassesses_a_result_for_another_request(world: dict) -> None:
+def _count_calls(monkeypatch: pytest.MonkeyPatch, names: tuple[str, ...]) -> Counter:
+    """Every dab_pipeline module's ``names`` wrapped to count their calls (check_alpha by its value and name)."""
+    calls: Counter = Counter()
+    for name in names:
+        for module in [m for n, m in sys.modules.items() if n.startswith("dab_pipeline.") and m is not None]:
+            original = vars(module).get(name)
+            if callable(original):
+
+                def counted(*a, _f=original, _name=name, **kw):
+                    calls[(a[0], a[1] if len(a) > 1 else "alpha") if _name == "check_alpha" else _name] += 1
+                    return _f(*a, **kw)
+
+                monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+def test_a_searcher_reassesses_a_result_for_another_request(world: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A result answers another request as a search asking it does; and (issue 62, item 2) each value of a
+    request is checked once, where the request is made, and one Searcher's searches compute the quantile and the
+    Learn-then-Test threshold once."""
     run_calibrate(CalibrateConfig(run=world["run"], device="cpu", gallery="all"))
+    calls = _count_calls(monkeypatch, ("check_alpha", "weighted_quantile", "risk_test_order", "learn_then_test"))
+    cfg = SearchConfig(world["run"], world["store"], ["a green dog"], 3, coverage=0.9, max_risk=0.3)
+    assert cfg.uncertainty is cfg.uncertainty and calls == {
+        (0.9, "coverage"): 1,
+        (0.3, "max-risk"): 1,
+        (0.05, "delta"): 1,
+    }
+    calls.clear()
+    wanted = UncertaintyRequest(coverage=0.9, score="normalized", max_risk=0.3)
     with Searcher(world["run"], world["store"], split="all", device="cpu") as s:
         (r,) = s.search(["a green dog"], 3)
         assert r.coverage_set is None and r.text_var is not None
-        from dab_pipeline.calibration import UncertaintyRequest
-
-        s.reassess(r, UncertaintyRequest(coverage=0.9, score="normalized"))
-        (direct,) = s.search(["a green dog"], 3, uncertainty=UncertaintyRequest(coverage=0.9, score="normalized"))
+        s.reassess(r, wanted)
+        (direct,) = s.search(["a green dog"], 3, uncertainty=wanted)
         assert [h.video_id for h in r.coverage_set] == [h.video_id for h in direct.coverage_set]
         assert np.isclose(r.uncertainty.p_first, direct.uncertainty.p_first)
+        s.search(["a red ball", "a blue car"], 3, uncertainty=wanted)
+    assert calls == {
+        (0.9, "coverage"): 1,
+        (0.3, "max-risk"): 1,
+        (0.05, "delta"): 1,
+        "weighted_quantile": 1,
+        "risk_test_order": 1,
+        "learn_then_test": 1,
+    }, calls
 
 
 @pytest.fixture(scope="module")
@@ -403,7 +440,6 @@ def test_calibrating_through_an_index_binds_the_searches_to_it(world: dict, tmp_
     out = invoke(["calibrate", "--run", str(run), "--shortlist", "50", "--device", "cpu"])
     assert out.exit_code != 0 and "give --index too" in out.output
     # a server checks a request before its batch (no shortlist known yet), then reassesses with the result's own
-    from dab_pipeline.calibration import UncertaintyRequest
     from dab_pipeline.search import Searcher
 
     with Searcher(run, store, split="all", index=tmp_path / "index", device="cpu") as s:
@@ -459,8 +495,6 @@ def test_the_shortlist_a_coverage_needs_is_chosen_on_the_fitted_half(world: dict
 
 def test_a_query_of_only_unknown_words_gets_marked_numbers_and_no_decision(world: dict) -> None:
     """issue 61, item 2: a query none of whose words the model knows gets no 'calibrated' numbers unmarked."""
-    from dab_pipeline.calibration import UncertaintyRequest
-
     run_calibrate(CalibrateConfig(run=world["run"], device="cpu", gallery="all"))
     with Searcher(world["run"], world["store"], split="all", device="cpu") as s:
         (r,) = s.search(["zorp, blick!"], 3)
