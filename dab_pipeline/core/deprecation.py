@@ -8,14 +8,9 @@ were renamed without a shim (docs/decisions.md, issue 62).
 
 from __future__ import annotations
 
-import functools
-import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-__all__ = ["DEPRECATIONS", "Deprecation", "deprecation_line", "register_deprecations", "renamed_keywords"]
+__all__ = ["DEPRECATIONS", "Deprecation", "deprecation_line", "register_deprecations"]
 
 
 @dataclass(frozen=True)
@@ -44,29 +39,3 @@ def deprecation_line(old: str) -> str:
     """One line: ``old`` is deprecated, what to use instead and the version that removes it."""
     d = DEPRECATIONS[old]
     return f"{old} is deprecated, use {d.new} ({old} goes in dab {d.removed_in})"
-
-
-def renamed_keywords(**old_to_new: str) -> Callable[[F], F]:
-    """Let a function still take its keywords' old names, with a DeprecationWarning; giving a keyword under both
-    names is a TypeError. (Left for search/searcher.py's former keyword of the hits, a Python keyword of no release:
-    it goes with it.)"""
-
-    def wrap(fn: F) -> F:
-        @functools.wraps(fn)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            for old, new in old_to_new.items():
-                if old in kwargs:
-                    if new in kwargs:
-                        raise TypeError(f"{fn.__qualname__}() got both {new}= and its old name {old}=")
-                    warnings.warn(
-                        f"{fn.__qualname__}({old}=) is deprecated: it is now {new}= (the old name will be removed "
-                        "in a later release)",
-                        DeprecationWarning,
-                        stacklevel=2,
-                    )
-                    kwargs[new] = kwargs.pop(old)
-            return fn(*args, **kwargs)
-
-        return call  # type: ignore[return-value]
-
-    return wrap

@@ -34,7 +34,6 @@ import torch
 from ..calibration import UncertaintyRequest
 from ..clip_models import check_store_weights, encode_queries_short, load_clip, unknown_words, unknown_words_line
 from ..core.choices import DEFAULT_SCORE_DTYPE
-from ..core.deprecation import renamed_keywords
 from ..core.errors import ConfigError, StoreError, UnknownNameError, WeightsError
 from ..core.fsutil import sha256_file
 from ..core.location import StoreURL, location
@@ -241,7 +240,6 @@ class Searcher(CalibratedSearch):
             raise ConfigError("this Searcher was opened without its query encoder (encoder=False)")
         return encode_queries_short(self.bundle, list(queries))  # (M, D): the causal tower up to EOT only
 
-    @renamed_keywords(topk="k")
     def search(
         self,
         queries: Sequence[str],
@@ -272,7 +270,6 @@ class Searcher(CalibratedSearch):
                 raise r
         return results
 
-    @renamed_keywords(topk="k")
     def search_batch(
         self,
         queries: Sequence[str],
@@ -330,7 +327,6 @@ class Searcher(CalibratedSearch):
                 warn(unknown_words_line(res.query, words, self.bundle.requested_model or self.bundle.model_name))
         return results
 
-    @renamed_keywords(topk="k")
     def rank(
         self,
         queries: Sequence[str],

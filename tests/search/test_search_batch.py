@@ -76,19 +76,6 @@ def test_a_batch_answers_each_query_as_it_is_answered_alone(
             assert_same(got, alone)
 
 
-def test_searchers_former_topk_keyword_still_works_with_a_deprecation_warning(world: dict, run: Path) -> None:
-    """Searcher is public API: ``search(topk=)``, ``search_batch(topk=)`` and ``rank(topk=)`` (``k=`` since issue 48,
-    one word for the hits) keep one release."""
-    with Searcher(run, world["store"], device="cpu") as s:
-        (new,) = s.search([QUERIES[0]], k=2)
-        with pytest.deprecated_call(match=r"Searcher.search\(topk=\)"):
-            (old,) = s.search([QUERIES[0]], topk=2)
-        assert_same(old, new)
-        with pytest.deprecated_call(match=r"Searcher.search_batch\(topk=\)"):
-            (batch,) = s.search_batch([QUERIES[0]], topk=2)
-        assert_same(batch, new)
-
-
 def test_a_bad_query_gets_its_error_and_the_others_their_answers(world: dict, run: Path) -> None:
     queries, ks = [CAPTIONS[0], "   ", CAPTIONS[1], CAPTIONS[2]], [2, 2, 0, 3]
     with Searcher(run, world["store"], index=world["index"], device="cpu") as s:

@@ -232,9 +232,7 @@ def test_k_is_spelt_as_in_dab_serve_and_topk_still_works_with_a_notice(
     assert out.exit_code == 0, out.output
     assert asked == [3] and json.loads(out.stdout) == []
     if spelling[0] == "--topk":
-        assert out.stderr == (
-            "warning: --topk is deprecated, use -k/--k (the same option; --topk goes in a later release)\n"
-        )
+        assert out.stderr == ("warning: --topk is deprecated, use -k/--k (--topk goes in dab 0.2.0)\n")
     else:
         assert out.stderr == ""
     both = CliRunner().invoke(

@@ -355,7 +355,7 @@ def test_k_is_spelt_as_in_dab_search_and_topk_works_with_a_notice(
     monkeypatch.setattr(stage, "run_serve", run_serve)
     out = invoke(["serve", "--run", tmp_path, "--features", tmp_path, "--port", "0", *spelling])
     assert out.exit_code == 1 and "stopped before loading" in out.output and asked == [3]
-    notice = "warning: --topk is deprecated, use -k/--k (the same option; --topk goes in a later release)"
+    notice = "warning: --topk is deprecated, use -k/--k (--topk goes in dab 0.2.0)"
     assert (notice in out.output) == (spelling[0] == "--topk")
     out = invoke(["serve", "--run", tmp_path, "--features", tmp_path, "--k", "2", "--topk", "3"])
     assert out.exit_code == 2 and "give -k/--k only" in out.output and asked == [3]

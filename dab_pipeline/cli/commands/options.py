@@ -10,6 +10,7 @@ from typing import Any, Mapping
 import click
 from click.core import ParameterSource
 
+from ...core.deprecation import deprecation_line
 from ...core.errors import ConfigError
 from ...core.location import StoreURL, is_url, location
 
@@ -114,7 +115,5 @@ def one_spelling(ctx: click.Context, name: str, spelling: str, old: str, former:
         return ctx.params[name]
     if typed(ctx, name):
         raise click.UsageError(f"{old} is the former spelling of {spelling}: give {spelling} only")
-    click.echo(
-        f"warning: {old} is deprecated, use {spelling} (the same option; {old} goes in a later release)", err=True
-    )
+    click.echo(f"warning: {deprecation_line(old)}", err=True)  # the table's line: its new name and version
     return former
