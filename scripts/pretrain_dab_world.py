@@ -33,7 +33,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from dab_pipeline.clip_models import expand_compact_state, quiet_open_clip
+from dab_pipeline.clip_models import expand_compact_state, open_clip_with_our_models, quiet_open_clip
 from dab_pipeline.core.fsutil import atomic_write_bytes, atomic_write_text
 from dab_pipeline.metrics import t2v_metrics
 from dab_pipeline.video import sample_frame_indices
@@ -145,7 +145,7 @@ def zero_shot_videos(model, tokenizer, mean: tuple, std: tuple, world: WorldConf
 
 def pretrain(cfg: PretrainConfig, log: Callable[[str], None] = print) -> tuple[dict[str, torch.Tensor], dict]:
     """Train dab-world; returns (compact float16 state dict, report)."""
-    import open_clip
+    open_clip = open_clip_with_our_models()  # with dab-world's config registered
 
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)

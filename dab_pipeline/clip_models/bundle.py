@@ -1,4 +1,8 @@
-"""ClipBundle (a loaded CLIP with its preprocessing), dab's registered model configs and small helpers."""
+"""ClipBundle (a loaded CLIP with its preprocessing), dab's model configs and small helpers.
+
+open_clip is not imported here: its package imports torchvision and timm (about 1.5 s of CPU), which a search's
+query encoder (:mod:`.text_tower`) does without; :func:`open_clip_with_our_models` imports it where a module needs it.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +14,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Union
 
-import open_clip
 import torch
 from torch import Tensor, nn
+
+from ..core.errors import WeightsError
 
 TINY_MODEL = "dab-tiny"
 
@@ -23,8 +28,13 @@ MODEL_CONFIG_DIR = Path(__file__).parents[1] / "model_configs"
 OUR_MODELS = sorted(p.stem for p in MODEL_CONFIG_DIR.glob("*.json"))
 
 
-if not all(name in open_clip.list_models() for name in OUR_MODELS):
-    open_clip.add_model_config(MODEL_CONFIG_DIR)
+def open_clip_with_our_models() -> Any:
+    """The open_clip package with dab's model configs (``model_configs/``) registered in it."""
+    import open_clip
+
+    if not all(name in open_clip.list_models() for name in OUR_MODELS):
+        open_clip.add_model_config(MODEL_CONFIG_DIR)
+    return open_clip
 
 
 # Keys that only OpenAI's TorchScript release carries; open_clip's own checkpoints never do.
@@ -41,16 +51,16 @@ WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".npz", ".ckpt")
 class ClipBundle:
     """A loaded CLIP model with everything the pipeline needs to know about it."""
 
-    model: nn.Module  # open_clip CLIP, eval mode, requires_grad False
-    preprocess: Callable[[Any], Tensor]  # open_clip's eval transform: PIL image -> (3, S, S)
+    model: nn.Module  # open_clip CLIP (or dab's TextTower: a search's query encoder), eval mode, requires_grad False
+    preprocess: Callable[[Any], Tensor]  # open_clip's eval transform: PIL image -> (3, S, S); a TextTower's refuses
     tokenizer: Callable[..., Tensor]  # list[str] -> (M, context_length) int64
     model_name: str  # the architecture actually built (e.g. "ViT-B-32-quickgelu")
     pretrained: Optional[str]  # tag ("openai"), absolute path of the weights file, or None (the model's own)
     weights_path: Optional[Path]  # the local file the weights were read from (cache file for tags)
     weights_sha256: Optional[str]
     weights_format: str  # "openai" or "open_clip"
-    image_size: int
-    mean: tuple[float, ...]
+    image_size: int  # 0 for a text tower alone
+    mean: tuple[float, ...]  # () for a text tower alone
     std: tuple[float, ...]
     embed_dim: int  # D
     vision_width: Optional[int]  # W_v (None for non-ViT towers)
@@ -113,7 +123,7 @@ class ClipBundle:
             "vision_tokens": self.vision_tokens,
             "context_length": int(self.context_length),
             "logit_scale": self.logit_scale,
-            "open_clip_version": open_clip.__version__,
+            "open_clip_version": open_clip_version(),
             "warnings": list(self.warnings),
         }
 
@@ -126,6 +136,26 @@ class TextEncoding:
     states: Union[None, Tensor, list[Tensor]]  # None | (M, W) | list of (T_i, W)
     lengths: Tensor  # (M,) int64: EOT index + 1
     tokens: Tensor  # (M, context_length) int64
+
+
+def open_clip_version() -> str:
+    """The installed open_clip's version, read without importing it."""
+    from importlib.metadata import version
+
+    return version("open_clip_torch")
+
+
+def check_store_weights(bundle: ClipBundle, manifest: dict, why: str) -> None:
+    """WeightsError unless ``bundle`` holds the CLIP weights the store's manifest records (when both say).
+
+    ``why`` ends the message: what would go wrong with other weights.
+    """
+    want = manifest.get("weights_sha256")
+    if want and bundle.weights_sha256 and bundle.weights_sha256 != want:
+        raise WeightsError(
+            f"the CLIP weights found for {bundle.model_name} (sha256 {bundle.weights_sha256[:12]}...) differ from "
+            f"the ones the store was built with ({want[:12]}...); {why}"
+        )
 
 
 def dab_cache_dir() -> Path:

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import numpy as np
 import torch
-from open_clip.model import CLIP
-from open_clip.tokenizer import SimpleTokenizer
-from open_clip.transformer import VisionTransformer
 from torch import Tensor, nn
 
 from ..core.errors import ConfigError
 from .bundle import ClipBundle, TextEncoding
+from .text_tower import TextTower
+from .tokenizer import is_bpe_tokenizer
+
+if TYPE_CHECKING:
+    from open_clip.model import CLIP
+    from open_clip.transformer import VisionTransformer
+
+# open_clip's classes are imported where a model of theirs is looked at: such a model was built by open_clip, which
+# is imported already; a search's query encoder (a TextTower) never imports it (torchvision, timm: ~1.5 s of CPU)
 
 
 def _check_blocks(k: Optional[int], layers: Optional[int], tower: str) -> None:
@@ -23,6 +29,8 @@ def _check_blocks(k: Optional[int], layers: Optional[int], tower: str) -> None:
 
 
 def check_vision_blocks(bundle: ClipBundle, k: int) -> VisionTransformer:
+    from open_clip.transformer import VisionTransformer
+
     v = bundle.model.visual
     _check_blocks(k, len(v.transformer.resblocks) if isinstance(v, VisionTransformer) else None, "vision")
     if not isinstance(v, VisionTransformer):
@@ -44,6 +52,8 @@ def check_vision_blocks(bundle: ClipBundle, k: int) -> VisionTransformer:
 
 
 def check_text_blocks(bundle: ClipBundle, k: int) -> CLIP:
+    from open_clip.model import CLIP
+
     clip = bundle.model
     _check_blocks(k, len(clip.transformer.resblocks) if isinstance(clip, CLIP) else None, "text")
     if not isinstance(clip, CLIP):
@@ -150,7 +160,7 @@ def token_counts(bundle: ClipBundle, texts: list[str]) -> Optional[np.ndarray]:
     longer caption and drops the rest silently: a count above ``bundle.context_length`` is a cut caption.
     """
     tok = bundle.tokenizer
-    if not isinstance(tok, SimpleTokenizer) or getattr(tok, "reduction_fn", None) is not None:
+    if not is_bpe_tokenizer(tok) or getattr(tok, "reduction_fn", None) is not None:
         return None
     return np.array([len(tok.encode(t)) + 2 for t in texts], dtype=np.int64)
 
@@ -227,7 +237,7 @@ def encode_queries_short(bundle: ClipBundle, texts: list[str]) -> Tensor:
     tokens = bundle.tokenizer(list(texts)).to(bundle.device)  # (M, ctx)
     mask = getattr(clip, "attn_mask", None)
     pool = getattr(clip, "text_pool_type", "argmax")
-    if not isinstance(clip, CLIP) or mask is None or pool not in ("argmax", "eos"):
+    if not _has_clip_text_path(clip) or mask is None or pool not in ("argmax", "eos"):
         return encode_texts(bundle, texts).features
     eot = _eot_index(clip, tokens)  # (M,)
     out, group, size = [], [], 0
@@ -239,6 +249,15 @@ def encode_queries_short(bundle: ClipBundle, texts: list[str]) -> Tensor:
         size += n
     out.append(_encode_packed(bundle, tokens[group], eot[group], mask))
     return torch.cat(out)  # (M, D)
+
+
+def _has_clip_text_path(model: nn.Module) -> bool:
+    """Whether ``model`` is dab's TextTower or open_clip's CLIP (one that open_clip built: open_clip is imported)."""
+    if isinstance(model, TextTower):
+        return True
+    from open_clip.model import CLIP
+
+    return isinstance(model, CLIP)
 
 
 def _encode_packed(bundle: ClipBundle, tokens: Tensor, eot: Tensor, mask: Tensor) -> Tensor:

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
-import open_clip
 import torch
 from open_clip import pretrained as oc_pretrained
 from open_clip.convert import convert_state_dict as oc_convert_state_dict
@@ -18,9 +17,9 @@ from torch import Tensor, nn
 
 from ..core.errors import ConfigError, UnknownNameError, WeightsError
 from ..core.fsutil import sha256_file
-from .bundle import DTYPES, OUR_MODELS, TINY_MODEL, ClipBundle, first_line, quiet_open_clip
+from .bundle import DTYPES, OUR_MODELS, TINY_MODEL, ClipBundle, first_line, open_clip_with_our_models, quiet_open_clip
+from .weight_files import builtin_weights, read_weights
 from .weights import (
-    builtin_weights,
     default_tiny_weights,
     fetch_tag,
     looks_like_path,
@@ -29,8 +28,9 @@ from .weights import (
     openai_hint,
     pretrained_tag_config,
     quickgelu_sibling,
-    read_weights,
 )
+
+open_clip = open_clip_with_our_models()  # dab's configs registered before a model is named
 
 
 def _resolve_dtype(dtype: Union[str, torch.dtype], device: torch.device) -> str:
@@ -315,19 +315,6 @@ def _text_layers(clip: nn.Module) -> Optional[int]:
 
 def _uses_quickgelu(clip: nn.Module) -> bool:
     return any(isinstance(m, QuickGELU) for m in clip.modules())
-
-
-def check_store_weights(bundle: ClipBundle, manifest: dict, why: str) -> None:
-    """WeightsError unless ``bundle`` holds the CLIP weights the store's manifest records (when both say).
-
-    ``why`` ends the message: what would go wrong with other weights.
-    """
-    want = manifest.get("weights_sha256")
-    if want and bundle.weights_sha256 and bundle.weights_sha256 != want:
-        raise WeightsError(
-            f"the CLIP weights found for {bundle.model_name} (sha256 {bundle.weights_sha256[:12]}...) differ from "
-            f"the ones the store was built with ({want[:12]}...); {why}"
-        )
 
 
 def full_depth(model_name: str) -> int:

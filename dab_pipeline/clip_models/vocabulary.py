@@ -7,10 +7,10 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from open_clip.tokenizer import SimpleTokenizer
 from torch import Tensor
 
 from .bundle import ClipBundle
+from .tokenizer import is_bpe_tokenizer
 
 __all__ = ["query_words", "unknown_words", "unknown_words_line"]
 
@@ -26,7 +26,7 @@ def unknown_words(bundle: ClipBundle, texts: Sequence[str]) -> list[tuple[str, .
     """For each text, the words (as written, punctuation stripped, each once) that hold a token the model has no
     embedding for; empty tuples for a model that knows every token or whose tokenizer is not open_clip's BPE."""
     known, tok = bundle.known_tokens, bundle.tokenizer
-    if known is None or not isinstance(tok, SimpleTokenizer):
+    if known is None or not is_bpe_tokenizer(tok):
         return [() for _ in texts]
     out = []
     for text in texts:

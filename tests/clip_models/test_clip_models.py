@@ -502,7 +502,7 @@ def test_damaged_dab_world_file_is_one_clear_error(tmp_path, monkeypatch):
     meta = json.loads((cm.WEIGHTS_DIR / "dab-world.json").read_text())
     (fake / "dab-world.json").write_text(json.dumps(meta))
     (fake / meta["file"]).write_text("version https://git-lfs.github.com/spec/v1\n")  # a Git LFS pointer
-    monkeypatch.setattr(cm.weights, "WEIGHTS_DIR", fake)
+    monkeypatch.setattr(cm.weight_files, "WEIGHTS_DIR", fake)
     with pytest.raises(WeightsError, match="damaged"):
         cm.load_clip("dab-world", None)
 
