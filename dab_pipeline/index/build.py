@@ -103,9 +103,9 @@ def build_index(
     ``model`` / ``run`` ({"path", "checkpoint_sha256"}): the run the index serves (needed by run-dependent
     vectors, recorded always). ``factory``: a FAISS factory string or "auto" (:func:`auto_factory`).
     ``refine``: for an approximate factory, keep the exact vectors (float16, ``refine.f16``) and re-score
-    ``refine`` x k x S candidates a search (0: the quantised scores alone). ``terms``: also keep the run's
-    token-branch term of each video (``terms.f16``, float16, D values a video; ``model`` needed), which a search
-    with this run passes to the re-rank instead of computing it (``Scorer.score_query(..., terms)``).
+    ``refine`` x K x S candidates a search of shortlist K (0: the quantised scores alone). ``terms``: also keep the
+    run's token-branch term of each video (``terms.f16``, float16, D values a video; ``model`` needed), which a
+    search with this run passes to the re-rank instead of computing it (``Scorer.score_query(..., terms)``).
     ``rows`` (a shard, :mod:`.shards`): index these store rows of the split only; ``trained``: start from this
     trained, empty FAISS index (serialised; every shard of a sharded index shares one) instead of training one;
     ``record``: more entries for index.json's ``build`` (written before the folder is published).

@@ -8,10 +8,10 @@ module does not need it, building or loading an index does.
 
 An approximate index (IVF-PQ) also keeps every vector in float16 on disk (``refine.f16``,
 2 D bytes a vector: 4 GB for a million videos' segments, read with pread so it stays out of
-the server's memory): a search takes ``refine`` x k x S candidates from the quantised codes
-(at most 4,096 unless k x S is more) and re-scores them exactly. Without it, on the million-video synthetic store, the PQ codes'
-top 100 held 85 % of the exact first stage's top 10 whatever nprobe (32 to 512); the
-quantisation, not the probing, lost them.
+the server's memory): a search takes ``refine`` x K x S candidates from the quantised codes (K: its
+shortlist; at most 4,096 unless K x S is more) and re-scores them exactly. Without it, on the
+million-video synthetic store, the PQ codes' top 100 held 85 % of the exact first stage's top 10
+whatever nprobe (32 to 512); the quantisation, not the probing, lost them.
 
 Factories: exact inner product (``Flat``) up to ``FLAT_MAX`` vectors, where one query
 costs N x D multiply-adds (262k x 512: ~30 ms on two cores) and the float32 vectors
@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 INDEX_FORMAT = 2  # 2: the terms field (terms.f16); format 1 folders read as terms=False
-REFINE_MAX = 4096  # candidates re-scored a query, unless k x S alone is more
+REFINE_MAX = 4096  # candidates re-scored a query, unless K x S (the shortlist's vectors) alone is more
 REFINE_FILE = "refine.f16"  # (vectors, D) float16, row-major: the exact vectors of an approximate index
 TERMS_FILE = (
     "terms.f16"  # (videos, D) float16, row-major, in the order of the indexed store rows: the run's video terms
@@ -98,7 +98,7 @@ class IndexMeta:
     per_video: int = 1  # vectors a video (ntotal = count x per_video)
     nprobe: int = DEFAULT_NPROBE
     ef_search: int = 64
-    refine: int = 0  # approximate factories: re-score refine x k x S candidates on exact float16 vectors
+    refine: int = 0  # approximate factories: re-score refine x K x S candidates (K: the shortlist) exactly
     avg_query: Optional[list] = None  # the pooled kind's average query (D floats)
     terms: bool = False  # terms.f16: the run's token-branch term of each video (dab index --video-terms)
     build: dict = field(default_factory=dict)  # seconds, faiss version, chunk
@@ -125,8 +125,8 @@ class IndexMeta:
 
 
 class VideoIndex:
-    """A loaded index: ``search(queries (M, D), k)`` -> each query's k best videos' store rows (M, k) (-1 where
-    fewer exist) and their scores (a video's best vector)."""
+    """A loaded index: ``search(queries (M, D), shortlist)`` -> each query's K = ``shortlist`` best videos' store
+    rows (M, K) (-1 where fewer exist) and their scores (a video's best vector)."""
 
     def __init__(self, path: Path, meta: IndexMeta, index: Any, rows: np.ndarray) -> None:
         self.path, self.meta, self.index, self.rows = path, meta, index, rows
@@ -172,23 +172,23 @@ class VideoIndex:
         for name, value in (("nprobe", nprobe), ("ef_search", ef_search)):
             if value is not None and int(value) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value}")
-        k = int(min(shortlist, self.meta.count))
+        shortlist = int(min(shortlist, self.meta.count))
         per = self.meta.per_video
-        # S vectors a video: the k * S best vectors hold at least k videos
-        want = k * per
+        # S vectors a video: the K * S best vectors hold at least K videos
+        want = shortlist * per
         refine = self.meta.refine  # load_index checked that refine.f16 is there
-        # the exact re-scoring reads each candidate (pread, ~3 us): at most REFINE_MAX beyond k x S
+        # the exact re-scoring reads each candidate (pread, ~3 us): at most REFINE_MAX beyond K x S
         n_cand = max(want, min(want * refine, REFINE_MAX)) if refine else want
         scores, ids = self._best_vectors(q, n_cand, want if refine else 0, nprobe, ef_search)
         rows = np.where(ids >= 0, self.rows[np.clip(ids, 0, None)], -1)
         if per == 1:
             return rows.astype(np.int64), scores
-        out_rows = np.full((len(q), k), -1, np.int64)
-        out_scores = np.full((len(q), k), -np.inf, np.float32)
+        out_rows = np.full((len(q), shortlist), -1, np.int64)
+        out_scores = np.full((len(q), shortlist), -np.inf, np.float32)
         for i in range(len(q)):
             valid = rows[i] >= 0
             _, first = np.unique(rows[i][valid], return_index=True)  # a video's first hit is its best
-            order = np.sort(first)[:k]
+            order = np.sort(first)[:shortlist]
             out_rows[i, : len(order)] = rows[i][valid][order]
             out_scores[i, : len(order)] = scores[i][valid][order]
         return out_rows, out_scores
@@ -197,7 +197,7 @@ class VideoIndex:
         self, q: np.ndarray, n_cand: int, refine_to: int, nprobe: Optional[int], ef_search: Optional[int]
     ) -> tuple[np.ndarray, np.ndarray]:
         """Each query's ``n_cand`` best vectors by the index's scores, re-scored exactly and cut to the ``refine_to``
-        best where it is not 0 -> (scores, vector ids), best first (a served index asks its shards: ray_shards)."""
+        best where it is not 0 -> (scores, vector ids), best first (a served index asks its shards: served.py)."""
         scores, ids = self.candidates(q, n_cand, nprobe, ef_search)  # (M, n_cand) each
         return self._refined(q, ids, refine_to) if refine_to else (scores, ids)
 

@@ -1,7 +1,8 @@
 """All-pairs scoring of models whose Gaussians are not diagonal (``model.covariance`` lowrank:R, mixture:K).
 
-The fast engines (``engines/``) fold the diagonal model's algebra into per-text and per-video bases and know
-nothing of a factor U, so a non-diagonal model is scored through the model's own path: the reference
+The fast engines (``engines/``) score a non-diagonal model only where it has no per-pair bridge (``prob``,
+``dab/constant``: ``engines.base.COVARIANCE_ENGINES``); the others (``dab``: a bridge per component and per pair's
+U) are refused there and scored here (:func:`needs_reference`), through the model's own path: the reference
 (:func:`~dab_pipeline.scoring.reference.score_all_reference`) in blocks sized from the memory budget, and
 a shortlist through :func:`~dab_pipeline.scoring.reference.score_query`, one query at a time.  Exact (the
 same function as the training costs) and bounded in memory; not fast (no per-video bases, float32 only).

@@ -95,7 +95,7 @@ class Loop:
         self.train_captions = train_captions  # (Q,) each training caption's video
         self.folder, self.ctx, self.progress, self.shared = folder, ctx, progress, shared
         self.at = Position()
-        self.update = 0  # optimiser updates done over the run
+        self.updates = 0  # optimiser updates done over the run
         self.val_metrics: Optional[dict] = None
 
     @property
@@ -121,10 +121,11 @@ class Loop:
             self.progress(
                 Event(
                     "info",
-                    message=f"resuming {self.folder.path} at epoch {self.at.epoch + 1}, step {self.at.update_in_epoch}",
+                    message=f"resuming {self.folder.path} at epoch {self.at.epoch + 1}, "
+                    f"update {self.at.update_in_epoch}",
                 )
             )
-        self.update = self.at.epoch * self.settings.updates_per_epoch + self.at.update_in_epoch
+        self.updates = self.at.epoch * self.settings.updates_per_epoch + self.at.update_in_epoch
 
     def _load(self, ck: Mapping[str, Any]) -> None:
         for key, module in self.task.modules().items():
@@ -176,7 +177,7 @@ class Loop:
     def fit(self) -> None:
         """Every remaining epoch: its updates, then validation, selection and the epoch's checkpoints."""
         s = self.settings
-        self.progress(Event("start", task=s.task, total=self.total_updates - self.update))
+        self.progress(Event("start", task=s.task, total=self.total_updates - self.updates))
         for epoch in range(self.at.epoch, s.epochs):
             t0 = time.time()
             sums, count = self.run_epoch(epoch)
@@ -195,7 +196,7 @@ class Loop:
         sums, count = (dict(self.at.sums), self.at.count) if resumed else ({}, 0)
         for u in range(first, s.updates_per_epoch):
             batch = order[u * s.batch_size : (u + 1) * s.batch_size]  # (B,)
-            loss, parts = self.step(batch, epoch, u)
+            loss, parts = self.update(batch, epoch, u)
             for key, value in {"loss": float(loss.item()), **parts}.items():
                 sums[key] = sums.get(key, 0.0) + value
             count += 1
@@ -208,23 +209,23 @@ class Loop:
                     message=f"epoch {epoch + 1}/{s.epochs} loss {sums['loss'] / count:.4f}",
                 )
             )
-            if s.checkpoint_every and self.update % s.checkpoint_every == 0 and u + 1 < s.updates_per_epoch:
+            if s.checkpoint_every and self.updates % s.checkpoint_every == 0 and u + 1 < s.updates_per_epoch:
                 at = Position(epoch, u + 1, self.at.best_value, self.at.best_epoch, dict(sums), count)
                 self.checkpoint(RunFolder.LAST, at)
         return sums, count
 
-    def step(self, batch: torch.Tensor, epoch: int, u: int) -> tuple[torch.Tensor, dict[str, float]]:
+    def update(self, batch: torch.Tensor, epoch: int, u: int) -> tuple[torch.Tensor, dict[str, float]]:
         """One optimiser update on ``batch``; a non-finite loss stops the run (every rank alike)."""
         loss, parts = self.task.loss(batch)
         if not torch.isfinite(loss):
             # Every rank holds the same (gathered) loss, so all stop here together.
             if self.ctx.is_main:
-                self.folder.write_status(state="failed", error=f"non-finite loss at epoch {epoch + 1} step {u + 1}")
+                self.folder.write_status(state="failed", error=f"non-finite loss at epoch {epoch + 1} update {u + 1}")
             raise self.shared(
                 TrainingError(
-                    f"loss became {loss.item()} at epoch {epoch + 1}, step {u + 1} (global step "
-                    f"{self.update + 1}); the last good checkpoint is {self.folder.checkpoint(RunFolder.LAST)}. "
-                    "Try a lower --set lr=..."
+                    f"loss became {loss.item()} at epoch {epoch + 1}, update {u + 1} (update {self.updates + 1} of "
+                    f"the run); the last good checkpoint is {self.folder.checkpoint(RunFolder.LAST)}. Try a lower "
+                    "--set lr=..."
                 )
             )
         self.optim.zero_grad(set_to_none=True)
@@ -235,13 +236,13 @@ class Loop:
         self.optim.step()
         self.task.after_update()
         self.sched.step()
-        self.update += 1
+        self.updates += 1
         return loss, parts
 
     def end_epoch(self, epoch: int, sums: dict[str, float], count: int, seconds: float) -> None:
         """Validate, select (never on test), log the epoch and write last.pt / best.pt."""
         means = {k: v / max(1, count) for k, v in sums.items()}
-        record = self.task.record(epoch, means, self.update, self.sched.get_last_lr()[0], round(seconds, 3))
+        record = self.task.record(epoch, means, self.updates, self.sched.get_last_lr()[0], round(seconds, 3))
         self.val_metrics = self.task.validate()
         if self.val_metrics is not None:
             record["val"] = self.val_metrics

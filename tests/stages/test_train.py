@@ -113,7 +113,7 @@ def test_nan_loss_stops_with_a_clear_message(
 ) -> None:
     patch_loss(monkeypatch, lambda n, compute: compute() * float("nan") if n == 6 else compute())  # 5 steps an epoch
     out = tmp_path / "nan"
-    with pytest.raises(TrainingError, match=r"epoch 2, step 1 \(global step 6\)"):
+    with pytest.raises(TrainingError, match=r"epoch 2, update 1 \(update 6 of the run\)"):
         run_train(train_config(random_store, out, "epochs=3"))
     ck = load_checkpoint(out / "checkpoints" / "last.pt")
     assert ck["epoch"] == 1 and all(torch.isfinite(v).all() for v in ck["model"].values() if v.is_floating_point())

@@ -83,7 +83,7 @@ def test_a_non_finite_loss_stops_the_run_and_says_where(tmp_path: Path) -> None:
     events: list = []
     loop = make_loop(Toy(nan_at=8), tmp_path, events)
     loop.restore(None)
-    with pytest.raises(TrainingError, match=r"at epoch 2, step 2 \(global step 8\)"):
+    with pytest.raises(TrainingError, match=r"at epoch 2, update 2 \(update 8 of the run\)"):
         loop.fit()
     status = json.loads((tmp_path / "status.json").read_text())
     assert status["state"] == "failed" and "non-finite" in status["error"]
@@ -111,4 +111,4 @@ def test_a_resume_within_an_epoch_replays_the_uninterrupted_run(tmp_path: Path) 
     la = (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
     lb = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
     assert la[1:] == lb[-2:]  # the resumed epoch's mean loss counts the updates before the stop too
-    assert events[0].message.startswith(f"resuming {tmp_path / 'b'} at epoch 2, step 2")
+    assert events[0].message.startswith(f"resuming {tmp_path / 'b'} at epoch 2, update 2")

@@ -1,10 +1,14 @@
 """The fast scoring engines, one per model variant, chosen by name from :data:`ENGINES`.
 
-* ``base``: the pooling, merged (every variant pools the same way);
-* ``trajectory``: the bridge's T' steps (generic and oneDNN bf16 paths);
-* one module per variant: ``xpool`` (the cosine), ``prob`` (the video Gaussian), ``point_bridge`` (the ``bridge``
-  ablation), ``dab``;
+* ``base``: the pooling, merged (every variant pools the same way), the registry and :func:`build_engine`;
+* ``bridge_runner``: :class:`BridgeRunner`, the bridge's T' steps (generic, oneDNN bf16 and AMX paths);
+* the families: ``cosine`` (:class:`CosineEngine`, the variant ``xpool``) and ``gaussian`` (:class:`GaussianEngine`,
+  ``prob``: the video Gaussian); the bridges on top: ``point_bridge`` (the ``bridge`` ablation) and ``dab``;
 * ``constant``: the bridge variants with ``drift="constant"`` (shifted texts, no steps).
+
+A low-rank or mixture ``model.covariance`` is scored here only without a per-pair bridge (``prob``,
+``dab/constant``: ``base.COVARIANCE_ENGINES``); :func:`build_engine` refuses the others (``dab``), which the Scorer
+scores through ``scoring/covariance.py``.
 """
 
 from __future__ import annotations

@@ -278,7 +278,7 @@ class AmxBridge:
 
     @staticmethod
     def pack(
-        steps: BridgeRunner,
+        runner: BridgeRunner,
         w_state: Tensor,
         mids: list[Tensor],
         mid_biases: list[Tensor],
@@ -287,7 +287,7 @@ class AmxBridge:
         extras: list[Tensor] = (),
     ) -> Optional["AmxBridge"]:
         """The packed weights, or None where :func:`amx_bridge_applies` says no."""
-        if not amx_bridge_applies(steps.d, w_state.shape[0]):
+        if not amx_bridge_applies(runner.d, w_state.shape[0]):
             return None
         return AmxBridge(amx_ops(), w_state, mids, mid_biases, w_last, b_last, extras)
 
@@ -304,7 +304,7 @@ class AmxBridge:
 
     def run(
         self,
-        steps: BridgeRunner,
+        runner: BridgeRunner,
         state: list[Tensor],
         target: Tensor,
         first: Tensor,
@@ -316,33 +316,33 @@ class AmxBridge:
         ``h0``: the first step's activation where :meth:`add_to_target` computed it."""
         ops = self.ops
         n_b, n_m, hidden = target.shape
-        d, p = steps.d, n_b * n_m
-        width = 2 * d if steps.gaussian else d
+        d, p = runner.d, n_b * n_m
+        width = 2 * d if runner.gaussian else d
         pp = -(-p // 16) * 16
         target = target.reshape(p, hidden).contiguous()  # (P, H) bf16
         # the state per text, [mu, logvar / 2] | [x]: the first update reads row r % rows, and writes st
-        init = torch.cat([state[0], 0.5 * state[1]], dim=-1) if steps.gaussian else state[0]  # (1 | B, M, n*D)
+        init = torch.cat([state[0], 0.5 * state[1]], dim=-1) if runner.gaussian else state[0]  # (1 | B, M, n*D)
         init = init[0] if init.shape[0] == 1 else init.expand(n_b, n_m, width).reshape(p, width)
         init = init.float().contiguous()  # (M | P, n*D)
         st = torch.empty(pp, width, dtype=torch.float32)  # (Pp, n*D), every row written by the first update
         # the first step: silu(target + first)
         hb = ops.amx_add_silu_blocked(target, _first_rows(first, n_b, n_m, hidden)) if h0 is None else h0
         s = torch.empty(pp // 16, width // 32, 16, 32, dtype=torch.bfloat16)  # the next step's [mu, sigma] | [x]
-        lo, hi = 0.5 * steps.lo, 0.5 * steps.hi
-        n_steps = len(steps.chi)
+        lo, hi = 0.5 * runner.lo, 0.5 * runner.hi
+        n_steps = len(runner.chi)
         for k in range(n_steps):
             if k > 0:
-                hb = ops.amx_linear_silu(s, self.w_state, steps.time_rows[k], target)  # silu(s W_s^T + time_k + target)
+                hb = ops.amx_linear_silu(s, self.w_state, runner.time_rows[k], target)  # silu(s W_s^T + time_k + target)
             for w, b in zip(self.mids, self.mid_biases):
                 hb = ops.amx_linear_silu(hb, w, b)
             ops.amx_linear_update_(
-                hb, self.w_last, self.b_last, st, s, steps.chi[k], lo, hi, d, k + 1 < n_steps, init if k == 0 else None
+                hb, self.w_last, self.b_last, st, s, runner.chi[k], lo, hi, d, k + 1 < n_steps, init if k == 0 else None
             )
         st = st[:p]
         if raw:
             return st  # (P, n*D) float32
         out = [st[:, :d].view(n_b, n_m, d)]  # float32 (B, M, D)
-        if steps.gaussian:
+        if runner.gaussian:
             out.append((st[:, d:] * 2.0).view(n_b, n_m, d))
         return out
 
