@@ -16,7 +16,7 @@ from .assess import (  # noqa: F401
     conformal_threshold,
     risk_threshold,
 )
-from .build import DEFAULT_METHOD, METHODS, MIN_QUERIES, calibrate_costs, true_video_scores  # noqa: F401
+from .build import MIN_QUERIES, calibrate_costs, true_video_scores  # noqa: F401
 from .features import (  # noqa: F401
     DEFAULT_K,
     DEFAULT_K0,
@@ -31,7 +31,7 @@ from .record import (  # noqa: F401
     Calibration,
     gallery_mismatch,
     read_calibration,
-    run_calibration,
+    read_run_calibration,
     write_calibration,
 )
 
@@ -42,8 +42,6 @@ __all__ = [
     "DEFAULT_DELTA",
     "DEFAULT_K",
     "DEFAULT_K0",
-    "DEFAULT_METHOD",
-    "METHODS",
     "MIN_QUERIES",
     "ProbabilityMap",
     "QueryFeatures",
@@ -57,7 +55,7 @@ __all__ = [
     "query_features",
     "read_calibration",
     "risk_threshold",
-    "run_calibration",
+    "read_run_calibration",
     "text_variance",
     "true_video_scores",
     "write_calibration",

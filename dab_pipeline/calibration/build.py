@@ -25,10 +25,8 @@ from .groups import Groups, GroupSpec, query_signals
 from .maps import nested_probabilities
 from .record import Calibration
 
-__all__ = ["DEFAULT_METHOD", "METHODS", "MIN_QUERIES", "calibrate_costs", "true_video_scores"]
+__all__ = ["MIN_QUERIES", "calibrate_costs", "true_video_scores"]
 
-METHODS = CALIBRATION_METHODS
-DEFAULT_METHOD = DEFAULT_CALIBRATION_METHOD
 MIN_QUERIES = 4  # two to fit on, two held out: below this nothing can be said
 MIN_VIDEOS = 2  # one video a half
 
@@ -73,7 +71,7 @@ def calibrate_costs(
     temperature: float,
     text_var: Optional[np.ndarray] = None,
     *,
-    method: str = DEFAULT_METHOD,
+    method: str = DEFAULT_CALIBRATION_METHOD,
     k: int = DEFAULT_K,
     seed: int = 0,
     lam: float = 0.01,
@@ -128,8 +126,8 @@ def calibrate_costs(
 
 def _checked_videos(cost: np.ndarray, gt: np.ndarray, video: Optional[np.ndarray], method: str) -> np.ndarray:
     """Each query's video (Q,) (default: its match), after one-line refusals of what cannot be calibrated."""
-    if method not in METHODS:
-        raise ConfigError(f"unknown calibration method {method!r}; valid: {', '.join(METHODS)}")
+    if method not in CALIBRATION_METHODS:
+        raise ConfigError(f"unknown calibration method {method!r}; valid: {', '.join(CALIBRATION_METHODS)}")
     n = len(cost)
     video = np.asarray(gt if video is None else video).ravel()
     if len(video) != n:

@@ -25,9 +25,7 @@ from ..core.errors import ConfigError
 from ..metrics.conformal import cost_softmax
 from .features import QueryFeatures
 
-__all__ = ["MAP_KINDS", "ProbabilityMap", "nested_probabilities"]
-
-MAP_KINDS = PROBABILITY_MAPS
+__all__ = ["ProbabilityMap", "nested_probabilities"]
 
 
 @dataclass(frozen=True)
@@ -39,8 +37,8 @@ class ProbabilityMap:
     params: dict[str, Any]
 
     def __post_init__(self) -> None:
-        if self.kind not in MAP_KINDS:
-            raise ConfigError(f"unknown probability map {self.kind!r}; valid: {', '.join(MAP_KINDS)}")
+        if self.kind not in PROBABILITY_MAPS:
+            raise ConfigError(f"unknown probability map {self.kind!r}; valid: {', '.join(PROBABILITY_MAPS)}")
         if self.kind != "logistic" and len(self.features) != 1:
             raise ConfigError(f"a {self.kind} map reads one feature, not {len(self.features)}")
 

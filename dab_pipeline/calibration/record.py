@@ -146,7 +146,7 @@ def read_calibration(path: Path) -> Calibration:
     return Calibration.from_dict(d, str(path))
 
 
-def run_calibration(run_dir: Path, checkpoint_sha256: str) -> tuple[Optional[Calibration], Optional[str]]:
+def read_run_calibration(run_dir: Path, checkpoint_sha256: str) -> tuple[Optional[Calibration], Optional[str]]:
     """The calibration.json of a run (None where it has none), and why it cannot be used where it was made for
     another checkpoint (the run was trained on, or its best.pt replaced, after ``dab calibrate``)."""
     path = Path(run_dir) / CALIBRATION_FILE

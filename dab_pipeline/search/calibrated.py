@@ -15,7 +15,7 @@ from ..calibration import (
     assess,
     conformal_threshold,
     gallery_mismatch,
-    run_calibration,
+    read_run_calibration,
     text_variance,
 )
 from ..clip_models import query_words
@@ -63,7 +63,7 @@ class CalibratedSearch:
         self.calibration, self.calibration_problem, self.gallery_note = None, None, None
         if not (self.run.run_dir / "calibration.json").exists():
             return
-        self.calibration, self.calibration_problem = run_calibration(self.run.run_dir, self._checkpoint_sha())
+        self.calibration, self.calibration_problem = read_run_calibration(self.run.run_dir, self._checkpoint_sha())
         if self.calibration_problem:
             warn(self.calibration_problem)
         elif self.calibration is not None:

@@ -14,8 +14,6 @@ from ..calibration import (
     CALIBRATION_FILE,
     DEFAULT_K,
     DEFAULT_K0,
-    DEFAULT_METHOD,
-    METHODS,
     Calibration,
     calibrate_costs,
     text_variance,
@@ -25,7 +23,7 @@ from ..calibration.build import split_videos
 from ..calibration.fit import library_versions, require_sklearn
 from ..calibration.groups import describe_groups, parse_groups
 from ..calibration.record import video_ids_digest
-from ..core.choices import DEFAULT_SCORE_DTYPE
+from ..core.choices import CALIBRATION_METHODS, DEFAULT_CALIBRATION_METHOD, DEFAULT_SCORE_DTYPE
 from ..core.errors import ConfigError, StoreError
 from ..core.events import Event, ProgressCallback, null_progress
 from ..core.fsutil import sha256_file
@@ -52,7 +50,7 @@ class CalibrateConfig:
     features: Optional[Path] = None  # default: the run's own store
     split: Optional[str] = None  # default: the run's val_split
     gallery: Optional[str] = None  # default: ``split``
-    method: str = DEFAULT_METHOD
+    method: str = DEFAULT_CALIBRATION_METHOD
     k: int = DEFAULT_K
     seed: int = 0
     device: str = "auto"
@@ -69,8 +67,8 @@ class CalibrateConfig:
     coverage: Optional[float] = None
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ConfigError(f"unknown calibration method {self.method!r}; valid: {', '.join(METHODS)}")
+        if self.method not in CALIBRATION_METHODS:
+            raise ConfigError(f"unknown calibration method {self.method!r}; valid: {', '.join(CALIBRATION_METHODS)}")
         if not 2 <= int(self.k) <= 1000:
             raise ConfigError(f"k must be an integer in [2, 1000], got {self.k}")
         if not int(self.k) <= int(self.k0) <= 1000:

@@ -14,7 +14,7 @@ from ...calibration import (
     assess,
     first_hit_outcomes,
     query_features,
-    run_calibration,
+    read_run_calibration,
 )
 from ...calibration.assess import query_groups
 from ...calibration.maps import nested_probabilities
@@ -106,7 +106,7 @@ def calibration_section(
     if run is None or not (Path(run) / CALIBRATION_FILE).exists():
         return None
     ck = RunFolder(run).checkpoint(RunFolder.BEST)
-    cal, problem = run_calibration(Path(run), sha256_file(ck) if ck.exists() else "")
+    cal, problem = read_run_calibration(Path(run), sha256_file(ck) if ck.exists() else "")
     if cal is None:
         progress(Event("warning", message=f"{problem}; no calibration section"))
         return None
