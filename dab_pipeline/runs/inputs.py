@@ -9,7 +9,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..clip_models import TextHead, VisionHead, check_store_weights, load_clip
+from .. import clip_models
+from ..clip_models import TextHead, VisionHead, check_store_weights
 
 __all__ = ["SplitArrays", "TrainHeads", "text_state_batch", "score_inputs"]
 
@@ -54,7 +55,8 @@ class TrainHeads(torch.nn.Module):
 
     def __init__(self, manifest: dict, k: int, device: torch.device) -> None:
         super().__init__()
-        bundle = load_clip(manifest["model"], manifest.get("pretrained"), device="cpu", dtype="float32")
+        # clip_models.load_clip, read here: loading a run that has no heads (a search's) leaves open_clip unimported
+        bundle = clip_models.load_clip(manifest["model"], manifest.get("pretrained"), device="cpu", dtype="float32")
         check_store_weights(bundle, manifest, "fine-tuning from the store's token states needs the same weights")
         self.vision = VisionHead.from_bundle(bundle, k)
         self.text = TextHead.from_bundle(bundle, k)

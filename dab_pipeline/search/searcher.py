@@ -31,8 +31,9 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
+from .. import clip_models
 from ..calibration import UncertaintyRequest
-from ..clip_models import check_store_weights, encode_queries_short, load_clip, unknown_words, unknown_words_line
+from ..clip_models import check_store_weights, encode_queries_short, load_text_clip, unknown_words, unknown_words_line
 from ..core.choices import DEFAULT_SCORE_DTYPE
 from ..core.errors import ConfigError, StoreError, UnknownNameError, WeightsError
 from ..core.fsutil import sha256_file
@@ -57,7 +58,11 @@ def _query_clip(manifest: dict, device: str | torch.device):
     if not name:
         raise StoreError("the store's manifest names no CLIP model; cannot encode a query in its feature space")
     try:
-        bundle = load_clip(name, pretrained, device=device, dtype="float32")
+        # its text tower alone where that is the same model (the query path then never imports open_clip, whose
+        # package imports torchvision and timm: ~1.5 s of CPU); else the whole CLIP (clip_models.load imports it)
+        bundle = load_text_clip(manifest, device) or clip_models.load_clip(
+            name, pretrained, device=device, dtype="float32"
+        )
     except (WeightsError, UnknownNameError) as exc:
         raise WeightsError(
             f"dab search encodes the query with the store's CLIP model {name} (pretrained={pretrained!r}) and needs "
