@@ -372,7 +372,8 @@ def with_distractors(run_dir: Path, demo_store: Path, args, work: Path) -> dict[
     print(
         "the test queries' match in the index's whole ranking: "
         + ", ".join(f"recall at K={k}: {r:.3f}" for k, r in ranks["first_stage_recall"].items())
-        + f"; median rank {ranks['first_stage_median_rank']:.0f}. In the exhaustive DAB ranking of all "
+        + f"; median rank {ranks['first_stage_median_rank'] or 'past every returned video'}. In the exhaustive DAB "
+        f"ranking of all "
         f"{g.videos:,} videos (first {args.exhaustive_queries} test queries): ranks "
         + ", ".join(str(r) for r in sorted(ranks["exhaustive_ranks"]))
     )
@@ -410,7 +411,8 @@ def match_ranks(run_dir: Path, store: Path, index: Path, text: np.ndarray, gt: n
     ks = [k for k in (2000, 5000, 10_000, 20_000, 50_000, n) if k <= n]
     return {
         "first_stage_recall": {str(k): float((first <= k).mean()) for k in ks},
-        "first_stage_median_rank": float(np.median(first)),
+        # None where most matches are never returned (JSON holds no Infinity)
+        "first_stage_median_rank": float(np.median(first)) if np.isfinite(np.median(first)) else None,
         "exhaustive_ranks": full.tolist(),
     }
 
