@@ -179,7 +179,7 @@ def risk_table(cost, gt, tv, temperature, alphas, delta, splits) -> dict[str, An
             if risk.threshold is None:
                 answered.append(0.0)
                 continue
-            feats = query_features(cost[ev], temperature, cal.k, None if tv is None else tv[ev])
+            feats = query_features(cost[ev], temperature, cal.first_k, None if tv is None else tv[ev])
             ans = cal.maps["first"].predict(feats) >= risk.threshold
             answered.append(float(np.average(ans, weights=w[ev])))
             if ans.any():

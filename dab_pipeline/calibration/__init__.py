@@ -18,7 +18,7 @@ from .assess import (  # noqa: F401
 )
 from .build import MIN_QUERIES, calibrate_costs, true_video_scores  # noqa: F401
 from .features import (  # noqa: F401
-    DEFAULT_K,
+    DEFAULT_FIRST_K,
     DEFAULT_K0,
     QueryFeatures,
     first_hit_outcomes,
@@ -40,7 +40,7 @@ __all__ = [
     "Calibration",
     "DEFAULT_CONFORMAL_SCORE",
     "DEFAULT_DELTA",
-    "DEFAULT_K",
+    "DEFAULT_FIRST_K",
     "DEFAULT_K0",
     "MIN_QUERIES",
     "ProbabilityMap",

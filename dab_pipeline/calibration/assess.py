@@ -77,8 +77,8 @@ class QueryUncertainty:
     """One query's calibrated answer."""
 
     p_first: float  # calibrated P(the first hit is a match)
-    p_first_k: float  # calibrated P(a match among the first k)
-    k: int
+    p_first_k: float  # calibrated P(a match among the first first_k)
+    first_k: int
     coverage: Optional[float] = None  # the set's coverage, where one was asked for
     set_indices: Optional[np.ndarray] = None  # the set: positions in the query's scored videos, best first
     answered: Optional[bool] = None  # where a risk was asked: whether P(first) passes its threshold
@@ -224,7 +224,7 @@ def assess(
     tv_all = None if text_var is None or not uses_var else np.asarray(text_var, np.float64)
     rows = [np.asarray(row, np.float64)[None] for row in costs]  # each (1, V_i)
     feats = [
-        query_features(c, cal.temperature, cal.k, None if tv_all is None else tv_all[i : i + 1], cal.k0)
+        query_features(c, cal.temperature, cal.first_k, None if tv_all is None else tv_all[i : i + 1], cal.k0)
         for i, c in enumerate(rows)
     ]
     bands = query_groups(cal, np.array([f.column("margin")[0] for f in feats]), tv_all, texts)
@@ -244,7 +244,7 @@ def assess(
         tv = None if tv_all is None else tv_all[i : i + 1]
         p1, pk = nested_probabilities(cal.maps["first"], cal.maps["first_k"], feats[i])
         caveat, holds = shortlist_caveat(cal, c[0], qhat is not None)
-        part = dict(p_first=float(p1[0]), p_first_k=float(pk[0]), k=cal.k, group=labels[i], caveat=caveat)
+        part = dict(p_first=float(p1[0]), p_first_k=float(pk[0]), first_k=cal.first_k, group=labels[i], caveat=caveat)
         if qhat is not None:
             p = cost_softmax(c, cal.temperature)  # (1, V)
             lam, k_reg = cal.conformal_params["lam"], int(cal.conformal_params["k_reg"])

@@ -19,7 +19,7 @@ from ..core.choices import CALIBRATION_METHODS, DEFAULT_CALIBRATION_METHOD
 from ..core.errors import ConfigError
 from ..metrics.calibration import calibration_report, top_bins
 from ..metrics.conformal import CONFORMAL_SCORES, conformal_scores, cost_softmax, video_weights
-from .features import DEFAULT_K, DEFAULT_K0, first_hit_outcomes, query_features
+from .features import DEFAULT_FIRST_K, DEFAULT_K0, first_hit_outcomes, query_features
 from .fit import choose_map, fit_map
 from .groups import Groups, GroupSpec, query_signals
 from .maps import nested_probabilities
@@ -72,7 +72,7 @@ def calibrate_costs(
     text_var: Optional[np.ndarray] = None,
     *,
     method: str = DEFAULT_CALIBRATION_METHOD,
-    k: int = DEFAULT_K,
+    first_k: int = DEFAULT_FIRST_K,
     seed: int = 0,
     lam: float = 0.01,
     k_reg: int = 5,
@@ -89,17 +89,17 @@ def calibrate_costs(
     ``k0``: the first costs the features read (:mod:`.features`)."""
     cost = np.asarray(cost, np.float64)
     video = _checked_videos(cost, gt, video, method)
-    feats = query_features(cost, temperature, k, text_var, k0)
-    first, first_k = first_hit_outcomes(cost, gt, k)  # (Q,) each
+    feats = query_features(cost, temperature, first_k, text_var, k0)
+    first, in_first_k = first_hit_outcomes(cost, gt, first_k)  # (Q,) each
     fit, check = split_videos(video, seed)
-    chosen = _choose(feats, first, first_k, video, fit, method, k, temperature)
-    maps, report, p_check, p_fit = _fit_maps(feats, first, first_k, fit, check, chosen, k, temperature)
+    chosen = _choose(feats, first, in_first_k, video, fit, method, first_k, temperature)
+    maps, report, p_check, p_fit = _fit_maps(feats, first, in_first_k, fit, check, chosen, first_k, temperature)
     scores = true_video_scores(cost, gt, temperature, text_var, lam, k_reg)
     held_out = np.zeros(len(cost), np.int64)
     held_out[check] = 1
     return Calibration(
         method=method,
-        k=k,
+        first_k=first_k,
         k0=k0,
         temperature=float(temperature),
         queries=len(cost),
@@ -140,28 +140,30 @@ def _checked_videos(cost: np.ndarray, gt: np.ndarray, video: Optional[np.ndarray
     return video
 
 
-def _choose(feats, first, first_k, video, fit, method, k, temperature) -> dict[str, tuple[str, dict]]:
+def _choose(feats, first, in_first_k, video, fit, method, first_k, temperature) -> dict[str, tuple[str, dict]]:
     """Each target's map kind and the cross-validated log losses behind the choice (none for a kind given)."""
     wrong = fit[~first[fit]]
     if method != "auto":  # a kind asked for; the conditional map needs queries whose first hit is wrong
         return {"first": (method, {}), "first_k": (method if len(wrong) else "softmax", {})}
     # first_k is fitted on the queries whose first hit is wrong (conditional)
     return {
-        "first": choose_map(feats.rows(fit), first[fit], video[fit], "first", k, temperature),
-        "first_k": choose_map(feats.rows(wrong), first_k[wrong], video[wrong], "first_k", k, temperature),
+        "first": choose_map(feats.rows(fit), first[fit], video[fit], "first", first_k, temperature),
+        "first_k": choose_map(feats.rows(wrong), in_first_k[wrong], video[wrong], "first_k", first_k, temperature),
     }
 
 
-def _fit_maps(feats, first, first_k, fit, check, chosen, k, temperature) -> tuple[dict, dict, np.ndarray, np.ndarray]:
+def _fit_maps(
+    feats, first, in_first_k, fit, check, chosen, first_k, temperature
+) -> tuple[dict, dict, np.ndarray, np.ndarray]:
     """(the maps fitted on ``fit``, the held-out figures on ``check``, P(first) of the held-out queries, P(first)
     of the fitted ones, in-sample)."""
     sub = feats.rows
-    kw = dict(k=k, temperature=temperature)
+    kw = dict(first_k=first_k, temperature=temperature)
     wrong = fit[~first[fit]]
     maps = {
         "first": fit_map(sub(fit), first[fit], chosen["first"][0], target="first", **kw),
         # P(a match in the first k | the first hit is not one): nested under P(first) by construction
-        "first_k": fit_map(sub(wrong), first_k[wrong], chosen["first_k"][0], target="first_k", **kw),
+        "first_k": fit_map(sub(wrong), in_first_k[wrong], chosen["first_k"][0], target="first_k", **kw),
         "margin_sigmoid": fit_map(sub(fit), first[fit], "logistic", ("margin",)),
     }
     held = sub(check)
@@ -170,18 +172,18 @@ def _fit_maps(feats, first, first_k, fit, check, chosen, k, temperature) -> tupl
         "first": {
             "calibrated": calibration_report(p_first, first[check]),
             "margin_sigmoid": calibration_report(maps["margin_sigmoid"].predict(held), first[check]),
-            "softmax": calibration_report(held.column("p_first"), first[check]),
+            "softmax": calibration_report(held.column("softmax_first"), first[check]),
         },
         "first_k": {
-            "calibrated": calibration_report(p_first_k, first_k[check]),
-            "softmax": calibration_report(held.column("p_first_k"), first_k[check]),
+            "calibrated": calibration_report(p_first_k, in_first_k[check]),
+            "softmax": calibration_report(held.column("softmax_first_k"), in_first_k[check]),
         },
         # the map chosen for each target and why (cross-validated log loss on the fitted half; empty: given)
         "selection": {name: {"chosen": kind, "cv_log_loss": losses} for name, (kind, losses) in chosen.items()},
         # where the probabilities are used (risk thresholds): P(first) >= 0.5, bins of at least 100 queries
         "top_bins": {
             "calibrated": top_bins(p_first, first[check]),
-            "softmax": top_bins(held.column("p_first"), first[check]),
+            "softmax": top_bins(held.column("softmax_first"), first[check]),
         },
     }
     p_fit, _ = nested_probabilities(maps["first"], maps["first_k"], sub(fit))  # (F,)

@@ -4,10 +4,10 @@ From a query's first K0 costs (lower is better, K0 = 20 by default: ``k0``) and 
 already computed:
 
 * ``margin``: the second-best cost minus the best (the paper's top-1/top-2 KL margin);
-* ``gap_2`` .. ``gap_{k-1}``: the gaps between the next of the first k costs;
-* ``p_first``: the softmax of -cost / T *over the first K0 costs* of the best video, T the run's temperature (PAC's
-  tau, or one over a cosine run's logit scale): the temperature softmax a user would try first;
-* ``p_first_k``: that softmax's mass on the first k videos;
+* ``gap_2`` .. ``gap_{k-1}``: the gaps between the next of the first k costs (k: ``first_k``);
+* ``softmax_first``: the softmax of -cost / T *over the first K0 costs* of the best video, T the run's temperature
+  (PAC's tau, or one over a cosine run's logit scale): the temperature softmax a user would try first;
+* ``softmax_first_k``: that softmax's mass on the first k videos;
 * ``log_text_var``: the log of the text Gaussian's mean variance, where the model has one (prob, dab): how
   many videos the caption fits (docs/model.md).
 
@@ -15,7 +15,8 @@ Every feature reads the first K0 costs only, so a search whose shortlist holds t
 videos (an index at K >= K0 with its recall) gives the exhaustive features, hence the same calibrated P(first), at
 any K (issue 60): the softmax over every cost used before changed with K for the same query and the same first hit
 (0.257 exhaustive, 0.912 at K = 3). A video outside a shortlist (cost +inf) has softmax mass 0 and is never among
-the first k. ``QueryFeatures.top`` keeps each query's first K0 costs relative to its best, for the maps that
+the first k. (The features are named ``softmax_*``: ``p_first`` and ``p_first_k`` are the calibrated probabilities
+the maps make of them.) ``QueryFeatures.top`` keeps each query's first K0 costs relative to its best, for the maps that
 rescale the softmax (temperature scaling).
 """
 
@@ -31,7 +32,7 @@ from ..core.errors import ConfigError
 from ..metrics.conformal import cost_softmax
 
 __all__ = [
-    "DEFAULT_K",
+    "DEFAULT_FIRST_K",
     "DEFAULT_K0",
     "QueryFeatures",
     "feature_names",
@@ -40,7 +41,7 @@ __all__ = [
     "text_variance",
 ]
 
-DEFAULT_K = 5  # the "first k" of P(a match in the first k) and of the cost gaps
+DEFAULT_FIRST_K = 5  # the "first k" of P(a match in the first k) and of the cost gaps
 DEFAULT_K0 = 20  # the costs every feature reads: a shortlist of K >= K0 gives the exhaustive features
 
 
@@ -58,10 +59,10 @@ class QueryFeatures:
         return QueryFeatures(self.names, self.values[idx], None if self.top is None else self.top[idx])
 
 
-def feature_names(k: int, with_variance: bool) -> tuple[str, ...]:
+def feature_names(first_k: int, with_variance: bool) -> tuple[str, ...]:
     """The features' names, in their column order."""
-    gaps = tuple(f"gap_{i}" for i in range(2, k))
-    return ("margin", *gaps, "p_first", "p_first_k", *(("log_text_var",) if with_variance else ()))
+    gaps = tuple(f"gap_{i}" for i in range(2, first_k))
+    return ("margin", *gaps, "softmax_first", "softmax_first_k", *(("log_text_var",) if with_variance else ()))
 
 
 def _sorted_finite(cost: np.ndarray, k: int) -> np.ndarray:
@@ -85,16 +86,17 @@ def _sorted_finite(cost: np.ndarray, k: int) -> np.ndarray:
 def query_features(
     cost: np.ndarray,
     temperature: float,
-    k: int = DEFAULT_K,
+    first_k: int = DEFAULT_FIRST_K,
     text_var: Optional[np.ndarray] = None,
     k0: int = DEFAULT_K0,
 ) -> QueryFeatures:
     """The features of each query (rows of ``cost`` (Q, V)) from its first ``k0`` costs; ``text_var`` (Q,) > 0 or
     None."""
+    k = first_k
     if k < 2:
-        raise ConfigError(f"k must be at least 2, got {k}")
+        raise ConfigError(f"first_k must be at least 2, got {k}")
     if k0 < k:
-        raise ConfigError(f"k0 (the costs the features read) must be at least k={k}, got {k0}")
+        raise ConfigError(f"k0 (the costs the features read) must be at least first_k={k}, got {k0}")
     first = _sorted_finite(cost, k)  # (Q, k)
     gaps = np.diff(first, axis=1)  # (Q, k - 1): margin, gap_2, ...
     top = first_costs(cost, k0)  # (Q, K0) relative to the best, +inf where not scored
@@ -119,8 +121,11 @@ def first_costs(cost: np.ndarray, k0: int) -> np.ndarray:
     return part - part[:, :1]
 
 
-def first_hit_outcomes(cost: np.ndarray, gt: np.ndarray, k: int = DEFAULT_K) -> tuple[np.ndarray, np.ndarray]:
-    """(whether each query's best video is its match, whether a match is among its first k) -> two (Q,) bool.
+def first_hit_outcomes(
+    cost: np.ndarray, gt: np.ndarray, first_k: int = DEFAULT_FIRST_K
+) -> tuple[np.ndarray, np.ndarray]:
+    """(whether each query's best video is its match, whether a match is among its first ``first_k``) -> two (Q,)
+    bool.
 
     ``gt`` (Q,): each query's matching video (column of ``cost``). A tie with the match counts the match
     ranked after the tied videos (no credit for a tie)."""
@@ -130,7 +135,7 @@ def first_hit_outcomes(cost: np.ndarray, gt: np.ndarray, k: int = DEFAULT_K) -> 
         raise ConfigError(f"{len(g)} ground-truth videos for {len(c)} queries")
     own = c[np.arange(len(c)), g]  # (Q,)
     rank = (c <= own[:, None]).sum(axis=1)  # (Q,) 1-based, ties against the match
-    return rank == 1, rank <= k
+    return rank == 1, rank <= first_k
 
 
 def text_variance(model, text: torch.Tensor | np.ndarray) -> Optional[np.ndarray]:

@@ -48,7 +48,7 @@ def fit_map(
     kind: str,
     features: tuple[str, ...] | None = None,
     target: str = "first",
-    k: int = 1,
+    first_k: int = 1,
     temperature: float = 1.0,
 ) -> ProbabilityMap:
     """P(outcome) from ``features`` of ``feats`` (default: every column; isotonic: the margin).
@@ -56,15 +56,15 @@ def fit_map(
     logistic: LogisticRegression (L2, C=1) over the features standardised by their mean and standard deviation
     on these queries; isotonic: IsotonicRegression, increasing, clipped to [0, 1] and outside its points;
     temperature: the temperature of the softmax over the first K0 costs of least log loss (from the run's
-    ``temperature``, a hundredth to a hundred times it); softmax: the raw ``p_first`` (``target`` first) or
-    ``p_first_k`` (first_k, ``k`` videos), nothing fitted."""
+    ``temperature``, a hundredth to a hundred times it); softmax: the raw ``softmax_first`` (``target`` first) or
+    ``softmax_first_k`` (target first_k: its ``first_k`` videos), nothing fitted."""
     y = np.asarray(outcome, bool).astype(np.int64)  # (Q,)
-    column = "p_first" if target == "first" else "p_first_k"
+    column = "softmax_first" if target == "first" else "softmax_first_k"
     given = {} if target == "first" else {"given_not_first": True}  # first_k: P(2nd..kth | the first is not one)
     if kind == "softmax":
         return ProbabilityMap("softmax", (column,), given)
     if kind == "temperature":
-        return _temperature(feats, y, column, 1 if target == "first" else k, temperature, given)
+        return _temperature(feats, y, column, 1 if target == "first" else first_k, temperature, given)
     LogisticRegression, IsotonicRegression = require_sklearn()
     if kind == "isotonic":
         cols = features or ("margin",)
@@ -111,7 +111,7 @@ def choose_map(
     outcome: np.ndarray,
     video: np.ndarray,
     target: str,
-    k: int,
+    first_k: int,
     temperature: float,
     folds: int = 5,
 ) -> tuple[str, dict[str, float]]:
@@ -131,7 +131,7 @@ def choose_map(
             train, test = np.flatnonzero(fold_of != f), np.flatnonzero(fold_of == f)
             if len(train) == 0 or len(test) == 0:
                 continue
-            m = fit_map(feats.rows(train), y[train], kind, target=target, k=k, temperature=temperature)
+            m = fit_map(feats.rows(train), y[train], kind, target=target, first_k=first_k, temperature=temperature)
             total += log_loss(m.predict(feats.rows(test)), y[test]) * len(test)
         losses[kind] = total / len(y)
     return min(losses, key=losses.__getitem__), losses  # min keeps the first (simplest) of equal losses

@@ -9,8 +9,8 @@ applied with numpy (searching needs no scikit-learn; tests/calibration check it 
   the end values outside them.
 * ``temperature``: temperature scaling (Guo et al. 2017): the softmax over the query's first K0 costs at a fitted
   temperature, its best video's mass (P(first)) or its first k videos' (P(first k)).
-* ``softmax``: the raw softmax feature itself (``p_first`` or ``p_first_k``), nothing fitted: the baseline a
-  fitted map must beat to be chosen.
+* ``softmax``: the raw softmax feature itself (``softmax_first`` or ``softmax_first_k``), nothing fitted: the
+  baseline a fitted map must beat to be chosen.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ __all__ = ["ProbabilityMap", "nested_probabilities"]
 @dataclass(frozen=True)
 class ProbabilityMap:
     kind: str  # logistic | isotonic | temperature | softmax
-    features: tuple[str, ...]  # the columns it reads (isotonic, softmax: one; temperature: p_first or p_first_k)
+    features: tuple[str, ...]  # the columns it reads (isotonic, softmax: one; temperature: softmax_first(_k))
     # logistic: mean, scale, coef, intercept; isotonic: x, y (its fitted points); temperature: temperature and
     # first (the videos whose mass it gives: 1 or k); softmax: none
     params: dict[str, Any]
@@ -56,7 +56,7 @@ class ProbabilityMap:
         x = self._columns(feats)
         if self.kind == "softmax":
             if self.params.get("given_not_first"):  # the softmax's mass on 2..k over its mass off the first
-                p1 = feats.column("p_first")
+                p1 = feats.column("softmax_first")
                 return np.clip((x[:, 0] - p1) / np.maximum(1.0 - p1, 1e-12), 0.0, 1.0)
             return np.clip(x[:, 0], 0.0, 1.0)
         if self.kind == "temperature":

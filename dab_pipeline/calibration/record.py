@@ -40,13 +40,15 @@ __all__ = [
 ]
 
 CALIBRATION_FILE = "calibration.json"
-CALIBRATION_VERSION = 2  # 2: per-query conformal scores and weights, the video as the unit, groups (issue 58)
+CALIBRATION_VERSION = 3  # 2: per-query conformal scores and weights, the video as the unit, groups (issue 58)
+# 3: a word per meaning (issue 62): k is first_k, the softmax features softmax_first(_k); a version 2 file still reads
+_V2_FEATURES = {"p_first": "softmax_first", "p_first_k": "softmax_first_k"}
 
 
 @dataclass(frozen=True)
 class Calibration:
     method: str  # auto (each target's map chosen by cross-validated log loss) or the map kind asked for
-    k: int  # P(a match in the first k)
+    first_k: int  # the k of P(a match in the first k)
     k0: int  # the first costs every feature reads: a shortlist of K >= k0 gives the exhaustive probabilities
     temperature: float  # of the softmax over costs (the run's)
     queries: int  # validation queries in all
@@ -94,6 +96,8 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = CALIBRATION_FILE) -> "Calibration":
+        if isinstance(d, dict) and d.get("version") == 2:
+            d = _from_v2(d)
         if not isinstance(d, dict) or d.get("version") != CALIBRATION_VERSION:
             found = d.get("version") if isinstance(d, dict) else type(d).__name__
             raise ConfigError(
@@ -106,6 +110,21 @@ class Calibration:
             return cls(**body)
         except (SchemaError, TypeError, KeyError, AttributeError, ValueError, ConfigError) as exc:
             raise ConfigError(f"{source} is malformed ({exc}); make it again with `dab calibrate`") from None
+
+
+def _from_v2(d: dict[str, Any]) -> dict[str, Any]:
+    """A version 2 calibration.json's body in version 3's names: its ``k`` is ``first_k``, its maps' features
+    ``p_first`` and ``p_first_k`` are ``softmax_first`` and ``softmax_first_k`` (the numbers are the same)."""
+    d = {("first_k" if key == "k" else key): value for key, value in d.items()} | {"version": CALIBRATION_VERSION}
+    maps = d.get("maps")
+    if isinstance(maps, dict):
+        d["maps"] = {
+            name: {**m, "features": [_V2_FEATURES.get(f, f) for f in m["features"]]}
+            if isinstance(m, dict) and isinstance(m.get("features"), list)
+            else m
+            for name, m in maps.items()
+        }
+    return d
 
 
 def finite_or_none(obj: Any) -> Any:

@@ -18,7 +18,7 @@ PER_VIDEO_TESTS = tuple(t for t in RISK_TESTS if t != "binomial")  # the video i
 MAP_NAMES = ("first", "first_k", "margin_sigmoid")
 FIELDS = (
     "method",
-    "k",
+    "first_k",
     "k0",
     "temperature",
     "queries",
@@ -183,9 +183,9 @@ def validate(d: dict[str, Any]) -> dict[str, Any]:
         )
     if body["method"] not in CALIBRATION_METHODS:
         raise SchemaError(f"method must be one of {', '.join(CALIBRATION_METHODS)}, got {body['method']!r}")
-    k = _int(body, "k", 2)
+    k = _int(body, "first_k", 2)
     if _int(body, "k0", 2) < k:
-        raise SchemaError(f"k0 {body['k0']} must be at least k {k}")
+        raise SchemaError(f"k0 {body['k0']} must be at least first_k {k}")
     _number(body["temperature"], "temperature", 1e-300)
     n, videos = _int(body, "queries", 1), _int(body, "videos", 1)
     fit, check = _int(body, "fit_queries", 1), _int(body, "check_queries", 1)

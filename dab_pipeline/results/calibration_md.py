@@ -43,7 +43,7 @@ def md_calibration(results: dict[str, Any]) -> list[str]:
     head = "| probability | ECE | ECE (mass) | Brier | log loss | AUROC | mean p | accuracy |"
     for target, title in (
         ("first", "P(the first hit is a match)"),
-        ("first_k", f"P(a match in the first {cal.get('k')})"),
+        ("first_k", f"P(a match in the first {cal.get('first_k', cal.get('k'))})"),  # k: metrics.json's former key
     ):
         rows = cal.get(target) or {}
         out += [f"**{title}**", "", head, "|---|---|---|---|---|---|---|---|"]

@@ -123,7 +123,7 @@ def uncertainty_payload(result: SearchResult) -> Optional[dict]:
     u = result.uncertainty
     if u is None:
         return None
-    out: dict = {"p_first": u.p_first, f"p_first_{u.k}": u.p_first_k, "k": u.k}
+    out: dict = {"p_first": u.p_first, f"p_first_{u.first_k}": u.p_first_k, "k": u.first_k}
     if u.caveat is not None:
         out["caveat"] = u.caveat  # why these numbers are not the calibrated ones (a shortlist)
     if u.group is not None:

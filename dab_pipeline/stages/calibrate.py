@@ -12,7 +12,7 @@ import numpy as np
 
 from ..calibration import (
     CALIBRATION_FILE,
-    DEFAULT_K,
+    DEFAULT_FIRST_K,
     DEFAULT_K0,
     Calibration,
     calibrate_costs,
@@ -51,7 +51,7 @@ class CalibrateConfig:
     split: Optional[str] = None  # default: the run's val_split
     gallery: Optional[str] = None  # default: ``split``
     method: str = DEFAULT_CALIBRATION_METHOD
-    k: int = DEFAULT_K
+    first_k: int = DEFAULT_FIRST_K  # the k of P(a match in the first k)
     seed: int = 0
     device: str = "auto"
     dtype: str = DEFAULT_SCORE_DTYPE
@@ -69,10 +69,10 @@ class CalibrateConfig:
     def __post_init__(self) -> None:
         if self.method not in CALIBRATION_METHODS:
             raise ConfigError(f"unknown calibration method {self.method!r}; valid: {', '.join(CALIBRATION_METHODS)}")
-        if not 2 <= int(self.k) <= 1000:
-            raise ConfigError(f"k must be an integer in [2, 1000], got {self.k}")
-        if not int(self.k) <= int(self.k0) <= 1000:
-            raise ConfigError(f"--k0 must be an integer in [k={self.k}, 1000], got {self.k0}")
+        if not 2 <= int(self.first_k) <= 1000:
+            raise ConfigError(f"--first-k must be an integer in [2, 1000], got {self.first_k}")
+        if not int(self.first_k) <= int(self.k0) <= 1000:
+            raise ConfigError(f"--k0 must be an integer in [first_k={self.first_k}, 1000], got {self.k0}")
         if self.index is None and (self.shortlist is not None or self.nprobe is not None or self.coverage is not None):
             raise ConfigError("--shortlist, --nprobe and --coverage calibrate through an index: give --index too")
         if self.coverage is not None:
@@ -111,7 +111,7 @@ def run_calibrate(cfg: CalibrateConfig, progress: ProgressCallback = null_progre
         float(run.model.temperature().detach().cpu()),
         text_variance(run.model, got.queries.text),  # (Q,) or None
         method=cfg.method,
-        k=cfg.k,
+        first_k=cfg.first_k,
         seed=cfg.seed,
         video=np.asarray(got.queries.caption_video, np.int64),
         groups=parse_groups(cfg.groups),
@@ -238,10 +238,10 @@ def _read(cfg: CalibrateConfig, run, split: str, gallery: str) -> _Inputs:
         missing = [str(v) for v in queries.video_ids if str(v) not in pos]
         if missing:
             raise ConfigError(f"gallery {gallery!r} lacks {len(missing)} videos of split {split!r} ({missing[0]}, ...)")
-        if cfg.k >= len(videos.video_ids):
+        if cfg.first_k >= len(videos.video_ids):
             raise ConfigError(
-                f"-k {cfg.k} is not below the gallery's {len(videos.video_ids)} videos (split {gallery!r}): "
-                "P(a match in the first k) would be 1 for every query; give a smaller -k"
+                f"--first-k {cfg.first_k} is not below the gallery's {len(videos.video_ids)} videos (split {gallery!r}): "
+                "P(a match in the first k) would be 1 for every query; give a smaller --first-k"
             )
         return _Inputs(
             store_path=store_path,

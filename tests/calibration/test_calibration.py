@@ -40,7 +40,7 @@ pytest.importorskip("sklearn")
 def test_features_match_a_loop() -> None:
     cost, _, tv = synthetic_costs(30, 12, seed=1)
     f = query_features(cost, 2.0, 4, tv)
-    assert f.names == ("margin", "gap_2", "gap_3", "p_first", "p_first_k", "log_text_var")
+    assert f.names == ("margin", "gap_2", "gap_3", "softmax_first", "softmax_first_k", "log_text_var")
     for i, row in enumerate(cost.astype(np.float64)):
         s = sorted(row)
         e = np.exp(-(row - row.min()) / 2.0)
@@ -54,14 +54,14 @@ def test_features_of_a_shortlist_ignore_unscored_videos() -> None:
     f = query_features(row, 1.0, 5)
     np.testing.assert_allclose(f.column("margin"), [1.0])
     np.testing.assert_allclose(f.values[0, 1:4], [2.0, 0.0, 0.0])  # the missing 4th and 5th costs: gaps of 0
-    assert f.column("p_first_k")[0] == pytest.approx(1.0)
+    assert f.column("softmax_first_k")[0] == pytest.approx(1.0)
     with pytest.raises(ConfigError, match="at least 2 scored videos"):
         query_features(np.array([[1.0, np.inf, np.inf]]), 1.0)
 
 
 def test_outcomes_give_no_credit_for_a_tie() -> None:
     cost = np.array([[1.0, 1.0, 3.0], [0.5, 2.0, 1.0], [3.0, 2.0, 1.0]])
-    first, first_k = first_hit_outcomes(cost, np.array([0, 0, 0]), k=2)
+    first, first_k = first_hit_outcomes(cost, np.array([0, 0, 0]), first_k=2)
     assert first.tolist() == [False, True, False] and first_k.tolist() == [True, True, False]
 
 
@@ -112,6 +112,13 @@ def test_calibration_splits_fits_and_survives_its_file(tmp_path: Path) -> None:
     path = write_calibration(tmp_path / "calibration.json", cal)
     back = read_calibration(path)
     assert back == cal
+    # a version 2 file (issue 62: k, and the features p_first, p_first_k) reads as the same calibration
+    old = json.loads(path.read_text()) | {"version": 2}
+    old["k"] = old.pop("first_k")
+    for m in old["maps"].values():
+        m["features"] = [{"softmax_first": "p_first", "softmax_first_k": "p_first_k"}.get(f, f) for f in m["features"]]
+    path.write_text(json.dumps(old))
+    assert read_calibration(path) == cal
     np.testing.assert_array_equal(assess(back, [cost[0]], tv[:1])[0].p_first, assess(cal, [cost[0]], tv[:1])[0].p_first)
     without = calibrate_costs(cost, gt, 1.0, None)
     assert "normalized" not in without.conformal and "log_text_var" not in without.maps["first"].features
@@ -124,7 +131,7 @@ def test_the_file_refuses_what_it_cannot_read(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not readable JSON"):
         read_calibration(tmp_path / "bad.json")
     (tmp_path / "old.json").write_text(json.dumps({"version": 99}))
-    with pytest.raises(ConfigError, match="version 2"):
+    with pytest.raises(ConfigError, match="version 3"):
         read_calibration(tmp_path / "old.json")
     (tmp_path / "cut.json").write_text(json.dumps({"version": 2, "maps": {}}))
     with pytest.raises(ConfigError, match="malformed"):
@@ -218,7 +225,7 @@ def test_a_match_in_the_first_k_is_never_less_likely_than_first() -> None:
     assert all(u.p_first_k >= u.p_first for u in got)
     # by construction, not by a patch (issue 61, item 2): P(first k) = P(first) + (1 - P(first)) P(2nd..kth | not
     # first), the second map fitted on the queries whose first hit is wrong
-    feats = query_features(cost, 1.0, cal.k, tv, cal.k0)
+    feats = query_features(cost, 1.0, cal.first_k, tv, cal.k0)
     p1, cond = cal.maps["first"].predict(feats), cal.maps["first_k"].predict(feats)
     np.testing.assert_allclose([u.p_first_k for u in got], p1 + (1 - p1) * cond, rtol=1e-12)
 
@@ -253,9 +260,9 @@ def test_the_map_is_chosen_on_the_fitting_half_alone() -> None:
     sel = cal.report["selection"]
     assert sel["first"]["chosen"] == min(sel["first"]["cv_log_loss"], key=sel["first"]["cv_log_loss"].get)
     fit = ~np.array(cal.held_out, bool)
-    feats = query_features(cost, 1.0, cal.k, tv, cal.k0)
-    first, _ = first_hit_outcomes(cost, gt, cal.k)
-    kind, losses = choose_map(feats.rows(np.flatnonzero(fit)), first[fit], gt[fit], "first", cal.k, 1.0)
+    feats = query_features(cost, 1.0, cal.first_k, tv, cal.k0)
+    first, _ = first_hit_outcomes(cost, gt, cal.first_k)
+    kind, losses = choose_map(feats.rows(np.flatnonzero(fit)), first[fit], gt[fit], "first", cal.first_k, 1.0)
     assert kind == sel["first"]["chosen"] and losses == pytest.approx(sel["first"]["cv_log_loss"])
     # the held-out half's costs scrambled: the same choice, the same losses
     scrambled = cost.copy()

@@ -46,7 +46,7 @@ def _set(d: dict, dotted: str, value) -> dict:
         ("maps.first.params.coef", "abc", "maps.first.params.coef must be a list of numbers"),
         ("maps.first.params.coef", [1.0], "maps.first.params.coef holds 1 values"),
         ("maps.first.kind", "spline", "maps.first.kind must be one of logistic, isotonic"),
-        ("k", "five", "k must be a whole number"),
+        ("first_k", "five", "first_k must be a whole number"),
         ("conformal.aps", "abc", "conformal.aps must be a list"),
         ("conformal.aps", [0.5] * 2_000_000, "conformal.aps must be a list of 60 values"),
         ("risk.correct", ["yes"] * 30, "risk.correct must hold"),

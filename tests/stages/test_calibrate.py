@@ -151,7 +151,7 @@ def test_calibrate_refuses_in_one_line(world: dict, tmp_path: Path, monkeypatch:
     with pytest.raises(ConfigError, match="not 'all'"):
         run_calibrate(CalibrateConfig(run=run, split="all", device="cpu"))
     with pytest.raises(ConfigError, match="k must be"):
-        CalibrateConfig(run=run, k=1)
+        CalibrateConfig(run=run, first_k=1)
     import builtins
 
     real = builtins.__import__
@@ -342,8 +342,8 @@ def test_a_split_the_run_trained_on_and_a_k_past_the_gallery_are_refused(world: 
     out = invoke(["calibrate", "--run", str(fresh), "--split", "train", "--device", "cpu"])
     assert out.exit_code != 0 and "is the split" in out.output and "trained on" in out.output, out.output
     assert "Traceback" not in out.output and not (fresh / CALIBRATION_FILE).exists()
-    out = invoke(["calibrate", "--run", str(fresh), "-k", "40", "--k0", "40", "--device", "cpu"])
-    assert out.exit_code != 0 and "-k 40 is not below the gallery's 40 videos" in out.output, out.output
+    out = invoke(["calibrate", "--run", str(fresh), "--first-k", "40", "--k0", "40", "--device", "cpu"])
+    assert out.exit_code != 0 and "--first-k 40 is not below the gallery's 40 videos" in out.output, out.output
     assert not (fresh / CALIBRATION_FILE).exists()
     for bad, said in (
         ("colour:2", "unknown group 'colour'"),

@@ -15,7 +15,9 @@ def uncertainty_lines(result) -> list[str]:
     u = result.uncertainty
     if u is None:
         return []
-    lines = [f"calibrated: P(first hit is a match) {u.p_first:.2f}, P(a match in the first {u.k}) {u.p_first_k:.2f}"]
+    lines = [
+        f"calibrated: P(first hit is a match) {u.p_first:.2f}, P(a match in the first {u.first_k}) {u.p_first_k:.2f}"
+    ]
     if u.caveat is not None:
         lines.append(f"not calibrated here: {u.caveat}")
     if u.group is not None:

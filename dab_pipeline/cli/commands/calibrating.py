@@ -37,7 +37,9 @@ from .output import console
     "a logistic regression over every uncertainty feature; isotonic: of the margin; temperature: the softmax "
     "rescaled; softmax: the raw softmax, nothing fitted.",
 )
-@click.option("-k", "k", type=int, default=5, show_default=True, help="The k of P(a match in the first k).")
+@click.option(
+    "-k", "--first-k", "first_k", type=int, default=5, show_default=True, help="The k of P(a match in the first k)."
+)
 @click.option(
     "--k0",
     type=int,
@@ -81,7 +83,7 @@ def calibrate(
     split,
     gallery,
     method,
-    k,
+    first_k,
     k0,
     groups,
     index_dir,
@@ -110,7 +112,7 @@ def calibrate(
         split=split,
         gallery=gallery,
         method=method,
-        k=k,
+        first_k=first_k,
         k0=k0,
         seed=seed,
         device=device,
@@ -156,7 +158,7 @@ def _print_report(cal, group_lines: list[str]) -> None:
                 f"shortlist {through['shortlist']} chosen for coverage {chosen['coverage']:g} (fitted half's miss share: "
                 f"{shares}); {chosen['re_ranks_saved']:.0%} of the re-ranks of an exhaustive search saved"
             )
-    titles = {"first": "P(the first hit is a match)", "first_k": f"P(a match in the first {cal.k})"}
+    titles = {"first": "P(the first hit is a match)", "first_k": f"P(a match in the first {cal.first_k})"}
     for target, sel in cal.report.get("selection", {}).items():
         losses = ", ".join(f"{kind} {v:.3f}" for kind, v in sel["cv_log_loss"].items())
         why = f" (cross-validated log loss on the fitted half, by video: {losses})" if losses else " (asked for)"

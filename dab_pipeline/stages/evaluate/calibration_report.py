@@ -48,7 +48,7 @@ def _sets(
     out: dict[str, Any] = {}
     bands = None
     if cal.groups is not None and (texts is not None or "length" not in cal.groups["bands"]):
-        margin = query_features(cost, cal.temperature, cal.k, k0=cal.k0).column("margin")
+        margin = query_features(cost, cal.temperature, cal.first_k, k0=cal.k0).column("margin")
         bands = query_groups(cal, margin, tv, texts)
     for score in cal.conformal:
         for coverage in REPORT_COVERAGES:
@@ -111,21 +111,23 @@ def calibration_section(
         progress(Event("warning", message=f"{problem}; no calibration section"))
         return None
     tv = (cm.extras or {}).get("text_var") if "normalized" in cal.conformal else None  # a variance calibration
-    feats = query_features(cost, cal.temperature, cal.k, None if tv is None else np.asarray(tv, np.float64), cal.k0)
-    first, first_k = first_hit_outcomes(cost, gt, cal.k)
+    feats = query_features(
+        cost, cal.temperature, cal.first_k, None if tv is None else np.asarray(tv, np.float64), cal.k0
+    )
+    first, in_first_k = first_hit_outcomes(cost, gt, cal.first_k)
     p1, pk = nested_probabilities(cal.maps["first"], cal.maps["first_k"], feats)
     probs = {
         "first": {
             "calibrated": p1,
             "margin_sigmoid": cal.maps["margin_sigmoid"].predict(feats),
-            "softmax": feats.column("p_first"),
+            "softmax": feats.column("softmax_first"),
         },
-        "first_k": {"calibrated": pk, "softmax": feats.column("p_first_k")},
+        "first_k": {"calibrated": pk, "softmax": feats.column("softmax_first_k")},
     }
-    outcome = {"first": first, "first_k": first_k}
+    outcome = {"first": first, "first_k": in_first_k}
     section: dict[str, Any] = {
         "method": cal.method,
-        "k": cal.k,
+        "first_k": cal.first_k,
         "calibrated_on": {
             "split": cal.provenance.get("split"),
             "queries": cal.queries,
