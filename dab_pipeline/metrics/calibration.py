@@ -4,7 +4,7 @@ score, log loss, AUROC of correctness and the reliability diagram's bins.
 Plain numpy, so that ``dab evaluate`` reads a calibrated run without scikit-learn; each function is tested
 against a loop and, where scikit-learn has it (Brier, log loss, AUROC), against scikit-learn
 (tests/metrics/test_calibration_measures.py). ECE is in neither scikit-learn nor numpy; its definition here is
-Guo et al. 2017's (the bins' weighted mean |accuracy - confidence|), with the two binnings of Nixon et al. 2019.
+Guo et al. 2017's (the bins' weighted mean |accuracy - mean probability|, their "confidence"), with the two binnings of Nixon et al. 2019.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class ReliabilityBins:
 
     lower: np.ndarray  # (B,) each bin's lower edge
     upper: np.ndarray  # (B,)
-    confidence: np.ndarray  # (B,) mean predicted probability
+    mean_probability: np.ndarray  # (B,) the bin's mean predicted probability
     accuracy: np.ndarray  # (B,) share of the bin's queries that were correct
     count: np.ndarray  # (B,) int
 
@@ -83,7 +83,7 @@ def reliability_bins(prob, correct, bins: int = 15, binning: str = "width") -> R
 def expected_calibration_error(prob, correct, bins: int = 15, binning: str = "width") -> float:
     """ECE: sum over bins of (bin size / Q) * |accuracy - mean probability|."""
     r = reliability_bins(prob, correct, bins, binning)
-    return float(np.sum(r.count * np.abs(r.accuracy - r.confidence)) / r.count.sum())
+    return float(np.sum(r.count * np.abs(r.accuracy - r.mean_probability)) / r.count.sum())
 
 
 def brier_score(prob, correct) -> float:

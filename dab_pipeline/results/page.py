@@ -1,8 +1,8 @@
 """Result pages a person opens: retrieved videos as thumbnails, in one self-contained HTML file.
 
-For a sample of queries (chosen across the confidence range, failures included) a page shows
+For a sample of queries (chosen across the KL margin's range, failures included) a page shows
 the caption, the ground-truth video and its rank, the top-k videos with their thumbnails,
-costs and captions, the KL-margin confidence, and a Figure 5-style plot of the query's costs
+costs and captions, the KL margin, and a Figure 5-style plot of the query's costs
 over every video (sorted, ground truth and top-k marked). Images are inline (data URIs): no
 network, no server. Rendered with jinja2 (``templates/examples.html.j2``), plots with matplotlib.
 """

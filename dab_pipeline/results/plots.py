@@ -91,8 +91,9 @@ def plot_reliability(bins: dict[str, dict[str, list]], path: Path) -> None:
         count = np.asarray(b["count"], np.float64)
         size = 20.0 + 200.0 * count / max(float(count.sum()), 1.0)
         colour = ["tab:blue", "tab:orange", "tab:green", "tab:red"][i % 4]
-        ax.plot(b["confidence"], b["accuracy"], color=colour, marker=None, linewidth=1)
-        ax.scatter(b["confidence"], b["accuracy"], s=size, color=colour, label=name, alpha=0.7)
+        mean = b.get("mean_probability", b.get("confidence"))  # confidence: metrics.json's former key
+        ax.plot(mean, b["accuracy"], color=colour, marker=None, linewidth=1)
+        ax.scatter(mean, b["accuracy"], s=size, color=colour, label=name, alpha=0.7)
     ax.set_xlim(0.0, 1.0)
     ax.set_ylim(0.0, 1.0)
     ax.set_xlabel("predicted P(the first hit is a match)")

@@ -26,7 +26,7 @@ class SearchHit:
 
 @dataclass
 class SearchResult:
-    """A query's ranked videos and its confidence."""
+    """A query's ranked videos and its margin."""
 
     query: str
     hits: list[SearchHit]

@@ -145,7 +145,7 @@ def calibration_section(
     for name, p in probs["first"].items():
         r = reliability_bins(p, first, 15, "width")
         section["reliability"][name] = {
-            "confidence": r.confidence.tolist(),
+            "mean_probability": r.mean_probability.tolist(),
             "accuracy": r.accuracy.tolist(),
             "count": r.count.tolist(),
         }

@@ -37,7 +37,7 @@ def store_context(
 def write_examples(
     path: Path, cfg: EvaluateConfig, cm, cost: np.ndarray, gt: np.ndarray, results: dict, store_path: Optional[Path]
 ) -> Path:
-    """examples.html: a seeded sample of queries across the confidence range, with thumbnails."""
+    """examples.html: a seeded sample of queries across the margin's range, with thumbnails."""
     picks = select_queries(cost, gt, cfg.examples, seed=cfg.seed)
     videos = np.asarray(cm.video_ids)
     thumbs, captions, texts = store_context(store_path, videos, np.asarray(cm.query_ids)[picks])
@@ -51,7 +51,7 @@ def write_examples(
         ("recipe", _recipe_of(cfg)),
         ("queries x videos", f"{results['queries']} x {results['videos']}"),
         ("text-to-video", f"R@1 {t2v['R@1']:.1f}, R@5 {t2v['R@5']:.1f}, R@10 {t2v['R@10']:.1f}, MnR {t2v['MnR']:.1f}"),
-        ("shown", f"{len(picks)} queries across the confidence range (seed {cfg.seed}), failures included"),
+        ("shown", f"{len(picks)} queries across the margin's range (seed {cfg.seed}), failures included"),
         ("thumbnails", "from " + str(store_path) if any(thumbs.values()) else "none in the store"),
     ]
     return render_page(

@@ -41,7 +41,7 @@ class ServeSettings:
     max_k: int = SERVE_MAX_K
     shortlist: Optional[int] = None  # videos re-ranked a query (None: the Searcher's default)
     max_query_chars: int = 500
-    abstain_below: Optional[float] = None  # confidence (margin) under which a query is flagged
+    abstain_below: Optional[float] = None  # the margin under which a query is flagged
     descriptions: dict = field(default_factory=dict)
     title: str = "dab search"
     max_batch: int = 16  # queries answered in one call at most (1: one at a time)
@@ -49,7 +49,7 @@ class ServeSettings:
 
     def __post_init__(self) -> None:
         if self.abstain_below is not None and not math.isfinite(self.abstain_below):
-            raise ConfigError(f"abstain_below must be a finite confidence (a KL margin), got {self.abstain_below}")
+            raise ConfigError(f"abstain_below must be a finite margin, got {self.abstain_below}")
         if not (math.isfinite(self.batch_wait_ms) and 0 <= self.batch_wait_ms <= MAX_BATCH_WAIT_MS):
             raise ConfigError(f"batch_wait_ms must be within 0..{MAX_BATCH_WAIT_MS:g} ms, got {self.batch_wait_ms}")
         for name in ("k", "max_k", "max_query_chars", "max_batch"):
