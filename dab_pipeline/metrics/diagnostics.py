@@ -68,9 +68,9 @@ def semantic_neighbourhood(
     one seeded random top-k per query as a check on that formula.
 
     cost (Q, V), gt (Q,), video_features (V, D) (frame-mean CLIP features).
-    Returns ``{"topk": k, "counts_gt": False, "rows": [{"tau", "model",
-    "random", "random_sampled", "ratio"}, ...]}``, a row per threshold; its
-    key stays ``"tau"``, as metrics.json has always written it.
+    Returns ``{"k": k, "counts_gt": False, "rows": [{"cosine", "model",
+    "random", "random_sampled", "ratio"}, ...]}``, a row per threshold (metrics.json
+    wrote ``"topk"`` and ``"tau"`` before issue 62; report.md still reads them).
     """
     c = as_cost(cost)
     q_count, v_count = c.shape
@@ -90,14 +90,14 @@ def semantic_neighbourhood(
         rand = random_sum[i] / q_count
         rows_out.append(
             {
-                "tau": float(threshold),  # the key metrics.json has (a cosine threshold, not a temperature)
+                "cosine": float(threshold),  # the threshold ("tau" in metrics.json before issue 62)
                 "model": float(model),
                 "random": float(rand),
                 "random_sampled": float(sampled_sum[i] / q_count),
                 "ratio": float(model / rand) if rand > 0 else None,
             }
         )
-    return {"topk": k, "counts_gt": False, "seed": int(seed), "rows": rows_out}
+    return {"k": k, "counts_gt": False, "seed": int(seed), "rows": rows_out}
 
 
 def _unit_features(video_features: Any, cost_shape: tuple[int, int]) -> np.ndarray:
@@ -251,7 +251,7 @@ def mixture_topk_components(component: Any, cost: Any, k: int = 10) -> dict[str,
 
     component (Q, V) int: the text component that matches each pair best (``PairTerms.component``); only each
     row's top-k entries are read, so a caller may fill the rest with -1.  cost (Q, V): the top-k are the k lowest
-    costs, ties broken by the lower index (:func:`topk_videos`).  Returns ``{"topk": k, "mixed_share": the share of
+    costs, ties broken by the lower index (:func:`topk_videos`).  Returns ``{"k": k, "mixed_share": the share of
     queries whose top k hold more than one best component, "distinct_mean": the mean number of distinct best
     components in a query's top k}`` (1 and 0 when one component matches every retrieved video).
     """
@@ -264,7 +264,7 @@ def mixture_topk_components(component: Any, cost: Any, k: int = 10) -> dict[str,
     if (chosen < 0).any():
         raise ConfigError("component has no entry (< 0) at some query's top-k videos")
     distinct = 1 + np.count_nonzero(np.diff(chosen, axis=1), axis=1)  # (Q,)
-    return {"topk": int(k), "mixed_share": float(np.mean(distinct > 1)), "distinct_mean": float(distinct.mean())}
+    return {"k": int(k), "mixed_share": float(np.mean(distinct > 1)), "distinct_mean": float(distinct.mean())}
 
 
 def subspace_share(spread: Any, factor: Any, center: bool = True) -> dict[str, Any]:

@@ -229,7 +229,7 @@ def _md_covariance(results: dict[str, Any]) -> list[str]:
             ["mean log det(I + U^T S^-1 U)", _fmt_opt(logdet.get("lowrank_part"), ".3f")],
         ]
         return lines + [md_table(["", "value"], rows), ""]
-    k = cov.get("topk", "?")
+    k = cov.get("k", cov.get("topk", "?"))  # topk: metrics.json's key before issue 62
     weights = " / ".join(_fmt_opt(w, ".3f") for w in cov.get("weights", []))
     ranked = " / ".join(_fmt_opt(w, ".3f") for w in cov.get("ranked_weights", []))
     rows = [
@@ -312,7 +312,7 @@ def _md_neighbourhood(results: dict[str, Any]) -> list[str]:
     neighbourhood = results.get("neighbourhood")
     if not (isinstance(neighbourhood, dict) and neighbourhood.get("rows")):
         return []
-    k = neighbourhood.get("topk", "?")
+    k = neighbourhood.get("k", neighbourhood.get("topk", "?"))  # topk, tau: its keys before issue 62
     gt_note = "counted" if neighbourhood.get("counts_gt") else "not counted"
     note = (
         f"Mean number of top-{k} videos whose cosine to the ground-truth video is at least the threshold "
@@ -321,7 +321,7 @@ def _md_neighbourhood(results: dict[str, Any]) -> list[str]:
     headers = ["cosine >=", "Model", "Random", "Random (sampled)", "Model / random"]
     rows = [
         [
-            f"{r['tau']:g}",
+            f"{r.get('cosine', r.get('tau')):g}",
             f"{r['model']:.3f}",
             f"{r['random']:.3f}",
             _fmt_opt(r.get("random_sampled"), ".3f"),

@@ -414,8 +414,8 @@ def test_semantic_neighbourhood_hand_case():
     )
     gt = np.array([0, 2])
     out = M.semantic_neighbourhood(cost, gt, feats, cosine_thresholds=(0.7, 0.9), k=3, seed=0)
-    assert out["topk"] == 3 and out["counts_gt"] is False
-    rows = {r["tau"]: r for r in out["rows"]}
+    assert out["k"] == 3 and out["counts_gt"] is False
+    rows = {r["cosine"]: r for r in out["rows"]}
     # q0: positives {v1, v2} at .7, {v1} at .9; only v1 is retrieved (gt v0 is not counted).
     # q1: positives {v0, v1} at .7, {v1} at .9; none retrieved.
     assert rows[0.7]["model"] == pytest.approx(0.5)
@@ -436,7 +436,7 @@ def test_semantic_neighbourhood_ties_by_index_and_sampling_check():
     unit = feats / np.linalg.norm(feats, axis=1, keepdims=True)
     cos = unit[gt] @ unit.T
     for row in out["rows"]:
-        pos = (cos >= row["tau"]) & (np.arange(v)[None, :] != gt[:, None])
+        pos = (cos >= row["cosine"]) & (np.arange(v)[None, :] != gt[:, None])
         assert row["model"] == pytest.approx(pos[:, :5].sum(axis=1).mean())
         assert row["random"] == pytest.approx(pos.sum(axis=1).mean() * 5 / v)
         # One sampled random top-k per query: close to the exact expectation.
@@ -653,8 +653,8 @@ def test_mixture_topk_components_against_a_naive_loop() -> None:
     for k in (1, 3, 10, 12):
         got = M.mixture_topk_components(component, cost, k=k)
         mixed, distinct = naive_topk_components(component, cost, k)
-        assert got["topk"] == k and got["mixed_share"] == pytest.approx(mixed) and got["distinct_mean"] == distinct
-    assert M.mixture_topk_components(component, cost, k=1) == {"topk": 1, "mixed_share": 0.0, "distinct_mean": 1.0}
+        assert got["k"] == k and got["mixed_share"] == pytest.approx(mixed) and got["distinct_mean"] == distinct
+    assert M.mixture_topk_components(component, cost, k=1) == {"k": 1, "mixed_share": 0.0, "distinct_mean": 1.0}
     # only the top-k entries are read: -1 elsewhere gives the same answer
     top = M.topk_videos(cost, 4)
     sparse = np.full_like(component, -1)

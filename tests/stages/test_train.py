@@ -645,7 +645,7 @@ def check_covariance_report(out: Path, cov: str, cm, store: Path) -> None:
         assert block["logdet"]["lowrank_part"] > 0 and block["logdet"]["std"] >= 0
         assert "share of the text variance in U U^T" in report
         return
-    assert block["components"] == int(n) and block["topk"] == 5  # the test split has 5 videos
+    assert block["components"] == int(n) and block["k"] == 5  # the test split has 5 videos
     assert sum(block["weights"]) == pytest.approx(1.0) and block["weights"] == sorted(block["weights"], reverse=True)
     assert block["ranked_weights"][0] >= 1 / int(n) and 0 <= block["entropy"] <= 1
     assert 0 <= block["mixed_share"] <= 1 and 1 <= block["distinct_mean"] <= int(n)

@@ -155,8 +155,8 @@ def _print_metrics(res: dict) -> None:
     nb = res.get("neighbourhood")
     if nb:
         con.print(
-            f"semantic positives in top-{nb['topk']} (model / random): "
-            + ", ".join(f"cosine >= {r['tau']}: {r['model']:.2f} / {r['random']:.2f}" for r in nb["rows"])
+            f"semantic positives in top-{nb['k']} (model / random): "
+            + ", ".join(f"cosine >= {r['cosine']}: {r['model']:.2f} / {r['random']:.2f}" for r in nb["rows"])
         )
     _print_calibration(con, res.get("calibration"))
     con.print("wrote " + ", ".join(res.get("files", {}).values()))
