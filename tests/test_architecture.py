@@ -536,6 +536,28 @@ def _cli_words() -> set[str]:
     return words
 
 
+def _held() -> dict[str, dict[str, set[str]]]:
+    """Each class of dab_pipeline/ by name -> each name it holds -> how: "field" (annotated in its body), "self" (a
+    ``self.`` attribute a method sets), "method" or "argument" (of one of its methods)."""
+    held: dict[str, dict[str, set[str]]] = {}
+    for p in (REPO / "dab_pipeline").rglob("*.py"):
+        for cls in [n for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.ClassDef)]:
+            names = held.setdefault(cls.name, {})
+            for st in cls.body:
+                if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name):
+                    names.setdefault(st.target.id, set()).add("field")
+                if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    names.setdefault(st.name, set()).add("method")
+                    for a in st.args.args + st.args.kwonlyargs:
+                        names.setdefault(a.arg, set()).add("argument")
+                    for node in ast.walk(st):
+                        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+                        for t in targets:
+                            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                                names.setdefault(t.attr, set()).add("self")
+    return held
+
+
 def test_the_glossary_names_exist_and_retired_names_are_gone() -> None:
     rows = _md_table(ARCH.read_text(), "## Glossary")
     assert len(rows) >= 20
@@ -544,6 +566,7 @@ def test_the_glossary_names_exist_and_retired_names_are_gone() -> None:
         sources[p.relative_to(REPO).as_posix()] = p.read_text().splitlines()
     shim = re.compile(r"register_deprecations|one release|former")
     excused = set()  # retired names found on shim lines: the patterns do find them
+    held = _held()
     for concept, in_code, on_cli, retired in rows:
         for name in re.findall(r"`([^`]+)`", in_code):
             if name.endswith(".py"):
@@ -556,6 +579,11 @@ def test_the_glossary_names_exist_and_retired_names_are_gone() -> None:
         for old in re.findall(r"`([^`]+)`", retired):
             if old.endswith(".py"):  # a retired module path
                 assert not [p for p in (REPO / "dab_pipeline").rglob("*.py") if p.as_posix().endswith("/" + old)], old
+                continue
+            member = re.fullmatch(r"([A-Z]\w*)\.(\w+)", old)
+            if member:  # a class's member: by what the class holds (a token would find x.k of another class)
+                cls, name = member.groups()
+                assert name not in held.get(cls, {}), f"{concept}: {cls} still holds {name} ({held[cls][name]})"
                 continue
             if re.fullmatch(r"[\w.]+=?", old):  # a name: an attribute or def of a dotted one, a keyword
                 token = old.split(".")[-1]
@@ -571,6 +599,29 @@ def test_the_glossary_names_exist_and_retired_names_are_gone() -> None:
                     elif pattern.search(line):
                         excused.add(old)
     assert {"--topk", '"confidence": margin'} <= excused, excused
+
+
+def test_a_name_objects_hold_means_one_thing() -> None:
+    """Issue 62, item 4: the classes that hold a name of docs/architecture.md's table (as a field or a ``self.``
+    attribute) are the ones it lists, so ``k`` is the hits wherever an object holds it (and the pooling's keys),
+    ``first_k`` calibrate's, ``shortlist`` the first stage's K."""
+    held = _held()
+    for name, _what, holders in _md_table(ARCH.read_text(), "Some names are held by objects"):
+        name = name.strip("`")
+        found = {cls for cls, names in held.items() if names.get(name, set()) & {"field", "self"}}
+        assert found == set(re.findall(r"`(\w+)`", holders)), (name, found)
+
+
+def test_a_feature_is_not_named_as_the_probability_made_of_it() -> None:
+    """Issue 62, item 4: a calibration's features (softmax_first, ...) are not named as the calibrated probabilities
+    a search answers with (p_first, p_first_k), nor the fields of its answer."""
+    from dataclasses import fields
+
+    from dab_pipeline.calibration import QueryUncertainty
+    from dab_pipeline.calibration.features import feature_names
+
+    answer = {f.name for f in fields(QueryUncertainty)}
+    assert {"p_first", "p_first_k"} <= answer and not set(feature_names(5, True)) & answer
 
 
 def test_every_deprecation_is_listed_with_why() -> None:

@@ -113,7 +113,7 @@ class MixtureHead(nn.Module):
 
     def __init__(self, dim: int, components: int, logvar_init: float, logvar_min: float, logvar_max: float) -> None:
         super().__init__()
-        self.k = components
+        self.components = components
         self.logvar_min, self.logvar_max = logvar_min, logvar_max
         self.offset = nn.Linear(dim, dim * components)
         self.logvar_offset = nn.Linear(dim, dim * components)
@@ -127,8 +127,8 @@ class MixtureHead(nn.Module):
 
     def forward(self, h: Tensor, mu: Tensor, logvar: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """h, mu, logvar (..., D) -> component means and log-variances (..., K, D), weight logits (..., K)."""
-        mu_k = mu[..., None, :] + self.offset(h).unflatten(-1, (self.k, h.shape[-1]))  # (..., K, D)
-        lv_k = logvar[..., None, :] + self.logvar_offset(h).unflatten(-1, (self.k, h.shape[-1]))  # (..., K, D)
+        mu_k = mu[..., None, :] + self.offset(h).unflatten(-1, (self.components, h.shape[-1]))  # (..., K, D)
+        lv_k = logvar[..., None, :] + self.logvar_offset(h).unflatten(-1, (self.components, h.shape[-1]))  # (..., K, D)
         return mu_k, lv_k.clamp(self.logvar_min, self.logvar_max), self.weight(h)  # ..., (..., K)
 
 
