@@ -332,7 +332,8 @@ class AmxBridge:
         n_steps = len(runner.chi)
         for k in range(n_steps):
             if k > 0:
-                hb = ops.amx_linear_silu(s, self.w_state, runner.time_rows[k], target)  # silu(s W_s^T + time_k + target)
+                # silu(s W_s^T + time_k + target)
+                hb = ops.amx_linear_silu(s, self.w_state, runner.time_rows[k], target)
             for w, b in zip(self.mids, self.mid_biases):
                 hb = ops.amx_linear_silu(hb, w, b)
             ops.amx_linear_update_(
