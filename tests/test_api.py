@@ -41,6 +41,7 @@ def _demo_paths(folder: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path
     monkeypatch.chdir(folder)
     monkeypatch.setattr(demo, "_write_world", lambda preset, out: out / "world" / "captions.csv")
     monkeypatch.setattr(demo, "_every_validation_caption", lambda captions: captions)  # no world was written
+    monkeypatch.setattr(demo, "specific_caption", lambda captions_all: "a caption of the first test video")
     monkeypatch.setattr(demo, "_run", ran.append)
     assert demo.main([]) == 0
 
