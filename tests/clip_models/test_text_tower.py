@@ -31,7 +31,7 @@ def _manifest(bundle: cm.ClipBundle, **extra) -> dict:
     }
 
 
-@pytest.mark.parametrize("model", ["dab-tiny", "dab-tiny-quickgelu", "dab-world"])
+@pytest.mark.parametrize("model", ["dab-tiny-quickgelu", "dab-world"])  # GELU: dab-world; dab-tiny: the search tests
 def test_the_text_tower_gives_open_clips_features(model: str) -> None:
     full = cm.load_clip(model, None)
     alone = cm.load_text_clip(_manifest(full))
