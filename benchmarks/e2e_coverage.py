@@ -458,8 +458,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         shutil.rmtree(args.work, ignore_errors=True)  # the distractor store and the indexes
     report["cpu_seconds"] = time.process_time() - t0
     print(f"\n{report['cpu_seconds'] / 60:.1f} CPU-minutes in this process")
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1))
+    if args.json:  # allow_nan=False: a JSON of dab's holds no NaN or Infinity (a None where a value is missing)
+        args.json.write_text(json.dumps(report, indent=1, allow_nan=False))
     return 0
 
 
