@@ -57,3 +57,15 @@ def test_compare_fits_a_wide_table_into_120_columns_outside_a_terminal(tmp_path:
         assert f"{1977.1 + i:.1f}" in res.output
     for cell in ("98765.4", "12345.6", "12.3 %", "65.4 %", "1888.8"):
         assert cell in res.output, cell
+
+
+def test_evaluate_names_the_first_k_of_a_calibrated_run_in_either_spelling() -> None:
+    """metrics.json's calibration section writes first_k (issue 62; "k" before): the terminal names it either way."""
+    from rich.console import Console
+
+    from dab_pipeline.cli.commands import evaluating
+
+    for key in ("first_k", "k"):
+        con = Console(record=True, width=120)
+        evaluating._print_calibration(con, {key: 5, "method": "auto", "first": {}})
+        assert "P(a match in the first 5)" in con.export_text()

@@ -229,7 +229,7 @@ def _print_calibration(con, cal) -> None:
                     _figure(row.get("size_p90"), 0),
                 )
         con.print(t)
-    k = cal.get("k")
+    k = cal.get("first_k", cal.get("k"))  # metrics.json before issue 62 wrote "k"
     con.print(
         f"report.md: P(a match in the first {k}), reliability and any groups' coverage",
         highlight=False,
