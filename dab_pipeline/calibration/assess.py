@@ -105,6 +105,7 @@ def conformal_threshold(cal: Calibration, coverage: float, score: str) -> float:
         )
     key = ("marginal", score, coverage)
     if key not in cal.cache:
+        check_alpha(coverage, "coverage")  # a public function: checked once a calibration, as it is cached
         alpha = 1.0 - coverage
         rows = cal.quantile_rows()
         scores, w = cal.scores(score)[rows], np.asarray(cal.weights)[rows]
@@ -132,6 +133,8 @@ def risk_threshold(cal: Calibration, max_risk: float, delta: float) -> RiskThres
     in (0, 1) (an :class:`UncertaintyRequest`'s): computed once a calibration and kept in ``cal.cache``."""
     key = ("risk", max_risk, delta)
     if key not in cal.cache:
+        check_alpha(max_risk, "max-risk")  # a public function: checked once a calibration, as it is cached
+        check_alpha(delta, "delta")
         r, fit = cal.risk, cal.risk["fit"]
         order = risk_test_order(
             np.asarray(fit["confidence"], np.float64),
