@@ -127,3 +127,14 @@ def test_a_config_no_server_could_run_is_refused_when_built(values: dict, said: 
         ServeConfig("run", "store.h5", **values)
     cfg = ServeConfig("runs/dab", "store.h5", backend="ray", replicas=2)  # the ray backend's own options
     assert cfg.settings().title == "dab search: dab" and cfg.searcher_options().run == Path("runs/dab")
+
+
+def test_the_serve_configs_integers_are_ints_and_a_bad_one_is_one_line(tmp_path) -> None:
+    from dab_pipeline.core.errors import ConfigError
+    from dab_pipeline.stages.serve import ServeConfig
+
+    cfg = ServeConfig(run=tmp_path, features=tmp_path / "s.h5", port="8000", threads=2)
+    assert cfg.port == 8000 and isinstance(cfg.port, int)
+    for bad in ({"threads": 2.5}, {"port": "80a"}, {"replicas": True}):
+        with pytest.raises(ConfigError, match="must be an integer"):
+            ServeConfig(run=tmp_path, features=tmp_path / "s.h5", **bad)

@@ -53,10 +53,15 @@ class ServeConfig:
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, Path(getattr(self, name)))
         SERVE_BACKENDS.get(self.backend)  # an unknown name lists the valid ones
-        if not 0 <= int(self.port) <= 65535:
+        for name in ("port", "threads", "replicas", "shard_replicas"):  # kept as ints: a "8000" from Python too
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit():
+                raise ConfigError(f"{name} must be an integer, got {value!r}")
+            object.__setattr__(self, name, int(value))
+        if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be within 0..65535, got {self.port}")
         for name in ("threads", "replicas", "shard_replicas"):
-            if int(getattr(self, name)) < 1:
+            if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
         given = [n for n in RAY_ONLY if getattr(self, n) != getattr(ServeConfig, n)]
         if given and self.backend != "ray":
