@@ -133,9 +133,10 @@ def gallery(
     return Gallery(name, gt, gt, order, sl_cost, full, len(pos), temperature, diff)
 
 
-def shortlist_scores(g: Gallery, k: Optional[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def shortlist_scores(g: Gallery, k: Optional[int]) -> tuple[np.ndarray, ...]:
     """(the match's score (Q,), +inf where the first stage missed it; every scored video's score (Q, K); the costs
-    (Q, K), +inf where not scored) at shortlist ``k`` (None: every video, exhaustively)."""
+    (Q, K), +inf where not scored; the match's column (Q,), -1 where missed) at shortlist ``k`` (None: every video,
+    exhaustively)."""
     if k is None:
         cost, col, found = g.exhaustive, g.gt, np.ones(len(g.gt), bool)
     else:
@@ -143,7 +144,7 @@ def shortlist_scores(g: Gallery, k: Optional[int]) -> tuple[np.ndarray, np.ndarr
         hit = g.order[:, :k] == g.gt[:, None]  # (Q, K)
         col, found = hit.argmax(1), hit.any(1)
     own = np.where(found, true_video_scores(cost, col, g.temperature, None)[SCORE], np.inf)
-    return own, conformal_scores(cost_softmax(cost, g.temperature), SCORE), cost
+    return own, conformal_scores(cost_softmax(cost, g.temperature), SCORE), cost, np.where(found, col, -1)
 
 
 def halves(video: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -153,17 +154,19 @@ def halves(video: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return np.flatnonzero(cal), np.flatnonzero(~cal)
 
 
-def measure(own, s, cost, cal, ev, w, alpha) -> Optional[tuple[float, float]]:
+def measure(own, s, cost, match, cal, ev, w, alpha) -> Optional[tuple[float, float]]:
     """(coverage on ``ev``, mean set size) with the quantile of ``cal``; None where that quantile is infinite (the
     search refuses the coverage). A set holds the scored videos whose score is at most the quantile, and always the
-    first hit (metrics.conformal.conformal_sets)."""
+    first hit (metrics.conformal.conformal_sets); it covers where it holds the match (a missed match never)."""
     q = weighted_quantile(own[cal], alpha, w[cal])
     if not np.isfinite(q):
         return None
     c = cost[ev]  # (E, K)
     inside = (s[ev] <= q) & np.isfinite(c)  # (E, K)
     inside[np.arange(len(ev)), np.argmin(c, axis=1)] = True  # a shortlist always holds a scored first hit
-    return float(np.average(own[ev] <= q, weights=w[ev])), float(inside.sum(1).mean())
+    m = match[ev]  # (E,) the match's column, -1 where the first stage missed it
+    held = (m >= 0) & inside[np.arange(len(ev)), np.maximum(m, 0)]  # (E,) the returned set holds the match
+    return float(np.average(held, weights=w[ev])), float(inside.sum(1).mean())
 
 
 def coverage_rows(g: Gallery, grid: list[int], splits: int, cal_rows=None, ev_rows=None) -> dict[str, Any]:
@@ -182,14 +185,14 @@ def coverage_rows(g: Gallery, grid: list[int], splits: int, cal_rows=None, ev_ro
             else:  # a random half of the calibration videos, as dab calibrate halves them
                 cal = cal_rows[halves(g.video[cal_rows], seed)[0]]
                 ev = ev_rows
-            for k, (own, s, cost) in scored.items():
+            for k, (own, s, cost, match) in scored.items():
                 key = "exhaustive" if k is None else f"K = {k}"
-                got = measure(own, s, cost, cal, ev, w, alpha)
+                got = measure(own, s, cost, match, cal, ev, w, alpha)
                 _add(acc, key, got, k)
             fit, held = split_videos(g.video[cal], seed)  # calibrate's own split of the calibrating videos
             chosen, _ = choose_shortlist(g.order[cal[fit]], g.gt[cal[fit]], g.video[cal[fit]], grid, alpha)
-            own, s, cost = scored[chosen]
-            _add(acc, "K chosen", measure(own, s, cost, cal[held], ev, w, alpha), chosen)
+            own, s, cost, match = scored[chosen]
+            _add(acc, "K chosen", measure(own, s, cost, match, cal[held], ev, w, alpha), chosen)
         out[f"{alpha:g}"] = {key: _summary(v, alpha, g.videos) for key, v in acc.items()}
     return out
 
