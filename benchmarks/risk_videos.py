@@ -5,11 +5,13 @@ Ramdas's betting test of one statistic a video, metrics/risk.py), certifies that
 answered queries is at most A with probability 1 - delta. A video whose captions are mostly unanswered adds almost
 nothing to the test, so its power grows with the number of videos times the share answered times the room below A.
 
-This script takes a run's calibration.json (its held-out and fitted halves' per-query confidence, outcome and video)
-and draws videos from it with replacement to make calibrations of ``n`` videos (half fitted, which orders the
-thresholds, half held out, which tests them, as ``dab calibrate`` does), ``--draws`` times per n: the share of draws
-that answer at all and the mean share of queries answered, per max risk. A draw re-uses the run's own videos, so
-the figures say what more videos *like these* would give, not what another model would.
+This script takes a run's calibration.json (its fitted and held-out halves' per-query confidence, outcome and video)
+and draws videos with replacement to make calibrations of ``n`` videos: half from the fitted half's videos (which
+order the thresholds, as ``dab calibrate`` orders them), half from the held-out half's (which test them; their
+confidences are out of sample), ``--draws`` times per n: the share of draws that answer at all, the mean share of
+queries answered, and how many distinct held-out source videos the answered queries come from, per max risk. A draw
+re-uses the run's own few videos (30 a half on the demo), so the figures say what more videos *like these* would
+give, a rough guide, not what another split or model would.
 
     python benchmarks/risk_videos.py --calibration demo_out/runs/dab/calibration.json
         [--videos 60 250 500 1000 2000 4000] [--risks 0.2 0.3 0.5] [--draws 8] [--delta 0.05]
@@ -27,15 +29,19 @@ import numpy as np
 
 from dab_pipeline.metrics.risk import learn_then_test, risk_test_order
 
+Half = tuple[np.ndarray, np.ndarray, list[np.ndarray]]  # confidence (Q,), correct (Q,), each video's rows
 
-def outcomes(calibration: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(confidence, correct, video) of every calibration query, both halves, the video ids kept distinct."""
+
+def halves(calibration: Path) -> tuple[Half, Half]:
+    """(fitted, held-out): each half's confidence, outcome and the rows of each of its videos."""
     risk = json.loads(calibration.read_text())["risk"]
-    parts = [risk, risk["fit"]]
-    conf = np.concatenate([np.asarray(p["confidence"], np.float64) for p in parts])
-    ok = np.concatenate([np.asarray(p["correct"], bool) for p in parts])
-    video = np.concatenate([np.asarray(p["video"]).astype(str) for p in parts])
-    return conf, ok, video
+
+    def half(p: dict) -> Half:
+        video = np.asarray(p["video"]).astype(str)
+        rows = [np.flatnonzero(video == v) for v in np.unique(video)]
+        return np.asarray(p["confidence"], np.float64), np.asarray(p["correct"], bool), rows
+
+    return half(risk["fit"]), half(risk)
 
 
 def draw(groups: list[np.ndarray], n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -45,20 +51,25 @@ def draw(groups: list[np.ndarray], n: int, rng: np.random.Generator) -> tuple[np
     return np.concatenate(rows), np.repeat(np.arange(n), [len(r) for r in rows])
 
 
-def answered(conf, ok, video, n: int, risk: float, delta: float, draws: int, seed: int = 0) -> tuple[float, float]:
-    """(share of draws answering any query, mean share of held-out queries answered) at ``n`` videos."""
-    groups = [np.flatnonzero(video == v) for v in np.unique(video)]
+def answered(fit: Half, held: Half, n: int, risk: float, delta: float, draws: int, seed: int = 0) -> tuple:
+    """(share of draws answering any query, mean share of held-out queries answered, mean number of distinct held-out
+    source videos among the answered) at ``n`` videos."""
     rng = np.random.default_rng(seed)
-    any_, share = 0, []
+    any_, share, sources = 0, [], []
     for _ in range(draws):
-        fit, fv = draw(groups, n // 2, rng)
-        held, hv = draw(groups, n - n // 2, rng)
-        order = risk_test_order(conf[fit], ok[fit], fv, risk, delta)
-        t = learn_then_test(conf[held], ok[held], risk, delta, video=hv, order=order)
-        got = t.answered / len(held) if t.threshold is not None else 0.0
+        f, fv = draw(fit[2], n // 2, rng)
+        h, hv = draw(held[2], n - n // 2, rng)
+        order = risk_test_order(fit[0][f], fit[1][f], fv, risk, delta)
+        t = learn_then_test(held[0][h], held[1][h], risk, delta, video=hv, order=order)
+        got = t.answered / len(h) if t.threshold is not None else 0.0
         any_ += got > 0
         share.append(got)
-    return any_ / draws, float(np.mean(share))
+        if t.threshold is not None:  # which of the held-out half's own videos the answered queries are captions of
+            source = np.concatenate([np.full(len(r), i) for i, r in enumerate(held[2])])
+            of_row = np.empty(len(held[0]), np.int64)
+            of_row[np.concatenate(held[2])] = source
+            sources.append(len(np.unique(of_row[h[held[0][h] >= t.threshold]])))
+    return any_ / draws, float(np.mean(share)), float(np.mean(sources)) if sources else 0.0
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -69,20 +80,21 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--draws", type=int, default=8)
     ap.add_argument("--delta", type=float, default=0.05)
     args = ap.parse_args(argv)
-    conf, ok, video = outcomes(args.calibration)
+    fit, held = halves(args.calibration)
     print(
-        f"{args.calibration}: {len(conf)} queries of {len(np.unique(video))} videos, first hit right "
-        f"{ok.mean():.3f}; {args.draws} draws a cell, delta {args.delta}"
+        f"{args.calibration}: {len(fit[0])} fitted queries of {len(fit[2])} videos, {len(held[0])} held out of "
+        f"{len(held[2])}, first hit right {np.concatenate([fit[1], held[1]]).mean():.3f}; {args.draws} draws a cell, "
+        f"delta {args.delta}; a cell: draws answering, mean share answered, distinct held-out source videos answered"
     )
     print(
         "| videos (half held out) | "
-        + " | ".join(f"max risk {r:g}: draws answering, mean answered" for r in args.risks)
+        + " | ".join(f"max risk {r:g}" for r in args.risks)
         + " |"
     )
     print("|---|" + "---|" * len(args.risks))
     for n in args.videos:
-        cells = [answered(conf, ok, video, n, r, args.delta, args.draws) for r in args.risks]
-        print(f"| {n} | " + " | ".join(f"{a:.2f}, {s:.3f}" for a, s in cells) + " |", flush=True)
+        cells = [answered(fit, held, n, r, args.delta, args.draws) for r in args.risks]
+        print(f"| {n} | " + " | ".join(f"{a:.2f}, {s:.3f}, {v:.1f}" for a, s, v in cells) + " |", flush=True)
     return 0
 
 

@@ -228,7 +228,7 @@ def _search(run: str, store: Path, out: Path, specific: str) -> None:
     _say(
         "a vague query gets a long set and a low P(first); one that says what a video shows a shorter set and a "
         f"higher one. At max risk {DEMO_MAX_RISK} nothing is answered: with the video as the unit, the risk test "
-        "needs about 2,000 validation videos of this model's accuracy before it answers any query (the demo has 60; "
+        "needs about 2,000 validation videos like these before it answers even 2 % of queries (the demo has 60; "
         "benchmarks/risk_videos.py, docs/uncertainty.md)"
     )
 
