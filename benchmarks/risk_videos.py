@@ -86,11 +86,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         f"{len(held[2])}, first hit right {np.concatenate([fit[1], held[1]]).mean():.3f}; {args.draws} draws a cell, "
         f"delta {args.delta}; a cell: draws answering, mean share answered, distinct held-out source videos answered"
     )
-    print(
-        "| videos (half held out) | "
-        + " | ".join(f"max risk {r:g}" for r in args.risks)
-        + " |"
-    )
+    print("| videos (half held out) | " + " | ".join(f"max risk {r:g}" for r in args.risks) + " |")
     print("|---|" + "---|" * len(args.risks))
     for n in args.videos:
         cells = [answered(fit, held, n, r, args.delta, args.draws) for r in args.risks]
