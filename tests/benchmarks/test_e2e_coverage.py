@@ -26,7 +26,7 @@ def _lossy_gallery(bench, seed: int = 3):
 def test_the_chosen_shortlist_covers_end_to_end_and_a_short_one_is_refused() -> None:
     bench = load_benchmark("e2e_coverage")
     g = _lossy_gallery(bench)
-    rows = bench.coverage_rows(g, [20, 50, 100, 200], splits=40)
+    rows = bench.coverage_rows(g, [20, 50, 100, 200], splits=20)
     for alpha in ("0.2", "0.1"):
         r = rows[alpha]
         for key in ("exhaustive", "K chosen"):
