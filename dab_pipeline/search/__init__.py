@@ -3,12 +3,12 @@ store's CLIP and (optionally) a ``dab index`` folder once and ranks queries; ``d
 (``dab_pipeline.stages``) are its two users."""
 
 from .descriptions import load_descriptions  # noqa: F401
+from .query_encoder import encode_queries  # noqa: F401
 from .results import SearchHit, SearchResult, check_queries, result_payload, uncertainty_payload  # noqa: F401
 from .searcher import (  # noqa: F401
     DEFAULT_SHORTLIST,
     Searcher,
     SearcherOptions,
-    encode_queries,
     open_searcher,
 )
 

@@ -31,11 +31,10 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from .. import clip_models
 from ..calibration import UncertaintyRequest
-from ..clip_models import check_store_weights, encode_queries_short, load_text_clip, unknown_words, unknown_words_line
+from ..clip_models import encode_queries_short, unknown_words, unknown_words_line
 from ..core.choices import DEFAULT_SCORE_DTYPE
-from ..core.errors import ConfigError, StoreError, UnknownNameError, WeightsError
+from ..core.errors import ConfigError, StoreError
 from ..core.fsutil import sha256_file
 from ..core.location import StoreURL, location
 from ..index import VECTOR_KINDS, VideoIndex, load_index, query_vectors
@@ -47,42 +46,10 @@ from ..scoring.first_stage import check_shortlist
 from ..store import open_store, split_rows, store_fingerprint
 from .calibrated import CalibratedSearch
 from .pairs import score_shortlists
+from .query_encoder import load_query_clip
 from .results import Ranked, SearchResult, check_queries, make_result, tick
 
-__all__ = ["Searcher", "SearcherOptions", "open_searcher", "encode_queries", "DEFAULT_SHORTLIST"]
-
-
-def _query_clip(manifest: dict, device: str | torch.device):
-    """The CLIP model and weights the store was built with, checked against the store's record."""
-    name, pretrained = manifest.get("model"), manifest.get("pretrained")
-    if not name:
-        raise StoreError("the store's manifest names no CLIP model; cannot encode a query in its feature space")
-    try:
-        # its text tower alone where that is the same model (the query path then never imports open_clip, whose
-        # package imports torchvision and timm: ~1.5 s of CPU); else the whole CLIP (clip_models.load imports it)
-        bundle = load_text_clip(manifest, device) or clip_models.load_clip(
-            name, pretrained, device=device, dtype="float32"
-        )
-    except (WeightsError, UnknownNameError) as exc:
-        raise WeightsError(
-            f"dab search encodes the query with the store's CLIP model {name} (pretrained={pretrained!r}) and needs "
-            f"its weights, which are not available here: {exc}"
-        ) from None
-    check_store_weights(bundle, manifest, "a query encoded with them would not match the stored features")
-    # a query needs the text tower only: the vision tower's weights (ViT-B/32: 88M parameters, 350 MB in
-    # float32) would only fill a server's memory
-    if hasattr(bundle.model, "visual"):
-        bundle.model.visual = None
-    return bundle
-
-
-def encode_queries(manifest: dict, queries: Sequence[str], device: str | torch.device = "cpu") -> torch.Tensor:
-    """Encode free-text queries with the CLIP model and weights the store was built with -> (M, D) float32.
-
-    Raises :class:`WeightsError` (one line) when those weights are not available here
-    or differ from the ones the store recorded.
-    """
-    return encode_queries_short(_query_clip(manifest, device), list(queries))  # (M, D)
+__all__ = ["Searcher", "SearcherOptions", "open_searcher", "DEFAULT_SHORTLIST"]
 
 
 class Searcher(CalibratedSearch):
@@ -137,7 +104,7 @@ class Searcher(CalibratedSearch):
                 self.terms = self._terms_usable(warn)
             self._load_calibration(warn)
             # encoder=False: ranks given text features only (benchmarks of stores without a CLIP)
-            self.bundle = _query_clip(self.store.manifest, self.device) if encoder else None
+            self.bundle = load_query_clip(self.store.manifest, self.device) if encoder else None
         except BaseException:
             self.store.close()
             raise
