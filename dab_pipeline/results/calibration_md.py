@@ -15,6 +15,24 @@ def _row(name: str, r: dict[str, Any]) -> str:
     return "| " + " | ".join([name, *cells]) + " |"
 
 
+def probability_tables(cal: dict[str, Any]) -> dict[str, Any]:
+    """metrics.json's calibration section's two probability tables, {"first": ..., "first_k": ...}: nested under
+    "probabilities" since the integer k took the name "first_k"; at the top level in the files written before."""
+    nested = cal.get("probabilities")
+    if isinstance(nested, dict):
+        return nested
+    return {t: cal[t] for t in ("first", "first_k") if isinstance(cal.get(t), dict)}
+
+
+def first_k_of(cal: dict[str, Any]) -> Any:
+    """The k of P(a match in the first k) in metrics.json's calibration section: "first_k", or "k" in the files
+    written before issue 62 ("k" where the section has no integer: a file of the version that lost it)."""
+    for key in ("first_k", "k"):
+        if isinstance(cal.get(key), int):
+            return cal[key]
+    return "k"
+
+
 def md_calibration(results: dict[str, Any]) -> list[str]:
     cal = results.get("calibration")
     if not isinstance(cal, dict):
@@ -41,11 +59,12 @@ def md_calibration(results: dict[str, Any]) -> list[str]:
             "",
         ]
     head = "| probability | ECE | ECE (mass) | Brier | log loss | AUROC | mean p | accuracy |"
+    tables = probability_tables(cal)
     for target, title in (
         ("first", "P(the first hit is a match)"),
-        ("first_k", f"P(a match in the first {cal.get('first_k', cal.get('k'))})"),  # k: metrics.json's former key
+        ("first_k", f"P(a match in the first {first_k_of(cal)})"),
     ):
-        rows = cal.get(target) or {}
+        rows = tables.get(target) or {}
         out += [f"**{title}**", "", head, "|---|---|---|---|---|---|---|---|"]
         out += [_row(name, r) for name, r in rows.items()] + [""]
     out += _selection_and_top_bins(cal)

@@ -59,7 +59,7 @@ def test_compare_fits_a_wide_table_into_120_columns_outside_a_terminal(tmp_path:
         assert cell in res.output, cell
 
 
-def test_evaluate_names_the_first_k_of_a_calibrated_run_in_either_spelling() -> None:
+def test_evaluate_names_the_first_k_of_a_calibrated_run_in_any_spelling() -> None:
     """metrics.json's calibration section writes first_k (issue 62; "k" before): the terminal names it either way."""
     from rich.console import Console
 
@@ -67,5 +67,9 @@ def test_evaluate_names_the_first_k_of_a_calibrated_run_in_either_spelling() -> 
 
     for key in ("first_k", "k"):
         con = Console(record=True, width=120)
-        evaluating._print_calibration(con, {key: 5, "method": "auto", "first": {}})
+        evaluating._print_calibration(con, {key: 5, "method": "auto", "probabilities": {"first": {}}})
         assert "P(a match in the first 5)" in con.export_text()
+    # a file written while the table took the name first_k (and lost the integer): no table printed as a k
+    con = Console(record=True, width=120)
+    evaluating._print_calibration(con, {"method": "auto", "first": {}, "first_k": {"softmax": {"ece": 0.1}}})
+    assert "P(a match in the first k)" in con.export_text() and "{" not in con.export_text()

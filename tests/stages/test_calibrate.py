@@ -317,9 +317,12 @@ def test_evaluate_reports_a_calibrated_run_on_its_test_split(world: dict, tmp_pa
     run_calibrate(CalibrateConfig(run=run, device="cpu"))
     out = run_evaluate(EvaluateConfig(run=run, examples=0))
     cal = out["calibration"]
-    assert set(cal["first"]) == {"calibrated", "margin_sigmoid", "softmax"} and cal["test"]["queries"] == 40
-    assert 0 <= cal["first"]["calibrated"]["ece"] <= 1 and cal["sets"]["lac"]["0.9"]["size_mean"] >= 1
+    first = cal["probabilities"]["first"]
+    assert set(first) == {"calibrated", "margin_sigmoid", "softmax"} and cal["test"]["queries"] == 40
+    assert 0 <= first["calibrated"]["ece"] <= 1 and cal["sets"]["lac"]["0.9"]["size_mean"] >= 1
+    assert cal["first_k"] == 5 and set(cal["probabilities"]["first_k"]) == {"calibrated", "softmax"}
     report = (run / "report.md").read_text()
+    assert "**P(a match in the first 5)**" in report, report  # the integer k, not a table printed in its place
     assert "## Calibration (test split)" in report and (run / "reliability.png").stat().st_size > 0
     # the gallery is the one calibrated on here: no warning that the coverage is not guaranteed
     assert "not* guaranteed here" not in report

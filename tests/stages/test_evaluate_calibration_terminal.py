@@ -70,11 +70,14 @@ def test_evaluate_prints_the_calibration_of_a_calibrated_run(calibrated: Path) -
     header = next(x for x in lines if x.startswith("calibration (dab calibrate"))
     assert f"fitted on {cal['calibrated_on']['queries']} queries of split 'val'" in header, out.output
     assert "P(the first hit is a match), on the test queries" in out.output
-    for name, r in cal["first"].items():  # each probability's figures, as metrics.json holds them
+    assert cal["first_k"] == 5 and "P(a match in the first 5), reliability" in out.output, out.output  # the integer k
+    tables = cal["probabilities"]
+    assert set(tables) == {"first", "first_k"} and "{" not in out.output, out.output  # no dict printed as a k
+    for name, r in tables["first"].items():  # each probability's figures, as metrics.json holds them
         cells = _row(lines, name)
         want = ["-" if r[k] is None else f"{r[k]:.3f}" for k in ("ece", "ece_mass", "brier", "log_loss", "auroc")]
         assert cells[1:6] == want, (name, cells)
-    assert set(cal["first"]) == {"calibrated", "margin_sigmoid", "softmax"}
+    assert set(tables["first"]) == {"calibrated", "margin_sigmoid", "softmax"}
     assert "conformal sets on the test queries" in out.output
     rows = [(score, asked, s) for score, per in cal["sets"].items() for asked, s in per.items()]
     assert rows
@@ -96,13 +99,13 @@ def test_an_undefined_auroc_is_a_dash_and_a_run_without_calibration_prints_no_se
 
     results = json.loads((calibrated / "metrics.json").read_text())
     one_class = copy.deepcopy(results)
-    for r in one_class["calibration"]["first"].values():
+    for r in one_class["calibration"]["probabilities"]["first"].values():
         r["auroc"] = None
     monkeypatch.setattr(evaluate_stage, "run_evaluate", lambda cfg, progress=None: one_class)
     out = invoke(["evaluate", "--run", calibrated, "--examples", "0", "--no-plots"], catch_exceptions=False)
     assert out.exit_code == 0, out.output
     lines = _lines(out.output)
-    for name in one_class["calibration"]["first"]:
+    for name in one_class["calibration"]["probabilities"]["first"]:
         assert _row(lines, name)[5] == "-", out.output  # the AUROC column
     without = {k: v for k, v in results.items() if k != "calibration"}
     monkeypatch.setattr(evaluate_stage, "run_evaluate", lambda cfg, progress=None: without)

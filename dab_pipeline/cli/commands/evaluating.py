@@ -9,6 +9,7 @@ import click
 
 from ...core.choices import COST_KINDS, POSTPROCESS, V2T_CONVENTIONS
 from ...core.fsutil import atomic_write_text
+from ...results.calibration_md import first_k_of, probability_tables
 from ...results.published import published_line
 from .. import cli
 from ..progress import RichProgress
@@ -203,7 +204,7 @@ def _print_calibration(con, cal) -> None:
             highlight=False,
             markup=False,
         )
-    first = cal.get("first") or {}
+    first = probability_tables(cal).get("first") or {}
     if first:
         t = Table(title="P(the first hit is a match), on the test queries", title_justify="left")
         t.add_column("probability", no_wrap=True)
@@ -229,9 +230,8 @@ def _print_calibration(con, cal) -> None:
                     _figure(row.get("size_p90"), 0),
                 )
         con.print(t)
-    k = cal.get("first_k", cal.get("k"))  # metrics.json before issue 62 wrote "k"
     con.print(
-        f"report.md: P(a match in the first {k}), reliability and any groups' coverage",
+        f"report.md: P(a match in the first {first_k_of(cal)}), reliability and any groups' coverage",
         highlight=False,
         markup=False,
     )

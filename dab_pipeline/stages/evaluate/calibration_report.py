@@ -137,8 +137,11 @@ def calibration_section(
         # the cost file's videos are the gallery calibrated on (else the coverage is not guaranteed there)
         "same_gallery": cal.gallery.get("video_ids_sha256") == video_ids_digest(cm.video_ids),
     }
-    for target, named in probs.items():
-        section[target] = {name: calibration_report(p, outcome[target]) for name, p in named.items()}
+    # the two probabilities' tables nested: at the top, "first_k" is the integer k (as in calibration.json)
+    section["probabilities"] = {
+        target: {name: calibration_report(p, outcome[target]) for name, p in named.items()}
+        for target, named in probs.items()
+    }
     section["top_bins"] = {name: top_bins(p, first) for name, p in probs["first"].items() if name != "margin_sigmoid"}
     section["selection"] = cal.report.get("selection")
     section["reliability"] = {}
