@@ -49,9 +49,32 @@ def test_extract_and_inspect_fit_120_columns_in_a_log(tiny_folder_dataset: Path,
         elif key is not None:
             manifest[key] += " " + cells[1]
     assert manifest["model"] == "dab-tiny" and len(manifest["weights_sha256"]) == 64, manifest
-    assert "'frame_order': 'sequential decode order'" in manifest["decoder"], manifest
-    assert "'short_side': None}" in manifest["decoder"], manifest  # the decoder entry whole, wrapped
+    # the decoder's dict an entry a row (it was a Python repr, "{'backend': 'pyav', ...}"), None written "-"
+    assert manifest["decoder.frame_order"] == "sequential decode order", manifest
+    assert manifest["decoder.short_side"] == "-" and manifest["pretrained"] == "-", manifest
+    assert manifest["quick_gelu"] == "no", manifest
+    assert "open_clip's transform: PIL bicubic" in manifest["decoder.resize"], manifest  # wrapped, whole once joined
+    assert not any(c in v for v in manifest.values() for c in "{}[]"), manifest
+    assert not any(v in ("None", "True", "False") for v in manifest.values()), manifest
     assert "videos/frames" in res.output and "complete" in res.output
+
+
+def test_plain_rows_write_every_kind_of_value_without_a_repr() -> None:
+    """`dab inspect`'s manifest rows: a dict an entry a row (nested ones too), lists joined, None, bools and empty
+    containers as words, so that a key added to the manifest later reads as well as those there now."""
+    from dab_pipeline.cli.commands.output import plain, plain_rows
+
+    value = {"backend": "pyav", "short_side": None, "sizes": [224, 336], "nested": {"on": True}, "none": {}}
+    assert plain_rows("decoder", value) == [
+        ("decoder.backend", "pyav"),
+        ("decoder.short_side", "-"),
+        ("decoder.sizes", "224, 336"),
+        ("decoder.nested.on", "yes"),
+        ("decoder.none", "-"),
+    ]
+    assert plain_rows("trainable_blocks", None) == [("trainable_blocks", "-")]
+    assert plain_rows("frames", 12) == [("frames", "12")]
+    assert plain([]) == "-" and plain([{"a": 1, "b": False}, {"a": 2}]) == "a: 1, b: no; a: 2"
 
 
 def test_the_demos_commands_fit_120_columns_and_paste_back_as_typed() -> None:
@@ -71,3 +94,4 @@ def test_the_demos_commands_fit_120_columns_and_paste_back_as_typed() -> None:
     assert shlex.split(shown[2:].replace("\\\n", " ")) == ["dab", *args]
     assert any(f"--descriptions {folder}/world/descriptions.json" in x for x in lines), shown
     assert shell_lines(["inspect", "store.h5"]) == "$ dab inspect store.h5"
+

@@ -12,7 +12,7 @@ from ...core.errors import DatasetError
 from .. import cli
 from ..progress import RichProgress
 from .options import EXISTING, EXTRACT_TIMEOUT, NEW_STORE, PATH, typed
-from .output import console, echo_line, echo_survey, human_bytes, quiet_shared_errors
+from .output import console, echo_line, echo_survey, human_bytes, plain_rows, quiet_shared_errors
 
 
 @cli.command()
@@ -334,7 +334,9 @@ def _manifest_table(store: Path, manifest: dict):
     t.add_column(overflow="fold")  # a long value wraps between its words; a long word (a path) folds, whole
     for key in _MANIFEST_KEYS:
         if key in manifest:
-            t.add_row(key, str(manifest[key]))
+            # a dict entry per row (decoder.backend, ...), None "-", lists joined: no Python repr in the table
+            for name, text in plain_rows(key, manifest[key]):
+                t.add_row(name, text)
     return t
 
 

@@ -38,6 +38,31 @@ def cut_words(text: str, width: int) -> str:
     return head.rstrip(" ,;:") + "…"
 
 
+def plain(value) -> str:
+    """A value as a person reads it in a table or a log line, never a Python repr: None "-", a bool "yes" or "no",
+    a list its items joined with ", " (with "; " where an item is a dict), a dict ``key: value`` pairs joined with
+    ", ", and an empty list or dict "-"."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {plain(v)}" for k, v in value.items()) or "-"
+    if isinstance(value, (list, tuple)):
+        sep = "; " if any(isinstance(v, dict) for v in value) else ", "
+        return sep.join(plain(v) for v in value) or "-"
+    return str(value)
+
+
+def plain_rows(key: str, value) -> list[tuple[str, str]]:
+    """(name, text) rows of a two-column table for ``key``: a non-empty dict one row per entry, named
+    ``key.entry`` (nested dicts likewise), so that each reads, and can be grepped, on its own; any other value
+    one row, as :func:`plain` writes it."""
+    if isinstance(value, dict) and value:
+        return [row for k, v in value.items() for row in plain_rows(f"{key}.{k}", v)]
+    return [(key, plain(value))]
+
+
 @contextmanager
 def quiet_shared_errors(ctx):
     """An error that every rank raised is printed once, by rank 0, and every rank exits with its code.
