@@ -42,22 +42,65 @@ def _run(args: list[str]) -> None:
 
 def shell_lines(args: list[str], width: int = LOG_WIDTH) -> str:
     """``$ dab ARGS`` as a user would type it, continued with `` \\`` between arguments so that no line passes
-    ``width`` columns (the log's; an option stays with its value, and an argument longer than a line keeps a line
-    of its own, whole)."""
-    words = [shlex.quote(a) for a in args]
-    units = []
-    for word in words:
-        if units and units[-1].startswith("-") and " " not in units[-1] and not word.startswith("-"):
+    ``width`` columns (the log's; an option stays with its value). An argument too long for a line of its own (the
+    demo's last query) is written in double quotes, broken with backslash-newline: the lines still paste into a
+    POSIX shell as that one argument."""
+    indent = "    "
+    units: list[str] = []
+    long: set[int] = set()  # indices in units of the arguments written across lines
+    for arg in args:
+        word = shlex.quote(arg)
+        if len(indent + word + " \\") > width:
+            long.add(len(units))
+            units.append(arg)
+        elif units and units[-1].startswith("-") and " " not in units[-1] and not word.startswith("-"):
             units[-1] += " " + word  # --option value
         else:
             units.append(word)
     lines, line = [], "$ dab"
-    for word in units:
+    for i, word in enumerate(units):
+        if i in long:
+            lines.append(line + " \\")
+            *head, line = _double_quoted_lines(word, indent, width)
+            lines += head
+            continue
         if len(line) + 1 + len(word) + 2 > width and line.strip() not in ("$ dab", ""):
             lines.append(line + " \\")
-            line = "   "
+            line = indent[:-1]
         line += " " + word
     return "\n".join([*lines, line])
+
+
+def _double_quoted_lines(arg: str, indent: str, width: int) -> list[str]:
+    """``arg`` in double quotes on lines of at most ``width`` columns (the last one leaving room for `` \\``), the
+    first indented and every line but the last ended with a backslash: inside double quotes a POSIX shell removes
+    backslash-newline, so the lines are one argument again. Broken after a space where one falls in the line, else
+    between two characters; the continuation lines start at column 0, an indentation would be part of the argument.
+    ``\\``, ``"``, ``$`` and a backquote are escaped; ``!`` is single-quoted, as bash expands it between double
+    quotes in an interactive shell."""
+    esc = ["\\" + c if c in '\\"$`' else "\"'!'\"" if c == "!" else c for c in arg]  # one unit a character
+    lines: list[str] = []
+    line = start = indent + '"'
+    i = 0
+    while i < len(esc):
+        j = next((k + 1 for k in range(i, len(esc)) if esc[k] == " "), len(esc))  # the word and its space
+        tail = 3 if j == len(esc) else 1  # '" \\' after the last word, '\\' after any other
+        if len(line) + sum(map(len, esc[i:j])) + tail <= width:
+            line += "".join(esc[i:j])
+            i = j
+            continue
+        if line not in (start, ""):
+            lines.append(line + "\\")
+            line = ""
+            continue
+        # a word longer than a line: as much of it as fits, the rest on the next lines
+        while i < j and len(line) + len(esc[i]) + (3 if i + 1 == len(esc) else 1) <= width:
+            line += esc[i]
+            i += 1
+        if i < len(esc):
+            lines.append(line + "\\")
+            line = ""
+    return [*lines, line + '"']
 
 
 def _say(text: str) -> None:

@@ -95,3 +95,37 @@ def test_the_demos_commands_fit_120_columns_and_paste_back_as_typed() -> None:
     assert any(f"--descriptions {folder}/world/descriptions.json" in x for x in lines), shown
     assert shell_lines(["inspect", "store.h5"]) == "$ dab inspect store.h5"
 
+
+def _argv_through_sh(shown: str) -> list[str]:
+    """The arguments /bin/sh hands to `dab` when it runs the lines ``shown`` (without their "$ "), as pasted."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    assert shown.startswith("$ dab ")
+    script = 'dab() { "$PY" -c "import json, sys; print(json.dumps(sys.argv[1:]))" "$@"; }\n' + shown[2:]
+    env = {**os.environ, "PY": sys.executable}
+    out = subprocess.run(["/bin/sh", "-c", script], env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def test_an_argument_longer_than_a_line_is_echoed_on_lines_that_paste_back_as_that_argument() -> None:
+    """The demo's last search quoted a 206-character caption on one 222-column line: an argument longer than a line
+    is now written in double quotes broken with backslash-newline, every line within the width, and /bin/sh reads
+    the lines back as exactly the arguments given: spaces, quotes, $, backquotes, backslashes and ! included, and a
+    word longer than a line (broken inside it)."""
+    from dab_pipeline.cli.demo import shell_lines
+
+    caption = " ".join(["a large white cross and a small purple square on a brick wall,"] * 5)[:300]
+    awkward = ('the "$HOME" of `id`, a back\\slash, it\'s done! ' * 8)[:300]
+    word = "x" * 300  # no space to break at
+    args = ["search", "--run", "/runs/dab", "-k", "3", "a large red circle", caption, "--max-risk", "0.2"]
+    for extra in ([], [awkward], [word, "--json"]):
+        shown = shell_lines([*args, *extra])
+        lines = shown.splitlines()
+        assert all(len(x) <= 120 for x in lines), "\n".join(x for x in lines if len(x) > 120)
+        assert all(x.endswith("\\") for x in lines[:-1]), shown
+        assert len(caption) == 300 and any(x.startswith('    "a large white cross') for x in lines), shown
+        assert _argv_through_sh(shown) == [*args, *extra]
+    assert "-k 3 'a large red circle'" in shown  # the short arguments as before
