@@ -33,6 +33,15 @@ def first_k_of(cal: dict[str, Any]) -> Any:
     return "k"
 
 
+def measured_on(test: dict[str, Any]) -> str:
+    """Where the section was measured: "N test queries against V videos", and the gallery's split where the test
+    queries were scored here against the gallery calibrated on."""
+    where = f"{test.get('queries')} test queries against {test.get('videos')} videos"
+    if test.get("scored_here"):
+        where += f" of split {test.get('split')!r}, the gallery calibrated on (scored here, as a search of it does)"
+    return where
+
+
 def md_calibration(results: dict[str, Any]) -> list[str]:
     cal = results.get("calibration")
     if not isinstance(cal, dict):
@@ -45,7 +54,7 @@ def md_calibration(results: dict[str, Any]) -> list[str]:
         "",
         f"Calibrated by `dab calibrate` ({cal.get('method')}) on {on.get('queries')} queries of split "
         f"`{on.get('split')}` against {gallery.get('videos')} videos of `{gallery.get('split')}`; measured here on "
-        f"{test.get('queries')} test queries against {test.get('videos')} videos. The baselines: the raw margin "
+        f"{measured_on(test)}. The baselines: the raw margin "
         "through a sigmoid fitted on the same queries (`margin_sigmoid`) and the softmax of the costs at the run's "
         "temperature (`softmax`). ECE over 15 equal-width and equal-mass bins.",
         "",

@@ -9,7 +9,7 @@ import click
 
 from ...core.choices import COST_KINDS, POSTPROCESS, V2T_CONVENTIONS
 from ...core.fsutil import atomic_write_text
-from ...results.calibration_md import first_k_of, probability_tables
+from ...results.calibration_md import first_k_of, measured_on, probability_tables
 from ...results.published import published_line
 from .. import cli
 from ..progress import RichProgress
@@ -193,7 +193,7 @@ def _print_calibration(con, cal) -> None:
     con.print(
         f"calibration (dab calibrate, {cal.get('method')}): fitted on {on.get('queries')} queries of split "
         f"{on.get('split')!r} against {gallery.get('videos')} videos of {gallery.get('split')!r}; measured on "
-        f"{test.get('queries')} test queries against {test.get('videos')} videos",
+        f"{measured_on(test)}",
         highlight=False,
         markup=False,
     )
@@ -231,7 +231,7 @@ def _print_calibration(con, cal) -> None:
                 )
         con.print(t)
     con.print(
-        f"report.md: P(a match in the first {first_k_of(cal)}), reliability and any groups' coverage",
+        f"more in report.md: P(a match in the first {first_k_of(cal)}), reliability and any groups' coverage",
         highlight=False,
         markup=False,
     )

@@ -28,6 +28,7 @@ from ...runs.config import TrainConfig
 from ...runs.costfile import CostMatrix
 from ...runs.run_folder import RunFolder
 from ...store import open_store
+from .calibrated_gallery import test_costs_on_calibrated_gallery
 
 REPORT_COVERAGES = (0.8, 0.9, 0.95)
 
@@ -111,6 +112,20 @@ def calibration_section(
         progress(Event("warning", message=f"{problem}; no calibration section"))
         return None
     tv = (cm.extras or {}).get("text_var") if "normalized" in cal.conformal else None  # a variance calibration
+    same = cal.gallery.get("video_ids_sha256") == video_ids_digest(cm.video_ids)
+    measured = {"split": None, "videos": int(cost.shape[1]), "scored_here": False, "why_not": None}
+    texts: Optional[list[str]] = None
+    if not same:  # measure where the calibration promises something: the test queries against its gallery
+        got, why_not = test_costs_on_calibrated_gallery(
+            Path(run), cal, RunFolder(run).load_config(TrainConfig).test_split, np.asarray(cm.query_ids), progress
+        )
+        if got is None:
+            progress(Event("warning", message=f"calibration section on the test split's own videos: {why_not}"))
+            measured["why_not"] = why_not
+        else:
+            cost, gt, texts, same = got.cost, got.gt, got.texts, True
+            tv = got.text_var if "normalized" in cal.conformal else None
+            measured = {"split": got.split, "videos": int(cost.shape[1]), "scored_here": True, "why_not": None}
     feats = query_features(
         cost, cal.temperature, cal.first_k, None if tv is None else np.asarray(tv, np.float64), cal.k0
     )
@@ -133,9 +148,10 @@ def calibration_section(
             "queries": cal.queries,
             "gallery": {k: v for k, v in cal.gallery.items() if k != "fingerprint"},
         },
-        "test": {"queries": int(len(cost)), "videos": int(cost.shape[1])},
-        # the cost file's videos are the gallery calibrated on (else the coverage is not guaranteed there)
-        "same_gallery": cal.gallery.get("video_ids_sha256") == video_ids_digest(cm.video_ids),
+        # the test queries against the gallery calibrated on where it could be read (scored here, ``measured``),
+        # else against the cost file's videos; same_gallery: whether the coverage asked is guaranteed there
+        "test": {"queries": int(len(cost)), **measured},
+        "same_gallery": bool(same),
     }
     # the two probabilities' tables nested: at the top, "first_k" is the integer k (as in calibration.json)
     section["probabilities"] = {
@@ -152,7 +168,8 @@ def calibration_section(
             "accuracy": r.accuracy.tolist(),
             "count": r.count.tolist(),
         }
-    texts = _texts(Path(run), cm) if cal.groups is not None and "length" in cal.groups["bands"] else None
+    if texts is None and cal.groups is not None and "length" in cal.groups["bands"]:
+        texts = _texts(Path(run), cm)
     section["groups"] = None if cal.groups is None else {"spec": cal.groups["spec"], "signal": cal.groups["signal"]}
     section["sets"] = _sets(cal, cost, gt, None if tv is None else np.asarray(tv, np.float64), texts)
     return section

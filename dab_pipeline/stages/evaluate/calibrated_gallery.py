@@ -1,0 +1,97 @@
+"""The test queries scored against the gallery a run was calibrated on, for ``dab evaluate``'s calibration section.
+
+A run's test costs rank each test query among the test split's videos, but a run calibrated with ``dab calibrate
+--gallery all`` promises its probabilities, sets and risk answers for a search of *every* video: measured on the
+test split's gallery they are measured where nothing was promised (a softmax over 100 videos is not one over 400).
+Where the gallery calibrated on can still be read (the same store, the same videos: its fingerprint), the test
+queries are scored against it here, as ``dab search --split <gallery>`` scores them, and the section is measured
+there."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from ...calibration import Calibration, text_variance
+from ...core.choices import DEFAULT_SCORE_DTYPE
+from ...core.errors import DabError
+from ...core.events import Event, ProgressCallback
+from ...core.location import location
+from ...runs.load import load_run
+from ...runtime.capabilities import resolve_score_dtype
+from ...runtime.devices import resolve_device
+from ...scoring import Scorer
+from ...store import open_store, split_rows, store_fingerprint
+
+__all__ = ["GalleryCosts", "test_costs_on_calibrated_gallery"]
+
+
+@dataclass(frozen=True)
+class GalleryCosts:
+    cost: np.ndarray  # (Q, V) each test query against every video of the gallery calibrated on
+    gt: np.ndarray  # (Q,) each query's match: its column
+    text_var: Optional[np.ndarray]  # (Q,) the run's text variance (a variance-normalised score reads it)
+    texts: list[str]  # (Q,) the queries' captions (length groups)
+    split: str  # the gallery's split
+    query_ids: np.ndarray  # (Q,) the test captions' ids, in the cost file's order
+
+
+def test_costs_on_calibrated_gallery(
+    run_dir: Path, cal: Calibration, test_split: str, query_ids: np.ndarray, progress: ProgressCallback
+) -> tuple[Optional[GalleryCosts], Optional[str]]:
+    """(the test queries' costs against ``cal``'s gallery, None) or (None, why not): a calibration made through an
+    index (its sets hold for searches through it), a store that cannot be read or whose gallery changed since, a
+    test caption missing from it."""
+    gallery = cal.gallery
+    if cal.provenance.get("index"):
+        return None, "the run was calibrated through an index; the test split's costs rank every test video"
+    split, where = gallery.get("split"), gallery.get("store")
+    if not split or not where:
+        return None, "calibration.json does not name the store and split of its gallery"
+    try:
+        with open_store(location(where)) as store:
+            if store_fingerprint(store, split_rows(store, split)) != gallery.get("fingerprint"):
+                return None, f"split {split!r} of {where} is no longer the gallery calibrated on"
+            queries, videos = store.load_split(test_split), store.load_split(split)
+            texts = [str(t) for t in store.caption_text[queries.caption_index]]
+    except (DabError, OSError) as exc:  # a store moved or gone: the section is measured on the test gallery
+        return None, f"the gallery calibrated on cannot be read ({exc})"
+    order = _cost_file_order(np.asarray(queries.caption_ids).astype(str), np.asarray(query_ids).astype(str))
+    pos = {str(v): i for i, v in enumerate(videos.video_ids)}
+    match = [pos.get(str(v)) for v in queries.video_ids[queries.caption_video]]
+    if order is None or any(m is None for m in match):
+        return None, f"the test queries are not all captions of videos of split {split!r}"
+    progress(
+        Event(
+            "info",
+            message=f"calibration section: scoring the {len(order)} test queries against the "
+            f"{len(videos.video_ids)} videos calibrated on (split {split!r}), as a search of that gallery does",
+        )
+    )
+    device = resolve_device("auto")
+    run = load_run(run_dir, device)
+    with Scorer(run.model, device=device, dtype=resolve_score_dtype(DEFAULT_SCORE_DTYPE, device).dtype) as scorer:
+        cost = scorer.score(queries.text, videos.frames, videos.frame_mask).cost  # (Q, V)
+    tv = text_variance(run.model, queries.text)  # (Q,) or None
+    return (
+        GalleryCosts(
+            cost=np.asarray(cost, np.float64)[order],
+            gt=np.asarray(match, np.int64)[order],
+            text_var=None if tv is None else np.asarray(tv, np.float64)[order],
+            texts=[texts[i] for i in order],
+            split=split,
+            query_ids=np.asarray(query_ids),
+        ),
+        None,
+    )
+
+
+def _cost_file_order(split_ids: np.ndarray, file_ids: np.ndarray) -> Optional[np.ndarray]:
+    """(Q,) the rows of the split's captions in the cost file's order; None where the two are not the same set."""
+    if len(split_ids) != len(file_ids) or set(split_ids.tolist()) != set(file_ids.tolist()):
+        return None
+    at: dict[Any, int] = {c: i for i, c in enumerate(split_ids.tolist())}
+    return np.array([at[c] for c in file_ids.tolist()], np.int64)
