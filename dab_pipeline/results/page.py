@@ -3,7 +3,8 @@
 For a sample of queries (chosen across the KL margin's range, failures included) a page shows
 the caption, the ground-truth video and its rank, the top-k videos with their thumbnails,
 costs and captions, the KL margin, and a Figure 5-style plot of the query's costs
-over every video (sorted, ground truth and top-k marked). Images are inline (data URIs): no
+over every video (sorted, ground truth and top-k marked); for a calibrated search (``dab search --html``) its
+calibrated answer as ``dab serve``'s page shows it (templates/_uncertainty.html.j2). Images are inline (data URIs): no
 network, no server. Rendered with jinja2 (``templates/examples.html.j2``), plots with matplotlib.
 """
 
@@ -20,7 +21,15 @@ import numpy as np
 from ..core.fsutil import atomic_write_text
 from ..metrics import kl_margin, t2v_ranks
 
-__all__ = ["ExampleHit", "ExampleQuery", "select_queries", "build_queries", "render_page", "cost_plot"]
+__all__ = [
+    "ExampleHit",
+    "ExampleQuery",
+    "select_queries",
+    "build_queries",
+    "render_page",
+    "cost_plot",
+    "set_marks",
+]
 
 TEMPLATE = "examples.html.j2"
 
@@ -33,6 +42,7 @@ class ExampleHit:
     is_gt: bool = False
     thumb: Optional[str] = None  # data URI
     caption: Optional[str] = None
+    in_set: bool = False  # the query's conformal set holds this video (a calibrated search asked for one)
 
 
 @dataclass
@@ -46,6 +56,17 @@ class ExampleQuery:
     gt_thumb: Optional[str] = None
     plot: Optional[str] = None  # data URI
     unknown_words: tuple[str, ...] = ()  # words of a free-text query the model has no embedding for
+    # a calibrated search's answer as JSON (dab_pipeline.search.uncertainty_payload), drawn as dab serve's page
+    # draws it (templates/_uncertainty.html.j2): set by :meth:`add_uncertainty`
+    uncertainty: Optional[dict] = None
+    set_rest: list[str] = field(default_factory=list)  # the set's videos beyond the hits shown, best first
+
+    def add_uncertainty(self, u: Optional[dict]) -> None:
+        """Show ``u`` (an uncertainty payload, or None) on this query: its hits in the set marked, the rest listed."""
+        self.uncertainty = u
+        in_set, self.set_rest = set_marks(u, [h.video for h in self.hits])
+        for h in self.hits:
+            h.in_set = h.video in in_set
 
 
 def select_queries(cost: np.ndarray, gt: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
@@ -75,6 +96,15 @@ def _spread(candidates: np.ndarray, margin: np.ndarray, k: int, rng: np.random.G
     ordered = candidates[np.argsort(margin[candidates], kind="stable")]
     bins = np.array_split(ordered, k)
     return np.array([int(b[rng.integers(len(b))]) for b in bins if len(b)], np.int64)
+
+
+def set_marks(u: Optional[dict], shown: Sequence[str]) -> tuple[set[str], list[str]]:
+    """(the ids of ``shown`` that the conformal set of ``u`` (an uncertainty payload) holds, the set's other ids best
+    first): what a page marks on its hits and lists under them; nothing where ``u`` has no set (none asked for, or
+    none built for this query)."""
+    members = [h["video_id"] for h in ((u or {}).get("set") or [])]
+    seen = set(shown)
+    return seen.intersection(members), [v for v in members if v not in seen]
 
 
 def data_uri(data: Optional[bytes], mime: str = "image/jpeg") -> Optional[str]:

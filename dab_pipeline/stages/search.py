@@ -18,7 +18,15 @@ from ..core.choices import DEFAULT_SCORE_DTYPE
 from ..core.location import StoreURL, location
 from ..results.page import build_queries, render_page
 from ..scoring.first_stage import check_shortlist
-from ..search import Searcher, SearcherOptions, SearchResult, check_queries, load_descriptions, open_searcher
+from ..search import (
+    Searcher,
+    SearcherOptions,
+    SearchResult,
+    check_queries,
+    load_descriptions,
+    open_searcher,
+    uncertainty_payload,
+)
 
 __all__ = ["SearchConfig", "run_search"]
 
@@ -99,7 +107,8 @@ def run_search(cfg: SearchConfig, warn: Callable[[str], None] = lambda message: 
 
 def _write_page(cfg: SearchConfig, path: Path, s: Searcher, results: list[SearchResult], about: dict) -> Path:
     """The free-text queries' results as an examples page (no ground truth to mark): each query's top k with
-    thumbnails, captions (``about``'s descriptions first), costs and margin, and a plot of its costs."""
+    thumbnails, captions (``about``'s descriptions first), costs and margin, a plot of its costs, and where the run
+    is calibrated its calibrated answer (probabilities, conformal set, risk decision) as dab serve's page shows it."""
     # with an index every query scored its own shortlist: the union of the videos, +inf where not scored
     videos = np.unique(np.concatenate([np.asarray(r.video_ids) for r in results]))  # (V,)
     cost = np.full((len(results), len(videos)), np.inf, np.float32)  # (M, V)
@@ -118,7 +127,12 @@ def _write_page(cfg: SearchConfig, path: Path, s: Searcher, results: list[Search
     )
     for q, r in zip(queries, results):
         q.unknown_words = r.unknown_words
+        q.add_uncertainty(uncertainty_payload(r))  # as dab serve's page shows it: probabilities, set, risk decision
     summary = [("run", str(cfg.run)), ("store", str(cfg.features)), ("videos searched", str(len(videos)))]
+    asked = [f"coverage {cfg.coverage:g} ({cfg.conformal_score})"] if cfg.coverage is not None else []
+    asked += [f"max risk {cfg.max_risk:g} (delta {cfg.delta:g})"] if cfg.max_risk is not None else []
+    if asked:
+        summary.append(("asked of the calibration", ", ".join(asked)))
     return render_page(path, f"dab search: {len(results)} queries", summary, queries)
 
 

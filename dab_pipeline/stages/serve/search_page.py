@@ -6,7 +6,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ...results.page import data_uri
+from ...results.page import data_uri, set_marks
 from ...search import Searcher, SearchResult, result_payload
 from .settings import ServeSettings
 
@@ -74,15 +74,13 @@ def page_result(
     rows = [int(searcher.rows[h.video_index]) for h in res.hits]  # video_index: the hit's place in the split
     thumbs = searcher.store.read_thumbnails(rows)  # in the order asked
     out = payload(res, settings, seconds)
-    u = out.get("uncertainty") or {}
-    in_set = {h["video_id"] for h in u.get("set", [])}
+    # the page marks the hits the conformal set holds and lists its other videos under them (none: no set)
+    in_set, out["set_rest"] = set_marks(out.get("uncertainty"), [h["video_id"] for h in out["hits"]])
     for hit, thumb, row in zip(out["hits"], thumbs, rows):
         hit["thumb"] = data_uri(thumb)
         text = hit.get("description") or (captions(row) if captions else None)
         hit["description"] = text
-        hit["in_set"] = hit["video_id"] in in_set  # the page marks the hits the conformal set holds
-    shown = {h["video_id"] for h in out["hits"]}
-    out["set_rest"] = [h["video_id"] for h in u.get("set", []) if h["video_id"] not in shown]  # paged below the hits
+        hit["in_set"] = hit["video_id"] in in_set
     out["plot"] = (
         cost_svg(res.costs, len(res.hits), shortlisted=res.shortlist is not None) if res.costs is not None else ""
     )
