@@ -39,9 +39,11 @@ def _knows(known: Tensor, token: int) -> bool:
 
 
 def unknown_words_line(query: str, words: Sequence[str], model: str) -> str:
-    """One line naming the words of ``query`` that ``model`` does not know."""
+    """One line naming the words of ``query`` that ``model`` does not know, and what becomes of them: each token
+    is read as a blank (a zero embedding), not left out, so it still moves the ranking (issue 61, item 3)."""
     listed = ", ".join(repr(w) for w in words)
-    return (
-        f"query {query!r}: {model} does not know {'the word' if len(words) == 1 else 'the words'} {listed} (no "
-        "embedding): the query is read without them; rephrase with words its captions use"
-    )
+    if len(words) == 1:
+        what = f"the word {listed} (no embedding): it is read as a blank"
+    else:
+        what = f"the words {listed} (no embedding): they are read as blanks"
+    return f"query {query!r}: {model} does not know {what}; rephrase with words its captions use"

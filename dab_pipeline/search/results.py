@@ -39,7 +39,8 @@ class SearchResult:
     video_ids: Optional[np.ndarray] = None
     shortlist: Optional[int] = None  # K videos re-ranked (None: every video of the split scored)
     # words of the query the store's CLIP has no embedding for (a compact-vocabulary model such as dab-world):
-    # the query was read without them; empty for a model that knows every word
+    # each was read as a blank (a zero embedding, which still moves the ranking); empty for a model that knows
+    # every word
     unknown_words: tuple[str, ...] = ()
     # the positions in the split of the videos of ``costs`` (V,)
     positions: Optional[np.ndarray] = None
@@ -125,7 +126,8 @@ def uncertainty_payload(result: SearchResult) -> Optional[dict]:
         return None
     out: dict = {"p_first": u.p_first, f"p_first_{u.first_k}": u.p_first_k, "k": u.first_k}
     if u.caveat is not None:
-        out["caveat"] = u.caveat  # why these numbers are not the calibrated ones (a shortlist)
+        # why these numbers are not the calibrated ones (a shortlist, another gallery, every word unknown)
+        out["caveat"] = u.caveat
     if u.group is not None:
         out["group"] = u.group  # the band (or groups) the query fell in, where the calibration has --groups
     hits = result.coverage_set

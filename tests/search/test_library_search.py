@@ -112,8 +112,8 @@ def test_a_query_with_unknown_words_warns_once_and_its_result_says_so(zebra_blin
     res = searcher.search([SEARCH_CAPTIONS[0], "a zebra, running"], 2)
     assert res[0].unknown_words == () and res[1].unknown_words == ("zebra",)
     assert warned == [
-        "query 'a zebra, running': dab-tiny does not know the word 'zebra' (no embedding): the query is read "
-        "without them; rephrase with words its captions use"
+        "query 'a zebra, running': dab-tiny does not know the word 'zebra' (no embedding): it is read as a blank; "
+        "rephrase with words its captions use"
     ]
     batch = searcher.search_batch(["zebra", SEARCH_CAPTIONS[1]], 2)  # a server's batch: in the result, no log line
     assert batch[0].unknown_words == ("zebra",) and batch[1].unknown_words == () and len(warned) == 1
