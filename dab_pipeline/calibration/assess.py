@@ -35,7 +35,14 @@ from .groups import Groups, parse_groups, query_signals
 from .maps import nested_probabilities
 from .record import Calibration
 
-__all__ = ["DEFAULT_CONFORMAL_SCORE", "DEFAULT_DELTA", "QueryUncertainty", "UncertaintyRequest", "assess"]
+__all__ = [
+    "CAVEAT_KINDS",
+    "DEFAULT_CONFORMAL_SCORE",
+    "DEFAULT_DELTA",
+    "QueryUncertainty",
+    "UncertaintyRequest",
+    "assess",
+]
 
 DEFAULT_DELTA = 0.05
 
@@ -71,6 +78,14 @@ class UncertaintyRequest:
 
 _PROBABILITIES_ONLY = UncertaintyRequest()  # built once: nothing to check again a query
 
+# a QueryUncertainty's caveat_kind: why its numbers are not what the calibration promises
+CAVEAT_KINDS = {
+    "shortlist": "scored over fewer videos than the calibrated probabilities read: none holds, nothing is decided",
+    "set_shortlist": "the set is built over a shortlist: it covers less than asked; the probabilities hold",
+    "gallery": "the gallery searched is not the one calibrated on: nothing holds, nothing is decided",
+    "unknown_words": "every word of the query is unknown to the model: the numbers describe no query, no set",
+}
+
 
 @dataclass(frozen=True)
 class QueryUncertainty:
@@ -91,6 +106,18 @@ class QueryUncertainty:
     # why these numbers do not mean what the calibration promises: scored over a shortlist smaller than the
     # gallery calibrated on (P(first) then reads high, the set covers less); None where they do
     caveat: Optional[str] = None
+    # which caveat it is (CAVEAT_KINDS), for a reader that says it in a few words (dab search's lines) and needs
+    # to know whether the probabilities still hold; None without a caveat
+    caveat_kind: Optional[str] = None
+    # the kind of P(first)'s map ("softmax": the raw softmax, nothing fitted) and how calibration.json got it
+    # ("auto": least cross-validated log loss; else the --method asked for): what a "calibrated" label stands on
+    first_map: Optional[str] = None
+    map_method: Optional[str] = None
+
+    @property
+    def probabilities_hold(self) -> bool:
+        """Whether p_first and p_first_k are the calibrated ones (a set over a shortlist leaves them calibrated)."""
+        return self.caveat_kind in (None, "set_shortlist")
 
 
 def conformal_threshold(cal: Calibration, coverage: float, score: str) -> float:
@@ -247,7 +274,16 @@ def assess(
         tv = None if tv_all is None else tv_all[i : i + 1]
         p1, pk = nested_probabilities(cal.maps["first"], cal.maps["first_k"], feats[i])
         caveat, holds = shortlist_caveat(cal, c[0], qhat is not None)
-        part = dict(p_first=float(p1[0]), p_first_k=float(pk[0]), first_k=cal.first_k, group=labels[i], caveat=caveat)
+        part = dict(
+            p_first=float(p1[0]),
+            p_first_k=float(pk[0]),
+            first_k=cal.first_k,
+            group=labels[i],
+            caveat=caveat,
+            caveat_kind=None if caveat is None else ("set_shortlist" if holds else "shortlist"),
+            first_map=cal.maps["first"].kind,
+            map_method=cal.method,
+        )
         if qhat is not None:
             p = cost_softmax(c, cal.temperature)  # (1, V)
             lam, k_reg = cal.conformal_params["lam"], int(cal.conformal_params["k_reg"])

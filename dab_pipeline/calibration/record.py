@@ -189,6 +189,6 @@ def gallery_mismatch(cal: Calibration, split: str, videos: int, fingerprint: str
         return None
     return (
         f"the run was calibrated on a gallery of {g.get('videos')} videos (split {g.get('split')!r} of "
-        f"{g.get('store')}), not this one of {videos} (split {split!r}): the calibrated probabilities and the "
-        "coverage and risk guarantees hold for that gallery only (docs/uncertainty.md)"
+        f"{g.get('store')}), not this one of {videos} (split {split!r}): its probabilities, sets and risk "
+        "decisions hold there only (docs/uncertainty.md)"
     )

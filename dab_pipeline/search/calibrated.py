@@ -5,6 +5,7 @@ decision (:mod:`dab_pipeline.calibration`, docs/uncertainty.md)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -95,12 +96,29 @@ class CalibratedSearch:
         if other:
             raise ConfigError(other)
         if self.gallery_note:  # a set or a risk decision promised for another gallery: refused (issue 60)
-            raise ConfigError(
-                f"{self.gallery_note}; sets and risk decisions are refused here: calibrate on this gallery "
-                f"(`dab calibrate --run {self.run.run_dir} --gallery {self.split}`)"
-            )
+            raise ConfigError(self._other_gallery_refusal())
         if request.coverage is not None:
             conformal_threshold(self.calibration, request.coverage, request.score)
+
+    def _other_gallery_refusal(self) -> str:
+        """The one line refusing a set or a risk decision on a gallery other than the one calibrated on: the two
+        ways out (search that gallery, or calibrate on this one), not the warning's description of the two
+        galleries again (issue 61, item 4)."""
+        assert self.calibration is not None
+        run, g = self.run.run_dir, self.calibration.gallery
+        other_store = g.get("store") is not None and not _same_place(g["store"], self.store_path)
+        features = f" --features {self.store_path}" if other_store else ""
+        calibrate = f"`dab calibrate --run {run}{features} --gallery {self.split}`"
+        if not other_store and g.get("split") == self.split:  # the same gallery since changed: only calibrating
+            return (
+                f"{run} was calibrated on this gallery before it changed: sets and risk decisions are refused here; "
+                f"calibrate again ({calibrate})"
+            )
+        where = (f"--features {g['store']} " if other_store else "") + f"--split {g.get('split')}"
+        return (
+            f"{run} was calibrated on another gallery: sets and risk decisions are refused here; search that one "
+            f"({where}) or calibrate on this one ({calibrate})"
+        )
 
     def _assess(
         self,
@@ -143,15 +161,32 @@ class CalibratedSearch:
             u = assess(self.calibration, [result.costs], tv, request, texts=[result.query])[0]
             why = self._not_calibrated(result)
             if why:  # the numbers are shown marked, and decide nothing (issue 61, item 2)
-                u = replace(u, caveat=why, answered=None)
+                kind, line = why
+                u = replace(u, caveat=line, caveat_kind=kind, answered=None)
+                if kind == "unknown_words":  # numbers of no query: no set either, as for a request without one
+                    u = replace(u, coverage=None, set_indices=None, set_scope=None, scope_note=None)
             result.uncertainty = u
         return result
 
-    def _not_calibrated(self, result: SearchResult) -> Optional[str]:
-        """Why a result's probabilities are not calibrated ones: every word of its query unknown to the model, or a
-        gallery other than the one calibrated on; None where they are."""
+    def _not_calibrated(self, result: SearchResult) -> Optional[tuple[str, str]]:
+        """(kind, line) where a result's probabilities are not calibrated ones (kinds: CAVEAT_KINDS): every word of
+        its query unknown to the model, or a gallery other than the one calibrated on; None where they are."""
         if result.unknown_words and set(query_words(result.query)) <= set(result.unknown_words):
-            return "every word of the query is unknown to the store's CLIP: these numbers describe no query"
+            return (
+                "unknown_words",
+                "every word of the query is unknown to the store's CLIP: these numbers describe no query",
+            )
         if self.gallery_note:
-            return self.gallery_note
+            return "gallery", self.gallery_note
         return None
+
+
+def _same_place(recorded: str, searched) -> bool:
+    """Whether the store path calibration.json recorded is the one searched (a local path resolved, a URL as
+    written)."""
+    if str(recorded) == str(searched):
+        return True
+    try:
+        return Path(recorded).resolve() == Path(str(searched)).resolve()
+    except (OSError, ValueError):
+        return False

@@ -8,29 +8,51 @@ SCOPES = {
     "band": "calibrated within this query's band",
     "groups": "calibrated within each of this query's groups",
 }
+# a caveat (QueryUncertainty.caveat_kind, calibration/assess.py's CAVEAT_KINDS) in a few words: the long form of
+# another gallery and of unknown words is a warning already printed above the tables, not repeated under each
+LABELS = {"shortlist": "a shortlist", "gallery": "another gallery"}
+REASONS = {
+    "shortlist": "the probability comes from a shortlist (above)",
+    "gallery": "the gallery searched is not the one calibrated on (warning above)",
+    "unknown_words": "every word of the query is unknown (warning above)",
+}
 
 
 def uncertainty_lines(result) -> list[str]:
-    """The lines under a query's table: its calibrated probabilities, its conformal set, whether it is answered."""
+    """The lines under a query's table: its calibrated probabilities, its conformal set, whether it is answered.
+
+    Numbers that do not hold here (a caveat) are never labelled "calibrated": marked "~" with a short reason, or
+    not printed for a query of no known word (they describe no query); the JSON keeps them with the caveat."""
     u = result.uncertainty
     if u is None:
         return []
-    lines = [
-        f"calibrated: P(first hit is a match) {u.p_first:.2f}, P(a match in the first {u.first_k}) {u.p_first_k:.2f}"
-    ]
-    if u.caveat is not None:
-        lines.append(f"not calibrated here: {u.caveat}")
+    kind = u.caveat_kind
+    if kind == "unknown_words":
+        lines = [f"not calibrated here: {REASONS[kind]}: no probability or set describes it"]
+    elif not u.probabilities_hold:
+        lines = [f"not calibrated here ({LABELS[kind]}): {_numbers(u, mark='~')}"]
+        # a shortlist's caveat is said nowhere else; another gallery's is the warning above
+        lines.append(f"why: {u.caveat if kind == 'shortlist' else REASONS[kind]}")
+    else:
+        lines = [f"calibrated: {_numbers(u, note=_map_note(u))}"]
     if u.group is not None:
         lines.append(f"group: {u.group}")
     hits = result.coverage_set
     if hits is not None:
         ids = ", ".join(h.video_id for h in hits[:MAX_LISTED]) + (", ..." if len(hits) > MAX_LISTED else "")
-        scope = SCOPES[u.set_scope] + (f" ({u.scope_note})" if u.scope_note else "")
-        lines.append(f"{u.coverage:.0%} conformal set, {scope} ({len(hits)} videos): {ids}")
+        if kind in ("shortlist", "set_shortlist"):
+            lines.append(
+                f"{u.coverage:.0%} conformal set over a shortlist, not calibrated here ({len(hits)} videos): {ids}"
+            )
+            if kind == "set_shortlist":
+                lines.append(f"why: {u.caveat}")
+        else:
+            scope = SCOPES[u.set_scope] + (f" ({u.scope_note})" if u.scope_note else "")
+            lines.append(f"{u.coverage:.0%} conformal set, {scope} ({len(hits)} videos): {ids}")
     if u.risk is not None:
         r = u.risk
         if u.answered is None:
-            lines.append("not decided: the probability comes from a shortlist (above)")
+            lines.append(f"not decided: {REASONS.get(kind, 'the probability is not a calibrated one')}")
         elif r.threshold is None:
             lines.append(
                 f"not answered: no confidence threshold keeps the risk at {r.alpha:g} with probability "
@@ -43,3 +65,20 @@ def uncertainty_lines(result) -> list[str]:
                 f"not answered: P {u.p_first:.2f} < {r.threshold:.3f} (max risk {r.alpha:g}, delta {r.delta:g})"
             )
     return lines
+
+
+def _numbers(u, mark: str = "", note: str = "") -> str:
+    """P(first) (then ``note``) and P(a match in the first k), each after ``mark`` ("~": not calibrated here)."""
+    first_k = f"P(a match in the first {u.first_k}) {mark}{u.p_first_k:.2f}"
+    return f"P(first hit is a match) {mark}{u.p_first:.2f}{note}, {first_k}"
+
+
+def _map_note(u) -> str:
+    """After P(first): where its map is the raw softmax (nothing fitted), which, and why it is the one (issue 61,
+    item 6); nothing for a fitted map."""
+    if u.first_map != "softmax":
+        return ""
+    # within 120 columns with the rest of the line at any k below 1,000
+    return (
+        " (raw softmax, least cross-validated loss)" if u.map_method == "auto" else " (raw softmax: --method softmax)"
+    )

@@ -10,6 +10,7 @@ import click
 
 from ...core.choices import CONFORMAL_SCORES, DEFAULT_CONFORMAL_SCORE, DEFAULT_SCORE_DTYPE, SCORE_DTYPES
 from .. import cli
+from ..progress import LOG_WIDTH
 from .calibrated_answers import uncertainty_lines
 from .options import STORE, k_option, one_spelling
 from .output import console, cut_words
@@ -169,14 +170,18 @@ def _search_payload(results, about: dict) -> list[dict]:
 def _print_results(results, about: dict) -> None:
     """One table per query: its hits' ranks, videos and costs (and descriptions if given), the margin below.
 
-    The table fits the console (120 columns in a log): a description longer than the room left is cut at a word
+    The query is printed above its table, wrapped between words within 120 columns. The table fits the console
+    (120 columns in a log): a description longer than the room left is cut at a word
     boundary and ended with "…" (the whole text is in --json and the --html page)."""
     from rich.table import Table
 
     con = console()
     for r in results:
         margin = "n/a (fewer than 2 videos)" if r.margin is None else f"{r.margin:.4g}"
-        table = Table(title=f"{r.query}", title_justify="left")
+        # the query on lines of its own, not the table's title: a title wraps at the table's width, a long query
+        # then over many narrow lines cut inside words (issue 61, item 5)
+        con.print(r.query, width=min(con.width, LOG_WIDTH), markup=False, highlight=False)
+        table = Table()
         rows = [(str(h.rank), h.video_id, f"{h.cost:.4f}") for h in r.hits]
         widths = [max([len(name), *(len(row[i]) for row in rows)]) for i, name in enumerate(("rank", "video", "cost"))]
         table.add_column("rank", justify="right", no_wrap=True)

@@ -1,0 +1,100 @@
+"""What `dab search` prints under a query's table (issue 61, items 1, 2, 5 and 6): numbers that do not hold are
+never labelled "calibrated", "not decided" gives its actual reason, the raw softmax map is named, and a long query
+is printed whole above its table, wrapped between words within 120 columns."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dab_pipeline.calibration import QueryUncertainty
+from dab_pipeline.calibration.assess import CAVEAT_KINDS
+from dab_pipeline.cli.commands.calibrated_answers import uncertainty_lines
+from dab_pipeline.cli.commands.searching import _print_results
+from dab_pipeline.metrics.risk import RiskThreshold
+from dab_pipeline.search import SearchHit, SearchResult
+
+GALLERY_WARNING = "the run was calibrated on a gallery of 400 videos (split 'all' of store.h5), not this one of 100"
+CAVEATS = {
+    "shortlist": "scored over a shortlist of 5 videos, fewer than the 20 the calibrated probabilities read",
+    "set_shortlist": "the set is built over a shortlist of 50 of the 400 videos calibrated on",
+    "gallery": GALLERY_WARNING,
+    "unknown_words": "every word of the query is unknown to the store's CLIP: these numbers describe no query",
+}
+RISK = RiskThreshold(threshold=0.185, alpha=0.8, delta=0.05, answered=101, errors=60, queries=208)
+
+
+def _result(query: str = "a large red circle", with_set: bool = False, **kw) -> SearchResult:
+    """A result of 3 videos with a calibrated answer made of ``kw`` (QueryUncertainty's fields)."""
+    ids = np.array(["w1", "w2", "w3"])
+    hits = [SearchHit(rank=i + 1, video_index=i, video_id=v, cost=40.0 + i) for i, v in enumerate(ids)]
+    fields = dict(p_first=0.45, p_first_k=0.76, first_k=5, first_map="logistic", map_method="auto") | kw
+    if with_set:
+        fields |= dict(coverage=0.9, set_indices=np.array([0, 1]), set_scope="marginal")
+    r = SearchResult(query, hits, 1.0, costs=np.array([40.0, 41.0, 42.0]), video_ids=ids, positions=np.arange(3))
+    r.uncertainty = QueryUncertainty(**fields)
+    return r
+
+
+@pytest.mark.parametrize("kind", ["shortlist", "gallery", "unknown_words"])
+def test_numbers_that_do_not_hold_are_never_labelled_calibrated(kind: str) -> None:
+    lines = uncertainty_lines(_result(caveat=CAVEATS[kind], caveat_kind=kind))
+    assert not any(line.startswith("calibrated") for line in lines), lines
+    assert lines[0].startswith("not calibrated here"), lines
+    assert not any(GALLERY_WARNING in line for line in lines), lines  # the warning above, not repeated
+    if kind == "unknown_words":  # numbers of no query: none printed
+        assert "0.45" not in " ".join(lines) and "unknown" in lines[0], lines
+    else:  # marked, with a one-line reason
+        assert "~0.45" in lines[0] and "~0.76" in lines[0] and lines[1].startswith("why: "), lines
+    if kind == "gallery":
+        assert lines[1] == "why: the gallery searched is not the one calibrated on (warning above)"
+
+
+def test_a_set_over_a_shortlist_keeps_its_calibrated_probabilities_and_says_so_of_its_set() -> None:
+    lines = uncertainty_lines(_result(with_set=True, caveat=CAVEATS["set_shortlist"], caveat_kind="set_shortlist"))
+    assert lines[0].startswith("calibrated: P(first hit is a match) 0.45"), lines
+    assert lines[1].startswith("90% conformal set over a shortlist, not calibrated here (2 videos): w1, w2"), lines
+    assert lines[2] == f"why: {CAVEATS['set_shortlist']}"
+
+
+@pytest.mark.parametrize(
+    "kind, reason",
+    [
+        ("unknown_words", "not decided: every word of the query is unknown (warning above)"),
+        ("shortlist", "not decided: the probability comes from a shortlist (above)"),
+        ("gallery", "not decided: the gallery searched is not the one calibrated on (warning above)"),
+    ],
+)
+def test_not_decided_gives_its_actual_reason(kind: str, reason: str) -> None:
+    lines = uncertainty_lines(_result(caveat=CAVEATS[kind], caveat_kind=kind, risk=RISK, answered=None))
+    assert lines[-1] == reason, lines
+
+
+def test_every_caveat_kind_is_printed() -> None:
+    """A kind the library adds (calibration/assess.py's CAVEAT_KINDS) gets its words here, not a KeyError."""
+    for kind in CAVEAT_KINDS:
+        assert uncertainty_lines(_result(with_set=True, caveat=CAVEATS[kind], caveat_kind=kind, risk=RISK))
+
+
+def test_the_raw_softmax_map_is_named_within_120_columns() -> None:
+    (line,) = uncertainty_lines(_result(first_map="softmax", p_first=1.0, p_first_k=1.0, first_k=999))
+    assert line.startswith("calibrated: P(first hit is a match) 1.00 (raw softmax, least cross-validated loss), ")
+    assert len(line) <= 120, len(line)
+    (asked,) = uncertainty_lines(_result(first_map="softmax", map_method="softmax"))
+    assert "(raw softmax: --method softmax)" in asked
+    (fitted,) = uncertainty_lines(_result())  # a fitted map: its numbers say calibrated, with no note
+    assert fitted == "calibrated: P(first hit is a match) 0.45, P(a match in the first 5) 0.76"
+
+
+def test_a_long_query_is_printed_whole_above_its_table_between_words(capsys: pytest.CaptureFixture) -> None:
+    query = (
+        "a video cutting between a navy background with a large white diamond, grass with a small purple diamond, "
+        "a large white cross and a small purple square and a small white cross and a large purple circle on a "
+        "brick wall"
+    )
+    _print_results([_result(query)], {})
+    lines = capsys.readouterr().out.splitlines()
+    top = lines[: next(i for i, line in enumerate(lines) if line.startswith("+"))]
+    assert " ".join(line.strip() for line in top) == query, top  # whole, cut only between words
+    assert len(top) == 2 and all(len(line) <= 120 for line in top), top
+    assert lines[len(top) + 1].startswith("| rank | video")  # the table follows, untitled
