@@ -12,7 +12,7 @@ one query. A set always holds the first hit.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -30,7 +30,7 @@ from ..metrics.conformal import (
     weighted_quantile,
 )
 from ..metrics.risk import RiskThreshold, learn_then_test, risk_test_order
-from .features import query_features
+from .features import QueryFeatures, query_features
 from .groups import Groups, parse_groups, query_signals
 from .maps import nested_probabilities
 from .record import Calibration
@@ -269,38 +269,62 @@ def assess(
     if qhat is not None and bands is not None:
         per_query, notes = group_thresholds(cal, request.coverage, request.score, bands)
     scope = "marginal" if groups is None else ("groups" if groups.conditional else "band")
-    out = []
-    for i, c in enumerate(rows):
-        tv = None if tv_all is None else tv_all[i : i + 1]
-        p1, pk = nested_probabilities(cal.maps["first"], cal.maps["first_k"], feats[i])
-        caveat, holds = shortlist_caveat(cal, c[0], qhat is not None)
-        part = dict(
-            p_first=float(p1[0]),
-            p_first_k=float(pk[0]),
-            first_k=cal.first_k,
-            group=labels[i],
-            caveat=caveat,
-            caveat_kind=None if caveat is None else ("set_shortlist" if holds else "shortlist"),
-            first_map=cal.maps["first"].kind,
-            map_method=cal.method,
+    return [
+        _answer_one(
+            cal,
+            c,
+            feats[i],
+            None if tv_all is None else tv_all[i : i + 1],
+            request,
+            labels[i],
+            (scope, notes[i], qhat if per_query is None else per_query[i]) if qhat is not None else None,
+            risk,
         )
-        if qhat is not None:
-            p = cost_softmax(c, cal.temperature)  # (1, V)
-            lam, k_reg = cal.conformal_params["lam"], int(cal.conformal_params["k_reg"])
-            s = conformal_scores(p, request.score, difficulty=tv, lam=lam, k_reg=k_reg)  # (1, V)
-            q = qhat if per_query is None else per_query[i]
-            part.update(
-                coverage=request.coverage,
-                set_indices=conformal_sets(s, q, c)[0],
-                set_scope="marginal" if notes[i] else scope,
-                scope_note=notes[i],
-            )
-        if risk is not None:
-            # a probability from a shortlist is not the one the threshold was chosen on: no decision (issue 59)
-            decided = None if not holds else risk.threshold is not None and part["p_first"] >= risk.threshold
-            part.update(answered=decided, risk=risk)
-        out.append(QueryUncertainty(**part))
-    return out
+        for i, c in enumerate(rows)
+    ]
+
+
+def _answer_one(
+    cal: Calibration,
+    c: np.ndarray,
+    feats: QueryFeatures,
+    tv: Optional[np.ndarray],
+    request: UncertaintyRequest,
+    label: Optional[str],
+    set_at: Optional[tuple[str, Optional[str], float]],
+    risk: Optional[RiskThreshold],
+) -> QueryUncertainty:
+    """One query's answer from its costs ``c`` (1, V) and features: its probabilities, and where asked its set
+    (``set_at``: the set's scope, the note of a group that fell back to the marginal set, its quantile) and its risk
+    decision."""
+    p1, pk = nested_probabilities(cal.maps["first"], cal.maps["first_k"], feats)
+    caveat, holds = shortlist_caveat(cal, c[0], set_at is not None)
+    part: dict[str, Any] = dict(
+        p_first=float(p1[0]),
+        p_first_k=float(pk[0]),
+        first_k=cal.first_k,
+        group=label,
+        caveat=caveat,
+        caveat_kind=None if caveat is None else ("set_shortlist" if holds else "shortlist"),
+        first_map=cal.maps["first"].kind,
+        map_method=cal.method,
+    )
+    if set_at is not None:
+        scope, note, q = set_at
+        p = cost_softmax(c, cal.temperature)  # (1, V)
+        lam, k_reg = cal.conformal_params["lam"], int(cal.conformal_params["k_reg"])
+        s = conformal_scores(p, request.score, difficulty=tv, lam=lam, k_reg=k_reg)  # (1, V)
+        part.update(
+            coverage=request.coverage,
+            set_indices=conformal_sets(s, q, c)[0],
+            set_scope="marginal" if note else scope,
+            scope_note=note,
+        )
+    if risk is not None:
+        # a probability from a shortlist is not the one the threshold was chosen on: no decision (issue 59)
+        decided = None if not holds else risk.threshold is not None and part["p_first"] >= risk.threshold
+        part.update(answered=decided, risk=risk)
+    return QueryUncertainty(**part)
 
 
 def shortlist_caveat(cal: Calibration, cost: np.ndarray, with_set: bool) -> tuple[Optional[str], bool]:
