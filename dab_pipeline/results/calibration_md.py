@@ -50,7 +50,7 @@ def md_calibration(results: dict[str, Any]) -> list[str]:
     gallery = on.get("gallery", {})
     test = cal.get("test", {})
     out = [
-        "## Calibration (test split)",
+        "## Calibration (test queries)",
         "",
         f"Calibrated by `dab calibrate` ({cal.get('method')}) on {on.get('queries')} queries of split "
         f"`{on.get('split')}` against {gallery.get('videos')} videos of `{gallery.get('split')}`; measured here on "
@@ -59,6 +59,8 @@ def md_calibration(results: dict[str, Any]) -> list[str]:
         "temperature (`softmax`). ECE over 15 equal-width and equal-mass bins.",
         "",
     ]
+    if test.get("why_not"):
+        out += [f"Not measured on the gallery calibrated on: {test['why_not']}.", ""]
     if not cal.get("same_gallery"):
         out += [
             "The test gallery is not the one calibrated on, so the coverage asked is *not* guaranteed here (a "
@@ -80,7 +82,7 @@ def md_calibration(results: dict[str, Any]) -> list[str]:
     sets = cal.get("sets") or {}
     if sets:
         out += [
-            "**Conformal sets on the test split** (coverage asked, coverage measured ± standard error, set size)",
+            "**Conformal sets on the test queries** (coverage asked, coverage measured ± standard error, set size)",
             "",
             "| score | asked | measured | mean size | median | 90th pct |",
             "|---|---|---|---|---|---|",

@@ -261,7 +261,8 @@ def _provenance(cfg: CalibrateConfig, run, split: str, gallery: str, got: _Input
         "gallery": {
             "split": gallery,
             "videos": len(got.videos.video_ids),
-            "store": str(got.store_path),
+            # absolute (a local path): `dab evaluate` and `dab search` find it from any working directory
+            "store": str(got.store_path.resolve()) if isinstance(got.store_path, Path) else str(got.store_path),
             "fingerprint": got.fingerprint,
             "video_ids_sha256": video_ids_digest(got.videos.video_ids),
         },

@@ -69,6 +69,18 @@ def test_evaluate_names_the_first_k_of_a_calibrated_run_in_any_spelling() -> Non
         con = Console(record=True, width=120)
         evaluating._print_calibration(con, {key: 5, "method": "auto", "probabilities": {"first": {}}})
         assert "P(a match in the first 5)" in con.export_text()
+    # a file of before the tables were nested ("first" at the top, "k" the integer): its table still printed
+    row = {"ece": 0.123, "ece_mass": 0.2, "brier": 0.3, "log_loss": 0.4, "auroc": 0.5, "mean_probability": 0.2}
+    row["accuracy"] = 0.25
+    old = {"k": 5, "method": "auto", "first": {"softmax": row}, "first_k": {"softmax": row}}
+    con = Console(record=True, width=120)
+    evaluating._print_calibration(con, old)
+    text = con.export_text()
+    assert "0.123" in text and "P(a match in the first 5)" in text, text
+    from dab_pipeline.results.calibration_md import md_calibration
+
+    md = "\n".join(md_calibration({"calibration": old}))
+    assert "**P(a match in the first 5)**" in md and md.count("| softmax | 0.123") == 2, md
     # a file written while the table took the name first_k (and lost the integer): no table printed as a k
     con = Console(record=True, width=120)
     evaluating._print_calibration(con, {"method": "auto", "first": {}, "first_k": {"softmax": {"ece": 0.1}}})

@@ -323,7 +323,7 @@ def test_evaluate_reports_a_calibrated_run_on_its_test_split(world: dict, tmp_pa
     assert cal["first_k"] == 5 and set(cal["probabilities"]["first_k"]) == {"calibrated", "softmax"}
     report = (run / "report.md").read_text()
     assert "**P(a match in the first 5)**" in report, report  # the integer k, not a table printed in its place
-    assert "## Calibration (test split)" in report and (run / "reliability.png").stat().st_size > 0
+    assert "## Calibration (test queries)" in report and (run / "reliability.png").stat().st_size > 0
     # the gallery is the one calibrated on here: no warning that the coverage is not guaranteed
     assert "not* guaranteed here" not in report
     # with overlapping groups: coverage per band and per caption length, at each coverage asked (issue 58)

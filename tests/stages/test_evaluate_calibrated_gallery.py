@@ -97,5 +97,61 @@ def test_a_store_gone_measures_on_the_test_videos_and_says_why(
     finally:
         moved.rename(store)
     assert cal["test"]["scored_here"] is False and cal["test"]["videos"] == 6 and cal["same_gallery"] is False
-    assert "cannot be read" in cal["test"]["why_not"], cal["test"]
+    assert "holds the gallery calibrated on" in cal["test"]["why_not"], cal["test"]
     assert any("calibration section on the test split's own videos" in w for w in warnings), warnings
+    assert "Not measured on the gallery calibrated on: no store at" in (copy / "report.md").read_text()
+
+
+def test_the_gallery_is_found_from_another_directory_through_the_store_evaluate_reads(
+    calibrated_on_all: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """calibration.json records the store's absolute path, and evaluate tries the store it reads first (--features):
+    a run and store moved together are measured on the gallery calibrated on from any working directory."""
+    from dab_pipeline.stages.evaluate import EvaluateConfig, run_evaluate
+
+    run, store = calibrated_on_all
+    assert json.loads((run / "calibration.json").read_text())["provenance"]["gallery"]["store"] == str(store.resolve())
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    shutil.copytree(run, moved / "run")
+    shutil.copy(store, moved / "store.h5")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    store.rename(store.with_name("hidden.h5"))  # the recorded path no longer holds it
+    try:
+        cal = run_evaluate(
+            EvaluateConfig(run=Path("../moved/run"), features=Path("../moved/store.h5"), examples=0, plots=False)
+        )["calibration"]
+    finally:
+        store.with_name("hidden.h5").rename(store)
+    assert cal["test"]["scored_here"] is True and cal["test"]["videos"] == 48, cal["test"]
+
+
+def test_a_run_calibrated_on_its_validation_split_is_measured_on_the_test_videos_without_a_new_warning(
+    tmp_path: Path,
+) -> None:
+    """The default calibration (gallery: the validation split) cannot hold the test queries: nothing is scored, no
+    warning beyond the section's own note that the gallery is another."""
+    from dab_pipeline.runs.costfile import CostMatrix, write_costs
+    from dab_pipeline.scoring import score_all
+    from dab_pipeline.stages.evaluate import EvaluateConfig, run_evaluate
+    from dab_pipeline.store import open_store
+
+    store = text_store(
+        tmp_path / "store.h5", SEARCH_CAPTIONS + CALIBRATION_CAPTIONS, frames=4, splits=CALIBRATION_SPLITS
+    )
+    run, model = hand_made_run(tmp_path / "run", store, "dab")
+    with open_store(store) as st:
+        test = st.load_split("test")
+    res = score_all(model, test.text, test.frames, test.frame_mask, gt=test.caption_video)
+    write_costs(
+        run / "costs_test.h5",
+        CostMatrix(res.cost, test.caption_ids, test.video_ids, test.caption_video, extras={"text_var": res.text_var}),
+    )
+    run_calibrate(CalibrateConfig(run=run, device="cpu"))
+    events: list = []
+    cal = run_evaluate(EvaluateConfig(run=run, examples=0, plots=False), progress=events.append)["calibration"]
+    assert cal["test"] == {"queries": 6, "split": None, "videos": 6, "scored_here": False, "why_not": None}
+    assert cal["same_gallery"] is False
+    assert not [e for e in events if e.kind == "warning" and "calibration section" in (e.message or "")], events

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -40,30 +40,59 @@ class GalleryCosts:
 
 
 def test_costs_on_calibrated_gallery(
-    run_dir: Path, cal: Calibration, test_split: str, query_ids: np.ndarray, progress: ProgressCallback
+    run_dir: Path,
+    cal: Calibration,
+    test_split: str,
+    query_ids: np.ndarray,
+    stores: Sequence[Any],
+    progress: ProgressCallback,
 ) -> tuple[Optional[GalleryCosts], Optional[str]]:
-    """(the test queries' costs against ``cal``'s gallery, None) or (None, why not): a calibration made through an
-    index (its sets hold for searches through it), a store that cannot be read or whose gallery changed since, a
-    test caption missing from it."""
+    """(the test queries' costs against ``cal``'s gallery, None), or (None, why not) where it cannot be measured
+    there: a calibration made through an index (its sets hold for searches through it), a store that cannot be read
+    or whose gallery changed since; (None, None), quietly, where the gallery cannot hold the test queries (a run
+    calibrated on its validation split: the section says the gallery is another). ``stores``: where to look for
+    the store, in order (the one ``dab evaluate`` reads, then the one calibration.json names); the gallery's
+    fingerprint decides which holds it."""
     gallery = cal.gallery
     if cal.provenance.get("index"):
         return None, "the run was calibrated through an index; the test split's costs rank every test video"
-    split, where = gallery.get("split"), gallery.get("store")
-    if not split or not where:
-        return None, "calibration.json does not name the store and split of its gallery"
-    try:
-        with open_store(location(where)) as store:
-            if store_fingerprint(store, split_rows(store, split)) != gallery.get("fingerprint"):
-                return None, f"split {split!r} of {where} is no longer the gallery calibrated on"
-            queries, videos = store.load_split(test_split), store.load_split(split)
-            texts = [str(t) for t in store.caption_text[queries.caption_index]]
-    except (DabError, OSError) as exc:  # a store moved or gone: the section is measured on the test gallery
-        return None, f"the gallery calibrated on cannot be read ({exc})"
-    order = _cost_file_order(np.asarray(queries.caption_ids).astype(str), np.asarray(query_ids).astype(str))
+    split = gallery.get("split")
+    if not split:
+        return None, "calibration.json does not name the split of its gallery"
+    tried = [where for where in [*stores, gallery.get("store")] if where]
+    for where in dict.fromkeys(map(str, tried)):  # each place once, in order
+        try:
+            with open_store(location(where)) as store:
+                rows = split_rows(store, split)
+                if not np.isin(split_rows(store, test_split), rows).all():
+                    return None, None  # the gallery does not hold the test videos: nothing to measure there
+                if store_fingerprint(store, rows) != gallery.get("fingerprint"):
+                    continue
+                queries, videos = store.load_split(test_split), store.load_split(split)
+                texts = [str(t) for t in store.caption_text[queries.caption_index]]
+        except (DabError, OSError):  # a store moved or gone: the next place, else the test gallery
+            continue
+        return _score(run_dir, cal, queries, videos, texts, np.asarray(query_ids), split, progress)
+    return None, f"no store at {', '.join(dict.fromkeys(map(str, tried)))} holds the gallery calibrated on, unchanged"
+
+
+def _score(
+    run_dir: Path,
+    cal: Calibration,
+    queries: Any,
+    videos: Any,
+    texts: list[str],
+    query_ids: np.ndarray,
+    split: str,
+    progress: ProgressCallback,
+) -> tuple[Optional[GalleryCosts], Optional[str]]:
+    """The test ``queries`` scored against the gallery's ``videos`` on the device and at the precision the
+    calibration was scored with (calibration.json's config), in the cost file's order of ``query_ids``."""
+    order = _cost_file_order(np.asarray(queries.caption_ids).astype(str), query_ids.astype(str))
     pos = {str(v): i for i, v in enumerate(videos.video_ids)}
     match = [pos.get(str(v)) for v in queries.video_ids[queries.caption_video]]
     if order is None or any(m is None for m in match):
-        return None, f"the test queries are not all captions of videos of split {split!r}"
+        return None, f"the cost file's queries are not the captions of split {split!r}'s test videos"
     progress(
         Event(
             "info",
@@ -71,22 +100,22 @@ def test_costs_on_calibrated_gallery(
             f"{len(videos.video_ids)} videos calibrated on (split {split!r}), as a search of that gallery does",
         )
     )
-    device = resolve_device("auto")
+    made = cal.provenance.get("config") or {}
+    device = resolve_device(str(made.get("device", "cpu")))
     run = load_run(run_dir, device)
-    with Scorer(run.model, device=device, dtype=resolve_score_dtype(DEFAULT_SCORE_DTYPE, device).dtype) as scorer:
+    dtype = resolve_score_dtype(str(made.get("dtype", DEFAULT_SCORE_DTYPE)), device).dtype
+    with Scorer(run.model, device=device, dtype=dtype) as scorer:
         cost = scorer.score(queries.text, videos.frames, videos.frame_mask).cost  # (Q, V)
     tv = text_variance(run.model, queries.text)  # (Q,) or None
-    return (
-        GalleryCosts(
-            cost=np.asarray(cost, np.float64)[order],
-            gt=np.asarray(match, np.int64)[order],
-            text_var=None if tv is None else np.asarray(tv, np.float64)[order],
-            texts=[texts[i] for i in order],
-            split=split,
-            query_ids=np.asarray(query_ids),
-        ),
-        None,
+    got = GalleryCosts(
+        cost=np.asarray(cost, np.float64)[order],
+        gt=np.asarray(match, np.int64)[order],
+        text_var=None if tv is None else np.asarray(tv, np.float64)[order],
+        texts=[texts[i] for i in order],
+        split=split,
+        query_ids=query_ids,
     )
+    return got, None
 
 
 def _cost_file_order(split_ids: np.ndarray, file_ids: np.ndarray) -> Optional[np.ndarray]:

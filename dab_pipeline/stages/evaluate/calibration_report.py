@@ -89,43 +89,12 @@ def _group_row(m: np.ndarray, hit: np.ndarray, gt: np.ndarray, sizes: np.ndarray
     }
 
 
-def _texts(run: Path, cm: CostMatrix) -> Optional[list[str]]:
-    """The test queries' captions from the run's store, for the length groups; None where it cannot be read."""
-    try:
-        with open_store(location(RunFolder(run).load_config(TrainConfig).features)) as st:
-            text = dict(zip(map(str, st.caption_ids), map(str, st.caption_text)))
-        return [text[str(q)] for q in cm.query_ids]
-    except Exception:  # a store moved or gone: the report says the length groups could not be measured
-        return None
-
-
-def calibration_section(
-    run: Optional[Path], cm: CostMatrix, cost: np.ndarray, gt: np.ndarray, progress: ProgressCallback
-) -> Optional[dict[str, Any]]:
-    """None for a run without calibration.json (or no run); a warning and None for one made for another
-    checkpoint."""
-    if run is None or not (Path(run) / CALIBRATION_FILE).exists():
-        return None
-    ck = RunFolder(run).checkpoint(RunFolder.BEST)
-    cal, problem = read_run_calibration(Path(run), sha256_file(ck) if ck.exists() else "")
-    if cal is None:
-        progress(Event("warning", message=f"{problem}; no calibration section"))
-        return None
-    tv = (cm.extras or {}).get("text_var") if "normalized" in cal.conformal else None  # a variance calibration
-    same = cal.gallery.get("video_ids_sha256") == video_ids_digest(cm.video_ids)
-    measured = {"split": None, "videos": int(cost.shape[1]), "scored_here": False, "why_not": None}
-    texts: Optional[list[str]] = None
-    if not same:  # measure where the calibration promises something: the test queries against its gallery
-        got, why_not = test_costs_on_calibrated_gallery(
-            Path(run), cal, RunFolder(run).load_config(TrainConfig).test_split, np.asarray(cm.query_ids), progress
-        )
-        if got is None:
-            progress(Event("warning", message=f"calibration section on the test split's own videos: {why_not}"))
-            measured["why_not"] = why_not
-        else:
-            cost, gt, texts, same = got.cost, got.gt, got.texts, True
-            tv = got.text_var if "normalized" in cal.conformal else None
-            measured = {"split": got.split, "videos": int(cost.shape[1]), "scored_here": True, "why_not": None}
+def _probabilities(
+    cal: Any, cost: np.ndarray, gt: np.ndarray, tv: Optional[np.ndarray]
+) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """({target: {probability: (Q,)}}, {target: outcome (Q,) bool}): the calibrated P(first) and P(first k) beside
+    their baselines (the margin through a sigmoid, the softmax), and whether each query's first hit (first k) holds
+    its match."""
     feats = query_features(
         cost, cal.temperature, cal.first_k, None if tv is None else np.asarray(tv, np.float64), cal.k0
     )
@@ -139,7 +108,70 @@ def calibration_section(
         },
         "first_k": {"calibrated": pk, "softmax": feats.column("softmax_first_k")},
     }
-    outcome = {"first": first, "first_k": in_first_k}
+    return probs, {"first": first, "first_k": in_first_k}
+
+
+def _where_measured(
+    run: Path,
+    cal: Any,
+    cm: CostMatrix,
+    cost: np.ndarray,
+    gt: np.ndarray,
+    tv: Optional[np.ndarray],
+    store: Optional[Path],
+    progress: ProgressCallback,
+) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray], Optional[list[str]], dict[str, Any]]:
+    """(costs (Q, V), matches (Q,), text variances, captions or None, where): the cost file's where its videos are
+    the gallery calibrated on; else the test queries scored against that gallery where a store holds it unchanged;
+    else the cost file's, with a warning saying why (none where the gallery cannot hold the test queries)."""
+    where: dict[str, Any] = {"split": None, "videos": int(cost.shape[1]), "scored_here": False, "why_not": None}
+    if cal.gallery.get("video_ids_sha256") == video_ids_digest(cm.video_ids):
+        return cost, gt, tv, None, {**where, "same": True}
+    test_split = RunFolder(run).load_config(TrainConfig).test_split
+    got, why_not = test_costs_on_calibrated_gallery(
+        run, cal, test_split, np.asarray(cm.query_ids), [store] if store else [], progress
+    )
+    if got is None:
+        if why_not:
+            progress(Event("warning", message=f"calibration section on the test split's own videos: {why_not}"))
+        return cost, gt, tv, None, {**where, "why_not": why_not, "same": False}
+    tv = got.text_var if "normalized" in cal.conformal else None
+    where = {"split": got.split, "videos": int(got.cost.shape[1]), "scored_here": True, "why_not": None}
+    return got.cost, got.gt, tv, got.texts, {**where, "same": True}
+
+
+def _texts(run: Path, cm: CostMatrix) -> Optional[list[str]]:
+    """The test queries' captions from the run's store, for the length groups; None where it cannot be read."""
+    try:
+        with open_store(location(RunFolder(run).load_config(TrainConfig).features)) as st:
+            text = dict(zip(map(str, st.caption_ids), map(str, st.caption_text)))
+        return [text[str(q)] for q in cm.query_ids]
+    except Exception:  # a store moved or gone: the report says the length groups could not be measured
+        return None
+
+
+def calibration_section(
+    run: Optional[Path],
+    cm: CostMatrix,
+    cost: np.ndarray,
+    gt: np.ndarray,
+    progress: ProgressCallback,
+    store: Optional[Path] = None,
+) -> Optional[dict[str, Any]]:
+    """None for a run without calibration.json (or no run); a warning and None for one made for another
+    checkpoint. Measured on the test queries against the gallery calibrated on where it can be (``store``: the one
+    ``dab evaluate`` reads), else against the cost file's videos."""
+    if run is None or not (Path(run) / CALIBRATION_FILE).exists():
+        return None
+    ck = RunFolder(run).checkpoint(RunFolder.BEST)
+    cal, problem = read_run_calibration(Path(run), sha256_file(ck) if ck.exists() else "")
+    if cal is None:
+        progress(Event("warning", message=f"{problem}; no calibration section"))
+        return None
+    tv = (cm.extras or {}).get("text_var") if "normalized" in cal.conformal else None  # a variance calibration
+    cost, gt, tv, texts, measured = _where_measured(Path(run), cal, cm, cost, gt, tv, store, progress)
+    probs, outcome = _probabilities(cal, cost, gt, tv)
+    first = outcome["first"]
     section: dict[str, Any] = {
         "method": cal.method,
         "first_k": cal.first_k,
@@ -150,8 +182,8 @@ def calibration_section(
         },
         # the test queries against the gallery calibrated on where it could be read (scored here, ``measured``),
         # else against the cost file's videos; same_gallery: whether the coverage asked is guaranteed there
-        "test": {"queries": int(len(cost)), **measured},
-        "same_gallery": bool(same),
+        "test": {"queries": int(len(cost)), **{k: v for k, v in measured.items() if k != "same"}},
+        "same_gallery": bool(measured["same"]),
     }
     # the two probabilities' tables nested: at the top, "first_k" is the integer k (as in calibration.json)
     section["probabilities"] = {
@@ -160,14 +192,15 @@ def calibration_section(
     }
     section["top_bins"] = {name: top_bins(p, first) for name, p in probs["first"].items() if name != "margin_sigmoid"}
     section["selection"] = cal.report.get("selection")
-    section["reliability"] = {}
-    for name, p in probs["first"].items():
-        r = reliability_bins(p, first, 15, "width")
-        section["reliability"][name] = {
+    bins = {name: reliability_bins(p, first, 15, "width") for name, p in probs["first"].items()}
+    section["reliability"] = {
+        name: {
             "mean_probability": r.mean_probability.tolist(),
             "accuracy": r.accuracy.tolist(),
             "count": r.count.tolist(),
         }
+        for name, r in bins.items()
+    }
     if texts is None and cal.groups is not None and "length" in cal.groups["bands"]:
         texts = _texts(Path(run), cm)
     section["groups"] = None if cal.groups is None else {"spec": cal.groups["spec"], "signal": cal.groups["signal"]}

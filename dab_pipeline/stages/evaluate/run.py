@@ -75,8 +75,8 @@ def run_evaluate(cfg: EvaluateConfig, progress: ProgressCallback = null_progress
             v2t_convention=cfg.v2t,
         )
     )
-    curves, calibrated = _uncertainty_sections(results, cfg, cm, cost, gt, progress)
     store_path = store_of(cfg, cm, costs_path)
+    curves, calibrated = _uncertainty_sections(results, cfg, cm, cost, gt, store_path, progress)
     _store_diagnostics(results, cfg, cm, cost, gt, store_path, progress)
 
     if cm.attrs:
@@ -108,6 +108,7 @@ def _uncertainty_sections(
     cm: CostMatrix,
     cost: np.ndarray,
     gt: np.ndarray,
+    store_path: Optional[Path],
     progress: ProgressCallback,
 ) -> tuple[Optional[dict], Optional[dict]]:
     """Selective prediction, the variances and a calibrated run's calibration, into ``results``; returns the
@@ -118,7 +119,7 @@ def _uncertainty_sections(
     ex = cm.extras or {}
     if all(k in ex for k in ("text_var", "bridged_var", "video_var")):
         results["variance"] = M.variance_asymmetry(ex["text_var"], ex["bridged_var"], ex["video_var"])
-    calibrated = calibration_section(Path(cfg.run) if cfg.run else None, cm, cost, gt, progress)
+    calibrated = calibration_section(Path(cfg.run) if cfg.run else None, cm, cost, gt, progress, store_path)
     if calibrated is not None:
         results["calibration"] = calibrated
     return curves, calibrated
