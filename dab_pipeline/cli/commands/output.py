@@ -4,6 +4,7 @@ rank of a torchrun job."""
 from __future__ import annotations
 
 from contextlib import contextmanager
+from typing import Any
 
 import click
 
@@ -38,7 +39,7 @@ def cut_words(text: str, width: int) -> str:
     return head.rstrip(" ,;:") + "…"
 
 
-def plain(value) -> str:
+def plain(value: Any) -> str:
     """A value as a person reads it in a table or a log line, never a Python repr: None "-", a bool "yes" or "no",
     a list its items joined with ", " (with "; " where an item is a dict), a dict ``key: value`` pairs joined with
     ", ", and an empty list or dict "-"."""
@@ -54,7 +55,7 @@ def plain(value) -> str:
     return str(value)
 
 
-def plain_rows(key: str, value) -> list[tuple[str, str]]:
+def plain_rows(key: str, value: Any) -> list[tuple[str, str]]:
     """(name, text) rows of a two-column table for ``key``: a non-empty dict one row per entry, named
     ``key.entry`` (nested dicts likewise), so that each reads, and can be grepped, on its own; any other value
     one row, as :func:`plain` writes it."""
