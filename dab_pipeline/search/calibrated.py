@@ -4,6 +4,7 @@ decision (:mod:`dab_pipeline.calibration`, docs/uncertainty.md)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -21,6 +22,7 @@ from ..calibration import (
 )
 from ..clip_models import query_words
 from ..core.errors import ConfigError
+from ..core.location import StoreURL, location
 from ..store import store_fingerprint
 from .results import SearchResult
 
@@ -102,23 +104,18 @@ class CalibratedSearch:
 
     def _other_gallery_refusal(self) -> str:
         """The one line refusing a set or a risk decision on a gallery other than the one calibrated on: the two
-        ways out (search that gallery, or calibrate on this one), not the warning's description of the two
-        galleries again (issue 61, item 4)."""
+        ways out (search that gallery, or calibrate on this one), within 120 columns with "Error: " for a run path
+        of about 30 characters (issue 61, item 4): the warning above already described the two galleries, and the
+        hint repeats no path the command line holds, only a store other than the one calibrated on."""
         assert self.calibration is not None
         run, g = self.run.run_dir, self.calibration.gallery
         other_store = g.get("store") is not None and not _same_place(g["store"], self.store_path)
-        features = f" --features {self.store_path}" if other_store else ""
-        calibrate = f"`dab calibrate --run {run}{features} --gallery {self.split}`"
+        features = f"--features {self.store_path} " if other_store else ""
+        calibrate = f"dab calibrate {features}--gallery {self.split}"
         if not other_store and g.get("split") == self.split:  # the same gallery since changed: only calibrating
-            return (
-                f"{run} was calibrated on this gallery before it changed: sets and risk decisions are refused here; "
-                f"calibrate again ({calibrate})"
-            )
+            return f"{run} was calibrated on this gallery before it changed: {calibrate} again"
         where = (f"--features {g['store']} " if other_store else "") + f"--split {g.get('split')}"
-        return (
-            f"{run} was calibrated on another gallery: sets and risk decisions are refused here; search that one "
-            f"({where}) or calibrate on this one ({calibrate})"
-        )
+        return f"{run} was calibrated on another gallery: search {where}, or {calibrate}"
 
     def _assess(
         self,
@@ -166,7 +163,19 @@ class CalibratedSearch:
                 if kind == "unknown_words":  # numbers of no query: no set either, as for a request without one
                     u = replace(u, coverage=None, set_indices=None, set_scope=None, scope_note=None)
             result.uncertainty = u
+            result.shortlist_k0 = self._shortlist_k0(result)
         return result
+
+    def _shortlist_k0(self, result: SearchResult) -> Optional[int]:
+        """The calibration's k0 where ``result`` was ranked over a shortlist and its probabilities are said to hold:
+        the features read the first k0 costs, so they are the exhaustive search's exactly where the shortlist holds
+        the exhaustive first k0 videos, which it cannot know (issue 60). None where every video was scored, or where
+        the run was calibrated through this first stage (its shortlist is what was calibrated)."""
+        assert self.calibration is not None and result.uncertainty is not None
+        if not result.uncertainty.probabilities_hold or self.calibration.provenance.get("index"):
+            return None
+        scored = len(self.rows) if result.costs is None else int(np.isfinite(result.costs).sum())
+        return int(self.calibration.k0) if scored < len(self.rows) else None
 
     def _not_calibrated(self, result: SearchResult) -> Optional[tuple[str, str]]:
         """(kind, line) where a result's probabilities are not calibrated ones (kinds: CAVEAT_KINDS): every word of
@@ -181,12 +190,17 @@ class CalibratedSearch:
         return None
 
 
-def _same_place(recorded: str, searched) -> bool:
-    """Whether the store path calibration.json recorded is the one searched (a local path resolved, a URL as
-    written)."""
-    if str(recorded) == str(searched):
-        return True
+def _same_place(recorded: str, searched: str | os.PathLike | StoreURL) -> bool:
+    """Whether the store calibration.json recorded is the one searched: local paths compared resolved to absolute
+    ones (a relative path recorded by an older ``dab calibrate`` resolved against the current directory, as it was
+    given), URLs as written (``file://`` is a local path)."""
     try:
-        return Path(recorded).resolve() == Path(str(searched)).resolve()
-    except (OSError, ValueError):
-        return False
+        a, b = location(str(recorded)), location(searched)
+    except ConfigError:  # a protocol this machine cannot open: only the same text is the same place
+        return str(recorded) == str(searched)
+    if isinstance(a, StoreURL) or isinstance(b, StoreURL):
+        return str(a) == str(b)
+    try:
+        return a.resolve() == b.resolve()
+    except (OSError, RuntimeError):  # a loop of links: compared as written, made absolute
+        return Path(os.path.abspath(a)) == Path(os.path.abspath(b))

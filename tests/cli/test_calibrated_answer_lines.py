@@ -4,6 +4,8 @@ is printed whole above its table, wrapped between words within 120 columns."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -47,7 +49,7 @@ def test_numbers_that_do_not_hold_are_never_labelled_calibrated(kind: str) -> No
     else:  # marked, with a one-line reason
         assert "~0.45" in lines[0] and "~0.76" in lines[0] and lines[1].startswith("why: "), lines
     if kind == "gallery":
-        assert lines[1] == "why: the gallery searched is not the one calibrated on (warning above)"
+        assert lines[1] == "why: the gallery searched is not the one calibrated on (see the warning)"
 
 
 def test_a_set_over_a_shortlist_keeps_its_calibrated_probabilities_and_says_so_of_its_set() -> None:
@@ -60,14 +62,37 @@ def test_a_set_over_a_shortlist_keeps_its_calibrated_probabilities_and_says_so_o
 @pytest.mark.parametrize(
     "kind, reason",
     [
-        ("unknown_words", "not decided: every word of the query is unknown (warning above)"),
+        ("unknown_words", "not decided: every word of the query is unknown (see the warning)"),
         ("shortlist", "not decided: the probability comes from a shortlist (above)"),
-        ("gallery", "not decided: the gallery searched is not the one calibrated on (warning above)"),
+        ("gallery", "not decided: the gallery searched is not the one calibrated on (see the warning)"),
     ],
 )
 def test_not_decided_gives_its_actual_reason(kind: str, reason: str) -> None:
     lines = uncertainty_lines(_result(caveat=CAVEATS[kind], caveat_kind=kind, risk=RISK, answered=None))
     assert lines[-1] == reason, lines
+    # the warnings go to stderr: where only stdout was kept, "above" would point at nothing
+    assert not any("warning above" in line for line in lines), lines
+
+
+def test_a_shortlist_says_where_its_calibrated_probabilities_hold_within_120_columns() -> None:
+    """issue 60: over a shortlist of at least k0 the probabilities are the exhaustive search's only where the
+    shortlist holds the exhaustive first k0 videos (shortlist_k0), which it cannot know: the label says so."""
+    r = _result(with_set=True, caveat=CAVEATS["set_shortlist"], caveat_kind="set_shortlist")
+    r.shortlist_k0 = 20
+    lines = uncertainty_lines(r)
+    assert lines[0] == (
+        "calibrated if the shortlist holds the first 20 videos: P(first hit is a match) 0.45, "
+        "P(a match in the first 5) 0.76"
+    ), lines
+    assert lines[1].startswith("90% conformal set over a shortlist, not calibrated here (2 videos)"), lines
+    assert lines[2] == f"why: {CAVEATS['set_shortlist']}"
+    # no set asked (no caveat): the same label; the raw softmax map's note on a line of its own, each within 120
+    r = _result(first_map="softmax", p_first=1.0, p_first_k=1.0, first_k=999)
+    r.shortlist_k0 = 999
+    lines = uncertainty_lines(r)
+    assert lines[0].startswith("calibrated if the shortlist holds the first 999 videos: P(first hit is a match) 1.00")
+    assert lines[1] == "the map of P(first hit is a match): raw softmax, least cross-validated loss", lines
+    assert all(len(line) <= 120 for line in lines), [len(line) for line in lines]
 
 
 def test_every_caveat_kind_is_printed() -> None:
@@ -84,6 +109,38 @@ def test_the_raw_softmax_map_is_named_within_120_columns() -> None:
     assert "(raw softmax: --method softmax)" in asked
     (fitted,) = uncertainty_lines(_result())  # a fitted map: its numbers say calibrated, with no note
     assert fitted == "calibrated: P(first hit is a match) 0.45, P(a match in the first 5) 0.76"
+
+
+def test_user_text_is_printed_as_written_not_as_emoji_or_markup(capsys: pytest.CaptureFixture) -> None:
+    """rich reads ":smile:" as an emoji and "[bold]" as markup, in a printed line and in a table's str cell alike."""
+    r = _result("a red :smile: circle [bold]now[/bold]")
+    r.hits[0] = SearchHit(rank=1, video_id="w:thumbs_up:1", video_index=0, cost=40.0)
+    _print_results([r], {"w:thumbs_up:1": "a :red_circle: on [i]grass[/i]"})
+    out = capsys.readouterr().out
+    assert "a red :smile: circle [bold]now[/bold]" in out and "w:thumbs_up:1" in out, out
+    assert "a :red_circle: on [i]grass[/i]" in out, out
+    assert not any(ord(c) > 0x2000 and c != "…" for c in out), out  # no emoji anywhere
+
+
+def test_a_warning_quoting_the_query_is_printed_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    import dab_pipeline.stages.search as stage
+    from dab_pipeline.cli import cli
+
+    def searched(cfg, warn):
+        warn("query 'a :smile: dog': dab-world does not know the word 'dog'")
+        return []
+
+    monkeypatch.setattr(stage, "run_search", searched)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "store.h5").write_bytes(b"")
+    args = ["search", "--run", str(tmp_path / "run"), "--features", str(tmp_path / "store.h5"), "a :smile: dog"]
+    with pytest.raises(SystemExit) as done:
+        cli.main(args, prog_name="dab")
+    assert done.value.code in (0, None)
+    err = capsys.readouterr().err
+    assert "warning: query 'a :smile: dog': dab-world" in err, err
 
 
 def test_a_long_query_is_printed_whole_above_its_table_between_words(capsys: pytest.CaptureFixture) -> None:

@@ -105,18 +105,64 @@ def test_a_query_without_a_set_gets_no_set_marks(render, no_set: dict, tmp_path:
     assert page.having("data-unanswered", "1") and page.badges("unanswered-badge") == 1
 
 
+SHORTLIST = "scored over a shortlist of 5 videos, fewer than the 20 the calibrated probabilities read"
+SET_SHORTLIST = "the set is built over a shortlist of 30 of the 400 videos calibrated on: it covers less than asked"
+UNKNOWN = "every word of the query is unknown to the store's CLIP: these numbers describe no query"
+
+
 @PAGES
-def test_not_decided_says_why_and_marks_nothing_not_answered(render, tmp_path: Path) -> None:
-    why = "every word of the query is unknown to the store's CLIP: these numbers describe no query"
-    page = _parse(render(with_set(answered=None, risk=RISK, caveat=why), tmp_path))
+def test_not_decided_says_why_once_and_marks_nothing_not_answered(render, tmp_path: Path) -> None:
+    """A shortlist under k0: the numbers marked "~", never called calibrated, the caveat said once (not again after
+    "not decided:")."""
+    u = with_set(answered=None, risk=RISK, caveat=SHORTLIST, caveat_kind="shortlist", probabilities_hold=False)
+    page = _parse(render(u, tmp_path))
     assert page.having("data-answered", "") and page.having("data-caveat", "1")
-    assert f"not decided: {why}" in page.text and "not calibrated here: " + why in page.text
+    assert "not calibrated here (a shortlist): P(the first hit is a match) ~0.42 · P(a match in the first 5) ~0.77" in (
+        page.text
+    )
+    assert page.text.count(SHORTLIST) == 1 and "not decided: the probability comes from a shortlist" in page.text
+    assert "calibrated: P(" not in page.text and "calibrated on average" not in page.text  # the set: not either
+    assert "90 % conformal set, over a shortlist, not calibrated here" in page.text
     assert not page.having("data-unanswered") and page.badges("unanswered-badge") == 0
     assert "not answered" not in page.text
-    assert "probabilities: P(the first hit is a match) 0.42" in page.text and "calibrated: P(" not in page.text
     # no caveat to give (a payload from before caveats): the shortlist reason
     page = _parse(render(answer(answered=None, risk=RISK), tmp_path))
     assert "not decided: the probability comes from a shortlist" in page.text and not page.having("data-unanswered")
+
+
+@PAGES
+def test_a_query_of_no_known_word_shows_no_numbers_and_says_so_once(render, tmp_path: Path) -> None:
+    """dab search prints no numbers for it; the JSON keeps p_first for its older readers, the page shows none."""
+    u = answer(answered=None, risk=RISK, caveat=UNKNOWN, caveat_kind="unknown_words", probabilities_hold=False)
+    page = _parse(render(u, tmp_path))
+    assert "0.42" not in page.text and "0.77" not in page.text and not page.having("data-p-first"), page.text
+    assert "not calibrated here: every word of the query is unknown" in page.text
+    assert page.text.count("unknown") == 1, page.text  # said once: "not decided" does not repeat it
+    assert page.having("data-answered", "") and "not decided: " in page.text and "% set" not in page.text
+
+
+@PAGES
+def test_a_set_over_a_shortlist_is_not_called_calibrated_and_its_probabilities_say_where_they_hold(
+    render, tmp_path: Path
+) -> None:
+    """A shortlist of at least k0: the probabilities hold where it holds the first k0 videos (issue 60), the set is
+    not calibrated (it covers at most the first stage's recall), its caveat said once."""
+    u = with_set(
+        answered=False, risk=RISK, caveat=SET_SHORTLIST, caveat_kind="set_shortlist", probabilities_hold=True,
+        shortlist_k0=20,
+    )  # fmt: skip
+    page = _parse(render(u, tmp_path))
+    assert "calibrated if the shortlist holds the first 20 videos: P(the first hit is a match) 0.42 · " in page.text
+    assert "90 % conformal set, over a shortlist, not calibrated here: 4 videos" in page.text, page.text
+    assert "calibrated on average over queries" not in page.text and page.text.count(SET_SHORTLIST) == 1
+    assert page.having("data-set-calibrated", "0") and page.having("data-probabilities-hold", "1")
+    assert "~" not in page.text and page.having("data-unanswered", "1")  # the numbers hold: the decision stands
+
+
+@PAGES
+def test_an_empty_set_is_called_empty(render, tmp_path: Path) -> None:
+    page = _parse(render(answer(coverage=0.9, set_scope="marginal", set=[], caveat_kind=None), tmp_path))
+    assert page.having("data-set-size", "0") and "an empty set" in page.text and "0 videos" not in page.text
 
 
 @PAGES

@@ -54,18 +54,108 @@ def test_a_set_on_another_gallery_is_refused_in_a_short_line_that_offers_the_cal
     (warning,) = warned
     said = str(got.value)
     assert warning.split(":")[0] not in said, said  # the warning printed above, not again
-    assert (
-        f"search that one (--split all) or calibrate on this one (`dab calibrate --run {run} --gallery test`)" in said
-    )
-    assert len(said) - 2 * len(str(run)) < 180, said  # short: the old line repeated the warning
+    assert said == f"{run} was calibrated on another gallery: search --split all, or dab calibrate --gallery test"
     # the same videos in another store file: the way out names both stores
     other = shutil.copy(store, calibrated["root"] / "copy.h5")
     with Searcher(run, other, split="test", device="cpu") as s:
         with pytest.raises(ConfigError) as got:
             s.check_request(UncertaintyRequest(max_risk=0.3))
     said = str(got.value)
-    assert f"(--features {store} --split all)" in said, said
-    assert f"`dab calibrate --run {run} --features {Path(other)} --gallery test`" in said, said
+    assert f"search --features {store} --split all, or dab calibrate --features {Path(other)} --gallery test" in said
+
+
+def test_the_other_gallery_refusal_fits_120_columns_in_a_pipe(
+    calibrated: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole "Error: ..." line of `dab search` for a short run path, and the text after "Error: " for a run path
+    of 30 characters, within 120 columns (it was 213+, the hint repeating the run's path)."""
+    from ..helpers.runner import invoke
+
+    root = calibrated["root"]
+    monkeypatch.chdir(root)
+    (root / "runs").mkdir(exist_ok=True)
+    (root / "runs" / "dab").symlink_to(calibrated["run"], target_is_directory=True)
+    args = ["search", "--features", "store.h5", "--split", "test", "--device", "cpu", "--max-risk", "0.3", "red"]
+    out = invoke(["search", "--run", "runs/dab", *args[1:]])
+    assert out.exit_code != 0
+    (error,) = [line for line in out.output.splitlines() if line.startswith("Error: ")]
+    assert error.endswith("dab calibrate --gallery test") and len(error) <= 120, (len(error), error)
+    thirty = Path("runs") / "a-run-of-thirty-character"  # runs/ and 25 more: 30 characters
+    assert len(str(thirty)) == 30
+    thirty.symlink_to(calibrated["run"], target_is_directory=True)
+    with Searcher(thirty, "store.h5", split="test", device="cpu") as s:
+        with pytest.raises(ConfigError) as got:
+            s.check_request(UncertaintyRequest(max_risk=0.3))
+    assert str(thirty) in str(got.value) and len(str(got.value)) <= 120, str(got.value)
+
+
+def test_a_shortlist_of_at_least_k0_says_its_probabilities_hold_where_it_holds_the_first_k0(calibrated: dict) -> None:
+    """issue 60: a shortlist of at least k0 videos (k0 20; the gallery 48) gives the exhaustive probabilities only
+    where it holds the exhaustive first k0 videos: the result, the JSON and dab search's lines say so."""
+    from dab_pipeline.cli.commands.calibrated_answers import uncertainty_lines
+
+    with Searcher(calibrated["run"], calibrated["store"], split="all", device="cpu") as s:
+        (full,) = s.search(["a red ball"], 3, uncertainty=UncertaintyRequest(coverage=0.8))
+        (wide,) = s.search(["a red ball"], 3, shortlist=25, uncertainty=UncertaintyRequest(coverage=0.8))
+        (plain,) = s.search(["a red ball"], 3, shortlist=25)  # no set asked: no caveat, the same condition
+    assert full.shortlist_k0 is None and wide.shortlist_k0 == 20 and plain.shortlist_k0 == 20
+    got = uncertainty_payload(full)
+    assert got["caveat_kind"] is None and got["probabilities_hold"] is True and "shortlist_k0" not in got
+    got = uncertainty_payload(wide)
+    assert got["caveat_kind"] == "set_shortlist" and got["probabilities_hold"] is True and got["shortlist_k0"] == 20
+    assert got["p_first"] == wide.uncertainty.p_first  # the keys before these, as they were
+    assert uncertainty_lines(wide)[0].startswith("calibrated if the shortlist holds the first 20 videos: P(first")
+    assert uncertainty_lines(plain)[0].startswith("calibrated if the shortlist holds the first 20 videos: P(first")
+    assert uncertainty_lines(full)[0].startswith("calibrated: P(first hit is a match)")
+
+
+def test_a_run_calibrated_through_its_index_gets_no_shortlist_caveat(calibrated: dict, tmp_path: Path) -> None:
+    """A search through the first stage the run was calibrated through: its probabilities and its set are the
+    calibrated ones, no caveat and no condition (issue 60)."""
+    pytest.importorskip("faiss")
+    from dab_pipeline.cli.commands.calibrated_answers import uncertainty_lines
+    from dab_pipeline.index import build_index
+    from dab_pipeline.store import open_store
+
+    run = shutil.copytree(calibrated["run"], tmp_path / "run")
+    with open_store(calibrated["store"]) as st:
+        build_index(st, tmp_path / "index", split="all")
+    run_calibrate(CalibrateConfig(run=run, device="cpu", gallery="all", index=tmp_path / "index", shortlist=20))
+    with Searcher(run, calibrated["store"], split="all", index=tmp_path / "index", device="cpu") as s:
+        (r,) = s.search(["a red ball"], 3, shortlist=20, uncertainty=UncertaintyRequest(coverage=0.3))
+    assert r.uncertainty.caveat_kind is None and r.shortlist_k0 is None and r.coverage_set
+    got = uncertainty_payload(r)
+    assert got["caveat_kind"] is None and got["probabilities_hold"] is True and "shortlist_k0" not in got
+    lines = uncertainty_lines(r)
+    assert lines[0].startswith("calibrated: P(first hit is a match)") and "not calibrated" not in lines[1], lines
+
+
+def test_a_query_of_no_known_word_keeps_its_numbers_in_the_json_marked(calibrated: dict) -> None:
+    with Searcher(calibrated["run"], calibrated["store"], split="all", device="cpu") as s:
+        (r,) = s.search(["zorp, blick!"], 3)
+        r.unknown_words = ("zorp", "blick")
+        got = uncertainty_payload(s.reassess(r, UncertaintyRequest(max_risk=0.3)))
+    assert got["caveat_kind"] == "unknown_words" and got["probabilities_hold"] is False
+    assert "p_first" in got and "shortlist_k0" not in got  # kept for its readers, marked as not holding
+
+
+def test_the_store_calibrated_on_is_compared_as_an_absolute_path_or_a_url(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """calibration.json records the store's absolute path (an older one the path as given, relative to where
+    dab calibrate ran); a URL is compared as written, file:// as the local path it is."""
+    from dab_pipeline.core.location import StoreURL
+    from dab_pipeline.search.calibrated import _same_place
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "store.h5").write_bytes(b"")
+    assert _same_place(str(tmp_path / "store.h5"), Path("store.h5"))  # recorded absolute, searched relative
+    assert _same_place("store.h5", tmp_path / "store.h5")  # an older file: relative, resolved against the cwd
+    assert _same_place("./store.h5", Path("store.h5"))
+    assert not _same_place(str(tmp_path / "other.h5"), Path("store.h5"))
+    assert _same_place(f"file://{tmp_path / 'store.h5'}", Path("store.h5"))  # file:// is the local path
+    assert _same_place("memory://bucket/store.h5", StoreURL("memory://bucket/store.h5/"))
+    assert not _same_place("memory://bucket/store.h5", Path("memory:/bucket/store.h5"))  # a URL is no local path
 
 
 def test_the_unknown_word_line_says_they_are_read_as_blanks_in_the_right_number() -> None:

@@ -21,6 +21,7 @@ pytest.importorskip("sklearn")
 VAL = [f"a {c} {t}" for c in ("red", "blue", "green", "white", "black") for t in ("ball", "dog", "car", "cat")]
 ASK = {"coverage": 0.9, "max_risk": 0.01}  # max risk 0.01 answers nothing on 10 held-out videos
 UNDECIDED = 5  # a shortlist under the calibration's k0 (20): its probabilities decide nothing
+WIDE = 25  # a shortlist of at least k0, short of the 28 videos: its probabilities hold, its set is not calibrated
 
 
 class _Elements(HTMLParser):
@@ -71,7 +72,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def served(world: tuple[Path, Path]) -> dict[str, str]:
-    """dab serve's page: "unanswered" (every video scored, max risk 0.01), "undecided" (a shortlist of 5)."""
+    """dab serve's page: "unanswered" (every video scored, max risk 0.01), "undecided" (a shortlist of 5), "wide" (a
+    shortlist of 25)."""
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
@@ -81,7 +83,8 @@ def served(world: tuple[Path, Path]) -> dict[str, str]:
     store, run = world
     out = {}
     params = {"q": "a red ball", **{k: str(v) for k, v in ASK.items()}}
-    for name, settings in (("unanswered", ServeSettings()), ("undecided", ServeSettings(shortlist=UNDECIDED))):
+    pages = {"unanswered": None, "undecided": UNDECIDED, "wide": WIDE}
+    for name, settings in ((name, ServeSettings(shortlist=shortlist)) for name, shortlist in pages.items()):
         with Searcher(run, store, split="all", device="cpu") as s, TestClient(create_app(s, settings)) as c:
             got = c.get("/", params=params)
         assert got.status_code == 200, got.text
@@ -91,13 +94,14 @@ def served(world: tuple[Path, Path]) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def written(world: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """dab search --html's page of two queries: "unanswered" (every video scored), "undecided" (a shortlist of 5)."""
+    """dab search --html's page of two queries: "unanswered" (every video scored), "undecided" (a shortlist of 5),
+    "wide" (a shortlist of 25)."""
     from dab_pipeline.stages.search import SearchConfig, run_search
 
     store, run = world
     root = tmp_path_factory.mktemp("html")
     out = {}
-    for name, shortlist in (("unanswered", None), ("undecided", UNDECIDED)):
+    for name, shortlist in (("unanswered", None), ("undecided", UNDECIDED), ("wide", WIDE)):
         cfg = SearchConfig(
             run, store, ["a red ball", "a dog runs"], 3, split="all", device="cpu", shortlist=shortlist,
             html=root / f"{name}.html", **ASK,
@@ -140,8 +144,24 @@ def _check_undecided(dom: _Elements) -> None:
         assert [a["data-answered"] for tag, a in els if "data-answered" in a] == [""]
         assert not [a for tag, a in els if "data-unanswered" in a or a.get("class") == "unanswered-badge"]
         assert [a for tag, a in els if a.get("data-caveat") == "1"]  # the numbers are marked
-        assert f"not decided: scored over a shortlist of {UNDECIDED} videos" in words  # the caveat says why
+        assert "not calibrated here (a shortlist): P(the first hit is a match) ~" in words
+        # the caveat says why, once; "not decided" names the reason in a few words
+        assert words.count(f"scored over a shortlist of {UNDECIDED} videos") == 1, words
+        assert "not decided: the probability comes from a shortlist" in words
         assert "not answered" not in words and "calibrated: P(" not in words  # marked numbers are not "calibrated"
+        assert "calibrated on average over queries" not in words  # nor is the set
+
+
+def _check_wide(dom: _Elements) -> None:
+    """Each query ranked over a shortlist of at least k0: its probabilities said to hold where the shortlist holds
+    the first 20 videos, its set not calibrated, the set's caveat said once (as dab search says them)."""
+    for q in dom.queries():
+        els, words = dom.of(q), dom.words(q)
+        assert [a["data-caveat-kind"] for tag, a in els if "data-caveat-kind" in a] == ["set_shortlist"]
+        assert "calibrated if the shortlist holds the first 20 videos: P(the first hit is a match) " in words
+        assert "90 % conformal set, over a shortlist, not calibrated here" in words, words
+        assert "calibrated on average over queries" not in words and "~" not in words
+        assert words.count(f"the set is built over a shortlist of {WIDE} of the 28 videos") == 1, words
 
 
 def test_the_served_page_marks_the_set_and_the_unanswered_hits(served: dict[str, str]) -> None:
@@ -154,6 +174,15 @@ def test_the_served_page_marks_the_set_and_the_unanswered_hits(served: dict[str,
 
 def test_the_served_page_marks_no_undecided_query_as_not_answered(served: dict[str, str]) -> None:
     _check_undecided(_dom(served["undecided"]))
+
+
+def test_the_pages_say_a_set_over_a_shortlist_as_dab_search_does(
+    served: dict[str, str], written: dict[str, str]
+) -> None:
+    _check_wide(_dom(served["wide"]))
+    dom = _dom(written["wide"])
+    assert dom.queries() == [0, 1]
+    _check_wide(dom)
 
 
 def test_the_html_page_marks_the_set_and_the_unanswered_hits(written: dict[str, str]) -> None:
@@ -198,3 +227,4 @@ def test_headless_chromium_builds_the_html_pages_marks(written: dict[str, str], 
     _check_set(dom)
     _check_unanswered(dom)
     _check_undecided(_chromium_dom(written["undecided"], tmp_path, "undecided"))
+    _check_wide(_chromium_dom(written["wide"], tmp_path, "wide"))

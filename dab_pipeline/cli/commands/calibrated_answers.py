@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # `dab --help` must not import torch (the search package does)
+    # both through search, whose results carry the answer: the CLI draws no arrow to calibration (test_architecture)
+    from ...search.results import QueryUncertainty, SearchResult
+
 MAX_LISTED = 20  # videos of a conformal set named in a table's caption (the --json output lists every one)
 SCOPES = {
     "marginal": "calibrated on average over queries",
@@ -9,16 +15,17 @@ SCOPES = {
     "groups": "calibrated within each of this query's groups",
 }
 # a caveat (QueryUncertainty.caveat_kind, calibration/assess.py's CAVEAT_KINDS) in a few words: the long form of
-# another gallery and of unknown words is a warning already printed above the tables, not repeated under each
+# another gallery and of unknown words is a warning printed before the tables, not repeated under each; on stderr,
+# so the words here name the condition themselves (stdout may be all that was kept)
 LABELS = {"shortlist": "a shortlist", "gallery": "another gallery"}
 REASONS = {
     "shortlist": "the probability comes from a shortlist (above)",
-    "gallery": "the gallery searched is not the one calibrated on (warning above)",
-    "unknown_words": "every word of the query is unknown (warning above)",
+    "gallery": "the gallery searched is not the one calibrated on (see the warning)",
+    "unknown_words": "every word of the query is unknown (see the warning)",
 }
 
 
-def uncertainty_lines(result) -> list[str]:
+def uncertainty_lines(result: SearchResult) -> list[str]:
     """The lines under a query's table: its calibrated probabilities, its conformal set, whether it is answered.
 
     Numbers that do not hold here (a caveat) are never labelled "calibrated": marked "~" with a short reason, or
@@ -33,6 +40,12 @@ def uncertainty_lines(result) -> list[str]:
         lines = [f"not calibrated here ({LABELS[kind]}): {_numbers(u, mark='~')}"]
         # a shortlist's caveat is said nowhere else; another gallery's is the warning above
         lines.append(f"why: {u.caveat if kind == 'shortlist' else REASONS[kind]}")
+    elif result.shortlist_k0 is not None:
+        # what holds over a shortlist said in the label (issue 60); the map's note then on a line of its own, so
+        # that each fits 120 columns
+        lines = [f"calibrated if the shortlist holds the first {result.shortlist_k0} videos: {_numbers(u)}"]
+        if _map_note(u):
+            lines.append(f"the map of P(first hit is a match): {_map_note(u).strip()[1:-1]}")
     else:
         lines = [f"calibrated: {_numbers(u, note=_map_note(u))}"]
     if u.group is not None:
@@ -67,13 +80,13 @@ def uncertainty_lines(result) -> list[str]:
     return lines
 
 
-def _numbers(u, mark: str = "", note: str = "") -> str:
+def _numbers(u: QueryUncertainty, mark: str = "", note: str = "") -> str:
     """P(first) (then ``note``) and P(a match in the first k), each after ``mark`` ("~": not calibrated here)."""
     first_k = f"P(a match in the first {u.first_k}) {mark}{u.p_first_k:.2f}"
     return f"P(first hit is a match) {mark}{u.p_first:.2f}{note}, {first_k}"
 
 
-def _map_note(u) -> str:
+def _map_note(u: QueryUncertainty) -> str:
     """After P(first): where its map is the raw softmax (nothing fitted), which, and why it is the one (issue 61,
     item 6); nothing for a fitted map."""
     if u.first_map != "softmax":

@@ -151,7 +151,10 @@ def search(
         descriptions=descriptions,
     )
     errors = console(stderr=True)  # a warning wraps between words at the console's width (120 columns in a log)
-    results = run_search(cfg, warn=lambda message: errors.print(f"warning: {message}", markup=False, highlight=False))
+    # a warning quotes the query: neither markup nor :emoji: codes in it are rendered
+    results = run_search(
+        cfg, warn=lambda message: errors.print(f"warning: {message}", markup=False, emoji=False, highlight=False)
+    )
     if html is not None:
         click.echo(f"wrote {html}", err=True)
     if as_json:
@@ -174,13 +177,15 @@ def _print_results(results, about: dict) -> None:
     (120 columns in a log): a description longer than the room left is cut at a word
     boundary and ended with "…" (the whole text is in --json and the --html page)."""
     from rich.table import Table
+    from rich.text import Text
 
     con = console()
     for r in results:
         margin = "n/a (fewer than 2 videos)" if r.margin is None else f"{r.margin:.4g}"
         # the query on lines of its own, not the table's title: a title wraps at the table's width, a long query
         # then over many narrow lines cut inside words (issue 61, item 5)
-        con.print(r.query, width=min(con.width, LOG_WIDTH), markup=False, highlight=False)
+        # what the user typed, as typed: no markup, no ":smile:" made an emoji
+        con.print(r.query, width=min(con.width, LOG_WIDTH), markup=False, emoji=False, highlight=False)
         table = Table()
         rows = [(str(h.rank), h.video_id, f"{h.cost:.4f}") for h in r.hits]
         widths = [max([len(name), *(len(row[i]) for row in rows)]) for i, name in enumerate(("rank", "video", "cost"))]
@@ -192,10 +197,13 @@ def _print_results(results, about: dict) -> None:
             table.add_column("what the video shows", no_wrap=True)
             room = max(room, len("what the video shows"))
         for row, h in zip(rows, r.hits):
-            table.add_row(*row, *([cut_words(about.get(h.video_id, "(no description)"), room)] if about else []))
+            # Text, not str: a cell's str is read as markup and emoji codes, and ids and descriptions are the user's
+            what = [cut_words(about.get(h.video_id, "(no description)"), room)] if about else []
+            table.add_row(*(Text(cell) for cell in (*row, *what)))
         con.print(table)
         # a line of its own, not the table's caption: a caption wraps at the table's width, its label apart from
         # its value
         con.print(f"margin (2nd - 1st cost): {margin}", highlight=False)
         for line in uncertainty_lines(r):
-            con.print(line, highlight=False, markup=False)  # wrapped at the console's width, between words
+            # wrapped at the console's width, between words; the ids and caveats in it printed as written
+            con.print(line, highlight=False, markup=False, emoji=False)
