@@ -155,3 +155,14 @@ def test_a_long_query_is_printed_whole_above_its_table_between_words(capsys: pyt
     assert " ".join(line.strip() for line in top) == query, top  # whole, cut only between words
     assert len(top) == 2 and all(len(line) <= 120 for line in top), top
     assert lines[len(top) + 1].startswith("| rank | video")  # the table follows, untitled
+
+
+def test_not_answered_names_the_held_out_queries_and_videos_within_120_columns() -> None:
+    """With the video as the unit the held-out videos are what the test counted: the line names them, and fits a
+    log at a 4-digit query count (it was 124 columns at 416 queries and wrapped)."""
+    none = RiskThreshold(None, 0.25, 0.05, 0, 0, queries=4167, test="wsr", videos=1500)
+    (line,) = [x for x in uncertainty_lines(_result(answered=False, risk=none)) if x.startswith("not answered")]
+    assert line == (
+        "not answered: no threshold holds the risk at 0.25 with probability 0.95 (held out: 4167 queries of 1500 videos)"
+    )
+    assert len(line) <= 120

@@ -96,7 +96,7 @@ def test_search_gives_probabilities_sets_and_decisions(world: dict) -> None:
     )[0]
     assert {h.video_id for h in res[1].coverage_set} <= {h.video_id for h in wide.coverage_set}
     # another gallery: a set or a risk is refused; the probabilities are shown marked on every result
-    with pytest.raises(ConfigError, match="calibrated on another gallery: sets and risk decisions are refused"):
+    with pytest.raises(ConfigError, match="was calibrated on another gallery: search --split all, or dab calibrate"):
         run_search(SearchConfig(world["run"], world["store"], ["a blue car"], device="cpu", coverage=0.8))
     other: list[str] = []
     (r,) = run_search(SearchConfig(world["run"], world["store"], ["a blue car"], device="cpu"), warn=other.append)

@@ -312,7 +312,7 @@ def test_cli_warning_and_conformal_set_lines_fit_120_columns(store: Path, tmp_pa
     text = " ".join(out.output.split())
     assert "warning: the run was calibrated on a gallery of 20 videos" in text, out.output  # searched: 25 videos
     assert "not calibrated here (another gallery): P(first hit is a match) ~" in text  # the warning not repeated
-    assert "why: the gallery searched is not the one calibrated on (warning above)" in text
+    assert "why: the gallery searched is not the one calibrated on (see the warning)" in text
     run_calibrate(CalibrateConfig(run=run, device="cpu", gallery="all"))  # a set needs the gallery searched
     out = invoke([*args, "--coverage", "0.95", "a red ball"])
     assert out.exit_code == 0, out.output

@@ -67,9 +67,10 @@ def uncertainty_lines(result: SearchResult) -> list[str]:
         if u.answered is None:
             lines.append(f"not decided: {REASONS.get(kind, 'the probability is not a calibrated one')}")
         elif r.threshold is None:
+            held = f"{r.queries} queries" + (f" of {r.videos} videos" if r.videos else "")
             lines.append(
-                f"not answered: no confidence threshold keeps the risk at {r.alpha:g} with probability "
-                f"{1 - r.delta:g} on this calibration ({r.queries} held-out queries)"
+                f"not answered: no threshold holds the risk at {r.alpha:g} with probability {1 - r.delta:g} "
+                f"(held out: {held})"
             )
         elif u.answered:
             lines.append(f"answered: P {u.p_first:.2f} >= {r.threshold:.3f} (max risk {r.alpha:g}, delta {r.delta:g})")

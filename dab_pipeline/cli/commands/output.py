@@ -21,8 +21,8 @@ def console(stderr: bool = False):
 
 def echo_line(text: str, err: bool = False) -> None:
     """One line of prose on stdout (stderr with ``err``), wrapped between words at the console's width (120
-    columns in a log): as click.echo, never read as rich markup."""
-    console(stderr=err).print(text, markup=False, highlight=False)
+    columns in a log): as click.echo, never read as rich markup or emoji codes (a query's ":smile:" stays text)."""
+    console(stderr=err).print(text, markup=False, highlight=False, emoji=False)
 
 
 def cut_words(text: str, width: int) -> str:
