@@ -69,3 +69,17 @@ def random_inputs(q: int = 11, v: int = 7, frames: int = 5, dim: int = 16, seed:
     mask[5 % v, 1:] = False
     gt = torch.randint(0, v, (q,), generator=gen)
     return text, feats, mask, gt
+
+
+def write_split_costs(run: Path, model, store: Path, split: str) -> None:
+    """``run``'s costs_test.h5 as `dab train` writes it (with the text variance), of ``split``'s captions against
+    its videos scored by ``model``: a hand-made run's "test" costs from any split of the store."""
+    from dab_pipeline.runs.costfile import CostMatrix, write_costs
+    from dab_pipeline.scoring import score_all
+    from dab_pipeline.store import open_store
+
+    with open_store(store) as st:
+        sp = st.load_split(split)
+    res = score_all(model, sp.text, sp.frames, sp.frame_mask, gt=sp.caption_video)
+    cm = CostMatrix(res.cost, sp.caption_ids, sp.video_ids, sp.caption_video, extras={"text_var": res.text_var})
+    write_costs(run / "costs_test.h5", cm)

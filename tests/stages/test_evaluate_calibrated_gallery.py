@@ -13,7 +13,7 @@ import pytest
 
 from dab_pipeline.stages.calibrate import CalibrateConfig, run_calibrate
 
-from ..helpers.models import hand_made_run
+from ..helpers.models import hand_made_run, write_split_costs
 from ..helpers.stores import CALIBRATION_CAPTIONS, CALIBRATION_SPLITS, SEARCH_CAPTIONS, text_store
 
 pytest.importorskip("sklearn")
@@ -23,24 +23,10 @@ pytest.importorskip("sklearn")
 def calibrated_on_all(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(a hand-made dab run whose test costs rank the 6 test videos, calibrated on its validation captions against
     every video of the store (48), its store)."""
-    from dab_pipeline.runs.costfile import CostMatrix, write_costs
-    from dab_pipeline.scoring import score_all
-    from dab_pipeline.store import open_store
-
     root = tmp_path_factory.mktemp("evaluate-gallery")
     store = text_store(root / "store.h5", SEARCH_CAPTIONS + CALIBRATION_CAPTIONS, frames=4, splits=CALIBRATION_SPLITS)
     run, model = hand_made_run(root / "run", store, "dab")
-    with open_store(store) as st:
-        test = st.load_split("test")
-    res = score_all(model, test.text, test.frames, test.frame_mask, gt=test.caption_video)
-    cm = CostMatrix(
-        cost=res.cost,
-        query_ids=test.caption_ids,
-        video_ids=test.video_ids,
-        gt=test.caption_video,
-        extras={"text_var": res.text_var},  # as dab train writes it
-    )
-    write_costs(run / "costs_test.h5", cm)
+    write_split_costs(run, model, store, "test")
     run_calibrate(CalibrateConfig(run=run, gallery="all", device="cpu"))
     return run, store
 
@@ -133,22 +119,13 @@ def test_a_run_calibrated_on_its_validation_split_is_measured_on_the_test_videos
 ) -> None:
     """The default calibration (gallery: the validation split) cannot hold the test queries: nothing is scored, no
     warning beyond the section's own note that the gallery is another."""
-    from dab_pipeline.runs.costfile import CostMatrix, write_costs
-    from dab_pipeline.scoring import score_all
     from dab_pipeline.stages.evaluate import EvaluateConfig, run_evaluate
-    from dab_pipeline.store import open_store
 
     store = text_store(
         tmp_path / "store.h5", SEARCH_CAPTIONS + CALIBRATION_CAPTIONS, frames=4, splits=CALIBRATION_SPLITS
     )
     run, model = hand_made_run(tmp_path / "run", store, "dab")
-    with open_store(store) as st:
-        test = st.load_split("test")
-    res = score_all(model, test.text, test.frames, test.frame_mask, gt=test.caption_video)
-    write_costs(
-        run / "costs_test.h5",
-        CostMatrix(res.cost, test.caption_ids, test.video_ids, test.caption_video, extras={"text_var": res.text_var}),
-    )
+    write_split_costs(run, model, store, "test")
     run_calibrate(CalibrateConfig(run=run, device="cpu"))
     events: list = []
     cal = run_evaluate(EvaluateConfig(run=run, examples=0, plots=False), progress=events.append)["calibration"]

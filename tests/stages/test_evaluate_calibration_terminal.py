@@ -12,7 +12,7 @@ import pytest
 
 from dab_pipeline.stages.calibrate import CalibrateConfig, run_calibrate
 
-from ..helpers.models import hand_made_run
+from ..helpers.models import hand_made_run, write_split_costs
 from ..helpers.runner import invoke
 from ..helpers.stores import CALIBRATION_CAPTIONS, CALIBRATION_SPLITS, SEARCH_CAPTIONS, text_store
 
@@ -24,24 +24,10 @@ VAL, SPLITS = CALIBRATION_CAPTIONS, CALIBRATION_SPLITS
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A hand-made dab run whose test costs are the validation captions' (40 queries, 40 videos), calibrated."""
-    from dab_pipeline.runs.costfile import CostMatrix, write_costs
-    from dab_pipeline.scoring import score_all
-    from dab_pipeline.store import open_store
-
     root = tmp_path_factory.mktemp("evaluate-calibration")
     store = text_store(root / "store.h5", SEARCH_CAPTIONS + VAL, frames=4, splits=SPLITS)
     run, model = hand_made_run(root / "run", store, "dab")
-    with open_store(store) as st:
-        val = st.load_split("val")
-    res = score_all(model, val.text, val.frames, val.frame_mask, gt=val.caption_video)
-    cm = CostMatrix(
-        cost=res.cost,
-        query_ids=val.caption_ids,
-        video_ids=val.video_ids,
-        gt=val.caption_video,
-        extras={"text_var": res.text_var},
-    )
-    write_costs(run / "costs_test.h5", cm)
+    write_split_costs(run, model, store, "val")
     run_calibrate(CalibrateConfig(run=run, device="cpu"))
     return run
 
