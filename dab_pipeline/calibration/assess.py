@@ -345,8 +345,8 @@ def shortlist_caveat(cal: Calibration, cost: np.ndarray, with_set: bool) -> tupl
         ), False
     if with_set and calibrated_on and scored < calibrated_on:
         return (
-            f"the set is over a shortlist of {scored} of the {calibrated_on} videos calibrated on: it covers less "
-            "than asked, at most the shortlist's recall"
+            f"the set is built over a shortlist of {scored} of the {calibrated_on} videos calibrated on: it covers "
+            "less than asked"
         ), True
     return None, True
 
