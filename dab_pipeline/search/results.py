@@ -154,11 +154,14 @@ def uncertainty_payload(result: SearchResult) -> Optional[dict]:
         out["set"] = [{"rank": h.rank, "video_id": h.video_id, "cost": h.cost} for h in hits]
     if u.risk is not None:
         out["answered"] = u.answered
+        r = u.risk
         out["risk"] = {
-            "max_risk": u.risk.alpha,
-            "delta": u.risk.delta,
-            "threshold": u.risk.threshold,
-            "answered_share_on_calibration": u.risk.answered_share,
+            "max_risk": r.alpha,
+            "delta": r.delta,
+            # a value of the grid the test chose from (0.995, 0.99, ...): as the grid writes it, not 0.18499999999999994
+            "threshold": None if r.threshold is None else round(r.threshold, 6),
+            "answered_share_on_calibration": r.answered_share,
+            "held_out": {"queries": r.queries, "videos": r.videos},  # what the test counted (the video is the unit)
         }
     return out
 

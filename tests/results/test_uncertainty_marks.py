@@ -16,6 +16,7 @@ pytest.importorskip("jinja2")
 
 HITS = ["v3", "v1", "v4"]  # best first
 RISK = {"max_risk": 0.2, "delta": 0.05, "threshold": 0.6, "answered_share_on_calibration": 0.3}
+RISK["held_out"] = {"queries": 416, "videos": 30}
 
 
 def answer(**extra) -> dict:
@@ -92,7 +93,7 @@ def test_marks_the_set_on_its_hits_and_lists_the_rest(render, tmp_path: Path) ->
     assert page.having("data-set-size", "4") and page.having("data-set-rest", "2")
     assert "v9, v7" in page.text  # the set's videos beyond the hits, best first
     assert page.having("data-unanswered", "1") and page.badges("unanswered-badge") == 1
-    assert "not answered: calibrated confidence below 0.600" in page.text
+    assert "not answered: P 0.42 < 0.600 (max risk 0.2, delta 0.05)" in page.text  # as dab search says it
 
 
 @PAGES
@@ -169,7 +170,9 @@ def test_an_empty_set_is_called_empty(render, tmp_path: Path) -> None:
 def test_an_answered_query_is_not_marked_unanswered(render, tmp_path: Path) -> None:
     page = _parse(render(with_set(answered=True, risk=RISK), tmp_path))
     assert page.having("data-answered", "1") and not page.having("data-unanswered")
-    assert "answered: the risk that the first hit is wrong is at most 0.2" in page.text
+    assert (
+        "answered: P 0.42 ≥ 0.600: the first hit is wrong at most 0.2 of the time, with probability 0.95" in page.text
+    )
     assert "calibrated: P(the first hit is a match) 0.42 · P(a match in the first 5) 0.77" in page.text
     assert page.badges("unanswered-badge") == 0 and not page.having("data-caveat")
 
@@ -192,3 +195,15 @@ def _parse(html: str) -> _Page:
     p = _Page()
     p.feed(html)
     return p
+
+
+@PAGES
+def test_no_threshold_is_said_as_dab_search_says_it(render, tmp_path: Path) -> None:
+    """No threshold passed: the risk, its probability and what the per-video test counted, as the CLI prints them
+    (the page said "no threshold keeps the risk at 0.2 on this calibration")."""
+    page = _parse(render(with_set(answered=False, risk={**RISK, "threshold": None}), tmp_path))
+    want = "not answered: no threshold holds the risk at 0.2 with probability 0.95 (held out: 416 queries of 30 videos)"
+    assert want in page.text, page.text
+    u = answer(answered=None, risk=RISK, caveat=UNKNOWN, caveat_kind="unknown_words", probabilities_hold=False)
+    page = _parse(render(u, tmp_path))
+    assert "not decided: no probability describes this query" in page.text and "nothing calibrated" not in page.text
