@@ -80,8 +80,10 @@ _PROBABILITIES_ONLY = UncertaintyRequest()  # built once: nothing to check again
 
 # a QueryUncertainty's caveat_kind: why its numbers are not what the calibration promises
 CAVEAT_KINDS = {
-    "shortlist": "scored over fewer videos than the calibrated probabilities read: none holds, nothing is decided",
-    "set_shortlist": "the set is built over a shortlist: it covers less than asked; the probabilities hold",
+    # a shortlist the run was not calibrated through, of any length: a search cannot check that it holds the
+    # exhaustive first k0 videos its probabilities read ("set_shortlist", a shortlist of at least k0 whose
+    # probabilities were said to hold, is no longer given: docs/uncertainty.md)
+    "shortlist": "scored over a shortlist not calibrated through: nothing holds, nothing is decided",
     "gallery": "the gallery searched is not the one calibrated on: nothing holds, nothing is decided",
     "unknown_words": "every word of the query is unknown to the model: the numbers describe no query, no set",
 }
@@ -103,8 +105,8 @@ class QueryUncertainty:
     # Mondrian), "groups" (within each of its groups, conditional conformal); None without a set
     set_scope: Optional[str] = None
     scope_note: Optional[str] = None  # why a query with a group got a marginal set (its group too small)
-    # why these numbers do not mean what the calibration promises: scored over a shortlist smaller than the
-    # gallery calibrated on (P(first) then reads high, the set covers less); None where they do
+    # why these numbers do not mean what the calibration promises: scored over a shortlist of the gallery calibrated
+    # on (P(first) may not be the exhaustive one, the set covers less); None where they do
     caveat: Optional[str] = None
     # which caveat it is (CAVEAT_KINDS), for a reader that says it in a few words (dab search's lines) and needs
     # to know whether the probabilities still hold; None without a caveat
@@ -116,8 +118,8 @@ class QueryUncertainty:
 
     @property
     def probabilities_hold(self) -> bool:
-        """Whether p_first and p_first_k are the calibrated ones (a set over a shortlist leaves them calibrated)."""
-        return self.caveat_kind in (None, "set_shortlist")
+        """Whether p_first and p_first_k are the calibrated ones: only without a caveat."""
+        return self.caveat_kind is None
 
 
 def conformal_threshold(cal: Calibration, coverage: float, score: str) -> float:
@@ -298,14 +300,14 @@ def _answer_one(
     (``set_at``: the set's scope, the note of a group that fell back to the marginal set, its quantile) and its risk
     decision."""
     p1, pk = nested_probabilities(cal.maps["first"], cal.maps["first_k"], feats)
-    caveat, holds = shortlist_caveat(cal, c[0], set_at is not None)
+    caveat = shortlist_caveat(cal, c[0])
     part: dict[str, Any] = dict(
         p_first=float(p1[0]),
         p_first_k=float(pk[0]),
         first_k=cal.first_k,
         group=label,
         caveat=caveat,
-        caveat_kind=None if caveat is None else ("set_shortlist" if holds else "shortlist"),
+        caveat_kind=None if caveat is None else "shortlist",
         first_map=cal.maps["first"].kind,
         map_method=cal.method,
     )
@@ -322,33 +324,44 @@ def _answer_one(
         )
     if risk is not None:
         # a probability from a shortlist is not the one the threshold was chosen on: no decision (issue 59)
-        decided = None if not holds else risk.threshold is not None and part["p_first"] >= risk.threshold
+        decided = None if caveat else risk.threshold is not None and part["p_first"] >= risk.threshold
         part.update(answered=decided, risk=risk)
     return QueryUncertainty(**part)
 
 
-def shortlist_caveat(cal: Calibration, cost: np.ndarray, with_set: bool) -> tuple[Optional[str], bool]:
-    """(one line where a query's costs (V,) scored fewer videos than the calibration assumes, whether its
-    probabilities still hold). Fewer than ``k0``: the features, hence P(first), are not the calibrated ones (it
-    reads high over a short list); fewer than the gallery calibrated on but at least ``k0``: the probabilities
-    hold (the features read the first k0 costs), a set does not cover what it was asked (its videos are the
-    shortlist's)."""
-    calibrated_on = int(cal.gallery.get("videos") or 0)
-    scored = int(np.isfinite(np.asarray(cost, np.float64)).sum())
-    if cal.provenance.get("index"):  # calibrated through the shortlist it searches with: the set is calibrated
-        calibrated_on = min(calibrated_on or scored, scored)
-    if scored < min(cal.k0, calibrated_on or cal.k0):
-        return (
-            f"scored over a shortlist of {scored} videos, fewer than the {cal.k0} the calibrated probabilities read: "
-            "P(first) reads high, the set covers less than asked, and no risk decision is made (a shortlist of at "
-            f"least {cal.k0}, or every video; docs/uncertainty.md)"
-        ), False
-    if with_set and calibrated_on and scored < calibrated_on:
-        return (
-            f"the set is built over a shortlist of {scored} of the {calibrated_on} videos calibrated on: it covers "
-            "less than asked"
-        ), True
-    return None, True
+def shortlist_caveat(cal: Calibration, cost: np.ndarray) -> Optional[str]:
+    """One line where a query's costs (V,) scored a shortlist of the gallery calibrated on, through a first stage
+    the run was not calibrated through; None where it scored every video, or through that first stage.
+
+    Such a shortlist's numbers are not the calibrated ones: the features read the first k0 costs, so a shortlist
+    holding the exhaustive first k0 videos would give the exhaustive probabilities exactly, but a search cannot
+    check that it does (the demo's "a large red circle" read 0.21 over a cosine shortlist of 30 that missed the
+    exhaustive first hit, 0.17 over every video); a set over it covers less than asked. Fewer than k0 scored,
+    P(first) reads high whatever the shortlist holds. The line says how to get calibrated numbers: a cosine
+    shortlist (the whole split's costs, +inf where unscored) by searching every video, an index's (its K
+    videos' costs only) by calibrating through it."""
+    if cal.provenance.get(
+        "index"
+    ):  # calibrated through its first stage: a search refuses a set or a decision through another
+        return None
+    cost = np.asarray(cost, np.float64)
+    calibrated_on = int(cal.gallery.get("videos") or 0)  # 0: a calibration that did not record its gallery
+    scored = int(np.isfinite(cost).sum())
+    if calibrated_on:
+        if scored >= calibrated_on:
+            return None
+    elif scored == len(cost) and scored >= cal.k0:  # every video given was scored, at least the k0 read
+        return None
+    of = f" of the {calibrated_on} videos calibrated on" if calibrated_on else ""
+    if scored < cal.k0:
+        what = f"a shortlist of {scored}{of}, fewer than the {cal.k0} the probabilities read"
+    else:
+        what = f"a shortlist of {scored}{of} may miss the first {cal.k0} the probabilities read"
+    if calibrated_on and len(cost) < calibrated_on:  # an index's shortlist: its K videos' costs only
+        fix = f"calibrate through it (dab calibrate --index INDEX --shortlist {len(cost)}; docs/uncertainty.md)"
+    else:  # a cosine shortlist: no calibration goes through one
+        fix = "search every video"
+    return f"{what}: {fix}"
 
 
 def _read(cal: Calibration) -> set[str]:

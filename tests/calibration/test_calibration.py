@@ -4,6 +4,7 @@ the risk decision against the metrics they are built from, and coverage on held-
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -248,6 +249,40 @@ def test_p_first_is_the_same_at_any_shortlist_that_holds_the_first_k0() -> None:
         three = np.full_like(row, np.inf)
         three[order[:3]] = row[order[:3]]
         assert assess(cal, [three], np.array([v]))[0].p_first > exhaustive.p_first  # reads high over 3 videos
+
+
+def test_a_shortlist_not_calibrated_through_holds_nothing_and_decides_nothing() -> None:
+    """A search cannot check that its shortlist holds the exhaustive first k0 videos, so no shortlist the run was
+    not calibrated through keeps its probabilities, its set or a risk decision (the demo's "a large red circle"
+    read 0.21 over a shortlist of 30 that missed the exhaustive first hit, and was said calibrated and decided):
+    not even one that does hold them, whose numbers are the exhaustive ones. The reason says how to get calibrated
+    numbers: search every video (a cosine shortlist: the whole split's costs), or calibrate through the index (an
+    index's: its K videos' costs only); a run calibrated through its index keeps everything."""
+    cal, (cost, _, tv) = _cal(2000, 60, video=np.arange(2000) // 2, method="logistic")
+    cal = replace(cal, provenance={"gallery": {"videos": 60}})
+    req = UncertaintyRequest(coverage=0.8, max_risk=0.2, delta=0.1)
+    row, v = cost[0].astype(np.float64), tv[:1]
+    order = np.argsort(row)
+    (full,) = assess(cal, [row], v, req)
+    assert full.caveat is None and full.probabilities_hold and full.answered in (True, False)
+    for keep in (cal.k0 - 5, cal.k0, 30):
+        cosine = np.full_like(row, np.inf)
+        cosine[order[:keep]] = row[order[:keep]]  # the exhaustive first videos: a shortlist as good as it gets
+        index = row[order[:keep]]  # an index's shortlist: its K videos' costs alone
+        for short, fix in ((cosine, "search every video"), (index, f"dab calibrate --index INDEX --shortlist {keep}")):
+            (u,) = assess(cal, [short], v, req)
+            assert u.caveat_kind == "shortlist" and not u.probabilities_hold, (keep, u.caveat_kind)
+            assert u.answered is None and u.risk is not None, keep  # asked, not decided
+            assert u.caveat.startswith(f"a shortlist of {keep} of the 60 videos calibrated on"), u.caveat
+            assert u.caveat.endswith(fix) or f"({fix};" in u.caveat, u.caveat
+            assert ("fewer than the 20" in u.caveat) == (keep < cal.k0), u.caveat
+    # a calibration that did not record its gallery: a cosine shortlist is still one (its unscored videos)
+    (u,) = assess(replace(cal, provenance={}), [cosine], v, req)
+    assert u.caveat_kind == "shortlist" and u.answered is None
+    # calibrated through the index it searches with (a search refuses any other): everything holds
+    through = replace(cal, provenance={"gallery": {"videos": 60}, "index": {"shortlist": 30, "nprobe": 1}})
+    (u,) = assess(through, [index], v, req)
+    assert u.caveat is None and u.probabilities_hold and u.answered in (True, False) and u.set_indices is not None
 
 
 def test_the_map_is_chosen_on_the_fitting_half_alone() -> None:

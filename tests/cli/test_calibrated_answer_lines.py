@@ -4,22 +4,25 @@ is printed whole above its table, wrapped between words within 120 columns."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from dab_pipeline.calibration import QueryUncertainty
+from dab_pipeline.calibration import QueryUncertainty, UncertaintyRequest, assess, calibrate_costs
 from dab_pipeline.calibration.assess import CAVEAT_KINDS
 from dab_pipeline.cli.commands.calibrated_answers import uncertainty_lines
 from dab_pipeline.cli.commands.searching import _print_results
 from dab_pipeline.metrics.risk import RiskThreshold
 from dab_pipeline.search import SearchHit, SearchResult
 
+from ..calibration.synthetic import synthetic_costs
+
 GALLERY_WARNING = "the run was calibrated on a gallery of 400 videos (split 'all' of store.h5), not this one of 100"
 CAVEATS = {
-    "shortlist": "scored over a shortlist of 5 videos, fewer than the 20 the calibrated probabilities read",
-    "set_shortlist": "the set is built over a shortlist of 50 of the 400 videos calibrated on",
+    "shortlist": "a shortlist of 30 of the 400 videos calibrated on may miss the first 20 the probabilities read: "
+    "search every video",
     "gallery": GALLERY_WARNING,
     "unknown_words": "every word of the query is unknown to the store's CLIP: these numbers describe no query",
 }
@@ -52,11 +55,17 @@ def test_numbers_that_do_not_hold_are_never_labelled_calibrated(kind: str) -> No
         assert lines[1] == "why: the gallery searched is not the one calibrated on (see the warning)"
 
 
-def test_a_set_over_a_shortlist_keeps_its_calibrated_probabilities_and_says_so_of_its_set() -> None:
-    lines = uncertainty_lines(_result(with_set=True, caveat=CAVEATS["set_shortlist"], caveat_kind="set_shortlist"))
-    assert lines[0].startswith("calibrated: P(first hit is a match) 0.45"), lines
-    assert lines[1].startswith("90% conformal set over a shortlist, not calibrated here (2 videos): w1, w2"), lines
-    assert lines[2] == f"why: {CAVEATS['set_shortlist']}"
+def test_a_set_over_a_shortlist_is_marked_and_its_reason_said_once() -> None:
+    lines = uncertainty_lines(
+        _result(with_set=True, caveat=CAVEATS["shortlist"], caveat_kind="shortlist", risk=RISK, answered=None)
+    )
+    assert lines == [
+        "not calibrated here (a shortlist): P(first hit is a match) ~0.45, P(a match in the first 5) ~0.76",
+        f"why: {CAVEATS['shortlist']}",
+        "90% conformal set over a shortlist, not calibrated here (2 videos): w1, w2",
+        "not decided: the probability comes from a shortlist (above)",
+    ], lines
+    assert all(len(line) <= 120 for line in lines), [len(line) for line in lines]
 
 
 @pytest.mark.parametrize(
@@ -74,25 +83,31 @@ def test_not_decided_gives_its_actual_reason(kind: str, reason: str) -> None:
     assert not any("warning above" in line for line in lines), lines
 
 
-def test_a_shortlist_says_where_its_calibrated_probabilities_hold_within_120_columns() -> None:
-    """issue 60: over a shortlist of at least k0 the probabilities are the exhaustive search's only where the
-    shortlist holds the exhaustive first k0 videos (shortlist_k0), which it cannot know: the label says so."""
-    r = _result(with_set=True, caveat=CAVEATS["set_shortlist"], caveat_kind="set_shortlist")
-    r.shortlist_k0 = 20
+def test_a_shortlist_of_at_least_k0_is_not_called_calibrated_nor_decided() -> None:
+    """A search cannot check that its shortlist holds the exhaustive first k0 videos its probabilities read (the
+    demo's "a large red circle" read 0.21 over a shortlist of 30 that missed the exhaustive first hit, printed as
+    "calibrated if the shortlist holds the first 20 videos" and decided): its numbers are marked, its set is not
+    calibrated, nothing is decided, and the reason says how to get calibrated numbers, within 120 columns."""
+    pytest.importorskip("sklearn")  # calibrate_costs fits the maps
+    cost, gt, tv = synthetic_costs(400, 60)
+    cal = replace(calibrate_costs(cost, gt, 1.0, tv), provenance={"gallery": {"videos": 60}})
+    order = np.argsort(cost[0])[:30]
+    short = np.full(60, np.inf)
+    short[order] = cost[0, order]  # a cosine shortlist of 30 holding the exhaustive first 30
+    request = UncertaintyRequest(coverage=0.8, max_risk=0.2)
+    r = _result()
+    r.costs, r.video_ids, r.positions = short, np.array([f"w{i}" for i in range(60)]), np.arange(60)
+    (r.uncertainty,) = assess(cal, [short], tv[:1], request)
     lines = uncertainty_lines(r)
-    assert lines[0] == (
-        "calibrated if the shortlist holds the first 20 videos: P(first hit is a match) 0.45, "
-        "P(a match in the first 5) 0.76"
+    assert lines[0].startswith("not calibrated here (a shortlist): P(first hit is a match) ~"), lines
+    assert lines[1] == (
+        "why: a shortlist of 30 of the 60 videos calibrated on may miss the first 20 the probabilities read: "
+        "search every video"
     ), lines
-    assert lines[1].startswith("90% conformal set over a shortlist, not calibrated here (2 videos)"), lines
-    assert lines[2] == f"why: {CAVEATS['set_shortlist']}"
-    # no set asked (no caveat): the same label; the raw softmax map's note on a line of its own, each within 120
-    r = _result(first_map="softmax", p_first=1.0, p_first_k=1.0, first_k=999)
-    r.shortlist_k0 = 999
-    lines = uncertainty_lines(r)
-    assert lines[0].startswith("calibrated if the shortlist holds the first 999 videos: P(first hit is a match) 1.00")
-    assert lines[1] == "the map of P(first hit is a match): raw softmax, least cross-validated loss", lines
-    assert all(len(line) <= 120 for line in lines), [len(line) for line in lines]
+    assert lines[2].startswith("80% conformal set over a shortlist, not calibrated here"), lines
+    assert lines[3] == "not decided: the probability comes from a shortlist (above)", lines
+    assert not any(line.startswith("calibrated") for line in lines), lines
+    assert all(len(line) <= 120 for line in lines[:2] + lines[3:]), [len(line) for line in lines]
 
 
 def test_every_caveat_kind_is_printed() -> None:

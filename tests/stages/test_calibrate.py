@@ -389,26 +389,40 @@ def test_groups_show_the_band_in_search_the_api_and_the_page(world: dict, tmp_pa
 
 
 def test_a_shortlist_smaller_than_the_calibrated_gallery_is_said_and_decides_nothing(world: dict) -> None:
-    """issue 59, item 2: P(first) over a shortlist reads high; every output says so and no risk decision is made."""
+    """issue 59, item 2: P(first) over a shortlist reads high; every output says so and no risk decision is made.
+    Over a shortlist of at least k0 too: the probabilities are the calibrated ones only where it holds the
+    exhaustive first k0 videos, which a search cannot check."""
     run, store = world["run"], world["store"]
     run_calibrate(CalibrateConfig(run=run, device="cpu", gallery="all"))
     kw = dict(split="all", device="cpu", coverage=0.8, max_risk=0.3)
     (full,) = run_search(SearchConfig(run, store, ["a red ball"], 3, **kw))
     (short,) = run_search(SearchConfig(run, store, ["a red ball"], 3, shortlist=5, **kw))
     assert full.uncertainty.caveat is None and full.uncertainty.answered in (True, False)
-    assert "shortlist of 5 videos, fewer than the 20 the calibrated probabilities read" in short.uncertainty.caveat
-    assert short.uncertainty.answered is None
-    # a shortlist of at least k0: the probabilities hold (they read the first k0 costs), the set does not cover
+    assert short.uncertainty.caveat == (
+        "a shortlist of 5 of the 48 videos calibrated on, fewer than the 20 the probabilities read: search every video"
+    )
+    assert short.uncertainty.answered is None and not short.uncertainty.probabilities_hold
+    # a shortlist of at least k0: nothing holds, nothing is decided (it was said calibrated, and decided)
     (wide,) = run_search(SearchConfig(run, store, ["a red ball"], 3, shortlist=25, **kw))
-    assert "set is built over a shortlist of 25 of the 48 videos" in wide.uncertainty.caveat
-    assert wide.uncertainty.answered in (True, False)
+    assert wide.uncertainty.caveat == (
+        "a shortlist of 25 of the 48 videos calibrated on may miss the first 20 the probabilities read: "
+        "search every video"
+    )
+    assert wide.uncertainty.answered is None and not wide.uncertainty.probabilities_hold
+    assert wide.uncertainty.caveat_kind == "shortlist" and wide.shortlist_k0 is None
     args = ["search", "--run", str(run), "--features", str(store), "--split", "all", "--device", "cpu"]
     out = invoke([*args, "--shortlist", "5", "--max-risk", "0.3", "a red ball"])
     text = " ".join(out.output.split())
     assert "not calibrated here (a shortlist): P(first hit is a match) ~" in text, out.output
-    assert "why: scored over a shortlist of 5" in text and "not decided: the probability comes from a shortlist" in text
+    assert "why: a shortlist of 5 of the 48" in text and "not decided: the probability comes from a shortlist" in text
+    text = " ".join(invoke([*args, "--shortlist", "25", "--max-risk", "0.3", "a red ball"]).output.split())
+    assert "not calibrated here (a shortlist): P(first hit is a match) ~" in text and "calibrated if" not in text
+    assert "why: a shortlist of 25 of the 48" in text and "not decided: the probability comes from a shortlist" in text
     u = json.loads(invoke([*args, "--shortlist", "5", "--max-risk", "0.3", "--json", "a red ball"]).stdout)[0]
-    assert u["uncertainty"]["answered"] is None and "shortlist of 5 videos" in u["uncertainty"]["caveat"]
+    assert u["uncertainty"]["answered"] is None and "shortlist of 5 of the 48 videos" in u["uncertainty"]["caveat"]
+    u = json.loads(invoke([*args, "--shortlist", "25", "--max-risk", "0.3", "--json", "a red ball"]).stdout)[0]
+    assert u["uncertainty"]["answered"] is None and u["uncertainty"]["probabilities_hold"] is False
+    assert u["uncertainty"]["caveat_kind"] == "shortlist" and "shortlist_k0" not in u["uncertainty"]
     u = json.loads(invoke([*args, "--max-risk", "0.3", "--json", "a red ball"]).stdout)[0]
     assert "caveat" not in u["uncertainty"] and u["uncertainty"]["answered"] in (True, False)
 

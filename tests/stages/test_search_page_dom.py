@@ -21,7 +21,9 @@ pytest.importorskip("sklearn")
 VAL = [f"a {c} {t}" for c in ("red", "blue", "green", "white", "black") for t in ("ball", "dog", "car", "cat")]
 ASK = {"coverage": 0.9, "max_risk": 0.01}  # max risk 0.01 answers nothing on 10 held-out videos
 UNDECIDED = 5  # a shortlist under the calibration's k0 (20): its probabilities decide nothing
-WIDE = 25  # a shortlist of at least k0, short of the 28 videos: its probabilities hold, its set is not calibrated
+# a shortlist of at least k0, short of the 28 videos: whether it holds the first k0 cannot be checked, so nothing
+# holds and nothing is decided there either
+WIDE = 25
 
 
 class _Elements(HTMLParser):
@@ -146,22 +148,27 @@ def _check_undecided(dom: _Elements) -> None:
         assert [a for tag, a in els if a.get("data-caveat") == "1"]  # the numbers are marked
         assert "not calibrated here (a shortlist): P(the first hit is a match) ~" in words
         # the caveat says why, once; "not decided" names the reason in a few words
-        assert words.count(f"scored over a shortlist of {UNDECIDED} videos") == 1, words
+        assert words.count(f"a shortlist of {UNDECIDED} of the 28 videos calibrated on, fewer than the 20") == 1, words
         assert "not decided: the probability comes from a shortlist" in words
         assert "not answered" not in words and "calibrated: P(" not in words  # marked numbers are not "calibrated"
         assert "calibrated on average over queries" not in words  # nor is the set
 
 
 def _check_wide(dom: _Elements) -> None:
-    """Each query ranked over a shortlist of at least k0: its probabilities said to hold where the shortlist holds
-    the first 20 videos, its set not calibrated, the set's caveat said once (as dab search says them)."""
+    """Each query ranked over a shortlist of at least k0, which a search cannot check holds the first 20 videos:
+    its numbers marked, its set not calibrated, nothing decided, the caveat said once (as dab search says them)."""
     for q in dom.queries():
         els, words = dom.of(q), dom.words(q)
-        assert [a["data-caveat-kind"] for tag, a in els if "data-caveat-kind" in a] == ["set_shortlist"]
-        assert "calibrated if the shortlist holds the first 20 videos: P(the first hit is a match) " in words
+        assert [a["data-caveat-kind"] for tag, a in els if "data-caveat-kind" in a] == ["shortlist"]
+        assert [a["data-probabilities-hold"] for tag, a in els if "data-probabilities-hold" in a] == ["0"]
+        assert "not calibrated here (a shortlist): P(the first hit is a match) ~" in words, words
+        assert "calibrated if the shortlist" not in words and "calibrated: P(" not in words
         assert "90 % conformal set, over a shortlist, not calibrated here" in words, words
-        assert "calibrated on average over queries" not in words and "~" not in words
-        assert words.count(f"the set is built over a shortlist of {WIDE} of the 28 videos") == 1, words
+        assert "calibrated on average over queries" not in words
+        assert [a["data-answered"] for tag, a in els if "data-answered" in a] == [""]
+        assert "not decided: the probability comes from a shortlist" in words and "not answered" not in words
+        why = f"a shortlist of {WIDE} of the 28 videos calibrated on may miss the first 20 the probabilities read"
+        assert words.count(f"{why}: search every video") == 1, words
 
 
 def test_the_served_page_marks_the_set_and_the_unanswered_hits(served: dict[str, str]) -> None:

@@ -40,12 +40,6 @@ def uncertainty_lines(result: SearchResult) -> list[str]:
         lines = [f"not calibrated here ({LABELS[kind]}): {_numbers(u, mark='~')}"]
         # a shortlist's caveat is said nowhere else; another gallery's is the warning above
         lines.append(f"why: {u.caveat if kind == 'shortlist' else REASONS[kind]}")
-    elif result.shortlist_k0 is not None:
-        # what holds over a shortlist said in the label (issue 60); the map's note then on a line of its own, so
-        # that each fits 120 columns
-        lines = [f"calibrated if the shortlist holds the first {result.shortlist_k0} videos: {_numbers(u)}"]
-        if _map_note(u):
-            lines.append(f"the map of P(first hit is a match): {_map_note(u).strip()[1:-1]}")
     else:
         lines = [f"calibrated: {_numbers(u, note=_map_note(u))}"]
     if u.group is not None:
@@ -53,12 +47,10 @@ def uncertainty_lines(result: SearchResult) -> list[str]:
     hits = result.coverage_set
     if hits is not None:
         ids = ", ".join(h.video_id for h in hits[:MAX_LISTED]) + (", ..." if len(hits) > MAX_LISTED else "")
-        if kind in ("shortlist", "set_shortlist"):
+        if kind == "shortlist":  # its why: said once, under the numbers
             lines.append(
                 f"{u.coverage:.0%} conformal set over a shortlist, not calibrated here ({len(hits)} videos): {ids}"
             )
-            if kind == "set_shortlist":
-                lines.append(f"why: {u.caveat}")
         else:
             scope = SCOPES[u.set_scope] + (f" ({u.scope_note})" if u.scope_note else "")
             lines.append(f"{u.coverage:.0%} conformal set, {scope} ({len(hits)} videos): {ids}")
