@@ -23,7 +23,7 @@ from ..calibration import (
 from ..clip_models import query_words
 from ..core.errors import ConfigError
 from ..core.location import StoreURL, location
-from ..store import store_fingerprint
+from ..store import split_rows, store_fingerprint
 from .results import SearchResult
 
 __all__ = ["CalibratedSearch", "first_stage_mismatch"]
@@ -59,11 +59,12 @@ class CalibratedSearch:
     calibration = None
     calibration_problem: Optional[str] = None
     gallery_note: Optional[str] = None  # where the gallery searched is not the one calibrated on
+    calibrate_here: Optional[str] = None  # with gallery_note: the `dab calibrate` that would make it, where one can
 
     def _load_calibration(self, warn: Callable[[str], None]) -> None:
         """The run's calibration.json where it has one made for its checkpoint (else ``calibration_problem`` says
         why not); one warning line where the gallery searched is not the one it was calibrated on."""
-        self.calibration, self.calibration_problem, self.gallery_note = None, None, None
+        self.calibration, self.calibration_problem, self.gallery_note, self.calibrate_here = None, None, None, None
         if not (self.run.run_dir / "calibration.json").exists():
             return
         self.calibration, self.calibration_problem = read_run_calibration(self.run.run_dir, self._checkpoint_sha())
@@ -75,12 +76,32 @@ class CalibratedSearch:
             )
             if other:
                 warn(other)
-                self.gallery_note = other
+                self.gallery_note, self.calibrate_here = other, self._calibrate_command()
 
-    def check_request(self, request: Optional[UncertaintyRequest], first_stage: Optional[dict] = None) -> None:
+    def _calibrate_command(self) -> Optional[str]:
+        """The `dab calibrate` that calibrates this run on the gallery searched, or None where that gallery cannot
+        be calibrated on: `dab calibrate` searches its split's queries in the gallery, so the gallery must hold
+        every video of that split (a gallery of split 'test' lacks the 'val' videos) and the split its captions."""
+        assert self.calibration is not None
+        split = self.calibration.provenance.get("split")
+        if not split:  # a calibration.json that does not say which queries it was made of
+            return None
+        videos = split_rows(self.store, split)  # (V,) store rows of the calibration queries' videos
+        captions = self.store.in_split(split, "caption") & self.store.caption_done()  # (C,) bool
+        if len(videos) == 0 or not np.isin(videos, self.rows).all() or not captions.any():
+            return None
+        run = self.run.run_dir
+        features = "" if _same_place(self.run.config.features, self.store_path) else f" --features {self.store_path}"
+        queries = "" if split == self.run.config.val_split else f" --split {split}"  # not calibrate's default
+        return f"dab calibrate --run {run}{features}{queries} --gallery {self.split}"
+
+    def check_request(
+        self, request: Optional[UncertaintyRequest], first_stage: Optional[dict] = None, served: bool = False
+    ) -> None:
         """A one-line ConfigError where ``request`` cannot be met: a run without a usable calibration, a score it
         lacks, a coverage its calibration holds too few queries for, a first stage (index, shortlist, nprobe:
-        ``first_stage``, a search's :meth:`first_stage_identity`) other than the one it was calibrated through."""
+        ``first_stage``, a search's :meth:`first_stage_identity`) other than the one it was calibrated through.
+        ``served``: the request came to `dab serve`, whose user restarts a server rather than searching again."""
         if request is None or not request.active:
             return
         if self.calibration is None:
@@ -98,24 +119,36 @@ class CalibratedSearch:
         if other:
             raise ConfigError(other)
         if self.gallery_note:  # a set or a risk decision promised for another gallery: refused (issue 60)
-            raise ConfigError(self._other_gallery_refusal())
+            raise ConfigError(self._other_gallery_refusal(served))
         if request.coverage is not None:
             conformal_threshold(self.calibration, request.coverage, request.score)
 
-    def _other_gallery_refusal(self) -> str:
-        """The one line refusing a set or a risk decision on a gallery other than the one calibrated on: the two
-        ways out (search that gallery, or calibrate on this one), within 120 columns with "Error: " for a run path
-        of about 30 characters (issue 61, item 4): the warning above already described the two galleries, and the
-        hint repeats no path the command line holds, only a store other than the one calibrated on."""
+    def _other_gallery_refusal(self, served: bool = False) -> str:
+        """The one line refusing a set or a risk decision on a gallery other than the one calibrated on, and the
+        ways out: search that gallery, or calibrate this run on this one where it can be (it holds the videos of
+        the calibration's queries: :meth:`_calibrate_command`). `dab search`'s (issue 61, item 4) fits 120
+        columns with "Error: " for a run path of about 20 characters: the warning above already described the two
+        galleries, and the hint repeats no path the command line holds, only a store other than the one
+        calibrated on. ``served``: said to a server's user, the server's own way out (restart it)."""
         assert self.calibration is not None
-        run, g = self.run.run_dir, self.calibration.gallery
+        run, g, calibrate = self.run.run_dir, self.calibration.gallery, self.calibrate_here
         other_store = g.get("store") is not None and not _same_place(g["store"], self.store_path)
-        features = f"--features {self.store_path} " if other_store else ""
-        calibrate = f"dab calibrate {features}--gallery {self.split}"
         if not other_store and g.get("split") == self.split:  # the same gallery since changed: only calibrating
-            return f"{run} was calibrated on this gallery before it changed: {calibrate} again"
+            if calibrate is None:
+                split = self.calibration.provenance.get("split")
+                return f"this gallery changed since {run} was calibrated on it and lacks split {split!r} to calibrate"
+            changed = "this gallery changed since the calibration"  # the run's path is in the command
+            return f"{changed}: run `{calibrate}`, then restart the server" if served else f"{changed}: {calibrate}"
         where = (f"--features {g['store']} " if other_store else "") + f"--split {g.get('split')}"
-        return f"{run} was calibrated on another gallery: search {where}, or {calibrate}"
+        if served:
+            line = (
+                f"{run} was calibrated on another gallery than this server's (split {self.split!r}): restart it "
+                f"with `dab serve {where}` for sets and risk decisions"
+            )
+            return line if calibrate is None else f"{line}, or after `{calibrate}`"
+        if calibrate is None:
+            return f"{run} was calibrated on another gallery: search {where}"
+        return f"calibrated on another gallery: search {where}, or {calibrate}"  # the run's path is in the command
 
     def _assess(
         self,

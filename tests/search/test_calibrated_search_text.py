@@ -46,6 +46,8 @@ def test_a_query_of_no_known_word_gets_no_set_and_no_decision(calibrated: dict) 
 
 
 def test_a_set_on_another_gallery_is_refused_in_a_short_line_that_offers_the_calibrated_one(calibrated: dict) -> None:
+    """Calibrated on every video, searched on split 'test': calibrating on 'test' would be refused (it lacks the
+    videos of the 'val' queries calibrated on), so only the search of the gallery calibrated on is offered."""
     run, store = calibrated["run"], calibrated["store"]
     warned: list[str] = []
     with Searcher(run, store, split="test", device="cpu", warn=warned.append) as s:
@@ -54,21 +56,72 @@ def test_a_set_on_another_gallery_is_refused_in_a_short_line_that_offers_the_cal
     (warning,) = warned
     said = str(got.value)
     assert warning.split(":")[0] not in said, said  # the warning printed above, not again
-    assert said == f"{run} was calibrated on another gallery: search --split all, or dab calibrate --gallery test"
+    assert said == f"{run} was calibrated on another gallery: search --split all"
+    with pytest.raises(ConfigError, match="lacks 40 videos of split 'val'"):  # what the calibrate it offered did
+        run_calibrate(CalibrateConfig(run=shutil.copytree(run, calibrated["root"] / "scratch"), gallery="test"))
     # the same videos in another store file: the way out names both stores
     other = shutil.copy(store, calibrated["root"] / "copy.h5")
     with Searcher(run, other, split="test", device="cpu") as s:
         with pytest.raises(ConfigError) as got:
             s.check_request(UncertaintyRequest(max_risk=0.3))
+    assert str(got.value) == f"{run} was calibrated on another gallery: search --features {store} --split all"
+
+
+def test_the_calibrate_offered_on_another_gallery_is_one_that_works(calibrated: dict, tmp_path: Path) -> None:
+    """Calibrated on split 'val' (the default gallery), searched on every video: 'all' holds the 'val' videos, so
+    calibrating on it is offered, whole (--run, and --features for another store file), and the command as
+    printed makes the search's sets and risk decisions (it lacked --run, and offered galleries that cannot hold
+    the calibration's queries)."""
+    import shlex
+
+    from ..helpers.runner import invoke
+
+    run = shutil.copytree(calibrated["run"], tmp_path / "run")
+    run_calibrate(CalibrateConfig(run=run, device="cpu"))  # queries and gallery: split 'val'
+    with Searcher(run, calibrated["store"], split="all", device="cpu") as s:
+        with pytest.raises(ConfigError) as got:
+            s.check_request(UncertaintyRequest(coverage=0.8))
     said = str(got.value)
-    assert f"search --features {store} --split all, or dab calibrate --features {Path(other)} --gallery test" in said
+    assert said == f"calibrated on another gallery: search --split val, or dab calibrate --run {run} --gallery all"
+    other = shutil.copy(calibrated["store"], tmp_path / "copy.h5")
+    with Searcher(run, other, split="all", device="cpu") as s:
+        with pytest.raises(ConfigError) as elsewhere:
+            s.check_request(UncertaintyRequest(coverage=0.8))
+    assert str(elsewhere.value).endswith(f"or dab calibrate --run {run} --features {other} --gallery all")
+    command = shlex.split(said.split(", or ")[1])
+    assert command[0] == "dab"
+    out = invoke([*command[1:], "--device", "cpu"])
+    assert out.exit_code == 0, out.output
+    with Searcher(run, calibrated["store"], split="all", device="cpu") as s:
+        s.check_request(UncertaintyRequest(coverage=0.8))  # not refused: the gallery searched is calibrated on
+        assert s.gallery_note is None
+
+
+def test_a_gallery_changed_since_the_calibration_offers_the_whole_calibrate(calibrated: dict, tmp_path: Path) -> None:
+    """The gallery calibrated on, changed since (its fingerprint differs): calibrating again is the way out, with
+    --run (it was `dab calibrate --gallery all again`); a server's user is told to restart it after."""
+    import json
+
+    run = shutil.copytree(calibrated["run"], tmp_path / "run")
+    cal = json.loads((run / "calibration.json").read_text())
+    cal["provenance"]["gallery"]["fingerprint"] = "0" * 64  # as if a video of the store was extracted again
+    (run / "calibration.json").write_text(json.dumps(cal))
+    with Searcher(run, calibrated["store"], split="all", device="cpu") as s:
+        assert s.gallery_note is not None
+        with pytest.raises(ConfigError) as got:
+            s.check_request(UncertaintyRequest(coverage=0.8))
+        assert str(got.value) == f"this gallery changed since the calibration: dab calibrate --run {run} --gallery all"
+        with pytest.raises(ConfigError) as served:
+            s.check_request(UncertaintyRequest(coverage=0.8), served=True)
+        assert str(served.value).endswith(f"run `dab calibrate --run {run} --gallery all`, then restart the server")
 
 
 def test_the_other_gallery_refusal_fits_120_columns_in_a_pipe(
     calibrated: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The whole "Error: ..." line of `dab search` for a short run path, and the text after "Error: " for a run path
-    of 30 characters, within 120 columns (it was 213+, the hint repeating the run's path)."""
+    """The whole "Error: ..." line of `dab search`, the search of another gallery offered, and the calibrate
+    offered for a run path of 20 characters, within 120 columns (it was 213+, the hint repeating the run's
+    path; the calibrate offered lacked --run)."""
     from ..helpers.runner import invoke
 
     root = calibrated["root"]
@@ -79,14 +132,14 @@ def test_the_other_gallery_refusal_fits_120_columns_in_a_pipe(
     out = invoke(["search", "--run", "runs/dab", *args[1:]])
     assert out.exit_code != 0
     (error,) = [line for line in out.output.splitlines() if line.startswith("Error: ")]
-    assert error.endswith("dab calibrate --gallery test") and len(error) <= 120, (len(error), error)
-    thirty = Path("runs") / "a-run-of-thirty-character"  # runs/ and 25 more: 30 characters
-    assert len(str(thirty)) == 30
-    thirty.symlink_to(calibrated["run"], target_is_directory=True)
-    with Searcher(thirty, "store.h5", split="test", device="cpu") as s:
-        with pytest.raises(ConfigError) as got:
-            s.check_request(UncertaintyRequest(max_risk=0.3))
-    assert str(thirty) in str(got.value) and len(str(got.value)) <= 120, str(got.value)
+    assert error == "Error: runs/dab was calibrated on another gallery: search --split all", error
+    twenty = Path("runs") / "a-run-of-twenty"  # runs/ and 15 more: 20 characters
+    assert len(str(twenty)) == 20
+    shutil.copytree(calibrated["run"], twenty)
+    run_calibrate(CalibrateConfig(run=twenty, device="cpu"))  # on split 'val': a search of 'all' may calibrate
+    out = invoke(["search", "--run", twenty, *args[1:4], "all", *args[5:]])
+    (error,) = [line for line in out.output.splitlines() if line.startswith("Error: ")]
+    assert error.endswith(f"dab calibrate --run {twenty} --gallery all") and len(error) <= 120, (len(error), error)
 
 
 def test_a_shortlist_of_at_least_k0_holds_nothing_as_a_search_cannot_check_it(calibrated: dict) -> None:
