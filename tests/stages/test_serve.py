@@ -269,8 +269,27 @@ def test_a_parameter_given_twice_is_refused_not_its_last_value_used(client) -> N
         if name in ("q", "k", "coverage", "max_risk"):  # the page's fields: the page says it, with the same status
             r = client.get("/", params=params)
             assert r.status_code == 400 and 'data-error="1"' in r.text and "given 2 times" in r.text, name
-    # a parameter the route does not read is ignored, given once or twice, as it was
-    assert client.get("/search", params=[("q", CAPTIONS[0]), ("x", "1"), ("x", "2")]).status_code == 200
+    # a parameter the route does not read is refused, given once or twice (test below)
+    assert client.get("/search", params=[("q", CAPTIONS[0]), ("x", "1"), ("x", "2")]).status_code == 400
+
+
+def test_a_parameter_the_route_does_not_read_is_refused_not_ignored(client) -> None:
+    """`/search?q=x&max-risk=0.2` (the CLI's spelling) answered 200 without the risk decision asked for, and
+    `&shortlist=30` (a `dab serve` option) was ignored: a 400 names the parameter and lists those the route reads;
+    the page says the same, with a query or without one. /healthz reads none and refuses none."""
+    api = "q, k, coverage, score, max_risk, delta"
+    for name, hint in (("max-risk", " (did you mean 'max_risk'?)"), ("shortlist", ""), ("K", " (did you mean 'k'?)")):
+        r = client.get("/search", params={"q": CAPTIONS[0], "k": 1, name: "30"})
+        assert r.status_code == 400, (name, r.text)
+        assert r.json() == {"error": f"unknown parameter {name!r}{hint}; accepted: {api}"}
+    for params in ({"q": CAPTIONS[0], "shortlist": "30"}, {"shortlist": "30"}):
+        r = client.get("/", params=params)
+        assert r.status_code == 400 and 'data-error="1"' in r.text and 'class="hit"' not in r.text, params
+        assert "unknown parameter &#39;shortlist&#39;; accepted: q, k, coverage, max_risk" in r.text, r.text
+    assert client.get("/search", params={"q": CAPTIONS[0], "k": 1, "score": "lac", "delta": "0.1"}).status_code == 200
+    assert client.get("/healthz", params={"x": "1"}).status_code == 200
+    r = client.get("/search", params={"q": CAPTIONS[0], "<b>" + "x" * 60: "1"})  # a client's name: cut, escaped
+    assert r.status_code == 400 and r.json()["error"].startswith("unknown parameter '<b>" + "x" * 37 + "...'")
 
 
 def test_page_errors_use_the_apis_status_codes(client) -> None:
@@ -830,3 +849,28 @@ def test_serving_without_httptools_says_so_once(world: dict, monkeypatch, has_ht
     out = invoke(["serve", "--run", world["run"], "--features", world["store"], "--port", "0"])
     assert out.exit_code == 1 and "stopped before serving" in out.output
     assert out.output.count("httptools") == (0 if has_httptools else 1)
+
+
+def test_serves_warnings_wrap_at_120_columns_in_a_log_as_dab_searchs_do(world: dict, monkeypatch) -> None:
+    """`dab serve > serve.log 2>&1` wrote the gallery warning as one line of 228 columns; `dab search` wraps the
+    same warning between words at 120. The line saying where the server answers keeps its URL whole."""
+    import dab_pipeline.stages.serve as serve_stage
+    from dab_pipeline.core.events import Event
+
+    warning = (
+        "the run was calibrated on a gallery of 400 videos (split 'all' of /tmp/demo_out/store.h5), not this one of "
+        "100 (split 'test'): its probabilities, sets and risk decisions hold there only (docs/uncertainty.md)"
+    )
+    url = "http://127.0.0.1:8000/" + "long-path/" * 12
+
+    def run_serve(cfg, progress) -> None:
+        progress(Event("warning", message=warning))
+        progress(Event("info", message=f"serving 6 videos of {cfg.features} on {url} (Ctrl-C stops)"))
+
+    monkeypatch.setattr(serve_stage, "run_serve", run_serve)
+    out = invoke(["serve", "--run", world["run"], "--features", world["store"], "--port", "0"])
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    assert lines[0].startswith("warning: the run was calibrated") and len(lines[0]) <= 120, lines
+    assert " ".join(" ".join(lines[:-1]).split()) == f"warning: {warning}"  # every word, in order
+    assert url in lines[-1]  # the URL, whole, to copy

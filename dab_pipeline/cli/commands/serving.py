@@ -9,6 +9,7 @@ from ...core.choices import DEFAULT_SCORE_DTYPE, SCORE_DTYPES, SERVE_MAX_K
 from ...core.events import Event
 from .. import cli
 from .options import EXISTING, FINITE_FLOAT, STORE, k_option, one_spelling, typed
+from .output import echo_line
 
 
 @cli.command()
@@ -176,5 +177,9 @@ def serve(
 
 
 def _print(event: Event) -> None:
-    """The server's lines on stderr: where it answers, and its warnings."""
-    click.echo(f"warning: {event.message}" if event.kind == "warning" else event.message, err=True)
+    """The server's lines on stderr: where it answers (its URL on the line whole), and its warnings wrapped between
+    words at the console's width (120 columns in a log), as `dab search` wraps the same warnings."""
+    if event.kind == "warning":
+        echo_line(f"warning: {event.message}", err=True)
+    else:
+        click.echo(event.message, err=True)

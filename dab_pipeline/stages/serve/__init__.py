@@ -19,7 +19,7 @@ each with its own result or error; ``max_batch=1`` answers one query at a time.
   of them failed.
 
 Bad requests get a 4xx with a one-line message (empty, too long, non-printable or non-UTF-8
-queries, k out of range), never a 500 with a traceback. The store and index files are checked
+queries, k out of range, a parameter given twice or one the route does not read), never a 500 with a traceback. The store and index files are checked
 before and after every batch (one ``stat`` each): a store truncated, deleted or copied over
 under the server, or a read that fails, makes every later answer a 503 naming the file, logged
 once, until the server is restarted.

@@ -113,15 +113,15 @@ def invalid_parameters(errors: list[dict]) -> str:
 def _query_runner(
     searcher: Searcher, batcher: Batcher, settings: ServeSettings
 ) -> Callable[..., tuple[SearchResult, float]]:
-    """request, q, k, uncertainty -> (the checked query's result, seconds from its arrival to its answer), answered
+    """q, k, uncertainty -> (the checked query's result, seconds from its arrival to its answer), answered
     in a batch of the queries that arrived with it (the files checked before and after each batch:
     batch_runner.run_batch), then given its calibrated answer (``uncertainty``: a conformal set, a risk decision)."""
 
     def run_query(
-        request: Request, q: Optional[str], k: int, uncertainty: Optional[UncertaintyRequest] = None
+        q: Optional[str], k: int, uncertainty: Optional[UncertaintyRequest] = None
     ) -> tuple[SearchResult, float]:
-        text = _checked(request, q, settings)
-        searcher.check_request(uncertainty)  # a request the calibration cannot meet waits for no batch
+        text = check_query(q, settings.max_query_chars)  # its query string: checked by the page before
+        searcher.check_request(uncertainty, served=True)  # a request the calibration cannot meet waits for no batch
         t0 = time.perf_counter()
         res = searcher.reassess(batcher.submit(text, k), uncertainty) if uncertainty else batcher.submit(text, k)
         return res, time.perf_counter() - t0
@@ -130,10 +130,18 @@ def _query_runner(
 
 
 def _checked(request: Request, q: Optional[str], settings: ServeSettings) -> str:
-    # the route's parameters are its endpoint's (request aside); each may be given once
-    route = inspect.signature(request.scope["endpoint"]).parameters if "endpoint" in request.scope else {}
-    check_query_string(request.scope.get("query_string", b""), once=[p for p in route if p != "request"])
+    """The query text of a request whose query string passed :func:`_check_parameters`."""
+    _check_parameters(request)
     return check_query(q, settings.max_query_chars)
+
+
+def _check_parameters(request: Request) -> None:
+    # the route's parameters are its endpoint's (request aside): each may be given once, and no other one (an
+    # ignored max-risk= would answer without the risk decision asked for)
+    if "endpoint" not in request.scope:
+        return
+    route = [p for p in inspect.signature(request.scope["endpoint"]).parameters if p != "request"]
+    check_query_string(request.scope.get("query_string", b""), once=route, known=route)
 
 
 def _search_route(
@@ -153,7 +161,7 @@ def _search_route(
     ):
         text = _checked(request, q, settings)
         wanted = UncertaintyRequest(coverage, score, max_risk, delta)  # outside (0, 1): a 400 naming it
-        searcher.check_request(wanted)
+        searcher.check_request(wanted, served=True)  # a refusal says how to restart the server, not `dab search`
         t0 = time.perf_counter()
         res = await batcher.answer(text, k)
         if wanted.active:
@@ -213,12 +221,13 @@ def _home_route(
         k = int(k) if k is not None and k.strip() and error is None else settings.k
         if error is not None:
             status = 422
-        elif q is not None:
-            try:
-                wanted = page_uncertainty(coverage, max_risk)
-                res, secs = run_query(request, q, k, wanted)
-                result = page_result(searcher, res, settings, secs, captions)
-            except DabError as exc:  # the page says it, with the status the API gives the same request
+        else:
+            try:  # the page says it, with the status the API gives the same request
+                _check_parameters(request)  # given twice, or not the page's: also without a query
+                if q is not None:
+                    res, secs = run_query(q, k, page_uncertainty(coverage, max_risk))
+                    result = page_result(searcher, res, settings, secs, captions)
+            except DabError as exc:
                 error, status = str(exc), status_of(exc)
         html = page.render(
             title=settings.title,

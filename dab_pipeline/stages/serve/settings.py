@@ -8,7 +8,7 @@ import unicodedata
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Collection, Optional
+from typing import Collection, Optional, Sequence
 
 import numpy as np
 
@@ -26,6 +26,7 @@ __all__ = [
     "check_query",
     "check_query_string",
     "printable",
+    "unknown_parameter",
     "use_threads",
 ]
 
@@ -101,18 +102,31 @@ def check_query(q: Optional[str], max_chars: int) -> str:
     return q.strip()
 
 
-def check_query_string(raw: bytes, once: Collection[str] = ()) -> None:
+def check_query_string(raw: bytes, once: Collection[str] = (), known: Optional[Sequence[str]] = None) -> None:
     """A :class:`ConfigError` (400) for a query string that is not UTF-8 once percent-decoded (``q=%ff``), which
-    the web framework would otherwise turn into U+FFFD characters and search for, or that gives a parameter of
-    ``once`` (the route's own) more than once: the framework would take the last without a word."""
+    the web framework would otherwise turn into U+FFFD characters and search for, that gives a parameter of
+    ``once`` (the route's own) more than once: the framework would take the last without a word, or, with
+    ``known`` (the parameters the route reads), that gives one it does not read: the framework would ignore it,
+    and ``max-risk=0.2`` (the CLI's spelling) would answer without the risk decision asked for."""
     try:
         pairs = urllib.parse.parse_qsl(raw.decode("latin-1"), keep_blank_values=True, encoding="utf-8", errors="strict")
     except UnicodeDecodeError:
         raise ConfigError("the query string is not valid UTF-8 (percent-encode the query's UTF-8 bytes)") from None
     given = [name for name, _ in pairs]
     for name in dict.fromkeys(given):  # in the order given
+        if known is not None and name not in known:
+            raise ConfigError(unknown_parameter(name, known))
         if name in once and given.count(name) > 1:
             raise ConfigError(f"the parameter {name!r} is given {given.count(name)} times: give it once")
+
+
+def unknown_parameter(name: str, known: Sequence[str]) -> str:
+    """The one line refusing a parameter the route does not read: the accepted ones, and the likely one where
+    ``name`` is a known one spelt as the CLI spells it (``max-risk``) or in capitals (``K``)."""
+    said = printable(name)[:40] + ("..." if len(name) > 40 else "")  # a client's text, echoed into the page
+    near = name.lstrip("-").replace("-", "_").lower()
+    hint = f" (did you mean {near!r}?)" if near in known else ""
+    return f"unknown parameter {said!r}{hint}; accepted: {', '.join(known)}"
 
 
 def printable(text: str) -> str:
