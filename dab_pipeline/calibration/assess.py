@@ -85,6 +85,8 @@ CAVEAT_KINDS = {
     # probabilities were said to hold, is no longer given: docs/uncertainty.md)
     "shortlist": "scored over a shortlist not calibrated through: nothing holds, nothing is decided",
     "gallery": "the gallery searched is not the one calibrated on: nothing holds, nothing is decided",
+    # a run calibrated through an index searched through another first stage (none, another index, K or nprobe)
+    "first_stage": "the first stage is not the one calibrated through: nothing holds, nothing is decided",
     "unknown_words": "every word of the query is unknown to the model: the numbers describe no query, no set",
 }
 

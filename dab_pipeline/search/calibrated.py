@@ -169,7 +169,7 @@ class CalibratedSearch:
                     self.check_request(q, first_stage)
                 if self.calibration is not None:
                     r.text_var = None if tv is None else float(tv[i])
-                    self._answer(r, q)
+                    self._answer(r, q, first_stage)
             except ConfigError as exc:
                 out[i] = exc
         return out
@@ -182,37 +182,30 @@ class CalibratedSearch:
         if first_stage is None and self.index is not None:  # a server's query: the shortlist it was ranked with
             first_stage = self.first_stage_identity(result.shortlist, None)
         self.check_request(request, first_stage)
-        return self._answer(result, request)
+        return self._answer(result, request, first_stage)
 
-    def _answer(self, result: SearchResult, request: Optional[UncertaintyRequest]) -> SearchResult:
-        """``result`` with its calibrated answer to ``request``, already checked (:meth:`check_request`)."""
+    def _answer(
+        self, result: SearchResult, request: Optional[UncertaintyRequest], first_stage: Optional[dict] = None
+    ) -> SearchResult:
+        """``result`` with its calibrated answer to ``request``, already checked (:meth:`check_request`);
+        ``first_stage``: the identity of the first stage it was ranked through (None: found here)."""
         if self.calibration is not None:
             tv = None if result.text_var is None else np.array([result.text_var])
             u = assess(self.calibration, [result.costs], tv, request, texts=[result.query])[0]
-            why = self._not_calibrated(result)
+            why = self._not_calibrated(result, first_stage)
             if why:  # the numbers are shown marked, and decide nothing (issue 61, item 2)
                 kind, line = why
                 u = replace(u, caveat=line, caveat_kind=kind, answered=None)
                 if kind == "unknown_words":  # numbers of no query: no set either, as for a request without one
                     u = replace(u, coverage=None, set_indices=None, set_scope=None, scope_note=None)
             result.uncertainty = u
-            result.shortlist_k0 = self._shortlist_k0(result)
         return result
 
-    def _shortlist_k0(self, result: SearchResult) -> Optional[int]:
-        """The calibration's k0 where ``result`` was ranked over a shortlist and its probabilities are said to hold:
-        the features read the first k0 costs, so they are the exhaustive search's exactly where the shortlist holds
-        the exhaustive first k0 videos, which it cannot know (issue 60). None where every video was scored, or where
-        the run was calibrated through this first stage (its shortlist is what was calibrated)."""
-        assert self.calibration is not None and result.uncertainty is not None
-        if not result.uncertainty.probabilities_hold or self.calibration.provenance.get("index"):
-            return None
-        scored = len(self.rows) if result.costs is None else int(np.isfinite(result.costs).sum())
-        return int(self.calibration.k0) if scored < len(self.rows) else None
-
-    def _not_calibrated(self, result: SearchResult) -> Optional[tuple[str, str]]:
+    def _not_calibrated(self, result: SearchResult, first_stage: Optional[dict]) -> Optional[tuple[str, str]]:
         """(kind, line) where a result's probabilities are not calibrated ones (kinds: CAVEAT_KINDS): every word of
-        its query unknown to the model, or a gallery other than the one calibrated on; None where they are."""
+        its query unknown to the model, a gallery other than the one calibrated on, or a run calibrated through an
+        index searched through another first stage (a request for a set or a risk is refused there, but bare
+        probabilities are shown: marked); None where they are."""
         if result.unknown_words and set(query_words(result.query)) <= set(result.unknown_words):
             return (
                 "unknown_words",
@@ -220,6 +213,12 @@ class CalibratedSearch:
             )
         if self.gallery_note:
             return "gallery", self.gallery_note
+        if self.calibration is not None and self.calibration.provenance.get("index"):
+            if first_stage is None and self.index is not None:  # ranked through this searcher's index
+                first_stage = self.first_stage_identity(result.shortlist, None)
+            other = first_stage_mismatch(self.calibration, first_stage)
+            if other:
+                return "first_stage", other
         return None
 
 

@@ -48,11 +48,6 @@ class SearchResult:
     # risk decision where a search asked for them (docs/uncertainty.md); None for a run without calibration.json
     uncertainty: Optional[QueryUncertainty] = None
     text_var: Optional[float] = None  # the query's text variance (a calibrated Gaussian run), for a re-assessment
-    # where a shortlist other than the first stage calibrated through ranked this query and its calibrated
-    # probabilities are said to hold: the first k0 videos they read (calibration.json's k0). They equal an
-    # exhaustive search's only where the shortlist holds the exhaustive first k0, which a shortlist cannot know
-    # (issue 60); None where every video was scored, through the calibrated first stage, or the numbers do not hold
-    shortlist_k0: Optional[int] = None
 
     @property
     def coverage_set(self) -> Optional[list[SearchHit]]:
@@ -133,14 +128,11 @@ def uncertainty_payload(result: SearchResult) -> Optional[dict]:
     # them before that key: a query of no known word's describe no query (dab search and the pages show none)
     out: dict = {"p_first": u.p_first, f"p_first_{u.first_k}": u.p_first_k, "k": u.first_k}
     # which of calibration/assess.py's CAVEAT_KINDS keeps these numbers from the calibrated ones (None: none), and
-    # whether p_first and p_first_<k> still hold (a set over a shortlist leaves them calibrated)
+    # whether p_first and p_first_<k> still hold (only without a caveat)
     out["caveat_kind"] = u.caveat_kind
     out["probabilities_hold"] = u.probabilities_hold
-    if result.shortlist_k0 is not None:
-        # the probabilities hold where the shortlist holds the exhaustive first shortlist_k0 videos
-        out["shortlist_k0"] = result.shortlist_k0
     if u.caveat is not None:
-        # why these numbers are not the calibrated ones (a shortlist, another gallery, every word unknown)
+        # why these numbers are not the calibrated ones (a shortlist, another gallery or first stage, every word unknown)
         out["caveat"] = u.caveat
     if u.group is not None:
         out["group"] = u.group  # the band (or groups) the query fell in, where the calibration has --groups

@@ -24,6 +24,7 @@ CAVEATS = {
     "shortlist": "a shortlist of 30 of the 400 videos calibrated on may miss the first 20 the probabilities read: "
     "search every video",
     "gallery": GALLERY_WARNING,
+    "first_stage": "this run was calibrated through an index: search with --index idx --shortlist 20 --nprobe 8",
     "unknown_words": "every word of the query is unknown to the store's CLIP: these numbers describe no query",
 }
 RISK = RiskThreshold(threshold=0.185, alpha=0.8, delta=0.05, answered=101, errors=60, queries=208)

@@ -107,7 +107,6 @@ def test_a_query_without_a_set_gets_no_set_marks(render, no_set: dict, tmp_path:
 
 
 SHORTLIST = "scored over a shortlist of 5 videos, fewer than the 20 the calibrated probabilities read"
-SET_SHORTLIST = "the set is built over a shortlist of 30 of the 400 videos calibrated on: it covers less than asked"
 UNKNOWN = "every word of the query is unknown to the store's CLIP: these numbers describe no query"
 
 
@@ -143,21 +142,16 @@ def test_a_query_of_no_known_word_shows_no_numbers_and_says_so_once(render, tmp_
 
 
 @PAGES
-def test_a_set_over_a_shortlist_is_not_called_calibrated_and_its_probabilities_say_where_they_hold(
-    render, tmp_path: Path
-) -> None:
-    """A shortlist of at least k0: the probabilities hold where it holds the first k0 videos (issue 60), the set is
-    not calibrated (it covers at most the first stage's recall), its caveat said once."""
-    u = with_set(
-        answered=False, risk=RISK, caveat=SET_SHORTLIST, caveat_kind="set_shortlist", probabilities_hold=True,
-        shortlist_k0=20,
-    )  # fmt: skip
+def test_another_first_stage_marks_the_numbers_and_decides_nothing(render, tmp_path: Path) -> None:
+    """A run calibrated through an index searched through another first stage: its numbers marked "~" with the
+    reason said once, no set called calibrated, no decision (the CLI's words: cli/commands/calibrated_answers.py)."""
+    why = "this run was calibrated through an index: search with --index idx --shortlist 20 --nprobe 8"
+    u = answer(answered=None, risk=RISK, caveat=why, caveat_kind="first_stage", probabilities_hold=False)
     page = _parse(render(u, tmp_path))
-    assert "calibrated if the shortlist holds the first 20 videos: P(the first hit is a match) 0.42 · " in page.text
-    assert "90 % conformal set, over a shortlist, not calibrated here: 4 videos" in page.text, page.text
-    assert "calibrated on average over queries" not in page.text and page.text.count(SET_SHORTLIST) == 1
-    assert page.having("data-set-calibrated", "0") and page.having("data-probabilities-hold", "1")
-    assert "~" not in page.text and page.having("data-unanswered", "1")  # the numbers hold: the decision stands
+    assert "not calibrated here (another first stage): P(the first hit is a match) ~0.42" in page.text, page.text
+    assert page.text.count(why) == 1 and page.having("data-probabilities-hold", "0")
+    assert "not decided: the first stage is not the one the run was calibrated through" in page.text
+    assert not page.having("data-unanswered") and "calibrated: P(" not in page.text
 
 
 @PAGES

@@ -154,7 +154,6 @@ def test_a_shortlist_of_at_least_k0_holds_nothing_as_a_search_cannot_check_it(ca
         (full,) = s.search(["a red ball"], 3, uncertainty=ask)
         (wide,) = s.search(["a red ball"], 3, shortlist=25, uncertainty=ask)
         (plain,) = s.search(["a red ball"], 3, shortlist=25)  # no set asked: the same caveat
-    assert full.shortlist_k0 is None and wide.shortlist_k0 is None and plain.shortlist_k0 is None
     got = uncertainty_payload(full)
     assert got["caveat_kind"] is None and got["probabilities_hold"] is True and got["answered"] in (True, False)
     for r in (wide, plain):
@@ -182,12 +181,24 @@ def test_a_run_calibrated_through_its_index_gets_no_shortlist_caveat(calibrated:
     with Searcher(run, calibrated["store"], split="all", index=tmp_path / "index", device="cpu") as s:
         ask = UncertaintyRequest(coverage=0.3, max_risk=0.3)
         (r,) = s.search(["a red ball"], 3, shortlist=20, uncertainty=ask)
-    assert r.uncertainty.caveat_kind is None and r.shortlist_k0 is None and r.coverage_set
+    assert r.uncertainty.caveat_kind is None and r.coverage_set
     got = uncertainty_payload(r)
     assert got["caveat_kind"] is None and got["probabilities_hold"] is True and "shortlist_k0" not in got
     assert got["answered"] in (True, False)  # decided: the probability is the one calibrated through the index
     lines = uncertainty_lines(r)
     assert lines[0].startswith("calibrated: P(first hit is a match)") and "not calibrated" not in lines[1], lines
+    # through another first stage (every video, another K): a set or a risk is refused, and the bare
+    # probabilities, which were labelled calibrated, are marked with the reason
+    with Searcher(run, calibrated["store"], split="all", device="cpu") as s:
+        (every,) = s.search(["a red ball"], 3)
+    with Searcher(run, calibrated["store"], split="all", index=tmp_path / "index", device="cpu") as s:
+        (other_k,) = s.search(["a red ball"], 3, shortlist=30)
+    for r, why in ((every, "this run was calibrated through an index: search with --index"), (other_k, "at shortlist")):
+        assert r.uncertainty.caveat_kind == "first_stage" and not r.uncertainty.probabilities_hold, r.uncertainty
+        assert why in r.uncertainty.caveat, r.uncertainty.caveat
+        lines = uncertainty_lines(r)
+        assert lines[0].startswith("not calibrated here (another first stage): P(first hit is a match) ~"), lines
+        assert lines[1] == f"why: {r.uncertainty.caveat}" and uncertainty_payload(r)["probabilities_hold"] is False
 
 
 def test_a_query_of_no_known_word_keeps_its_numbers_in_the_json_marked(calibrated: dict) -> None:

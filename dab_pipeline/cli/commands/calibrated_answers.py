@@ -17,9 +17,10 @@ SCOPES = {
 # a caveat (QueryUncertainty.caveat_kind, calibration/assess.py's CAVEAT_KINDS) in a few words: the long form of
 # another gallery and of unknown words is a warning printed before the tables, not repeated under each; on stderr,
 # so the words here name the condition themselves (stdout may be all that was kept)
-LABELS = {"shortlist": "a shortlist", "gallery": "another gallery"}
+LABELS = {"shortlist": "a shortlist", "gallery": "another gallery", "first_stage": "another first stage"}
 REASONS = {
     "shortlist": "the probability comes from a shortlist (above)",
+    "first_stage": "the first stage is not the one the run was calibrated through (above)",
     "gallery": "the gallery searched is not the one calibrated on (see the warning)",
     "unknown_words": "every word of the query is unknown (see the warning)",
 }
@@ -38,8 +39,8 @@ def uncertainty_lines(result: SearchResult) -> list[str]:
         lines = [f"not calibrated here: {REASONS[kind]}: no probability or set describes it"]
     elif not u.probabilities_hold:
         lines = [f"not calibrated here ({LABELS[kind]}): {_numbers(u, mark='~')}"]
-        # a shortlist's caveat is said nowhere else; another gallery's is the warning above
-        lines.append(f"why: {u.caveat if kind == 'shortlist' else REASONS[kind]}")
+        # a shortlist's or a first stage's caveat is said nowhere else; another gallery's is the warning above
+        lines.append(f"why: {u.caveat if kind in ('shortlist', 'first_stage') else REASONS[kind]}")
     else:
         lines = [f"calibrated: {_numbers(u, note=_map_note(u))}"]
     if u.group is not None:
