@@ -83,3 +83,16 @@ def write_split_costs(run: Path, model, store: Path, split: str) -> None:
     res = score_all(model, sp.text, sp.frames, sp.frame_mask, gt=sp.caption_video)
     cm = CostMatrix(res.cost, sp.caption_ids, sp.video_ids, sp.caption_video, extras={"text_var": res.text_var})
     write_costs(run / "costs_test.h5", cm)
+
+
+def calibrated_run(root: Path, gallery: Optional[str] = "all") -> tuple[Path, Path]:
+    """(a hand-made dab run calibrated on its 40 validation captions against ``gallery`` (`dab calibrate
+    --gallery`), its store of 48 videos (6 test, 2 train, 40 val)), under ``root``."""
+    from dab_pipeline.stages.calibrate import CalibrateConfig, run_calibrate
+
+    from .stores import CALIBRATION_CAPTIONS, CALIBRATION_SPLITS, SEARCH_CAPTIONS, text_store
+
+    store = text_store(root / "store.h5", SEARCH_CAPTIONS + CALIBRATION_CAPTIONS, frames=4, splits=CALIBRATION_SPLITS)
+    run, _ = hand_made_run(root / "run", store, "dab")
+    run_calibrate(CalibrateConfig(run=run, device="cpu", gallery=gallery))
+    return run, store

@@ -15,8 +15,7 @@ from dab_pipeline.core.errors import ConfigError
 from dab_pipeline.search import Searcher, uncertainty_payload
 from dab_pipeline.stages.calibrate import CalibrateConfig, run_calibrate
 
-from ..helpers.models import hand_made_run
-from ..helpers.stores import CALIBRATION_CAPTIONS, CALIBRATION_SPLITS, SEARCH_CAPTIONS, text_store
+from ..helpers.models import calibrated_run
 
 pytest.importorskip("sklearn")
 
@@ -25,9 +24,7 @@ pytest.importorskip("sklearn")
 def calibrated(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A run calibrated on every video of its store (`dab calibrate --gallery all`)."""
     root = tmp_path_factory.mktemp("calibrated")
-    store = text_store(root / "store.h5", SEARCH_CAPTIONS + CALIBRATION_CAPTIONS, frames=4, splits=CALIBRATION_SPLITS)
-    run, _ = hand_made_run(root / "run", store, "dab")
-    run_calibrate(CalibrateConfig(run=run, device="cpu", gallery="all"))
+    run, store = calibrated_run(root)
     return {"run": run, "store": store, "root": root}
 
 

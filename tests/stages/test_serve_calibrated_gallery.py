@@ -12,8 +12,8 @@ import pytest
 from dab_pipeline.search import Searcher
 from dab_pipeline.stages.calibrate import CalibrateConfig, run_calibrate
 
-from ..helpers.models import hand_made_run
-from ..helpers.stores import CALIBRATION_CAPTIONS, CALIBRATION_SPLITS, SEARCH_CAPTIONS, text_store
+from ..helpers.models import calibrated_run
+from ..helpers.stores import SEARCH_CAPTIONS
 
 pytest.importorskip("sklearn")
 pytest.importorskip("fastapi")
@@ -23,9 +23,7 @@ pytest.importorskip("fastapi")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """One run calibrated on every video of its store (`--gallery all`), a copy calibrated on split 'val'."""
     root = tmp_path_factory.mktemp("served-gallery")
-    store = text_store(root / "store.h5", SEARCH_CAPTIONS + CALIBRATION_CAPTIONS, frames=4, splits=CALIBRATION_SPLITS)
-    on_all, _ = hand_made_run(root / "all", store, "dab")
-    run_calibrate(CalibrateConfig(run=on_all, device="cpu", gallery="all"))
+    on_all, store = calibrated_run(root)
     on_val = shutil.copytree(on_all, root / "val")
     run_calibrate(CalibrateConfig(run=on_val, device="cpu"))
     return {"store": store, "all": on_all, "val": Path(on_val)}
