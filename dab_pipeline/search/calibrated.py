@@ -84,7 +84,7 @@ class CalibratedSearch:
         every video of that split (a gallery of split 'test' lacks the 'val' videos) and the split its captions."""
         assert self.calibration is not None
         split = self.calibration.provenance.get("split")
-        if not split:  # a calibration.json that does not say which queries it was made of
+        if not split or split not in self.store.splits():  # unsaid, or a store without those queries (a library)
             return None
         videos = split_rows(self.store, split)  # (V,) store rows of the calibration queries' videos
         captions = self.store.in_split(split, "caption") & self.store.caption_done()  # (C,) bool

@@ -16,6 +16,7 @@ from dab_pipeline.search import Searcher, uncertainty_payload
 from dab_pipeline.stages.calibrate import CalibrateConfig, run_calibrate
 
 from ..helpers.models import calibrated_run
+from ..helpers.stores import text_store
 
 pytest.importorskip("sklearn")
 
@@ -235,3 +236,18 @@ def test_the_unknown_word_line_says_they_are_read_as_blanks_in_the_right_number(
     two = unknown_words_line("zorblax quuxify", ["zorblax", "quuxify"], "dab-world")
     assert "the words 'zorblax', 'quuxify' (no embedding): they are read as blanks;" in two
     assert "without" not in one + two
+
+
+def test_a_library_without_the_calibration_split_is_searched_and_only_the_calibrated_gallery_offered(
+    calibrated: dict, tmp_path: Path
+) -> None:
+    """A store of other videos with no 'val' split (a library, docs/datasets.md): the search runs with its
+    numbers marked (it stopped with "no split 'val'" while building the refusal's advice), and a set is refused
+    offering only the search of the gallery calibrated on (no calibration is possible there)."""
+    library = text_store(tmp_path / "library.h5", ["a red circle", "a blue car", "a dog"], splits=["test"] * 3)
+    with Searcher(calibrated["run"], library, split="all", device="cpu") as s:
+        (r,) = s.search(["a red ball"], 2)
+        assert r.uncertainty.caveat_kind == "gallery" and not r.uncertainty.probabilities_hold
+        with pytest.raises(ConfigError) as err:
+            s.search(["a red ball"], 2, uncertainty=UncertaintyRequest(coverage=0.8))
+    assert "dab calibrate" not in str(err.value) and "--split all" in str(err.value), str(err.value)
