@@ -234,8 +234,9 @@ def _read(cfg: CalibrateConfig, run, split: str, gallery: str) -> _Inputs:
                 "(give a split of queries the run did not train on with --split)"
             )
         videos = queries if gallery == split else store.load_split(gallery)
-        pos = {str(v): i for i, v in enumerate(videos.video_ids)}
-        missing = [str(v) for v in queries.video_ids if str(v) not in pos]
+        gt = queries.matches_in(videos)  # (Q,)
+        held = {str(v) for v in videos.video_ids}
+        missing = [str(v) for v in queries.video_ids if str(v) not in held]
         if missing:
             raise ConfigError(f"gallery {gallery!r} lacks {len(missing)} videos of split {split!r} ({missing[0]}, ...)")
         if cfg.first_k >= len(videos.video_ids):
@@ -247,7 +248,7 @@ def _read(cfg: CalibrateConfig, run, split: str, gallery: str) -> _Inputs:
             store_path=store_path,
             queries=queries,
             videos=videos,
-            gt=np.array([pos[str(v)] for v in queries.video_ids[queries.caption_video]], np.int64),
+            gt=gt,
             texts=[str(t) for t in store.caption_text[queries.caption_index]],
             fingerprint=store_fingerprint(store, split_rows(store, gallery)),
         )

@@ -251,6 +251,12 @@ class SplitFeatures:
     def num_captions(self) -> int:
         return len(self.caption_ids)
 
+    def matches_in(self, gallery: "SplitFeatures") -> np.ndarray:
+        """(Q,) int64: each caption's video as a column of ``gallery`` (another split's videos, or every video), -1
+        where the gallery does not hold it (a gallery must hold the queries' videos to be searched for them)."""
+        column = {str(v): i for i, v in enumerate(gallery.video_ids)}
+        return np.array([column.get(str(v), -1) for v in self.video_ids[self.caption_video]], np.int64)
+
     def text_state_batch(self, rows: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Token states of captions ``rows`` padded to the longest: ((B, T, W) float32, lengths (B,))."""
         if self.text_states is None or self.text_offsets is None or self.text_lengths is None:

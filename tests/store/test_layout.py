@@ -35,3 +35,25 @@ def test_manifest_round_trip_and_compatibility(tmp_path: Path, suffix: str) -> N
     changed = {**manifest, "frames": 8, "dataset": {"name": "msrvtt", "options": {"split": "7k"}}}
     assert manifest_compatible(got, changed, keys) == ["frames", "dataset.options"]
     assert manifest_compatible(got, {k: v for k, v in manifest.items() if k != "pretrained"}, keys) == ["pretrained"]
+
+
+def test_matches_in_a_gallery_is_each_captions_video_column_and_minus_one_where_missing() -> None:
+    """SplitFeatures.matches_in against the plain reference: the gallery's index of each caption's video."""
+    import numpy as np
+
+    from dab_pipeline.store.layout import SplitFeatures
+
+    def split(videos: list[str], caption_video: list[int]) -> SplitFeatures:
+        v, q = len(videos), len(caption_video)
+        return SplitFeatures(
+            "s", np.array(videos), np.zeros((v, 2, 4), np.float32), np.ones((v, 2), bool),
+            np.array([f"c{i}" for i in range(q)]), np.array(caption_video, np.int64), np.zeros((q, 4), np.float32),
+            np.arange(v), np.arange(q),
+        )  # fmt: skip
+
+    queries = split(["b", "x", "d"], [0, 0, 2, 1, 2])
+    gallery = split(["a", "b", "c", "d"], [0])
+    want = [["a", "b", "c", "d"].index(v) if v in "abcd" else -1 for v in ["b", "b", "d", "x", "d"]]
+    got = queries.matches_in(gallery)
+    assert got.dtype == np.int64 and got.tolist() == want == [1, 1, 3, -1, 3]
+    assert queries.matches_in(queries).tolist() == [0, 0, 2, 1, 2]  # a split in itself: its own caption_video

@@ -89,9 +89,8 @@ def _score(
     """The test ``queries`` scored against the gallery's ``videos`` on the device and at the precision the
     calibration was scored with (calibration.json's config), in the cost file's order of ``query_ids``."""
     order = _cost_file_order(np.asarray(queries.caption_ids).astype(str), query_ids.astype(str))
-    pos = {str(v): i for i, v in enumerate(videos.video_ids)}
-    match = [pos.get(str(v)) for v in queries.video_ids[queries.caption_video]]
-    if order is None or any(m is None for m in match):
+    match = queries.matches_in(videos)  # (Q,) -1: a video the gallery lacks
+    if order is None or (match < 0).any():
         return None, f"the cost file's queries are not the captions of split {split!r}'s test videos"
     progress(
         Event(
@@ -109,7 +108,7 @@ def _score(
     tv = text_variance(run.model, queries.text)  # (Q,) or None
     got = GalleryCosts(
         cost=np.asarray(cost, np.float64)[order],
-        gt=np.asarray(match, np.int64)[order],
+        gt=match[order],
         text_var=None if tv is None else np.asarray(tv, np.float64)[order],
         texts=[texts[i] for i in order],
         split=split,
