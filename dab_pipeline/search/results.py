@@ -85,7 +85,10 @@ def tick(timings: dict, name: str, t0: float) -> float:
 
 def check_queries(queries: Sequence[str], k: int) -> list[str]:
     """The queries as strings; ConfigError for none, an empty one, or a ``k`` below 1 (a shortlist is
-    :func:`~dab_pipeline.scoring.first_stage.check_shortlist`'s)."""
+    :func:`~dab_pipeline.scoring.first_stage.check_shortlist`'s). One string is refused, not read as a sequence
+    of one-letter queries."""
+    if isinstance(queries, str):
+        raise ConfigError(f"queries must be a list of strings, not one string: give [{queries!r}]")
     queries = [str(q) for q in queries]
     if not queries or any(not q.strip() for q in queries):
         raise ConfigError("dab search needs at least one non-empty query")

@@ -71,11 +71,10 @@ class SearchConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "run", Path(self.run))
         object.__setattr__(self, "features", location(self.features))
-        object.__setattr__(self, "queries", tuple(self.queries))
+        object.__setattr__(self, "queries", tuple(check_queries(self.queries, self.k)))  # refused before a tuple
         for name in ("index", "html", "descriptions"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, Path(getattr(self, name)))
-        check_queries(self.queries, self.k)
         if self.shortlist is not None:  # before anything loads (first_stage checks it too: a Python caller's)
             check_shortlist(self.shortlist)
         # built (and checked) once: a coverage or risk outside (0, 1) is refused before anything loads

@@ -130,6 +130,13 @@ def test_a_search_config_takes_strings_and_any_sequence_of_queries() -> None:
     assert cfg.searcher_options().index == Path("idx")
     with pytest.raises(ConfigError, match="non-empty query"):
         SearchConfig("runs/dab", "store.h5", ["a", " "])
+    # one string is not a sequence of one-letter queries: refused, as the library's search refuses it
+    with pytest.raises(ConfigError, match=r"queries must be a list of strings, not one string: give \['a dog'\]"):
+        SearchConfig("runs/dab", "store.h5", "a dog")
+    from dab_pipeline.search.results import check_queries
+
+    with pytest.raises(ConfigError, match="not one string"):
+        check_queries("dog", 3)
 
 
 def test_missing_clip_weights_are_a_one_line_error(tmp_path: Path) -> None:
