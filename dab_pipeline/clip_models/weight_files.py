@@ -44,6 +44,8 @@ def load_state_dict(path: Path) -> dict[str, Tensor]:
     else:
         checkpoint = torch.load(str(path), map_location="cpu", weights_only=True)
     state = checkpoint["state_dict"] if isinstance(checkpoint, dict) and "state_dict" in checkpoint else checkpoint
+    if not isinstance(state, dict) or not state:  # next(iter(...)) below would say only "StopIteration"
+        raise WeightsError(f"weights file {path} holds no tensors (an empty or non-dict state dict)")
     if next(iter(state)).startswith("module"):
         state = {k[7:]: v for k, v in state.items()}
     return dict(state)
