@@ -56,6 +56,8 @@ def answered(fit: Half, held: Half, n: int, risk: float, delta: float, draws: in
     source videos among the answered) at ``n`` videos."""
     rng = np.random.default_rng(seed)
     any_, share, sources = 0, [], []
+    of_row = np.empty(len(held[0]), np.int64)  # (Q,) each held-out query's source video, the same for every draw
+    of_row[np.concatenate(held[2])] = np.concatenate([np.full(len(r), i) for i, r in enumerate(held[2])])
     for _ in range(draws):
         f, fv = draw(fit[2], n // 2, rng)
         h, hv = draw(held[2], n - n // 2, rng)
@@ -65,9 +67,6 @@ def answered(fit: Half, held: Half, n: int, risk: float, delta: float, draws: in
         any_ += got > 0
         share.append(got)
         if t.threshold is not None:  # which of the held-out half's own videos the answered queries are captions of
-            source = np.concatenate([np.full(len(r), i) for i, r in enumerate(held[2])])
-            of_row = np.empty(len(held[0]), np.int64)
-            of_row[np.concatenate(held[2])] = source
             sources.append(len(np.unique(of_row[h[held[0][h] >= t.threshold]])))
     return any_ / draws, float(np.mean(share)), float(np.mean(sources)) if sources else 0.0
 
@@ -80,6 +79,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--draws", type=int, default=8)
     ap.add_argument("--delta", type=float, default=0.05)
     args = ap.parse_args(argv)
+    if min(args.videos) < 2:
+        ap.error(f"--videos: each size must be at least 2 (a video a half), got {min(args.videos)}")
     fit, held = halves(args.calibration)
     print(
         f"{args.calibration}: {len(fit[0])} fitted queries of {len(fit[2])} videos, {len(held[0])} held out of "
